@@ -1,0 +1,20 @@
+"""The one error type for problems a user can fix (bad files, flags, infeasible requests).
+
+The CLI turns it into a one-line message and exit status 2; everything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class ShardRayError(Exception):
+    """A problem with the user's input or request, reported without a traceback."""
+
+
+def describe_validation_error(err: ValidationError, what: str) -> str:
+    """One line naming the first invalid field of `what` and why."""
+    first = err.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(root)"
+    return f"{what}: {location}: {first['msg']}"

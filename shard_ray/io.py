@@ -1,0 +1,52 @@
+"""Reading and writing the project's files: JSON or YAML in, atomic writes out."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shard_ray.errors import ShardRayError
+
+
+def read_document(path: str | os.PathLike[str], what: str) -> Any:
+    """Parse a JSON or YAML file (by extension; JSON otherwise) into Python objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShardRayError(f"{what} file not found: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ShardRayError(f"cannot read {what} file {path}: {err}") from err
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        reason = str(err).splitlines()[0]
+        raise ShardRayError(f"{what} file {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {reason}") from err
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write a file so that readers see either the old content or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2) + "\n")

@@ -1,0 +1,94 @@
+"""The placement interface: tables and topology in, plan out.
+
+Every algorithm is a callable `(tables, topology) -> Plan` built by a factory registered
+under its name; `place` runs one, times it and checks the plan before handing it back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from shard_ray.errors import ShardRayError
+from shard_ray.plan.plan import Plan, Shard
+from shard_ray.plan.topology import GB, Topology, shard_bytes
+from shard_ray.workload.tables import TableSpec, validate_tables
+
+
+class Placer(Protocol):
+    def __call__(self, tables: list[TableSpec], topology: Topology) -> Plan: ...
+
+
+@dataclass(frozen=True)
+class AlgorithmInfo:
+    name: str
+    family: str
+    description: str
+    factory: Callable[..., Placer]
+
+
+_REGISTRY: dict[str, AlgorithmInfo] = {}
+
+
+def register(name: str, family: str, description: str) -> Callable[[Callable[..., Placer]], Callable[..., Placer]]:
+    def decorate(factory: Callable[..., Placer]) -> Callable[..., Placer]:
+        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory)
+        return factory
+
+    return decorate
+
+
+def algorithms() -> list[AlgorithmInfo]:
+    return list(_REGISTRY.values())
+
+
+def place(name: str, tables: list[TableSpec], topology: Topology, **options: Any) -> Plan:
+    """Plan `tables` on `topology` with algorithm `name`; the plan is checked and timed."""
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ShardRayError(f"unknown algorithm {name!r}; known: {known}")
+    tables = validate_tables(tables)
+    placer = _REGISTRY[name].factory(**options)
+    start = time.perf_counter()
+    plan = placer(tables, topology)
+    elapsed = time.perf_counter() - start
+    plan = plan.model_copy(update={"placement_seconds": elapsed})
+    plan.check(tables)
+    plan.check_memory(tables, topology)
+    plan.metadata.setdefault("settings", {}).update(
+        {"memory_gb": topology.memory_gb, "batch_size": topology.batch_size, "optimizer": topology.optimizer, **options}
+    )
+    plan.metadata["memory_bytes"] = plan.device_memory_bytes(tables, topology)
+    return plan
+
+
+class MemoryLedger:
+    """Free memory per device while an algorithm places tables one at a time."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.free = [topology.memory_bytes] * topology.num_devices
+
+    def need(self, table: TableSpec, width: int | None = None) -> int:
+        return shard_bytes(table, table.dim if width is None else width, self.topology.optimizer)
+
+    def fits(self, device: int, table: TableSpec, width: int | None = None) -> bool:
+        return self.need(table, width) <= self.free[device]
+
+    def devices_with_room(self, table: TableSpec, width: int | None = None) -> list[int]:
+        devices = [d for d in range(self.topology.num_devices) if self.fits(d, table, width)]
+        if not devices:
+            raise ShardRayError(
+                f"table {table.name!r} needs {self.need(table, width) / GB:.3f} GB "
+                f"(weights + {self.topology.optimizer} state) but no device has that much free "
+                f"(most free: {max(self.free) / GB:.3f} GB of {self.topology.memory_gb:.3f} GB)"
+            )
+        return devices
+
+    def take(self, device: int, table: TableSpec, width: int | None = None) -> None:
+        self.free[device] -= self.need(table, width)
+
+
+def table_wise_shard(table: TableSpec, device: int) -> Shard:
+    return Shard(table=table.name, device=device, columns=(0, table.dim))

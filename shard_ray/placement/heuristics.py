@@ -1,0 +1,81 @@
+"""The classic baselines: random, round robin, and greedy balancing of a per-table proxy.
+
+The greedy ones sort tables by their proxy, largest first, and put each on the device with
+the smallest running proxy sum that still has memory for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from shard_ray.placement.base import MemoryLedger, Placer, register, table_wise_shard
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology
+from shard_ray.workload.tables import TableSpec
+
+Proxy = Callable[[TableSpec], float]
+
+PROXIES: dict[str, tuple[Proxy, str]] = {
+    "size_greedy": (lambda t: float(t.rows * t.dim * t.bytes_per_element), "weight bytes"),
+    "dim_greedy": (lambda t: float(t.dim), "embedding dim"),
+    "lookup_greedy": (lambda t: t.dim * t.pooling_factor, "dim x pooling factor"),
+    "size_lookup_greedy": (
+        lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 10)),
+        "dim x pooling factor x log10(rows)",
+    ),
+}
+
+
+def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
+    def placer(tables: list[TableSpec], topology: Topology) -> Plan:
+        ledger = MemoryLedger(topology)
+        load = [0.0] * topology.num_devices
+        shards = []
+        for table in sorted(tables, key=proxy, reverse=True):
+            device = min(ledger.devices_with_room(table), key=lambda d: (load[d], d))
+            ledger.take(device, table)
+            load[device] += proxy(table)
+            shards.append(table_wise_shard(table, device))
+        return Plan(num_devices=topology.num_devices, algorithm=name, shards=shards)
+
+    return placer
+
+
+for _name, (_proxy, _what) in PROXIES.items():
+    register(_name, "heuristic", f"greedy: balance the sum of {_what}, largest first")(
+        lambda seed=0, _n=_name, _p=_proxy: greedy_by_proxy(_n, _p)
+    )
+
+
+@register("random", "heuristic", "each table on a uniformly random device that has room")
+def random_placement(seed: int = 0) -> Placer:
+    def placer(tables: list[TableSpec], topology: Topology) -> Plan:
+        rng = np.random.default_rng(seed)
+        ledger = MemoryLedger(topology)
+        shards = []
+        for table in tables:
+            device = int(rng.choice(ledger.devices_with_room(table)))
+            ledger.take(device, table)
+            shards.append(table_wise_shard(table, device))
+        return Plan(num_devices=topology.num_devices, algorithm="random", shards=shards)
+
+    return placer
+
+
+@register("round_robin", "heuristic", "table i on device i mod D, moving on when a device is full")
+def round_robin(seed: int = 0) -> Placer:
+    def placer(tables: list[TableSpec], topology: Topology) -> Plan:
+        ledger = MemoryLedger(topology)
+        shards = []
+        d = topology.num_devices
+        for i, table in enumerate(tables):
+            room = set(ledger.devices_with_room(table))
+            device = next((i + k) % d for k in range(d) if (i + k) % d in room)
+            ledger.take(device, table)
+            shards.append(table_wise_shard(table, device))
+        return Plan(num_devices=topology.num_devices, algorithm="round_robin", shards=shards)
+
+    return placer

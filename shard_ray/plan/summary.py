@@ -1,0 +1,40 @@
+"""A per-device table of a plan, in the spirit of TorchRec's planner stats."""
+
+from __future__ import annotations
+
+from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import GB, Topology
+from shard_ray.workload.tables import TableSpec
+
+
+def format_plan_summary(
+    plan: Plan, tables: list[TableSpec], topology: Topology, cost: PlanCost | None = None, cost_label: str = "measured"
+) -> str:
+    memory = plan.device_memory_bytes(tables, topology)
+    header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GB':>10} {'mem %':>6}"
+    if cost is not None:
+        header += f" {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
+    lines = [
+        f"plan '{plan.algorithm}' on {plan.num_devices} devices "
+        f"({topology.memory_gb:.2f} GB each, batch {topology.batch_size}, {topology.optimizer})",
+        header,
+    ]
+    costs = {d.device: d for d in cost.devices} if cost is not None else {}
+    for device in range(plan.num_devices):
+        shards = plan.shards_on(device)
+        line = (
+            f"{device:>6} {len(shards):>6} {sum(s.width for s in shards):>8} "
+            f"{memory[device] / GB:>10.3f} {100 * memory[device] / topology.memory_bytes:>5.1f}%"
+        )
+        if device in costs:
+            d = costs[device]
+            marker = " <- slowest" if device == cost.bottleneck_device else ""
+            line += (
+                f" {d.fwd_compute_ms:>8.3f} {d.fwd_comm_ms:>8.3f} {d.bwd_comm_ms:>8.3f}"
+                f" {d.bwd_compute_ms:>8.3f} {d.total_ms:>9.3f}{marker}"
+            )
+        lines.append(line)
+    if cost is not None:
+        lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step)")
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Table specs and table files: the workload's input format.
+
+A table file is JSON or YAML: ``{"tables": [{"name": "t0", "rows": 1000, "dim": 64,
+"pooling_factor": 4.0}, ...]}``. Optional fields and their defaults are on `TableSpec`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shard_ray.errors import ShardRayError, describe_validation_error
+from shard_ray.io import read_document, write_json
+
+# Access-count bins of the reuse histogram, as published for Meta's dlrm_datasets:
+# fraction of unique rows accessed k times with k in (0,1], (1,2], (2,4], ..., (16384,32768], more.
+REUSE_BINS = 17
+DEFAULT_ZIPF_EXPONENT = 1.05
+BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2}
+
+
+class TraceRef(BaseModel):
+    """Where a table's real index batches live: table `table_index` of a dlrm_datasets file."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    table_index: int = Field(ge=0)
+
+
+class TableSpec(BaseModel):
+    """One embedding table.
+
+    `zipf_exponent` and `reuse_histogram` are the two ways to give the access distribution;
+    give at most one. With neither, accesses follow Zipf with exponent 1.05.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    rows: int = Field(gt=0, le=2**62)
+    dim: int = Field(gt=0, le=4096)
+    pooling_factor: float = Field(gt=0)
+    zipf_exponent: Optional[float] = Field(default=None, ge=0.0, le=10.0)
+    reuse_histogram: Optional[tuple[float, ...]] = None
+    precision: Literal["fp32", "fp16"] = "fp32"
+    trace: Optional[TraceRef] = None
+
+    @field_validator("dim")
+    @classmethod
+    def _dim_multiple_of_4(cls, dim: int) -> int:
+        if dim % 4:
+            raise ValueError(f"dim must be a multiple of 4 (fbgemm's requirement), got {dim}")
+        return dim
+
+    @field_validator("pooling_factor", "zipf_exponent")
+    @classmethod
+    def _finite(cls, value: Optional[float]) -> Optional[float]:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("reuse_histogram")
+    @classmethod
+    def _histogram_shape(cls, hist: Optional[tuple[float, ...]]) -> Optional[tuple[float, ...]]:
+        if hist is None:
+            return None
+        if len(hist) != REUSE_BINS:
+            raise ValueError(f"must have {REUSE_BINS} bins, got {len(hist)}")
+        if any(not math.isfinite(p) or p < 0 for p in hist) or sum(hist) <= 0:
+            raise ValueError("must be non-negative finite fractions with a positive sum")
+        total = sum(hist)
+        return tuple(p / total for p in hist)
+
+    @model_validator(mode="after")
+    def _one_distribution(self) -> "TableSpec":
+        if self.zipf_exponent is not None and self.reuse_histogram is not None:
+            raise ValueError("give either zipf_exponent or reuse_histogram, not both")
+        return self
+
+    @property
+    def bytes_per_element(self) -> int:
+        return BYTES_PER_ELEMENT[self.precision]
+
+    @property
+    def effective_zipf_exponent(self) -> float:
+        return DEFAULT_ZIPF_EXPONENT if self.zipf_exponent is None else self.zipf_exponent
+
+    def with_dim(self, dim: int) -> "TableSpec":
+        return self.model_copy(update={"dim": dim})
+
+
+class TableFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    tables: list[TableSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "TableFile":
+        seen: set[str] = set()
+        for table in self.tables:
+            if table.name in seen:
+                raise ValueError(f"duplicate table name {table.name!r}")
+            seen.add(table.name)
+        return self
+
+
+def validate_tables(tables: list[TableSpec]) -> list[TableSpec]:
+    """Apply the table file's rules (non-empty, unique names) to tables built in code."""
+    try:
+        return TableFile(tables=tables).tables
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, "tables")) from err
+
+
+def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
+    """Read and validate a table file (JSON or YAML)."""
+    document = read_document(path, "table")
+    if not isinstance(document, dict) or "tables" not in document:
+        raise ShardRayError(f"table file {path}: expected an object with a 'tables' list")
+    try:
+        return TableFile.model_validate(document).tables
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, f"table file {path}")) from err
+
+
+def save_tables(path: str | os.PathLike[str], tables: list[TableSpec], **metadata: object) -> None:
+    """Write a table file, leaving out fields at their defaults so files stay readable."""
+    write_json(
+        path,
+        {"tables": [t.model_dump(exclude_none=True, exclude_defaults=True, mode="json") for t in tables], **metadata},
+    )

@@ -1,0 +1,70 @@
+"""Sharding tasks as in the published work: disjoint train/test table pools, tasks drawn from each.
+
+A task is a set of T tables (T drawn from a range) whose dims are redrawn from a set, written
+as an ordinary table file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shard_ray.errors import ShardRayError
+from shard_ray.workload.tables import TableSpec, save_tables
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    num_tasks: int = 10
+    min_tables: int = 10
+    max_tables: int = 40
+    dims: tuple[int, ...] = (16, 32, 64, 128)
+    test_fraction: float = 0.5
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.num_tasks < 1:
+            raise ShardRayError("num_tasks must be at least 1")
+        if not 1 <= self.min_tables <= self.max_tables:
+            raise ShardRayError("need 1 <= min_tables <= max_tables")
+        if not self.dims or any(d <= 0 or d % 4 for d in self.dims):
+            raise ShardRayError("dims must be positive multiples of 4")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ShardRayError("test_fraction must be between 0 and 1")
+
+
+def split_pool(pool: list[TableSpec], test_fraction: float, seed: int) -> tuple[list[TableSpec], list[TableSpec]]:
+    """Disjoint (train, test) pools; the same seed gives the same split."""
+    order = np.random.default_rng(seed).permutation(len(pool))
+    n_test = int(round(len(pool) * test_fraction))
+    if n_test == 0 or n_test == len(pool):
+        raise ShardRayError(f"a pool of {len(pool)} tables cannot be split with test fraction {test_fraction}")
+    test = [pool[i] for i in sorted(order[:n_test])]
+    train = [pool[i] for i in sorted(order[n_test:])]
+    return train, test
+
+
+def draw_task(pool: list[TableSpec], config: TaskConfig, rng: np.random.Generator) -> list[TableSpec]:
+    if config.min_tables > len(pool):
+        raise ShardRayError(f"tasks need at least {config.min_tables} tables but the pool has {len(pool)}")
+    count = int(rng.integers(config.min_tables, min(config.max_tables, len(pool)) + 1))
+    chosen = sorted(rng.choice(len(pool), size=count, replace=False))
+    return [pool[i].with_dim(int(rng.choice(config.dims))) for i in chosen]
+
+
+def write_tasks(pool: list[TableSpec], config: TaskConfig, out_dir: str | Path) -> list[Path]:
+    """Write train_000.json ... and test_000.json ... into `out_dir`; returns the paths."""
+    config.check()
+    train_pool, test_pool = split_pool(pool, config.test_fraction, config.seed)
+    rng = np.random.default_rng(config.seed + 1)
+    out = Path(out_dir)
+    written = []
+    for split, split_pool_tables in (("train", train_pool), ("test", test_pool)):
+        for i in range(config.num_tasks):
+            tables = draw_task(split_pool_tables, config, rng)
+            path = out / f"{split}_{i:03d}.json"
+            save_tables(path, tables, task=f"{split}_{i:03d}", split=split, seed=config.seed)
+            written.append(path)
+    return written
