@@ -1,0 +1,94 @@
+"""Ray profiling actors, one per device, and the pool that keeps them all busy.
+
+An actor holds one device (one GPU, or one CPU core with one intra-op thread) and measures
+fused shards on it. The pool hands each actor a shard as soon as it is free, writes each
+result to the measurement store as it arrives, and skips shards the store already has.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import ray
+import torch
+from tqdm import tqdm
+
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, ShardTable, measure_fused_shard, shard_key
+from shard_ray.profiling.hardware import hardware_id
+from shard_ray.profiling.store import MeasurementStore
+
+
+@ray.remote
+class ProfilingActor:
+    def __init__(self, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self._hardware = hardware_id(threads)
+
+    def hardware(self) -> str:
+        return self._hardware
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def measure(self, parts: list[ShardTable], config: MeasureConfig) -> ShardMeasurement:
+        return measure_fused_shard(parts, config, self._hardware)
+
+
+def resources_per_device(use_gpus: bool) -> dict[str, float]:
+    return {"num_cpus": 1, "num_gpus": 1} if use_gpus else {"num_cpus": 1}
+
+
+def cluster_has_gpus() -> bool:
+    return ray.cluster_resources().get("GPU", 0) >= 1
+
+
+class ProfilingPool:
+    """`num_actors` profiling actors; GPUs are used when the cluster has them unless told not to."""
+
+    def __init__(self, num_actors: int, use_gpus: Optional[bool] = None, threads: int = 1) -> None:
+        if num_actors < 1:
+            raise ValueError("a profiling pool needs at least one actor")
+        self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
+        options = resources_per_device(self.use_gpus)
+        self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
+        hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
+        if len(hardware) != 1:
+            raise RuntimeError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+        self.hardware = hardware.pop()
+
+    def measure(
+        self,
+        shards: Sequence[list[ShardTable]],
+        config: MeasureConfig,
+        store: MeasurementStore,
+        progress: bool = True,
+    ) -> list[ShardMeasurement]:
+        """Measure every shard not yet in `store`; returns all shards' measurements in input order."""
+        keys = [shard_key(parts, config, self.hardware) for parts in shards]
+        known = store.known_keys(keys)
+        todo = [i for i, key in enumerate(keys) if key not in known]
+        # Identical shards are measured once.
+        first_of_key: dict[str, int] = {}
+        for i in todo:
+            first_of_key.setdefault(keys[i], i)
+        queue = list(first_of_key.values())
+        bar = tqdm(total=len(queue), desc="profiling shards", unit="shard", disable=not progress)
+        in_flight: dict[ray.ObjectRef, ProfilingActor] = {}
+        idle = list(self.actors)
+        while queue or in_flight:
+            while queue and idle:
+                actor = idle.pop()
+                in_flight[actor.measure.remote(shards[queue.pop(0)], config)] = actor
+            done, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in done:
+                idle.append(in_flight.pop(ref))
+                store.put(ray.get(ref))
+                bar.update(1)
+        bar.close()
+        return [store.get(key) for key in keys]  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

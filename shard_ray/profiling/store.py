@@ -1,0 +1,108 @@
+"""The one measurement store: an SQLite file of fused-shard measurements keyed by content and hardware.
+
+Writes are single transactions in WAL mode, so a run killed mid-write leaves the store as it
+was before that write; a key is stored at most once, so re-runs skip what is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+from shard_ray.errors import ShardRayError
+from shard_ray.profiling.fused_shard import ShardMeasurement
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS shard_measurements (
+    key TEXT PRIMARY KEY,
+    hardware TEXT NOT NULL,
+    status TEXT NOT NULL,
+    num_tables INTEGER NOT NULL,
+    fwd_ms REAL,
+    bwd_ms REAL,
+    reason TEXT,
+    record TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS shard_measurements_hardware ON shard_measurements (hardware);
+"""
+
+
+class MeasurementStore:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as err:
+            raise ShardRayError(f"measurement store {self.path} is not a usable SQLite file: {err}") from err
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "MeasurementStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def known_keys(self, keys: Iterable[str]) -> set[str]:
+        keys = list(keys)
+        found: set[str] = set()
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            rows = self._db.execute(
+                f"SELECT key FROM shard_measurements WHERE key IN ({','.join('?' * len(chunk))})", chunk
+            )
+            found.update(row[0] for row in rows)
+        return found
+
+    def put(self, measurement: ShardMeasurement) -> bool:
+        """Store a measurement unless its key is there already; True when it was added."""
+        with self._db:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO shard_measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    measurement.key,
+                    measurement.hardware,
+                    measurement.status,
+                    len(measurement.tables),
+                    measurement.fwd_ms,
+                    measurement.bwd_ms,
+                    measurement.reason,
+                    measurement.model_dump_json(),
+                    time.time(),
+                ),
+            )
+        return cursor.rowcount == 1
+
+    def get(self, key: str) -> Optional[ShardMeasurement]:
+        row = self._db.execute("SELECT record FROM shard_measurements WHERE key = ?", (key,)).fetchone()
+        return None if row is None else ShardMeasurement.model_validate_json(row[0])
+
+    def measurements(self, hardware: Optional[str] = None) -> list[ShardMeasurement]:
+        query, args = "SELECT record FROM shard_measurements", ()
+        if hardware is not None:
+            query, args = query + " WHERE hardware = ?", (hardware,)
+        return [ShardMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)]
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM shard_measurements").fetchone()[0])
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Measurement counts per hardware and status."""
+        out: dict[str, dict[str, int]] = {}
+        for hardware, status, n in self._db.execute(
+            "SELECT hardware, status, COUNT(*) FROM shard_measurements GROUP BY hardware, status"
+        ):
+            out.setdefault(hardware, {})[status] = n
+        return out
+
+    def export_json(self) -> str:
+        return json.dumps([json.loads(m.model_dump_json()) for m in self.measurements()], indent=2)
