@@ -1,0 +1,310 @@
+"""The `shard-ray` command. Every subcommand is documented in the README.
+
+User errors print one line, `shard-ray: error: ...`, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from shard_ray.errors import ShardRayError
+
+DEFAULT_STORE = "shard-ray-out/measurements.db"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not dims or any(d <= 0 or d % 4 for d in dims):
+        raise argparse.ArgumentTypeError("dims must be positive multiples of 4")
+    return dims
+
+
+def _add_measure_flags(parser: argparse.ArgumentParser, batch_default: Optional[int] = 1024) -> None:
+    parser.add_argument("--batch-size", type=_positive_int, default=batch_default, help="global batch size (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default %(default)s)")
+    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed steps; medians are reported (default %(default)s)")
+    parser.add_argument("--max-rows", type=_positive_int, default=None, help="rows allocated per table (default: 200000 on CPU, all on GPU)")
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+
+
+def _add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    parser.add_argument("--experiment", default="shard-ray", help="MLflow experiment (default %(default)s)")
+
+
+def _topology_flags(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--devices", type=_positive_int, required=required, help="number of devices")
+    parser.add_argument("--memory-gb", type=_positive_float, required=required, help="memory cap per device in GiB (weights + optimizer state)")
+    parser.add_argument("--optimizer", choices=["rowwise_adagrad", "sgd", "adam"], default=None, help="optimizer whose state counts towards memory (default rowwise_adagrad)")
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from shard_ray.workload.dlrm_dataset import tables_from_dataset
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+    from shard_ray.workload.tables import save_tables
+
+    if args.from_dataset:
+        tables = tables_from_dataset(args.from_dataset, dim=args.dim)
+        source = {"source": str(Path(args.from_dataset).resolve())}
+    else:
+        tables = generate_pool(PoolConfig(num_tables=args.num_tables, seed=args.seed))
+        source = {"source": "synthetic", "seed": args.seed}
+    save_tables(args.out, tables, **source)
+    print(f"wrote {len(tables)} tables to {args.out}")
+
+
+def cmd_tasks(args: argparse.Namespace) -> None:
+    from shard_ray.workload.tables import load_tables
+    from shard_ray.workload.tasks import TaskConfig, write_tasks
+
+    pool = load_tables(args.pool)
+    config = TaskConfig(
+        num_tasks=args.num_tasks,
+        min_tables=args.min_tables,
+        max_tables=args.max_tables,
+        dims=args.dims,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+    )
+    paths = write_tasks(pool, config, args.out_dir)
+    print(f"wrote {len(paths)} task files to {args.out_dir} ({args.num_tasks} train, {args.num_tasks} test)")
+
+
+def cmd_algorithms(args: argparse.Namespace) -> None:
+    from shard_ray.placement import algorithms
+
+    for info in algorithms():
+        print(f"{info.name:<20} {info.family:<10} {info.description}")
+
+
+def _topology(args: argparse.Namespace, plan_settings: Optional[dict] = None):  # noqa: ANN202
+    from shard_ray.plan.topology import GB, Topology
+
+    settings = plan_settings or {}
+    memory_gb = args.memory_gb if args.memory_gb is not None else settings.get("memory_gb")
+    if memory_gb is None:
+        raise ShardRayError("give --memory-gb (the plan file does not record its memory cap)")
+    return Topology(
+        num_devices=args.devices,
+        memory_bytes=int(memory_gb * GB),
+        batch_size=args.batch_size or settings.get("batch_size", 1024),
+        optimizer=args.optimizer or settings.get("optimizer", "rowwise_adagrad"),
+    )
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from shard_ray.placement import place
+    from shard_ray.plan.plan import save_plan
+    from shard_ray.plan.summary import format_plan_summary
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(args.tables)
+    topology = _topology(args)
+    plan = place(args.algo, tables, topology, seed=args.seed)
+    save_plan(args.out, plan)
+    print(format_plan_summary(plan, tables, topology))
+    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {args.out}")
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.sampling import draw_shards
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.runtime import connect_ray
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(args.tables)
+    config = MeasureConfig(
+        batch_size=args.batch_size, warmup=args.warmup, repeats=args.repeats, max_rows=args.max_rows, seed=args.seed
+    )
+    shards = draw_shards(tables, args.shards, args.max_tables, seed=args.seed, singles=not args.no_singles)
+    print(connect_ray(args.address, min_cpus=args.actors))
+    pool = ProfilingPool(args.actors)
+    with MeasurementStore(args.store) as store:
+        before = store.count()
+        results = pool.measure(shards, config, store)
+        pool.shutdown()
+        added = store.count() - before
+        ok = [m for m in results if m.status == "ok"]
+        print(f"{len(shards)} shards on {pool.hardware}: {added} measured now, {len(shards) - added} already in {args.store}")
+        print(f"{len(ok)} ok, {len(results) - len(ok)} infeasible; store holds {store.count()} measurements")
+        if ok:
+            fwd = sorted(m.fwd_ms for m in ok)
+            bwd = sorted(m.bwd_ms for m in ok)
+            print(f"forward ms: min {fwd[0]:.3f}, median {fwd[len(fwd) // 2]:.3f}, max {fwd[-1]:.3f}")
+            print(f"backward ms: min {bwd[0]:.3f}, median {bwd[len(bwd) // 2]:.3f}, max {bwd[-1]:.3f}")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from shard_ray.io import write_json
+    from shard_ray.plan.plan import load_plan
+    from shard_ray.plan.summary import format_plan_summary
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri, log_plan_evaluation
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(args.tables)
+    plan = load_plan(args.plan)
+    plan.check(tables)
+    args.devices = plan.num_devices
+    topology = _topology(args, plan.metadata.get("settings"))
+    plan.check_memory(tables, topology)
+    config = MeasureConfig.for_topology(topology, warmup=args.warmup, repeats=args.repeats, max_rows=args.max_rows)
+    print(connect_ray(args.address, min_cpus=plan.num_devices))
+    gang = DeviceGang(plan.num_devices)
+    for warning in gang.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        cost = gang.evaluate(plan, tables, config)
+    finally:
+        gang.shutdown()
+    write_json(args.out, cost.model_dump(mode="json"))
+    print(format_plan_summary(plan, tables, topology, cost))
+    if not args.no_mlflow:
+        uri = args.tracking_uri or default_tracking_uri()
+        task = args.task or Path(args.tables).stem
+        run_id = log_plan_evaluation(plan, cost, topology, task, len(tables), uri, args.experiment)
+        print(f"logged MLflow run {run_id} to {uri}")
+    print(f"wrote {args.out}")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from shard_ray.demo import DemoConfig, run_demo
+
+    run_demo(
+        DemoConfig(
+            workdir=Path(args.workdir),
+            num_devices=args.devices,
+            min_tables=args.tables,
+            max_tables=args.tables,
+            profile_shards=args.profile_shards,
+            seed=args.seed,
+            tracking_uri=args.tracking_uri,
+            experiment=args.experiment,
+            address=args.address,
+        )
+    )
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="shard-ray", description="Shard embedding tables over devices; measure the plans on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("generate", help="write a synthetic DLRM-like table pool, or derive one from a dlrm_datasets file")
+    p.add_argument("--out", required=True, help="table file to write (.json)")
+    p.add_argument("--num-tables", type=_positive_int, default=856, help="tables in the pool (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--from-dataset", default=None, help="a dlrm_datasets file (indices, offsets, lengths; plain or gzipped)")
+    p.add_argument("--dim", type=int, default=64, help="dim given to tables derived from a dataset (default %(default)s)")
+    p.set_defaults(run=cmd_generate)
+
+    p = sub.add_parser("tasks", help="split a pool into train/test pools and draw task table files from each")
+    p.add_argument("--pool", required=True, help="table file of the pool")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--num-tasks", type=_positive_int, default=10, help="tasks per split (default %(default)s)")
+    p.add_argument("--min-tables", type=_positive_int, default=10)
+    p.add_argument("--max-tables", type=_positive_int, default=40)
+    p.add_argument("--dims", type=_dims, default=(16, 32, 64, 128), help="dims tables are given, comma-separated")
+    p.add_argument("--test-fraction", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=cmd_tasks)
+
+    p = sub.add_parser("algorithms", help="list the placement algorithms")
+    p.set_defaults(run=cmd_algorithms)
+
+    p = sub.add_parser("plan", help="place a table file's tables on devices and write a plan")
+    p.add_argument("--tables", required=True)
+    _topology_flags(p, required=True)
+    p.add_argument("--algo", required=True, help="algorithm name (see `shard-ray algorithms`)")
+    p.add_argument("--batch-size", type=_positive_int, default=1024, help="global batch size (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="plan file to write (.json)")
+    p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("profile", help="measure fused shards of a table file on Ray profiling actors")
+    p.add_argument("--tables", required=True)
+    p.add_argument("--shards", type=int, default=20, help="random multi-table shards to measure (default %(default)s)")
+    p.add_argument("--max-tables", type=_positive_int, default=8, help="most tables in a random shard (default %(default)s)")
+    p.add_argument("--no-singles", action="store_true", help="do not also measure every table alone")
+    p.add_argument("--actors", type=_positive_int, default=2, help="profiling actors, one device each (default %(default)s)")
+    p.add_argument("--store", default=DEFAULT_STORE, help="measurement store, SQLite (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    _add_measure_flags(p)
+    p.set_defaults(run=cmd_profile)
+
+    p = sub.add_parser("evaluate", help="run a plan's real embedding step on a gang of Ray actors")
+    p.add_argument("--tables", required=True)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--out", required=True, help="result file to write (.json)")
+    p.add_argument("--memory-gb", type=_positive_float, default=None, help="memory cap per device (default: the plan's)")
+    p.add_argument("--optimizer", choices=["rowwise_adagrad", "sgd", "adam"], default=None)
+    p.add_argument("--task", default=None, help="task name for MLflow (default: the table file's name)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
+    _add_measure_flags(p, batch_default=None)
+    _add_tracking_flags(p)
+    p.set_defaults(run=cmd_evaluate)
+
+    p = sub.add_parser("demo", help="the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow")
+    p.add_argument("--workdir", default="shard-ray-out/demo", help="where files are written (default %(default)s)")
+    p.add_argument("--devices", type=_positive_int, default=2, help="devices in the gang (default %(default)s)")
+    p.add_argument("--tables", type=_positive_int, default=16, help="tables in the demo task (default %(default)s)")
+    p.add_argument("--profile-shards", type=int, default=12, help="random multi-table shards to profile (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    _add_tracking_flags(p)
+    p.set_defaults(run=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Callable[[argparse.Namespace], None] = args.run
+    try:
+        run(args)
+    except ShardRayError as err:
+        print(f"shard-ray: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shard-ray: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

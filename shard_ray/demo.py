@@ -1,0 +1,149 @@
+"""The main job on the embedded default, end to end.
+
+Generate the synthetic pool, draw a test task, profile fused shards in parallel on Ray
+actors, plan the task with every algorithm, measure every plan on a gang of devices with
+real all-to-all, log each to MLflow and print the comparison.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from shard_ray.io import write_json
+from shard_ray.placement import algorithms, place
+from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.plan import Plan, save_plan
+from shard_ray.plan.summary import format_plan_summary
+from shard_ray.plan.topology import GB, Topology, shard_bytes
+from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.store import MeasurementStore
+from shard_ray.runtime import connect_ray
+from shard_ray.tracking.mlflow_runs import default_tracking_uri, log_plan_evaluation, ui_command
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import TableSpec, save_tables
+from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    workdir: Path = Path("shard-ray-out/demo")
+    num_devices: int = 2
+    min_tables: int = 16
+    max_tables: int = 16
+    profile_shards: int = 12
+    max_tables_per_shard: int = 6
+    memory_headroom: float = 1.5  # cap = headroom x (all tables' bytes / devices)
+    batch_size: int = 1024
+    repeats: int = 10
+    seed: int = 0
+    tracking_uri: Optional[str] = None
+    experiment: str = "shard-ray"
+    address: Optional[str] = None
+
+
+def fused_vs_singles(measurements: list[ShardMeasurement]) -> Optional[float]:
+    """Median of (fused step ms) / (sum of the tables' single-table step ms) over multi-table shards."""
+    by_table = {
+        m.tables[0].table.name: m.fwd_ms + m.bwd_ms  # type: ignore[operator]
+        for m in measurements
+        if m.status == "ok" and len(m.tables) == 1
+    }
+    ratios = [
+        (m.fwd_ms + m.bwd_ms) / sum(by_table[p.table.name] for p in m.tables)  # type: ignore[operator]
+        for m in measurements
+        if m.status == "ok" and len(m.tables) > 1 and all(p.table.name in by_table for p in m.tables)
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def comparison_table(rows: list[tuple[Plan, PlanCost]]) -> str:
+    best = min(cost.cost_ms for _, cost in rows)
+    lines = [f"{'algorithm':<20} {'cost ms':>9} {'vs best':>8} {'per-device total ms':<28} {'placement ms':>12}"]
+    for plan, cost in sorted(rows, key=lambda r: r[1].cost_ms):
+        per_device = " / ".join(f"{d.total_ms:.1f}" for d in cost.devices)
+        lines.append(
+            f"{plan.algorithm:<20} {cost.cost_ms:>9.2f} {cost.cost_ms / best:>7.2f}x {per_device:<28} "
+            f"{plan.placement_seconds * 1e3:>12.2f}"
+        )
+    return "\n".join(lines)
+
+
+def run_demo(config: DemoConfig = DemoConfig()) -> list[tuple[Plan, PlanCost]]:
+    workdir = config.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    tracking_uri = config.tracking_uri or default_tracking_uri()
+
+    print("== 1. workload")
+    pool = generate_pool(PoolConfig(seed=config.seed))
+    save_tables(workdir / "pool.json", pool, source="synthetic", seed=config.seed)
+    task_config = TaskConfig(min_tables=config.min_tables, max_tables=config.max_tables, seed=config.seed)
+    _, test_pool = split_pool(pool, task_config.test_fraction, config.seed)
+    tables: list[TableSpec] = draw_task(test_pool, task_config, np.random.default_rng(config.seed))
+    task_file = workdir / "task.json"
+    save_tables(task_file, tables, task="demo", split="test", seed=config.seed)
+    total = sum(shard_bytes(t, t.dim, "rowwise_adagrad") for t in tables)
+    topology = Topology(
+        num_devices=config.num_devices,
+        memory_bytes=int(config.memory_headroom * total / config.num_devices) + 1,
+        batch_size=config.batch_size,
+    )
+    print(
+        f"pool of {len(pool)} synthetic tables -> {workdir / 'pool.json'}; task of {len(tables)} test tables -> {task_file}\n"
+        f"{topology.num_devices} devices, {topology.memory_gb:.3f} GB each, batch {topology.batch_size}"
+    )
+
+    print("\n== 2. profiling fused shards on Ray actors")
+    print(connect_ray(config.address, min_cpus=config.num_devices))
+    measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
+    shards = draw_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
+    profiler = ProfilingPool(num_actors=min(2, config.num_devices))
+    with MeasurementStore(workdir / "measurements.db") as store:
+        measurements = profiler.measure(shards, measure_config, store)
+    profiler.shutdown()
+    ratio = fused_vs_singles(measurements)
+    print(f"{len(measurements)} shards measured on {profiler.hardware} -> {workdir / 'measurements.db'}")
+    if ratio is not None:
+        print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")
+
+    print("\n== 3. planning with every algorithm")
+    plans = []
+    for info in algorithms():
+        plan = place(info.name, tables, topology, seed=config.seed)
+        save_plan(workdir / "plans" / f"{info.name}.json", plan)
+        plans.append(plan)
+        print(f"{info.name:<20} placed in {plan.placement_seconds * 1e3:.2f} ms")
+
+    print("\n== 4. measuring every plan on a gang of devices (real all-to-all)")
+    gang = DeviceGang(config.num_devices)
+    for warning in gang.warnings:
+        print(f"warning: {warning}")
+    try:
+        costs = gang.evaluate_many(plans, tables, measure_config)
+    finally:
+        gang.shutdown()
+    rows = list(zip(plans, costs))
+    for plan, cost in rows:
+        write_json(workdir / "results" / f"{plan.algorithm}.json", cost.model_dump(mode="json"))
+        log_plan_evaluation(plan, cost, topology, "demo", len(tables), tracking_uri, config.experiment)
+    best_plan, best_cost = min(rows, key=lambda r: r[1].cost_ms)
+    print(format_plan_summary(best_plan, tables, topology, best_cost))
+
+    print("\n== 5. comparison (measured on " + best_cost.hardware + ")")  # type: ignore[attr-defined]
+    print(comparison_table(rows))
+    write_json(
+        workdir / "comparison.json",
+        [{"algorithm": p.algorithm, "cost_ms": c.cost_ms, "placement_seconds": p.placement_seconds} for p, c in rows],
+    )
+    print(f"\nplans, results and comparison.json are in {workdir}")
+    print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
+    print(f"open the MLflow UI with:\n  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
+    return rows
+

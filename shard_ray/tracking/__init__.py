@@ -1,0 +1,1 @@
+"""Experiment tracking: every plan evaluation is an MLflow run."""

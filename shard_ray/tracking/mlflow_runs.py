@@ -1,0 +1,106 @@
+"""MLflow runs for plan evaluations: parameters, per-device metrics, the plan and a bar chart.
+
+Runs carry the same parameter and metric names whatever the algorithm, so the UI's compare
+view lines plans of one task up side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology
+
+DEFAULT_EXPERIMENT = "shard-ray"
+_PARTS = ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
+
+
+def default_tracking_uri(directory: str | os.PathLike[str] = ".") -> str:
+    """MLFLOW_TRACKING_URI if set, else an SQLite file in `directory` by absolute path.
+
+    The path is absolute because Ray Tune and Ray jobs change a worker's working directory.
+    """
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{(Path(directory) / 'mlflow.db').resolve()}"
+
+
+def ui_command(tracking_uri: str) -> str:
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
+    """Stacked bars of each device's four parts, the slowest device's total marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = [d.device for d in cost.devices]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(devices) + 2), 3.5))
+    bottom = [0.0] * len(devices)
+    for part in _PARTS:
+        values = [getattr(d, part) for d in cost.devices]
+        ax.bar(devices, values, bottom=bottom, label=part.removesuffix("_ms").replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.axhline(cost.cost_ms, color="black", linestyle="--", linewidth=1, label=f"plan cost {cost.cost_ms:.2f} ms")
+    ax.set_xlabel("device")
+    ax.set_ylabel("ms per step")
+    ax.set_xticks(devices)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def log_plan_evaluation(
+    plan: Plan,
+    cost: PlanCost,
+    topology: Topology,
+    task: str,
+    num_tables: int,
+    tracking_uri: str,
+    experiment: str = DEFAULT_EXPERIMENT,
+    run_name: Optional[str] = None,
+) -> str:
+    """Log one measured plan as an MLflow run; returns the run id."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    hardware = str(getattr(cost, "hardware", "unknown"))
+    tags = {"task": task, "algorithm": plan.algorithm, "devices": str(plan.num_devices), "hardware": hardware}
+    with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags) as run:
+        mlflow.log_params(
+            {
+                "task": task,
+                "algorithm": plan.algorithm,
+                "num_devices": plan.num_devices,
+                "num_tables": num_tables,
+                "memory_gb": round(topology.memory_gb, 4),
+                "batch_size": topology.batch_size,
+                "optimizer": topology.optimizer,
+                "hardware": hardware,
+            }
+        )
+        metrics = {"cost_ms": cost.cost_ms, "placement_seconds": plan.placement_seconds}
+        for d in cost.devices:
+            metrics[f"device_{d.device}_total_ms"] = d.total_ms
+            for part in _PARTS:
+                metrics[f"device_{d.device}_{part}"] = getattr(d, part)
+        for part in _PARTS:
+            metrics[f"max_{part}"] = max(getattr(d, part) for d in cost.devices)
+        mlflow.log_metrics(metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            (folder / "plan.json").write_text(json.dumps(plan.model_dump(mode="json"), indent=2))
+            (folder / "result.json").write_text(json.dumps(cost.model_dump(mode="json"), indent=2))
+            device_cost_chart(cost, f"{task}: {plan.algorithm}", folder / "device_costs.png")
+            mlflow.log_artifacts(tmp)
+        return run.info.run_id
