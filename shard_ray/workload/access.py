@@ -15,10 +15,11 @@ from shard_ray.workload.tables import TableSpec
 # The public histogram describes one batch of 65536 samples; other batch sizes scale the
 # access counts of each row with the batch, so hot rows stay hot and cold rows stay single.
 REFERENCE_BATCH = 65536
-# Odd 64-bit multiplier that scatters Zipf ranks over the row space, so hot rows are not
-# all at the start of the table (which would make them look cache-friendly).
-_SCATTER = np.uint64(0x9E3779B97F4A7C15)
-
+# Zipf ranks are spread over the row space by r -> r * m mod rows with m a prime that does not
+# divide rows: a permutation, so hot rows are not all at the start of the table (which would
+# make them look cache-friendly) and every row stays reachable. m < 2^20 keeps r * m inside
+# int64 for tables up to 2^43 rows.
+_SCATTER_PRIMES = (1_000_003, 999_983)
 
 @dataclass(frozen=True)
 class TableBatch:
@@ -44,10 +45,8 @@ def zipf_indices(rows: int, exponent: float, count: int, rng: np.random.Generato
 
 
 def scatter_rows(ranks: np.ndarray, rows: int) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        hashed = ranks.astype(np.uint64) * _SCATTER
-    return (hashed % np.uint64(rows)).astype(np.int64)
-
+    multiplier = next(p for p in _SCATTER_PRIMES if rows % p)
+    return (ranks.astype(np.int64) * multiplier) % rows
 
 def reuse_histogram_indices(
     rows: int, histogram: tuple[float, ...], count: int, batch_size: int, rng: np.random.Generator

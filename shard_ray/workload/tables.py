@@ -40,7 +40,7 @@ class TableSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
-    rows: int = Field(gt=0, le=2**62)
+    rows: int = Field(gt=0, le=2**43)
     dim: int = Field(gt=0, le=4096)
     pooling_factor: float = Field(gt=0)
     zipf_exponent: Optional[float] = Field(default=None, ge=0.0, le=10.0)

@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both go through `make setup`,
+# which builds .venv once and does nothing while it is newer than pyproject.toml.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+# pip prints a warning for every package its local mirrors lack; they are noise here.
+QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | $(QUIET_PIP)
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/shard-ray demo
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) shard-ray-out mlflow.db .pytest_cache

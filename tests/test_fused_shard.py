@@ -1,0 +1,114 @@
+import numpy as np
+import pytest
+import torch
+
+from shard_ray.profiling.fused_shard import (
+    FusedShard,
+    MeasureConfig,
+    ShardTable,
+    measure_fused_shard,
+    shard_key,
+)
+from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.store import MeasurementStore
+
+SMALL = MeasureConfig(batch_size=64, warmup=1, repeats=3)
+
+
+def manual_pooled(shard: FusedShard, step: int) -> torch.Tensor:
+    """Pooled sums computed by hand from the kernels' weights and the prepared batch."""
+    columns = {}
+    for (members, module), (indices, offsets) in zip(shard.groups, shard.batches[step % len(shard.batches)]):
+        weights = module.split_embedding_weights()
+        b = shard.config.batch_size
+        for k, i in enumerate(members):
+            w = weights[k].float()
+            bags = offsets[k * b : (k + 1) * b + 1]
+            columns[i] = torch.stack([w[indices[bags[j] : bags[j + 1]]].sum(0) for j in range(b)])
+    return torch.cat([columns[i] for i in range(len(shard.parts))], dim=1)
+
+
+def test_fused_forward_matches_manual_lookup(small_tables):
+    parts = [ShardTable.whole(t) for t in small_tables] + [ShardTable(table=small_tables[1], columns=(16, 48))]
+    shard = FusedShard(parts, SMALL, torch.device("cpu"))
+    assert shard.width == sum(t.dim for t in small_tables) + 32
+    assert len(shard.groups) == 2  # fp32 and fp16 kernels
+    out = shard.forward(0)
+    assert out.shape == (64, shard.width)
+    assert torch.allclose(out, manual_pooled(shard, 0), atol=1e-2)
+
+
+def test_backward_applies_the_optimizer_update(small_tables):
+    shard = FusedShard([ShardTable.whole(small_tables[0])], SMALL, torch.device("cpu"))
+    module = shard.groups[0][1]
+    before = module.split_embedding_weights()[0].clone()
+    out = shard.forward(0)
+    shard.backward(out, torch.ones_like(out))
+    assert not torch.equal(before, module.split_embedding_weights()[0])
+
+
+def test_column_slices_of_a_table_see_the_same_lookups(small_tables):
+    table = small_tables[0]
+    a = FusedShard([ShardTable(table=table, columns=(0, 16))], SMALL, torch.device("cpu"))
+    b = FusedShard([ShardTable(table=table, columns=(16, 32))], SMALL, torch.device("cpu"))
+    assert all(torch.equal(x, y) for x, y in zip(a.batches[0][0], b.batches[0][0]))
+
+
+def test_rows_are_capped_on_cpu():
+    from shard_ray.workload.tables import TableSpec
+
+    big = TableSpec(name="big", rows=10**9, dim=8, pooling_factor=2.0)
+    shard = FusedShard([ShardTable.whole(big)], MeasureConfig(batch_size=16, max_rows=1000), torch.device("cpu"))
+    assert shard.groups[0][1].split_embedding_weights()[0].shape == (1000, 8)
+    assert int(shard.batches[0][0][0].max()) < 1000
+
+
+def test_measure_reports_medians_and_infeasible_shards(small_tables):
+    parts = [ShardTable.whole(t) for t in small_tables[:3]]
+    ok = measure_fused_shard(parts, SMALL, "cpu:test")
+    assert ok.status == "ok" and ok.fwd_ms > 0 and ok.bwd_ms > 0
+    adam = measure_fused_shard(parts, SMALL.model_copy(update={"optimizer": "adam"}), "cpu:test")
+    assert adam.status == "infeasible" and "Adam" in adam.reason and adam.fwd_ms is None
+
+
+def test_shard_key_is_content_and_order_free(small_tables):
+    a, b = small_tables[0], small_tables[1]
+    renamed = a.model_copy(update={"name": "other"})
+    key = shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL, "hw")
+    assert key == shard_key([ShardTable.whole(b), ShardTable.whole(renamed)], SMALL, "hw")
+    assert key != shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL, "other-hw")
+    assert key != shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL.model_copy(update={"batch_size": 32}), "hw")
+    assert key != shard_key([ShardTable(table=a, columns=(0, 16)), ShardTable.whole(b)], SMALL, "hw")
+
+
+def test_store_keeps_each_key_once_and_persists(tmp_path, small_tables):
+    m = measure_fused_shard([ShardTable.whole(small_tables[0])], SMALL, "cpu:test")
+    path = tmp_path / "store.db"
+    with MeasurementStore(path) as store:
+        assert store.put(m) is True
+        assert store.put(m) is False
+        assert store.known_keys([m.key, "nope"]) == {m.key}
+    with MeasurementStore(path) as store:
+        assert store.count() == 1
+        assert store.get(m.key) == m
+        assert store.summary() == {"cpu:test": {"ok": 1}}
+
+
+def test_store_refuses_a_file_that_is_not_sqlite(tmp_path):
+    from shard_ray.errors import ShardRayError
+
+    path = tmp_path / "junk.db"
+    path.write_text("this is not a database" * 100)
+    with pytest.raises(ShardRayError, match="not a usable SQLite"):
+        MeasurementStore(path)
+
+
+def test_draw_shards(small_tables):
+    shards = draw_shards(small_tables, count=10, max_tables=3, seed=0)
+    assert len(shards) == len(small_tables) + 10
+    assert all(len(s) == 1 for s in shards[: len(small_tables)])
+    assert all(2 <= len(s) <= 3 for s in shards[len(small_tables) :])
+    assert all(len({p.table.name for p in s}) == len(s) for s in shards)
+    assert np.array_equal(
+        [len(s) for s in draw_shards(small_tables, 10, 3, seed=0)], [len(s) for s in shards]
+    )

@@ -1,0 +1,100 @@
+"""End to end on Ray: profiling actors, the measurement store, and a 2-device gang with real all-to-all."""
+
+import json
+
+import pytest
+
+from shard_ray.cli import main
+from shard_ray.errors import ShardRayError
+from shard_ray.placement import place
+from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
+from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardTable, shard_key
+from shard_ray.profiling.gang import DeviceGang, batch_slices
+from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.store import MeasurementStore
+
+CONFIG = MeasureConfig(batch_size=128, warmup=1, repeats=3)
+
+
+def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session, tmp_path, small_tables):
+    shards = draw_shards(small_tables, count=4, max_tables=3, seed=0)
+    pool = ProfilingPool(num_actors=2)
+    assert len(set(ray_session.get([a.pid.remote() for a in pool.actors]))) == 2
+    try:
+        with MeasurementStore(tmp_path / "m.db") as store:
+            # A record already in the store under a shard's key must be reused, not re-measured.
+            planted_parts = shards[0]
+            planted = pool.actors[0].measure.remote(planted_parts, CONFIG)
+            record = ray_session.get(planted).model_copy(update={"fwd_ms": 12345.0})
+            store.put(record)
+            results = pool.measure(shards, CONFIG, store, progress=False)
+            assert len(results) == len(shards)
+            assert results[0].fwd_ms == 12345.0
+            assert all(r.status == "ok" and r.fwd_ms > 0 and r.bwd_ms > 0 for r in results)
+            assert [r.key for r in results] == [shard_key(s, CONFIG, pool.hardware) for s in shards]
+            assert store.count() == len({r.key for r in results})
+            again = pool.measure(shards, CONFIG, store, progress=False)
+            assert again == results
+    finally:
+        pool.shutdown()
+
+
+def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=128)
+    gang = DeviceGang(2)
+    try:
+        plan = place("dim_greedy", small_tables, topology)
+        cost = gang.evaluate(plan, small_tables, CONFIG)
+        assert [d.device for d in cost.devices] == [0, 1]
+        for d in cost.devices:
+            assert d.fwd_compute_ms > 0 and d.bwd_compute_ms > 0
+            assert d.fwd_comm_ms > 0 and d.bwd_comm_ms > 0
+        assert cost.cost_ms == max(d.total_ms for d in cost.devices)
+        assert cost.hardware.startswith("cpu:")
+
+        # Column shards across devices and an empty device still run a full step.
+        split = Plan(
+            num_devices=2,
+            algorithm="manual",
+            shards=[Shard(table="b", device=0, columns=(0, 32)), Shard(table="b", device=0, columns=(32, 64))]
+            + [Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables if t.name != "b"],
+        )
+        empty = gang.evaluate(split, small_tables, CONFIG)
+        assert empty.devices[1].fwd_compute_ms < empty.devices[0].fwd_compute_ms
+        assert empty.bottleneck_device == 0
+
+        with pytest.raises(ShardRayError, match="for 3 devices"):
+            gang.evaluate(Plan(num_devices=3, algorithm="x", shards=plan.shards), small_tables, CONFIG)
+    finally:
+        gang.shutdown()
+
+
+def test_batch_slices_cover_the_batch():
+    assert batch_slices(10, 3) == [4, 3, 3]
+    assert sum(batch_slices(1024, 7)) == 1024
+
+
+def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, table_file, small_tables):
+    import mlflow
+
+    plan_path = tmp_path / "plan.json"
+    save_plan(plan_path, place("size_lookup_greedy", small_tables, Topology(num_devices=2, memory_bytes=GB, batch_size=128)))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "result.json"
+    code = main(
+        ["evaluate", "--tables", str(table_file), "--plan", str(plan_path), "--out", str(out),
+         "--repeats", "2", "--warmup", "1", "--tracking-uri", uri, "--experiment", "t", "--task", "small"]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert set(result["devices"][0]) >= {"device", "fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms", "total_ms"}
+    assert result["cost_ms"] == max(d["total_ms"] for d in result["devices"])
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["t"])
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["params.algorithm"] == "size_lookup_greedy" and run["tags.task"] == "small"
+    assert run["metrics.cost_ms"] == pytest.approx(result["cost_ms"])
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run["run_id"])}
+    assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
