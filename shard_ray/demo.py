@@ -14,19 +14,17 @@ from typing import Optional
 
 import numpy as np
 
+from shard_ray.comparison import MeasuredPlan, compare_algorithms, comparison_table
 from shard_ray.io import write_json
-from shard_ray.placement import algorithms, place
-from shard_ray.plan.cost import PlanCost
-from shard_ray.plan.plan import Plan, save_plan
 from shard_ray.plan.summary import format_plan_summary
-from shard_ray.plan.topology import GB, Topology, shard_bytes
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
-from shard_ray.tracking.mlflow_runs import default_tracking_uri, log_plan_evaluation, ui_command
+from shard_ray.tracking.mlflow_runs import default_tracking_uri, ui_command
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, save_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -64,19 +62,7 @@ def fused_vs_singles(measurements: list[ShardMeasurement]) -> Optional[float]:
     return statistics.median(ratios) if ratios else None
 
 
-def comparison_table(rows: list[tuple[Plan, PlanCost]]) -> str:
-    best = min(cost.cost_ms for _, cost in rows)
-    lines = [f"{'algorithm':<20} {'cost ms':>9} {'vs best':>8} {'per-device total ms':<28} {'placement ms':>12}"]
-    for plan, cost in sorted(rows, key=lambda r: r[1].cost_ms):
-        per_device = " / ".join(f"{d.total_ms:.1f}" for d in cost.devices)
-        lines.append(
-            f"{plan.algorithm:<20} {cost.cost_ms:>9.2f} {cost.cost_ms / best:>7.2f}x {per_device:<28} "
-            f"{plan.placement_seconds * 1e3:>12.2f}"
-        )
-    return "\n".join(lines)
-
-
-def run_demo(config: DemoConfig = DemoConfig()) -> list[tuple[Plan, PlanCost]]:
+def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     workdir = config.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     tracking_uri = config.tracking_uri or default_tracking_uri()
@@ -89,10 +75,9 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[tuple[Plan, PlanCost]]:
     tables: list[TableSpec] = draw_task(test_pool, task_config, np.random.default_rng(config.seed))
     task_file = workdir / "task.json"
     save_tables(task_file, tables, task="demo", split="test", seed=config.seed)
-    total = sum(shard_bytes(t, t.dim, "rowwise_adagrad") for t in tables)
     topology = Topology(
         num_devices=config.num_devices,
-        memory_bytes=int(config.memory_headroom * total / config.num_devices) + 1,
+        memory_bytes=memory_cap_with_headroom(tables, config.num_devices, config.memory_headroom),
         batch_size=config.batch_size,
     )
     print(
@@ -113,34 +98,25 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[tuple[Plan, PlanCost]]:
     if ratio is not None:
         print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")
 
-    print("\n== 3. planning with every algorithm")
-    plans = []
-    for info in algorithms():
-        plan = place(info.name, tables, topology, seed=config.seed)
-        save_plan(workdir / "plans" / f"{info.name}.json", plan)
-        plans.append(plan)
-        print(f"{info.name:<20} placed in {plan.placement_seconds * 1e3:.2f} ms")
-
-    print("\n== 4. measuring every plan on a gang of devices (real all-to-all)")
+    print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
     gang = DeviceGang(config.num_devices)
     for warning in gang.warnings:
         print(f"warning: {warning}")
     try:
-        costs = gang.evaluate_many(plans, tables, measure_config)
+        rows = compare_algorithms(
+            tables, topology, gang, measure_config, "demo",
+            tracking_uri=tracking_uri, experiment=config.experiment, out_dir=workdir, seed=config.seed,
+        )
     finally:
         gang.shutdown()
-    rows = list(zip(plans, costs))
-    for plan, cost in rows:
-        write_json(workdir / "results" / f"{plan.algorithm}.json", cost.model_dump(mode="json"))
-        log_plan_evaluation(plan, cost, topology, "demo", len(tables), tracking_uri, config.experiment)
-    best_plan, best_cost = min(rows, key=lambda r: r[1].cost_ms)
-    print(format_plan_summary(best_plan, tables, topology, best_cost))
+    best = min(rows, key=lambda r: r.cost.cost_ms)
+    print(format_plan_summary(best.plan, tables, topology, best.cost))
 
-    print("\n== 5. comparison (measured on " + best_cost.hardware + ")")  # type: ignore[attr-defined]
+    print(f"\n== 4. comparison (measured on {gang.hardware})")
     print(comparison_table(rows))
     write_json(
         workdir / "comparison.json",
-        [{"algorithm": p.algorithm, "cost_ms": c.cost_ms, "placement_seconds": p.placement_seconds} for p, c in rows],
+        [{"algorithm": r.plan.algorithm, "cost_ms": r.cost.cost_ms, "placement_seconds": r.plan.placement_seconds} for r in rows],
     )
     print(f"\nplans, results and comparison.json are in {workdir}")
     print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")

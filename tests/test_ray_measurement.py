@@ -98,3 +98,21 @@ def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, ta
     assert run["metrics.cost_ms"] == pytest.approx(result["cost_ms"])
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run["run_id"])}
     assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
+
+
+def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
+    import mlflow
+
+    from shard_ray.demo import DemoConfig, run_demo
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rows = run_demo(
+        DemoConfig(workdir=tmp_path / "demo", min_tables=6, max_tables=6, profile_shards=2, repeats=2, batch_size=128, tracking_uri=uri)
+    )
+    out = capsys.readouterr().out
+    assert "== 4. comparison" in out and "mlflow ui --backend-store-uri" in out
+    assert {r.plan.algorithm for r in rows} >= {"random", "size_lookup_greedy"}
+    comparison = json.loads((tmp_path / "demo" / "comparison.json").read_text())
+    assert len(comparison) == len(rows)
+    mlflow.set_tracking_uri(uri)
+    assert len(mlflow.search_runs(experiment_names=["shard-ray"])) == len(rows)

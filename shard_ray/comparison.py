@@ -1,0 +1,66 @@
+"""Plan one task with several algorithms, measure every plan on the gang, log each to MLflow.
+
+Used by the demo and the benchmarks, so every comparison is produced the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from shard_ray.io import write_json
+from shard_ray.placement import algorithms, place
+from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.plan import Plan, save_plan
+from shard_ray.plan.topology import Topology
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+from shard_ray.workload.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class MeasuredPlan:
+    plan: Plan
+    cost: PlanCost
+
+
+def compare_algorithms(
+    tables: list[TableSpec],
+    topology: Topology,
+    gang: DeviceGang,
+    config: MeasureConfig,
+    task: str,
+    names: Optional[list[str]] = None,
+    tracking_uri: Optional[str] = None,
+    experiment: str = "shard-ray",
+    out_dir: Optional[Path] = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[MeasuredPlan]:
+    """Every named algorithm's plan (all registered ones by default), measured; in the given order."""
+    names = names or [info.name for info in algorithms()]
+    plans = [place(name, tables, topology, seed=seed) for name in names]
+    costs = gang.evaluate_many(plans, tables, config, progress=progress)
+    rows = [MeasuredPlan(plan, cost) for plan, cost in zip(plans, costs)]
+    for row in rows:
+        if out_dir is not None:
+            save_plan(out_dir / "plans" / f"{row.plan.algorithm}.json", row.plan)
+            write_json(out_dir / "results" / f"{row.plan.algorithm}.json", row.cost.model_dump(mode="json"))
+        if tracking_uri is not None:
+            log_plan_evaluation(row.plan, row.cost, topology, task, len(tables), tracking_uri, experiment)
+    return rows
+
+
+def comparison_table(rows: list[MeasuredPlan]) -> str:
+    """Algorithms by measured cost, with the ratio to the best and each device's total."""
+    best = min(r.cost.cost_ms for r in rows)
+    lines = [f"{'algorithm':<20} {'cost ms':>9} {'vs best':>8}  {'per-device total ms':<28} {'placement ms':>12}"]
+    for row in sorted(rows, key=lambda r: r.cost.cost_ms):
+        per_device = " / ".join(f"{d.total_ms:.1f}" for d in row.cost.devices)
+        lines.append(
+            f"{row.plan.algorithm:<20} {row.cost.cost_ms:>9.2f} {row.cost.cost_ms / best:>7.2f}x  {per_device:<28} "
+            f"{row.plan.placement_seconds * 1e3:>12.2f}"
+        )
+    return "\n".join(lines)

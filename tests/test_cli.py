@@ -1,0 +1,121 @@
+"""The command line: happy paths, and bad input refused in one line with exit status 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shard_ray.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shard_ray.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def assert_refused(capsys, argv, message, leftover=None):
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert message in err
+    if leftover is not None:
+        assert not leftover.exists()
+
+
+def test_generate_tasks_plan(tmp_path, capsys):
+    pool = tmp_path / "pool.json"
+    assert main(["generate", "--out", str(pool), "--num-tables", "60", "--seed", "2"]) == 0
+    assert len(json.loads(pool.read_text())["tables"]) == 60
+    assert main(["tasks", "--pool", str(pool), "--out-dir", str(tmp_path / "tasks"), "--num-tasks", "2", "--min-tables", "4", "--max-tables", "6"]) == 0
+    task = tmp_path / "tasks" / "test_000.json"
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(task), "--devices", "2", "--memory-gb", "4", "--algo", "lookup_greedy", "--out", str(plan)]) == 0
+    doc = json.loads(plan.read_text())
+    assert doc["algorithm"] == "lookup_greedy" and doc["num_devices"] == 2
+    assert "plan 'lookup_greedy' on 2 devices" in capsys.readouterr().out
+
+
+def test_algorithms_lists_every_baseline(capsys):
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    for name in ("random", "round_robin", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy"):
+        assert name in out
+
+
+GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not valid"),
+        (json.dumps({"tables": []}), "tables"),
+        (json.dumps({"tables": [GOOD | {"dim": 30}]}), "multiple of 4"),
+        (json.dumps({"tables": [GOOD | {"rows": -5}]}), "rows"),
+        (json.dumps({"tables": [GOOD | {"pooling_factor": 0}]}), "pooling_factor"),
+        (json.dumps({"tables": [GOOD | {"rows": "lots"}]}), "rows"),
+        (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
+        (json.dumps({"tables": [GOOD | {"extra": 1}]}), "extra"),
+    ],
+)
+def test_plan_refuses_bad_table_files(tmp_path, capsys, content, message):
+    tables = tmp_path / "tables.json"
+    tables.write_text(content)
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "random", "--out", str(out)]
+    assert_refused(capsys, argv, message, leftover=out)
+
+
+def test_plan_refuses_missing_file_unknown_algo_and_infeasible_memory(tmp_path, capsys, table_file):
+    out = tmp_path / "plan.json"
+    base = ["plan", "--devices", "2", "--out", str(out)]
+    assert_refused(capsys, base + ["--tables", str(tmp_path / "nope.json"), "--memory-gb", "1", "--algo", "random"], "not found", out)
+    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "1", "--algo", "magic"], "unknown algorithm", out)
+    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "0.000001", "--algo", "size_greedy"], "no device has", out)
+    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "-1", "--algo", "random"], "--memory-gb", out)
+    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "nan", "--algo", "random"], "--memory-gb", out)
+
+
+def test_evaluate_refuses_bad_plans_before_starting_ray(tmp_path, capsys, table_file):
+    out = tmp_path / "result.json"
+    plan = tmp_path / "plan.json"
+    cases = [
+        ({"num_devices": 2, "algorithm": "x", "shards": [{"table": "zz", "device": 0, "columns": [0, 4]}]}, "not in the table file"),
+        ({"num_devices": 2, "algorithm": "x", "shards": [{"table": "a", "device": 0, "columns": [0, 6]}]}, "multiples of 4"),
+        ({"num_devices": 0, "algorithm": "x", "shards": []}, "num_devices"),
+    ]
+    for doc, message in cases:
+        plan.write_text(json.dumps(doc))
+        assert_refused(capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out), "--memory-gb", "1"], message, out)
+    plan.write_text(json.dumps({"num_devices": 1, "algorithm": "x", "shards": [{"table": n, "device": 0, "columns": [0, d]} for n, d in zip("abcde", (32, 64, 16, 32, 8))]}))
+    assert_refused(capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out), "--memory-gb", "0.00001"], "over the cap", out)
+    assert_refused(capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out)], "--memory-gb", out)
+
+
+def test_console_errors_are_one_line_without_traceback(tmp_path):
+    result = run_cli("plan", "--tables", str(tmp_path / "missing.json"), "--devices", "2", "--memory-gb", "1", "--algo", "random", "--out", str(tmp_path / "p.json"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"shard-ray: error: table file not found: {tmp_path / 'missing.json'}"]
+    result = run_cli("plan", "--devices", "zero")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    result = run_cli("frobnicate")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_generate_from_a_dataset_file(tmp_path):
+    import numpy as np
+    import torch
+
+    lengths = np.array([[1, 2, 0, 3], [2, 2, 2, 2]], dtype=np.int64)
+    indices = torch.arange(int(lengths.sum()), dtype=torch.int64)
+    offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths.reshape(-1))]))
+    data = tmp_path / "day.pt"
+    torch.save((indices, offsets, torch.from_numpy(lengths)), data)
+    out = tmp_path / "real.json"
+    assert main(["generate", "--from-dataset", str(data), "--dim", "16", "--out", str(out)]) == 0
+    tables = json.loads(out.read_text())["tables"]
+    assert [t["pooling_factor"] for t in tables] == [1.5, 2.0] and all(t["rows"] == 100 for t in tables)
