@@ -56,7 +56,7 @@ def main() -> None:
     try:
         for i in range(args.tasks):
             tables = draw_task(test_pool, task_config, rng)
-                    topology = Topology(
+            topology = Topology(
                 num_devices=args.devices,
                 memory_bytes=memory_cap_with_headroom(tables, args.devices, args.memory_headroom),
                 batch_size=args.batch_size,

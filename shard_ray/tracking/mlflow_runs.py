@@ -42,7 +42,7 @@ def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     devices = [d.device for d in cost.devices]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(devices) + 2), 3.5))
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.6 * len(devices) + 3.5), 3.5))
     bottom = [0.0] * len(devices)
     for part in _PARTS:
         values = [getattr(d, part) for d in cost.devices]
@@ -53,7 +53,7 @@ def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
     ax.set_ylabel("ms per step")
     ax.set_xticks(devices)
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
