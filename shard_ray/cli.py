@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from shard_ray.errors import ShardRayError
+
+if TYPE_CHECKING:
+    from shard_ray.plan.topology import Topology
 
 DEFAULT_STORE = "shard-ray-out/measurements.db"
 
@@ -107,7 +110,7 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
         print(f"{info.name:<20} {info.family:<10} {info.description}")
 
 
-def _topology(args: argparse.Namespace, plan_settings: Optional[dict] = None):  # noqa: ANN202
+def _topology(args: argparse.Namespace, plan_settings: Optional[dict] = None) -> "Topology":
     from shard_ray.plan.topology import GB, Topology
 
     settings = plan_settings or {}

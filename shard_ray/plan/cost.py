@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
@@ -26,9 +28,12 @@ class DeviceCost(BaseModel):
 class PlanCost(BaseModel):
     """Per-device parts of a plan's step; `cost_ms` is the slowest device's total."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     devices: list[DeviceCost] = Field(min_length=1)
+    hardware: str = "unknown"
+    batch_size: Optional[int] = None
+    warnings: list[str] = Field(default_factory=list)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -8,6 +8,7 @@ result to the measurement store as it arrives, and skips shards the store alread
 from __future__ import annotations
 
 import os
+from collections import deque
 from typing import Optional, Sequence
 
 import ray
@@ -72,14 +73,14 @@ class ProfilingPool:
         first_of_key: dict[str, int] = {}
         for i in todo:
             first_of_key.setdefault(keys[i], i)
-        queue = list(first_of_key.values())
+        queue = deque(first_of_key.values())
         bar = tqdm(total=len(queue), desc="profiling shards", unit="shard", disable=not progress)
         in_flight: dict[ray.ObjectRef, ProfilingActor] = {}
         idle = list(self.actors)
         while queue or in_flight:
             while queue and idle:
                 actor = idle.pop()
-                in_flight[actor.measure.remote(shards[queue.pop(0)], config)] = actor
+                in_flight[actor.measure.remote(shards[queue.popleft()], config)] = actor
             done, _ = ray.wait(list(in_flight), num_returns=1)
             for ref in done:
                 idle.append(in_flight.pop(ref))

@@ -74,7 +74,7 @@ def log_plan_evaluation(
 
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(experiment)
-    hardware = str(getattr(cost, "hardware", "unknown"))
+    hardware = cost.hardware
     tags = {"task": task, "algorithm": plan.algorithm, "devices": str(plan.num_devices), "hardware": hardware}
     with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags) as run:
         mlflow.log_params(
