@@ -39,12 +39,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _dims(text: str) -> tuple[int, ...]:
+def _positive_ints(text: str) -> tuple[int, ...]:
     try:
-        dims = tuple(int(x) for x in text.split(","))
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not dims or any(d <= 0 or d % 4 for d in dims):
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    dims = _positive_ints(text)
+    if any(d % 4 for d in dims):
         raise argparse.ArgumentTypeError("dims must be positive multiples of 4")
     return dims
 
@@ -100,7 +107,10 @@ def cmd_tasks(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     paths = write_tasks(pool, config, args.out_dir)
-    print(f"wrote {len(paths)} task files to {args.out_dir} ({args.num_tasks} train, {args.num_tasks} test)")
+    print(
+        f"wrote {len(paths) - 2} task files ({args.num_tasks} train, {args.num_tasks} test) "
+        f"and the train_pool.json / test_pool.json they were drawn from to {args.out_dir}"
+    )
 
 
 def cmd_algorithms(args: argparse.Namespace) -> None:
@@ -167,6 +177,36 @@ def cmd_profile(args: argparse.Namespace) -> None:
             bwd = sorted(m.bwd_ms for m in ok)
             print(f"forward ms: min {fwd[0]:.3f}, median {fwd[len(fwd) // 2]:.3f}, max {fwd[-1]:.3f}")
             print(f"backward ms: min {bwd[0]:.3f}, median {bwd[len(bwd) // 2]:.3f}, max {bwd[-1]:.3f}")
+
+
+def cmd_collect(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.collect import CollectConfig, collect_comm, collect_compute
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.runtime import connect_ray
+    from shard_ray.workload.tables import load_tables
+
+    pool = load_tables(args.pool)
+    config = CollectConfig(
+        samples=args.samples,
+        max_tables=args.max_tables,
+        batch_sizes=args.batch_sizes,
+        device_counts=args.device_counts,
+        repeats=args.repeats,
+        seed=args.seed,
+    )
+    print(connect_ray(args.address, min_cpus=max(args.actors, *args.device_counts)))
+    with MeasurementStore(args.store) as store:
+        if args.kind == "compute":
+            profiler = ProfilingPool(args.actors)
+            try:
+                added = collect_compute(pool, config, profiler, store)
+            finally:
+                profiler.shutdown()
+            print(f"{added} new shard measurements; the store holds {store.count()} ({args.store})")
+        else:
+            added = collect_comm(pool, config, store)
+            print(f"{added} new plan measurements; the store holds {store.count('plan_measurements')} ({args.store})")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -270,6 +310,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     _add_measure_flags(p)
     p.set_defaults(run=cmd_profile)
+
+    p = sub.add_parser("collect", help="measure cost-model training data: random fused shards (compute) or plans (comm)")
+    p.add_argument("--kind", choices=["compute", "comm"], required=True)
+    p.add_argument("--pool", required=True, help="table file the samples are drawn from (e.g. tasks/train_pool.json)")
+    p.add_argument("--samples", type=_positive_int, default=500, help="shards (compute) or plans per device count (comm)")
+    p.add_argument("--max-tables", type=_positive_int, default=16, help="most tables in a compute shard (default %(default)s)")
+    p.add_argument("--batch-sizes", type=_positive_ints, default=(512, 1024, 2048), help="batch sizes, comma-separated, used in turn")
+    p.add_argument("--device-counts", type=_positive_ints, default=(2,), help="gang sizes for comm data, comma-separated (default 2)")
+    p.add_argument("--actors", type=_positive_int, default=2, help="profiling actors for compute data (default %(default)s)")
+    p.add_argument("--repeats", type=_positive_int, default=7, help="timed steps per sample (default %(default)s)")
+    p.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    p.set_defaults(run=cmd_collect)
 
     p = sub.add_parser("evaluate", help="run a plan's real embedding step on a gang of Ray actors")
     p.add_argument("--tables", required=True)

@@ -168,9 +168,10 @@ def test_tasks_are_drawn_from_disjoint_pools(tmp_path):
     assert len(train) + len(test) == 100
     config = TaskConfig(num_tasks=3, min_tables=5, max_tables=9, dims=(8, 24), seed=3)
     paths = write_tasks(pool, config, tmp_path)
-    assert len(paths) == 6
+    assert len(paths) == 8
+    assert load_tables(tmp_path / "test_pool.json") == test and load_tables(tmp_path / "train_pool.json") == train
     test_names = {t.name for t in test}
-    for path in paths:
+    for path in paths[2:]:
         tables = load_tables(path)
         assert 5 <= len(tables) <= 9 and {t.dim for t in tables} <= {8, 24}
         assert ({t.name for t in tables} <= test_names) == path.name.startswith("test")

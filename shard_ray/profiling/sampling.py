@@ -23,3 +23,35 @@ def draw_shards(
         chosen = rng.choice(len(tables), size=size, replace=False)
         shards.append([ShardTable.whole(tables[i]) for i in sorted(chosen)])
     return shards
+
+
+def augment_table(table: TableSpec, rng: np.random.Generator, dims: tuple[int, ...], tag: str) -> TableSpec:
+    """A variant of a pool table at another dim, pooling factor and row count, for cost data.
+
+    The name keeps the pool table's name before '~', so data can be told apart by the pool
+    tables it came from (seen or unseen by a model).
+    """
+    rows = int(np.clip(table.rows * 10 ** rng.uniform(-1.0, 1.0), 100, 4 * 10**7))
+    pooling = float(np.clip(table.pooling_factor * np.exp(rng.uniform(-1.0, 1.0)), 0.5, 300.0))
+    return table.model_copy(
+        update={"name": f"{table.name}~{tag}", "dim": int(rng.choice(dims)), "rows": rows, "pooling_factor": round(pooling, 3)}
+    )
+
+
+def base_table_name(name: str) -> str:
+    return name.split("~", 1)[0]
+
+
+def draw_augmented_shards(
+    pool: list[TableSpec], count: int, max_tables: int, dims: tuple[int, ...], seed: int = 0
+) -> list[list[ShardTable]]:
+    """`count` shards of 1..max_tables augmented pool tables; the same seed gives the same shards."""
+    if count < 0 or max_tables < 1:
+        raise ShardRayError("the sample count must be >= 0 and max tables per shard >= 1")
+    rng = np.random.default_rng(seed)
+    shards = []
+    for i in range(count):
+        size = int(rng.integers(1, min(max_tables, len(pool)) + 1))
+        chosen = rng.choice(len(pool), size=size, replace=False)
+        shards.append([ShardTable.whole(augment_table(pool[j], rng, dims, f"{i}")) for j in sorted(chosen)])
+    return shards

@@ -1,4 +1,7 @@
-"""The one measurement store: an SQLite file of fused-shard measurements keyed by content and hardware.
+"""The one measurement store: an SQLite file of measurements keyed by content and hardware.
+
+It holds fused-shard measurements (from the profiling actors) and whole-plan measurements
+(from the device gang), one table each.
 
 Writes are single transactions in WAL mode, so a run killed mid-write leaves the store as it
 was before that write; a key is stored at most once, so re-runs skip what is measured.
@@ -6,15 +9,19 @@ was before that write; a key is stored at most once, so re-runs skip what is mea
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
 from pathlib import Path
 from typing import Iterable, Optional
 
+from pydantic import BaseModel
+
 from shard_ray.errors import ShardRayError
-from shard_ray.profiling.fused_shard import ShardMeasurement
+from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.plan import Plan
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest
+from shard_ray.workload.tables import TableSpec
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS shard_measurements (
@@ -29,7 +36,37 @@ CREATE TABLE IF NOT EXISTS shard_measurements (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS shard_measurements_hardware ON shard_measurements (hardware);
+CREATE TABLE IF NOT EXISTS plan_measurements (
+    key TEXT PRIMARY KEY,
+    hardware TEXT NOT NULL,
+    num_devices INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL,
+    cost_ms REAL NOT NULL,
+    record TEXT NOT NULL,
+    created REAL NOT NULL
+);
 """
+
+
+class PlanMeasurement(BaseModel):
+    """A plan measured on the device gang, with the tables it placed."""
+
+    key: str
+    plan: Plan
+    tables: list[TableSpec]
+    cost: PlanCost
+
+    @property
+    def hardware(self) -> str:
+        return self.cost.hardware
+
+
+def plan_key(plan: Plan, tables: list[TableSpec], config: MeasureConfig, hardware: str) -> str:
+    by_name = {t.name: t for t in tables}
+    shards = sorted(
+        (s.device, s.columns, content_digest(by_name[s.table].model_dump(mode="json", exclude={"name"}))) for s in plan.shards
+    )
+    return content_digest({"shards": shards, "devices": plan.num_devices, "config": config.model_dump(mode="json"), "hardware": hardware})
 
 
 class MeasurementStore:
@@ -52,16 +89,38 @@ class MeasurementStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def known_keys(self, keys: Iterable[str]) -> set[str]:
+    def known_keys(self, keys: Iterable[str], table: str = "shard_measurements") -> set[str]:
+        assert table in ("shard_measurements", "plan_measurements")
         keys = list(keys)
         found: set[str] = set()
         for start in range(0, len(keys), 500):
             chunk = keys[start : start + 500]
-            rows = self._db.execute(
-                f"SELECT key FROM shard_measurements WHERE key IN ({','.join('?' * len(chunk))})", chunk
-            )
+            rows = self._db.execute(f"SELECT key FROM {table} WHERE key IN ({','.join('?' * len(chunk))})", chunk)
             found.update(row[0] for row in rows)
         return found
+
+    def put_plan(self, measurement: PlanMeasurement) -> bool:
+        """Store a plan measurement unless its key is there already; True when it was added."""
+        with self._db:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO plan_measurements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    measurement.key,
+                    measurement.hardware,
+                    measurement.plan.num_devices,
+                    measurement.cost.batch_size or 0,
+                    measurement.cost.cost_ms,
+                    measurement.model_dump_json(),
+                    time.time(),
+                ),
+            )
+        return cursor.rowcount == 1
+
+    def plan_measurements(self, hardware: Optional[str] = None) -> list[PlanMeasurement]:
+        query, args = "SELECT record FROM plan_measurements", ()
+        if hardware is not None:
+            query, args = query + " WHERE hardware = ?", (hardware,)
+        return [PlanMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)]
 
     def put(self, measurement: ShardMeasurement) -> bool:
         """Store a measurement unless its key is there already; True when it was added."""
@@ -92,8 +151,9 @@ class MeasurementStore:
             query, args = query + " WHERE hardware = ?", (hardware,)
         return [ShardMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)]
 
-    def count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM shard_measurements").fetchone()[0])
+    def count(self, table: str = "shard_measurements") -> int:
+        assert table in ("shard_measurements", "plan_measurements")
+        return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
     def summary(self) -> dict[str, dict[str, int]]:
         """Measurement counts per hardware and status."""
@@ -104,5 +164,3 @@ class MeasurementStore:
             out.setdefault(hardware, {})[status] = n
         return out
 
-    def export_json(self) -> str:
-        return json.dumps([json.loads(m.model_dump_json()) for m in self.measurements()], indent=2)

@@ -72,7 +72,9 @@ class TableSpec(BaseModel):
         if any(not math.isfinite(p) or p < 0 for p in hist) or sum(hist) <= 0:
             raise ValueError("must be non-negative finite fractions with a positive sum")
         total = sum(hist)
-        return tuple(p / total for p in hist)
+        # Normalise once: renormalising an already normalised histogram drifts by an ulp,
+        # which would make a table differ from itself after a save and load.
+        return hist if abs(total - 1.0) < 1e-9 else tuple(p / total for p in hist)
 
     @model_validator(mode="after")
     def _one_distribution(self) -> "TableSpec":

@@ -55,12 +55,16 @@ def draw_task(pool: list[TableSpec], config: TaskConfig, rng: np.random.Generato
 
 
 def write_tasks(pool: list[TableSpec], config: TaskConfig, out_dir: str | Path) -> list[Path]:
-    """Write train_000.json ... and test_000.json ... into `out_dir`; returns the paths."""
+    """Write train_pool.json, test_pool.json, train_000.json ... and test_000.json ... into `out_dir`."""
     config.check()
     train_pool, test_pool = split_pool(pool, config.test_fraction, config.seed)
     rng = np.random.default_rng(config.seed + 1)
     out = Path(out_dir)
     written = []
+    for split, tables in (("train", train_pool), ("test", test_pool)):
+        path = out / f"{split}_pool.json"
+        save_tables(path, tables, split=split, seed=config.seed)
+        written.append(path)
     for split, split_pool_tables in (("train", train_pool), ("test", test_pool)):
         for i in range(config.num_tasks):
             tables = draw_task(split_pool_tables, config, rng)

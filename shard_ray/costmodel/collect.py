@@ -1,0 +1,95 @@
+"""Cost data at scale through the Ray profiling actors and the device gang.
+
+Compute data: random fused shards of augmented pool tables, at several batch sizes, measured
+forward and backward on the profiling actors. Communication data: plans of varied balance
+(device shares drawn from a Dirichlet, from very skewed to even) measured on a gang of each
+device count. Both are deterministic in their seed and keyed by content in the store, so a
+stopped run started again measures only what is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from shard_ray.plan.plan import Plan, Shard
+from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.sampling import augment_table, draw_augmented_shards
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.workload.tables import TableSpec
+
+COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    samples: int = 500
+    max_tables: int = 16
+    batch_sizes: tuple[int, ...] = (512, 1024, 2048)
+    device_counts: tuple[int, ...] = (2,)
+    dims: tuple[int, ...] = COLLECT_DIMS
+    warmup: int = 2
+    repeats: int = 7
+    seed: int = 0
+
+
+def collect_compute(pool: list[TableSpec], config: CollectConfig, profiler: ProfilingPool, store: MeasurementStore) -> int:
+    """Measure `samples` random shards (batch sizes in turn); returns how many were new."""
+    shards = draw_augmented_shards(pool, config.samples, config.max_tables, config.dims, config.seed)
+    before = store.count()
+    for b, batch_size in enumerate(config.batch_sizes):
+        measure = MeasureConfig(batch_size=batch_size, warmup=config.warmup, repeats=config.repeats, seed=config.seed)
+        group = shards[b :: len(config.batch_sizes)]
+        print(f"batch {batch_size}: {len(group)} shards")
+        profiler.measure(group, measure, store)
+    return store.count() - before
+
+
+def draw_comm_plans(
+    pool: list[TableSpec], num_devices: int, count: int, config: CollectConfig, seed: int
+) -> list[tuple[Plan, list[TableSpec]]]:
+    """Plans of varied balance: device shares from Dirichlet(alpha) with alpha from 0.2 (skewed) to 5 (even)."""
+    rng = np.random.default_rng(seed)
+    plans = []
+    for i in range(count):
+        size = int(rng.integers(num_devices, 4 * num_devices + 1))
+        chosen = rng.choice(len(pool), size=min(size, len(pool)), replace=False)
+        tables = [augment_table(pool[j], rng, config.dims, f"c{i}") for j in sorted(chosen)]
+        shares = rng.dirichlet(np.full(num_devices, float(rng.choice([0.2, 0.5, 1.0, 5.0]))))
+        devices = rng.choice(num_devices, size=len(tables), p=shares)
+        shards = [Shard(table=t.name, device=int(d), columns=(0, t.dim)) for t, d in zip(tables, devices)]
+        plans.append((Plan(num_devices=num_devices, algorithm="comm_sample", shards=shards), tables))
+    return plans
+
+
+def collect_comm(pool: list[TableSpec], config: CollectConfig, store: MeasurementStore) -> int:
+    """Measure `samples` plans per device count on a gang of that size; returns how many were new."""
+    before = store.count("plan_measurements")
+    for num_devices in config.device_counts:
+        gang = DeviceGang(num_devices)
+        for warning in gang.warnings:
+            print(f"warning: {warning}")
+        try:
+            samples = draw_comm_plans(pool, num_devices, config.samples, config, config.seed + num_devices)
+            todo = []
+            for i, (plan, tables) in enumerate(samples):
+                measure = MeasureConfig(
+                    batch_size=config.batch_sizes[i % len(config.batch_sizes)],
+                    warmup=config.warmup,
+                    repeats=config.repeats,
+                    seed=config.seed,
+                )
+                todo.append((plan_key(plan, tables, measure, gang.hardware), plan, tables, measure))
+            known = store.known_keys([k for k, *_ in todo], table="plan_measurements")
+            for key, plan, tables, measure in tqdm(
+                [t for t in todo if t[0] not in known], desc=f"measuring {num_devices}-device plans", unit="plan"
+            ):
+                cost = gang.evaluate(plan, tables, measure)
+                store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+        finally:
+            gang.shutdown()
+    return store.count("plan_measurements") - before

@@ -1,0 +1,56 @@
+"""The one feature extractor: every cost model and the RL environment describe tables with it.
+
+A table (or a column slice of one) becomes a fixed-length vector of log-scaled sizes and its
+access distribution, so models see relative, not raw, magnitudes. Batch size and device count
+are context, given to the models beside the reduced table encodings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shard_ray.workload.tables import REUSE_BINS, TableSpec
+
+TABLE_FEATURES = (
+    "log2_width",
+    "log10_rows",
+    "log2_pooling_factor",
+    "log2_lookup_width",  # width x pooling factor: floats moved per sample
+    "log10_bytes",
+    "fp16",
+    "zipf",
+    "zipf_exponent",
+    *(f"reuse_bin_{k}" for k in range(REUSE_BINS)),
+)
+NUM_TABLE_FEATURES = len(TABLE_FEATURES)
+
+
+def table_features(table: TableSpec, width: int) -> np.ndarray:
+    """Features of `width` columns of `table`."""
+    hist = table.reuse_histogram
+    zipf = hist is None
+    values = [
+        math.log2(width),
+        math.log10(table.rows),
+        math.log2(table.pooling_factor),
+        math.log2(width * table.pooling_factor),
+        math.log10(table.rows * width * table.bytes_per_element),
+        float(table.precision == "fp16"),
+        float(zipf),
+        table.effective_zipf_exponent if zipf else 0.0,
+        *(hist if hist is not None else (0.0,) * REUSE_BINS),
+    ]
+    return np.asarray(values, dtype=np.float32)
+
+
+def parts_features(parts: list[tuple[TableSpec, int]]) -> np.ndarray:
+    """[n, NUM_TABLE_FEATURES] for (table, width) pairs; [0, F] for an empty shard."""
+    if not parts:
+        return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
+    return np.stack([table_features(t, w) for t, w in parts])
+
+
+def batch_context(batch_size: int) -> float:
+    return math.log2(batch_size)
