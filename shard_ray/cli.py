@@ -6,6 +6,7 @@ User errors print one line, `shard-ray: error: ...`, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -137,15 +138,19 @@ def _topology(args: argparse.Namespace, plan_settings: Optional[dict] = None) ->
 
 def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.placement import place
+    from shard_ray.plan.cost import PlanCost
     from shard_ray.plan.plan import save_plan
     from shard_ray.plan.summary import format_plan_summary
     from shard_ray.workload.tables import load_tables
 
     tables = load_tables(args.tables)
     topology = _topology(args)
-    plan = place(args.algo, tables, topology, seed=args.seed)
+    plan = place(args.algo, tables, topology, seed=args.seed, cost_model=args.cost_model)
     save_plan(args.out, plan)
-    print(format_plan_summary(plan, tables, topology))
+    predicted = plan.metadata.get("predicted")
+    print(format_plan_summary(plan, tables, topology, PlanCost.model_validate(predicted) if predicted else None, "simulated"))
+    if "lower_bound_ms" in plan.metadata:
+        print(f"lower bound on the simulated cost: {plan.metadata['lower_bound_ms']:.3f} ms")
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {args.out}")
 
 
@@ -207,6 +212,71 @@ def cmd_collect(args: argparse.Namespace) -> None:
         else:
             added = collect_comm(pool, config, store)
             print(f"{added} new plan measurements; the store holds {store.count('plan_measurements')} ({args.store})")
+
+
+def cmd_costmodel_train(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.train import TrainConfig, describe_accuracy, train_cost_models
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.workload.tables import load_tables
+
+    train_tables = {t.name for t in load_tables(args.train_pool)}
+    config = TrainConfig(
+        hidden=args.hidden, depth=args.depth, lr=args.lr, max_epochs=args.epochs, patience=args.patience, seed=args.seed
+    )
+    if not Path(args.store).is_file():
+        raise ShardRayError(f"measurement store not found: {args.store}")
+    with MeasurementStore(args.store) as store:
+        models, report = train_cost_models(store, train_tables, config, args.hardware)
+    models.save(args.out)
+    for name, metrics in report.items():
+        print(describe_accuracy(name, metrics))
+    print(f"wrote {args.out} (models of {models.hardware})")
+    print(json.dumps(report))
+
+
+def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.costmodel.train import (
+        accuracy,
+        data_split,
+        describe_accuracy,
+        evaluate_comm,
+        predicted_and_measured,
+        split_compute_measurements,
+    )
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri, log_costmodel_evaluation
+
+    models = CostModels.load(args.model)
+    if not Path(args.data).is_file():
+        raise ShardRayError(f"measurement store not found: {args.data}")
+    with MeasurementStore(args.data) as store:
+        splits = split_compute_measurements(store.measurements(models.hardware), set(models.info.get("train_tables", [])))
+        plans = store.plan_measurements(models.hardware)
+    groups = {name: predicted_and_measured(models, splits[name]) for name in ("test", "unseen")}
+    result = accuracy(*map(np.concatenate, zip(*groups.values())))
+    result["seen"] = accuracy(*groups["test"])
+    result["unseen"] = accuracy(*groups["unseen"])
+    result["comm"] = evaluate_comm(models, [p for p in plans if data_split(p.key) == "test"])
+    if result["n"] == 0:
+        raise ShardRayError(f"{args.data} has no held-out or unseen shard measurements on {models.hardware}")
+    for name in ("seen", "unseen", "comm"):
+        print(describe_accuracy(name, result[name]))
+    if not args.no_mlflow:
+        flat = {"mape": result["mape"], "spearman": result["spearman"]}
+        flat.update({f"{k}_{m}": result[k][m] for k in ("seen", "unseen", "comm") for m in ("mape", "spearman")})
+        flat = {k: v for k, v in flat.items() if v is not None}
+        log_costmodel_evaluation(
+            args.model,
+            models.hardware,
+            flat,
+            {"held-out, seen tables": tuple(v.tolist() for v in groups["test"]), "unseen tables": tuple(v.tolist() for v in groups["unseen"])},
+            args.tracking_uri or default_tracking_uri(),
+            args.experiment,
+        )
+    print(json.dumps(result))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -297,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", required=True, help="algorithm name (see `shard-ray algorithms`)")
     p.add_argument("--batch-size", type=_positive_int, default=1024, help="global batch size (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost-model", default=None, help="cost model file for search algorithms (default: the shipped CPU models)")
     p.add_argument("--out", required=True, help="plan file to write (.json)")
     p.set_defaults(run=cmd_plan)
 
@@ -324,6 +395,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     p.set_defaults(run=cmd_collect)
+
+    p = sub.add_parser("costmodel", help="train or evaluate the neural cost models")
+    models_sub = p.add_subparsers(dest="costmodel_command", required=True, parser_class=_Parser)
+    q = models_sub.add_parser("train", help="train compute and communication models on a measurement store")
+    q.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
+    q.add_argument("--train-pool", required=True, help="table file of the training pool; shards of other tables are held out as unseen")
+    q.add_argument("--out", required=True, help="model file to write (.pt)")
+    q.add_argument("--hidden", type=_positive_int, default=128)
+    q.add_argument("--depth", type=_positive_int, default=2)
+    q.add_argument("--lr", type=_positive_float, default=2e-3)
+    q.add_argument("--epochs", type=_positive_int, default=400, help="most epochs; early stopping usually ends sooner")
+    q.add_argument("--patience", type=_positive_int, default=40, help="epochs without validation gain before stopping")
+    q.add_argument("--hardware", default=None, help="train on this hardware's measurements (default: the most measured)")
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(run=cmd_costmodel_train)
+    q = models_sub.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
+    q.add_argument("--model", required=True)
+    q.add_argument("--data", required=True, help="measurement store with held-out or unseen measurements")
+    q.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
+    _add_tracking_flags(q)
+    q.set_defaults(run=cmd_costmodel_evaluate)
 
     p = sub.add_parser("evaluate", help="run a plan's real embedding step on a gang of Ray actors")
     p.add_argument("--tables", required=True)

@@ -38,10 +38,11 @@ def compare_algorithms(
     out_dir: Optional[Path] = None,
     seed: int = 0,
     progress: bool = True,
+    cost_model: Optional[str] = None,
 ) -> list[MeasuredPlan]:
     """Every named algorithm's plan (all registered ones by default), measured; in the given order."""
-    names = names or [info.name for info in algorithms()]
-    plans = [place(name, tables, topology, seed=seed) for name in names]
+    names = names or [info.name for info in algorithms() if info.handles(len(tables))]
+    plans = [place(name, tables, topology, seed=seed, cost_model=cost_model) for name in names]
     costs = gang.evaluate_many(plans, tables, config, progress=progress)
     rows = [MeasuredPlan(plan, cost) for plan, cost in zip(plans, costs)]
     for row in rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, Shard
@@ -26,14 +26,21 @@ class AlgorithmInfo:
     family: str
     description: str
     factory: Callable[..., Placer]
+    needs_cost_model: bool = False
+    max_tables: Optional[int] = None  # tasks beyond this are refused (exact solvers)
+
+    def handles(self, num_tables: int) -> bool:
+        return self.max_tables is None or num_tables <= self.max_tables
 
 
 _REGISTRY: dict[str, AlgorithmInfo] = {}
 
 
-def register(name: str, family: str, description: str) -> Callable[[Callable[..., Placer]], Callable[..., Placer]]:
+def register(
+    name: str, family: str, description: str, needs_cost_model: bool = False, max_tables: Optional[int] = None
+) -> Callable[[Callable[..., Placer]], Callable[..., Placer]]:
     def decorate(factory: Callable[..., Placer]) -> Callable[..., Placer]:
-        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory)
+        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory, needs_cost_model, max_tables)
         return factory
 
     return decorate
@@ -43,23 +50,51 @@ def algorithms() -> list[AlgorithmInfo]:
     return list(_REGISTRY.values())
 
 
-def place(name: str, tables: list[TableSpec], topology: Topology, **options: Any) -> Plan:
-    """Plan `tables` on `topology` with algorithm `name`; the plan is checked and timed."""
+def place(
+    name: str, tables: list[TableSpec], topology: Topology, seed: int = 0, cost_model: Optional[str] = None
+) -> Plan:
+    """Plan `tables` on `topology` with algorithm `name`; the plan is checked and timed.
+
+    Algorithms that search with cost models load `cost_model` (default: the models shipped for
+    the reference CPU machine); their plans carry the simulated per-device costs and the task's
+    lower bound in their metadata.
+    """
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
         raise ShardRayError(f"unknown algorithm {name!r}; known: {known}")
     tables = validate_tables(tables)
-    placer = _REGISTRY[name].factory(**options)
+    info = _REGISTRY[name]
+    if not info.handles(len(tables)):
+        raise ShardRayError(f"{name!r} is for tasks of at most {info.max_tables} tables; this one has {len(tables)}")
+    settings: dict[str, Any] = {
+        "memory_gb": topology.memory_gb, "batch_size": topology.batch_size, "optimizer": topology.optimizer, "seed": seed
+    }
+    models = None
+    if info.needs_cost_model:
+        from shard_ray.costmodel.models import CostModels, default_cost_model_path
+
+        path = cost_model or str(default_cost_model_path())
+        models = CostModels.load(path)
+        settings.update({"cost_model": path, "cost_model_hardware": models.hardware})
+        placer = info.factory(models=models, seed=seed)
+    else:
+        placer = info.factory(seed=seed)
     start = time.perf_counter()
     plan = placer(tables, topology)
     elapsed = time.perf_counter() - start
     plan = plan.model_copy(update={"placement_seconds": elapsed})
     plan.check(tables)
     plan.check_memory(tables, topology)
-    plan.metadata.setdefault("settings", {}).update(
-        {"memory_gb": topology.memory_gb, "batch_size": topology.batch_size, "optimizer": topology.optimizer, **options}
-    )
+    plan.metadata["settings"] = settings
     plan.metadata["memory_bytes"] = plan.device_memory_bytes(tables, topology)
+    if models is not None:
+        from shard_ray.costmodel.bounds import lower_bound_ms
+        from shard_ray.costmodel.simulator import Simulator
+
+        predicted = Simulator(models).plan_cost(plan, tables, topology.batch_size)
+        plan.metadata["predicted"] = predicted.model_dump(mode="json")
+        plan.metadata["predicted_cost_ms"] = predicted.cost_ms
+        plan.metadata["lower_bound_ms"] = lower_bound_ms(models, tables, topology, column_wise=True)
     return plan
 
 

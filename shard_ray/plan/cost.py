@@ -5,9 +5,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+
+def _without(data: Any, derived: str) -> Any:
+    # A dump carries its computed total; reading the dump back recomputes it.
+    return {k: v for k, v in data.items() if k != derived} if isinstance(data, dict) else data
 
 
 class DeviceCost(BaseModel):
@@ -18,6 +23,11 @@ class DeviceCost(BaseModel):
     fwd_comm_ms: float = Field(ge=0)
     bwd_comm_ms: float = Field(ge=0)
     bwd_compute_ms: float = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_total(cls, data: Any) -> Any:
+        return _without(data, "total_ms")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -34,6 +44,11 @@ class PlanCost(BaseModel):
     hardware: str = "unknown"
     batch_size: Optional[int] = None
     warnings: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_cost(cls, data: Any) -> Any:
+        return _without(data, "cost_ms")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -104,3 +104,50 @@ def log_plan_evaluation(
             device_cost_chart(cost, f"{task}: {plan.algorithm}", folder / "device_costs.png")
             mlflow.log_artifacts(tmp)
         return run.info.run_id
+
+
+def accuracy_scatter(groups: dict[str, tuple[list[float], list[float]]], title: str, path: Path) -> None:
+    """Predicted against measured ms on log axes, one colour per group, with the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    everything = [v for predicted, measured in groups.values() for v in (*predicted, *measured)]
+    for label, (predicted, measured) in groups.items():
+        ax.scatter(measured, predicted, s=10, alpha=0.7, label=f"{label} (n={len(measured)})")
+    if everything:
+        low, high = min(everything), max(everything)
+        ax.plot([low, high], [low, high], color="black", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured ms")
+    ax.set_ylabel("predicted ms")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def log_costmodel_evaluation(
+    model_path: str,
+    hardware: str,
+    metrics: dict[str, float],
+    groups: dict[str, tuple[list[float], list[float]]],
+    tracking_uri: str,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> str:
+    """An MLflow run of a cost model's held-out accuracy, with the predicted-vs-measured scatter."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=f"costmodel/{Path(model_path).name}", tags={"kind": "costmodel", "hardware": hardware}) as run:
+        mlflow.log_params({"model": str(model_path), "hardware": hardware})
+        mlflow.log_metrics(metrics)
+        with tempfile.TemporaryDirectory() as tmp:
+            accuracy_scatter(groups, f"compute cost model on {hardware}", Path(tmp) / "predicted_vs_measured.png")
+            mlflow.log_artifacts(tmp)
+        return run.info.run_id

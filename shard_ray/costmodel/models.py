@@ -1,0 +1,196 @@
+"""Neural cost models of fused compute and all-to-all communication, and their file format.
+
+Compute: a per-table encoder on the shared log-scaled features, a sum over the shard's tables
+(permutation-invariant, any number of tables), and a head that also sees the batch size and
+table count; it predicts log forward and log backward ms. The sum makes incremental search
+cheap: a device's encoding sum plus one table's encoding prices the device with that table.
+
+Communication: per device, an MLP over what its all-to-alls move (its own width, the total and
+largest widths, batch size, device count) predicting log forward and log backward all-to-all
+ms; any number of devices.
+
+Both train on log ms, so the loss is relative error, not raw-ms MSE dominated by big shards.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
+from shard_ray.errors import ShardRayError
+from shard_ray.io import write_atomic
+from shard_ray.workload.tables import TableSpec
+
+FORMAT = "shard-ray-costmodels/1"
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+DEFAULT_PRETRAINED = "cpu-reference.pt"
+
+
+def default_cost_model_path() -> Path:
+    """The models shipped with the package, trained on the reference 2-core CPU machine."""
+    return PRETRAINED_DIR / DEFAULT_PRETRAINED
+COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")
+
+
+def mlp(inputs: int, hidden: int, depth: int, outputs: Optional[int] = None) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    width = inputs
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    if outputs is not None:
+        layers.append(nn.Linear(width, outputs))
+    return nn.Sequential(*layers)
+
+
+class ComputeCostNet(nn.Module):
+    def __init__(self, hidden: int = 128, depth: int = 2) -> None:
+        super().__init__()
+        self.hidden, self.depth = hidden, depth
+        self.encoder = mlp(NUM_TABLE_FEATURES, hidden, depth)
+        self.head = mlp(hidden + 2, hidden, depth, outputs=2)
+        self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
+        self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., F] raw table features -> [..., H] encodings."""
+        return self.encoder((features - self.feature_mean) / self.feature_std)
+
+    def from_sums(self, sums: torch.Tensor, counts: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
+        """Log (fwd, bwd) ms from a shard's encoding sum [B, H], table count [B] and log2 batch [B]."""
+        context = torch.stack([log_batch, torch.log2(counts.clamp(min=1.0))], dim=-1)
+        return self.head(torch.cat([sums, context], dim=-1))
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
+        """Padded shards [B, T, F] with mask [B, T] -> log (fwd, bwd) ms [B, 2]."""
+        sums = (self.encode(features) * mask.unsqueeze(-1)).sum(dim=1)
+        return self.from_sums(sums, mask.sum(dim=1), log_batch)
+
+
+class CommCostNet(nn.Module):
+    def __init__(self, hidden: int = 64, depth: int = 2) -> None:
+        super().__init__()
+        self.hidden, self.depth = hidden, depth
+        self.net = mlp(len(COMM_FEATURES), hidden, depth, outputs=2)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features)
+
+
+def comm_features(widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
+    """[D, len(COMM_FEATURES)] for per-device widths (dim sums) of one plan."""
+    widths = np.asarray(widths, dtype=np.float64)
+    total = float(widths.sum())
+    devices = len(widths)
+    return np.stack(
+        [
+            np.log2(1.0 + widths),
+            np.full(devices, math.log2(1.0 + total)),
+            np.full(devices, math.log2(1.0 + widths.max())),
+            np.full(devices, batch_context(batch_size)),
+            np.full(devices, math.log2(devices)),
+            widths / total if total > 0 else np.zeros(devices),
+        ],
+        axis=1,
+    ).astype(np.float32)
+
+
+def pad_shards(shards: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack [n_i, F] shard features into [B, T, F] with a [B, T] mask."""
+    longest = max(1, max(len(s) for s in shards))
+    features = np.zeros((len(shards), longest, NUM_TABLE_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(shards), longest), dtype=np.float32)
+    for i, s in enumerate(shards):
+        features[i, : len(s)] = s
+        mask[i, : len(s)] = 1.0
+    return torch.from_numpy(features), torch.from_numpy(mask)
+
+
+@dataclass
+class CostModels:
+    """The pair of models for one kind of hardware, with what they were trained on."""
+
+    compute: ComputeCostNet
+    comm: Optional[CommCostNet]
+    hardware: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.compute.eval()
+        if self.comm is not None:
+            self.comm.eval()
+
+    @torch.no_grad()
+    def predict_shards(self, shards: list[list[tuple[TableSpec, int]]], batch_size: int) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [n, 2] of fused shards of (table, width) parts; empty shards cost 0."""
+        features, mask = pad_shards([parts_features(s) for s in shards])
+        log_batch = torch.full((len(shards),), batch_context(batch_size))
+        ms = torch.exp(self.compute(features, mask, log_batch)).numpy()
+        ms[mask.sum(dim=1).numpy() == 0] = 0.0
+        return ms
+
+    @torch.no_grad()
+    def encode_tables(self, parts: list[tuple[TableSpec, int]]) -> torch.Tensor:
+        return self.compute.encode(torch.from_numpy(parts_features(parts)))
+
+    @torch.no_grad()
+    def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor, batch_size: int) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [B, 2] of shards given by encoding sums; zero where count is 0."""
+        log_batch = torch.full((sums.shape[0],), batch_context(batch_size))
+        ms = torch.exp(self.compute.from_sums(sums, counts, log_batch)).numpy()
+        ms[counts.numpy() == 0] = 0.0
+        return ms
+
+    @torch.no_grad()
+    def predict_comm(self, widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
+        """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths; zeros without a comm model."""
+        if self.comm is None or len(widths) == 1:
+            return np.zeros((len(widths), 2))
+        return torch.exp(self.comm(torch.from_numpy(comm_features(widths, batch_size)))).numpy()
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        buffer = io.BytesIO()
+        torch.save(
+            {
+                "format": FORMAT,
+                "hardware": self.hardware,
+                "compute": {"hidden": self.compute.hidden, "depth": self.compute.depth, "state": self.compute.state_dict()},
+                "comm": None
+                if self.comm is None
+                else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": self.comm.state_dict()},
+                "info": self.info,
+            },
+            buffer,
+        )
+        write_atomic(path, buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "CostModels":
+        if not os.path.isfile(path):
+            raise ShardRayError(f"cost model file not found: {path}")
+        try:
+            blob = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as err:  # torch.load raises many types for a bad file
+            raise ShardRayError(f"cannot read cost model file {path}: {str(err).splitlines()[0]}") from err
+        if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+            raise ShardRayError(f"{path} is not a shard-ray cost model file ({FORMAT})")
+        try:
+            compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"])
+            compute.load_state_dict(blob["compute"]["state"])
+            comm = None
+            if blob["comm"] is not None:
+                comm = CommCostNet(blob["comm"]["hidden"], blob["comm"]["depth"])
+                comm.load_state_dict(blob["comm"]["state"])
+        except (KeyError, RuntimeError, TypeError) as err:
+            raise ShardRayError(f"cost model file {path} is damaged: {str(err).splitlines()[0]}") from err
+        return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=blob.get("info", {}))
+

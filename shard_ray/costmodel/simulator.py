@@ -1,0 +1,50 @@
+"""Pricing plans with the cost models instead of the hardware.
+
+The simulated cost uses the one cost definition (`shard_ray.plan.cost`): per device the
+predicted fused forward and backward of its shard plus its predicted all-to-alls, and the
+plan costs its slowest device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shard_ray.costmodel.models import CostModels
+from shard_ray.plan.cost import DeviceCost, PlanCost
+from shard_ray.plan.plan import Plan
+from shard_ray.workload.tables import TableSpec
+
+
+class Simulator:
+    def __init__(self, models: CostModels) -> None:
+        self.models = models
+
+    def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
+        by_name = {t.name: t for t in tables}
+        shards = [[(by_name[s.table], s.width) for s in plan.shards_on(d)] for d in range(plan.num_devices)]
+        compute = self.models.predict_shards(shards, batch_size)
+        comm = self.models.predict_comm([sum(w for _, w in shard) for shard in shards], batch_size)
+        return PlanCost(
+            devices=[
+                DeviceCost(
+                    device=d,
+                    fwd_compute_ms=float(compute[d, 0]),
+                    fwd_comm_ms=float(comm[d, 0]),
+                    bwd_comm_ms=float(comm[d, 1]),
+                    bwd_compute_ms=float(compute[d, 1]),
+                )
+                for d in range(plan.num_devices)
+            ],
+            hardware=f"simulated:{self.models.hardware}",
+            batch_size=batch_size,
+        )
+
+
+def simulation_error(simulated: list[float], measured: list[float]) -> dict[str, float]:
+    """Mean absolute percentage error and the mean signed error of simulated plan costs."""
+    sim, real = np.asarray(simulated), np.asarray(measured)
+    return {
+        "mape": float(np.mean(np.abs(sim - real) / real)),
+        "mean_signed_error": float(np.mean((sim - real) / real)),
+        "n": int(len(real)),
+    }

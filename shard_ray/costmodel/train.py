@@ -1,0 +1,271 @@
+"""Training and evaluating the cost models on the measurement store, top to bottom.
+
+Data split: shards whose tables all come from the training pool are divided by their key's
+hash into train (80%), validation (10%) and held-out test (10%), so the split is stable as the
+store grows and a resumed collection never moves a shard between splits. Shards with any table
+outside the training pool are never trained on; they are reported as "unseen".
+Plans for the communication model are split the same way by key.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from torch import nn
+from tqdm import tqdm
+
+from shard_ray.costmodel.features import batch_context, parts_features
+from shard_ray.costmodel.models import CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
+from shard_ray.errors import ShardRayError
+from shard_ray.profiling.fused_shard import ShardMeasurement
+from shard_ray.profiling.sampling import base_table_name
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    hidden: int = 128
+    depth: int = 2
+    comm_hidden: int = 64
+    comm_depth: int = 2
+    lr: float = 2e-3
+    weight_decay: float = 1e-5
+    max_epochs: int = 400
+    minibatch: int = 64
+    patience: int = 40
+    seed: int = 0
+
+
+def data_split(key: str) -> str:
+    bucket = int(key[:8], 16) % 10
+    return "test" if bucket == 0 else "val" if bucket == 1 else "train"
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass
+class ComputeData:
+    features: torch.Tensor  # [n, T, F]
+    mask: torch.Tensor  # [n, T]
+    log_batch: torch.Tensor  # [n]
+    log_ms: torch.Tensor  # [n, 2]: log fwd, log bwd
+
+    def __len__(self) -> int:
+        return int(self.log_ms.shape[0])
+
+
+def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
+    features, mask = pad_shards([parts_features([(p.table, p.width) for p in m.tables]) for m in measurements])
+    return ComputeData(
+        features=features,
+        mask=mask,
+        log_batch=torch.tensor([batch_context(m.config.batch_size) for m in measurements], dtype=torch.float32),
+        log_ms=torch.log(torch.tensor([[m.fwd_ms, m.bwd_ms] for m in measurements], dtype=torch.float32)),
+    )
+
+
+def split_compute_measurements(
+    measurements: list[ShardMeasurement], train_tables: set[str]
+) -> dict[str, list[ShardMeasurement]]:
+    """train / val / test (held-out shards of seen tables) / unseen (shards with unseen tables)."""
+    splits: dict[str, list[ShardMeasurement]] = {"train": [], "val": [], "test": [], "unseen": []}
+    for m in measurements:
+        if m.status != "ok" or not m.fwd_ms or not m.bwd_ms:
+            continue
+        seen = all(base_table_name(p.table.name) in train_tables for p in m.tables)
+        splits[data_split(m.key) if seen else "unseen"].append(m)
+    return splits
+
+
+def comm_samples(plans: list[PlanMeasurement]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-device comm features [N, C] and log (fwd, bwd) all-to-all ms [N, 2] of multi-device plans."""
+    features, targets = [], []
+    for pm in plans:
+        if pm.plan.num_devices < 2:
+            continue
+        widths = [sum(s.width for s in pm.plan.shards_on(d)) for d in range(pm.plan.num_devices)]
+        features.append(comm_features(widths, pm.cost.batch_size or 1))
+        targets.append([[d.fwd_comm_ms, d.bwd_comm_ms] for d in pm.cost.devices])
+    if not features:
+        return torch.zeros(0, 6), torch.zeros(0, 2)
+    return torch.from_numpy(np.concatenate(features)), torch.log(torch.tensor(np.concatenate(targets), dtype=torch.float32).clamp(min=1e-3))
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def fit(
+    model: nn.Module,
+    num_train: int,
+    train_loss: Callable[[torch.Tensor], torch.Tensor],
+    val_loss: Callable[[], float],
+    config: TrainConfig,
+    desc: str,
+) -> list[tuple[int, float]]:
+    """Adam on minibatches with early stopping on validation loss; leaves the best weights in `model`."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.max_epochs)
+    generator = torch.Generator().manual_seed(config.seed)
+    best, best_state, since_best, history = float("inf"), copy.deepcopy(model.state_dict()), 0, []
+    bar = tqdm(range(config.max_epochs), desc=desc, unit="epoch")
+    for epoch in bar:
+        model.train()
+        for batch in torch.randperm(num_train, generator=generator).split(config.minibatch):
+            optimizer.zero_grad()
+            train_loss(batch).backward()
+            optimizer.step()
+        scheduler.step()
+        model.eval()
+        with torch.no_grad():
+            loss = val_loss()
+        history.append((epoch, loss))
+        if loss < best - 1e-5:
+            best, best_state, since_best = loss, copy.deepcopy(model.state_dict()), 0
+        else:
+            since_best += 1
+        bar.set_postfix(val_log_mse=f"{loss:.4f}", best=f"{best:.4f}")
+        if since_best >= config.patience:
+            break
+    bar.close()
+    model.load_state_dict(best_state)
+    model.eval()
+    return history
+
+
+def train_compute_model(train: ComputeData, val: ComputeData, config: TrainConfig) -> ComputeCostNet:
+    torch.manual_seed(config.seed)
+    model = ComputeCostNet(config.hidden, config.depth)
+    rows = train.features[train.mask.bool()]
+    model.feature_mean.copy_(rows.mean(dim=0))
+    model.feature_std.copy_(rows.std(dim=0).clamp(min=1e-3))
+
+    def train_loss(idx: torch.Tensor) -> torch.Tensor:
+        return ((model(train.features[idx], train.mask[idx], train.log_batch[idx]) - train.log_ms[idx]) ** 2).mean()
+
+    def val_loss() -> float:
+        return float(((model(val.features, val.mask, val.log_batch) - val.log_ms) ** 2).mean())
+
+    fit(model, len(train), train_loss, val_loss, config, "training compute model")
+    return model
+
+
+def train_comm_model(
+    train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], config: TrainConfig
+) -> CommCostNet:
+    torch.manual_seed(config.seed)
+    model = CommCostNet(config.comm_hidden, config.comm_depth)
+    (x, y), (vx, vy) = train, val
+
+    def train_loss(idx: torch.Tensor) -> torch.Tensor:
+        return ((model(x[idx]) - y[idx]) ** 2).mean()
+
+    def val_loss() -> float:
+        return float(((model(vx) - vy) ** 2).mean())
+
+    fit(model, len(x), train_loss, val_loss, config, "training comm model")
+    return model
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Optional[float]]:
+    """MAPE (fraction) and Spearman rank correlation of predicted vs measured; None without data."""
+    if len(measured) == 0:
+        return {"mape": None, "spearman": None, "n": 0}
+    mape = float(np.mean(np.abs(predicted - measured) / measured))
+    rho = float(spearmanr(predicted, measured).statistic) if len(measured) > 2 else None
+    return {"mape": mape, "spearman": rho, "n": int(len(measured))}
+
+
+def describe_accuracy(name: str, metrics: dict[str, Optional[float]]) -> str:
+    if not metrics["n"]:
+        return f"{name:<15} no data"
+    rho = "n/a" if metrics["spearman"] is None else f"{metrics['spearman']:.3f}"
+    return f"{name:<15} MAPE {metrics['mape']:.3f}, Spearman {rho}, n={metrics['n']}"
+
+
+def predicted_and_measured(models: CostModels, measurements: list[ShardMeasurement]) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted and measured fused step compute (forward + backward) ms of each shard."""
+    if not measurements:
+        return np.zeros(0), np.zeros(0)
+    data = compute_data(measurements)
+    with torch.no_grad():
+        predicted = torch.exp(models.compute(data.features, data.mask, data.log_batch)).numpy()
+    return predicted.sum(axis=1), torch.exp(data.log_ms).numpy().sum(axis=1)
+
+
+def evaluate_compute(models: CostModels, measurements: list[ShardMeasurement]) -> dict[str, float]:
+    """Accuracy on the fused step compute (forward + backward)."""
+    return accuracy(*predicted_and_measured(models, measurements))
+
+
+def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
+    x, y = comm_samples(plans)
+    if models.comm is None or len(x) == 0:
+        return accuracy(np.zeros(0), np.zeros(0))
+    with torch.no_grad():
+        predicted = torch.exp(models.comm(x)).numpy().sum(axis=1)
+    return accuracy(predicted, torch.exp(y).numpy().sum(axis=1))
+
+
+# ---------------------------------------------------------------- the whole job
+
+
+def main_hardware(store: MeasurementStore, hardware: Optional[str]) -> str:
+    counts = Counter(m.hardware for m in store.measurements() if m.status == "ok")
+    if hardware is not None:
+        if hardware not in counts:
+            raise ShardRayError(f"the store has no measurements on {hardware!r}; it has {sorted(counts)}")
+        return hardware
+    if not counts:
+        raise ShardRayError("the store has no successful shard measurements to train on")
+    return counts.most_common(1)[0][0]
+
+
+def train_cost_models(
+    store: MeasurementStore, train_tables: set[str], config: TrainConfig, hardware: Optional[str] = None
+) -> tuple[CostModels, dict[str, dict[str, float]]]:
+    """Train both models on one hardware's measurements; returns them with held-out accuracy."""
+    hardware = main_hardware(store, hardware)
+    splits = split_compute_measurements(store.measurements(hardware), train_tables)
+    if len(splits["train"]) < 8 or len(splits["val"]) < 2:
+        raise ShardRayError(
+            f"too few shard measurements of training-pool tables on {hardware} to train "
+            f"({len(splits['train'])} train, {len(splits['val'])} validation); collect more with `shard-ray collect`"
+        )
+    compute = train_compute_model(compute_data(splits["train"]), compute_data(splits["val"]), config)
+
+    plans = store.plan_measurements(hardware)
+    plan_splits = {name: [p for p in plans if data_split(p.key) == name] for name in ("train", "val", "test")}
+    comm = None
+    if plan_splits["train"] and plan_splits["val"]:
+        comm = train_comm_model(comm_samples(plan_splits["train"]), comm_samples(plan_splits["val"]), config)
+
+    models = CostModels(
+        compute=compute,
+        comm=comm,
+        hardware=hardware,
+        info={
+            "train_config": asdict(config),
+            "train_tables": sorted(train_tables),
+            "device_counts": sorted({p.plan.num_devices for p in plans}),
+            "batch_sizes": sorted({m.config.batch_size for m in splits["train"]}),
+            "num_shards": {k: len(v) for k, v in splits.items()},
+            "num_plans": {k: len(v) for k, v in plan_splits.items()},
+        },
+    )
+    report = {
+        "compute_seen": evaluate_compute(models, splits["test"]),
+        "compute_unseen": evaluate_compute(models, splits["unseen"]),
+        "comm": evaluate_comm(models, plan_splits["test"]),
+    }
+    models.info["held_out"] = report
+    return models, report

@@ -1,0 +1,96 @@
+"""The exact optimum of the simulated cost for small table-wise tasks, by branch and bound.
+
+Tables go in order of predicted single-table cost, largest first; a branch is cut when its
+slowest device's predicted compute already reaches the best complete plan (compute only grows
+as tables are added), and devices still empty are interchangeable, so a table tries only the
+first of them. The greedy grid's plan is the first incumbent. Knowing the optimum of small
+tasks tells how far every other algorithm is from the best possible plan under the models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shard_ray.costmodel.models import CostModels
+from shard_ray.placement.base import Placer, register
+from shard_ray.placement.search import Candidate, Pricer, candidate_plan, greedy_grid, single_costs
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology, shard_bytes
+from shard_ray.workload.tables import TableSpec
+
+MAX_TABLES = 14
+NODE_BUDGET = 2_000_000
+
+
+def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int = NODE_BUDGET) -> tuple[Candidate, bool]:
+    """The best table-wise plan by simulated cost, and whether it is proven optimal (budget not hit)."""
+    topology = pricer.topology
+    d = topology.num_devices
+    items = [(t, (0, t.dim)) for t in tables]
+    order = np.argsort(-single_costs(pricer, items), kind="stable")
+    items = [items[i] for i in order]
+    enc = pricer.encodings(items)
+    widths = np.array([t.dim for t, _ in items], dtype=np.float64)
+    need = [shard_bytes(t, t.dim, topology.optimizer) for t, _ in items]
+    incumbent = greedy_grid(pricer, items, (1.0, 1.1, 1.2, 1.3, 1.4, 1.5))
+    best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
+    sums = torch.zeros(d, enc.shape[1])
+    counts = torch.zeros(d)
+    compute = np.zeros(d)
+    free = np.full(d, topology.memory_bytes, dtype=np.int64)
+    assign = np.zeros(len(items), dtype=np.int64)
+    nodes = 0
+
+    def visit(k: int) -> None:
+        nonlocal nodes
+        if k == len(items):
+            cost = float(pricer.device_costs(enc, widths, assign).max())
+            if cost < best["cost"]:
+                best["cost"], best["assign"] = cost, assign.copy()
+            return
+        nodes += 1
+        if nodes > node_budget:
+            return
+        used = counts > 0
+        first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []
+        devices = [x for x in range(d) if (used[x] or x in first_empty) and free[x] >= need[k]]
+        if not devices:
+            return
+        idx = torch.tensor(devices)
+        priced = pricer.compute(sums[idx] + enc[k], counts[idx] + 1)
+        for j in np.argsort(priced):
+            x, new = devices[j], float(priced[j])
+            if max(new, compute.max()) >= best["cost"]:
+                continue
+            old = compute[x]
+            sums[x] += enc[k]
+            counts[x] += 1
+            compute[x] = new
+            free[x] -= need[k]
+            assign[k] = x
+            visit(k + 1)
+            sums[x] -= enc[k]
+            counts[x] -= 1
+            compute[x] = old
+            free[x] += need[k]
+
+    visit(0)
+    return Candidate(items, best["assign"], best["cost"]), nodes <= node_budget
+
+
+@register(
+    "optimal",
+    "exact",
+    f"branch and bound: the best table-wise plan under the cost models (up to {MAX_TABLES} tables)",
+    needs_cost_model=True,
+    max_tables=MAX_TABLES,
+)
+def optimal(models: CostModels, seed: int = 0) -> Placer:
+    def placer(tables: list[TableSpec], topology: Topology) -> Plan:
+        candidate, proven = branch_and_bound(Pricer(models, topology), tables)
+        plan = candidate_plan(candidate, topology.num_devices, "optimal")
+        plan.metadata["proven_optimal"] = proven
+        return plan
+
+    return placer
