@@ -194,6 +194,7 @@ def cmd_collect(args: argparse.Namespace) -> None:
     pool = load_tables(args.pool)
     config = CollectConfig(
         samples=args.samples,
+        min_tables=args.min_tables,
         max_tables=args.max_tables,
         batch_sizes=args.batch_sizes,
         device_counts=args.device_counts,
@@ -386,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["compute", "comm"], required=True)
     p.add_argument("--pool", required=True, help="table file the samples are drawn from (e.g. tasks/train_pool.json)")
     p.add_argument("--samples", type=_positive_int, default=500, help="shards (compute) or plans per device count (comm)")
+    p.add_argument("--min-tables", type=_positive_int, default=1, help="fewest tables in a compute shard (default %(default)s)")
     p.add_argument("--max-tables", type=_positive_int, default=16, help="most tables in a compute shard (default %(default)s)")
     p.add_argument("--batch-sizes", type=_positive_ints, default=(512, 1024, 2048), help="batch sizes, comma-separated, used in turn")
     p.add_argument("--device-counts", type=_positive_ints, default=(2,), help="gang sizes for comm data, comma-separated (default 2)")

@@ -28,6 +28,7 @@ COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256)
 @dataclass(frozen=True)
 class CollectConfig:
     samples: int = 500
+    min_tables: int = 1
     max_tables: int = 16
     batch_sizes: tuple[int, ...] = (512, 1024, 2048)
     device_counts: tuple[int, ...] = (2,)
@@ -39,7 +40,7 @@ class CollectConfig:
 
 def collect_compute(pool: list[TableSpec], config: CollectConfig, profiler: ProfilingPool, store: MeasurementStore) -> int:
     """Measure `samples` random shards (batch sizes in turn); returns how many were new."""
-    shards = draw_augmented_shards(pool, config.samples, config.max_tables, config.dims, config.seed)
+    shards = draw_augmented_shards(pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables)
     before = store.count()
     for b, batch_size in enumerate(config.batch_sizes):
         measure = MeasureConfig(batch_size=batch_size, warmup=config.warmup, repeats=config.repeats, seed=config.seed)

@@ -86,22 +86,29 @@ class CommCostNet(nn.Module):
         return self.net(features)
 
 
-def comm_features(widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
-    """[D, len(COMM_FEATURES)] for per-device widths (dim sums) of one plan."""
-    widths = np.asarray(widths, dtype=np.float64)
-    total = float(widths.sum())
-    devices = len(widths)
+def comm_feature_rows(
+    width: np.ndarray, total: float, max_width: np.ndarray | float, batch_size: int, devices: int
+) -> np.ndarray:
+    """[n, len(COMM_FEATURES)] for devices of `width` columns in plans of `total` columns."""
+    width = np.asarray(width, dtype=np.float64)
+    n = len(width)
     return np.stack(
         [
-            np.log2(1.0 + widths),
-            np.full(devices, math.log2(1.0 + total)),
-            np.full(devices, math.log2(1.0 + widths.max())),
-            np.full(devices, batch_context(batch_size)),
-            np.full(devices, math.log2(devices)),
-            widths / total if total > 0 else np.zeros(devices),
+            np.log2(1.0 + width),
+            np.full(n, math.log2(1.0 + total)),
+            np.log2(1.0 + np.broadcast_to(max_width, (n,))),
+            np.full(n, batch_context(batch_size)),
+            np.full(n, math.log2(devices)),
+            width / total if total > 0 else np.zeros(n),
         ],
         axis=1,
     ).astype(np.float32)
+
+
+def comm_features(widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
+    """[D, len(COMM_FEATURES)] for per-device widths (dim sums) of one plan."""
+    widths = np.asarray(widths, dtype=np.float64)
+    return comm_feature_rows(widths, float(widths.sum()), float(widths.max()), batch_size, len(widths))
 
 
 def pad_shards(shards: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,12 +16,14 @@ plus one table's encoding prices the device with that table in one small head ca
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
-from shard_ray.costmodel.models import CostModels, comm_features
+from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.placement.base import Placer, register
 from shard_ray.plan.plan import Plan, Shard
 from shard_ray.plan.topology import Topology, shard_bytes
@@ -38,10 +40,12 @@ class SearchConfig:
     branching: int = 3  # costliest items tried as split candidates per beam state
     split_ways: tuple[int, ...] = (2,)
     local_search_steps: int = 0
+    # Anytime search: beam expansion stops at 60% of the budget, local search at 100%.
+    time_budget_s: Optional[float] = None
 
 
 NEUROSHARD = SearchConfig()
-COST_SEARCH = SearchConfig(split_ways=(2, 4), local_search_steps=200)
+COST_SEARCH = SearchConfig(split_ways=(2, 4), local_search_steps=200, time_budget_s=3.0)
 
 
 class Pricer:
@@ -68,6 +72,14 @@ class Pricer:
     def comm(self, widths: np.ndarray) -> np.ndarray:
         return self.models.predict_comm(widths, self.topology.batch_size).sum(axis=1)
 
+    def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
+        """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
+        if self.models.comm is None:
+            return np.zeros(len(width))
+        features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
+        with torch.no_grad():
+            return torch.exp(self.models.comm(torch.from_numpy(features))).numpy().sum(axis=1)
+
     def device_costs(self, encodings: torch.Tensor, widths: np.ndarray, assign: np.ndarray) -> np.ndarray:
         d = self.topology.num_devices
         sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
@@ -89,107 +101,116 @@ def single_costs(pricer: Pricer, items: list[Item]) -> np.ndarray:
 
 
 def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) -> Candidate:
-    """NeuroShard's greedy pass for each dim-sum cap scale; the best by simulated cost."""
+    """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
+
+    The passes run side by side: one model call per table prices that table on every device
+    under every scale.
+    """
     topology = pricer.topology
-    d = topology.num_devices
+    d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
     widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
     need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
-    order = np.argsort(-single_costs(pricer, items), kind="stable")
-    cap_base = widths.sum() / d
-    best: Candidate | None = None
-    for scale in scales:
-        sums = torch.zeros(d, enc.shape[1])
-        counts = torch.zeros(d)
-        dim_sum = np.zeros(d)
-        free = np.full(d, topology.memory_bytes, dtype=np.int64)
-        assign = np.zeros(len(items), dtype=np.int64)
-        for i in order:
-            fits = free >= need[i]
-            if not fits.any():
-                break
-            allowed = np.flatnonzero(fits & (dim_sum + widths[i] <= scale * cap_base))
-            if allowed.size == 0:
-                allowed = np.flatnonzero(fits)
-            idx = torch.from_numpy(allowed)
-            costs = pricer.compute(sums[idx] + enc[i], counts[idx] + 1)
-            device = int(allowed[int(np.argmin(costs))])
-            sums[device] += enc[i]
-            counts[device] += 1
-            dim_sum[device] += widths[i]
-            free[device] -= need[i]
-            assign[i] = device
-        else:
-            cost = float(pricer.device_costs(enc, widths, assign).max())
-            if best is None or cost < best.cost:
-                best = Candidate(items, assign, cost)
-    if best is None:
+    caps = np.asarray(scales)[:, None] * widths.sum() / d
+    sums = torch.zeros(s, d, enc.shape[1])
+    counts = torch.zeros(s, d)
+    dim_sum = np.zeros((s, d))
+    free = np.full((s, d), topology.memory_bytes, dtype=np.int64)
+    assign = np.zeros((s, len(items)), dtype=np.int64)
+    feasible = np.ones(s, dtype=bool)
+    rows = np.arange(s)
+    for i in np.argsort(-single_costs(pricer, items), kind="stable"):
+        fits = free >= need[i]
+        feasible &= fits.any(axis=1)
+        allowed = fits & (dim_sum + widths[i] <= caps)
+        allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
+        priced = pricer.compute((sums + enc[i]).reshape(s * d, -1), (counts + 1).reshape(-1)).reshape(s, d)
+        device = np.argmin(np.where(allowed, priced, np.inf), axis=1)
+        sums[rows, device] += enc[i]
+        counts[rows, device] += 1
+        dim_sum[rows, device] += widths[i]
+        free[rows, device] -= need[i]
+        assign[:, i] = device
+    if not feasible.any():
         from shard_ray.errors import ShardRayError
 
         raise ShardRayError(
             f"the search found no placement within {topology.memory_gb:.3f} GB per device for these tables"
         )
-    return best
+    costs = [float(pricer.device_costs(enc, widths, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
+    best = int(np.argmin(costs))
+    return Candidate(items, assign[best], costs[best])
 
 
-def local_search(pricer: Pricer, candidate: Candidate, steps: int) -> Candidate:
-    """Moves and swaps of items off the slowest device while the simulated plan cost drops."""
+def local_search(
+    pricer: Pricer, candidate: Candidate, steps: int, targets: int = 8, deadline: float = float("inf")
+) -> Candidate:
+    """Moves and swaps of items between the slowest device and the `targets` fastest ones.
+
+    A candidate move is priced by the two devices it changes (their fused compute and their
+    all-to-alls); the best one is then priced on the whole plan and kept only if the simulated
+    plan cost drops.
+    """
     topology = pricer.topology
     d = topology.num_devices
-    items, assign = candidate.items, candidate.assign.copy()
+    if d == 1:
+        return candidate
+    items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
     enc = pricer.encodings(items)
     widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
     need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
-    cost = candidate.cost
+    total_width = widths.sum()
     for _ in range(steps):
+        if time.perf_counter() > deadline:
+            break
         costs = pricer.device_costs(enc, widths, assign)
-        slowest = int(np.argmax(costs))
+        order = np.argsort(-costs)
+        slowest = int(order[0])
         free = topology.memory_bytes - np.bincount(assign, weights=need, minlength=d)
+        device_widths = np.bincount(assign, weights=widths, minlength=d)
+        sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
+        counts = np.bincount(assign, minlength=d)
         on_slowest = np.flatnonzero(assign == slowest)
-        # (item leaving the slowest device, item coming back or -1, target device)
-        moves = [(i, -1, t) for i in on_slowest for t in range(d) if t != slowest and free[t] >= need[i]]
-        moves += [
-            (i, j, assign[j])
-            for i in on_slowest
-            for j in np.flatnonzero(assign != slowest)
-            if free[assign[j]] + need[j] >= need[i] and free[slowest] + need[i] >= need[j]
-        ]
+        moves = []  # (item leaving the slowest device, item coming back or -1, target device)
+        for t in order[::-1][:targets]:
+            if t == slowest:
+                continue
+            for i in on_slowest:
+                if free[t] >= need[i]:
+                    moves.append((i, -1, t))
+                for j in np.flatnonzero(assign == t):
+                    if free[t] + need[j] >= need[i] and free[slowest] + need[i] >= need[j]:
+                        moves.append((i, j, t))
         if not moves:
             break
-        best_move, best_cost = None, cost
-        for start in range(0, len(moves), 4096):
-            chunk = moves[start : start + 4096]
-            trial = np.repeat(assign[None, :], len(chunk), axis=0)
-            for row, (i, j, t) in enumerate(chunk):
-                trial[row, i] = t
-                if j >= 0:
-                    trial[row, j] = slowest
-            trial_costs = _batch_plan_costs(pricer, enc, widths, trial)
-            k = int(np.argmin(trial_costs))
-            if trial_costs[k] < best_cost - 1e-6:
-                best_move, best_cost = trial[k], float(trial_costs[k])
-        if best_move is None:
+        i_idx = np.array([m[0] for m in moves])
+        j_idx = np.array([m[1] for m in moves])
+        t_idx = np.array([m[2] for m in moves])
+        back = torch.from_numpy(np.where(j_idx >= 0, j_idx, 0))
+        has_back = torch.from_numpy((j_idx >= 0).astype(np.float32))[:, None]
+        leaving, returning = enc[torch.from_numpy(i_idx)], enc[back] * has_back
+        new_slowest = pricer.compute(sums[slowest] - leaving + returning, torch.from_numpy(counts[slowest] - 1 + (j_idx >= 0)).float())
+        new_target = pricer.compute(sums[torch.from_numpy(t_idx)] + leaving - returning, torch.from_numpy(counts[t_idx] + 1 - (j_idx >= 0)).float())
+        width_moved = widths[i_idx] - np.where(j_idx >= 0, widths[np.maximum(j_idx, 0)], 0.0)
+        w_slowest = device_widths[slowest] - width_moved
+        w_target = device_widths[t_idx] + width_moved
+        new_slowest = new_slowest + pricer.comm_rows(w_slowest, total_width, np.maximum(w_slowest, w_target), d)
+        new_target = new_target + pricer.comm_rows(w_target, total_width, np.maximum(w_slowest, w_target), d)
+        # the slowest device among those the move leaves alone
+        untouched = np.where(t_idx == order[1], costs[order[2]] if d > 2 else 0.0, costs[order[1]])
+        estimate = np.maximum(untouched, np.maximum(new_slowest, new_target))
+        k = int(np.argmin(estimate))
+        if estimate[k] >= cost - 1e-6:
             break
-        assign, cost = best_move, best_cost
+        trial = assign.copy()
+        trial[i_idx[k]] = t_idx[k]
+        if j_idx[k] >= 0:
+            trial[j_idx[k]] = slowest
+        trial_cost = float(pricer.device_costs(enc, widths, trial).max())
+        if trial_cost >= cost - 1e-6:
+            break
+        assign, cost = trial, trial_cost
     return Candidate(items, assign, cost)
-
-
-def _batch_plan_costs(pricer: Pricer, enc: torch.Tensor, widths: np.ndarray, assigns: np.ndarray) -> np.ndarray:
-    """Simulated plan cost of each row of `assigns` [C, N], in one batched model call."""
-    c, _ = assigns.shape
-    d = pricer.topology.num_devices
-    flat = torch.from_numpy((assigns + d * np.arange(c)[:, None]).reshape(-1))
-    sums = torch.zeros(c * d, enc.shape[1]).index_add_(0, flat, enc.repeat(c, 1))
-    counts = torch.bincount(flat, minlength=c * d).float()
-    compute = pricer.compute(sums, counts).reshape(c, d)
-    device_widths = np.stack([np.bincount(a, weights=widths, minlength=d) for a in assigns])
-    if pricer.models.comm is None or d == 1:
-        comm = np.zeros((c, d))
-    else:
-        features = np.concatenate([comm_features(w, pricer.topology.batch_size) for w in device_widths])
-        with torch.no_grad():
-            comm = torch.exp(pricer.models.comm(torch.from_numpy(features))).numpy().sum(axis=1).reshape(c, d)
-    return (compute + comm).max(axis=1)
 
 
 def split_item(item: Item, ways: int) -> list[Item] | None:
@@ -203,16 +224,17 @@ def split_item(item: Item, ways: int) -> list[Item] | None:
 
 
 def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -> Candidate:
-    """Column-wise split search: each level splits one of the costliest items of each beam state."""
+    """Column-wise split search: each level splits one of the costliest items of each beam state.
 
-    def place(items: list[Item]) -> Candidate:
-        found = greedy_grid(pricer, items, config.scales)
-        return local_search(pricer, found, config.local_search_steps) if config.local_search_steps else found
-
-    start = place([(t, (0, t.dim)) for t in tables])
-    beam, best, seen = [start], start, {_signature(start.items)}
+    With local search configured, it refines the final beam's states and keeps the best.
+    """
+    began = time.perf_counter()
+    budget = float("inf") if config.time_budget_s is None else config.time_budget_s
+    expand_until, deadline = began + 0.6 * budget, began + budget
+    start = greedy_grid(pricer, [(t, (0, t.dim)) for t in tables], config.scales)
+    beam, everything, seen = [start], [start], {_signature(start.items)}
     for _ in range(config.beam_depth):
-        children = []
+        splits = []
         for state in beam:
             costs = single_costs(pricer, state.items)
             for i in np.argsort(-costs)[: config.branching]:
@@ -221,16 +243,22 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
                     if pieces is None:
                         continue
                     items = state.items[:i] + pieces + state.items[i + 1 :]
-                    signature = _signature(items)
-                    if signature in seen:
-                        continue
-                    seen.add(signature)
-                    children.append(place(items))
+                    if _signature(items) not in seen:
+                        seen.add(_signature(items))
+                        splits.append(items)
+        children = []
+        for items in splits:
+            if time.perf_counter() > expand_until:
+                break
+            children.append(greedy_grid(pricer, items, config.scales))
         if not children:
             break
         beam = sorted(children, key=lambda c: c.cost)[: config.beam_width]
-        best = min(best, beam[0], key=lambda c: c.cost)
-    return best
+        everything += beam
+    finalists = sorted(everything, key=lambda c: c.cost)[: config.beam_width]
+    if config.local_search_steps:
+        finalists = [local_search(pricer, c, config.local_search_steps, deadline=deadline) for c in finalists]
+    return min(finalists, key=lambda c: c.cost)
 
 
 def _signature(items: list[Item]) -> frozenset:

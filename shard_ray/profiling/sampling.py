@@ -43,15 +43,17 @@ def base_table_name(name: str) -> str:
 
 
 def draw_augmented_shards(
-    pool: list[TableSpec], count: int, max_tables: int, dims: tuple[int, ...], seed: int = 0
+    pool: list[TableSpec], count: int, max_tables: int, dims: tuple[int, ...], seed: int = 0, min_tables: int = 1
 ) -> list[list[ShardTable]]:
-    """`count` shards of 1..max_tables augmented pool tables; the same seed gives the same shards."""
-    if count < 0 or max_tables < 1:
-        raise ShardRayError("the sample count must be >= 0 and max tables per shard >= 1")
+    """`count` shards of min_tables..max_tables augmented pool tables; the same seed gives the same shards."""
+    if count < 0 or not 1 <= min_tables <= max_tables:
+        raise ShardRayError("the sample count must be >= 0 and 1 <= min tables <= max tables per shard")
+    if min_tables > len(pool):
+        raise ShardRayError(f"shards of {min_tables} tables need a pool of at least that many; it has {len(pool)}")
     rng = np.random.default_rng(seed)
     shards = []
     for i in range(count):
-        size = int(rng.integers(1, min(max_tables, len(pool)) + 1))
+        size = int(rng.integers(min_tables, min(max_tables, len(pool)) + 1))
         chosen = rng.choice(len(pool), size=size, replace=False)
         shards.append([ShardTable.whole(augment_table(pool[j], rng, dims, f"{i}")) for j in sorted(chosen)])
     return shards

@@ -1,0 +1,204 @@
+"""Cost models, training, the simulator, the bound, and the searches that use them."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from shard_ray.cli import main
+from shard_ray.costmodel.bounds import lower_bound_ms
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, table_features
+from shard_ray.costmodel.models import CommCostNet, ComputeCostNet, CostModels, comm_features, default_cost_model_path, pad_shards
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.train import TrainConfig, data_split, train_cost_models
+from shard_ray.errors import ShardRayError
+from shard_ray.placement import place
+from shard_ray.placement.exact import branch_and_bound
+from shard_ray.placement.search import Pricer
+from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
+from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+from shard_ray.profiling.sampling import draw_augmented_shards
+from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import TableSpec
+
+
+@pytest.fixture(scope="module")
+def shipped() -> CostModels:
+    return CostModels.load(default_cost_model_path())
+
+
+@pytest.fixture(scope="module")
+def pool() -> list[TableSpec]:
+    return generate_pool(PoolConfig(num_tables=60, seed=5))
+
+
+def test_features_are_log_scaled_and_mark_the_distribution():
+    zipf = TableSpec(name="a", rows=1000, dim=64, pooling_factor=4.0)
+    hist = TableSpec(name="b", rows=1000, dim=64, pooling_factor=4.0, reuse_histogram=(1.0,) + (0.0,) * 16)
+    fz, fh = table_features(zipf, 32), table_features(hist, 32)
+    assert fz.shape == (NUM_TABLE_FEATURES,)
+    assert fz[0] == 5.0 and fz[1] == 3.0 and fz[2] == 2.0  # log2 width, log10 rows, log2 pooling
+    assert fz[6] == 1.0 and fh[6] == 0.0 and fh[8] == 1.0
+
+
+def test_compute_model_is_permutation_invariant_and_takes_any_table_count(pool):
+    torch.manual_seed(0)
+    net = ComputeCostNet(hidden=16, depth=2).eval()
+    shard = np.stack([table_features(t, t.dim) for t in pool[:7]])
+    features, mask = pad_shards([shard, shard[::-1].copy(), shard[:1], np.stack([table_features(t, t.dim) for t in pool[:40]])])
+    out = net(features, mask, torch.full((4,), 10.0))
+    assert out.shape == (4, 2)
+    assert torch.allclose(out[0], out[1], atol=1e-5)
+    # padding rows are ignored
+    padded, pmask = pad_shards([shard])
+    wide = torch.cat([padded, torch.randn(1, 5, NUM_TABLE_FEATURES)], dim=1)
+    wmask = torch.cat([pmask, torch.zeros(1, 5)], dim=1)
+    assert torch.allclose(net(wide, wmask, torch.tensor([10.0])), out[:1], atol=1e-5)
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8, 13])
+def test_comm_model_takes_any_device_count(devices):
+    net = CommCostNet(hidden=8, depth=1)
+    widths = np.arange(devices) * 16
+    features = torch.from_numpy(comm_features(widths, 1024))
+    assert net(features).shape == (devices, 2)
+    assert features[:, -1].sum().item() == pytest.approx(1.0)
+
+
+def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
+    path = tmp_path / "m.pt"
+    shipped.save(path)
+    again = CostModels.load(path)
+    shards = [[(TableSpec(name="a", rows=1000, dim=32, pooling_factor=3.0), 32)], []]
+    assert np.allclose(again.predict_shards(shards, 1024), shipped.predict_shards(shards, 1024))
+    assert again.hardware == shipped.hardware and again.predict_shards(shards, 1024)[1].sum() == 0
+    junk = tmp_path / "junk.pt"
+    torch.save({"hello": torch.zeros(2)}, junk)
+    with pytest.raises(ShardRayError, match="not a shard-ray cost model"):
+        CostModels.load(junk)
+    with pytest.raises(ShardRayError, match="not found"):
+        CostModels.load(tmp_path / "none.pt")
+
+
+def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
+    """Real fbgemm measurements of tiny shards, then training: the model must learn their order."""
+    config = MeasureConfig(batch_size=64, warmup=1, repeats=3)
+    shards = draw_augmented_shards(pool, 60, 4, (8, 16, 64, 128), seed=1)
+    with MeasurementStore(tmp_path / "m.db") as store:
+        for parts in shards:
+            store.put(measure_fused_shard(parts, config, "cpu:test"))
+        models, report = train_cost_models(store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60))
+    assert models.hardware == "cpu:test" and models.comm is None
+    assert report["compute_seen"]["n"] > 0 and report["compute_unseen"]["n"] == 0
+    assert models.info["num_shards"]["train"] > 40
+    # a shard of many wide, heavily pooled tables costs more than one narrow table
+    big = [(t.model_copy(update={"pooling_factor": 50.0}), 128) for t in pool[:4]]
+    small = [(pool[0].model_copy(update={"pooling_factor": 1.0}), 8)]
+    predicted = models.predict_shards([big, small], 64).sum(axis=1)
+    assert predicted[0] > predicted[1]
+
+
+def test_training_needs_data(tmp_path):
+    with MeasurementStore(tmp_path / "empty.db") as store:
+        with pytest.raises(ShardRayError, match="no successful shard measurements"):
+            train_cost_models(store, set(), TrainConfig())
+
+
+def test_split_is_stable_and_mostly_train():
+    keys = [f"{i:064x}" for i in range(0, 10**6, 997)]
+    splits = [data_split(k) for k in keys]
+    assert splits == [data_split(k) for k in keys]
+    assert 0.7 < splits.count("train") / len(splits) < 0.9
+
+
+def test_simulator_prices_plans_with_the_one_cost_definition(shipped, small_tables):
+    plan = place("round_robin", small_tables, Topology(num_devices=3, memory_bytes=GB))
+    cost = Simulator(shipped).plan_cost(plan, small_tables, 1024)
+    assert cost.cost_ms == max(d.total_ms for d in cost.devices)
+    assert all(d.fwd_compute_ms > 0 and d.fwd_comm_ms > 0 for d in cost.devices)
+    lonely = Plan(num_devices=2, algorithm="x", shards=[Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables])
+    idle = Simulator(shipped).plan_cost(lonely, small_tables, 1024).devices[1]
+    assert idle.fwd_compute_ms == 0 and idle.bwd_compute_ms == 0
+
+
+@pytest.mark.parametrize("algo", ["neuroshard", "cost_search"])
+def test_search_plans_are_valid_under_tight_memory(algo, pool):
+    tables = pool[:24]
+    sizes = [shard_bytes(t, t.dim, "rowwise_adagrad") for t in tables]
+    topology = Topology(num_devices=4, memory_bytes=max(sum(sizes) // 4 + sum(sizes) // 20, max(sizes) + 1))
+    plan = place(algo, tables, topology)
+    plan.check(tables)
+    assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes
+    assert plan.metadata["predicted_cost_ms"] >= plan.metadata["lower_bound_ms"]
+    assert plan.metadata["settings"]["cost_model"].endswith(".pt")
+
+
+def test_search_refuses_infeasible_memory(pool):
+    with pytest.raises(ShardRayError):
+        place("neuroshard", pool[:10], Topology(num_devices=2, memory_bytes=1000))
+
+
+def test_cost_search_is_no_worse_than_neuroshard_under_the_models(pool):
+    tables = pool[:20]
+    topology = Topology(num_devices=4, memory_bytes=GB)
+    ours = place("cost_search", tables, topology)
+    theirs = place("neuroshard", tables, topology)
+    assert ours.metadata["predicted_cost_ms"] <= theirs.metadata["predicted_cost_ms"] + 1e-6
+
+
+def test_branch_and_bound_matches_brute_force(shipped, pool):
+    tables = pool[:6]
+    topology = Topology(num_devices=3, memory_bytes=GB)
+    pricer = Pricer(shipped, topology)
+    candidate, proven = branch_and_bound(pricer, tables)
+    assert proven
+    enc = pricer.encodings([(t, (0, t.dim)) for t in tables])
+    widths = np.array([t.dim for t in tables], dtype=float)
+    brute = min(
+        float(pricer.device_costs(enc, widths, np.array(assign)).max())
+        for assign in itertools.product(range(3), repeat=len(tables))
+    )
+    assert candidate.cost == pytest.approx(brute, rel=1e-5)
+    plan = place("optimal", tables, topology)
+    assert plan.metadata["proven_optimal"] and plan.metadata["predicted_cost_ms"] == pytest.approx(brute, rel=1e-4)
+
+
+def test_optimal_refuses_large_tasks(pool):
+    with pytest.raises(ShardRayError, match="at most 14 tables"):
+        place("optimal", pool[:20], Topology(num_devices=2, memory_bytes=GB))
+
+
+def test_lower_bound_is_below_the_optimum(shipped, pool):
+    for start in (0, 6, 12):
+        tables = pool[start : start + 6]
+        topology = Topology(num_devices=2, memory_bytes=GB)
+        optimum = place("optimal", tables, topology).metadata["predicted_cost_ms"]
+        assert lower_bound_ms(shipped, tables, topology, column_wise=False) <= optimum + 1e-6
+        assert lower_bound_ms(shipped, tables, topology, column_wise=True) <= optimum + 1e-6
+
+
+def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
+    from shard_ray.workload.tables import save_tables
+
+    tables = tmp_path / "t.json"
+    save_tables(tables, pool[:12])
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "2", "--algo", "cost_search", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["metadata"]["lower_bound_ms"] > 0 and len(doc["metadata"]["predicted"]["devices"]) == 2
+    assert "lower bound on the simulated cost" in capsys.readouterr().out
+    # evaluate the shipped model on fresh real measurements of unseen tables
+    config = MeasureConfig(batch_size=1024)
+    store_path = tmp_path / "held.db"
+    unseen = [t.model_copy(update={"name": f"new{t.name}"}) for t in generate_pool(PoolConfig(num_tables=20, seed=9))]
+    with MeasurementStore(store_path) as store:
+        for parts in draw_augmented_shards(unseen, 6, 3, (16, 64), seed=2):
+            # labelled with the model's hardware: this checks the command, not the accuracy
+            store.put(measure_fused_shard(parts, config, shipped.hardware))
+    code = main(["costmodel", "evaluate", "--model", str(default_cost_model_path()), "--data", str(store_path), "--no-mlflow"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) >= {"mape", "spearman", "n"} and result["unseen"]["n"] == 6 and result["mape"] >= 0
