@@ -37,7 +37,10 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it an ordinary file's mode
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()

@@ -8,6 +8,7 @@ are context, given to the models beside the reduced table encodings.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -27,16 +28,21 @@ TABLE_FEATURES = (
 NUM_TABLE_FEATURES = len(TABLE_FEATURES)
 
 
-def table_features(table: TableSpec, width: int) -> np.ndarray:
-    """Features of `width` columns of `table`."""
+def table_features(table: TableSpec, width: int, rows_cap: Optional[int] = None) -> np.ndarray:
+    """Features of `width` columns of `table`, as measured with at most `rows_cap` rows allocated.
+
+    Profiling on CPU allocates at most a cap of rows per table (see `MeasureConfig`); models of
+    such measurements see the rows that were allocated, so they price what the gang measures.
+    """
     hist = table.reuse_histogram
     zipf = hist is None
+    rows = table.rows if rows_cap is None else min(table.rows, rows_cap)
     values = [
         math.log2(width),
-        math.log10(table.rows),
+        math.log10(rows),
         math.log2(table.pooling_factor),
         math.log2(width * table.pooling_factor),
-        math.log10(table.rows * width * table.bytes_per_element),
+        math.log10(rows * width * table.bytes_per_element),
         float(table.precision == "fp16"),
         float(zipf),
         table.effective_zipf_exponent if zipf else 0.0,
@@ -45,11 +51,11 @@ def table_features(table: TableSpec, width: int) -> np.ndarray:
     return np.asarray(values, dtype=np.float32)
 
 
-def parts_features(parts: list[tuple[TableSpec, int]]) -> np.ndarray:
+def parts_features(parts: list[tuple[TableSpec, int]], rows_cap: Optional[int] = None) -> np.ndarray:
     """[n, NUM_TABLE_FEATURES] for (table, width) pairs; [0, F] for an empty shard."""
     if not parts:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
-    return np.stack([table_features(t, w) for t, w in parts])
+    return np.stack([table_features(t, w, rows_cap) for t, w in parts])
 
 
 def batch_context(batch_size: int) -> float:

@@ -1,9 +1,16 @@
 """Neural cost models of fused compute and all-to-all communication, and their file format.
 
-Compute: a per-table encoder on the shared log-scaled features, a sum over the shard's tables
-(permutation-invariant, any number of tables), and a head that also sees the batch size and
-table count; it predicts log forward and log backward ms. The sum makes incremental search
-cheap: a device's encoding sum plus one table's encoding prices the device with that table.
+Compute: a per-table network on the shared log-scaled features and the batch size gives each
+table its own forward and backward ms c_t >= 0 and an encoding e_t >= 0; a shard S costs
+
+    sum of c_t over S  +  g(sum of e_t over S)
+
+with g non-decreasing and concave (non-negative weights, concave activations) and g(0) >= 0,
+the fixed cost of a kernel. So, by construction and as fused kernels on the hardware are, the
+predicted cost never drops when a table is added (monotone), and fusing never costs more than
+running apart (subadditive: g(a + b) <= g(a) + g(b)). The lower bound and the exact search
+rely on both. Sums make it permutation-invariant, able to take any number of tables, and
+cheap to search with: a device's running sum plus one table's row prices the device with it.
 
 Communication: per device, an MLP over what its all-to-alls move (its own width, the total and
 largest widths, batch size, device count) predicting log forward and log backward all-to-all
@@ -52,28 +59,50 @@ def mlp(inputs: int, hidden: int, depth: int, outputs: Optional[int] = None) -> 
     return nn.Sequential(*layers)
 
 
+class MonotoneConcave(nn.Module):
+    """g: R+^H -> R+^2, non-decreasing and concave in every input, g(0) = softplus(bias) >= 0."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int = 2) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(inputs, hidden) / math.sqrt(inputs) - 1.0)
+        self.b1 = nn.Parameter(torch.zeros(hidden))
+        self.w2 = nn.Parameter(torch.randn(hidden, outputs) / math.sqrt(hidden) - 1.0)
+        self.b2 = nn.Parameter(torch.full((outputs,), -2.0))
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        # log-sigmoid is concave and non-decreasing; non-negative weights keep both properties
+        return nn.functional.logsigmoid(x @ nn.functional.softplus(self.w1) + self.b1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rise = self._inner(x) - self._inner(torch.zeros_like(x))
+        return rise @ nn.functional.softplus(self.w2) + nn.functional.softplus(self.b2)
+
+
 class ComputeCostNet(nn.Module):
+    """Rows of `encode` are [fwd ms, bwd ms, encoding...] per table; `from_sums` prices their sums."""
+
     def __init__(self, hidden: int = 128, depth: int = 2) -> None:
         super().__init__()
         self.hidden, self.depth = hidden, depth
-        self.encoder = mlp(NUM_TABLE_FEATURES, hidden, depth)
-        self.head = mlp(hidden + 2, hidden, depth, outputs=2)
+        self.encoder = mlp(NUM_TABLE_FEATURES + 1, hidden, depth, outputs=hidden + 2)
+        self.interaction = MonotoneConcave(hidden, hidden)
         self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
         self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
 
-    def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """[..., F] raw table features -> [..., H] encodings."""
-        return self.encoder((features - self.feature_mean) / self.feature_std)
+    def encode(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+        """[..., F] raw table features -> [..., 2 + H], all >= 0: the table's own fwd and bwd ms, then its encoding."""
+        normalised = (features - self.feature_mean) / self.feature_std
+        batch = torch.as_tensor(log_batch, dtype=normalised.dtype).expand(normalised.shape[:-1]).unsqueeze(-1)
+        return nn.functional.softplus(self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1)))
 
-    def from_sums(self, sums: torch.Tensor, counts: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
-        """Log (fwd, bwd) ms from a shard's encoding sum [B, H], table count [B] and log2 batch [B]."""
-        context = torch.stack([log_batch, torch.log2(counts.clamp(min=1.0))], dim=-1)
-        return self.head(torch.cat([sums, context], dim=-1))
+    def from_sums(self, sums: torch.Tensor) -> torch.Tensor:
+        """Log (fwd, bwd) ms of shards from their summed rows [B, 2 + H]."""
+        return torch.log(sums[..., :2] + self.interaction(sums[..., 2:]))
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
         """Padded shards [B, T, F] with mask [B, T] -> log (fwd, bwd) ms [B, 2]."""
-        sums = (self.encode(features) * mask.unsqueeze(-1)).sum(dim=1)
-        return self.from_sums(sums, mask.sum(dim=1), log_batch)
+        rows = self.encode(features, log_batch.unsqueeze(-1))
+        return self.from_sums((rows * mask.unsqueeze(-1)).sum(dim=1))
 
 
 class CommCostNet(nn.Module):
@@ -136,24 +165,28 @@ class CostModels:
         if self.comm is not None:
             self.comm.eval()
 
+    @property
+    def rows_cap(self) -> Optional[int]:
+        """Rows per table the training measurements allocated (None: whole tables)."""
+        return self.info.get("rows_cap")
+
     @torch.no_grad()
     def predict_shards(self, shards: list[list[tuple[TableSpec, int]]], batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) ms [n, 2] of fused shards of (table, width) parts; empty shards cost 0."""
-        features, mask = pad_shards([parts_features(s) for s in shards])
+        features, mask = pad_shards([parts_features(s, self.rows_cap) for s in shards])
         log_batch = torch.full((len(shards),), batch_context(batch_size))
         ms = torch.exp(self.compute(features, mask, log_batch)).numpy()
         ms[mask.sum(dim=1).numpy() == 0] = 0.0
         return ms
 
     @torch.no_grad()
-    def encode_tables(self, parts: list[tuple[TableSpec, int]]) -> torch.Tensor:
-        return self.compute.encode(torch.from_numpy(parts_features(parts)))
+    def encode_tables(self, parts: list[tuple[TableSpec, int]], batch_size: int) -> torch.Tensor:
+        return self.compute.encode(torch.from_numpy(parts_features(parts, self.rows_cap)), batch_context(batch_size))
 
     @torch.no_grad()
-    def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor, batch_size: int) -> np.ndarray:
-        """Predicted (fwd, bwd) ms [B, 2] of shards given by encoding sums; zero where count is 0."""
-        log_batch = torch.full((sums.shape[0],), batch_context(batch_size))
-        ms = torch.exp(self.compute.from_sums(sums, counts, log_batch)).numpy()
+    def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [B, 2] of shards given by their summed rows; zero where count is 0."""
+        ms = torch.exp(self.compute.from_sums(sums)).numpy()
         ms[counts.numpy() == 0] = 0.0
         return ms
 

@@ -62,7 +62,9 @@ class ComputeData:
 
 
 def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
-    features, mask = pad_shards([parts_features([(p.table, p.width) for p in m.tables]) for m in measurements])
+    features, mask = pad_shards(
+        [parts_features([(p.table, p.width) for p in m.tables], m.config.rows_cap_on(m.hardware)) for m in measurements]
+    )
     return ComputeData(
         features=features,
         mask=mask,
@@ -235,7 +237,11 @@ def train_cost_models(
 ) -> tuple[CostModels, dict[str, dict[str, float]]]:
     """Train both models on one hardware's measurements; returns them with held-out accuracy."""
     hardware = main_hardware(store, hardware)
-    splits = split_compute_measurements(store.measurements(hardware), train_tables)
+    measurements = store.measurements(hardware)
+    caps = {m.config.rows_cap_on(hardware) for m in measurements}
+    if len(caps) > 1:
+        raise ShardRayError(f"the measurements on {hardware} were taken with different row caps {sorted(caps, key=str)}; train on one")
+    splits = split_compute_measurements(measurements, train_tables)
     if len(splits["train"]) < 8 or len(splits["val"]) < 2:
         raise ShardRayError(
             f"too few shard measurements of training-pool tables on {hardware} to train "
@@ -254,6 +260,7 @@ def train_cost_models(
         comm=comm,
         hardware=hardware,
         info={
+            "rows_cap": caps.pop(),
             "train_config": asdict(config),
             "train_tables": sorted(train_tables),
             "device_counts": sorted({p.plan.num_devices for p in plans}),

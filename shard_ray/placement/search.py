@@ -60,14 +60,14 @@ class Pricer:
     def encodings(self, items: list[Item]) -> torch.Tensor:
         missing = [(t, c) for t, c in items if (t.name, c) not in self._encodings]
         if missing:
-            encoded = self.models.encode_tables([(t, c[1] - c[0]) for t, c in missing])
+            encoded = self.models.encode_tables([(t, c[1] - c[0]) for t, c in missing], self.topology.batch_size)
             for (t, c), e in zip(missing, encoded):
                 self._encodings[(t.name, c)] = e
         return torch.stack([self._encodings[(t.name, c)] for t, c in items])
 
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
-        return self.models.compute_from_sums(sums, counts, self.topology.batch_size).sum(axis=1)
+        return self.models.compute_from_sums(sums, counts).sum(axis=1)
 
     def comm(self, widths: np.ndarray) -> np.ndarray:
         return self.models.predict_comm(widths, self.topology.batch_size).sum(axis=1)
@@ -103,9 +103,25 @@ def single_costs(pricer: Pricer, items: list[Item]) -> np.ndarray:
 def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) -> Candidate:
     """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
 
-    The passes run side by side: one model call per table prices that table on every device
-    under every scale.
+    Tables go largest predicted cost first. When memory is so tight that no pass fits that
+    way, the passes are rerun largest memory first, as a memory-first packer would.
     """
+    by_cost = np.argsort(-single_costs(pricer, items), kind="stable")
+    found = _greedy_passes(pricer, items, scales, by_cost)
+    if found is None:
+        need = [shard_bytes(t, c[1] - c[0], pricer.topology.optimizer) for t, c in items]
+        found = _greedy_passes(pricer, items, scales, np.argsort(-np.asarray(need), kind="stable"))
+    if found is None:
+        from shard_ray.errors import ShardRayError
+
+        raise ShardRayError(
+            f"the search found no placement within {pricer.topology.memory_gb:.3f} GB per device for these tables"
+        )
+    return found
+
+
+def _greedy_passes(pricer: Pricer, items: list[Item], scales: tuple[float, ...], order: np.ndarray) -> Candidate | None:
+    """One greedy pass per scale, side by side: one model call per table prices it everywhere."""
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
@@ -119,7 +135,7 @@ def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) ->
     assign = np.zeros((s, len(items)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
-    for i in np.argsort(-single_costs(pricer, items), kind="stable"):
+    for i in order:
         fits = free >= need[i]
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
@@ -132,11 +148,7 @@ def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) ->
         free[rows, device] -= need[i]
         assign[:, i] = device
     if not feasible.any():
-        from shard_ray.errors import ShardRayError
-
-        raise ShardRayError(
-            f"the search found no placement within {topology.memory_gb:.3f} GB per device for these tables"
-        )
+        return None
     costs = [float(pricer.device_costs(enc, widths, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
     best = int(np.argmin(costs))
     return Candidate(items, assign[best], costs[best])

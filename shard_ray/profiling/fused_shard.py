@@ -53,6 +53,10 @@ class MeasureConfig(BaseModel):
             return self.max_rows
         return DEFAULT_CPU_MAX_ROWS if device.type == "cpu" else None
 
+    def rows_cap_on(self, hardware: str) -> Optional[int]:
+        """The rows cap measurements on `hardware` (a `hardware_id`) were taken with."""
+        return self.rows_cap(torch.device("cpu" if hardware.startswith("cpu") else "cuda"))
+
 
 class ShardTable(BaseModel):
     """A table, or a column slice of one, inside a fused shard."""
