@@ -65,6 +65,7 @@ def main() -> None:
     for warning in gang.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     records: dict[str, list[dict]] = {}
+    failures: dict[str, list[str]] = {}
     try:
         for i in range(args.tasks):
             tables = draw_task(test_pool, task_config, rng)
@@ -74,11 +75,15 @@ def main() -> None:
                 batch_size=args.batch_size,
             )
             config = MeasureConfig.for_topology(topology, repeats=args.repeats, seed=args.seed)
-            rows = compare_algorithms(
+            comparison = compare_algorithms(
                 tables, topology, gang, config, f"test_{i:03d}",
                 tracking_uri=None if args.no_mlflow else default_tracking_uri(),
                 experiment="shard-ray-compare", progress=False, cost_model=args.cost_model,
             )
+            rows = comparison.rows
+            for name, why in comparison.failures.items():
+                failures.setdefault(name, []).append(why)
+                print(f"task {i}: {name} failed: {why}", flush=True)
             bound = lower_bound_ms(models, tables, topology, column_wise=True)
             best_heuristic = min(r.cost.cost_ms for r in rows if r.plan.algorithm in heuristics)
             for r in rows:
@@ -105,6 +110,7 @@ def main() -> None:
             "median_placement_ms": statistics.median(x["placement_ms"] for x in rs),
             "mean_simulation_error": statistics.mean(x["sim_error"] for x in rs),
             "tasks": len(rs),
+            "failed_tasks": len(failures.get(name, [])),
         }
         for name, rs in records.items()
     }
@@ -112,16 +118,20 @@ def main() -> None:
         f"{args.tasks} test tasks of {args.min_tables}-{args.max_tables} unseen tables, {args.devices} devices, "
         f"batch {args.batch_size}, measured on `{gang.hardware}` (CPU devices: one core each)",
         "",
-        "| algorithm | mean measured cost (ms) | vs best heuristic | over lower bound | placement (ms, median) | simulated vs measured error |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| algorithm | mean measured cost (ms) | vs best heuristic | over lower bound | placement (ms, median) | simulated vs measured error | tasks failed |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in sorted(summary.items(), key=lambda kv: kv[1]["mean_cost_ms"]):
         lines.append(
             f"| {name} | {s['mean_cost_ms']:.2f} | {100 * s['mean_improvement_over_best_heuristic']:+.1f}% | "
-            f"{100 * s['mean_over_lower_bound']:+.1f}% | {s['median_placement_ms']:.1f} | {100 * s['mean_simulation_error']:.1f}% |"
+            f"{100 * s['mean_over_lower_bound']:+.1f}% | {s['median_placement_ms']:.1f} | {100 * s['mean_simulation_error']:.1f}% | "
+            f"{s['failed_tasks']} |"
         )
     write_atomic(out / "compare.md", "\n".join(lines) + "\n")
-    write_json(out / "compare.json", {"settings": vars(args), "hardware": gang.hardware, "algorithms": summary, "per_task": records})
+    write_json(
+        out / "compare.json",
+        {"settings": vars(args), "hardware": gang.hardware, "algorithms": summary, "per_task": records, "failures": failures},
+    )
     print("\n".join(lines))
     print(json.dumps({"hardware": gang.hardware, "mean_cost_ms": {k: round(v["mean_cost_ms"], 3) for k, v in summary.items()}}))
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.placement import algorithms, place
 from shard_ray.plan.cost import PlanCost
@@ -26,6 +27,14 @@ class MeasuredPlan:
     cost: PlanCost
 
 
+@dataclass
+class Comparison:
+    """Measured plans in the order asked for, and the algorithms that could not plan the task, with why."""
+
+    rows: list[MeasuredPlan]
+    failures: dict[str, str]
+
+
 def compare_algorithms(
     tables: list[TableSpec],
     topology: Topology,
@@ -39,10 +48,19 @@ def compare_algorithms(
     seed: int = 0,
     progress: bool = True,
     cost_model: Optional[str] = None,
-) -> list[MeasuredPlan]:
-    """Every named algorithm's plan (all registered ones by default), measured; in the given order."""
+) -> Comparison:
+    """Every named algorithm's plan (all registered ones that handle the task by default), measured.
+
+    An algorithm that cannot plan the task (no placement within memory, say) is recorded in
+    `failures` and the others go on.
+    """
     names = names or [info.name for info in algorithms() if info.handles(len(tables))]
-    plans = [place(name, tables, topology, seed=seed, cost_model=cost_model) for name in names]
+    plans, failures = [], {}
+    for name in names:
+        try:
+            plans.append(place(name, tables, topology, seed=seed, cost_model=cost_model))
+        except ShardRayError as err:
+            failures[name] = str(err)
     costs = gang.evaluate_many(plans, tables, config, progress=progress)
     rows = [MeasuredPlan(plan, cost) for plan, cost in zip(plans, costs)]
     for row in rows:
@@ -51,7 +69,7 @@ def compare_algorithms(
             write_json(out_dir / "results" / f"{row.plan.algorithm}.json", row.cost.model_dump(mode="json"))
         if tracking_uri is not None:
             log_plan_evaluation(row.plan, row.cost, topology, task, len(tables), tracking_uri, experiment)
-    return rows
+    return Comparison(rows, failures)
 
 
 def comparison_table(rows: list[MeasuredPlan]) -> str:

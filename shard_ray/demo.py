@@ -103,12 +103,15 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     for warning in gang.warnings:
         print(f"warning: {warning}")
     try:
-        rows = compare_algorithms(
+        comparison = compare_algorithms(
             tables, topology, gang, measure_config, "demo",
             tracking_uri=tracking_uri, experiment=config.experiment, out_dir=workdir, seed=config.seed,
         )
     finally:
         gang.shutdown()
+    rows = comparison.rows
+    for name, why in comparison.failures.items():
+        print(f"{name} could not plan the task: {why}")
     best = min(rows, key=lambda r: r.cost.cost_ms)
     print(format_plan_summary(best.plan, tables, topology, best.cost))
 
