@@ -116,3 +116,23 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     assert len(comparison) == len(rows)
     mlflow.set_tracking_uri(uri)
     assert len(mlflow.search_runs(experiment_names=["shard-ray"])) == len(rows)
+
+
+def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_tables):
+    from shard_ray.costmodel.collect import CollectConfig, collect_comm, collect_compute
+
+    config = CollectConfig(samples=3, max_tables=2, batch_sizes=(64,), dims=(8, 16), warmup=0, repeats=1)
+    pool = ProfilingPool(num_actors=2)
+    try:
+        with MeasurementStore(tmp_path / "m.db") as store:
+            assert collect_compute(small_tables, config, pool, store) == 3
+            assert collect_compute(small_tables, config, pool, store) == 0
+            bigger = CollectConfig(**{**config.__dict__, "samples": 5})
+            assert collect_compute(small_tables, bigger, pool, store) == 2  # the first three are kept
+    finally:
+        pool.shutdown()
+    with MeasurementStore(tmp_path / "m.db") as store:
+        assert collect_comm(small_tables, config, store) == 3
+        assert collect_comm(small_tables, config, store) == 0
+        plans = store.plan_measurements()
+        assert len(plans) == 3 and all(p.plan.num_devices == 2 and p.cost.batch_size == 64 for p in plans)
