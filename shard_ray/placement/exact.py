@@ -14,9 +14,9 @@ import torch
 
 from shard_ray.costmodel.models import CostModels
 from shard_ray.placement.base import Placer, register
-from shard_ray.placement.search import Candidate, Pricer, candidate_plan, greedy_grid, single_costs
+from shard_ray.placement.search import NEUROSHARD, Candidate, Pricer, candidate_plan, greedy_grid, item_sizes, single_costs
 from shard_ray.plan.plan import Plan
-from shard_ray.plan.topology import Topology, shard_bytes
+from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 MAX_TABLES = 14
@@ -31,9 +31,8 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     order = np.argsort(-single_costs(pricer, items), kind="stable")
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
-    widths = np.array([t.dim for t, _ in items], dtype=np.float64)
-    need = [shard_bytes(t, t.dim, topology.optimizer) for t, _ in items]
-    incumbent = greedy_grid(pricer, items, (1.0, 1.1, 1.2, 1.3, 1.4, 1.5))
+    widths, need = item_sizes(items, topology)
+    incumbent = greedy_grid(pricer, items, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
     sums = torch.zeros(d, enc.shape[1])
     counts = torch.zeros(d)

@@ -8,10 +8,10 @@ costliest tables reruns the greedy for each candidate split and keeps the best `
 
 `cost_search` (ours) adds what the published search leaves out: splits into halves and
 quarters, and local search (moves and swaps off the slowest device, judged by the simulated
-cost of the whole plan) after each greedy pass it keeps.
+cost of the whole plan) on the final beam's states, all within an anytime time budget.
 
-Pricing is incremental: the compute model sums per-table encodings, so a device's encoding sum
-plus one table's encoding prices the device with that table in one small head call.
+Pricing is incremental: the compute model works on sums of per-table rows, so a device's
+running sum plus one table's row prices the device with that table in one small model call.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.errors import ShardRayError
 from shard_ray.placement.base import Placer, register
 from shard_ray.plan.plan import Plan, Shard
 from shard_ray.plan.topology import Topology, shard_bytes
@@ -55,7 +56,6 @@ class Pricer:
         self.models = models
         self.topology = topology
         self._encodings: dict[tuple[str, tuple[int, int]], torch.Tensor] = {}
-        self._tables: dict[str, TableSpec] = {}
 
     def encodings(self, items: list[Item]) -> torch.Tensor:
         missing = [(t, c) for t, c in items if (t.name, c) not in self._encodings]
@@ -95,6 +95,13 @@ class Candidate:
     cost: float
 
 
+def item_sizes(items: list[Item], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's width (columns) and memory need (bytes, with optimizer state)."""
+    widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
+    need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
+    return widths, need
+
+
 def single_costs(pricer: Pricer, items: list[Item]) -> np.ndarray:
     enc = pricer.encodings(items)
     return pricer.compute(enc, torch.ones(len(items)))
@@ -109,11 +116,9 @@ def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) ->
     by_cost = np.argsort(-single_costs(pricer, items), kind="stable")
     found = _greedy_passes(pricer, items, scales, by_cost)
     if found is None:
-        need = [shard_bytes(t, c[1] - c[0], pricer.topology.optimizer) for t, c in items]
-        found = _greedy_passes(pricer, items, scales, np.argsort(-np.asarray(need), kind="stable"))
+        _, need = item_sizes(items, pricer.topology)
+        found = _greedy_passes(pricer, items, scales, np.argsort(-need, kind="stable"))
     if found is None:
-        from shard_ray.errors import ShardRayError
-
         raise ShardRayError(
             f"the search found no placement within {pricer.topology.memory_gb:.3f} GB per device for these tables"
         )
@@ -125,8 +130,7 @@ def _greedy_passes(pricer: Pricer, items: list[Item], scales: tuple[float, ...],
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
-    widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
-    need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
+    widths, need = item_sizes(items, topology)
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     sums = torch.zeros(s, d, enc.shape[1])
     counts = torch.zeros(s, d)
@@ -169,8 +173,7 @@ def local_search(
         return candidate
     items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
     enc = pricer.encodings(items)
-    widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
-    need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
+    widths, need = item_sizes(items, topology)
     total_width = widths.sum()
     for _ in range(steps):
         if time.perf_counter() > deadline:
