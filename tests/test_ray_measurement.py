@@ -9,7 +9,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardTable, shard_key
+from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
 from shard_ray.profiling.gang import DeviceGang, batch_slices
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore

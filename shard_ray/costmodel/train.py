@@ -21,7 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from shard_ray.costmodel.features import batch_context, parts_features
-from shard_ray.costmodel.models import CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
+from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.fused_shard import ShardMeasurement
 from shard_ray.profiling.sampling import base_table_name
@@ -96,7 +96,7 @@ def comm_samples(plans: list[PlanMeasurement]) -> tuple[torch.Tensor, torch.Tens
         features.append(comm_features(widths, pm.cost.batch_size or 1))
         targets.append([[d.fwd_comm_ms, d.bwd_comm_ms] for d in pm.cost.devices])
     if not features:
-        return torch.zeros(0, 6), torch.zeros(0, 2)
+        return torch.zeros(0, len(COMM_FEATURES)), torch.zeros(0, 2)
     return torch.from_numpy(np.concatenate(features)), torch.log(torch.tensor(np.concatenate(targets), dtype=torch.float32).clamp(min=1e-3))
 
 

@@ -89,9 +89,6 @@ class GangMember:
         shard = FusedShard(parts, config, self.device)
         slices = batch_slices(config.batch_size, self.world_size)
         mine = slices[self.rank]
-        generator = torch.Generator().manual_seed(config.seed + self.rank)
-        # Gradients arriving from the dense part for every device's embeddings of my batch slice.
-        upstream = [torch.randn(mine, w, generator=generator).to(self.device) for w in widths]
         parts_ms: dict[str, list[float]] = {k: [] for k in ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")}
 
         def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -106,7 +103,9 @@ class GangMember:
         # all_to_all_single with split sizes carries every (slice, width) pair, as TorchRec does.
         fwd_in_splits = [n * widths[self.rank] for n in slices]
         fwd_out_splits = [mine * w for w in widths]
-        upstream_flat = torch.cat([g.reshape(-1) for g in upstream])
+        # Gradients arriving from the dense part for every device's embeddings of my batch slice.
+        generator = torch.Generator().manual_seed(config.seed + self.rank)
+        upstream_flat = torch.randn(sum(fwd_out_splits), generator=generator).to(self.device)
         for step in range(config.warmup + config.repeats):
             fwd_ms, output = timed(lambda: shard.forward(step))
             received = torch.empty(sum(fwd_out_splits), device=self.device)
@@ -122,7 +121,6 @@ class GangMember:
             if step >= config.warmup:
                 for name, value in zip(parts_ms, (fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms)):
                     parts_ms[name].append(value)
-        del shard
         return {"device": self.rank, **{name: statistics.median(values) for name, values in parts_ms.items()}}
 
 
