@@ -15,6 +15,7 @@ from shard_ray.errors import ShardRayError
 
 if TYPE_CHECKING:
     from shard_ray.plan.topology import Topology
+    from shard_ray.policy.ppo import PolicyConfig
 
 DEFAULT_STORE = "shard-ray-out/measurements.db"
 
@@ -68,6 +69,28 @@ def _add_measure_flags(parser: argparse.ArgumentParser, batch_default: Optional[
 def _add_tracking_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
     parser.add_argument("--experiment", default="shard-ray", help="MLflow experiment (default %(default)s)")
+
+
+def _policy_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", required=True, help="table file tasks are drawn from (e.g. tasks/train_pool.json)")
+    parser.add_argument("--out", required=True, help="folder for the checkpoint and policy.pt; an existing one is resumed")
+    parser.add_argument("--iterations", type=_positive_int, default=40, help="PPO iterations in all (default %(default)s)")
+    parser.add_argument("--train-batch", type=_positive_int, default=2048, help="tables placed per iteration (default %(default)s)")
+    parser.add_argument("--minibatch", type=_positive_int, default=256, help="SGD minibatch (default %(default)s)")
+    parser.add_argument("--lr", type=_positive_float, default=3e-4)
+    parser.add_argument("--hidden", type=_positive_int, default=128, help="network width (default %(default)s)")
+    parser.add_argument("--min-tables", type=_positive_int, default=15, help="fewest tables in a training task (default %(default)s)")
+    parser.add_argument("--max-tables", type=_positive_int, default=25, help="most tables in a training task (default %(default)s)")
+    parser.add_argument("--devices", type=_positive_ints, default=(4,), help="device counts of training tasks, comma-separated (default 4)")
+    parser.add_argument("--max-devices", type=_positive_int, default=8, help="observations are padded to this many devices (default %(default)s)")
+    parser.add_argument("--batch-size", type=_positive_int, default=1024, help="global batch size priced (default %(default)s)")
+    parser.add_argument("--env-runners", type=int, default=0, help="RLlib env runner actors; 0 samples in the driver (default %(default)s)")
+    parser.add_argument("--learners", type=int, default=0, help="RLlib learner actors, on GPUs when there are any (default %(default)s)")
+    parser.add_argument("--cost-model", default=None, help="cost model file pricing the MDP (default: the shipped CPU models)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
+    _add_tracking_flags(parser)
 
 
 def _topology_flags(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -145,7 +168,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
     tables = load_tables(args.tables)
     topology = _topology(args)
-    plan = place(args.algo, tables, topology, seed=args.seed, cost_model=args.cost_model)
+    plan = place(
+        args.algo, tables, topology, seed=args.seed, cost_model=args.cost_model, policy=args.policy, samples=args.samples
+    )
     save_plan(args.out, plan)
     predicted = plan.metadata.get("predicted")
     print(format_plan_summary(plan, tables, topology, PlanCost.model_validate(predicted) if predicted else None, "simulated"))
@@ -280,6 +305,41 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
+    from shard_ray.policy.ppo import PolicyConfig
+
+    return PolicyConfig(
+        iterations=args.iterations,
+        train_batch_size=args.train_batch,
+        minibatch_size=min(args.minibatch, args.train_batch),
+        lr=args.lr,
+        hidden=args.hidden,
+        num_env_runners=args.env_runners,
+        num_learners=args.learners,
+        min_tables=args.min_tables,
+        max_tables=args.max_tables,
+        devices=args.devices,
+        max_devices=max(args.max_devices, max(args.devices)),
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+
+
+def cmd_policy_train(args: argparse.Namespace) -> None:
+    from shard_ray.policy.ppo import train_policy
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri
+    from shard_ray.workload.tables import load_tables
+
+    pool = load_tables(args.pool)
+    config = _policy_config(args)
+    config.check()
+    print(connect_ray(args.address, min_cpus=1 + args.env_runners))
+    tracking_uri = None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
+    policy_file = train_policy(pool, config, args.out, args.cost_model, tracking_uri, args.experiment)
+    print(f"policy: {policy_file} (place with: shard-ray plan --algo dreamshard --policy {policy_file} ...)")
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from shard_ray.io import write_json
     from shard_ray.plan.plan import load_plan
@@ -369,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=1024, help="global batch size (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost-model", default=None, help="cost model file for search algorithms (default: the shipped CPU models)")
+    p.add_argument("--policy", default=None, help="policy file or `policy train` folder for dreamshard (default: the shipped policy)")
+    p.add_argument("--samples", type=int, default=0, help="dreamshard: also sample this many plans, keep the best simulated (default 0)")
     p.add_argument("--out", required=True, help="plan file to write (.json)")
     p.set_defaults(run=cmd_plan)
 
@@ -418,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
     _add_tracking_flags(q)
     q.set_defaults(run=cmd_costmodel_evaluate)
+
+    p = sub.add_parser("policy", help="train DreamShard placement policies with RLlib")
+    policy_sub = p.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
+    q = policy_sub.add_parser("train", help="PPO on the cost models' estimated MDP; resumes from the folder's checkpoint")
+    _policy_flags(q)
+    q.set_defaults(run=cmd_policy_train)
 
     p = sub.add_parser("evaluate", help="run a plan's real embedding step on a gang of Ray actors")
     p.add_argument("--tables", required=True)

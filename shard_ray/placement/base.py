@@ -27,6 +27,7 @@ class AlgorithmInfo:
     description: str
     factory: Callable[..., Placer]
     needs_cost_model: bool = False
+    needs_policy: bool = False  # a trained placement policy (default: the shipped one)
     max_tables: Optional[int] = None  # tasks beyond this are refused (exact solvers)
 
     def handles(self, num_tables: int) -> bool:
@@ -37,10 +38,15 @@ _REGISTRY: dict[str, AlgorithmInfo] = {}
 
 
 def register(
-    name: str, family: str, description: str, needs_cost_model: bool = False, max_tables: Optional[int] = None
+    name: str,
+    family: str,
+    description: str,
+    needs_cost_model: bool = False,
+    needs_policy: bool = False,
+    max_tables: Optional[int] = None,
 ) -> Callable[[Callable[..., Placer]], Callable[..., Placer]]:
     def decorate(factory: Callable[..., Placer]) -> Callable[..., Placer]:
-        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory, needs_cost_model, max_tables)
+        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory, needs_cost_model, needs_policy, max_tables)
         return factory
 
     return decorate
@@ -51,13 +57,20 @@ def algorithms() -> list[AlgorithmInfo]:
 
 
 def place(
-    name: str, tables: list[TableSpec], topology: Topology, seed: int = 0, cost_model: Optional[str] = None
+    name: str,
+    tables: list[TableSpec],
+    topology: Topology,
+    seed: int = 0,
+    cost_model: Optional[str] = None,
+    policy: Optional[str] = None,
+    samples: int = 0,
 ) -> Plan:
     """Plan `tables` on `topology` with algorithm `name`; the plan is checked and timed.
 
     Algorithms that search with cost models load `cost_model` (default: the models shipped for
     the reference CPU machine); their plans carry the simulated per-device costs and the task's
-    lower bound in their metadata.
+    lower bound in their metadata. Policy algorithms load `policy` (default: the shipped one)
+    and keep the best of greedy decoding and `samples` sampled plans.
     """
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
@@ -76,7 +89,13 @@ def place(
         path = cost_model or str(default_cost_model_path())
         models = CostModels.load(path)
         settings.update({"cost_model": path, "cost_model_hardware": models.hardware})
-        placer = info.factory(models=models, seed=seed)
+        if info.needs_policy:
+            from shard_ray.policy.network import default_policy_path
+
+            settings.update({"policy": policy or str(default_policy_path()), "samples": samples})
+            placer = info.factory(models=models, policy=policy, samples=samples, seed=seed)
+        else:
+            placer = info.factory(models=models, seed=seed)
     else:
         placer = info.factory(seed=seed)
     start = time.perf_counter()

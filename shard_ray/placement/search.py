@@ -10,8 +10,7 @@ costliest tables reruns the greedy for each candidate split and keeps the best `
 quarters, and local search (moves and swaps off the slowest device, judged by the simulated
 cost of the whole plan) on the final beam's states, all within an anytime time budget.
 
-Pricing is incremental: the compute model works on sums of per-table rows, so a device's
-running sum plus one table's row prices the device with that table in one small model call.
+Pricing is incremental (`shard_ray.costmodel.pricing`).
 """
 
 from __future__ import annotations
@@ -23,14 +22,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.costmodel.models import CostModels
+from shard_ray.costmodel.pricing import Item, Pricer, item_sizes, single_costs
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.base import Placer, register
 from shard_ray.plan.plan import Plan, Shard
-from shard_ray.plan.topology import Topology, shard_bytes
+from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
-
-Item = tuple[TableSpec, tuple[int, int]]  # a table and the column range this item covers
 
 
 @dataclass(frozen=True)
@@ -49,62 +47,11 @@ NEUROSHARD = SearchConfig()
 COST_SEARCH = SearchConfig(split_ways=(2, 4), local_search_steps=200, time_budget_s=3.0)
 
 
-class Pricer:
-    """Prices devices and plans of items with the cost models, reusing item encodings."""
-
-    def __init__(self, models: CostModels, topology: Topology) -> None:
-        self.models = models
-        self.topology = topology
-        self._encodings: dict[tuple[str, tuple[int, int]], torch.Tensor] = {}
-
-    def encodings(self, items: list[Item]) -> torch.Tensor:
-        missing = [(t, c) for t, c in items if (t.name, c) not in self._encodings]
-        if missing:
-            encoded = self.models.encode_tables([(t, c[1] - c[0]) for t, c in missing], self.topology.batch_size)
-            for (t, c), e in zip(missing, encoded):
-                self._encodings[(t.name, c)] = e
-        return torch.stack([self._encodings[(t.name, c)] for t, c in items])
-
-    def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
-        """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
-        return self.models.compute_from_sums(sums, counts).sum(axis=1)
-
-    def comm(self, widths: np.ndarray) -> np.ndarray:
-        return self.models.predict_comm(widths, self.topology.batch_size).sum(axis=1)
-
-    def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
-        """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
-        if self.models.comm is None:
-            return np.zeros(len(width))
-        features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
-        with torch.no_grad():
-            return torch.exp(self.models.comm(torch.from_numpy(features))).numpy().sum(axis=1)
-
-    def device_costs(self, encodings: torch.Tensor, widths: np.ndarray, assign: np.ndarray) -> np.ndarray:
-        d = self.topology.num_devices
-        sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
-        counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
-        device_widths = np.bincount(assign, weights=widths, minlength=d)
-        return self.compute(sums, counts) + self.comm(device_widths)
-
-
 @dataclass
 class Candidate:
     items: list[Item]
     assign: np.ndarray
     cost: float
-
-
-def item_sizes(items: list[Item], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
-    """Each item's width (columns) and memory need (bytes, with optimizer state)."""
-    widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
-    need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
-    return widths, need
-
-
-def single_costs(pricer: Pricer, items: list[Item]) -> np.ndarray:
-    enc = pricer.encodings(items)
-    return pricer.compute(enc, torch.ones(len(items)))
 
 
 def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) -> Candidate:

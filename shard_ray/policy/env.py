@@ -1,0 +1,291 @@
+"""DreamShard's estimated MDP: place a task's tables one per step, priced by the cost models.
+
+`PlacementState` is one episode on one task: tables go table-wise, in order of predicted
+single-table cost, largest first; the action is the device of the current table. Observations
+are built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost
+models' predictions, so no hardware runs inside the RL loop. The same state drives training
+(`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.placement.dreamshard`).
+
+Rewards are dense and telescoping: step t earns -(C_t - C_{t-1}) / L, where C_t is the
+simulated cost of the partial plan (its slowest device) and L the task's lower bound, so an
+episode's return is exactly minus the final plan's simulated cost over the lower bound. The
+ratio makes returns comparable across tasks of any size. An episode whose next table fits on no
+device ends early with a penalty of `INFEASIBLE_PENALTY`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from shard_ray.costmodel.bounds import lower_bound_ms
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, TABLE_FEATURES, table_features
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.errors import ShardRayError
+from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
+from shard_ray.plan.plan import Plan, Shard
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tasks import TaskConfig, draw_task
+
+SCALAR_TABLE_FEATURES = 8  # TABLE_FEATURES before the reuse-histogram bins
+DEVICE_FEATURES = (
+    "fwd_compute",  # predicted ms of the device's fused shard, over the lower bound
+    "bwd_compute",
+    "comm",  # predicted forward + backward all-to-all ms, over the lower bound
+    "total",
+    "total_with_table",  # the device's predicted total were the current table put there
+    "makespan_increase",  # how much the plan's slowest device would grow
+    "free_memory",  # share of the cap still free
+    "table_memory",  # the current table's memory over the device's free memory
+    "width_share",  # the device's columns over the task's
+    "log_tables",
+    # the shared features of the tables already there, summed, over the task's tables per device
+    *(f"sum_{name}" for name in TABLE_FEATURES[:SCALAR_TABLE_FEATURES]),
+    "sum_reuse",  # the reuse histograms' mass (the number of histogram tables), as one number
+)
+NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
+# The current table: its shared features, then its predicted cost alone, the share of the
+# task's predicted single-table cost still to place after it, the progress, and log2 devices.
+NUM_CURRENT_FEATURES = NUM_TABLE_FEATURES + 4
+INFEASIBLE_PENALTY = 2.0
+
+
+class PlacementState:
+    """One task being placed table by table under the cost models."""
+
+    def __init__(self, tables: list[TableSpec], topology: Topology, models: CostModels) -> None:
+        if not tables:
+            raise ShardRayError("a placement task needs at least one table")
+        self.topology = topology
+        self.models = models
+        self.pricer = Pricer(models, topology)
+        items = [(t, (0, t.dim)) for t in tables]
+        singles = single_costs(self.pricer, items)
+        order = np.argsort(-singles, kind="stable")
+        self.tables = [tables[i] for i in order]
+        self.singles = singles[order]
+        self.items = [items[i] for i in order]
+        self.encodings = self.pricer.encodings(self.items)
+        self.widths, self.need = item_sizes(self.items, topology)
+        self.features = np.stack([table_features(t, t.dim, models.rows_cap) for t in self.tables])
+        self.lower_bound = lower_bound_ms(models, tables, topology, column_wise=False)
+        d = topology.num_devices
+        self.sums = torch.zeros(d, self.encodings.shape[1])
+        self.counts = torch.zeros(d)
+        self.device_widths = np.zeros(d)
+        self.free = np.full(d, topology.memory_bytes, dtype=np.int64)
+        self.feature_sums = np.zeros((d, NUM_TABLE_FEATURES), dtype=np.float64)
+        self.compute_ms = np.zeros((d, 2))
+        self.comm_ms = np.zeros(d)
+        self.assign: list[int] = []
+        self.cost = 0.0
+        self._what_if: Optional[np.ndarray] = None
+
+    @property
+    def step_index(self) -> int:
+        return len(self.assign)
+
+    @property
+    def done(self) -> bool:
+        return self.step_index == len(self.tables)
+
+    def action_mask(self) -> np.ndarray:
+        """Devices with room for the current table."""
+        return self.free >= self.need[self.step_index]
+
+    def _device_totals(self) -> np.ndarray:
+        return self.compute_ms.sum(axis=1) + self.comm_ms
+
+    def what_if(self) -> np.ndarray:
+        """Predicted (fwd, bwd, comm) ms of each device were the current table put there."""
+        if self._what_if is None:
+            i, d = self.step_index, self.topology.num_devices
+            compute = self.models.compute_from_sums(self.sums + self.encodings[i], self.counts + 1)
+            widths = self.device_widths + self.widths[i]
+            total = self.device_widths.sum() + self.widths[i]
+            widest = np.maximum(self.device_widths.max(), widths)
+            comm = self.pricer.comm_rows(widths, total, widest, d) if d > 1 else np.zeros(d)
+            self._what_if = np.concatenate([compute, comm[:, None]], axis=1)
+        return self._what_if
+
+    def observation(self) -> dict[str, np.ndarray]:
+        """Per-device rows [D, NUM_DEVICE_FEATURES], the current table [NUM_CURRENT_FEATURES], the masks."""
+        i, d, n = self.step_index, self.topology.num_devices, len(self.tables)
+        scale = self.lower_bound
+        totals = self._device_totals()
+        with_table = self.what_if().sum(axis=1)
+        per_device_share = max(n / d, 1.0)
+        sums = self.feature_sums / per_device_share
+        devices = np.column_stack(
+            [
+                self.compute_ms / scale,
+                self.comm_ms / scale,
+                totals / scale,
+                with_table / scale,
+                (np.maximum(with_table, self.cost) - self.cost) / scale,
+                self.free / self.topology.memory_bytes,
+                np.minimum(self.need[i] / np.maximum(self.free, 1), 2.0),
+                self.device_widths / self.widths.sum(),
+                np.log1p(self.counts.numpy()),
+                sums[:, :SCALAR_TABLE_FEATURES],
+                sums[:, SCALAR_TABLE_FEATURES:].sum(axis=1),
+            ]
+        )
+        current = np.concatenate(
+            [
+                self.features[i],
+                [self.singles[i] / scale, self.singles[i + 1 :].sum() / self.singles.sum(), i / n, math.log2(d)],
+            ]
+        )
+        return {
+            "devices": devices.astype(np.float32),
+            "table": current.astype(np.float32),
+            "action_mask": self.action_mask().astype(np.float32),
+            "valid": np.ones(d, dtype=np.float32),
+        }
+
+    def place(self, device: int) -> float:
+        """Put the current table on `device`; the step's reward."""
+        i = self.step_index
+        if not self.action_mask()[device]:
+            raise ShardRayError(f"device {device} has no room for table {self.tables[i].name!r}")
+        row = self.what_if()[device]
+        self.sums[device] += self.encodings[i]
+        self.counts[device] += 1
+        self.device_widths[device] += self.widths[i]
+        self.free[device] -= self.need[i]
+        self.feature_sums[device] += self.features[i]
+        self.compute_ms[device] = row[:2]
+        self.comm_ms = self.pricer.comm(self.device_widths)
+        self.assign.append(device)
+        self._what_if = None
+        previous, self.cost = self.cost, float(self._device_totals().max())
+        return -(self.cost - previous) / self.lower_bound
+
+    def stuck(self) -> bool:
+        """True when the next table fits on no device."""
+        return not self.done and not self.action_mask().any()
+
+    def plan(self, algorithm: str) -> Plan:
+        if not self.done:
+            raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.tables)} tables placed")
+        shards = [Shard(table=t.name, device=int(dev), columns=(0, t.dim)) for t, dev in zip(self.tables, self.assign)]
+        return Plan(num_devices=self.topology.num_devices, algorithm=algorithm, shards=shards)
+
+
+@dataclass
+class EnvConfig:
+    """What tasks a training environment draws. Plain data, so RLlib can ship it to env runners."""
+
+    tables: list[dict[str, Any]] = field(default_factory=list)  # the pool, as TableSpec dicts
+    min_tables: int = 15
+    max_tables: int = 25
+    dims: tuple[int, ...] = (16, 32, 64, 128)
+    devices: tuple[int, ...] = (4,)
+    max_devices: int = 8  # observations are padded to this many devices
+    memory_headroom: tuple[float, float] = (1.3, 2.0)  # drawn per task: cap over an even split
+    batch_size: int = 1024
+    cost_model: str = ""  # model file; empty: the shipped CPU models
+
+    def check(self) -> None:
+        if not self.tables:
+            raise ShardRayError("the environment's table pool is empty")
+        if max(self.devices) > self.max_devices:
+            raise ShardRayError(f"devices {self.devices} exceed max_devices {self.max_devices}")
+        TaskConfig(min_tables=self.min_tables, max_tables=self.max_tables, dims=self.dims).check()
+        if self.min_tables > len(self.tables):
+            raise ShardRayError(f"tasks need {self.min_tables} tables but the pool has {len(self.tables)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pad_observation(obs: dict[str, np.ndarray], max_devices: int) -> dict[str, np.ndarray]:
+    """Pad the device axis to `max_devices`; padded devices are masked out of actions and of the value."""
+    d = obs["devices"].shape[0]
+    if d > max_devices:
+        raise ShardRayError(f"{d} devices exceed the {max_devices} this environment pads to")
+    devices = np.zeros((max_devices, NUM_DEVICE_FEATURES), dtype=np.float32)
+    devices[:d] = obs["devices"]
+    padded = {"devices": devices, "table": obs["table"]}
+    for key in ("action_mask", "valid"):
+        padded[key] = np.zeros(max_devices, dtype=np.float32)
+        padded[key][:d] = obs[key]
+    return padded
+
+
+class PlacementEnv(gym.Env):
+    """A new task from the pool every episode; observations padded to `max_devices`."""
+
+    def __init__(self, config: Optional[dict[str, Any]] = None) -> None:
+        self.config = EnvConfig(**(config or {}))
+        self.config.check()
+        self.pool = [TableSpec.model_validate(t) for t in self.config.tables]
+        self.task_config = TaskConfig(min_tables=self.config.min_tables, max_tables=self.config.max_tables, dims=self.config.dims)
+        self.models = CostModels.load(self.config.cost_model or default_cost_model_path())
+        m = self.config.max_devices
+        self.observation_space = gym.spaces.Dict(
+            {
+                "devices": gym.spaces.Box(-np.inf, np.inf, (m, NUM_DEVICE_FEATURES), np.float32),
+                "table": gym.spaces.Box(-np.inf, np.inf, (NUM_CURRENT_FEATURES,), np.float32),
+                "action_mask": gym.spaces.Box(0.0, 1.0, (m,), np.float32),
+                "valid": gym.spaces.Box(0.0, 1.0, (m,), np.float32),
+            }
+        )
+        self.action_space = gym.spaces.Discrete(m)
+        self.rng = np.random.default_rng()
+        self.state: Optional[PlacementState] = None
+
+    def set_cost_models(self, models: CostModels) -> None:
+        """Price later episodes with `models` (DreamShard's outer loop updates them)."""
+        self.models = models
+
+    def draw_task(self) -> tuple[list[TableSpec], Topology]:
+        tables = draw_task(self.pool, self.task_config, self.rng)
+        d = int(self.rng.choice(self.config.devices))
+        headroom = float(self.rng.uniform(*self.config.memory_headroom))
+        topology = Topology(
+            num_devices=d, memory_bytes=memory_cap_with_headroom(tables, d, headroom), batch_size=self.config.batch_size
+        )
+        return tables, topology
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[dict, dict]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        tables, topology = self.draw_task()
+        self.state = PlacementState(tables, topology, self.models)
+        return pad_observation(self.state.observation(), self.config.max_devices), {}
+
+    def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
+        state = self.state
+        assert state is not None, "reset() before step()"
+        mask = state.action_mask()
+        # a padded or full device is never sampled under the mask; should one come, fall back to a valid one
+        device = int(action) if action < len(mask) and mask[action] else int(np.flatnonzero(mask)[0])
+        reward = state.place(device)
+        info: dict[str, Any] = {}
+        if state.done:
+            info = {"cost_over_lower_bound": state.cost / state.lower_bound, "feasible": True}
+            obs = self._final_observation()
+            return obs, reward, True, False, info
+        if state.stuck():
+            info = {"feasible": False}
+            return self._final_observation(), reward - INFEASIBLE_PENALTY, True, False, info
+        return pad_observation(state.observation(), self.config.max_devices), reward, False, False, info
+
+    def _final_observation(self) -> dict[str, np.ndarray]:
+        """Terminal observations are never acted on; an all-zero one keeps the spaces' shapes."""
+        m = self.config.max_devices
+        return {
+            "devices": np.zeros((m, NUM_DEVICE_FEATURES), dtype=np.float32),
+            "table": np.zeros(NUM_CURRENT_FEATURES, dtype=np.float32),
+            "action_mask": np.zeros(m, dtype=np.float32),
+            "valid": np.zeros(m, dtype=np.float32),
+        }

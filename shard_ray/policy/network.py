@@ -1,0 +1,99 @@
+"""The placement policy's network, and the policy file that ships it.
+
+Every device is scored by the same weights from its own row, the current table and a summary
+of all devices (a masked max and mean of their embeddings), so one network serves any number
+of devices and tables. The value reads the same max and mean reduction. Plain torch: RLlib
+wraps it for training (`shard_ray.policy.module`), and placing with a trained policy needs
+neither Ray nor RLlib.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shard_ray.errors import ShardRayError
+from shard_ray.io import write_atomic
+from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_DEVICE_FEATURES
+
+FORMAT = "shard-ray-policy/1"
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+DEFAULT_PRETRAINED = "cpu-reference.pt"
+# A masked logit: finite, so an all-masked row (a terminal observation) gives no NaN.
+MASKED_LOGIT = -1e9
+
+
+def default_policy_path() -> Path:
+    """The policy shipped with the package, trained against the shipped CPU cost models."""
+    return PRETRAINED_DIR / DEFAULT_PRETRAINED
+
+
+def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, outputs))
+
+
+class DeviceScorer(nn.Module):
+    def __init__(self, hidden: int = 128) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.embed_device = _mlp(NUM_DEVICE_FEATURES + NUM_CURRENT_FEATURES, hidden, hidden)
+        self.score = _mlp(3 * hidden, hidden, 1)
+        self.value_head = _mlp(2 * hidden, hidden, 1)
+
+    def embed(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device embeddings [B, D, H] and their masked max and mean over valid devices [B, 2H]."""
+        devices, table, valid = obs["devices"], obs["table"], obs["valid"]
+        joined = torch.cat([devices, table.unsqueeze(-2).expand(*devices.shape[:-1], table.shape[-1])], dim=-1)
+        h = self.embed_device(joined)
+        v = valid.unsqueeze(-1)
+        count = v.sum(dim=-2)
+        mean = (h * v).sum(dim=-2) / count.clamp(min=1.0)
+        top = torch.where(v > 0, h, torch.full_like(h, -1e9)).max(dim=-2).values
+        top = torch.where(count > 0, top, torch.zeros_like(top))
+        return h, torch.cat([top, mean], dim=-1)
+
+    def logits(self, obs: dict[str, torch.Tensor], h: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        context = pooled.unsqueeze(-2).expand(*h.shape[:-1], pooled.shape[-1])
+        scores = self.score(torch.cat([h, context], dim=-1)).squeeze(-1)
+        return torch.where(obs["action_mask"] > 0, scores, torch.full_like(scores, MASKED_LOGIT))
+
+    def value(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.value_head(pooled).squeeze(-1)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked device logits [B, D] and values [B]."""
+        h, pooled = self.embed(obs)
+        return self.logits(obs, h, pooled), self.value(pooled)
+
+
+def save_policy(path: str | os.PathLike[str], network: DeviceScorer, info: dict[str, Any]) -> None:
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, "hidden": network.hidden, "state": network.state_dict(), "info": info}, buffer)
+    write_atomic(path, buffer.getvalue())
+
+
+def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, dict[str, Any]]:
+    """A policy file, or a `policy train` output folder holding `policy.pt`."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "policy.pt"
+    if not path.is_file():
+        raise ShardRayError(f"policy file not found: {path}")
+    try:
+        blob = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # torch.load raises many types for a bad file
+        raise ShardRayError(f"cannot read policy file {path}: {str(err).splitlines()[0]}") from err
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise ShardRayError(f"{path} is not a shard-ray policy file ({FORMAT})")
+    try:
+        network = DeviceScorer(blob["hidden"])
+        network.load_state_dict(blob["state"])
+    except (KeyError, RuntimeError, TypeError) as err:
+        raise ShardRayError(f"policy file {path} is damaged: {str(err).splitlines()[0]}") from err
+    network.eval()
+    return network, blob.get("info", {})

@@ -1,0 +1,255 @@
+"""Training the placement policy with RLlib's PPO on the estimated MDP, top to bottom.
+
+Environment: `PlacementEnv`, a task from the training pool per episode, priced by the cost
+models. Module: `DevicePolicyModule`. Algorithm: PPO on RLlib's new API stack, with env runners
+and learners on the Ray cluster (none on a small machine: sampling and learning then run in the
+driver). Every `checkpoint_every` iterations the algorithm is saved with `save_to_path` (a run
+stopped and started again resumes from it) and the policy file `policy.pt` is exported for
+placing without Ray. Each iteration is logged to MLflow when a tracking URI is given.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.errors import ShardRayError
+from shard_ray.placement.dreamshard import roll_out
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.policy.env import EnvConfig, PlacementEnv
+from shard_ray.policy.network import DeviceScorer, save_policy
+from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tasks import TaskConfig, draw_task
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    iterations: int = 40
+    train_batch_size: int = 2048  # env steps (tables placed) per PPO iteration
+    minibatch_size: int = 256
+    num_epochs: int = 6
+    lr: float = 3e-4
+    gamma: float = 1.0  # the return is the plan's cost: no discounting
+    lambda_: float = 0.95
+    clip_param: float = 0.2
+    entropy_coeff: float = 0.01
+    vf_loss_coeff: float = 0.5
+    hidden: int = 128
+    num_env_runners: int = 0  # 0: sample in the driver; on a cluster, one per spare CPU
+    num_learners: int = 0  # 0: learn in the driver; >0 puts learners on GPUs when there are any
+    min_tables: int = 15
+    max_tables: int = 25
+    devices: tuple[int, ...] = (4,)
+    max_devices: int = 8
+    memory_headroom: tuple[float, float] = (1.3, 2.0)
+    batch_size: int = 1024
+    checkpoint_every: int = 5
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("iterations", "train_batch_size", "minibatch_size", "num_epochs", "hidden", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.minibatch_size > self.train_batch_size:
+            raise ShardRayError("minibatch_size must not exceed train_batch_size")
+
+
+def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional[str]) -> EnvConfig:
+    return EnvConfig(
+        tables=[t.model_dump(mode="json") for t in pool],
+        min_tables=config.min_tables,
+        max_tables=config.max_tables,
+        devices=config.devices,
+        max_devices=config.max_devices,
+        memory_headroom=config.memory_headroom,
+        batch_size=config.batch_size,
+        cost_model=cost_model or "",
+    )
+
+
+def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional[str] = None) -> Any:
+    """A PPO Algorithm on the placement environment (needs a connected Ray)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    import torch
+
+    from shard_ray.policy.module import DevicePolicyModule
+
+    config.check()
+    environment = env_config(config, pool, cost_model)
+    environment.check()
+    gpus = 1 if config.num_learners > 0 and torch.cuda.is_available() else 0
+    ppo = (
+        PPOConfig()
+        .environment(PlacementEnv, env_config=environment.to_dict())
+        .env_runners(num_env_runners=config.num_env_runners, num_envs_per_env_runner=1)
+        .learners(num_learners=config.num_learners, num_gpus_per_learner=gpus)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=DevicePolicyModule, model_config={"hidden": config.hidden}))
+        .training(
+            lr=config.lr,
+            gamma=config.gamma,
+            lambda_=config.lambda_,
+            clip_param=config.clip_param,
+            entropy_coeff=config.entropy_coeff,
+            vf_loss_coeff=config.vf_loss_coeff,
+            train_batch_size_per_learner=config.train_batch_size,
+            minibatch_size=config.minibatch_size,
+            num_epochs=config.num_epochs,
+        )
+        .debugging(seed=config.seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=200)
+    )
+    return ppo.build_algo()
+
+
+def policy_network(algo: Any) -> DeviceScorer:
+    """The trained network, detached from RLlib (a copy on the CPU)."""
+    module = algo.get_module()
+    network = DeviceScorer(module.network.hidden)
+    network.load_state_dict({k: v.detach().cpu() for k, v in module.network.state_dict().items()})
+    network.eval()
+    return network
+
+
+def episode_return(result: dict[str, Any]) -> float:
+    """Mean return of the iteration's episodes: minus the mean simulated cost over the lower bound."""
+    return float(result.get("env_runners", {}).get("episode_return_mean", float("nan")))
+
+
+def set_cost_models(algo: Any, models: CostModels) -> None:
+    """Price later episodes on every env runner with `models`."""
+
+    def update(runner: Any) -> None:
+        for env in runner.env.unwrapped.envs:
+            env.unwrapped.set_cost_models(models)
+
+    algo.env_runner_group.foreach_env_runner(update)
+
+
+def save_checkpoint(algo: Any, checkpoint_dir: Path) -> None:
+    """`save_to_path` into a fresh folder, then swapped in, so a kill mid-save leaves the last checkpoint whole."""
+    checkpoint_dir = checkpoint_dir.resolve()  # RLlib takes a path without a scheme only when absolute
+    fresh, old = checkpoint_dir.with_name(checkpoint_dir.name + ".new"), checkpoint_dir.with_name(checkpoint_dir.name + ".old")
+    for leftover in (fresh, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    algo.save_to_path(str(fresh))
+    if checkpoint_dir.exists():
+        checkpoint_dir.rename(old)
+    fresh.rename(checkpoint_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def train_iterations(
+    algo: Any,
+    iterations: int,
+    checkpoint_dir: Path,
+    policy_file: Path,
+    info: dict[str, Any],
+    checkpoint_every: int,
+    on_iteration: Optional[Callable[[int, dict[str, Any]], None]] = None,
+) -> list[float]:
+    """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns."""
+    returns = []
+    while algo.iteration < iterations:
+        began = time.perf_counter()
+        result = algo.train()
+        returns.append(episode_return(result))
+        print(
+            f"PPO iteration {algo.iteration}/{iterations}: mean return {returns[-1]:.4f} "
+            f"(simulated cost {-returns[-1]:.3f}x the lower bound), {time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
+        if on_iteration is not None:
+            on_iteration(algo.iteration, result)
+        if algo.iteration % checkpoint_every == 0 or algo.iteration == iterations:
+            save_checkpoint(algo, checkpoint_dir)
+            save_policy(policy_file, policy_network(algo), {**info, "iterations": algo.iteration})
+    return returns
+
+
+def train_policy(
+    pool: list[TableSpec],
+    config: PolicyConfig,
+    out_dir: str | Path,
+    cost_model: Optional[str] = None,
+    tracking_uri: Optional[str] = None,
+    experiment: str = "shard-ray",
+) -> Path:
+    """Train (or resume training) a policy into `out_dir`; returns the policy file's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir, policy_file = out / "checkpoint", out / "policy.pt"
+    models_path = cost_model or str(default_cost_model_path())
+    models = CostModels.load(models_path)
+    info = {"cost_model": models_path, "hardware": models.hardware, "config": asdict(config), "pool_tables": len(pool)}
+    algo = build_algorithm(config, pool, models_path)
+    try:
+        if (checkpoint_dir / "algorithm_state.pkl").exists():
+            algo.restore_from_path(str(checkpoint_dir.resolve()))
+            print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
+        logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
+        try:
+            train_iterations(
+                algo, config.iterations, checkpoint_dir, policy_file, info, config.checkpoint_every,
+                on_iteration=logger.log_iteration if logger else None,
+            )
+        finally:
+            if logger:
+                logger.close(policy_file)
+    finally:
+        algo.stop()
+    return policy_file
+
+
+def validation_tasks(
+    pool: list[TableSpec], config: PolicyConfig, count: int, seed: int
+) -> list[tuple[list[TableSpec], Topology]]:
+    """Tasks like the training ones, with the middle of the headroom range as memory cap."""
+    rng = np.random.default_rng(seed)
+    tasks = []
+    headroom = float(np.mean(config.memory_headroom))
+    for _ in range(count):
+        tables = draw_task(pool, TaskConfig(min_tables=config.min_tables, max_tables=config.max_tables), rng)
+        d = int(rng.choice(config.devices))
+        tasks.append(
+            (tables, Topology(num_devices=d, memory_bytes=memory_cap_with_headroom(tables, d, headroom), batch_size=config.batch_size))
+        )
+    return tasks
+
+
+def greedy_cost_ratio(network: DeviceScorer, tasks: list[tuple[list[TableSpec], Topology]], models: CostModels) -> float:
+    """Mean simulated cost over the lower bound of the policy's greedy plans (inf if one got stuck)."""
+    ratios = []
+    for tables, topology in tasks:
+        state = roll_out(network, tables, topology, models)
+        ratios.append(float("inf") if state is None else state.cost / state.lower_bound)
+    return float(np.mean(ratios))
+
+
+class MlflowIterationLogger:
+    """One MLflow run for a training: its settings, a metric per iteration, the policy file at the end."""
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, info: dict[str, Any]) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_experiment(experiment)
+        self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info["hardware"]})
+        mlflow.log_params({"cost_model": info["cost_model"], **{k: str(v) for k, v in info["config"].items()}})
+
+    def log_iteration(self, iteration: int, result: dict[str, Any]) -> None:
+        self.mlflow.log_metric("policy_episode_return", episode_return(result), step=iteration)
+
+    def close(self, policy_file: Path) -> None:
+        if policy_file.exists():
+            self.mlflow.log_artifact(str(policy_file))
+        self.mlflow.end_run()
+

@@ -1,0 +1,205 @@
+"""DreamShard's estimated MDP, the policy network and module, PPO on RLlib, and placing with a policy."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from shard_ray.cli import main
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
+from shard_ray.policy.env import (
+    INFEASIBLE_PENALTY,
+    NUM_CURRENT_FEATURES,
+    NUM_DEVICE_FEATURES,
+    PlacementEnv,
+    PlacementState,
+    pad_observation,
+)
+from shard_ray.policy.network import MASKED_LOGIT, DeviceScorer, load_policy, save_policy
+from shard_ray.policy.ppo import PolicyConfig, env_config
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import TableSpec
+
+
+@pytest.fixture(scope="module")
+def models() -> CostModels:
+    return CostModels.load(default_cost_model_path())
+
+
+@pytest.fixture(scope="module")
+def pool() -> list[TableSpec]:
+    return generate_pool(PoolConfig(num_tables=80, seed=3))
+
+
+def tiny_config(**overrides) -> PolicyConfig:
+    settings = dict(iterations=1, train_batch_size=64, minibatch_size=32, num_epochs=1, hidden=32, min_tables=4, max_tables=6,
+                    devices=(2, 3), max_devices=4, checkpoint_every=1)
+    return PolicyConfig(**(settings | overrides))
+
+
+def test_state_masks_devices_without_room(models, small_tables):
+    need = [shard_bytes(t, t.dim, "rowwise_adagrad") for t in small_tables]
+    topology = Topology(num_devices=3, memory_bytes=max(need) + 1)
+    state = PlacementState(small_tables, topology, models)
+    assert state.action_mask().all()
+    state.place(0)  # the first table is the costliest; device 0 may now lack room for the next one
+    expected = state.free >= state.need[1]
+    assert (state.action_mask() == expected).all()
+    obs = state.observation()
+    assert (obs["action_mask"] == expected.astype(np.float32)).all()
+    full = int(np.argmin(state.free))
+    if not expected[full]:
+        with pytest.raises(Exception, match="no room"):
+            state.place(full)
+
+
+def test_episode_return_is_minus_simulated_cost_over_lower_bound(models, pool):
+    env = PlacementEnv(env_config(tiny_config(), pool, None).to_dict())
+    rng = np.random.default_rng(0)
+    for seed in range(4):
+        obs, _ = env.reset(seed=seed)
+        assert env.observation_space.contains(obs)
+        total, steps, done, info = 0.0, 0, False, {}
+        while not done:
+            action = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+            obs, reward, done, truncated, info = env.step(action)
+            assert not truncated and env.observation_space.contains(obs)
+            total += reward
+            steps += 1
+        state = env.state
+        if not info["feasible"]:
+            continue
+        assert steps == len(state.tables)
+        simulated = Simulator(models).plan_cost(state.plan("random"), state.tables, state.topology.batch_size)
+        assert total == pytest.approx(-simulated.cost_ms / state.lower_bound, rel=1e-5)
+        assert info["cost_over_lower_bound"] == pytest.approx(-total, rel=1e-6)
+        assert info["cost_over_lower_bound"] >= 1.0 - 1e-6  # the lower bound bounds every table-wise plan
+
+
+def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
+    tables = [TableSpec(name=f"t{i}", rows=100_000, dim=64, pooling_factor=2.0) for i in range(3)]
+    one = shard_bytes(tables[0], 64, "rowwise_adagrad")
+    topology = Topology(num_devices=2, memory_bytes=int(1.5 * one))  # one table per device: the third never fits
+    state = PlacementState(tables, topology, models)
+    state.place(0)
+    state.place(1)
+    assert state.stuck() and not state.done
+
+    env = PlacementEnv(env_config(tiny_config(devices=(2,)), tables, None).to_dict() | {"min_tables": 3, "max_tables": 3, "dims": (64,)})
+    env.draw_task = lambda: (tables, topology)
+    obs, _ = env.reset(seed=0)
+    obs, _, done, _, _ = env.step(0)
+    assert not done and obs["action_mask"][0] == 0.0  # device 0 is full now
+    obs, reward, done, _, info = env.step(1)
+    assert done and info == {"feasible": False} and reward < -INFEASIBLE_PENALTY + 1e-9
+
+
+def test_padding_masks_extra_devices(models, small_tables):
+    topology = Topology(num_devices=3, memory_bytes=memory_cap_with_headroom(small_tables, 3, 2.0))
+    obs = PlacementState(small_tables, topology, models).observation()
+    padded = pad_observation(obs, 8)
+    assert padded["devices"].shape == (8, NUM_DEVICE_FEATURES) and padded["table"].shape == (NUM_CURRENT_FEATURES,)
+    assert padded["valid"].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert padded["action_mask"][3:].sum() == 0
+    with pytest.raises(Exception, match="exceed"):
+        pad_observation(obs, 2)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 5, 16])
+def test_network_serves_any_device_count_and_ignores_padding(models, small_tables, devices):
+    torch.manual_seed(0)
+    network = DeviceScorer(hidden=16)
+    topology = Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(small_tables, devices, 2.0))
+    obs = PlacementState(small_tables, topology, models).observation()
+    batch = {k: torch.from_numpy(np.stack([v, v])) for k, v in obs.items()}
+    logits, values = network(batch)
+    assert logits.shape == (2, devices) and values.shape == (2,)
+    padded = {k: torch.from_numpy(v).unsqueeze(0) for k, v in pad_observation(obs, 20).items()}
+    padded_logits, padded_values = network(padded)
+    assert torch.allclose(padded_logits[0, :devices], logits[0], atol=1e-5)
+    assert (padded_logits[0, devices:] == MASKED_LOGIT).all()
+    assert torch.allclose(padded_values, values[:1], atol=1e-5)
+    terminal = {k: torch.zeros_like(v) for k, v in padded.items()}
+    assert torch.isfinite(torch.log_softmax(network(terminal)[0], dim=-1)).all()
+
+
+def test_rllib_module_shapes(pool):
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from shard_ray.policy.module import DevicePolicyModule
+
+    env = PlacementEnv(env_config(tiny_config(), pool, None).to_dict())
+    module = RLModuleSpec(
+        module_class=DevicePolicyModule, observation_space=env.observation_space, action_space=env.action_space,
+        model_config={"hidden": 16},
+    ).build()
+    obs = [env.reset(seed=s)[0] for s in range(3)]
+    batch = {Columns.OBS: {k: torch.from_numpy(np.stack([o[k] for o in obs])) for k in obs[0]}}
+    out = module.forward_train(batch)
+    assert out[Columns.ACTION_DIST_INPUTS].shape == (3, 4)
+    assert module.compute_values(batch, out[Columns.EMBEDDINGS]).shape == (3,)
+    assert module.forward_inference(batch)[Columns.ACTION_DIST_INPUTS].shape == (3, 4)
+
+
+def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool):
+    from shard_ray.policy.ppo import build_algorithm, policy_network, train_policy
+
+    out = tmp_path / "policy"
+    policy_file = train_policy(pool, tiny_config(iterations=1), out, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert policy_file.exists() and (out / "checkpoint" / "algorithm_state.pkl").exists()
+    network, info = load_policy(out)  # the folder works as well as the file
+    assert info["iterations"] == 1 and info["hardware"] == CostModels.load(default_cost_model_path()).hardware
+
+    algo = build_algorithm(tiny_config(), pool)
+    try:
+        algo.restore_from_path(str((out / "checkpoint").resolve()))
+        assert algo.iteration == 1
+        restored = policy_network(algo)
+    finally:
+        algo.stop()
+    for key, value in network.state_dict().items():
+        assert torch.equal(value, restored.state_dict()[key]), key
+
+    train_policy(pool, tiny_config(iterations=2), out)  # resumes: one more iteration, not two
+    assert load_policy(policy_file)[1]["iterations"] == 2
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    assert len(runs) == 1 and runs.iloc[0]["tags.kind"] == "policy"
+
+
+def test_policy_file_round_trip_and_bad_files(tmp_path):
+    network = DeviceScorer(hidden=8)
+    save_policy(tmp_path / "p.pt", network, {"note": "x"})
+    loaded, info = load_policy(tmp_path / "p.pt")
+    assert info == {"note": "x"}
+    for key, value in network.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key])
+    (tmp_path / "bad.pt").write_bytes(b"not a policy")
+    with pytest.raises(Exception, match="cannot read policy file"):
+        load_policy(tmp_path / "bad.pt")
+    with pytest.raises(Exception, match="not found"):
+        load_policy(tmp_path / "missing.pt")
+
+
+def test_plan_with_dreamshard(tmp_path, table_file, capsys):
+    out = tmp_path / "plan.json"
+    args = ["plan", "--tables", str(table_file), "--devices", "3", "--memory-gb", "1", "--algo", "dreamshard", "--out", str(out)]
+    assert main(args + ["--samples", "4"]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["algorithm"] == "dreamshard" and plan["num_devices"] == 3
+    assert sorted(s["table"] for s in plan["shards"]) == ["a", "b", "c", "d", "e"]
+    assert plan["metadata"]["predicted_cost_ms"] >= plan["metadata"]["lower_bound_ms"] - 1e-6
+    assert plan["metadata"]["settings"]["samples"] == 4
+    capsys.readouterr()
+
+    (tmp_path / "bad.pt").write_text("garbage")
+    code = main(args + ["--policy", str(tmp_path / "bad.pt")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "policy file" in err
