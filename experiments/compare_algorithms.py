@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--memory-headroom", type=float, default=1.5)
     parser.add_argument("--cost-model", default=str(default_cost_model_path()))
+    parser.add_argument("--policy", default=None, help="policy for dreamshard (default: the shipped one)")
+    parser.add_argument("--algorithms", default=None, help="comma-separated names (default: every one that handles the task)")
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--no-mlflow", action="store_true")
     parser.add_argument("--out", default="experiments/results/compare")
@@ -80,7 +82,8 @@ def main() -> None:
             comparison = compare_algorithms(
                 tables, topology, gang, config, f"test_{i:03d}",
                 tracking_uri=None if args.no_mlflow else default_tracking_uri(),
-                experiment="shard-ray-compare", progress=False, cost_model=args.cost_model,
+                experiment="shard-ray-compare", progress=False, cost_model=args.cost_model, policy=args.policy,
+                names=args.algorithms.split(",") if args.algorithms else None,
             )
             rows = comparison.rows
             for name, why in comparison.failures.items():
@@ -128,6 +131,7 @@ def main() -> None:
         f"{len(common)} of {args.tasks} test tasks of {args.min_tables}-{args.max_tables} unseen tables (those every "
         f"algorithm planned), {args.devices} devices, batch {args.batch_size}, measured on `{gang.hardware}` "
         f"(CPU devices: one core each); best single heuristic: {best_single}",
+        *(f"Warning: {w}." for w in gang.warnings),
         "",
         "| algorithm | mean measured cost (ms) | vs best single heuristic | vs each task's best heuristic | over lower bound | placement (ms, median) | simulated vs measured error | tasks failed |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -74,10 +74,9 @@ def _add_tracking_flags(parser: argparse.ArgumentParser) -> None:
 def _policy_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", required=True, help="table file tasks are drawn from (e.g. tasks/train_pool.json)")
     parser.add_argument("--out", required=True, help="folder for the checkpoint and policy.pt; an existing one is resumed")
-    parser.add_argument("--iterations", type=_positive_int, default=40, help="PPO iterations in all (default %(default)s)")
     parser.add_argument("--train-batch", type=_positive_int, default=2048, help="tables placed per iteration (default %(default)s)")
     parser.add_argument("--minibatch", type=_positive_int, default=256, help="SGD minibatch (default %(default)s)")
-    parser.add_argument("--lr", type=_positive_float, default=3e-4)
+    parser.add_argument("--lr", type=_positive_float, default=1e-3, help="Adam learning rate (default %(default)s)")
     parser.add_argument("--hidden", type=_positive_int, default=128, help="network width (default %(default)s)")
     parser.add_argument("--min-tables", type=_positive_int, default=15, help="fewest tables in a training task (default %(default)s)")
     parser.add_argument("--max-tables", type=_positive_int, default=25, help="most tables in a training task (default %(default)s)")
@@ -309,7 +308,7 @@ def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
     from shard_ray.policy.ppo import PolicyConfig
 
     return PolicyConfig(
-        iterations=args.iterations,
+        iterations=getattr(args, "iterations", 1),
         train_batch_size=args.train_batch,
         minibatch_size=min(args.minibatch, args.train_batch),
         lr=args.lr,
@@ -338,6 +337,32 @@ def cmd_policy_train(args: argparse.Namespace) -> None:
     tracking_uri = None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
     policy_file = train_policy(pool, config, args.out, args.cost_model, tracking_uri, args.experiment)
     print(f"policy: {policy_file} (place with: shard-ray plan --algo dreamshard --policy {policy_file} ...)")
+
+
+def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
+    from shard_ray.policy.outer_loop import OuterLoopConfig, run_outer_loop
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri
+    from shard_ray.workload.tables import load_tables
+
+    pool = load_tables(args.pool)
+    config = _policy_config(args)
+    config.check()
+    loop = OuterLoopConfig(
+        rounds=args.rounds,
+        tasks_per_round=args.tasks_per_round,
+        ppo_iterations_per_round=args.ppo_iterations,
+        gang_devices=args.gang_devices,
+        profiling_actors=args.actors,
+        repeats=args.repeats,
+        update_epochs=args.update_epochs,
+        seed=args.seed,
+    )
+    loop.check()
+    print(connect_ray(args.address, min_cpus=args.gang_devices + args.actors))
+    tracking_uri = None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
+    policy_file = run_outer_loop(pool, config, loop, args.out, args.store, args.cost_model, tracking_uri, args.experiment)
+    print(f"policy: {policy_file}; updated cost models: {Path(args.out) / 'costmodels.pt'}")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -484,8 +509,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("policy", help="train DreamShard placement policies with RLlib")
     policy_sub = p.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
     q = policy_sub.add_parser("train", help="PPO on the cost models' estimated MDP; resumes from the folder's checkpoint")
+    q.add_argument("--iterations", type=_positive_int, default=30, help="PPO iterations in all (default %(default)s)")
     _policy_flags(q)
     q.set_defaults(run=cmd_policy_train)
+    q = policy_sub.add_parser(
+        "outer-loop", help="DreamShard's loop: measure the policy's plans, update the cost models, PPO again; resumes"
+    )
+    q.add_argument("--rounds", type=_positive_int, default=5, help="rounds of measure / update / train (default %(default)s)")
+    q.add_argument("--tasks-per-round", type=_positive_int, default=4, help="policy plans measured per round (default %(default)s)")
+    q.add_argument("--ppo-iterations", type=_positive_int, default=10, help="PPO iterations per round (default %(default)s)")
+    q.add_argument("--gang-devices", type=_positive_int, default=2, help="devices of the measuring gang (default %(default)s)")
+    q.add_argument("--actors", type=_positive_int, default=2, help="profiling actors (default %(default)s)")
+    q.add_argument("--repeats", type=_positive_int, default=7, help="timed steps per measurement (default %(default)s)")
+    q.add_argument("--update-epochs", type=_positive_int, default=40, help="most epochs of each cost-model update (default %(default)s)")
+    q.add_argument("--store", default=None, help="measurement store (default: measurements.db in --out)")
+    _policy_flags(q)
+    q.set_defaults(run=cmd_policy_outer_loop)
 
     p = sub.add_parser("evaluate", help="run a plan's real embedding step on a gang of Ray actors")
     p.add_argument("--tables", required=True)

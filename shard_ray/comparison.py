@@ -48,6 +48,7 @@ def compare_algorithms(
     seed: int = 0,
     progress: bool = True,
     cost_model: Optional[str] = None,
+    policy: Optional[str] = None,
 ) -> Comparison:
     """Every named algorithm's plan (all registered ones that handle the task by default), measured.
 
@@ -58,7 +59,7 @@ def compare_algorithms(
     plans, failures = [], {}
     for name in names:
         try:
-            plans.append(place(name, tables, topology, seed=seed, cost_model=cost_model))
+            plans.append(place(name, tables, topology, seed=seed, cost_model=cost_model, policy=policy))
         except ShardRayError as err:
             failures[name] = str(err)
     costs = gang.evaluate_many(plans, tables, config, progress=progress)

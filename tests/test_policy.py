@@ -1,6 +1,7 @@
 """DreamShard's estimated MDP, the policy network and module, PPO on RLlib, and placing with a policy."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -203,3 +204,36 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
     code = main(args + ["--policy", str(tmp_path / "bad.pt")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "policy file" in err
+
+
+def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, pool):
+    from shard_ray.policy.outer_loop import OuterLoopConfig, run_outer_loop
+    from shard_ray.profiling.store import MeasurementStore
+
+    config = tiny_config(devices=(2,), min_tables=3, max_tables=4)
+    loop = OuterLoopConfig(rounds=1, tasks_per_round=2, ppo_iterations_per_round=1, profiling_actors=1, repeats=2, update_epochs=2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "loop"
+    run_outer_loop(pool, config, loop, out, tracking_uri=uri)
+    state = json.loads((out / "outer_loop.json").read_text())["rounds"]
+    assert [r["round"] for r in state] == [1] and state[0]["plans_measured"] >= 1
+    assert state[0]["model_error"] >= 0 and state[0]["mean_measured_cost_ms"] > 0
+    with MeasurementStore(out / "measurements.db") as store:
+        plans_after_one = store.count("plan_measurements")
+        assert plans_after_one >= 1 and store.count() >= 1
+    updated = CostModels.load(out / "costmodels.pt")
+    assert updated.info["updated_on"]["plans"] == plans_after_one
+    shipped = CostModels.load(default_cost_model_path())
+    assert any(not torch.equal(a, b) for a, b in zip(updated.compute.state_dict().values(), shipped.compute.state_dict().values()))
+
+    run_outer_loop(pool, config, replace(loop, rounds=2), out, tracking_uri=uri)  # resumes: round 2 only
+    state = json.loads((out / "outer_loop.json").read_text())["rounds"]
+    assert [r["round"] for r in state] == [1, 2]
+    assert load_policy(out)[1]["iterations"] == 2
+
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    assert len(runs) == 2 and set(runs["tags.mlflow.runName"]) == {"policy/outer-loop"}
+    assert "metrics.model_error" in runs.columns

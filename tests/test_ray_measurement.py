@@ -64,6 +64,13 @@ def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
         assert empty.devices[1].fwd_compute_ms < empty.devices[0].fwd_compute_ms
         assert empty.bottleneck_device == 0
 
+        # Devices taking turns for compute (as on an oversubscribed node) still run the whole step.
+        assert not gang.take_turns and not gang.warnings  # 2 devices, 2 cores
+        gang.take_turns = True
+        in_turn = gang.evaluate(plan, small_tables, CONFIG)
+        assert all(d.fwd_compute_ms > 0 and d.bwd_compute_ms > 0 and d.fwd_comm_ms > 0 for d in in_turn.devices)
+        gang.take_turns = False
+
         with pytest.raises(ShardRayError, match="for 3 devices"):
             gang.evaluate(Plan(num_devices=3, algorithm="x", shards=plan.shards), small_tables, CONFIG)
     finally:

@@ -141,12 +141,18 @@ def fit(
     return history
 
 
-def train_compute_model(train: ComputeData, val: ComputeData, config: TrainConfig) -> ComputeCostNet:
+def train_compute_model(
+    train: ComputeData, val: ComputeData, config: TrainConfig, init: Optional[ComputeCostNet] = None
+) -> ComputeCostNet:
+    """A new model, or `init` trained further (keeping its feature normalisation)."""
     torch.manual_seed(config.seed)
-    model = ComputeCostNet(config.hidden, config.depth)
-    rows = train.features[train.mask.bool()]
-    model.feature_mean.copy_(rows.mean(dim=0))
-    model.feature_std.copy_(rows.std(dim=0).clamp(min=1e-3))
+    if init is not None:
+        model = copy.deepcopy(init)
+    else:
+        model = ComputeCostNet(config.hidden, config.depth)
+        rows = train.features[train.mask.bool()]
+        model.feature_mean.copy_(rows.mean(dim=0))
+        model.feature_std.copy_(rows.std(dim=0).clamp(min=1e-3))
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
         return ((model(train.features[idx], train.mask[idx], train.log_batch[idx]) - train.log_ms[idx]) ** 2).mean()
@@ -159,10 +165,13 @@ def train_compute_model(train: ComputeData, val: ComputeData, config: TrainConfi
 
 
 def train_comm_model(
-    train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], config: TrainConfig
+    train: tuple[torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor],
+    config: TrainConfig,
+    init: Optional[CommCostNet] = None,
 ) -> CommCostNet:
     torch.manual_seed(config.seed)
-    model = CommCostNet(config.comm_hidden, config.comm_depth)
+    model = copy.deepcopy(init) if init is not None else CommCostNet(config.comm_hidden, config.comm_depth)
     (x, y), (vx, vy) = train, val
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
@@ -276,3 +285,25 @@ def train_cost_models(
     }
     models.info["held_out"] = report
     return models, report
+
+
+def update_cost_models(models: CostModels, store: MeasurementStore, config: TrainConfig) -> CostModels:
+    """DreamShard's cost-model update: `models` trained further on all the store holds for their hardware.
+
+    Every measurement taken with the models' row cap is used; the stopping rule watches the
+    training loss, as there is nothing to hold out. Judge the update on measurements taken after it.
+    """
+    measurements = [
+        m for m in store.measurements(models.hardware) if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
+    ]
+    if not measurements:
+        raise ShardRayError(f"the store has no shard measurements on {models.hardware} to update the cost models with")
+    data = compute_data(measurements)
+    compute = train_compute_model(data, data, config, init=models.compute)
+    plans = [p for p in store.plan_measurements(models.hardware) if p.plan.num_devices > 1]
+    comm = models.comm
+    if plans and comm is not None:
+        samples = comm_samples(plans)
+        comm = train_comm_model(samples, samples, config, init=comm)
+    info = {**models.info, "updated_on": {"shards": len(measurements), "plans": len(plans)}}
+    return CostModels(compute=compute, comm=comm, hardware=models.hardware, info=info)

@@ -13,9 +13,14 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.placement.base import Placer, register
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
-from shard_ray.placement.search import NEUROSHARD, Candidate, candidate_plan, greedy_grid
+from shard_ray.placement.base import Placer, register
+from shard_ray.placement.search import (
+    NEUROSHARD,
+    Candidate,
+    candidate_plan,
+    greedy_grid,
+)
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec

@@ -2,7 +2,13 @@
 
 Every device is scored by the same weights from its own row, the current table and a summary
 of all devices (a masked max and mean of their embeddings), so one network serves any number
-of devices and tables. The value reads the same max and mean reduction. Plain torch: RLlib
+of devices and tables. The value reads the same max and mean reduction.
+
+Scores start from a prior: minus learnable non-negative weights times the device's predicted
+increase of the plan's cost and its predicted total with the table (observation features). So
+an untrained policy already takes the cost model's greedy choice, and PPO learns what the
+greedy choice misses (memory left for the tables still to come, and what they will cost)
+instead of first rediscovering it. Plain torch: RLlib
 wraps it for training (`shard_ray.policy.module`), and placing with a trained policy needs
 neither Ray nor RLlib.
 """
@@ -19,13 +25,16 @@ from torch import nn
 
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic
-from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_DEVICE_FEATURES
+from shard_ray.policy.env import DEVICE_FEATURES, NUM_CURRENT_FEATURES, NUM_DEVICE_FEATURES
 
 FORMAT = "shard-ray-policy/1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DEFAULT_PRETRAINED = "cpu-reference.pt"
 # A masked logit: finite, so an all-masked row (a terminal observation) gives no NaN.
 MASKED_LOGIT = -1e9
+PRIOR_FEATURES = [DEVICE_FEATURES.index("makespan_increase"), DEVICE_FEATURES.index("total_with_table")]
+# Initial prior weights: a 0.1 x lower-bound increase of the plan's cost is 5 logits.
+PRIOR_INIT = (50.0, 5.0)
 
 
 def default_policy_path() -> Path:
@@ -44,6 +53,8 @@ class DeviceScorer(nn.Module):
         self.embed_device = _mlp(NUM_DEVICE_FEATURES + NUM_CURRENT_FEATURES, hidden, hidden)
         self.score = _mlp(3 * hidden, hidden, 1)
         self.value_head = _mlp(2 * hidden, hidden, 1)
+        # softplus^-1 of the initial weights, so the weights stay non-negative while learnt
+        self.prior_weights = nn.Parameter(torch.log(torch.expm1(torch.tensor(PRIOR_INIT))))
 
     def embed(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Device embeddings [B, D, H] and their masked max and mean over valid devices [B, 2H]."""
@@ -59,7 +70,8 @@ class DeviceScorer(nn.Module):
 
     def logits(self, obs: dict[str, torch.Tensor], h: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         context = pooled.unsqueeze(-2).expand(*h.shape[:-1], pooled.shape[-1])
-        scores = self.score(torch.cat([h, context], dim=-1)).squeeze(-1)
+        prior = obs["devices"][..., PRIOR_FEATURES] @ nn.functional.softplus(self.prior_weights)
+        scores = self.score(torch.cat([h, context], dim=-1)).squeeze(-1) - prior
         return torch.where(obs["action_mask"] > 0, scores, torch.full_like(scores, MASKED_LOGIT))
 
     def value(self, pooled: torch.Tensor) -> torch.Tensor:

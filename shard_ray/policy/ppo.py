@@ -30,15 +30,15 @@ from shard_ray.workload.tasks import TaskConfig, draw_task
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    iterations: int = 40
+    iterations: int = 30
     train_batch_size: int = 2048  # env steps (tables placed) per PPO iteration
     minibatch_size: int = 256
-    num_epochs: int = 6
-    lr: float = 3e-4
+    num_epochs: int = 10
+    lr: float = 1e-3
     gamma: float = 1.0  # the return is the plan's cost: no discounting
     lambda_: float = 0.95
     clip_param: float = 0.2
-    entropy_coeff: float = 0.01
+    entropy_coeff: float = 0.001
     vf_loss_coeff: float = 0.5
     hidden: int = 128
     num_env_runners: int = 0  # 0: sample in the driver; on a cluster, one per spare CPU
@@ -186,10 +186,14 @@ def train_policy(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_dir, policy_file = out / "checkpoint", out / "policy.pt"
-    models_path = cost_model or str(default_cost_model_path())
-    models = CostModels.load(models_path)
-    info = {"cost_model": models_path, "hardware": models.hardware, "config": asdict(config), "pool_tables": len(pool)}
-    algo = build_algorithm(config, pool, models_path)
+    models = CostModels.load(cost_model or default_cost_model_path())
+    info = {
+        "cost_model": cost_model or f"shipped:{default_cost_model_path().name}",
+        "hardware": models.hardware,
+        "config": asdict(config),
+        "pool_tables": len(pool),
+    }
+    algo = build_algorithm(config, pool, cost_model)
     try:
         if (checkpoint_dir / "algorithm_state.pkl").exists():
             algo.restore_from_path(str(checkpoint_dir.resolve()))
@@ -247,6 +251,9 @@ class MlflowIterationLogger:
 
     def log_iteration(self, iteration: int, result: dict[str, Any]) -> None:
         self.mlflow.log_metric("policy_episode_return", episode_return(result), step=iteration)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics(metrics, step=step)
 
     def close(self, policy_file: Path) -> None:
         if policy_file.exists():

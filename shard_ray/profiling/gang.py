@@ -8,7 +8,11 @@ so the four parts are what the device itself spends; the plan's cost is the slow
 device's sum (see `shard_ray.plan.cost`).
 
 NCCL is used when the gang holds GPUs, gloo on CPU. On CPU a device is one core with one
-intra-op thread, so a gang is faithful only when each of its members has a free core.
+intra-op thread, so a gang is faithful only when each of its members has a free core. When a
+node hosts more CPU devices than it has cores, the compute phases take turns (one device
+computes while the others wait at a barrier), so the fused compute times stay those of a
+device with a core to itself; the all-to-alls need every device at once and still share cores,
+which the plan's warnings say.
 """
 
 from __future__ import annotations
@@ -84,8 +88,11 @@ class GangMember:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def run_plan(self, parts: list[ShardTable], widths: list[int], config: MeasureConfig) -> dict:
-        """Time the real embedding step of this device's share of a plan; returns median ms per part."""
+    def run_plan(self, parts: list[ShardTable], widths: list[int], config: MeasureConfig, take_turns: bool = False) -> dict:
+        """Time the real embedding step of this device's share of a plan; returns median ms per part.
+
+        With `take_turns` the devices run their compute phases one after another.
+        """
         shard = FusedShard(parts, config, self.device)
         slices = batch_slices(config.batch_size, self.world_size)
         mine = slices[self.rank]
@@ -99,6 +106,17 @@ class GangMember:
             shard.synchronize()
             return (time.perf_counter() - start) * 1e3, result
 
+        def timed_compute(fn: Callable[[], Any]) -> tuple[float, Any]:
+            if not take_turns:
+                return timed(fn)
+            elapsed, result = 0.0, None
+            for turn in range(self.world_size):
+                if turn == self.rank:
+                    elapsed, result = timed(fn)
+                else:
+                    dist.barrier()
+            return elapsed, result
+
         # Batch-major outputs make each device's slice a contiguous block, so one flat
         # all_to_all_single with split sizes carries every (slice, width) pair, as TorchRec does.
         fwd_in_splits = [n * widths[self.rank] for n in slices]
@@ -107,7 +125,7 @@ class GangMember:
         generator = torch.Generator().manual_seed(config.seed + self.rank)
         upstream_flat = torch.randn(sum(fwd_out_splits), generator=generator).to(self.device)
         for step in range(config.warmup + config.repeats):
-            fwd_ms, output = timed(lambda: shard.forward(step))
+            fwd_ms, output = timed_compute(lambda: shard.forward(step))
             received = torch.empty(sum(fwd_out_splits), device=self.device)
             fwd_comm_ms, _ = timed(
                 lambda: dist.all_to_all_single(received, output.detach().reshape(-1), fwd_out_splits, fwd_in_splits)
@@ -117,7 +135,7 @@ class GangMember:
                 lambda: dist.all_to_all_single(grads_back, upstream_flat, fwd_in_splits, fwd_out_splits)
             )
             grad_output = grads_back.view(config.batch_size, widths[self.rank])
-            bwd_ms, _ = timed(lambda: shard.backward(output, grad_output))
+            bwd_ms, _ = timed_compute(lambda: shard.backward(output, grad_output))
             if step >= config.warmup:
                 for name, value in zip(parts_ms, (fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms)):
                     parts_ms[name].append(value)
@@ -159,6 +177,7 @@ class DeviceGang:
         hosts = ray.get([m.host.remote() for m in self.members])
         self.hardware = hosts[0]["hardware"]
         self.warnings = self._oversubscription(hosts)
+        self.take_turns = bool(self.warnings)
         address = ray.get(self.members[0].rendezvous_address.remote())
         ray.get([m.join.remote(address, collective_timeout_s) for m in self.members])
 
@@ -169,8 +188,8 @@ class DeviceGang:
         for host in hosts:
             per_node.setdefault(host["node"], []).append(host)
         return [
-            f"{len(members)} CPU devices share a node with {members[0]['cores']} cores: "
-            "devices compete for cores, so these measurements are not faithful to separate devices"
+            f"{len(members)} CPU devices share a node with {members[0]['cores']} cores: their compute phases "
+            "take turns, but their all-to-alls compete for cores, so communication is not faithful to separate devices"
             for members in per_node.values()
             if len(members) > members[0]["cores"]
         ]
@@ -182,7 +201,7 @@ class DeviceGang:
         plan.check(tables)
         parts = plan_parts(plan, tables)
         widths = [sum(p.width for p in device_parts) for device_parts in parts]
-        results = ray.get([m.run_plan.remote(parts[d], widths, config) for d, m in enumerate(self.members)])
+        results = ray.get([m.run_plan.remote(parts[d], widths, config, self.take_turns) for d, m in enumerate(self.members)])
         return PlanCost(
             devices=[DeviceCost(**r) for r in sorted(results, key=lambda r: r["device"])],
             hardware=self.hardware,

@@ -1,0 +1,173 @@
+"""DreamShard's outer loop: measure the policy's plans for real, update the cost models, train on.
+
+Each round:
+  (a) the current policy places `tasks_per_round` tasks from the pool (greedy decoding) on the
+      gang's device count; every plan is measured on the device gang and every device's fused
+      shard on the profiling actors, all into the measurement store. The cost models' error on
+      these plans is measured before the models see them.
+  (b) the cost models are trained further on everything in the store (`update_cost_models`)
+      and handed to every env runner.
+  (c) PPO runs `ppo_iterations_per_round` more iterations on the updated estimated MDP.
+Everything is saved as it goes (store, models, RLlib checkpoint, policy file, a state file per
+finished round), so a stopped loop started again with the same arguments picks up where it was.
+Each round is one step of the MLflow run's metrics: mean measured cost, model error, return.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.train import TrainConfig, update_cost_models
+from shard_ray.errors import ShardRayError
+from shard_ray.io import write_json
+from shard_ray.placement.dreamshard import roll_out
+from shard_ray.plan.topology import Topology
+from shard_ray.policy.ppo import (
+    MlflowIterationLogger,
+    PolicyConfig,
+    build_algorithm,
+    policy_network,
+    set_cost_models,
+    train_iterations,
+    validation_tasks,
+)
+from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang, plan_parts
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.workload.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class OuterLoopConfig:
+    rounds: int = 5
+    tasks_per_round: int = 4  # plans measured per round
+    ppo_iterations_per_round: int = 10
+    gang_devices: int = 2  # devices of the measuring gang (and of the measured tasks)
+    profiling_actors: int = 2
+    repeats: int = 7  # timed steps per measurement; medians are kept
+    update_epochs: int = 40  # most epochs of each cost-model update
+    update_lr: float = 5e-4
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("rounds", "tasks_per_round", "ppo_iterations_per_round", "gang_devices", "profiling_actors", "repeats", "update_epochs"):
+            if getattr(self, name) < 1:
+                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def measure_policy_plans(
+    network: Any,
+    tasks: list[tuple[list[TableSpec], Topology]],
+    models: CostModels,
+    gang: DeviceGang,
+    profiler: ProfilingPool,
+    store: MeasurementStore,
+    repeats: int,
+    seed: int,
+) -> list[tuple[float, float]]:
+    """(predicted, measured) plan cost ms of the policy's plan for each task; everything measured lands in the store."""
+    pairs = []
+    for tables, topology in tasks:
+        state = roll_out(network, tables, topology, models)
+        if state is None:
+            print(f"  the policy found no placement for a task of {len(tables)} tables; skipped")
+            continue
+        plan = state.plan("dreamshard")
+        config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
+        profiler.measure([parts for parts in plan_parts(plan, tables) if parts], config, store, progress=False)
+        key = plan_key(plan, tables, config, gang.hardware)
+        stored = [p for p in store.plan_measurements(gang.hardware) if p.key == key]
+        if stored:
+            cost = stored[0].cost
+        else:
+            cost = gang.evaluate(plan, tables, config)
+            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+        predicted = state.cost
+        pairs.append((predicted, cost.cost_ms))
+        print(f"  {len(tables)} tables: predicted {predicted:.2f} ms, measured {cost.cost_ms:.2f} ms", flush=True)
+    return pairs
+
+
+def run_outer_loop(
+    pool: list[TableSpec],
+    policy_config: PolicyConfig,
+    loop: OuterLoopConfig,
+    out_dir: str | Path,
+    store_path: Optional[str] = None,
+    cost_model: Optional[str] = None,
+    tracking_uri: Optional[str] = None,
+    experiment: str = "shard-ray",
+) -> Path:
+    """Run (or resume) the loop into `out_dir`; returns the policy file's path."""
+    loop.check()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    models_file, state_file = out / "costmodels.pt", out / "outer_loop.json"
+    checkpoint_dir, policy_file = out / "checkpoint", out / "policy.pt"
+    history: list[dict[str, Any]] = json.loads(state_file.read_text())["rounds"] if state_file.exists() else []
+    models = CostModels.load(models_file if models_file.exists() else cost_model or default_cost_model_path())
+    if not models_file.exists():
+        models.save(models_file)
+    info = {"cost_model": str(models_file), "hardware": models.hardware, "config": asdict(policy_config), "loop": asdict(loop)}
+    update_config = TrainConfig(lr=loop.update_lr, max_epochs=loop.update_epochs, patience=loop.update_epochs, seed=loop.seed)
+    measure_tasks = replace(policy_config, devices=(loop.gang_devices,))
+
+    # Env runners start on the models they can load anywhere, then get the loop's current ones.
+    algo = build_algorithm(policy_config, pool, cost_model)
+    gang = profiler = logger = None
+    try:
+        if (checkpoint_dir / "algorithm_state.pkl").exists():
+            algo.restore_from_path(str(checkpoint_dir.resolve()))
+        set_cost_models(algo, models)
+        if history:
+            print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
+        gang = DeviceGang(loop.gang_devices)
+        for warning in gang.warnings:
+            print(f"warning: {warning}")
+        profiler = ProfilingPool(loop.profiling_actors)
+        if profiler.hardware != models.hardware:
+            print(f"warning: the cost models were trained on {models.hardware}; measuring on {profiler.hardware}")
+        logger = MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info) if tracking_uri else None
+        with MeasurementStore(store_path or out / "measurements.db") as store:
+            for round_index in range(len(history), loop.rounds):
+                print(f"== round {round_index + 1}/{loop.rounds}: (a) measuring the policy's plans")
+                tasks = validation_tasks(pool, measure_tasks, loop.tasks_per_round, loop.seed + 1000 * (round_index + 1))
+                pairs = measure_policy_plans(
+                    policy_network(algo), tasks, models, gang, profiler, store, loop.repeats, loop.seed
+                )
+                print("   (b) updating the cost models on the store")
+                models = update_cost_models(models, store, update_config)
+                models.save(models_file)
+                set_cost_models(algo, models)
+                print("   (c) PPO on the updated estimated MDP")
+                target = (round_index + 1) * loop.ppo_iterations_per_round
+                returns = train_iterations(
+                    algo, target, checkpoint_dir, policy_file, info, loop.ppo_iterations_per_round,
+                    on_iteration=logger.log_iteration if logger else None,
+                )
+                record = {
+                    "round": round_index + 1,
+                    "plans_measured": len(pairs),
+                    "mean_measured_cost_ms": statistics.mean(m for _, m in pairs) if pairs else None,
+                    "model_error": statistics.mean(abs(p - m) / m for p, m in pairs) if pairs else None,
+                    "policy_episode_return": returns[-1] if returns else None,
+                }
+                history.append(record)
+                write_json(state_file, {"rounds": history})
+                if logger:
+                    logger.log_metrics({k: v for k, v in record.items() if isinstance(v, float)}, step=round_index + 1)
+                print(f"   round {round_index + 1}: {json.dumps(record)}")
+    finally:
+        if logger:
+            logger.close(policy_file)
+        for part in (gang, profiler):
+            if part is not None:
+                part.shutdown()
+        algo.stop()
+    return policy_file
