@@ -3,7 +3,8 @@
 The policy (`shard_ray.policy`) was trained with RLlib's PPO on costs the cost models predict;
 here it runs without Ray. Greedy decoding takes each table's most likely device; with
 `samples` > 0 it also draws that many plans from the policy and keeps the one the cost models
-price lowest.
+price lowest. Should every one of them get stuck (a table fits on no device), it goes on
+sampling, up to `RESCUE_SAMPLES` plans, until one fits.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from shard_ray.plan.topology import Topology
 from shard_ray.policy.env import PlacementState
 from shard_ray.policy.network import DeviceScorer, default_policy_path, load_policy
 from shard_ray.workload.tables import TableSpec
+
+RESCUE_SAMPLES = 32
 
 
 @torch.no_grad()
@@ -47,14 +50,19 @@ def roll_out(
 
 def policy_placer(network: DeviceScorer, models: CostModels, samples: int, seed: int) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        finished = [roll_out(network, tables, topology, models)]
         generator = torch.Generator().manual_seed(seed)
+        finished = [roll_out(network, tables, topology, models)]
         finished += [roll_out(network, tables, topology, models, generator) for _ in range(samples)]
+        tries = 1 + samples
+        # When memory is so tight that greedy decoding gets stuck, sampled plans may still fit.
+        while all(s is None for s in finished) and tries < 1 + RESCUE_SAMPLES:
+            finished.append(roll_out(network, tables, topology, models, generator))
+            tries += 1
         done = [s for s in finished if s is not None]
         if not done:
             raise ShardRayError(
                 f"the policy found no table-wise placement within {topology.memory_gb:.3f} GB per device "
-                f"({1 + samples} tries); give more memory or use a column-wise algorithm such as cost_search"
+                f"({tries} tries); give more memory or use a column-wise algorithm such as cost_search"
             )
         return min(done, key=lambda s: s.cost).plan("dreamshard")
 

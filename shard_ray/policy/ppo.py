@@ -81,11 +81,13 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: Opt
     import torch
 
     from shard_ray.policy.module import DevicePolicyModule
+    from shard_ray.profiling.actors import cluster_has_gpus
 
     config.check()
     environment = env_config(config, pool, cost_model)
     environment.check()
-    gpus = 1 if config.num_learners > 0 and torch.cuda.is_available() else 0
+    # Learner actors take a GPU each when the cluster has GPUs; the driver's own learner, when it has one.
+    gpus = int(cluster_has_gpus() if config.num_learners > 0 else torch.cuda.is_available())
     ppo = (
         PPOConfig()
         .environment(PlacementEnv, env_config=environment.to_dict())
