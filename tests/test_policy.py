@@ -237,3 +237,14 @@ def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, p
     runs = mlflow.search_runs(experiment_names=["shard-ray"])
     assert len(runs) == 2 and set(runs["tags.mlflow.runName"]) == {"policy/outer-loop"}
     assert "metrics.model_error" in runs.columns
+
+
+def test_environment_carries_its_cost_models_by_content(pool, tmp_path):
+    copy = tmp_path / "models.pt"
+    copy.write_bytes(default_cost_model_path().read_bytes())
+    config = env_config(tiny_config(), pool, str(copy)).to_dict()
+    copy.unlink()  # env runners on other nodes never see the file
+    env = PlacementEnv(config)
+    assert env.models.hardware == CostModels.load(default_cost_model_path()).hardware
+    with pytest.raises(Exception, match="cannot read cost model file"):
+        PlacementEnv(config | {"cost_model": b"junk"})

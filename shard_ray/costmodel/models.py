@@ -217,12 +217,18 @@ class CostModels:
     def load(cls, path: str | os.PathLike[str]) -> "CostModels":
         if not os.path.isfile(path):
             raise ShardRayError(f"cost model file not found: {path}")
+        with open(path, "rb") as f:
+            return cls.from_bytes(f.read(), str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> "CostModels":
+        """Models from a model file's content (`source` names it in errors)."""
         try:
-            blob = torch.load(path, weights_only=True, map_location="cpu")
+            blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         except Exception as err:  # torch.load raises many types for a bad file
-            raise ShardRayError(f"cannot read cost model file {path}: {str(err).splitlines()[0]}") from err
+            raise ShardRayError(f"cannot read cost model file {source}: {str(err).splitlines()[0]}") from err
         if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-            raise ShardRayError(f"{path} is not a shard-ray cost model file ({FORMAT})")
+            raise ShardRayError(f"{source} is not a shard-ray cost model file ({FORMAT})")
         try:
             compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"])
             compute.load_state_dict(blob["compute"]["state"])
@@ -231,6 +237,5 @@ class CostModels:
                 comm = CommCostNet(blob["comm"]["hidden"], blob["comm"]["depth"])
                 comm.load_state_dict(blob["comm"]["state"])
         except (KeyError, RuntimeError, TypeError) as err:
-            raise ShardRayError(f"cost model file {path} is damaged: {str(err).splitlines()[0]}") from err
+            raise ShardRayError(f"cost model file {source} is damaged: {str(err).splitlines()[0]}") from err
         return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=blob.get("info", {}))
-

@@ -191,7 +191,8 @@ class EnvConfig:
     max_devices: int = 8  # observations are padded to this many devices
     memory_headroom: tuple[float, float] = (1.3, 2.0)  # drawn per task: cap over an even split
     batch_size: int = 1024
-    cost_model: str = ""  # model file; empty: the shipped CPU models
+    # The model file's content, so env runners on any node need no access to the file; empty: the shipped models.
+    cost_model: bytes = b""
 
     def check(self) -> None:
         if not self.tables:
@@ -228,7 +229,10 @@ class PlacementEnv(gym.Env):
         self.config.check()
         self.pool = [TableSpec.model_validate(t) for t in self.config.tables]
         self.task_config = TaskConfig(min_tables=self.config.min_tables, max_tables=self.config.max_tables, dims=self.config.dims)
-        self.models = CostModels.load(self.config.cost_model or default_cost_model_path())
+        if self.config.cost_model:
+            self.models = CostModels.from_bytes(self.config.cost_model, "the environment's cost models")
+        else:
+            self.models = CostModels.load(default_cost_model_path())
         m = self.config.max_devices
         self.observation_space = gym.spaces.Dict(
             {

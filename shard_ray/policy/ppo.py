@@ -69,7 +69,7 @@ def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional
         max_devices=config.max_devices,
         memory_headroom=config.memory_headroom,
         batch_size=config.batch_size,
-        cost_model=cost_model or "",
+        cost_model=Path(cost_model).read_bytes() if cost_model else b"",
     )
 
 
