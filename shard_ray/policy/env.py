@@ -26,8 +26,8 @@ import torch
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, TABLE_FEATURES, table_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.errors import ShardRayError
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
+from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, Shard
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec

@@ -32,6 +32,7 @@ from shard_ray.policy.ppo import (
     PolicyConfig,
     build_algorithm,
     policy_network,
+    restore_checkpoint,
     set_cost_models,
     train_iterations,
     validation_tasks,
@@ -122,8 +123,7 @@ def run_outer_loop(
     algo = build_algorithm(policy_config, pool, cost_model)
     gang = profiler = logger = None
     try:
-        if (checkpoint_dir / "algorithm_state.pkl").exists():
-            algo.restore_from_path(str(checkpoint_dir.resolve()))
+        restore_checkpoint(algo, checkpoint_dir)
         set_cost_models(algo, models)
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")

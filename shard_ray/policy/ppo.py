@@ -75,10 +75,9 @@ def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional
 
 def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional[str] = None) -> Any:
     """A PPO Algorithm on the placement environment (needs a connected Ray)."""
+    import torch
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-
-    import torch
 
     from shard_ray.policy.module import DevicePolicyModule
     from shard_ray.profiling.actors import cluster_has_gpus
@@ -148,6 +147,16 @@ def save_checkpoint(algo: Any, checkpoint_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def restore_checkpoint(algo: Any, checkpoint_dir: Path) -> bool:
+    """Restore the last whole checkpoint, if any (the previous one when a kill fell between the swap's renames)."""
+    checkpoint_dir = checkpoint_dir.resolve()
+    for candidate in (checkpoint_dir, checkpoint_dir.with_name(checkpoint_dir.name + ".old")):
+        if (candidate / "algorithm_state.pkl").exists():
+            algo.restore_from_path(str(candidate))
+            return True
+    return False
+
+
 def train_iterations(
     algo: Any,
     iterations: int,
@@ -197,8 +206,7 @@ def train_policy(
     }
     algo = build_algorithm(config, pool, cost_model)
     try:
-        if (checkpoint_dir / "algorithm_state.pkl").exists():
-            algo.restore_from_path(str(checkpoint_dir.resolve()))
+        if restore_checkpoint(algo, checkpoint_dir):
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
         try:
