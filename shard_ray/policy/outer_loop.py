@@ -1,7 +1,7 @@
 """DreamShard's outer loop: measure the policy's plans for real, update the cost models, train on.
 
 Each round:
-  (a) the current policy places `tasks_per_round` tasks from the pool (greedy decoding) on the
+  (a) the current policy places `tasks_per_round` tasks from the pool (as `dreamshard` does) on the
       gang's device count; every plan is measured on the device gang and every device's fused
       shard on the profiling actors, all into the measurement store. The cost models' error on
       these plans is measured before the models see them.
@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import TrainConfig, update_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
-from shard_ray.placement.dreamshard import roll_out
+from shard_ray.placement.dreamshard import policy_placer
 from shard_ray.plan.topology import Topology
+from shard_ray.policy.network import DeviceScorer
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,
     PolicyConfig,
@@ -63,7 +65,7 @@ class OuterLoopConfig:
 
 
 def measure_policy_plans(
-    network: Any,
+    network: DeviceScorer,
     tasks: list[tuple[list[TableSpec], Topology]],
     models: CostModels,
     gang: DeviceGang,
@@ -74,12 +76,13 @@ def measure_policy_plans(
 ) -> list[tuple[float, float]]:
     """(predicted, measured) plan cost ms of the policy's plan for each task; everything measured lands in the store."""
     pairs = []
+    placer = policy_placer(network, models, samples=0, seed=seed)
     for tables, topology in tasks:
-        state = roll_out(network, tables, topology, models)
-        if state is None:
-            print(f"  the policy found no placement for a task of {len(tables)} tables; skipped")
+        try:
+            plan = placer(tables, topology)
+        except ShardRayError as err:
+            print(f"  a task of {len(tables)} tables is skipped: {err}")
             continue
-        plan = state.plan("dreamshard")
         config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
         profiler.measure([parts for parts in plan_parts(plan, tables) if parts], config, store, progress=False)
         key = plan_key(plan, tables, config, gang.hardware)
@@ -89,7 +92,7 @@ def measure_policy_plans(
         else:
             cost = gang.evaluate(plan, tables, config)
             store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
-        predicted = state.cost
+        predicted = Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms
         pairs.append((predicted, cost.cost_ms))
         print(f"  {len(tables)} tables: predicted {predicted:.2f} ms, measured {cost.cost_ms:.2f} ms", flush=True)
     return pairs
