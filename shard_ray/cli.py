@@ -324,6 +324,17 @@ def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
     )
 
 
+def _check_policy_inputs(config: "PolicyConfig", pool: list, cost_model: Optional[str]) -> None:
+    """Refuse bad settings, pools and model files before Ray starts."""
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.policy.ppo import env_config
+
+    config.check()
+    if cost_model is not None:
+        CostModels.load(cost_model)
+    env_config(config, pool, cost_model).check()
+
+
 def cmd_policy_train(args: argparse.Namespace) -> None:
     from shard_ray.policy.ppo import train_policy
     from shard_ray.runtime import connect_ray
@@ -332,7 +343,7 @@ def cmd_policy_train(args: argparse.Namespace) -> None:
 
     pool = load_tables(args.pool)
     config = _policy_config(args)
-    config.check()
+    _check_policy_inputs(config, pool, args.cost_model)
     print(connect_ray(args.address, min_cpus=1 + args.env_runners))
     tracking_uri = None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
     policy_file = train_policy(pool, config, args.out, args.cost_model, tracking_uri, args.experiment)
@@ -347,7 +358,7 @@ def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
 
     pool = load_tables(args.pool)
     config = _policy_config(args)
-    config.check()
+    _check_policy_inputs(config, pool, args.cost_model)
     loop = OuterLoopConfig(
         rounds=args.rounds,
         tasks_per_round=args.tasks_per_round,

@@ -13,6 +13,12 @@ class ShardRayError(Exception):
     """A problem with the user's input or request, reported without a traceback."""
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's first message line, or its type's name when it has no message."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
 def describe_validation_error(err: ValidationError, what: str) -> str:
     """One line naming the first invalid field of `what` and why."""
     first = err.errors()[0]

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 
 
 def read_document(path: str | os.PathLike[str], what: str) -> Any:
@@ -27,7 +27,7 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
             return yaml.safe_load(text)
         return json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        reason = str(err).splitlines()[0]
+        reason = first_line(err)
         raise ShardRayError(f"{what} file {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {reason}") from err
 
 

@@ -12,12 +12,12 @@ from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, table_features
 from shard_ray.costmodel.models import CommCostNet, ComputeCostNet, CostModels, comm_features, default_cost_model_path, pad_shards
+from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import TrainConfig, data_split, train_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
-from shard_ray.costmodel.pricing import Pricer
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_shards

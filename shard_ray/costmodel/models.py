@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import write_atomic
 from shard_ray.workload.tables import TableSpec
 
@@ -226,7 +226,7 @@ class CostModels:
         try:
             blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         except Exception as err:  # torch.load raises many types for a bad file
-            raise ShardRayError(f"cannot read cost model file {source}: {str(err).splitlines()[0]}") from err
+            raise ShardRayError(f"cannot read cost model file {source}: {first_line(err)}") from err
         if not isinstance(blob, dict) or blob.get("format") != FORMAT:
             raise ShardRayError(f"{source} is not a shard-ray cost model file ({FORMAT})")
         try:
@@ -237,5 +237,5 @@ class CostModels:
                 comm = CommCostNet(blob["comm"]["hidden"], blob["comm"]["depth"])
                 comm.load_state_dict(blob["comm"]["state"])
         except (KeyError, RuntimeError, TypeError) as err:
-            raise ShardRayError(f"cost model file {source} is damaged: {str(err).splitlines()[0]}") from err
+            raise ShardRayError(f"cost model file {source} is damaged: {first_line(err)}") from err
         return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=blob.get("info", {}))

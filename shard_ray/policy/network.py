@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import write_atomic
 from shard_ray.policy.env import DEVICE_FEATURES, NUM_CURRENT_FEATURES, NUM_DEVICE_FEATURES
 
@@ -99,13 +99,13 @@ def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, dict[str, A
     try:
         blob = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # torch.load raises many types for a bad file
-        raise ShardRayError(f"cannot read policy file {path}: {str(err).splitlines()[0]}") from err
+        raise ShardRayError(f"cannot read policy file {path}: {first_line(err)}") from err
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise ShardRayError(f"{path} is not a shard-ray policy file ({FORMAT})")
     try:
         network = DeviceScorer(blob["hidden"])
         network.load_state_dict(blob["state"])
     except (KeyError, RuntimeError, TypeError) as err:
-        raise ShardRayError(f"policy file {path} is damaged: {str(err).splitlines()[0]}") from err
+        raise ShardRayError(f"policy file {path} is damaged: {first_line(err)}") from err
     network.eval()
     return network, blob.get("info", {})

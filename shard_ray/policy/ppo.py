@@ -58,6 +58,13 @@ class PolicyConfig:
                 raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.minibatch_size > self.train_batch_size:
             raise ShardRayError("minibatch_size must not exceed train_batch_size")
+        if self.num_env_runners < 0 or self.num_learners < 0:
+            raise ShardRayError("env runners and learners must be 0 or more")
+        if not 0 < self.lr < 1:
+            raise ShardRayError(f"the learning rate must be between 0 and 1, got {self.lr}")
+        low, high = self.memory_headroom
+        if not 1.0 <= low <= high:
+            raise ShardRayError(f"memory headroom must be a range of factors of at least 1, got {self.memory_headroom}")
 
 
 def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional[str]) -> EnvConfig:

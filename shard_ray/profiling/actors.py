@@ -3,6 +3,11 @@
 An actor holds one device (one GPU, or one CPU core with one intra-op thread) and measures
 fused shards on it. The pool hands each actor a shard as soon as it is free, writes each
 result to the measurement store as it arrives, and skips shards the store already has.
+
+A dead actor (its process killed, its node lost) is restarted by Ray up to `MAX_RESTARTS`
+times and the shard it was measuring is run again on it (`max_task_retries`); an actor past
+its restarts leaves the pool and its shard goes back in the queue for the others. The store
+is keyed by shard content, so a shard measured twice is stored once.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ import ray
 import torch
 from tqdm import tqdm
 
+from shard_ray.errors import ShardRayError
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, ShardTable, measure_fused_shard, shard_key
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.store import MeasurementStore
 
+MAX_RESTARTS = 8
+MAX_TASK_RETRIES = 3
 
-@ray.remote
+
+@ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES)
 class ProfilingActor:
     def __init__(self, threads: int = 1) -> None:
         torch.set_num_threads(threads)
@@ -75,16 +84,27 @@ class ProfilingPool:
             first_of_key.setdefault(keys[i], i)
         queue = deque(first_of_key.values())
         bar = tqdm(total=len(queue), desc="profiling shards", unit="shard", disable=not progress)
-        in_flight: dict[ray.ObjectRef, ProfilingActor] = {}
+        in_flight: dict[ray.ObjectRef, tuple[ProfilingActor, int]] = {}
         idle = list(self.actors)
         while queue or in_flight:
             while queue and idle:
-                actor = idle.pop()
-                in_flight[actor.measure.remote(shards[queue.popleft()], config)] = actor
+                actor, index = idle.pop(), queue.popleft()
+                in_flight[actor.measure.remote(shards[index], config)] = (actor, index)
+            if not in_flight:
+                raise ShardRayError(f"every profiling actor died; {len(queue)} shards were left unmeasured")
             done, _ = ray.wait(list(in_flight), num_returns=1)
             for ref in done:
-                idle.append(in_flight.pop(ref))
-                store.put(ray.get(ref))
+                actor, index = in_flight.pop(ref)
+                try:
+                    measurement = ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    # out of restarts (or retries): the actor leaves, its shard goes to the others
+                    self.actors.remove(actor)
+                    queue.append(index)
+                    bar.write(f"a profiling actor died for good; {len(self.actors)} left")
+                    continue
+                idle.append(actor)
+                store.put(measurement)
                 bar.update(1)
         bar.close()
         return [store.get(key) for key in keys]  # type: ignore[misc]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.topology import Optimizer, Topology
 from shard_ray.profiling.hardware import measurement_device
 from shard_ray.workload.access import fold_rows, generate_table_batch
@@ -232,7 +232,7 @@ def measure_fused_shard(parts: list[ShardTable], config: MeasureConfig, hardware
     try:
         timing = time_fused_shard(FusedShard(parts, config))
     except (RuntimeError, MemoryError, ShardRayError) as err:
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
         return ShardMeasurement(key=key, hardware=hardware, tables=parts, config=config, status="infeasible", reason=reason)
     return ShardMeasurement(
         key=key, hardware=hardware, tables=parts, config=config, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 from shard_ray.workload.access import TableBatch
 from shard_ray.workload.tables import REUSE_BINS, TableSpec, TraceRef
 
@@ -60,7 +60,7 @@ def load_trace(path: str) -> DlrmTrace:
         with opener(file, "rb") as handle:
             content = torch.load(handle, weights_only=True)
     except Exception as err:  # torch.load raises many types for a bad file
-        raise ShardRayError(f"cannot read dataset file {file}: {str(err).splitlines()[0]}") from err
+        raise ShardRayError(f"cannot read dataset file {file}: {first_line(err)}") from err
     if not (isinstance(content, (tuple, list)) and len(content) == 3):
         raise ShardRayError(f"dataset file {file}: expected (indices, offsets, lengths)")
     indices, offsets, lengths = (torch.as_tensor(x).numpy().astype(np.int64) for x in content)

@@ -42,7 +42,7 @@ class TableSpec(BaseModel):
     name: str = Field(min_length=1)
     rows: int = Field(gt=0, le=2**43)
     dim: int = Field(gt=0, le=4096)
-    pooling_factor: float = Field(gt=0)
+    pooling_factor: float = Field(gt=0, le=10_000)  # beyond any real feature; bounds batch memory
     zipf_exponent: Optional[float] = Field(default=None, ge=0.0, le=10.0)
     reuse_histogram: Optional[tuple[float, ...]] = None
     precision: Literal["fp32", "fp16"] = "fp32"

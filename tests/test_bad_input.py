@@ -1,0 +1,114 @@
+"""Bad input, generated: every command answers one line and exit status 2, never a traceback, and leaves no partial file."""
+
+import contextlib
+import io
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shard_ray.cli import main
+from shard_ray.plan.plan import load_plan
+from shard_ray.workload.tables import load_tables
+
+FIELDS = {
+    "name": st.one_of(st.text(max_size=6), st.integers(), st.none()),
+    "rows": st.one_of(st.integers(min_value=-10, max_value=2**50), st.sampled_from([0, 1, 2**43, 2**43 + 1]), st.text(max_size=3)),
+    "dim": st.one_of(st.integers(min_value=-8, max_value=5000), st.sampled_from([4, 30, 4096, 4100])),
+    "pooling_factor": st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -1.0, 1e-9, 1e4, 1e5, math.nan, math.inf])
+    ),
+    "zipf_exponent": st.one_of(st.none(), st.floats(min_value=-2, max_value=20)),
+    "precision": st.sampled_from(["fp32", "fp16", "int8", ""]),
+}
+table = st.fixed_dictionaries({}, optional=FIELDS)
+memory_gb = st.one_of(st.sampled_from(["0", "-1", "nan", "inf", "1e-9", "abc"]), st.floats(min_value=1e-6, max_value=1e4).map(repr))
+devices = st.one_of(st.integers(min_value=-2, max_value=300).map(str), st.sampled_from(["x", "1.5"]))
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own refusals
+            code = exit_.code
+    return code, err.getvalue().strip()
+
+
+def assert_refused_cleanly(code: int, err: str, out: Path) -> None:
+    assert code == 2, (code, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "error" in err, err
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}*")), "a temporary file was left behind"
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tables=st.lists(table, max_size=6),
+    devices=devices,
+    memory=memory_gb,
+    algo=st.sampled_from(["lookup_greedy", "round_robin", "dreamshard", "optimal", "no_such_algo"]),
+)
+def test_plan_answers_a_plan_or_one_line(tables, devices, memory, algo):
+    with tempfile.TemporaryDirectory() as tmp:
+        table_file, out = Path(tmp) / "tables.json", Path(tmp) / "plan.json"
+        table_file.write_text(json.dumps({"tables": tables}))
+        code, err = run(["plan", "--tables", str(table_file), "--devices", devices, "--memory-gb", memory, "--algo", algo, "--out", str(out)])
+        if code == 0:  # extreme but valid: more devices than tables, huge memory, a one-table task
+            plan, specs = load_plan(out), load_tables(table_file)
+            plan.check(specs)
+            assert plan.num_devices == int(devices)
+        else:
+            assert_refused_cleanly(code, err, out)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cut=st.integers(min_value=0, max_value=10_000))
+def test_truncated_table_files_are_refused(cut):
+    doc = json.dumps({"tables": [{"name": f"t{i}", "rows": 1000 * (i + 1), "dim": 16, "pooling_factor": 2.0} for i in range(4)]})
+    cut = cut % len(doc)  # every proper prefix is broken JSON
+    with tempfile.TemporaryDirectory() as tmp:
+        table_file, out = Path(tmp) / "tables.json", Path(tmp) / "plan.json"
+        table_file.write_text(doc[:cut])
+        code, err = run(["plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1", "--algo", "size_greedy", "--out", str(out)])
+        assert_refused_cleanly(code, err, out)
+
+
+@settings(max_examples=25, deadline=None)
+@given(blob=st.binary(max_size=2000), which=st.sampled_from(["--cost-model", "--policy"]))
+def test_damaged_model_and_policy_files_are_refused(table_file_path, blob, which):
+    with tempfile.TemporaryDirectory() as tmp:
+        bad, out = Path(tmp) / "bad.pt", Path(tmp) / "plan.json"
+        bad.write_bytes(blob)
+        algo = "cost_search" if which == "--cost-model" else "dreamshard"
+        code, err = run(["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--algo", algo, which, str(bad), "--out", str(out)])
+        assert_refused_cleanly(code, err, out)
+
+
+@pytest.fixture(scope="module")
+def table_file_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tables") / "tables.json"
+    path.write_text(json.dumps({"tables": [{"name": "a", "rows": 1000, "dim": 16, "pooling_factor": 2.0}]}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--min-tables", "9", "--max-tables", "3"], "min_tables"),
+        (["--lr", "5"], "learning rate"),
+        (["--env-runners", "-1"], "env runners"),
+        (["--min-tables", "30", "--max-tables", "40"], "pool has"),
+        (["--cost-model", "missing.pt"], "not found"),
+    ],
+)
+def test_policy_train_refuses_bad_settings_before_ray(tmp_path, table_file_path, flags, message):
+    out = tmp_path / "policy"
+    code, err = run(["policy", "train", "--pool", str(table_file_path), "--out", str(out), *flags])
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not (out / "policy.pt").exists()
