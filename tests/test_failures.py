@@ -42,3 +42,41 @@ def test_profiling_survives_killed_actors(ray_session, tmp_path, small_tables):
             assert [r.key for r in results] == [shard_key(s, SLOW, pool.hardware) for s in shards]
     finally:
         pool.shutdown()
+
+
+def test_gang_rebuilds_itself_when_a_member_dies(ray_session, small_tables):
+    from shard_ray.placement import place
+    from shard_ray.plan.topology import GB, Topology
+    from shard_ray.profiling.gang import DeviceGang
+
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
+    plans = [place(name, small_tables, topology) for name in ("dim_greedy", "size_greedy", "lookup_greedy", "round_robin")]
+    gang = DeviceGang(2)
+    kills: list[int] = []  # plans finished when each kill landed
+    finished: list[int] = []
+
+    def kill_members() -> None:
+        for n in range(3):
+            time.sleep(0.6)
+            members = list(gang.members)
+            if not members:
+                return
+            ray_session.kill(members[n % 2])
+            kills.append(len(finished))
+            while gang.restarts <= n or not gang.members:  # wait for the new gang
+                time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_members, daemon=True)
+    try:
+        killer.start()
+        costs = []
+        for plan in plans:
+            costs.append(gang.evaluate(plan, small_tables, SLOW))
+            finished.append(1)
+        killer.join(timeout=120)
+        assert len(kills) == 3 and all(k < len(plans) for k in kills), kills
+        assert gang.restarts == 3
+        assert len(costs) == len(plans)
+        assert all(d.fwd_compute_ms > 0 and d.fwd_comm_ms > 0 for c in costs for d in c.devices)
+    finally:
+        gang.shutdown()

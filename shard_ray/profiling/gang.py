@@ -27,11 +27,11 @@ from typing import Any, Callable, Optional
 import ray
 import torch
 import torch.distributed as dist
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
@@ -143,7 +143,12 @@ class GangMember:
 
 
 class DeviceGang:
-    """D actors, one per device, reserved together in a placement group and joined in one process group."""
+    """D actors, one per device, reserved together in a placement group and joined in one process group.
+
+    Should a member die during a plan (its process killed, its node lost), the surviving members
+    are stuck in a collective: the gang kills them all, starts a new gang in their place and runs
+    the plan again, up to `max_retries` times.
+    """
 
     def __init__(
         self,
@@ -152,18 +157,29 @@ class DeviceGang:
         threads: int = 1,
         reserve_timeout_s: float = 60.0,
         collective_timeout_s: float = 300.0,
+        max_retries: int = 3,
     ) -> None:
         self.num_devices = num_devices
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
+        self.threads = threads
+        self.reserve_timeout_s = reserve_timeout_s
+        self.collective_timeout_s = collective_timeout_s
+        self.max_retries = max_retries
+        self.restarts = 0
+        self.members: list[Any] = []
+        self._group: Optional[PlacementGroup] = None
+        self._start()
+
+    def _start(self) -> None:
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}
-        self._group = placement_group([bundle] * num_devices, strategy="PACK")
+        self._group = placement_group([bundle] * self.num_devices, strategy="PACK")
         try:
-            ray.get(self._group.ready(), timeout=reserve_timeout_s)
+            ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
         except ray.exceptions.GetTimeoutError as err:
             remove_placement_group(self._group)
             available = ray.available_resources()
             raise ShardRayError(
-                f"cannot reserve {num_devices} devices ({bundle} each) within {reserve_timeout_s:.0f}s; "
+                f"cannot reserve {self.num_devices} devices ({bundle} each) within {self.reserve_timeout_s:.0f}s; "
                 f"the cluster has {available.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} GPUs free"
             ) from err
         options = resources_per_device(self.use_gpus)
@@ -171,15 +187,23 @@ class DeviceGang:
             GangMember.options(
                 **options,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
-            ).remote(rank, num_devices, threads)
-            for rank in range(num_devices)
+            ).remote(rank, self.num_devices, self.threads)
+            for rank in range(self.num_devices)
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
         self.hardware = hosts[0]["hardware"]
         self.warnings = self._oversubscription(hosts)
         self.take_turns = bool(self.warnings)
         address = ray.get(self.members[0].rendezvous_address.remote())
-        ray.get([m.join.remote(address, collective_timeout_s) for m in self.members])
+        ray.get([m.join.remote(address, self.collective_timeout_s) for m in self.members])
+
+    def _stop(self) -> None:
+        for member in self.members:
+            ray.kill(member)
+        self.members = []
+        if self._group is not None:
+            remove_placement_group(self._group)
+            self._group = None
 
     def _oversubscription(self, hosts: list[dict]) -> list[str]:
         if self.use_gpus:
@@ -201,13 +225,32 @@ class DeviceGang:
         plan.check(tables)
         parts = plan_parts(plan, tables)
         widths = [sum(p.width for p in device_parts) for device_parts in parts]
-        results = ray.get([m.run_plan.remote(parts[d], widths, config, self.take_turns) for d, m in enumerate(self.members)])
+        for attempt in range(self.max_retries + 1):
+            try:
+                if not self.members:
+                    self._start()
+                refs = [m.run_plan.remote(parts[d], widths, config, self.take_turns) for d, m in enumerate(self.members)]
+                results = self._gather(refs)
+                break
+            except ray.exceptions.RayActorError as err:
+                if attempt == self.max_retries:
+                    raise ShardRayError(f"the device gang lost a member {attempt + 1} times on one plan: {first_line(err)}") from err
+                self._stop()
+                self.restarts += 1
         return PlanCost(
             devices=[DeviceCost(**r) for r in sorted(results, key=lambda r: r["device"])],
             hardware=self.hardware,
             batch_size=config.batch_size,
             warnings=self.warnings,
         )
+
+    def _gather(self, refs: list[ray.ObjectRef]) -> list[dict]:
+        """Every member's result; raises as soon as one member is found dead (the rest would wait for it)."""
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready[0])
+        return ray.get(refs)
 
     def evaluate_many(
         self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, progress: bool = True
@@ -219,7 +262,4 @@ class DeviceGang:
             ray.get([m.leave.remote() for m in self.members], timeout=30)
         except Exception:  # noqa: BLE001  the actors are killed next either way
             pass
-        for member in self.members:
-            ray.kill(member)
-        remove_placement_group(self._group)
-        self.members = []
+        self._stop()
