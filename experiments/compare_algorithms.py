@@ -11,7 +11,9 @@ measured cost; improvement over the best single heuristic (lowest mean cost); me
 over each task's best heuristic (an oracle choice); mean measured cost over the task's lower
 bound (a bound on the simulated cost); median placement time; mean error of the simulated plan
 cost against the measured one. Writes Markdown and JSON; the last printed line is JSON.
-Runs locally, or on a cluster with RAY_ADDRESS set.
+Each finished task is saved in `--out`/tasks/, so a stopped run started again with the same
+arguments measures only the tasks it had not finished. Runs locally, or on a cluster with
+RAY_ADDRESS set.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def main() -> None:
     task_config = TaskConfig(min_tables=args.min_tables, max_tables=args.max_tables, seed=0)
     _, test_pool = split_pool(pool, task_config.test_fraction, 0)
     rng = np.random.default_rng(args.seed)
+    settings_file = out / "tasks" / "settings.json"
+    if settings_file.exists() and json.loads(settings_file.read_text()) != vars(args):
+        sys.exit(f"{settings_file.parent} holds tasks measured with other settings; give another --out or remove it")
+    write_json(settings_file, vars(args))
     print(connect_ray(min_cpus=args.devices))
     gang = DeviceGang(args.devices)
     for warning in gang.warnings:
@@ -72,7 +78,15 @@ def main() -> None:
     failures: dict[str, list[str]] = {}
     try:
         for i in range(args.tasks):
-            tables = draw_task(test_pool, task_config, rng)
+            tables = draw_task(test_pool, task_config, rng)  # drawn every time, so a resumed run draws the same tasks
+            done_file = out / "tasks" / f"test_{i:03d}.json"
+            if done_file.exists():
+                done = json.loads(done_file.read_text())
+                per_task.append(done["records"])
+                for name, why in done["failures"].items():
+                    failures.setdefault(name, []).append(why)
+                print(f"task {i}: measured by an earlier run ({done_file})", flush=True)
+                continue
             topology = Topology(
                 num_devices=args.devices,
                 memory_bytes=memory_cap_with_headroom(tables, args.devices, args.memory_headroom),
@@ -102,6 +116,7 @@ def main() -> None:
                     "sim_error": abs(simulated - r.cost.cost_ms) / r.cost.cost_ms,
                 }
             per_task.append(task_records)
+            write_json(done_file, {"records": task_records, "failures": comparison.failures})
             print(f"task {i} ({len(tables)} tables, bound {bound:.1f} ms): "
                   + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows), flush=True)
     finally:

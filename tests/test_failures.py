@@ -1,8 +1,15 @@
-"""Failure and recovery: nothing measured is lost or stored twice when profiling actors die."""
+"""Failure and recovery: actors killed mid-run, runs stopped by SIGINT or SIGKILL and started again."""
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from typing import Callable
 
+from shard_ray.costmodel.collect import COLLECT_DIMS
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
 from shard_ray.profiling.sampling import draw_shards
@@ -80,3 +87,97 @@ def test_gang_rebuilds_itself_when_a_member_dies(ray_session, small_tables):
         assert all(d.fwd_compute_ms > 0 and d.fwd_comm_ms > 0 for c in costs for d in c.devices)
     finally:
         gang.shutdown()
+
+
+def _store_count(db) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
+        try:
+            return conn.execute("SELECT COUNT(*) FROM shard_measurements").fetchone()[0]
+        except sqlite3.OperationalError:  # the table is not created yet
+            return 0
+
+
+def test_collect_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables):
+    from shard_ray.profiling.sampling import draw_augmented_shards
+    from shard_ray.workload.tables import save_tables
+
+    pool_file, db = tmp_path / "pool.json", tmp_path / "m.db"
+    save_tables(pool_file, small_tables)
+    command = [sys.executable, "-m", "shard_ray.cli", "collect", "--kind", "compute", "--pool", str(pool_file),
+               "--samples", "14", "--max-tables", "3", "--batch-sizes", "1024", "--repeats", "20", "--actors", "2", "--store", str(db)]
+    for stop in (signal.SIGINT, signal.SIGKILL):
+        before = _store_count(db)
+        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 120
+        while _store_count(db) < before + 2 and time.time() < deadline and run.poll() is None:
+            time.sleep(0.1)
+        assert run.poll() is None, run.stdout.read().decode()[-2000:]
+        os.killpg(run.pid, stop)
+        run.wait(timeout=60)
+        if stop == signal.SIGINT:
+            assert run.returncode == 130 and b"Traceback" not in run.stdout.read()
+        assert before < _store_count(db) < 14  # stopped part way, what was measured is kept
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    config = MeasureConfig(batch_size=1024, warmup=2, repeats=20, seed=0)
+    with MeasurementStore(db) as store:
+        stored = store.measurements()
+        hardware = stored[0].hardware
+        drawn = draw_augmented_shards(small_tables, 14, 3, COLLECT_DIMS, 0, 1)
+        assert {m.key for m in stored} == {shard_key(s, config, hardware) for s in drawn}  # the set an unbroken run makes
+        assert all(m.status == "ok" for m in stored)
+
+
+def _run_until(command: list[str], done: Callable[[], bool], stop: int, timeout: float = 180) -> None:
+    """Start `command`, and stop its whole process group with `stop` once `done()` holds."""
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + timeout
+    while not done() and time.time() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    assert run.poll() is None, run.stdout.read().decode()[-3000:]
+    os.killpg(run.pid, stop)
+    run.wait(timeout=60)
+
+
+def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
+    import json
+
+    out = tmp_path / "compare"
+    command = [sys.executable, "experiments/compare_algorithms.py", "--tasks", "2", "--min-tables", "4", "--max-tables", "5",
+               "--devices", "2", "--repeats", "2", "--algorithms", "lookup_greedy,size_greedy", "--no-mlflow", "--out", str(out)]
+    _run_until(command, lambda: (out / "tasks" / "test_000.json").exists(), signal.SIGKILL)
+    first = json.loads((out / "tasks" / "test_000.json").read_text())
+    assert not (out / "compare.json").exists()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "task 0: measured by an earlier run" in done.stdout
+    result = json.loads((out / "compare.json").read_text())
+    assert len(result["per_task"]) == 2 and result["per_task"][0] == first["records"]
+
+
+def test_outer_loop_killed_mid_round_resumes(tmp_path):
+    import json
+
+    from shard_ray.policy.network import load_policy
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+    from shard_ray.workload.tables import save_tables
+
+    pool = tmp_path / "pool.json"
+    save_tables(pool, generate_pool(PoolConfig(num_tables=40, seed=4)))
+    out = tmp_path / "loop"
+    command = [sys.executable, "-m", "shard_ray.cli", "policy", "outer-loop", "--pool", str(pool), "--out", str(out),
+               "--rounds", "2", "--tasks-per-round", "1", "--ppo-iterations", "1", "--train-batch", "64", "--minibatch", "32",
+               "--hidden", "16", "--min-tables", "3", "--max-tables", "4", "--devices", "2", "--actors", "1", "--repeats", "2",
+               "--update-epochs", "2", "--no-mlflow"]
+    # killed once the first round is saved and the second has begun measuring
+    _run_until(command, lambda: (out / "outer_loop.json").exists(), signal.SIGKILL, timeout=240)
+    assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "resuming after round 1" in done.stdout
+    assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1, 2]
+    assert load_policy(out)[1]["iterations"] == 2
