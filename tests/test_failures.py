@@ -189,3 +189,23 @@ def test_outer_loop_killed_mid_round_resumes(tmp_path):
     assert "resuming after round 1" in done.stdout
     assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1, 2]
     assert load_policy(out)[1]["iterations"] == 2
+
+
+def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
+    from shard_ray.policy.network import load_policy
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+    from shard_ray.workload.tables import save_tables
+
+    pool = tmp_path / "pool.json"
+    save_tables(pool, generate_pool(PoolConfig(num_tables=40, seed=5)))
+    out = tmp_path / "policy"
+    command = [sys.executable, "-m", "shard_ray.cli", "policy", "train", "--pool", str(pool), "--out", str(out), "--iterations", "12",
+               "--train-batch", "64", "--minibatch", "32", "--hidden", "16", "--min-tables", "3", "--max-tables", "4",
+               "--devices", "2", "--no-mlflow"]
+    _run_until(command, lambda: (out / "policy.pt").exists(), signal.SIGKILL)  # the first checkpoint is at iteration 5
+    assert load_policy(out)[1]["iterations"] == 5
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "after iteration 5" in done.stdout and "PPO iteration 6/12" in done.stdout
+    assert "PPO iteration 5/12" not in done.stdout
+    assert load_policy(out)[1]["iterations"] == 12
