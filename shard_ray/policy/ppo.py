@@ -20,7 +20,6 @@ import numpy as np
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
-from shard_ray.placement.dreamshard import roll_out
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import DeviceScorer, save_policy
@@ -243,15 +242,6 @@ def validation_tasks(
             (tables, Topology(num_devices=d, memory_bytes=memory_cap_with_headroom(tables, d, headroom), batch_size=config.batch_size))
         )
     return tasks
-
-
-def greedy_cost_ratio(network: DeviceScorer, tasks: list[tuple[list[TableSpec], Topology]], models: CostModels) -> float:
-    """Mean simulated cost over the lower bound of the policy's greedy plans (inf if one got stuck)."""
-    ratios = []
-    for tables, topology in tasks:
-        state = roll_out(network, tables, topology, models)
-        ratios.append(float("inf") if state is None else state.cost / state.lower_bound)
-    return float(np.mean(ratios))
 
 
 class MlflowIterationLogger:
