@@ -86,9 +86,9 @@ def measure_policy_plans(
         config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
         profiler.measure([parts for parts in plan_parts(plan, tables) if parts], config, store, progress=False)
         key = plan_key(plan, tables, config, gang.hardware)
-        stored = [p for p in store.plan_measurements(gang.hardware) if p.key == key]
-        if stored:
-            cost = stored[0].cost
+        stored = store.get_plan(key)
+        if stored is not None:
+            cost = stored.cost
         else:
             cost = gang.evaluate(plan, tables, config)
             store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))

@@ -116,6 +116,10 @@ class MeasurementStore:
             )
         return cursor.rowcount == 1
 
+    def get_plan(self, key: str) -> Optional[PlanMeasurement]:
+        row = self._db.execute("SELECT record FROM plan_measurements WHERE key = ?", (key,)).fetchone()
+        return None if row is None else PlanMeasurement.model_validate_json(row[0])
+
     def plan_measurements(self, hardware: Optional[str] = None) -> list[PlanMeasurement]:
         query, args = "SELECT record FROM plan_measurements", ()
         if hardware is not None:
