@@ -8,14 +8,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from shard_ray.errors import ShardRayError
 
 if TYPE_CHECKING:
+    from shard_ray.costmodel.train import TrainConfig
     from shard_ray.plan.topology import Topology
     from shard_ray.policy.ppo import PolicyConfig
+    from shard_ray.tuning.sweep import SweepConfig
 
 DEFAULT_STORE = "shard-ray-out/measurements.db"
 
@@ -66,18 +69,19 @@ def _add_measure_flags(parser: argparse.ArgumentParser, batch_default: Optional[
     parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
 
 
-def _add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+def _add_tracking_flags(parser: argparse.ArgumentParser, experiment: str = "shard-ray") -> None:
     parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
-    parser.add_argument("--experiment", default="shard-ray", help="MLflow experiment (default %(default)s)")
+    parser.add_argument("--experiment", default=experiment, help="MLflow experiment (default %(default)s)")
 
 
-def _policy_flags(parser: argparse.ArgumentParser) -> None:
+def _policy_flags(parser: argparse.ArgumentParser, experiment: str = "shard-ray") -> None:
     parser.add_argument("--pool", required=True, help="table file tasks are drawn from (e.g. tasks/train_pool.json)")
     parser.add_argument("--out", required=True, help="folder for the checkpoint and policy.pt; an existing one is resumed")
     parser.add_argument("--train-batch", type=_positive_int, default=2048, help="tables placed per iteration (default %(default)s)")
-    parser.add_argument("--minibatch", type=_positive_int, default=256, help="SGD minibatch (default %(default)s)")
-    parser.add_argument("--lr", type=_positive_float, default=1e-3, help="Adam learning rate (default %(default)s)")
-    parser.add_argument("--hidden", type=_positive_int, default=128, help="network width (default %(default)s)")
+    parser.add_argument("--minibatch", type=_positive_int, default=None, help="SGD minibatch (default 256)")
+    parser.add_argument("--lr", type=_positive_float, default=None, help="Adam learning rate (default 0.001)")
+    parser.add_argument("--hidden", type=_positive_int, default=None, help="network width (default 128)")
+    parser.add_argument("--config", default=None, help="tuned PPO settings (best.json of `tune policy`); flags given override them")
     parser.add_argument("--min-tables", type=_positive_int, default=15, help="fewest tables in a training task (default %(default)s)")
     parser.add_argument("--max-tables", type=_positive_int, default=25, help="most tables in a training task (default %(default)s)")
     parser.add_argument("--devices", type=_positive_ints, default=(4,), help="device counts of training tasks, comma-separated (default 4)")
@@ -88,8 +92,21 @@ def _policy_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-model", default=None, help="cost model file pricing the MDP (default: the shipped CPU models)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
-    _add_tracking_flags(parser)
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log MLflow runs")
+    _add_tracking_flags(parser, experiment)
+
+
+def _sweep_flags(parser: argparse.ArgumentParser, kind: str, samples: int) -> None:
+    parser.add_argument("--samples", type=_positive_int, default=samples, help="trials in all (default %(default)s)")
+    parser.add_argument("--search", choices=["optuna", "random"], default="optuna", help="how trials are chosen (default %(default)s)")
+    parser.add_argument("--max-concurrent", type=_positive_int, default=2, help="trials at once, one CPU each (default %(default)s)")
+    parser.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial before it is left out (default %(default)s)")
+    if kind != "policy":  # the policy flags bring these
+        parser.add_argument("--no-mlflow", action="store_true", help="do not log MLflow runs")
+        parser.add_argument("--out", required=True, help="sweep folder: best.json, trials.csv, tune/; an existing one is resumed")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+        _add_tracking_flags(parser, experiment=f"shard-ray-tune-{kind}")
 
 
 def _topology_flags(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -168,7 +185,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = load_tables(args.tables)
     topology = _topology(args)
     plan = place(
-        args.algo, tables, topology, seed=args.seed, cost_model=args.cost_model, policy=args.policy, samples=args.samples
+        args.algo, tables, topology, seed=args.seed, cost_model=args.cost_model, policy=args.policy, samples=args.samples,
+        search_config=args.search_config,
     )
     save_plan(args.out, plan)
     predicted = plan.metadata.get("predicted")
@@ -240,14 +258,12 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 
 def cmd_costmodel_train(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.train import TrainConfig, describe_accuracy, train_cost_models
+    from shard_ray.costmodel.train import describe_accuracy, train_cost_models
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workload.tables import load_tables
 
     train_tables = {t.name for t in load_tables(args.train_pool)}
-    config = TrainConfig(
-        hidden=args.hidden, depth=args.depth, lr=args.lr, max_epochs=args.epochs, patience=args.patience, seed=args.seed
-    )
+    config = _train_config(args)
     if not Path(args.store).is_file():
         raise ShardRayError(f"measurement store not found: {args.store}")
     with MeasurementStore(args.store) as store:
@@ -257,6 +273,22 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
         print(describe_accuracy(name, metrics))
     print(f"wrote {args.out} (models of {models.hardware})")
     print(json.dumps(report))
+
+
+def _train_config(args: argparse.Namespace) -> "TrainConfig":
+    """Flags given win over the tuned file (`--config`), which wins over TrainConfig's defaults."""
+    from dataclasses import asdict
+
+    from shard_ray.costmodel.train import TrainConfig
+    from shard_ray.tuning.sweep import dataclass_from, load_tuned
+
+    values = asdict(TrainConfig())
+    if args.config:
+        values.update(load_tuned(args.config, "costmodel"))
+    given = {"hidden": args.hidden, "depth": args.depth, "lr": args.lr, "max_epochs": args.epochs, "patience": args.patience,
+             "loss": args.loss, "feature_scaling": args.feature_scaling, "seed": args.seed}
+    values.update({k: v for k, v in given.items() if v is not None})
+    return dataclass_from(TrainConfig, values, "cost-model training settings")
 
 
 def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
@@ -305,14 +337,28 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
 
 
 def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
-    from shard_ray.policy.ppo import PolicyConfig
+    """The flags' PolicyConfig: a flag given wins over the tuned file (`--config`), which wins over the defaults."""
+    from dataclasses import asdict
 
-    return PolicyConfig(
+    from shard_ray.policy.ppo import PolicyConfig
+    from shard_ray.tuning.sweep import dataclass_from, load_tuned
+
+    tuned = load_tuned(args.config, "policy") if getattr(args, "config", None) else {}
+    defaults = asdict(PolicyConfig())
+
+    def setting(name: str, flag: Optional[object]) -> object:
+        return flag if flag is not None else tuned.get(name, defaults[name])
+
+    minibatch = setting("minibatch_size", args.minibatch)
+    swept = {k: v for k, v in tuned.items() if k not in ("lr", "hidden", "minibatch_size")}
+    base = dataclass_from(PolicyConfig, {**defaults, **swept}, f"tuned policy settings {args.config}") if tuned else PolicyConfig()
+    return replace(
+        base,
         iterations=getattr(args, "iterations", 1),
         train_batch_size=args.train_batch,
-        minibatch_size=min(args.minibatch, args.train_batch),
-        lr=args.lr,
-        hidden=args.hidden,
+        minibatch_size=min(minibatch, args.train_batch),
+        lr=setting("lr", args.lr),
+        hidden=setting("hidden", args.hidden),
         num_env_runners=args.env_runners,
         num_learners=args.learners,
         min_tables=args.min_tables,
@@ -374,6 +420,82 @@ def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
     tracking_uri = None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
     policy_file = run_outer_loop(pool, config, loop, args.out, args.store, args.cost_model, tracking_uri, args.experiment)
     print(f"policy: {policy_file}; updated cost models: {Path(args.out) / 'costmodels.pt'}")
+
+
+def _sweep_config(args: argparse.Namespace) -> "SweepConfig":
+    from shard_ray.tuning.sweep import SweepConfig
+
+    config = SweepConfig(
+        samples=args.samples, search=args.search, max_concurrent=args.max_concurrent, max_failures=args.max_failures, seed=args.seed
+    )
+    config.check()
+    return config
+
+
+def _sweep_tracking(args: argparse.Namespace) -> Optional[str]:
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri
+
+    return None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
+
+
+def _report_sweep(best: Path) -> None:
+    document = json.loads(best.read_text())
+    print(f"best {document['metric']} {document['value']:.4f}; wrote {best} and {best.parent / 'trials.csv'}")
+    print(json.dumps({"best": str(best), "metric": document["metric"], "value": document["value"], "config": document["config"]}))
+
+
+def cmd_tune_costmodel(args: argparse.Namespace) -> None:
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tuning.costmodel_sweep import CostModelSweepConfig, tune_cost_models
+    from shard_ray.workload.tables import load_tables
+
+    train_tables = {t.name for t in load_tables(args.train_pool)}
+    sweep = _sweep_config(args)
+    settings = CostModelSweepConfig(
+        max_epochs=args.max_epochs, report_every=args.report_every, grace_reports=args.grace_reports, seed=args.seed
+    )
+    settings.check()
+    if not Path(args.store).is_file():
+        raise ShardRayError(f"measurement store not found: {args.store}")
+    print(connect_ray(args.address))
+    _report_sweep(tune_cost_models(args.store, train_tables, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.hardware))
+
+
+def cmd_tune_search(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tuning.search_sweep import SearchSweepConfig, tune_search
+    from shard_ray.workload.tables import load_tables
+
+    pool = load_tables(args.pool)
+    sweep = _sweep_config(args)
+    settings = SearchSweepConfig(
+        tasks=args.tasks, min_tables=args.min_tables, max_tables=args.max_tables, devices=args.devices,
+        memory_headroom=args.memory_headroom, batch_size=args.batch_size, time_budget_s=args.time_budget,
+        measure_top=args.measure_top, measure_tasks=args.measure_tasks, repeats=args.repeats, seed=args.seed,
+    )
+    settings.check()
+    if len(pool) < settings.max_tables:
+        raise ShardRayError(f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many")
+    if args.cost_model is not None:
+        CostModels.load(args.cost_model)
+    print(connect_ray(args.address, min_cpus=settings.devices))
+    _report_sweep(tune_search(pool, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.cost_model))
+
+
+def cmd_tune_policy(args: argparse.Namespace) -> None:
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tuning.policy_sweep import PolicySweepConfig, tune_policy
+    from shard_ray.workload.tables import load_tables
+
+    pool = load_tables(args.pool)
+    base = _policy_config(args)
+    _check_policy_inputs(base, pool, args.cost_model)
+    sweep = _sweep_config(args)
+    settings = PolicySweepConfig(grace_iterations=args.grace_iterations, validation_tasks=args.validation_tasks)
+    settings.check()
+    print(connect_ray(args.address))
+    _report_sweep(tune_policy(pool, base, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.cost_model))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -467,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", default=None, help="cost model file for search algorithms (default: the shipped CPU models)")
     p.add_argument("--policy", default=None, help="policy file or `policy train` folder for dreamshard (default: the shipped policy)")
     p.add_argument("--samples", type=int, default=0, help="dreamshard: also sample this many plans, keep the best simulated (default 0)")
+    p.add_argument("--search-config", default=None, help="cost_search: tuned search settings (best.json of `tune search`)")
     p.add_argument("--out", required=True, help="plan file to write (.json)")
     p.set_defaults(run=cmd_plan)
 
@@ -502,13 +625,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
     q.add_argument("--train-pool", required=True, help="table file of the training pool; shards of other tables are held out as unseen")
     q.add_argument("--out", required=True, help="model file to write (.pt)")
-    q.add_argument("--hidden", type=_positive_int, default=128)
-    q.add_argument("--depth", type=_positive_int, default=2)
-    q.add_argument("--lr", type=_positive_float, default=2e-3)
-    q.add_argument("--epochs", type=_positive_int, default=400, help="most epochs; early stopping usually ends sooner")
-    q.add_argument("--patience", type=_positive_int, default=40, help="epochs without validation gain before stopping")
+    q.add_argument("--config", default=None, help="tuned training settings (best.json of `tune costmodel`); flags given override them")
+    q.add_argument("--hidden", type=_positive_int, default=None, help="encoder width (default 128)")
+    q.add_argument("--depth", type=_positive_int, default=None, help="encoder layers (default 2)")
+    q.add_argument("--lr", type=_positive_float, default=None, help="learning rate (default 0.002)")
+    q.add_argument("--epochs", type=_positive_int, default=None, help="most epochs; early stopping usually ends sooner (default 400)")
+    q.add_argument("--patience", type=_positive_int, default=None, help="epochs without validation gain before stopping (default 40)")
+    q.add_argument("--loss", choices=["mse", "huber", "l1"], default=None, help="loss on log ms (default mse)")
+    q.add_argument("--feature-scaling", choices=["standardise", "minmax", "none"], default=None, help="(default standardise)")
     q.add_argument("--hardware", default=None, help="train on this hardware's measurements (default: the most measured)")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=None, help="(default 0)")
     q.set_defaults(run=cmd_costmodel_train)
     q = models_sub.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
     q.add_argument("--model", required=True)
@@ -536,6 +662,40 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--store", default=None, help="measurement store (default: measurements.db in --out)")
     _policy_flags(q)
     q.set_defaults(run=cmd_policy_outer_loop)
+
+    p = sub.add_parser("tune", help="Ray Tune sweeps of the cost-model, search and PPO hyperparameters; resumable")
+    tune_sub = p.add_subparsers(dest="tune_command", required=True, parser_class=_Parser)
+    q = tune_sub.add_parser("costmodel", help="sweep the compute cost model's training (objective: validation MAPE, ASHA)")
+    q.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
+    q.add_argument("--train-pool", required=True, help="table file of the training pool (as for `costmodel train`)")
+    q.add_argument("--max-epochs", type=_positive_int, default=300, help="largest epoch budget a trial may draw (default %(default)s)")
+    q.add_argument("--report-every", type=_positive_int, default=10, help="epochs between a trial's reports (default %(default)s)")
+    q.add_argument("--grace-reports", type=_positive_int, default=3, help="reports before ASHA may stop a trial (default %(default)s)")
+    q.add_argument("--hardware", default=None, help="sweep on this hardware's measurements (default: the most measured)")
+    _sweep_flags(q, "costmodel", samples=16)
+    q.set_defaults(run=cmd_tune_costmodel)
+    q = tune_sub.add_parser("search", help="sweep cost_search's settings: simulated on validation tasks, finalists measured")
+    q.add_argument("--pool", required=True, help="table file validation tasks are drawn from (e.g. tasks/train_pool.json)")
+    q.add_argument("--tasks", type=_positive_int, default=8, help="validation tasks (default %(default)s)")
+    q.add_argument("--min-tables", type=_positive_int, default=20, help="(default %(default)s)")
+    q.add_argument("--max-tables", type=_positive_int, default=40, help="(default %(default)s)")
+    q.add_argument("--devices", type=_positive_int, default=2, help="devices of the tasks and the measuring gang (default %(default)s)")
+    q.add_argument("--memory-headroom", type=float, default=1.5, help="memory cap over an even split of a task's bytes (default %(default)s)")
+    q.add_argument("--batch-size", type=_positive_int, default=1024, help="(default %(default)s)")
+    q.add_argument("--time-budget", type=_positive_float, default=3.0, help="anytime budget of each plan, seconds (default %(default)s)")
+    q.add_argument("--measure-top", type=int, default=2, help="best simulated settings measured on the gang; 0: none (default %(default)s)")
+    q.add_argument("--measure-tasks", type=_positive_int, default=3, help="validation tasks measured (default %(default)s)")
+    q.add_argument("--repeats", type=_positive_int, default=5, help="timed steps per measured plan (default %(default)s)")
+    q.add_argument("--cost-model", default=None, help="cost model file (default: the shipped CPU models)")
+    _sweep_flags(q, "search", samples=24)
+    q.set_defaults(run=cmd_tune_search)
+    q = tune_sub.add_parser("policy", help="sweep PPO's hyperparameters (objective: simulated cost on validation tasks, ASHA)")
+    q.add_argument("--iterations", type=_positive_int, default=20, help="PPO iterations of a trial at most (default %(default)s)")
+    q.add_argument("--grace-iterations", type=_positive_int, default=3, help="iterations before ASHA may stop a trial (default %(default)s)")
+    q.add_argument("--validation-tasks", type=_positive_int, default=8, help="tasks each trial is scored on (default %(default)s)")
+    _policy_flags(q, experiment="shard-ray-tune-policy")
+    _sweep_flags(q, "policy", samples=8)
+    q.set_defaults(run=cmd_tune_policy)
 
     p = sub.add_parser("evaluate", help="run a plan's real embedding step on a gang of Ray actors")
     p.add_argument("--tables", required=True)

@@ -28,6 +28,10 @@ from shard_ray.profiling.sampling import base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 
 
+LOSSES = ("mse", "huber", "l1")  # on log ms, so every one is a relative error
+FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table features
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     hidden: int = 128
@@ -39,7 +43,31 @@ class TrainConfig:
     max_epochs: int = 400
     minibatch: int = 64
     patience: int = 40
+    loss: str = "mse"
+    feature_scaling: str = "standardise"
     seed: int = 0
+
+    def check(self) -> None:
+        for name in ("hidden", "depth", "comm_hidden", "comm_depth", "max_epochs", "minibatch", "patience"):
+            if getattr(self, name) < 1:
+                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 < self.lr < 1:
+            raise ShardRayError(f"the learning rate must be between 0 and 1, got {self.lr}")
+        if not 0 <= self.weight_decay < 1:
+            raise ShardRayError(f"weight_decay must be in [0, 1), got {self.weight_decay}")
+        if self.loss not in LOSSES:
+            raise ShardRayError(f"unknown loss {self.loss!r}; known: {', '.join(LOSSES)}")
+        if self.feature_scaling not in FEATURE_SCALINGS:
+            raise ShardRayError(f"unknown feature scaling {self.feature_scaling!r}; known: {', '.join(FEATURE_SCALINGS)}")
+
+
+def log_loss(predicted: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    """The training loss between log ms; Huber's quadratic zone is about 10% relative error."""
+    if kind == "huber":
+        return nn.functional.huber_loss(predicted, target, delta=0.1)
+    if kind == "l1":
+        return (predicted - target).abs().mean()
+    return ((predicted - target) ** 2).mean()
 
 
 def data_split(key: str) -> str:
@@ -110,8 +138,13 @@ def fit(
     val_loss: Callable[[], float],
     config: TrainConfig,
     desc: str,
+    on_epoch: Optional[Callable[[int, float, nn.Module], None]] = None,
 ) -> list[tuple[int, float]]:
-    """Adam on minibatches with early stopping on validation loss; leaves the best weights in `model`."""
+    """Adam on minibatches with early stopping on validation loss; leaves the best weights in `model`.
+
+    `on_epoch(epoch, validation loss, model)` is called after each epoch, with the epoch's
+    weights in the model (a Tune trial reports there, and its scheduler may stop it).
+    """
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.max_epochs)
     generator = torch.Generator().manual_seed(config.seed)
@@ -132,7 +165,9 @@ def fit(
             best, best_state, since_best = loss, copy.deepcopy(model.state_dict()), 0
         else:
             since_best += 1
-        bar.set_postfix(val_log_mse=f"{loss:.4f}", best=f"{best:.4f}")
+        bar.set_postfix(val_loss=f"{loss:.4f}", best=f"{best:.4f}")
+        if on_epoch is not None:
+            on_epoch(epoch, loss, model)
         if since_best >= config.patience:
             break
     bar.close()
@@ -141,26 +176,40 @@ def fit(
     return history
 
 
+def feature_scaling(rows: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The offset and scale the model subtracts from and divides its input features by."""
+    if kind == "standardise":
+        return rows.mean(dim=0), rows.std(dim=0).clamp(min=1e-3)
+    if kind == "minmax":
+        low = rows.min(dim=0).values
+        return low, (rows.max(dim=0).values - low).clamp(min=1e-3)
+    return torch.zeros(rows.shape[1]), torch.ones(rows.shape[1])
+
+
 def train_compute_model(
-    train: ComputeData, val: ComputeData, config: TrainConfig, init: Optional[ComputeCostNet] = None
+    train: ComputeData,
+    val: ComputeData,
+    config: TrainConfig,
+    init: Optional[ComputeCostNet] = None,
+    on_epoch: Optional[Callable[[int, float, nn.Module], None]] = None,
 ) -> ComputeCostNet:
-    """A new model, or `init` trained further (keeping its feature normalisation)."""
+    """A new model, or `init` trained further (keeping its feature scaling)."""
     torch.manual_seed(config.seed)
     if init is not None:
         model = copy.deepcopy(init)
     else:
         model = ComputeCostNet(config.hidden, config.depth)
-        rows = train.features[train.mask.bool()]
-        model.feature_mean.copy_(rows.mean(dim=0))
-        model.feature_std.copy_(rows.std(dim=0).clamp(min=1e-3))
+        offset, scale = feature_scaling(train.features[train.mask.bool()], config.feature_scaling)
+        model.feature_mean.copy_(offset)
+        model.feature_std.copy_(scale)
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
-        return ((model(train.features[idx], train.mask[idx], train.log_batch[idx]) - train.log_ms[idx]) ** 2).mean()
+        return log_loss(model(train.features[idx], train.mask[idx], train.log_batch[idx]), train.log_ms[idx], config.loss)
 
     def val_loss() -> float:
-        return float(((model(val.features, val.mask, val.log_batch) - val.log_ms) ** 2).mean())
+        return float(log_loss(model(val.features, val.mask, val.log_batch), val.log_ms, config.loss))
 
-    fit(model, len(train), train_loss, val_loss, config, "training compute model")
+    fit(model, len(train), train_loss, val_loss, config, "training compute model", on_epoch)
     return model
 
 
@@ -175,10 +224,10 @@ def train_comm_model(
     (x, y), (vx, vy) = train, val
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
-        return ((model(x[idx]) - y[idx]) ** 2).mean()
+        return log_loss(model(x[idx]), y[idx], config.loss)
 
     def val_loss() -> float:
-        return float(((model(vx) - vy) ** 2).mean())
+        return float(log_loss(model(vx), vy, config.loss))
 
     fit(model, len(x), train_loss, val_loss, config, "training comm model")
     return model
@@ -203,14 +252,18 @@ def describe_accuracy(name: str, metrics: dict[str, Optional[float]]) -> str:
     return f"{name:<15} MAPE {metrics['mape']:.3f}, Spearman {rho}, n={metrics['n']}"
 
 
+def step_compute_ms(model: ComputeCostNet, data: ComputeData) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted and measured fused step compute (forward + backward) ms of each shard in `data`."""
+    with torch.no_grad():
+        predicted = torch.exp(model(data.features, data.mask, data.log_batch)).numpy()
+    return predicted.sum(axis=1), torch.exp(data.log_ms).numpy().sum(axis=1)
+
+
 def predicted_and_measured(models: CostModels, measurements: list[ShardMeasurement]) -> tuple[np.ndarray, np.ndarray]:
     """Predicted and measured fused step compute (forward + backward) ms of each shard."""
     if not measurements:
         return np.zeros(0), np.zeros(0)
-    data = compute_data(measurements)
-    with torch.no_grad():
-        predicted = torch.exp(models.compute(data.features, data.mask, data.log_batch)).numpy()
-    return predicted.sum(axis=1), torch.exp(data.log_ms).numpy().sum(axis=1)
+    return step_compute_ms(models.compute, compute_data(measurements))
 
 
 def evaluate_compute(models: CostModels, measurements: list[ShardMeasurement]) -> dict[str, float]:
@@ -241,10 +294,10 @@ def main_hardware(store: MeasurementStore, hardware: Optional[str]) -> str:
     return counts.most_common(1)[0][0]
 
 
-def train_cost_models(
-    store: MeasurementStore, train_tables: set[str], config: TrainConfig, hardware: Optional[str] = None
-) -> tuple[CostModels, dict[str, dict[str, float]]]:
-    """Train both models on one hardware's measurements; returns them with held-out accuracy."""
+def compute_splits(
+    store: MeasurementStore, train_tables: set[str], hardware: Optional[str] = None
+) -> tuple[str, Optional[int], dict[str, list[ShardMeasurement]]]:
+    """One hardware's shard measurements in their splits, with that hardware and their row cap."""
     hardware = main_hardware(store, hardware)
     measurements = store.measurements(hardware)
     caps = {m.config.rows_cap_on(hardware) for m in measurements}
@@ -256,6 +309,15 @@ def train_cost_models(
             f"too few shard measurements of training-pool tables on {hardware} to train "
             f"({len(splits['train'])} train, {len(splits['val'])} validation); collect more with `shard-ray collect`"
         )
+    return hardware, caps.pop(), splits
+
+
+def train_cost_models(
+    store: MeasurementStore, train_tables: set[str], config: TrainConfig, hardware: Optional[str] = None
+) -> tuple[CostModels, dict[str, dict[str, float]]]:
+    """Train both models on one hardware's measurements; returns them with held-out accuracy."""
+    config.check()
+    hardware, rows_cap, splits = compute_splits(store, train_tables, hardware)
     compute = train_compute_model(compute_data(splits["train"]), compute_data(splits["val"]), config)
 
     plans = store.plan_measurements(hardware)
@@ -269,7 +331,7 @@ def train_cost_models(
         comm=comm,
         hardware=hardware,
         info={
-            "rows_cap": caps.pop(),
+            "rows_cap": rows_cap,
             "train_config": asdict(config),
             "train_tables": sorted(train_tables),
             "device_counts": sorted({p.plan.num_devices for p in plans}),
@@ -287,23 +349,28 @@ def train_cost_models(
     return models, report
 
 
-def update_cost_models(models: CostModels, store: MeasurementStore, config: TrainConfig) -> CostModels:
-    """DreamShard's cost-model update: `models` trained further on all the store holds for their hardware.
+def update_cost_models(
+    models: CostModels, store: MeasurementStore, config: TrainConfig, hardware: Optional[str] = None
+) -> CostModels:
+    """DreamShard's cost-model update: `models` trained further on all the store holds for `hardware`.
 
-    Every measurement taken with the models' row cap is used; the stopping rule watches the
-    training loss, as there is nothing to hold out. Judge the update on measurements taken after it.
+    `hardware` defaults to the models' own; given another, the update adapts the models to it
+    and they become models of that hardware. Every measurement taken with the models' row cap
+    is used; the stopping rule watches the training loss, as there is nothing to hold out.
+    Judge the update on measurements taken after it.
     """
+    hardware = hardware or models.hardware
     measurements = [
-        m for m in store.measurements(models.hardware) if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
+        m for m in store.measurements(hardware) if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
     ]
     if not measurements:
-        raise ShardRayError(f"the store has no shard measurements on {models.hardware} to update the cost models with")
+        raise ShardRayError(f"the store has no shard measurements on {hardware} to update the cost models with")
     data = compute_data(measurements)
     compute = train_compute_model(data, data, config, init=models.compute)
-    plans = [p for p in store.plan_measurements(models.hardware) if p.plan.num_devices > 1]
+    plans = [p for p in store.plan_measurements(hardware) if p.plan.num_devices > 1]
     comm = models.comm
     if plans and comm is not None:
         samples = comm_samples(plans)
         comm = train_comm_model(samples, samples, config, init=comm)
-    info = {**models.info, "updated_on": {"shards": len(measurements), "plans": len(plans)}}
-    return CostModels(compute=compute, comm=comm, hardware=models.hardware, info=info)
+    info = {**models.info, "updated_on": {"hardware": hardware, "shards": len(measurements), "plans": len(plans)}}
+    return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)

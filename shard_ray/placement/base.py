@@ -28,6 +28,7 @@ class AlgorithmInfo:
     factory: Callable[..., Placer]
     needs_cost_model: bool = False
     needs_policy: bool = False  # a trained placement policy (default: the shipped one)
+    takes_search_config: bool = False  # search settings, e.g. a sweep's best (default: its own)
     max_tables: Optional[int] = None  # tasks beyond this are refused (exact solvers)
 
     def handles(self, num_tables: int) -> bool:
@@ -44,9 +45,12 @@ def register(
     needs_cost_model: bool = False,
     needs_policy: bool = False,
     max_tables: Optional[int] = None,
+    takes_search_config: bool = False,
 ) -> Callable[[Callable[..., Placer]], Callable[..., Placer]]:
     def decorate(factory: Callable[..., Placer]) -> Callable[..., Placer]:
-        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory, needs_cost_model, needs_policy, max_tables)
+        _REGISTRY[name] = AlgorithmInfo(
+            name, family, description, factory, needs_cost_model, needs_policy, takes_search_config, max_tables
+        )
         return factory
 
     return decorate
@@ -64,13 +68,15 @@ def place(
     cost_model: Optional[str] = None,
     policy: Optional[str] = None,
     samples: int = 0,
+    search_config: Optional[str] = None,
 ) -> Plan:
     """Plan `tables` on `topology` with algorithm `name`; the plan is checked and timed.
 
     Algorithms that search with cost models load `cost_model` (default: the models shipped for
     the reference CPU machine); their plans carry the simulated per-device costs and the task's
     lower bound in their metadata. Policy algorithms load `policy` (default: the shipped one)
-    and keep the best of greedy decoding and `samples` sampled plans.
+    and keep the best of greedy decoding and `samples` sampled plans. `search_config`, a
+    tuned-config file from `tune search`, sets the search of algorithms that take one.
     """
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
@@ -79,6 +85,9 @@ def place(
     info = _REGISTRY[name]
     if not info.handles(len(tables)):
         raise ShardRayError(f"{name!r} is for tasks of at most {info.max_tables} tables; this one has {len(tables)}")
+    if search_config is not None and not info.takes_search_config:
+        takers = ", ".join(i.name for i in _REGISTRY.values() if i.takes_search_config)
+        raise ShardRayError(f"{name!r} takes no search settings; tuned search settings are for {takers}")
     settings: dict[str, Any] = {
         "memory_gb": topology.memory_gb, "batch_size": topology.batch_size, "optimizer": topology.optimizer, "seed": seed
     }
@@ -94,6 +103,13 @@ def place(
 
             settings.update({"policy": policy or str(default_policy_path()), "samples": samples})
             placer = info.factory(models=models, policy=policy, samples=samples, seed=seed)
+        elif search_config is not None:
+            from shard_ray.placement.search import SearchConfig
+            from shard_ray.tuning.sweep import dataclass_from, load_tuned
+
+            settings["search_config"] = search_config
+            config = dataclass_from(SearchConfig, load_tuned(search_config, "search"), f"tuned search settings {search_config}")
+            placer = info.factory(models=models, seed=seed, config=config)
         else:
             placer = info.factory(models=models, seed=seed)
     else:

@@ -42,6 +42,18 @@ class SearchConfig:
     # Anytime search: beam expansion stops at 60% of the budget, local search at 100%.
     time_budget_s: Optional[float] = None
 
+    def check(self) -> None:
+        if not self.scales or any(not s > 0 for s in self.scales):
+            raise ShardRayError(f"scales must be positive numbers, got {list(self.scales)}")
+        if self.beam_width < 1 or self.branching < 1:
+            raise ShardRayError("beam_width and branching must be at least 1")
+        if self.beam_depth < 0 or self.local_search_steps < 0:
+            raise ShardRayError("beam_depth and local_search_steps must be 0 or more")
+        if any(w < 2 for w in self.split_ways):
+            raise ShardRayError(f"split_ways must be 2 or more, got {list(self.split_ways)}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
+
 
 NEUROSHARD = SearchConfig()
 COST_SEARCH = SearchConfig(split_ways=(2, 4), local_search_steps=200, time_budget_s=3.0)
@@ -245,6 +257,12 @@ def neuroshard(models: CostModels, seed: int = 0) -> Placer:
     return search_placer("neuroshard", NEUROSHARD, models)
 
 
-@register("cost_search", "search", "ours: NeuroShard's search plus halves and quarters and local search on the simulated cost", needs_cost_model=True)
-def cost_search(models: CostModels, seed: int = 0) -> Placer:
-    return search_placer("cost_search", COST_SEARCH, models)
+@register(
+    "cost_search",
+    "search",
+    "ours: NeuroShard's search plus halves and quarters and local search on the simulated cost",
+    needs_cost_model=True,
+    takes_search_config=True,
+)
+def cost_search(models: CostModels, seed: int = 0, config: Optional[SearchConfig] = None) -> Placer:
+    return search_placer("cost_search", config or COST_SEARCH, models)

@@ -135,7 +135,7 @@ def run_outer_loop(
             print(f"warning: {warning}")
         profiler = ProfilingPool(loop.profiling_actors)
         if profiler.hardware != models.hardware:
-            print(f"warning: the cost models were trained on {models.hardware}; measuring on {profiler.hardware}")
+            print(f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}")
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info) if tracking_uri else None
         with MeasurementStore(store_path or out / "measurements.db") as store:
             for round_index in range(len(history), loop.rounds):
@@ -145,7 +145,7 @@ def run_outer_loop(
                     policy_network(algo), tasks, models, gang, profiler, store, loop.repeats, loop.seed
                 )
                 print("   (b) updating the cost models on the store")
-                models = update_cost_models(models, store, update_config)
+                models = update_cost_models(models, store, update_config, hardware=profiler.hardware)
                 models.save(models_file)
                 set_cost_models(algo, models)
                 print("   (c) PPO on the updated estimated MDP")

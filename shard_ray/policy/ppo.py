@@ -244,6 +244,27 @@ def validation_tasks(
     return tasks
 
 
+def validation_score(
+    network: DeviceScorer, tasks: list[tuple[list[TableSpec], Topology]], models: CostModels
+) -> tuple[float, int]:
+    """Greedy decoding's mean simulated cost over the table-wise lower bound on `tasks`, and how often it got stuck.
+
+    A task where it gets stuck (the next table fits nowhere) scores 1 + INFEASIBLE_PENALTY.
+    """
+    from shard_ray.placement.dreamshard import roll_out
+    from shard_ray.policy.env import INFEASIBLE_PENALTY
+
+    scores, stuck = [], 0
+    for tables, topology in tasks:
+        state = roll_out(network, tables, topology, models)
+        if state is None:
+            stuck += 1
+            scores.append(1.0 + INFEASIBLE_PENALTY)
+        else:
+            scores.append(state.cost / state.lower_bound)
+    return float(np.mean(scores)), stuck
+
+
 class MlflowIterationLogger:
     """One MLflow run for a training: its settings, a metric per iteration, the policy file at the end."""
 

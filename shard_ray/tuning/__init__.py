@@ -1,0 +1,1 @@
+"""Ray Tune sweeps of the cost-model, search and PPO hyperparameters (`shard-ray tune ...`)."""

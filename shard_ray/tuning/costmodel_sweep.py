@@ -1,0 +1,154 @@
+"""Ray Tune sweep of the compute cost model's hyperparameters, top to bottom; objective: validation MAPE.
+
+Space: the per-table encoder's width and depth, learning rate, weight decay, minibatch, most
+epochs and patience, the loss on log ms (mse, huber, l1) and the scaling of the log-scaled
+table features. Data: the store's splits, exactly as `costmodel train` makes them, built once
+in the driver and handed to the trials through Ray's object store (so trials on other nodes
+need no store file). Each trial reports its validation MAPE of fused step compute every
+`report_every` epochs, and ASHA stops the trials that trail; a trial that trains to the end
+reports last the MAPE of its best weights on validation, held-out test and unseen-table shards.
+The best trial by validation MAPE is saved as a `TrainConfig` for `costmodel train --config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from shard_ray.costmodel.train import (
+    FEATURE_SCALINGS,
+    LOSSES,
+    ComputeData,
+    TrainConfig,
+    accuracy,
+    compute_data,
+    compute_splits,
+    step_compute_ms,
+    train_compute_model,
+)
+from shard_ray.errors import ShardRayError
+from shard_ray.profiling.store import MeasurementStore
+from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, finished_trials, run_sweep, save_best
+
+METRIC = "val_mape"
+SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "patience", "loss", "feature_scaling")
+
+
+@dataclass(frozen=True)
+class CostModelSweepConfig:
+    max_epochs: int = 300  # the largest epoch budget a trial may draw
+    report_every: int = 10  # epochs between a trial's reports (ASHA's time unit)
+    grace_reports: int = 3  # reports before ASHA may stop a trial
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("max_epochs", "report_every", "grace_reports"):
+            if getattr(self, name) < 1:
+                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def search_space(settings: CostModelSweepConfig) -> dict[str, Any]:
+    from ray import tune
+
+    top = settings.max_epochs
+    return {
+        "hidden": tune.choice([32, 64, 128, 256]),
+        "depth": tune.randint(1, 4),
+        "lr": tune.loguniform(3e-4, 1e-2),
+        "weight_decay": tune.loguniform(1e-6, 1e-3),
+        "minibatch": tune.choice([32, 64, 128]),
+        "max_epochs": tune.choice(sorted({max(1, top // 4), max(1, top // 2), top})),
+        "patience": tune.choice([20, 40, 80]),
+        "loss": tune.choice(list(LOSSES)),
+        "feature_scaling": tune.choice(list(FEATURE_SCALINGS)),
+    }
+
+
+def train_config_from(trial: dict[str, Any], seed: int) -> TrainConfig:
+    return dataclass_from(TrainConfig, {**{k: trial[k] for k in SWEPT}, "seed": seed}, "cost-model trial")
+
+
+def mape(model: Any, data: Optional[ComputeData]) -> Optional[float]:
+    return None if data is None else accuracy(*step_compute_ms(model, data))["mape"]
+
+
+def cost_model_trial(trial: dict[str, Any], data: dict[str, ComputeData], settings: CostModelSweepConfig) -> None:
+    """One Tune trial: train the compute model with the trial's settings, reporting validation MAPE."""
+    from ray import tune
+
+    config = train_config_from(trial, settings.seed)
+    epochs = 0
+
+    def report(epoch: int, loss: float, model: Any) -> None:
+        nonlocal epochs
+        epochs = epoch + 1
+        if epochs % settings.report_every == 0:
+            tune.report({METRIC: mape(model, data["val"]), "val_loss": loss, "epoch": epochs})
+
+    model = train_compute_model(data["train"], data["val"], config, on_epoch=report)
+    final = {f"{name}_mape": mape(model, data.get(name)) for name in ("val", "test", "unseen")}
+    tune.report({**{k: v for k, v in final.items() if v is not None}, "epoch": epochs, "finished": 1})
+
+
+def tune_cost_models(
+    store_path: str | Path,
+    train_tables: set[str],
+    sweep: SweepConfig,
+    settings: CostModelSweepConfig,
+    out_dir: str | Path,
+    tracking_uri: Optional[str],
+    experiment: str,
+    hardware: Optional[str] = None,
+) -> Path:
+    """Sweep, then write OUT/best.json (a tuned TrainConfig) and OUT/trials.csv; returns best.json."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    settings.check()
+    if not Path(store_path).is_file():
+        raise ShardRayError(f"measurement store not found: {store_path}")
+    with MeasurementStore(store_path) as store:
+        hardware, _, splits = compute_splits(store, train_tables, hardware)
+    data = {name: compute_data(found) for name, found in splits.items() if found}
+    print(
+        f"cost-model sweep on {hardware}: "
+        + ", ".join(f"{len(splits[name])} {name}" for name in ("train", "val", "test", "unseen"))
+        + " shard measurements",
+        flush=True,
+    )
+    scheduler = ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=settings.max_epochs // settings.report_every + 1,
+        grace_period=settings.grace_reports,
+        reduction_factor=3,
+    )
+    results = run_sweep(
+        "costmodel",
+        tune.with_parameters(cost_model_trial, data=data, settings=settings),
+        search_space(settings),
+        METRIC,
+        "min",
+        sweep,
+        out_dir,
+        tracking_uri,
+        experiment,
+        {"hardware": hardware},
+        scheduler,
+    )
+    finished = finished_trials(results, METRIC)
+    if not finished:
+        raise ShardRayError(f"no trial of the sweep reported {METRIC}; their errors are under {Path(out_dir) / 'tune'}")
+    ranked = sorted(finished, key=lambda r: r.metrics[METRIC])
+    print(f"{'trial':<22} {'val MAPE':>9} {'test MAPE':>10} {'epochs':>7}  settings")
+    for r in ranked[:5]:
+        test = r.metrics.get("test_mape")
+        print(
+            f"{r.metrics['trial_id']:<22} {r.metrics[METRIC]:>9.4f} {'' if test is None else f'{test:.4f}':>10} "
+            f"{r.metrics.get('epoch', 0):>7}  " + describe_settings(r.config, SWEPT)
+        )
+    best = ranked[0]
+    notes = {"hardware": hardware, **{k: best.metrics.get(k) for k in ("test_mape", "unseen_mape")}}
+    return save_best(
+        "costmodel", asdict(train_config_from(best.config, settings.seed)), METRIC, "min", best.metrics[METRIC], results, out_dir, notes
+    )

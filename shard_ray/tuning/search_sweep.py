@@ -1,0 +1,220 @@
+"""Ray Tune sweep of the cost-model search's hyperparameters, top to bottom: simulated, then measured.
+
+Space: the dim-sum cap grid (its largest scale and how many steps from 1.0), beam width and
+depth, branching, the column splits tried, and the local-search budget in steps, all inside
+the anytime time budget the user sets (which is not swept: more time never hurts).
+Objective: over validation tasks drawn from the pool, the mean of each plan's simulated cost
+over the task's lower bound (column-wise, so 1.0 is unbeatable). Simulation ranks, the
+hardware decides: the `measure_top` best configurations and the shipped `cost_search`
+settings then plan the first `measure_tasks` validation tasks, every plan is measured on a
+device gang and logged to MLflow, and the configuration with the lowest mean measured cost
+relative to the shipped settings is saved for `plan --algo cost_search --search-config`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import ShardRayError
+from shard_ray.placement.search import COST_SEARCH, SearchConfig, search_placer
+from shard_ray.plan.topology import Topology
+from shard_ray.tuning.sweep import SweepConfig, dataclass_from, finished_trials, run_sweep, save_best
+from shard_ray.workload.tables import TableSpec
+
+METRIC = "simulated_over_bound"
+SPLITS = {"halves": (2,), "halves+quarters": (2, 4), "halves+quarters+eighths": (2, 4, 8)}
+Task = tuple[list[TableSpec], Topology]
+
+
+@dataclass(frozen=True)
+class SearchSweepConfig:
+    tasks: int = 8  # validation tasks every trial plans
+    min_tables: int = 20
+    max_tables: int = 40
+    devices: int = 2
+    memory_headroom: float = 1.5  # memory cap: this times an even split of the task's bytes
+    batch_size: int = 1024
+    time_budget_s: float = 3.0  # each plan's anytime budget
+    measure_top: int = 2  # best simulated configurations measured on the gang (0: none)
+    measure_tasks: int = 3
+    repeats: int = 5  # timed steps per measured plan
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("tasks", "min_tables", "max_tables", "devices", "measure_tasks", "repeats", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.min_tables > self.max_tables:
+            raise ShardRayError("min_tables must not exceed max_tables")
+        if self.measure_top < 0:
+            raise ShardRayError(f"measure_top must be 0 or more, got {self.measure_top}")
+        if not self.memory_headroom >= 1.0:
+            raise ShardRayError(f"memory_headroom must be at least 1, got {self.memory_headroom}")
+        if not self.time_budget_s > 0:
+            raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
+
+
+def search_space() -> dict[str, Any]:
+    from ray import tune
+
+    return {
+        "scale_max": tune.uniform(1.0, 2.0),
+        "scale_steps": tune.randint(1, 9),
+        "beam_width": tune.randint(1, 7),
+        "beam_depth": tune.randint(0, 7),
+        "branching": tune.randint(1, 6),
+        "split_ways": tune.choice(list(SPLITS)),
+        "local_search_steps": tune.choice([0, 25, 50, 100, 200, 400, 800]),
+    }
+
+
+def search_config_from(trial: dict[str, Any], time_budget_s: float) -> SearchConfig:
+    steps, top = int(trial["scale_steps"]), float(trial["scale_max"])
+    scales = tuple(round(1.0 + (top - 1.0) * k / (steps - 1), 3) for k in range(steps)) if steps > 1 else (1.0,)
+    values = {
+        "scales": scales,
+        "beam_width": int(trial["beam_width"]),
+        "beam_depth": int(trial["beam_depth"]),
+        "branching": int(trial["branching"]),
+        "split_ways": SPLITS[trial["split_ways"]],
+        "local_search_steps": int(trial["local_search_steps"]),
+        "time_budget_s": time_budget_s,
+    }
+    return dataclass_from(SearchConfig, values, "search trial")
+
+
+def validation_tasks(pool: list[TableSpec], settings: SearchSweepConfig) -> list[Task]:
+    from shard_ray.policy.ppo import PolicyConfig, validation_tasks as draw
+
+    shape = PolicyConfig(
+        min_tables=settings.min_tables,
+        max_tables=settings.max_tables,
+        devices=(settings.devices,),
+        max_devices=settings.devices,
+        memory_headroom=(settings.memory_headroom, settings.memory_headroom),
+        batch_size=settings.batch_size,
+    )
+    return draw(pool, shape, settings.tasks, settings.seed)
+
+
+def simulated_score(config: SearchConfig, tasks: list[Task], models: CostModels) -> tuple[float, float]:
+    """Mean simulated cost over the lower bound, and mean placement seconds, of `config` on `tasks`."""
+    import time
+
+    from shard_ray.costmodel.bounds import lower_bound_ms
+
+    simulator, placer = Simulator(models), search_placer("cost_search", config, models)
+    ratios, seconds = [], []
+    for tables, topology in tasks:
+        began = time.perf_counter()
+        plan = placer(tables, topology)
+        seconds.append(time.perf_counter() - began)
+        cost = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
+        ratios.append(cost / lower_bound_ms(models, tables, topology, column_wise=True))
+    return statistics.mean(ratios), statistics.mean(seconds)
+
+
+def search_trial(trial: dict[str, Any], tasks: list[Task], models_bytes: bytes, settings: SearchSweepConfig) -> None:
+    from ray import tune
+
+    ratio, seconds = simulated_score(search_config_from(trial, settings.time_budget_s), tasks, CostModels.from_bytes(models_bytes))
+    tune.report({METRIC: ratio, "placement_seconds": seconds})
+
+
+def measure_candidates(
+    candidates: dict[str, SearchConfig],
+    tasks: list[Task],
+    models: CostModels,
+    settings: SearchSweepConfig,
+    tracking_uri: Optional[str],
+    experiment: str,
+) -> dict[str, float]:
+    """Each candidate's plans of `tasks` measured on a gang; returns its mean measured cost over the shipped settings'."""
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+
+    gang = DeviceGang(settings.devices)
+    for warning in gang.warnings:
+        print(f"warning: {warning}", flush=True)
+    ratios: dict[str, list[float]] = {label: [] for label in candidates}
+    try:
+        for index, (tables, topology) in enumerate(tasks):
+            plans = []
+            for label, config in candidates.items():
+                plan = search_placer(f"cost_search[{label}]", config, models)(tables, topology)
+                plan.check(tables)
+                plan.check_memory(tables, topology)
+                plans.append(plan)
+            measure = MeasureConfig.for_topology(topology, repeats=settings.repeats)
+            costs = gang.evaluate_many(plans, tables, measure, progress=False)
+            shipped = costs[list(candidates).index("shipped")].cost_ms
+            for label, plan, cost in zip(candidates, plans, costs):
+                ratios[label].append(cost.cost_ms / shipped)
+                if tracking_uri:
+                    log_plan_evaluation(plan, cost, topology, f"validation-{index}", len(tables), tracking_uri, experiment)
+            print(f"validation task {index}: " + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)), flush=True)
+    finally:
+        gang.shutdown()
+    return {label: statistics.mean(values) for label, values in ratios.items()}
+
+
+def tune_search(
+    pool: list[TableSpec],
+    sweep: SweepConfig,
+    settings: SearchSweepConfig,
+    out_dir: str | Path,
+    tracking_uri: Optional[str],
+    experiment: str,
+    cost_model: Optional[str] = None,
+) -> Path:
+    """Sweep, measure the finalists, then write OUT/best.json (tuned SearchConfig) and OUT/trials.csv."""
+    from ray import tune
+
+    settings.check()
+    model_path = Path(cost_model) if cost_model else default_cost_model_path()
+    models = CostModels.load(model_path)
+    tasks = validation_tasks(pool, settings)
+    print(f"search sweep: {len(tasks)} validation tasks of {settings.min_tables}-{settings.max_tables} tables on {settings.devices} devices", flush=True)
+    results = run_sweep(
+        "search",
+        tune.with_parameters(search_trial, tasks=tasks, models_bytes=model_path.read_bytes(), settings=settings),
+        search_space(),
+        METRIC,
+        "min",
+        sweep,
+        out_dir,
+        tracking_uri,
+        experiment,
+        {"hardware": models.hardware},
+    )
+    finished = sorted(finished_trials(results, METRIC), key=lambda r: r.metrics[METRIC])
+    if not finished:
+        raise ShardRayError(f"no trial of the sweep reported {METRIC}; their errors are under {Path(out_dir) / 'tune'}")
+    shipped = replace(COST_SEARCH, time_budget_s=settings.time_budget_s)
+    shipped_ratio, _ = simulated_score(shipped, tasks, models)
+    print(f"simulated cost over the lower bound: shipped cost_search settings {shipped_ratio:.4f}")
+    for r in finished[:5]:
+        print(f"  {r.metrics['trial_id']}: {r.metrics[METRIC]:.4f}, {r.metrics['placement_seconds']:.2f} s a plan")
+    finalists = {r.metrics["trial_id"]: search_config_from(r.config, settings.time_budget_s) for r in finished[: settings.measure_top]}
+    notes: dict[str, Any] = {"hardware": models.hardware, "shipped_simulated_over_bound": shipped_ratio}
+    if finalists:
+        measured = measure_candidates(
+            {"shipped": shipped, **finalists}, tasks[: settings.measure_tasks], models, settings, tracking_uri, experiment
+        )
+        print("measured cost over the shipped settings': " + ", ".join(f"{k} {v:.4f}" for k, v in measured.items()))
+        chosen = min(measured, key=measured.__getitem__)
+        notes["measured_over_shipped"] = measured
+        notes["chosen_by"] = "measured"
+        if chosen == "shipped":
+            print("the shipped settings measured best; they are saved as the best configuration")
+        config = shipped if chosen == "shipped" else finalists[chosen]
+        value = shipped_ratio if chosen == "shipped" else next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
+    else:
+        config, value, notes["chosen_by"] = search_config_from(finished[0].config, settings.time_budget_s), finished[0].metrics[METRIC], "simulated"
+    return save_best("search", asdict(config), METRIC, "min", value, results, out_dir, notes)

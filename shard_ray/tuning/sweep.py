@@ -1,0 +1,218 @@
+"""What every sweep shares: the Tuner, its search algorithm, MLflow per trial, resume, the tuned file.
+
+A sweep lives in a folder:
+
+    OUT/tune/<name>/   Ray Tune's experiment state; a sweep started again on OUT resumes it
+    OUT/trials.csv     one row per trial: its configuration and last reported metrics
+    OUT/best.json      the best configuration, a tuned-config file (below)
+
+The tuned-config file is what `costmodel train --config`, `plan --search-config` and
+`policy train --config` read:
+
+    {"format": "shard-ray-tuned/1", "kind": "costmodel", "config": {...},
+     "metric": "val_mape", "mode": "min", "value": 0.061, "trials": 16, "sweep": "OUT/tune/costmodel"}
+
+Every trial is an MLflow run (Tune's MLflowLoggerCallback, which logs from the driver, so a
+tracking server bound to the head node's localhost serves a whole cluster), in one experiment
+per sweep, tagged with the sweep's kind.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shard_ray.errors import ShardRayError, describe_validation_error
+from shard_ray.io import read_document, write_atomic, write_json
+
+TUNED_FORMAT = "shard-ray-tuned/1"
+SEARCH_ALGORITHMS = ("optuna", "random")
+Kind = Literal["costmodel", "search", "policy"]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    samples: int = 16  # trials in all
+    search: str = "optuna"  # Optuna's TPE sampler, or random search
+    max_concurrent: int = 2  # trials at once; each takes one CPU
+    max_failures: int = 2  # times a failed trial is retried (Tune's FailureConfig)
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.samples < 1:
+            raise ShardRayError(f"samples must be at least 1, got {self.samples}")
+        if self.max_concurrent < 1:
+            raise ShardRayError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        if self.max_failures < 0:
+            raise ShardRayError(f"max_failures must be 0 or more, got {self.max_failures}")
+        if self.search not in SEARCH_ALGORITHMS:
+            raise ShardRayError(f"unknown search algorithm {self.search!r}; known: {', '.join(SEARCH_ALGORITHMS)}")
+
+
+class TunedConfig(BaseModel):
+    """The best configuration a sweep found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["shard-ray-tuned/1"] = TUNED_FORMAT
+    kind: Kind
+    config: dict[str, Any]
+    metric: str
+    mode: Literal["min", "max"]
+    value: float
+    trials: int
+    sweep: str
+    notes: dict[str, Any] = {}
+
+
+def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
+    """The configuration in a tuned-config file of `kind`."""
+    document = read_document(path, "tuned config")
+    if not isinstance(document, dict) or document.get("format") != TUNED_FORMAT:
+        raise ShardRayError(f"{path} is not a tuned-config file (expected \"format\": \"{TUNED_FORMAT}\")")
+    try:
+        tuned = TunedConfig.model_validate(document)
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, f"tuned config {path}")) from None
+    if tuned.kind != kind:
+        raise ShardRayError(f"{path} holds a tuned {tuned.kind} configuration, not a {kind} one")
+    return tuned.config
+
+
+def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
+    """`cls(**values)` with lists made tuples (JSON has no tuples) and unknown keys refused."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
+    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        config = cls(**converted)
+    except TypeError as err:
+        raise ShardRayError(f"{what}: {err}") from None
+    config.check()
+    return config
+
+
+def run_sweep(
+    kind: Kind,
+    trainable: Callable[..., None],
+    space: dict[str, Any],
+    metric: str,
+    mode: Literal["min", "max"],
+    sweep: SweepConfig,
+    out_dir: str | Path,
+    tracking_uri: Optional[str],
+    experiment: str,
+    tags: dict[str, str],
+    scheduler: Any = None,
+    trial_resources: Optional[dict[str, float]] = None,
+) -> Any:
+    """Run (or resume) the sweep into `out_dir`; returns Tune's ResultGrid (needs a connected Ray).
+
+    Failed trials are retried `sweep.max_failures` times and then left out; the sweep goes on.
+    """
+    from ray import tune
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+
+    # Policy trials checkpoint every iteration; Tune warns that its state snapshots follow suit.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    sweep.check()
+    storage = (Path(out_dir) / "tune").resolve()  # Tune needs an absolute storage path
+    path = storage / kind
+    resourced = tune.with_resources(trainable, trial_resources or {"cpu": 1})
+    if tune.Tuner.can_restore(str(path)):
+        print(f"resuming the sweep in {path}", flush=True)
+        tuner = tune.Tuner.restore(str(path), trainable=resourced, resume_errored=True)
+    else:
+        if sweep.search == "optuna":
+            import optuna
+            from ray.tune.search.optuna import OptunaSearch
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+            search_alg = ConcurrencyLimiter(OptunaSearch(seed=sweep.seed), max_concurrent=sweep.max_concurrent)
+        else:
+            search_alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
+        callbacks = []
+        if tracking_uri:
+            callbacks.append(
+                MLflowLoggerCallback(tracking_uri=tracking_uri, experiment_name=experiment, tags={"kind": f"tune-{kind}", **tags})
+            )
+        tuner = tune.Tuner(
+            resourced,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=metric,
+                mode=mode,
+                num_samples=sweep.samples,
+                search_alg=search_alg,
+                scheduler=scheduler,
+                trial_name_creator=lambda trial: f"{kind}_{trial.trial_id}",
+                trial_dirname_creator=lambda trial: f"{kind}_{trial.trial_id}",
+            ),
+            run_config=tune.RunConfig(
+                name=kind,
+                storage_path=str(storage),
+                failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                callbacks=callbacks,
+                verbose=1,
+            ),
+        )
+    began = time.perf_counter()
+    results = tuner.fit()
+    print(f"sweep finished in {time.perf_counter() - began:.0f} s: {len(results)} trials, {results.num_errors} failed", flush=True)
+    return results
+
+
+def finished_trials(results: Any, metric: str) -> list[Any]:
+    """Trials that reported a finite `metric`."""
+    return [
+        r for r in results
+        if r.error is None and r.metrics and isinstance(r.metrics.get(metric), (int, float)) and math.isfinite(r.metrics[metric])
+    ]
+
+
+def describe_settings(config: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return ", ".join(f"{k}={config[k]:.4g}" if isinstance(config[k], float) else f"{k}={config[k]}" for k in keys)
+
+
+def write_trials_csv(results: Any, path: Path) -> None:
+    frame = results.get_dataframe()
+    write_atomic(path, frame.to_csv(index=False))
+
+
+def save_best(
+    kind: Kind,
+    config: dict[str, Any],
+    metric: str,
+    mode: Literal["min", "max"],
+    value: float,
+    results: Any,
+    out_dir: str | Path,
+    notes: Optional[dict[str, Any]] = None,
+) -> Path:
+    """Write OUT/best.json and OUT/trials.csv; returns best.json's path."""
+    out = Path(out_dir)
+    write_trials_csv(results, out / "trials.csv")
+    tuned = TunedConfig(
+        kind=kind,
+        config=config,
+        metric=metric,
+        mode=mode,
+        value=value,
+        trials=len(results),
+        sweep=str((out / "tune" / kind).resolve()),
+        notes=notes or {},
+    )
+    path = out / "best.json"
+    write_json(path, tuned.model_dump(mode="json"))
+    return path

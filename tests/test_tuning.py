@@ -1,0 +1,135 @@
+"""Ray Tune sweeps: each kind runs for real (few small trials), saves a tuned file the consumers read, and logs to MLflow."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shard_ray.cli import main
+from shard_ray.costmodel.models import CostModels
+from shard_ray.policy.network import load_policy
+from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+from shard_ray.profiling.sampling import draw_augmented_shards
+from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import save_tables
+
+
+@pytest.fixture(scope="module")
+def pool_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pool") / "pool.json"
+    save_tables(path, generate_pool(PoolConfig(num_tables=60, seed=5)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def store_file(pool_file) -> Path:
+    """Real fbgemm measurements of small random shards of the pool's tables."""
+    from shard_ray.workload.tables import load_tables
+
+    path = pool_file.parent / "measurements.db"
+    with MeasurementStore(path) as store:
+        for parts in draw_augmented_shards(load_tables(pool_file), 50, 4, (8, 16, 64), seed=1):
+            store.put(measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test"))
+    return path
+
+
+def _runs(tracking_uri: str, experiment: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    return mlflow.search_runs(experiment_names=[experiment])
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_path, capsys, pool_file, store_file):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "sweep"
+    code = main(["tune", "costmodel", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(out),
+                 "--samples", "3", "--max-epochs", "12", "--report-every", "3", "--grace-reports", "1", "--tracking-uri", uri])
+    assert code == 0
+    summary = _last_json(capsys)
+    best = json.loads((out / "best.json").read_text())
+    assert best["kind"] == "costmodel" and best["metric"] == "val_mape" and best["value"] == summary["value"] > 0
+    assert best["trials"] == 3 and (out / "trials.csv").read_text().count("\n") == 4
+    runs = _runs(uri, "shard-ray-tune-costmodel")
+    assert len(runs) == 3 and set(runs["tags.kind"]) == {"tune-costmodel"} and set(runs["tags.hardware"]) == {"cpu:test"}
+    assert runs["metrics.val_mape"].notna().all()
+
+    # costmodel train takes the tuned settings; a flag given wins over the file
+    model = tmp_path / "tuned.pt"
+    assert main(["costmodel", "train", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(model),
+                 "--config", str(out / "best.json"), "--epochs", "5"]) == 0
+    trained = CostModels.load(model).info["train_config"]
+    for key in ("hidden", "depth", "lr", "loss", "feature_scaling"):
+        assert trained[key] == best["config"][key]
+    assert trained["max_epochs"] == 5
+
+
+def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, tmp_path, capsys, pool_file):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "sweep"
+    code = main(["tune", "search", "--pool", str(pool_file), "--out", str(out), "--samples", "2", "--tasks", "2",
+                 "--min-tables", "6", "--max-tables", "8", "--time-budget", "0.3", "--measure-top", "1", "--measure-tasks", "1",
+                 "--repeats", "2", "--tracking-uri", uri])
+    assert code == 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["kind"] == "search" and best["notes"]["chosen_by"] == "measured"
+    assert set(best["notes"]["measured_over_shipped"]) >= {"shipped"} and len(best["notes"]["measured_over_shipped"]) == 2
+    runs = _runs(uri, "shard-ray-tune-search")
+    trials = runs[runs["tags.kind"] == "tune-search"]
+    measured = runs[runs["tags.task"] == "validation-0"]
+    assert len(trials) == 2 and len(measured) == 2 and measured["metrics.cost_ms"].gt(0).all()
+
+    tables = tmp_path / "t.json"
+    save_tables(tables, generate_pool(PoolConfig(num_tables=10, seed=3)))
+    plan = tmp_path / "plan.json"
+    flags = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "64", "--out", str(plan), "--search-config", str(out / "best.json")]
+    assert main([*flags, "--algo", "cost_search"]) == 0
+    assert json.loads(plan.read_text())["metadata"]["settings"]["search_config"] == str(out / "best.json")
+    capsys.readouterr()
+    assert main([*flags[:-2], "--algo", "neuroshard", "--search-config", str(out / "best.json")]) == 2
+    assert "takes no search settings" in capsys.readouterr().err
+
+
+def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, pool_file):
+    out = tmp_path / "sweep"
+    code = main(["tune", "policy", "--pool", str(pool_file), "--out", str(out), "--samples", "2", "--iterations", "2",
+                 "--grace-iterations", "1", "--validation-tasks", "2", "--train-batch", "64", "--min-tables", "3",
+                 "--max-tables", "5", "--devices", "2", "--no-mlflow"])
+    assert code == 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["kind"] == "policy" and 1.0 <= best["value"] < 3.0
+    network, info = load_policy(out / "best_policy.pt")
+    assert network.hidden == best["config"]["hidden"] and info["config"]["lr"] == best["config"]["lr"]
+
+    # policy train takes the tuned PPO settings
+    trained = tmp_path / "trained"
+    assert main(["policy", "train", "--pool", str(pool_file), "--out", str(trained), "--config", str(out / "best.json"),
+                 "--iterations", "1", "--train-batch", "64", "--min-tables", "3", "--max-tables", "5", "--devices", "2", "--no-mlflow"]) == 0
+    _, info = load_policy(trained / "policy.pt")
+    for key in ("lr", "entropy_coeff", "num_epochs", "hidden"):
+        assert info["config"][key] == best["config"][key]
+
+
+def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, pool_file, store_file):
+    wrong = tmp_path / "search.json"
+    wrong.write_text(json.dumps({"format": "shard-ray-tuned/1", "kind": "search", "config": {}, "metric": "m", "mode": "min",
+                                 "value": 1.0, "trials": 1, "sweep": "x"}))
+    common = ["costmodel", "train", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(tmp_path / "m.pt")]
+    assert main([*common, "--config", str(wrong)]) == 2
+    assert "holds a tuned search configuration" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "shard-ray-tuned/1", "kind": "costmodel", "config": {"hidden": 8, "colour": "red"},
+                               "metric": "m", "mode": "min", "value": 1.0, "trials": 1, "sweep": "x"}))
+    assert main([*common, "--config", str(bad)]) == 2
+    assert "unknown setting(s) colour" in capsys.readouterr().err
+    assert main(["tune", "search", "--pool", str(tmp_path / "missing.json"), "--out", str(tmp_path / "s")]) == 2
+    with pytest.raises(SystemExit) as exit:
+        main(["tune", "costmodel", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(tmp_path / "s"),
+              "--search", "grid"])
+    assert exit.value.code == 2
+    assert not (tmp_path / "m.pt").exists() and not (tmp_path / "s").exists()
