@@ -209,3 +209,37 @@ def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
     assert "after iteration 5" in done.stdout and "PPO iteration 6/12" in done.stdout
     assert "PPO iteration 5/12" not in done.stdout
     assert load_policy(out)[1]["iterations"] == 12
+
+
+def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
+    """A trial's process killed mid-run is retried (FailureConfig); the sweep killed outright resumes (Tuner.restore)."""
+    import json
+
+    import psutil
+
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+    from shard_ray.workload.tables import save_tables
+
+    pool = tmp_path / "pool.json"
+    save_tables(pool, generate_pool(PoolConfig(num_tables=80, seed=6)))
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "shard_ray.cli", "tune", "search", "--pool", str(pool), "--out", str(out), "--samples", "6",
+               "--max-concurrent", "1", "--tasks", "6", "--min-tables", "30", "--max-tables", "40", "--time-budget", "0.6",
+               "--measure-top", "0", "--no-mlflow"]
+    killed_trials: list[int] = []
+
+    def kill_a_trial_then_wait_for_results() -> bool:
+        if not killed_trials:
+            for process in psutil.process_iter(["pid", "cmdline"]):
+                if "ray::ImplicitFunc" in " ".join(process.info["cmdline"] or []):  # a trial's process
+                    process.kill()
+                    killed_trials.append(process.info["pid"])
+            return False
+        return any(p.stat().st_size for p in out.glob("tune/search/*/result.json"))
+
+    _run_until(command, kill_a_trial_then_wait_for_results, signal.SIGKILL, timeout=240)
+    assert killed_trials and not (out / "best.json").exists()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "resuming the sweep" in done.stdout and "6 trials, 0 failed" in done.stdout
+    assert json.loads((out / "best.json").read_text())["trials"] == 6
