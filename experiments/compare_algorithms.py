@@ -1,6 +1,7 @@
 """Benchmark: every algorithm on held-out test tasks, each plan measured on the device gang.
 
     python experiments/compare_algorithms.py --tasks 5 --min-tables 20 --max-tables 40 --devices 2
+    python experiments/compare_algorithms.py --config experiments/configs/compare_algorithms.yaml
 
 Tasks are drawn from the test half of the synthetic pool (tables the shipped cost models never
 saw). For each task every algorithm that handles its size plans the same tables, and all of a
@@ -27,9 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from shard_ray.comparison import compare_algorithms
+from shard_ray.configfile import expand_config
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -55,8 +58,13 @@ def main() -> None:
     parser.add_argument("--algorithms", default=None, help="comma-separated names (default: every one that handles the task)")
     parser.add_argument("--seed", type=int, default=100)
     parser.add_argument("--no-mlflow", action="store_true")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    parser.add_argument("--experiment", default="shard-ray-compare", help="MLflow experiment (default %(default)s)")
     parser.add_argument("--out", default="experiments/results/compare")
-    args = parser.parse_args()
+    try:
+        args = parser.parse_args(expand_config(sys.argv[1:]))
+    except ShardRayError as err:
+        parser.error(str(err))
 
     out = Path(args.out)
     models = CostModels.load(args.cost_model)
@@ -95,8 +103,8 @@ def main() -> None:
             config = MeasureConfig.for_topology(topology, repeats=args.repeats, seed=args.seed)
             comparison = compare_algorithms(
                 tables, topology, gang, config, f"test_{i:03d}",
-                tracking_uri=None if args.no_mlflow else default_tracking_uri(),
-                experiment="shard-ray-compare", progress=False, cost_model=args.cost_model, policy=args.policy,
+                tracking_uri=None if args.no_mlflow else args.tracking_uri or default_tracking_uri(),
+                experiment=args.experiment, progress=False, cost_model=args.cost_model, policy=args.policy,
                 names=args.algorithms.split(",") if args.algorithms else None,
             )
             rows = comparison.rows

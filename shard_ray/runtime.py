@@ -26,7 +26,9 @@ def connect_ray(address: Optional[str] = None, min_cpus: int = 1) -> str:
         ray.init(address=address, logging_level=logging.WARNING)
         return f"ray: joined cluster at {address}"
     cpus = max(os.cpu_count() or 1, min_cpus)
+    # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
     ray.init(
+        address="local",
         num_cpus=cpus,
         include_dashboard=False,
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,

@@ -13,7 +13,7 @@ def ray_session():
     """One small local Ray for the whole session; 4 logical CPUs so a pool and a gang can overlap."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -1,0 +1,63 @@
+"""Pre-train the cost models on this cluster's hardware, from a YAML config, locally or as a Ray job.
+
+    python experiments/pretrain_costmodels.py --config experiments/configs/pretrain_costmodels.yaml
+    ray job submit --working-dir . -- python experiments/pretrain_costmodels.py --config experiments/configs/pretrain_costmodels.yaml
+
+The steps are the CLI's: `generate` the pool, split it into train/test `tasks`, `collect` compute
+data (random fused shards on the profiling actors) and comm data (plans on device gangs),
+`costmodel train`, `costmodel evaluate`. Each of the config's sections (`generate`, `tasks`,
+`collect_compute`, `collect_comm`, `train`, `evaluate`) holds flags of its step; `out` is the
+folder everything goes to (give an absolute path on shared storage for a Ray job, whose
+working directory is temporary). A step whose output exists is skipped and the collection
+steps resume from the store, so the experiment started again goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from shard_ray.cli import main as shard_ray
+from shard_ray.configfile import config_to_argv, read_config
+from shard_ray.errors import ShardRayError
+
+SECTIONS = ("generate", "tasks", "collect_compute", "collect_comm", "train", "evaluate")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "--config":
+        print("usage: pretrain_costmodels.py --config FILE", file=sys.stderr)
+        return 2
+    try:
+        config = read_config(argv[1])
+        unknown = sorted(set(config) - {"out", *SECTIONS})
+        if unknown:
+            raise ShardRayError(f"unknown section(s) {', '.join(unknown)}; known: out, {', '.join(SECTIONS)}")
+        flags = {name: config_to_argv(config.get(name) or {}, name) for name in SECTIONS}
+    except ShardRayError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = Path(config.get("out", "shard-ray-out/pretrain"))
+    pool, tasks, store, models = out / "pool.json", out / "tasks", out / "measurements.db", out / "costmodels.pt"
+    steps = [
+        (pool, ["generate", "--out", str(pool), *flags["generate"]]),
+        (tasks / "train_pool.json", ["tasks", "--pool", str(pool), "--out-dir", str(tasks), *flags["tasks"]]),
+        (None, ["collect", "--kind", "compute", "--pool", str(tasks / "train_pool.json"), "--store", str(store), *flags["collect_compute"]]),
+        (None, ["collect", "--kind", "comm", "--pool", str(tasks / "train_pool.json"), "--store", str(store), *flags["collect_comm"]]),
+        (models, ["costmodel", "train", "--store", str(store), "--train-pool", str(tasks / "train_pool.json"), "--out", str(models), *flags["train"]]),
+        (None, ["costmodel", "evaluate", "--model", str(models), "--data", str(store), *flags["evaluate"]]),
+    ]
+    for output, command in steps:
+        if output is not None and output.exists():
+            print(f"== shard-ray {command[0]}: {output} exists, skipped", flush=True)
+            continue
+        print(f"== shard-ray {' '.join(command)}", flush=True)
+        code = shard_ray(command)
+        if code:
+            return code
+    print(f"cost models: {models} (plan with: shard-ray plan --cost-model {models} ...)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,16 @@
+"""Train the DreamShard placement policy (`shard-ray policy train`) from a YAML config, locally or as a Ray job.
+
+    python experiments/train_policy.py --config experiments/configs/train_policy.yaml
+    ray job submit --working-dir . -- python experiments/train_policy.py --config experiments/configs/train_policy.yaml
+
+The config's keys are the flags of `shard-ray policy train`; flags after `--config` override them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from shard_ray.configfile import run_command_with_config
+
+if __name__ == "__main__":
+    sys.exit(run_command_with_config(["policy", "train"], sys.argv[1:]))

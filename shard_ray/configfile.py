@@ -1,0 +1,74 @@
+"""Flags from a YAML file: `--config FILE` for the experiment scripts run as Ray jobs.
+
+A config file is a mapping of flag names (with `_` or `-`) to values; it expands into flags
+placed before the command line's own, so the parser that reads them is the command's own
+(an unknown key is an unknown flag) and a flag given on the command line wins. Lists become
+comma-separated values, `true` a bare flag; `false` and `null` leave the flag out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from shard_ray.errors import ShardRayError
+from shard_ray.io import read_document
+
+
+def config_to_argv(config: dict[str, Any], what: str = "config") -> list[str]:
+    argv: list[str] = []
+    for key, value in config.items():
+        if not isinstance(key, str) or not key:
+            raise ShardRayError(f"{what}: keys must be flag names, got {key!r}")
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(v) for v in value)]
+        elif isinstance(value, (str, int, float)):
+            argv += [flag, str(value)]
+        else:
+            raise ShardRayError(f"{what}: {key} must be a number, string, boolean or list, got {type(value).__name__}")
+    return argv
+
+
+def read_config(path: str) -> dict[str, Any]:
+    document = read_document(path, "experiment config")
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ShardRayError(f"experiment config {path} must be a mapping of flag names to values")
+    return document
+
+
+def expand_config(argv: Optional[Sequence[str]]) -> list[str]:
+    """`argv` with `--config FILE` (or `--config=FILE`) replaced by the file's flags, placed first."""
+    argv = list(argv or [])
+    rest, path = [], None
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv):
+            path, i = argv[i + 1], i + 2
+        elif argv[i].startswith("--config="):
+            path, i = argv[i].split("=", 1)[1], i + 1
+        else:
+            rest.append(argv[i])
+            i += 1
+    if path is None:
+        return rest
+    return config_to_argv(read_config(path), f"experiment config {path}") + rest
+
+
+def run_command_with_config(command: list[str], argv: Sequence[str]) -> int:
+    """`shard-ray <command> <flags>` with `--config FILE` expanded; the exit status of the command."""
+    import sys
+
+    from shard_ray.cli import main
+
+    try:
+        flags = expand_config(argv)
+    except ShardRayError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return main([*command, *flags])

@@ -1,0 +1,172 @@
+"""The cluster route, for real: an MLflow tracking server, a Ray head taking `ray job submit`, the launcher files."""
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(check, what: str, timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not come up in {timeout} s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`mlflow server` on 127.0.0.1 with an SQLite backend and served artifacts."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
+         str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(lambda: urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200, "mlflow server")
+        yield uri
+    finally:
+        _stop(server)
+
+
+def _comparison_config(path: Path, out: Path, tracking_uri: str, experiment: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "tasks": 1, "min_tables": 4, "max_tables": 5, "devices": 2, "repeats": 2,
+        "algorithms": "lookup_greedy,size_greedy", "out": str(out), "tracking_uri": tracking_uri, "experiment": experiment,
+    }))
+    return path
+
+
+def _search_runs(uri: str, experiment: str) -> list[dict]:
+    """Runs of `experiment`, read through MLflow's REST API."""
+    def post(endpoint: str, body: dict) -> dict:
+        request = urllib.request.Request(f"{uri}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(request, timeout=10).read())
+
+    experiment_id = json.loads(urllib.request.urlopen(
+        f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10).read())["experiment"]["experiment_id"]
+    return post("runs/search", {"experiment_ids": [experiment_id]}).get("runs", [])
+
+
+def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlflow_server):
+    config = _comparison_config(tmp_path / "compare.yaml", tmp_path / "out", mlflow_server, "server-test")
+    done = subprocess.run([sys.executable, "experiments/compare_algorithms.py", "--config", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    runs = _search_runs(mlflow_server, "server-test")
+    assert len(runs) == 2
+    tags = [{t["key"]: t["value"] for t in r["data"]["tags"]} for r in runs]
+    assert {t["algorithm"] for t in tags} == {"lookup_greedy", "size_greedy"}
+    assert len({t["task"] for t in tags}) == 1 and {t["devices"] for t in tags} == {"2"}
+    assert all(t["hardware"].startswith("cpu:") for t in tags)
+    metric_names = [{m["key"] for m in r["data"]["metrics"]} for r in runs]
+    assert metric_names[0] == metric_names[1] and {"cost_ms", "placement_seconds", "device_0_total_ms"} <= metric_names[0]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    artifacts = {a.path for a in client.list_artifacts(runs[0]["info"]["run_id"])}
+    assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
+    plan = json.loads(Path(client.download_artifacts(runs[0]["info"]["run_id"], "plan.json", str(tmp_path))).read_text())
+    assert plan["num_devices"] == 2 and plan["algorithm"] in {"lookup_greedy", "size_greedy"}
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A Ray head started with `ray start --head`, token authentication on (Ray's default for clusters)."""
+    # The head's `python` is the project's, as in a shell with the virtual environment active.
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.pop("RAY_ADDRESS", None)
+    dashboard = _free_port()
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--port", str(_free_port()), "--num-cpus", "2",
+         "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        _wait_for(lambda: subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env,
+                                         capture_output=True, timeout=30).returncode == 0, "ray head")
+        yield address, env
+    finally:
+        _stop(head)
+
+
+def test_ray_job_submit_runs_an_experiment_that_logs_to_mlflow(tmp_path, ray_head, mlflow_server):
+    address, env = ray_head
+    config = _comparison_config(tmp_path / "compare.yaml", tmp_path / "out", mlflow_server, "job-test")
+    done = subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
+         "python", "experiments/compare_algorithms.py", "--config", str(config)],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "joined cluster" in done.stdout
+    runs = _search_runs(mlflow_server, "job-test")
+    assert len(runs) == 2 and all(r["info"]["status"] == "FINISHED" for r in runs)
+    assert (tmp_path / "out" / "compare.json").exists()
+
+
+def test_launcher_files_validate_against_rays_schema():
+    import copy
+
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    for name in ("gpu-cloud.yaml", "on-prem.yaml"):
+        config = yaml.safe_load((REPO / "cluster" / name).read_text())
+        validate_config(config)  # the file as written, against ray-schema.json (raises on what `ray up` would refuse)
+        validate_config(prepare_config(copy.deepcopy(config)))  # and with the launcher's defaults filled in, as `ray up` does
+        assert any("shard-ray" in c or "pip install" in c for c in config["setup_commands"])
+    cloud = yaml.safe_load((REPO / "cluster" / "gpu-cloud.yaml").read_text())
+    workers = cloud["available_node_types"]["gpu_worker"]
+    assert workers["resources"]["GPU"] == 8
+    assert any("fbgemm-gpu==1.8.0" in c for c in cloud["setup_commands"])
+    on_prem = yaml.safe_load((REPO / "cluster" / "on-prem.yaml").read_text())
+    assert on_prem["provider"]["type"] == "local"
+
+
+def test_kuberay_rayjob_manifest_parses():
+    manifest = yaml.safe_load((REPO / "cluster" / "kuberay-rayjob.yaml").read_text())
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
+    spec = manifest["spec"]
+    assert spec["entrypoint"].startswith("python experiments/")
+    cluster = spec["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    workers = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert workers["resources"]["limits"]["nvidia.com/gpu"] == 8
