@@ -27,7 +27,6 @@ from shard_ray.profiling.fused_shard import ShardMeasurement
 from shard_ray.profiling.sampling import base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 
-
 LOSSES = ("mse", "huber", "l1")  # on log ms, so every one is a relative error
 FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table features
 

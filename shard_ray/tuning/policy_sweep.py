@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -64,7 +64,14 @@ def policy_trial(
     from ray import tune
 
     from shard_ray.policy.network import save_policy
-    from shard_ray.policy.ppo import build_algorithm, policy_network, restore_checkpoint, save_checkpoint, validation_score, validation_tasks
+    from shard_ray.policy.ppo import (
+        build_algorithm,
+        policy_network,
+        restore_checkpoint,
+        save_checkpoint,
+        validation_score,
+        validation_tasks,
+    )
 
     config = policy_config_from(trial, base)
     models = CostModels.from_bytes(models_bytes)

@@ -14,6 +14,7 @@ relative to the shipped settings is saved for `plan --algo cost_search --search-
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -89,7 +90,8 @@ def search_config_from(trial: dict[str, Any], time_budget_s: float) -> SearchCon
 
 
 def validation_tasks(pool: list[TableSpec], settings: SearchSweepConfig) -> list[Task]:
-    from shard_ray.policy.ppo import PolicyConfig, validation_tasks as draw
+    from shard_ray.policy.ppo import PolicyConfig
+    from shard_ray.policy.ppo import validation_tasks as draw
 
     shape = PolicyConfig(
         min_tables=settings.min_tables,
@@ -104,8 +106,6 @@ def validation_tasks(pool: list[TableSpec], settings: SearchSweepConfig) -> list
 
 def simulated_score(config: SearchConfig, tasks: list[Task], models: CostModels) -> tuple[float, float]:
     """Mean simulated cost over the lower bound, and mean placement seconds, of `config` on `tasks`."""
-    import time
-
     from shard_ray.costmodel.bounds import lower_bound_ms
 
     simulator, placer = Simulator(models), search_placer("cost_search", config, models)

@@ -112,7 +112,6 @@ def run_sweep(
     experiment: str,
     tags: dict[str, str],
     scheduler: Any = None,
-    trial_resources: Optional[dict[str, float]] = None,
 ) -> Any:
     """Run (or resume) the sweep into `out_dir`; returns Tune's ResultGrid (needs a connected Ray).
 
@@ -127,7 +126,7 @@ def run_sweep(
     sweep.check()
     storage = (Path(out_dir) / "tune").resolve()  # Tune needs an absolute storage path
     path = storage / kind
-    resourced = tune.with_resources(trainable, trial_resources or {"cpu": 1})
+    resourced = tune.with_resources(trainable, {"cpu": 1})
     if tune.Tuner.can_restore(str(path)):
         print(f"resuming the sweep in {path}", flush=True)
         tuner = tune.Tuner.restore(str(path), trainable=resourced, resume_errored=True)
