@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Callable
 
+import pytest
+
 from shard_ray.costmodel.collect import COLLECT_DIMS
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
@@ -106,14 +108,24 @@ def _store_count(db) -> int:
             return 0
 
 
-def test_collect_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables):
+@pytest.mark.parametrize("command_name", ["collect", "profile"])
+def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables, command_name):
     from shard_ray.profiling.sampling import draw_augmented_shards
     from shard_ray.workload.tables import save_tables
 
     pool_file, db = tmp_path / "pool.json", tmp_path / "m.db"
     save_tables(pool_file, small_tables)
-    command = [sys.executable, "-m", "shard_ray.cli", "collect", "--kind", "compute", "--pool", str(pool_file),
-               "--samples", "30", "--max-tables", "4", "--batch-sizes", "2048", "--repeats", "60", "--actors", "2", "--store", str(db)]
+    cli = [sys.executable, "-m", "shard_ray.cli"]
+    if command_name == "collect":
+        command = [*cli, "collect", "--kind", "compute", "--pool", str(pool_file), "--samples", "30", "--max-tables", "4",
+                   "--batch-sizes", "2048", "--repeats", "60", "--actors", "2", "--store", str(db)]
+        config = MeasureConfig(batch_size=2048, warmup=2, repeats=60, seed=0)
+        drawn = draw_augmented_shards(small_tables, 30, 4, COLLECT_DIMS, 0, 1)
+    else:
+        command = [*cli, "profile", "--tables", str(pool_file), "--shards", "25", "--max-tables", "4", "--batch-size", "2048",
+                   "--repeats", "60", "--actors", "2", "--store", str(db)]
+        config = MeasureConfig(batch_size=2048, warmup=3, repeats=60, seed=0)
+        drawn = draw_shards(small_tables, 25, 4, seed=0, singles=True)
     for stop in (signal.SIGINT, signal.SIGKILL):
         before = _store_count(db)
         run = subprocess.Popen(
@@ -128,14 +140,12 @@ def test_collect_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path,
         if stop == signal.SIGINT:
             output = run.stdout.read().decode()
             assert run.returncode == 130 and "Traceback" not in output, output[-3000:]
-        assert before < _store_count(db) < 30  # stopped part way, what was measured is kept
+        assert before < _store_count(db) < len(drawn)  # stopped part way, what was measured is kept
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    config = MeasureConfig(batch_size=2048, warmup=2, repeats=60, seed=0)
     with MeasurementStore(db) as store:
         stored = store.measurements()
         hardware = stored[0].hardware
-        drawn = draw_augmented_shards(small_tables, 30, 4, COLLECT_DIMS, 0, 1)
         assert {m.key for m in stored} == {shard_key(s, config, hardware) for s in drawn}  # the set an unbroken run makes
         assert all(m.status == "ok" for m in stored)
 
