@@ -1,5 +1,5 @@
 # Two commands on a fresh machine: `make demo` and `make test`. Both go through `make setup`,
-# which builds .venv once and does nothing while it is newer than pyproject.toml.
+# which builds .venv once and does nothing while it is newer than pyproject.toml and this file.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
@@ -14,9 +14,11 @@ QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || tru
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | $(QUIET_PIP)
+	# torchrec's wheel requires the CUDA fbgemm-gpu; fbgemm-gpu-cpu provides the same module here
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps torchrec==1.8.0 2>&1 | $(QUIET_PIP)
 	touch $(STAMP)
 
 demo: setup

@@ -533,6 +533,23 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from shard_ray.interop.torchrec import export_plan, save_export
+    from shard_ray.plan.plan import load_plan
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(args.tables)
+    plan = load_plan(args.plan)
+    exported = export_plan(plan, tables, module_path=args.module_path, device_type=args.device)
+    save_export(args.out, exported)
+    column_wise = sum(t.sharding_type == "column_wise" for t in exported.tables.values())
+    print(
+        f"wrote {args.out}: {len(exported.tables)} tables on {exported.world_size} ranks "
+        f"({len(exported.tables) - column_wise} table-wise, {column_wise} column-wise) for module {args.module_path!r}"
+    )
+    print(f"use: plan = shard_ray.interop.torchrec.load_sharding_plan({str(args.out)!r}); DistributedModelParallel(model, plan=plan, ...)")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from shard_ray.demo import DemoConfig, run_demo
 
@@ -708,6 +725,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure_flags(p, batch_default=None)
     _add_tracking_flags(p)
     p.set_defaults(run=cmd_evaluate)
+
+    p = sub.add_parser("export", help="write a plan as a TorchRec ShardingPlan for DistributedModelParallel")
+    p.add_argument("--plan", required=True, help="plan file to export")
+    p.add_argument("--tables", required=True, help="the table file the plan places (for row counts)")
+    p.add_argument("--format", choices=["torchrec"], default="torchrec", help="(default %(default)s)")
+    p.add_argument("--module-path", default="", help="the EmbeddingBagCollection's path in the model, e.g. sparse_arch.embedding_bag_collection (default: the model is the collection)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="device type of the ranks (default %(default)s)")
+    p.add_argument("--out", required=True, help="file to write (.json)")
+    p.set_defaults(run=cmd_export)
 
     p = sub.add_parser("demo", help="the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow")
     p.add_argument("--workdir", default="shard-ray-out/demo", help="where files are written (default %(default)s)")

@@ -1,0 +1,1 @@
+"""Other systems' plans and ours: TorchRec's planner and ShardingPlan."""

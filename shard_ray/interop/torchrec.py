@@ -1,0 +1,197 @@
+"""TorchRec in and out: its planner as a baseline, and shard-ray plans as TorchRec ShardingPlans.
+
+Tables become an `EmbeddingBagCollection` of `EmbeddingBagConfig`s, one feature per table named
+after it. TorchRec's `EmbeddingShardingPlanner` plans that collection on the meta device for the
+task's device count, memory cap (its HBM cap, none of it held back) and per-rank batch, limited
+to the sharding types a shard-ray plan can express (table-wise and column-wise), and its plan
+is converted to ours. The other way, a shard-ray plan becomes a `ShardingPlan` for
+`DistributedModelParallel`: a table on one device is table-wise, a table split by columns is
+column-wise with one `ShardMetadata` per column range (ranks may repeat).
+
+The export file (`shard-ray export --format torchrec`) is JSON, not a pickle, so that loading it
+runs no code; `load_sharding_plan` turns it into the ShardingPlan objects:
+
+    {"format": "shard-ray-torchrec-plan/1", "module_path": "sparse_arch.embedding_bag_collection",
+     "world_size": 2, "device_type": "cuda",
+     "tables": {"t0": {"sharding_type": "column_wise", "compute_kernel": "fused", "ranks": [0, 1],
+                       "shards": [{"offsets": [0, 0], "sizes": [1000, 32], "rank": 0}, ...]}}}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shard_ray.errors import ShardRayError, describe_validation_error, first_line
+from shard_ray.io import read_document, write_json
+from shard_ray.plan.plan import Plan, Shard
+from shard_ray.plan.topology import Topology
+from shard_ray.workload.tables import TableSpec
+
+EXPORT_FORMAT = "shard-ray-torchrec-plan/1"
+# The sharding types a shard-ray plan can express.
+SHARDING_TYPES = ("table_wise", "column_wise")
+
+
+def embedding_bag_configs(tables: list[TableSpec]) -> list[Any]:
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+
+    return [
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=[t.name],
+            data_type=DataType.FP16 if t.precision == "fp16" else DataType.FP32,
+        )
+        for t in tables
+    ]
+
+
+def meta_collection(tables: list[TableSpec]) -> Any:
+    """The tables as an EmbeddingBagCollection on the meta device (no memory)."""
+    import torch
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device("meta"))
+
+
+@contextmanager
+def _quiet_torchrec() -> Iterator[None]:
+    """TorchRec's planner logs warnings about dry runs and hand-made topologies on every call."""
+    loggers = [logging.getLogger(name) for name in ("torchrec", "torchrec.distributed.planner")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
+    """TorchRec's EmbeddingShardingPlanner on the task, its plan in shard-ray's type."""
+    import warnings
+
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    constraints = {
+        t.name: ParameterConstraints(sharding_types=list(SHARDING_TYPES), compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
+        for t in tables
+    }
+    with _quiet_torchrec(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        planner = EmbeddingShardingPlanner(
+            topology=TorchRecTopology(world_size=topology.num_devices, compute_device="cuda", hbm_cap=topology.memory_bytes),
+            batch_size=max(1, topology.batch_size // topology.num_devices),  # TorchRec's batch is per rank
+            storage_reservation=HeuristicalStorageReservation(percentage=0.0, dense_tensor_estimate=0),
+            constraints=constraints,
+            debug=False,
+        )
+        try:
+            sharding_plan = planner.plan(meta_collection(tables), [EmbeddingBagCollectionSharder()])
+        except Exception as err:  # TorchRec's PlannerError and its kin: no plan within memory
+            raise ShardRayError(f"TorchRec's planner found no plan: {first_line(err)}") from None
+    shards = []
+    for name, sharding in sharding_plan.plan[""].items():
+        if sharding.sharding_type not in SHARDING_TYPES:
+            raise ShardRayError(f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express")
+        for meta in sharding.sharding_spec.shards:
+            start, width = meta.shard_offsets[1], meta.shard_sizes[1]
+            shards.append(Shard(table=name, device=meta.placement.rank(), columns=(start, start + width)))
+    return Plan(num_devices=topology.num_devices, algorithm="torchrec", shards=shards)
+
+
+class ExportedShard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    offsets: tuple[int, int]
+    sizes: tuple[int, int]
+    rank: int = Field(ge=0)
+
+
+class ExportedTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sharding_type: Literal["table_wise", "column_wise"]
+    compute_kernel: str = "fused"
+    ranks: list[int]
+    shards: list[ExportedShard] = Field(min_length=1)
+
+
+class ExportedPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["shard-ray-torchrec-plan/1"] = EXPORT_FORMAT
+    module_path: str = ""
+    world_size: int = Field(ge=1)
+    device_type: Literal["cuda", "cpu"] = "cuda"
+    tables: dict[str, ExportedTable]
+
+
+def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", device_type: str = "cuda") -> ExportedPlan:
+    """A checked shard-ray plan as TorchRec parameter shardings, column ranges in order."""
+    plan.check(tables)
+    rows = {t.name: t.rows for t in tables}
+    by_table: dict[str, list[Shard]] = defaultdict(list)
+    for shard in plan.shards:
+        by_table[shard.table].append(shard)
+    exported = {}
+    for name, shards in by_table.items():
+        shards = sorted(shards, key=lambda s: s.columns[0])
+        exported[name] = ExportedTable(
+            sharding_type="table_wise" if len(shards) == 1 else "column_wise",
+            ranks=[s.device for s in shards],
+            shards=[ExportedShard(offsets=(0, s.columns[0]), sizes=(rows[name], s.width), rank=s.device) for s in shards],
+        )
+    return ExportedPlan(module_path=module_path, world_size=plan.num_devices, device_type=device_type, tables=exported)
+
+
+def save_export(path: str | Path, exported: ExportedPlan) -> None:
+    write_json(path, exported.model_dump(mode="json"))
+
+
+def load_export(path: str | Path) -> ExportedPlan:
+    document = read_document(path, "TorchRec plan")
+    try:
+        return ExportedPlan.model_validate(document)
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, f"TorchRec plan {path}")) from None
+
+
+def sharding_plan(exported: ExportedPlan, local_world_size: int | None = None) -> Any:
+    """The TorchRec `ShardingPlan` for `DistributedModelParallel(..., plan=...)`."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    local = local_world_size or exported.world_size
+
+    def placement(rank: int) -> str:
+        return f"rank:{rank}/cpu" if exported.device_type == "cpu" else f"rank:{rank}/cuda:{rank % local}"
+
+    module_plan = EmbeddingModuleShardingPlan()
+    for name, table in exported.tables.items():
+        module_plan[name] = ParameterSharding(
+            sharding_type=table.sharding_type,
+            compute_kernel=table.compute_kernel,
+            ranks=table.ranks,
+            sharding_spec=EnumerableShardingSpec(
+                [ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes), placement=placement(s.rank)) for s in table.shards]
+            ),
+        )
+    return ShardingPlan({exported.module_path: module_plan})
+
+
+def load_sharding_plan(path: str | Path, local_world_size: int | None = None) -> Any:
+    """Read an exported plan file into a TorchRec ShardingPlan (the call to make in a training script)."""
+    return sharding_plan(load_export(path), local_world_size)
