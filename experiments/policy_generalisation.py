@@ -8,7 +8,7 @@ priced by the cost models (simulated cost, no hardware) over the task's table-wi
 Also the untrained network (its cost-model prior alone), to show what PPO added, and for the
 policies how often greedy decoding alone ran out of memory. An algorithm that finds no
 placement within memory counts as a failure, and its mean is over the rest.
-Measured costs of the same comparison are in `experiments/compare_algorithms.py`. Writes
+Measured costs of the same comparison are in `shard-ray bench` (`experiments/benchmark.py`). Writes
 Markdown and JSON; the last printed line is JSON.
 """
 

@@ -533,6 +533,29 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from shard_ray.benchmark import BenchmarkConfig, headline, run_benchmark
+    from shard_ray.runtime import connect_ray
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri
+    from shard_ray.workload.tables import load_tables
+
+    table_files = tuple(path for given in args.tables or () for path in given.split(","))  # a config's list arrives comma-joined
+    config = BenchmarkConfig(
+        tasks=args.tasks, min_tables=args.min_tables, max_tables=args.max_tables, table_files=table_files,
+        devices=args.devices, batch_size=args.batch_size, repeats=args.repeats, memory_headroom=args.memory_headroom,
+        cost_model=args.cost_model, policy=args.policy, algorithms=tuple(args.algorithms.split(",")) if args.algorithms else (),
+        seed=args.seed, out=args.out, tracking_uri=None if args.no_mlflow else args.tracking_uri or default_tracking_uri(),
+        experiment=args.experiment,
+    )
+    config.check()
+    for path in config.table_files:  # refuse bad table files before Ray starts
+        load_tables(path)
+    print(connect_ray(args.address, min_cpus=args.devices))
+    report = run_benchmark(config)
+    print(f"wrote benchmark.md, .csv, .png and .json to {args.out}")
+    print(json.dumps(headline(report)))
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     from shard_ray.interop.torchrec import export_plan, save_export
     from shard_ray.plan.plan import load_plan
@@ -725,6 +748,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_measure_flags(p, batch_default=None)
     _add_tracking_flags(p)
     p.set_defaults(run=cmd_evaluate)
+
+    p = sub.add_parser("bench", help="the benchmark report: every algorithm on test tasks and table files, every plan measured")
+    p.add_argument("--tasks", type=int, default=5, help="synthetic test-pool tasks; 0 for only --tables (default %(default)s)")
+    p.add_argument("--min-tables", type=_positive_int, default=20, help="(default %(default)s)")
+    p.add_argument("--max-tables", type=_positive_int, default=40, help="(default %(default)s)")
+    p.add_argument("--tables", action="append", help="a table file to benchmark as a task of its own; repeat for more")
+    p.add_argument("--devices", type=_positive_int, default=2, help="devices of the gang (default %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int, default=1024, help="(default %(default)s)")
+    p.add_argument("--repeats", type=_positive_int, default=10, help="timed steps per plan; medians are reported (default %(default)s)")
+    p.add_argument("--memory-headroom", type=float, default=1.5, help="memory cap over an even split of a task's bytes (default %(default)s)")
+    p.add_argument("--cost-model", default=None, help="cost model file (default: the shipped CPU models)")
+    p.add_argument("--policy", default=None, help="policy for dreamshard (default: the shipped one)")
+    p.add_argument("--algorithms", default=None, help="comma-separated names (default: every one that handles the task)")
+    p.add_argument("--seed", type=int, default=100)
+    p.add_argument("--out", default="shard-ray-out/benchmark", help="report folder; an existing one is resumed (default %(default)s)")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log MLflow runs")
+    _add_tracking_flags(p, experiment="shard-ray-benchmark")
+    p.set_defaults(run=cmd_bench)
 
     p = sub.add_parser("export", help="write a plan as a TorchRec ShardingPlan for DistributedModelParallel")
     p.add_argument("--plan", required=True, help="plan file to export")

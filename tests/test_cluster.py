@@ -84,11 +84,11 @@ def _search_runs(uri: str, experiment: str) -> list[dict]:
 
 def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlflow_server):
     config = _comparison_config(tmp_path / "compare.yaml", tmp_path / "out", mlflow_server, "server-test")
-    done = subprocess.run([sys.executable, "experiments/compare_algorithms.py", "--config", str(config)],
+    done = subprocess.run([sys.executable, "experiments/benchmark.py", "--config", str(config)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
-    runs = _search_runs(mlflow_server, "server-test")
+    runs = [r for r in _search_runs(mlflow_server, "server-test") if r["info"]["run_name"] != "benchmark"]
     assert len(runs) == 2
     tags = [{t["key"]: t["value"] for t in r["data"]["tags"]} for r in runs]
     assert {t["algorithm"] for t in tags} == {"lookup_greedy", "size_greedy"}
@@ -104,6 +104,9 @@ def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlf
     assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
     plan = json.loads(Path(client.download_artifacts(runs[0]["info"]["run_id"], "plan.json", str(tmp_path))).read_text())
     assert plan["num_devices"] == 2 and plan["algorithm"] in {"lookup_greedy", "size_greedy"}
+    summary = next(r for r in _search_runs(mlflow_server, "server-test") if r["info"]["run_name"] == "benchmark")
+    assert {"benchmark.md", "benchmark.csv", "benchmark.png", "benchmark.json"} <= {a.path for a in client.list_artifacts(summary["info"]["run_id"])}
+    assert {m["key"] for m in summary["data"]["metrics"]} >= {"mean_cost_ms.lookup_greedy", "mean_cost_ms.size_greedy"}
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +136,14 @@ def test_ray_job_submit_runs_an_experiment_that_logs_to_mlflow(tmp_path, ray_hea
     config = _comparison_config(tmp_path / "compare.yaml", tmp_path / "out", mlflow_server, "job-test")
     done = subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
-         "python", "experiments/compare_algorithms.py", "--config", str(config)],
+         "python", "experiments/benchmark.py", "--config", str(config)],
         env=env, capture_output=True, text=True, timeout=400,
     )
     assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-2000:]
     assert "joined cluster" in done.stdout
     runs = _search_runs(mlflow_server, "job-test")
-    assert len(runs) == 2 and all(r["info"]["status"] == "FINISHED" for r in runs)
-    assert (tmp_path / "out" / "compare.json").exists()
+    assert len(runs) == 3 and {r["info"]["run_name"] for r in runs} >= {"benchmark"} and all(r["info"]["status"] == "FINISHED" for r in runs)
+    assert (tmp_path / "out" / "benchmark.json").exists()
 
 
 def test_launcher_files_validate_against_rays_schema():

@@ -164,17 +164,18 @@ def _run_until(command: list[str], done: Callable[[], bool], stop: int, timeout:
 def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
     import json
 
-    out = tmp_path / "compare"
-    command = [sys.executable, "experiments/compare_algorithms.py", "--tasks", "4", "--min-tables", "4", "--max-tables", "5",
+    out = tmp_path / "benchmark"
+    command = [sys.executable, "-m", "shard_ray.cli", "bench", "--tasks", "4", "--min-tables", "4", "--max-tables", "5",
                "--devices", "2", "--repeats", "10", "--algorithms", "lookup_greedy,size_greedy", "--no-mlflow", "--out", str(out)]
     _run_until(command, lambda: (out / "tasks" / "test_000.json").exists(), signal.SIGKILL)
     first = json.loads((out / "tasks" / "test_000.json").read_text())
-    assert not (out / "compare.json").exists()
+    assert not (out / "benchmark.json").exists()
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "task 0: measured by an earlier run" in done.stdout
-    result = json.loads((out / "compare.json").read_text())
-    assert len(result["per_task"]) == 4 and result["per_task"][0] == first["records"]
+    assert "test_000: measured by an earlier run" in done.stdout
+    result = json.loads((out / "benchmark.json").read_text())
+    assert len(result["per_task"]) == 4 and result["per_task"]["test_000"] == first["records"]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["tasks"] == 4
 
 
 def test_outer_loop_killed_mid_round_resumes(tmp_path):

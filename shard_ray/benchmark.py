@@ -1,0 +1,287 @@
+"""The benchmark report: every algorithm on the same tasks, every plan measured on the device gang.
+
+Tasks are drawn from the test half of the synthetic pool (tables the shipped cost models never
+saw), plus any table files given. For each task every algorithm that handles its size plans the
+same tables under the same memory cap (`memory_headroom` times an even split of the task's
+bytes, never below its largest table), and all of a task's plans are measured side by side in
+one run on one gang. Averages are over the tasks every algorithm could plan (failures, such as
+a heuristic finding no placement within memory, are counted apart). Per algorithm: mean
+measured cost; improvement over the best single heuristic (lowest mean cost) and mean
+improvement over each task's best heuristic (an oracle choice); mean measured cost over the
+task's lower bound (a bound on the simulated cost); median placement time; mean error of the
+cost models' simulated plan cost against the measured one.
+
+Writes `benchmark.md`, `benchmark.csv`, `benchmark.png` and `benchmark.json` to `out`, logs every
+plan and a summary run to MLflow, and keeps each finished task in `out`/tasks/, so a stopped
+run started again with the same settings measures only the tasks it had not finished.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from shard_ray.comparison import compare_algorithms
+from shard_ray.costmodel.bounds import lower_bound_ms
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import ShardRayError
+from shard_ray.io import write_atomic, write_json
+from shard_ray.placement import algorithms
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import TableSpec, load_tables
+from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
+
+COLUMNS = (
+    ("mean_cost_ms", "mean measured cost (ms)"),
+    ("improvement_over_best_single_heuristic", "vs best single heuristic"),
+    ("mean_improvement_over_best_heuristic", "vs each task's best heuristic"),
+    ("mean_over_lower_bound", "over lower bound"),
+    ("median_placement_ms", "placement (ms, median)"),
+    ("mean_simulation_error", "simulated vs measured error"),
+    ("failed_tasks", "tasks failed"),
+)
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    tasks: int = 5  # synthetic test-pool tasks (0: only the table files)
+    min_tables: int = 20
+    max_tables: int = 40
+    table_files: tuple[str, ...] = ()
+    devices: int = 2
+    batch_size: int = 1024
+    repeats: int = 10
+    memory_headroom: float = 1.5
+    cost_model: Optional[str] = None
+    policy: Optional[str] = None
+    algorithms: tuple[str, ...] = ()  # empty: every registered one that handles the task
+    seed: int = 100
+    out: str = "shard-ray-out/benchmark"
+    tracking_uri: Optional[str] = None  # None: no MLflow
+    experiment: str = "shard-ray-benchmark"
+
+    def check(self) -> None:
+        if self.tasks < 0:
+            raise ShardRayError(f"tasks must be 0 or more, got {self.tasks}")
+        if self.tasks == 0 and not self.table_files:
+            raise ShardRayError("nothing to benchmark: give tasks > 0 or table files")
+        if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
+            raise ShardRayError("devices, repeats and batch size must be at least 1")
+        if not 1 <= self.min_tables <= self.max_tables:
+            raise ShardRayError(f"need 1 <= min_tables <= max_tables, got {self.min_tables} and {self.max_tables}")
+        if not self.memory_headroom >= 1.0:
+            raise ShardRayError(f"memory headroom must be at least 1, got {self.memory_headroom}")
+        known = {a.name for a in algorithms()}
+        unknown = [a for a in self.algorithms if a not in known]
+        if unknown:
+            raise ShardRayError(f"unknown algorithm(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+def benchmark_tasks(config: BenchmarkConfig) -> list[tuple[str, list[TableSpec]]]:
+    """(name, tables) of every task: synthetic test-pool tasks first, then the table files."""
+    tasks = []
+    if config.tasks:
+        task_config = TaskConfig(min_tables=config.min_tables, max_tables=config.max_tables, seed=0)
+        _, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), task_config.test_fraction, 0)
+        rng = np.random.default_rng(config.seed)
+        tasks += [(f"test_{i:03d}", draw_task(test_pool, task_config, rng)) for i in range(config.tasks)]
+    tasks += [(Path(path).stem, load_tables(path)) for path in config.table_files]
+    names = [name for name, _ in tasks]
+    if len(set(names)) != len(names):
+        raise ShardRayError("two tasks share a name; give table files with different names")
+    return tasks
+
+
+def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
+    """Measure every task (resuming finished ones), then write and return the report (needs a connected Ray)."""
+    config.check()
+    out = Path(config.out)
+    tasks = benchmark_tasks(config)
+    models = CostModels.load(config.cost_model or default_cost_model_path())
+    simulator = Simulator(models)
+    heuristics = {a.name for a in algorithms() if a.family == "heuristic"}
+    settings = {k: v for k, v in asdict(config).items() if k not in ("tracking_uri", "experiment")}
+    settings_file = out / "tasks" / "settings.json"
+    if settings_file.exists() and json.loads(settings_file.read_text()) != json.loads(json.dumps(settings)):
+        raise ShardRayError(f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it")
+    write_json(settings_file, settings)
+    gang = DeviceGang(config.devices)
+    for warning in gang.warnings:
+        print(f"warning: {warning}", flush=True)
+    per_task: dict[str, dict[str, dict]] = {}
+    failures: dict[str, list[str]] = {}
+    try:
+        for name, tables in tasks:
+            done_file = out / "tasks" / f"{name}.json"
+            if done_file.exists():
+                done = json.loads(done_file.read_text())
+                per_task[name] = done["records"]
+                for algorithm, why in done["failures"].items():
+                    failures.setdefault(algorithm, []).append(why)
+                print(f"{name}: measured by an earlier run ({done_file})", flush=True)
+                continue
+            topology = Topology(
+                num_devices=config.devices,
+                memory_bytes=memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
+                batch_size=config.batch_size,
+            )
+            measure = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
+            comparison = compare_algorithms(
+                tables, topology, gang, measure, name, tracking_uri=config.tracking_uri, experiment=config.experiment,
+                progress=False, cost_model=config.cost_model, policy=config.policy, names=list(config.algorithms) or None,
+            )
+            for algorithm, why in comparison.failures.items():
+                failures.setdefault(algorithm, []).append(why)
+                print(f"{name}: {algorithm} failed: {why}", flush=True)
+            rows = comparison.rows
+            bound = lower_bound_ms(models, tables, topology, column_wise=True)
+            measured_heuristics = [r.cost.cost_ms for r in rows if r.plan.algorithm in heuristics]
+            best_heuristic = min(measured_heuristics) if measured_heuristics else float("nan")
+            records = {}
+            for r in rows:
+                simulated = simulator.plan_cost(r.plan, tables, topology.batch_size).cost_ms
+                records[r.plan.algorithm] = {
+                    "cost_ms": r.cost.cost_ms,
+                    "improvement": 1.0 - r.cost.cost_ms / best_heuristic,
+                    "over_bound": r.cost.cost_ms / bound - 1.0,
+                    "placement_ms": r.plan.placement_seconds * 1e3,
+                    "sim_error": abs(simulated - r.cost.cost_ms) / r.cost.cost_ms,
+                }
+            per_task[name] = records
+            write_json(done_file, {"records": records, "failures": comparison.failures})
+            print(f"{name} ({len(tables)} tables, bound {bound:.1f} ms): " + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows), flush=True)
+    finally:
+        gang.shutdown()
+    report = summarise(per_task, failures, heuristics)
+    report.update({"settings": settings, "hardware": gang.hardware, "warnings": gang.warnings, "tasks": len(tasks)})
+    write_report(report, out, config)
+    return report
+
+
+def summarise(per_task: dict[str, dict[str, dict]], failures: dict[str, list[str]], heuristics: set[str]) -> dict[str, Any]:
+    names = sorted({name for task in per_task.values() for name in task})
+    common = [task for task in per_task.values() if all(name in task for name in names)]
+    if not common:
+        raise ShardRayError("no task was planned by every algorithm; see the failures above, or leave the failing ones out")
+    records = {name: [task[name] for task in common] for name in names}
+    mean_cost = {name: statistics.mean(x["cost_ms"] for x in rs) for name, rs in records.items()}
+    measured_heuristics = [n for n in names if n in heuristics]
+    best_single = min(measured_heuristics, key=lambda n: mean_cost[n]) if measured_heuristics else None
+    summary = {
+        name: {
+            "mean_cost_ms": mean_cost[name],
+            "improvement_over_best_single_heuristic": 1.0 - mean_cost[name] / mean_cost[best_single] if best_single else None,
+            "mean_improvement_over_best_heuristic": statistics.mean(x["improvement"] for x in rs) if best_single else None,
+            "mean_over_lower_bound": statistics.mean(x["over_bound"] for x in rs),
+            "median_placement_ms": statistics.median(x["placement_ms"] for x in rs),
+            "mean_simulation_error": statistics.mean(x["sim_error"] for x in rs),
+            "tasks": len(rs),
+            "failed_tasks": len(failures.get(name, [])),
+        }
+        for name, rs in records.items()
+    }
+    return {"algorithms": summary, "best_single_heuristic": best_single, "common_tasks": len(common), "per_task": per_task, "failures": failures}
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "—"
+    if key == "mean_cost_ms":
+        return f"{value:.2f}"
+    if key == "median_placement_ms":
+        return f"{value:.1f}"
+    if key == "failed_tasks":
+        return str(value)
+    if key == "mean_simulation_error":
+        return f"{100 * value:.1f}%"
+    return f"{100 * value:+.1f}%"
+
+
+def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> None:
+    """benchmark.md, .csv, .png and .json in `out`; a summary MLflow run when tracking."""
+    summary = report["algorithms"]
+    ranked = sorted(summary.items(), key=lambda kv: kv[1]["mean_cost_ms"])
+    lines = [
+        f"{report['common_tasks']} of {report['tasks']} tasks (those every algorithm planned; "
+        f"{config.tasks} synthetic test tasks of {config.min_tables}-{config.max_tables} unseen tables"
+        + (f", table files {', '.join(Path(p).name for p in config.table_files)}" if config.table_files else "")
+        + f"), {config.devices} devices, batch {config.batch_size}, memory {config.memory_headroom}x an even split, "
+        f"measured on `{report['hardware']}`" + (" (CPU devices: one core each)" if report["hardware"].startswith("cpu") else "")
+        + f"; best single heuristic: {report['best_single_heuristic']}",
+        *(f"Warning: {w}." for w in report["warnings"]),
+        "",
+        "| algorithm | " + " | ".join(title for _, title in COLUMNS) + " |",
+        "|---|" + "---:|" * len(COLUMNS),
+    ]
+    lines += [f"| {name} | " + " | ".join(_cell(key, s[key]) for key, _ in COLUMNS) + " |" for name, s in ranked]
+    write_atomic(out / "benchmark.md", "\n".join(lines) + "\n")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["algorithm", *(key for key, _ in COLUMNS), "tasks"])
+    writer.writerows([name, *(s[key] for key, _ in COLUMNS), s["tasks"]] for name, s in ranked)
+    write_atomic(out / "benchmark.csv", buffer.getvalue())
+    cost_chart(ranked, report["best_single_heuristic"], f"{report['common_tasks']} tasks, {config.devices} devices, {report['hardware']}", out / "benchmark.png")
+    write_json(out / "benchmark.json", report)
+    print("\n".join(lines), flush=True)
+    if config.tracking_uri:
+        log_summary(report, out, config)
+
+
+def cost_chart(ranked: list[tuple[str, dict]], best_single: Optional[str], title: str, path: Path) -> None:
+    """Mean measured cost per algorithm, best first, the best single heuristic's marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n, _ in ranked]
+    costs = [s["mean_cost_ms"] for _, s in ranked]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(names) + 1.5))
+    ax.barh(names[::-1], costs[::-1], color=["tab:orange" if n == best_single else "tab:blue" for n in names[::-1]])
+    if best_single:
+        ax.axvline(dict(zip(names, costs))[best_single], color="tab:orange", linestyle="--", linewidth=1, label=f"best single heuristic ({best_single})")
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_xlabel("mean measured cost per step (ms)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(config.tracking_uri)
+    mlflow.set_experiment(config.experiment)
+    with mlflow.start_run(run_name="benchmark", tags={"kind": "benchmark", "hardware": report["hardware"], "devices": str(config.devices)}):
+        mlflow.log_params({k: str(v) for k, v in report["settings"].items()})
+        for name, s in report["algorithms"].items():
+            mlflow.log_metrics({f"{key}.{name}": float(s[key]) for key, _ in COLUMNS if s[key] is not None})
+        for suffix in ("md", "csv", "png", "json"):
+            mlflow.log_artifact(str(out / f"benchmark.{suffix}"))
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The figures the last printed line carries."""
+    summary = report["algorithms"]
+    best = min(summary, key=lambda n: summary[n]["mean_cost_ms"])
+    return {
+        "hardware": report["hardware"],
+        "tasks": report["common_tasks"],
+        "best_algorithm": best,
+        "best_single_heuristic": report["best_single_heuristic"],
+        "improvement_over_best_single_heuristic": {n: s["improvement_over_best_single_heuristic"] for n, s in summary.items()},
+        "mean_cost_ms": {n: round(s["mean_cost_ms"], 3) for n, s in summary.items()},
+    }
