@@ -44,13 +44,14 @@ def main() -> int:
     parser.add_argument("--max-tables", type=int, default=40)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--time-budget", type=float, default=2.0)
-    parser.add_argument("--out", default="experiments/results/search_algorithms")
+    parser.add_argument("--out", default="experiments/results/search_algorithms", help="the report")
+    parser.add_argument("--work", default="shard-ray-out/search_algorithms", help="the sweeps' folders")
     args = parser.parse_args()
     out = Path(args.out)
     curves: dict[str, list[list[float]]] = {"optuna": [], "random": []}
     for search in curves:
         for seed in (int(s) for s in args.seeds.split(",")):
-            folder = out / f"{search}-{seed}"
+            folder = Path(args.work) / f"{search}-{seed}"
             code = shard_ray([
                 "tune", "search", "--pool", args.pool, "--out", str(folder), "--samples", str(args.samples), "--search", search,
                 "--seed", str(seed), "--tasks", str(args.tasks), "--min-tables", str(args.min_tables), "--max-tables",
@@ -60,7 +61,7 @@ def main() -> int:
             if code:
                 return code
             curves[search].append(best_so_far(folder / "trials.csv"))
-    shipped = json.loads((out / f"optuna-{args.seeds.split(',')[0]}" / "best.json").read_text())["notes"]["shipped_simulated_over_bound"]
+    shipped = json.loads((Path(args.work) / f"optuna-{args.seeds.split(',')[0]}" / "best.json").read_text())["notes"]["shipped_simulated_over_bound"]
     checkpoints = sorted({n for n in (4, 8, 16, 32, args.samples) if n <= args.samples})
     summary = {
         search: {n: statistics.median(c[n - 1] for c in found if len(c) >= n) for n in checkpoints}

@@ -125,3 +125,19 @@ def test_export_of_a_searched_plan_and_bad_input(tmp_path, capsys):
     wrong.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [{"table": "nope", "device": 0, "columns": [0, 4]}]}))
     assert main(["export", "--plan", str(wrong), "--tables", str(tables_file), "--out", str(tmp_path / "out.json")]) == 2
     assert capsys.readouterr().err.startswith("shard-ray: error:") and not (tmp_path / "out.json").exists()
+
+
+def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
+    tables_file = tmp_path / "mine.json"
+    save_tables(tables_file, generate_pool(PoolConfig(num_tables=6, seed=8)))
+    out = tmp_path / "bench"
+    code = main(["bench", "--tasks", "0", "--tables", str(tables_file), "--devices", "2", "--repeats", "2",
+                 "--algorithms", "size_greedy,torchrec,cost_search", "--no-mlflow", "--out", str(out)])
+    assert code == 0
+    headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert headline["tasks"] == 1 and headline["best_single_heuristic"] == "size_greedy"
+    assert set(headline["mean_cost_ms"]) == {"size_greedy", "torchrec", "cost_search"}
+    rows = (out / "benchmark.csv").read_text().strip().splitlines()
+    assert rows[0].startswith("algorithm,mean_cost_ms") and len(rows) == 4
+    assert (out / "benchmark.png").stat().st_size > 0 and "| torchrec |" in (out / "benchmark.md").read_text()
+    assert main(["bench", "--tasks", "0", "--out", str(tmp_path / "none")]) == 2  # nothing to benchmark
