@@ -2,7 +2,8 @@
 
 Tables become an `EmbeddingBagCollection` of `EmbeddingBagConfig`s, one feature per table named
 after it. TorchRec's `EmbeddingShardingPlanner` plans that collection on the meta device for the
-task's device count, memory cap (its HBM cap, none of it held back) and per-rank batch, limited
+task's device count, memory cap (its HBM cap, none of it held back), optimizer (so its storage
+estimate counts the optimizer state, as shard-ray's memory model does) and per-rank batch, limited
 to the sharding types a shard-ray plan can express (table-wise and column-wise), and its plan
 is converted to ours. The other way, a shard-ray plan becomes a `ShardingPlan` for
 `DistributedModelParallel`: a table on one device is table-wise, a table split by columns is
@@ -34,6 +35,28 @@ from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 EXPORT_FORMAT = "shard-ray-torchrec-plan/1"
+
+
+def _row_wise_adagrad() -> type:
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    return RowWiseAdagrad
+
+
+def _sgd() -> type:
+    import torch
+
+    return torch.optim.SGD
+
+
+def _adam() -> type:
+    import torch
+
+    return torch.optim.Adam
+
+
+# shard-ray's optimizer names and the classes TorchRec's storage estimate knows
+_OPTIMIZERS = {"rowwise_adagrad": _row_wise_adagrad, "sgd": _sgd, "adam": _adam}
 # The sharding types a shard-ray plan can express.
 SHARDING_TYPES = ("table_wise", "column_wise")
 
@@ -84,6 +107,7 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
     from torchrec.distributed.planner import Topology as TorchRecTopology
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     constraints = {
         t.name: ParameterConstraints(sharding_types=list(SHARDING_TYPES), compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
@@ -98,8 +122,11 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
             constraints=constraints,
             debug=False,
         )
+        collection = meta_collection(tables)
+        # the optimizer tells TorchRec's storage estimate what state to count, as shard-ray's memory model does
+        apply_optimizer_in_backward(_OPTIMIZERS[topology.optimizer](), collection.parameters(), {"lr": 0.01})
         try:
-            sharding_plan = planner.plan(meta_collection(tables), [EmbeddingBagCollectionSharder()])
+            sharding_plan = planner.plan(collection, [EmbeddingBagCollectionSharder()])
         except Exception as err:  # TorchRec's PlannerError and its kin: no plan within memory
             raise ShardRayError(f"TorchRec's planner found no plan: {first_line(err)}") from None
     shards = []
