@@ -131,7 +131,7 @@ def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
     tables_file = tmp_path / "mine.json"
     save_tables(tables_file, generate_pool(PoolConfig(num_tables=6, seed=8)))
     out = tmp_path / "bench"
-    code = main(["bench", "--tasks", "0", "--tables", str(tables_file), "--devices", "2", "--repeats", "2",
+    code = main(["bench", "--tasks", "0", "--tables", str(tables_file), "--devices", "2", "--repeats", "2", "--memory-headroom", "3",
                  "--algorithms", "size_greedy,torchrec,cost_search", "--no-mlflow", "--out", str(out)])
     assert code == 0
     headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
