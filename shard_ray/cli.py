@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -343,22 +342,15 @@ def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
     from shard_ray.policy.ppo import PolicyConfig
     from shard_ray.tuning.sweep import dataclass_from, load_tuned
 
-    tuned = load_tuned(args.config, "policy") if getattr(args, "config", None) else {}
-    defaults = asdict(PolicyConfig())
-
-    def setting(name: str, flag: Optional[object]) -> object:
-        return flag if flag is not None else tuned.get(name, defaults[name])
-
-    minibatch = setting("minibatch_size", args.minibatch)
-    swept = {k: v for k, v in tuned.items() if k not in ("lr", "hidden", "minibatch_size")}
-    base = dataclass_from(PolicyConfig, {**defaults, **swept}, f"tuned policy settings {args.config}") if tuned else PolicyConfig()
-    return replace(
-        base,
+    values = asdict(PolicyConfig())
+    if getattr(args, "config", None):
+        values.update(load_tuned(args.config, "policy"))
+    given = {"lr": args.lr, "hidden": args.hidden, "minibatch_size": args.minibatch}
+    values.update({k: v for k, v in given.items() if v is not None})
+    values.update(
         iterations=getattr(args, "iterations", 1),
         train_batch_size=args.train_batch,
-        minibatch_size=min(minibatch, args.train_batch),
-        lr=setting("lr", args.lr),
-        hidden=setting("hidden", args.hidden),
+        minibatch_size=min(values["minibatch_size"], args.train_batch),
         num_env_runners=args.env_runners,
         num_learners=args.learners,
         min_tables=args.min_tables,
@@ -368,6 +360,7 @@ def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
         batch_size=args.batch_size,
         seed=args.seed,
     )
+    return dataclass_from(PolicyConfig, values, "policy settings")
 
 
 def _check_policy_inputs(config: "PolicyConfig", pool: list, cost_model: Optional[str]) -> None:
