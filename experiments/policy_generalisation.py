@@ -29,9 +29,8 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
-from shard_ray.placement.dreamshard import roll_out
 from shard_ray.policy.network import DeviceScorer, default_policy_path, load_policy, save_policy
-from shard_ray.policy.ppo import PolicyConfig, validation_tasks
+from shard_ray.policy.ppo import PolicyConfig, validation_score, validation_tasks
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import split_pool
 
@@ -110,8 +109,7 @@ def main() -> None:
 
 def _greedy_stuck(policy: str, tasks: list, models: CostModels) -> int:
     """Tasks on which greedy decoding alone ran out of memory (the placer then samples until a plan fits)."""
-    network, _ = load_policy(policy)
-    return sum(roll_out(network, tables, topology, models) is None for tables, topology in tasks)
+    return validation_score(load_policy(policy)[0], tasks, models)[1]
 
 
 if __name__ == "__main__":
