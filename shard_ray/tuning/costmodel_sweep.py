@@ -29,7 +29,7 @@ from shard_ray.costmodel.train import (
 )
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, finished_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, ranked_trials, run_sweep, save_best
 
 METRIC = "val_mape"
 SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "patience", "loss", "feature_scaling")
@@ -136,10 +136,7 @@ def tune_cost_models(
         {"hardware": hardware},
         scheduler,
     )
-    finished = finished_trials(results, METRIC)
-    if not finished:
-        raise ShardRayError(f"no trial of the sweep reported {METRIC}; their errors are under {Path(out_dir) / 'tune'}")
-    ranked = sorted(finished, key=lambda r: r.metrics[METRIC])
+    ranked = ranked_trials(results, METRIC, out_dir)
     print(f"{'trial':<22} {'val MAPE':>9} {'test MAPE':>10} {'epochs':>7}  settings")
     for r in ranked[:5]:
         test = r.metrics.get("test_mape")

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.policy.ppo import PolicyConfig
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, finished_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "validation_over_bound"
@@ -134,9 +134,7 @@ def tune_policy(
         {"hardware": models.hardware},
         scheduler,
     )
-    finished = sorted(finished_trials(results, METRIC), key=lambda r: r.metrics[METRIC])
-    if not finished:
-        raise ShardRayError(f"no trial of the sweep reported {METRIC}; their errors are under {Path(out_dir) / 'tune'}")
+    finished = ranked_trials(results, METRIC, out_dir)
     print(f"{'trial':<20} {'validation':>10} {'stuck':>6} {'iterations':>10}  settings")
     for r in finished[:5]:
         print(

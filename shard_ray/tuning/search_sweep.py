@@ -24,7 +24,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import COST_SEARCH, SearchConfig, search_placer
 from shard_ray.plan.topology import Topology
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, finished_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, dataclass_from, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
@@ -193,9 +193,7 @@ def tune_search(
         experiment,
         {"hardware": models.hardware},
     )
-    finished = sorted(finished_trials(results, METRIC), key=lambda r: r.metrics[METRIC])
-    if not finished:
-        raise ShardRayError(f"no trial of the sweep reported {METRIC}; their errors are under {Path(out_dir) / 'tune'}")
+    finished = ranked_trials(results, METRIC, out_dir)
     shipped = replace(COST_SEARCH, time_budget_s=settings.time_budget_s)
     shipped_ratio, _ = simulated_score(shipped, tasks, models)
     print(f"simulated cost over the lower bound: shipped cost_search settings {shipped_ratio:.4f}")

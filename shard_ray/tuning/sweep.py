@@ -172,12 +172,15 @@ def run_sweep(
     return results
 
 
-def finished_trials(results: Any, metric: str) -> list[Any]:
-    """Trials that reported a finite `metric`."""
-    return [
+def ranked_trials(results: Any, metric: str, out_dir: str | Path) -> list[Any]:
+    """Trials that reported a finite `metric`, lowest first; an error when none did."""
+    finished = [
         r for r in results
         if r.error is None and r.metrics and isinstance(r.metrics.get(metric), (int, float)) and math.isfinite(r.metrics[metric])
     ]
+    if not finished:
+        raise ShardRayError(f"no trial of the sweep reported {metric}; their errors are under {Path(out_dir) / 'tune'}")
+    return sorted(finished, key=lambda r: r.metrics[metric])
 
 
 def describe_settings(config: dict[str, Any], keys: tuple[str, ...]) -> str:
