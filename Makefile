@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Both go through `make setup`,
+# Two commands on a fresh machine: `make demo` and `make test` (lint, then the tests). Both go through `make setup`,
 # which builds .venv once and does nothing while it is newer than pyproject.toml and this file.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 # pip prints a warning for every package its local mirrors lack; they are noise here.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test lint format clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,17 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/shard-ray demo
 
-test: setup
+test: setup lint
 	$(PY) -m pytest
+
+# ruff's linter and formatter (settings in pyproject.toml); `make format` applies both.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 clean:
 	rm -rf $(VENV) shard-ray-out mlflow.db .pytest_cache

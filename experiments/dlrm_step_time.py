@@ -68,12 +68,19 @@ def batches(tables: list[TableSpec], batch: int, count: int, seed: int) -> list[
             values=torch.from_numpy(np.concatenate([d.indices for d in drawn])),
             lengths=torch.from_numpy(np.concatenate([d.lengths for d in drawn])),
         )
-        made.append((torch.from_numpy(rng.standard_normal((batch, DENSE_FEATURES)).astype(np.float32)), kjt,
-                     torch.from_numpy(rng.integers(0, 2, batch).astype(np.float32))))
+        made.append(
+            (
+                torch.from_numpy(rng.standard_normal((batch, DENSE_FEATURES)).astype(np.float32)),
+                kjt,
+                torch.from_numpy(rng.integers(0, 2, batch).astype(np.float32)),
+            )
+        )
     return made
 
 
-def train_rank(rank: int, port: int, tables: list[TableSpec], plans: dict, order: list[str], args: argparse.Namespace, times: dict) -> None:
+def train_rank(
+    rank: int, port: int, tables: list[TableSpec], plans: dict, order: list[str], args: argparse.Namespace, times: dict
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -92,7 +99,9 @@ def train_rank(rank: int, port: int, tables: list[TableSpec], plans: dict, order
             collection = EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device("meta"))
             apply_optimizer_in_backward(RowWiseAdagrad, collection.parameters(), {"lr": 0.05})
             model = DistributedModelParallel(
-                SmallDLRM(collection, width), device=torch.device("cpu"), plan=sharding_plan(plans[label]),
+                SmallDLRM(collection, width),
+                device=torch.device("cpu"),
+                plan=sharding_plan(plans[label]),
                 sharders=[EmbeddingBagCollectionSharder()],
             )
             dense = torch.optim.Adagrad([p for n, p in model.named_parameters() if ".sparse." not in f".{n}"], lr=0.05)
@@ -110,7 +119,10 @@ def train_rank(rank: int, port: int, tables: list[TableSpec], plans: dict, order
                     steps.append((time.perf_counter() - began) * 1e3)
             if rank == 0:
                 times[f"{round_index}:{label}"] = steps
-                print(f"round {round_index + 1}/{len(order)} ({label}): median step {statistics.median(steps):.2f} ms, last loss {loss.item():.4f}", flush=True)
+                print(
+                    f"round {round_index + 1}/{len(order)} ({label}): median step {statistics.median(steps):.2f} ms, last loss {loss.item():.4f}",
+                    flush=True,
+                )
     finally:
         dist.destroy_process_group()
 
@@ -118,7 +130,9 @@ def train_rank(rank: int, port: int, tables: list[TableSpec], plans: dict, order
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=20, help="tables in the task (default %(default)s)")
-    parser.add_argument("--max-rows", type=int, default=100_000, help="rows per table at most, to fit CPU memory (default %(default)s)")
+    parser.add_argument(
+        "--max-rows", type=int, default=100_000, help="rows per table at most, to fit CPU memory (default %(default)s)"
+    )
     parser.add_argument("--batch", type=int, default=512, help="samples per rank and step (default %(default)s)")
     parser.add_argument("--steps", type=int, default=150, help="timed steps per round (default %(default)s)")
     parser.add_argument("--warmup", type=int, default=10)
@@ -130,17 +144,24 @@ def main() -> int:
     args = parser.parse_args()
 
     _, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
-    drawn = draw_task(test_pool, TaskConfig(min_tables=args.tables, max_tables=args.tables, seed=0), np.random.default_rng(args.seed))
+    drawn = draw_task(
+        test_pool, TaskConfig(min_tables=args.tables, max_tables=args.tables, seed=0), np.random.default_rng(args.seed)
+    )
     tables = [t.model_copy(update={"rows": min(t.rows, args.max_rows)}) for t in drawn]
     topology = Topology(
-        num_devices=WORLD, memory_bytes=memory_cap_with_headroom(tables, WORLD, args.memory_headroom), batch_size=args.batch * WORLD
+        num_devices=WORLD,
+        memory_bytes=memory_cap_with_headroom(tables, WORLD, args.memory_headroom),
+        batch_size=args.batch * WORLD,
     )
     plans = {}
     for label, algorithm in ((f"shard-ray {args.algorithm}", args.algorithm), ("torchrec planner", "torchrec")):
         plan = place(algorithm, tables, topology)
         plans[label] = export_plan(plan, tables, module_path="sparse", device_type="cpu")
         split = sum(1 for t in plans[label].tables.values() if t.sharding_type == "column_wise")
-        print(f"{label}: {len(plan.shards)} shards, {split} tables column-wise, placed in {plan.placement_seconds * 1e3:.0f} ms", flush=True)
+        print(
+            f"{label}: {len(plan.shards)} shards, {split} tables column-wise, placed in {plan.placement_seconds * 1e3:.0f} ms",
+            flush=True,
+        )
     order = [label for _ in range(args.rounds) for label in plans]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,7 +169,10 @@ def main() -> int:
     times = mp.Manager().dict()
     mp.spawn(train_rank, args=(port, tables, plans, order, args, times), nprocs=WORLD, join=True)
 
-    medians = {label: statistics.median([t for key, steps in times.items() if key.endswith(label) for t in steps]) for label in plans}
+    medians = {
+        label: statistics.median([t for key, steps in times.items() if key.endswith(label) for t in steps])
+        for label in plans
+    }
     ours, theirs = medians[f"shard-ray {args.algorithm}"], medians["torchrec planner"]
     lines = [
         f"Small DLRM, {len(tables)} test-pool tables (rows capped at {args.max_rows}), {WORLD} gloo ranks on CPU, batch {args.batch} per rank, "
@@ -162,8 +186,15 @@ def main() -> int:
     ]
     out = Path(args.out)
     write_atomic(out / "dlrm_step_time.md", "\n".join(lines) + "\n")
-    write_json(out / "dlrm_step_time.json", {"settings": vars(args), "median_step_ms": medians, "steps": dict(times),
-                                               "plans": {k: v.model_dump(mode="json") for k, v in plans.items()}})
+    write_json(
+        out / "dlrm_step_time.json",
+        {
+            "settings": vars(args),
+            "median_step_ms": medians,
+            "steps": dict(times),
+            "plans": {k: v.model_dump(mode="json") for k, v in plans.items()},
+        },
+    )
     print("\n".join(lines))
     print(json.dumps({"median_step_ms": medians, "torchrec_over_shard_ray": theirs / ours}))
     return 0

@@ -39,7 +39,9 @@ def main() -> None:
     args = parser.parse_args()
 
     _, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
-    tables = draw_task(test_pool, TaskConfig(min_tables=args.tables, max_tables=args.tables), np.random.default_rng(args.seed))
+    tables = draw_task(
+        test_pool, TaskConfig(min_tables=args.tables, max_tables=args.tables), np.random.default_rng(args.seed)
+    )
     topology = Topology(num_devices=args.devices, memory_bytes=memory_cap_with_headroom(tables, args.devices, 1.5))
     plan = place("lookup_greedy", tables, topology)
     config = MeasureConfig.for_topology(topology, repeats=args.repeats, seed=args.seed)
@@ -62,8 +64,16 @@ def main() -> None:
 
     rows = []
     for turn, once, ref in zip(in_turn.devices, at_once.devices, reference):
-        rows.append((turn.fwd_compute_ms + turn.bwd_compute_ms, once.fwd_compute_ms + once.bwd_compute_ms, ref.fwd_ms + ref.bwd_ms))
-        print(f"device {turn.device}: taking turns {rows[-1][0]:.2f} ms, all at once {rows[-1][1]:.2f} ms, alone {rows[-1][2]:.2f} ms")
+        rows.append(
+            (
+                turn.fwd_compute_ms + turn.bwd_compute_ms,
+                once.fwd_compute_ms + once.bwd_compute_ms,
+                ref.fwd_ms + ref.bwd_ms,
+            )
+        )
+        print(
+            f"device {turn.device}: taking turns {rows[-1][0]:.2f} ms, all at once {rows[-1][1]:.2f} ms, alone {rows[-1][2]:.2f} ms"
+        )
     result = {
         "hardware": hardware,
         "devices": args.devices,

@@ -50,7 +50,9 @@ def main() -> None:
     simulator = Simulator(models)
     train_pool, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
     sets = {
-        "like training: 15-25 training-pool tables, 4 devices": validation_tasks(train_pool, PolicyConfig(), args.tasks, args.seed),
+        "like training: 15-25 training-pool tables, 4 devices": validation_tasks(
+            train_pool, PolicyConfig(), args.tasks, args.seed
+        ),
         "unseen and bigger: 40-60 test-pool tables, 8 devices": validation_tasks(
             test_pool, PolicyConfig(min_tables=40, max_tables=60, devices=(8,)), args.tasks, args.seed
         ),
@@ -86,7 +88,10 @@ def main() -> None:
             }
             print(f"{set_name} | {label}: {summary[set_name][label]}", flush=True)
 
-    lines = [f"Simulated with the shipped CPU cost models; {args.tasks} tasks per set; policy `{Path(args.policy).name}`.", ""]
+    lines = [
+        f"Simulated with the shipped CPU cost models; {args.tasks} tasks per set; policy `{Path(args.policy).name}`.",
+        "",
+    ]
     for set_name, rows in summary.items():
         lines += [
             f"**{set_name}**",

@@ -42,9 +42,46 @@ def main(argv: list[str]) -> int:
     steps = [
         (pool, ["generate", "--out", str(pool), *flags["generate"]]),
         (tasks / "train_pool.json", ["tasks", "--pool", str(pool), "--out-dir", str(tasks), *flags["tasks"]]),
-        (None, ["collect", "--kind", "compute", "--pool", str(tasks / "train_pool.json"), "--store", str(store), *flags["collect_compute"]]),
-        (None, ["collect", "--kind", "comm", "--pool", str(tasks / "train_pool.json"), "--store", str(store), *flags["collect_comm"]]),
-        (models, ["costmodel", "train", "--store", str(store), "--train-pool", str(tasks / "train_pool.json"), "--out", str(models), *flags["train"]]),
+        (
+            None,
+            [
+                "collect",
+                "--kind",
+                "compute",
+                "--pool",
+                str(tasks / "train_pool.json"),
+                "--store",
+                str(store),
+                *flags["collect_compute"],
+            ],
+        ),
+        (
+            None,
+            [
+                "collect",
+                "--kind",
+                "comm",
+                "--pool",
+                str(tasks / "train_pool.json"),
+                "--store",
+                str(store),
+                *flags["collect_comm"],
+            ],
+        ),
+        (
+            models,
+            [
+                "costmodel",
+                "train",
+                "--store",
+                str(store),
+                "--train-pool",
+                str(tasks / "train_pool.json"),
+                "--out",
+                str(models),
+                *flags["train"],
+            ],
+        ),
         (None, ["costmodel", "evaluate", "--model", str(models), "--data", str(store), *flags["evaluate"]]),
     ]
     for output, command in steps:

@@ -30,7 +30,9 @@ from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
 def placement_times(num_tables: int, devices: int, repeats: int, simulator: Simulator) -> dict[str, dict]:
     tables = generate_pool(PoolConfig(num_tables=num_tables))
-    topology = Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, 1.5), batch_size=1024)
+    topology = Topology(
+        num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, 1.5), batch_size=1024
+    )
     results = {}
     for info in algorithms():
         if not info.handles(num_tables):
@@ -44,7 +46,10 @@ def placement_times(num_tables: int, devices: int, repeats: int, simulator: Simu
             "median_seconds": statistics.median(p.placement_seconds for p in plans),
             "simulated_cost_ms": simulator.plan_cost(plans[0], tables, topology.batch_size).cost_ms,
         }
-        print(f"{num_tables:>5} tables {devices:>4} devices  {info.name:<20} {results[info.name]['median_seconds']:8.3f} s", flush=True)
+        print(
+            f"{num_tables:>5} tables {devices:>4} devices  {info.name:<20} {results[info.name]['median_seconds']:8.3f} s",
+            flush=True,
+        )
     return results
 
 
@@ -82,7 +87,9 @@ def plot(by_tables: dict, by_devices: dict, path: Path) -> None:
     for ax, results, label in ((axes[0], by_tables, "tables"), (axes[1], by_devices, "devices")):
         names = sorted({n for r in results.values() for n in r})
         for name in names:
-            points = [(int(x), r[name]["median_seconds"]) for x, r in results.items() if "median_seconds" in r.get(name, {})]
+            points = [
+                (int(x), r[name]["median_seconds"]) for x, r in results.items() if "median_seconds" in r.get(name, {})
+            ]
             if points:
                 ax.plot(*zip(*sorted(points)), marker="o", label=name)
         ax.set_xscale("log")
@@ -116,12 +123,20 @@ def main() -> None:
     parser.add_argument("--tables-for-devices", type=int, default=856)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--actors", type=int, default=2, help="profiling actors compared with 1 (default %(default)s)")
-    parser.add_argument("--shards", type=int, default=60, help="shards profiled per throughput run (default %(default)s)")
+    parser.add_argument(
+        "--shards", type=int, default=60, help="shards profiled per throughput run (default %(default)s)"
+    )
     parser.add_argument("--out", default="experiments/results/scaling")
     args = parser.parse_args()
     simulator = Simulator(CostModels.load(default_cost_model_path()))
-    by_tables = {n: placement_times(n, args.devices_for_tables, args.repeats, simulator) for n in map(int, args.table_counts.split(","))}
-    by_devices = {d: placement_times(args.tables_for_devices, d, args.repeats, simulator) for d in map(int, args.device_counts.split(","))}
+    by_tables = {
+        n: placement_times(n, args.devices_for_tables, args.repeats, simulator)
+        for n in map(int, args.table_counts.split(","))
+    }
+    by_devices = {
+        d: placement_times(args.tables_for_devices, d, args.repeats, simulator)
+        for d in map(int, args.device_counts.split(","))
+    }
     throughput = profiling_throughput(sorted({1, args.actors}), args.shards, args.repeats)
     out = Path(args.out)
     plot(by_tables, by_devices, out / "scaling.png")
@@ -141,9 +156,24 @@ def main() -> None:
         + (f" ({throughput[args.actors] / throughput[1]:.2f}x)" if args.actors != 1 else ""),
     ]
     write_atomic(out / "scaling.md", "\n".join(lines) + "\n")
-    write_json(out / "scaling.json", {"settings": vars(args), "by_tables": by_tables, "by_devices": by_devices, "profiling_shards_per_s": throughput})
+    write_json(
+        out / "scaling.json",
+        {
+            "settings": vars(args),
+            "by_tables": by_tables,
+            "by_devices": by_devices,
+            "profiling_shards_per_s": throughput,
+        },
+    )
     print("\n".join(lines))
-    print(json.dumps({"profiling_shards_per_s": throughput, "tables_856_seconds": {n: r.get("median_seconds") for n, r in by_devices.get(64, {}).items()}}))
+    print(
+        json.dumps(
+            {
+                "profiling_shards_per_s": throughput,
+                "tables_856_seconds": {n: r.get("median_seconds") for n, r in by_devices.get(64, {}).items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

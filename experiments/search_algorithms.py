@@ -54,12 +54,35 @@ def main() -> int:
     for search in curves:
         for seed in seeds:
             folder = Path(args.work) / f"{search}-{seed}"
-            code = shard_ray([
-                "tune", "search", "--pool", args.pool, "--out", str(folder), "--samples", str(args.samples), "--search", search,
-                "--seed", str(seed), "--tasks", str(args.tasks), "--min-tables", str(args.min_tables), "--max-tables",
-                str(args.max_tables), "--devices", str(args.devices), "--time-budget", str(args.time_budget), "--measure-top", "0",
-                "--no-mlflow",
-            ])
+            code = shard_ray(
+                [
+                    "tune",
+                    "search",
+                    "--pool",
+                    args.pool,
+                    "--out",
+                    str(folder),
+                    "--samples",
+                    str(args.samples),
+                    "--search",
+                    search,
+                    "--seed",
+                    str(seed),
+                    "--tasks",
+                    str(args.tasks),
+                    "--min-tables",
+                    str(args.min_tables),
+                    "--max-tables",
+                    str(args.max_tables),
+                    "--devices",
+                    str(args.devices),
+                    "--time-budget",
+                    str(args.time_budget),
+                    "--measure-top",
+                    "0",
+                    "--no-mlflow",
+                ]
+            )
             if code:
                 return code
             curves[search][seed] = best_so_far(folder / "trials.csv")
@@ -81,7 +104,11 @@ def main() -> int:
     write_atomic(out / "search_algorithms.md", "\n".join(lines) + "\n")
     write_json(out / "search_algorithms.json", {"settings": vars(args), "curves": curves, "shipped": shipped})
     print("\n".join(lines))
-    print(json.dumps({"shipped": shipped, **{s: {seed: c[-1] for seed, c in found.items()} for s, found in curves.items()}}))
+    print(
+        json.dumps(
+            {"shipped": shipped, **{s: {seed: c[-1] for seed, c in found.items()} for s, found in curves.items()}}
+        )
+    )
     return 0
 
 

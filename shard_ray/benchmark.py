@@ -24,7 +24,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -63,12 +63,12 @@ class BenchmarkConfig:
     batch_size: int = 1024
     repeats: int = 10
     memory_headroom: float = 1.5
-    cost_model: Optional[str] = None
-    policy: Optional[str] = None
+    cost_model: str | None = None
+    policy: str | None = None
     algorithms: tuple[str, ...] = ()  # empty: every registered one that handles the task
     seed: int = 100
     out: str = "shard-ray-out/benchmark"
-    tracking_uri: Optional[str] = None  # None: no MLflow
+    tracking_uri: str | None = None  # None: no MLflow
     experiment: str = "shard-ray-benchmark"
 
     def check(self) -> None:
@@ -114,7 +114,9 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     settings = {k: v for k, v in asdict(config).items() if k not in ("tracking_uri", "experiment")}
     settings_file = out / "tasks" / "settings.json"
     if settings_file.exists() and json.loads(settings_file.read_text()) != json.loads(json.dumps(settings)):
-        raise ShardRayError(f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it")
+        raise ShardRayError(
+            f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it"
+        )
     write_json(settings_file, settings)
     gang = DeviceGang(config.devices)
     for warning in gang.warnings:
@@ -138,8 +140,17 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
             )
             measure = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
             comparison = compare_algorithms(
-                tables, topology, gang, measure, name, tracking_uri=config.tracking_uri, experiment=config.experiment,
-                progress=False, cost_model=config.cost_model, policy=config.policy, names=list(config.algorithms) or None,
+                tables,
+                topology,
+                gang,
+                measure,
+                name,
+                tracking_uri=config.tracking_uri,
+                experiment=config.experiment,
+                progress=False,
+                cost_model=config.cost_model,
+                policy=config.policy,
+                names=list(config.algorithms) or None,
             )
             for algorithm, why in comparison.failures.items():
                 failures.setdefault(algorithm, []).append(why)
@@ -160,7 +171,11 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 }
             per_task[name] = records
             write_json(done_file, {"records": records, "failures": comparison.failures})
-            print(f"{name} ({len(tables)} tables, bound {bound:.1f} ms): " + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows), flush=True)
+            print(
+                f"{name} ({len(tables)} tables, bound {bound:.1f} ms): "
+                + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows),
+                flush=True,
+            )
     finally:
         gang.shutdown()
     report = summarise(per_task, failures, heuristics)
@@ -169,11 +184,15 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     return report
 
 
-def summarise(per_task: dict[str, dict[str, dict]], failures: dict[str, list[str]], heuristics: set[str]) -> dict[str, Any]:
+def summarise(
+    per_task: dict[str, dict[str, dict]], failures: dict[str, list[str]], heuristics: set[str]
+) -> dict[str, Any]:
     names = sorted({name for task in per_task.values() for name in task})
     common = [task for task in per_task.values() if all(name in task for name in names)]
     if not common:
-        raise ShardRayError("no task was planned by every algorithm; see the failures above, or leave the failing ones out")
+        raise ShardRayError(
+            "no task was planned by every algorithm; see the failures above, or leave the failing ones out"
+        )
     records = {name: [task[name] for task in common] for name in names}
     mean_cost = {name: statistics.mean(x["cost_ms"] for x in rs) for name, rs in records.items()}
     measured_heuristics = [n for n in names if n in heuristics]
@@ -181,8 +200,12 @@ def summarise(per_task: dict[str, dict[str, dict]], failures: dict[str, list[str
     summary = {
         name: {
             "mean_cost_ms": mean_cost[name],
-            "improvement_over_best_single_heuristic": 1.0 - mean_cost[name] / mean_cost[best_single] if best_single else None,
-            "mean_improvement_over_best_heuristic": statistics.mean(x["improvement"] for x in rs) if best_single else None,
+            "improvement_over_best_single_heuristic": 1.0 - mean_cost[name] / mean_cost[best_single]
+            if best_single
+            else None,
+            "mean_improvement_over_best_heuristic": statistics.mean(x["improvement"] for x in rs)
+            if best_single
+            else None,
             "mean_over_lower_bound": statistics.mean(x["over_bound"] for x in rs),
             "median_placement_ms": statistics.median(x["placement_ms"] for x in rs),
             "mean_simulation_error": statistics.mean(x["sim_error"] for x in rs),
@@ -191,7 +214,13 @@ def summarise(per_task: dict[str, dict[str, dict]], failures: dict[str, list[str
         }
         for name, rs in records.items()
     }
-    return {"algorithms": summary, "best_single_heuristic": best_single, "common_tasks": len(common), "per_task": per_task, "failures": failures}
+    return {
+        "algorithms": summary,
+        "best_single_heuristic": best_single,
+        "common_tasks": len(common),
+        "per_task": per_task,
+        "failures": failures,
+    }
 
 
 def _cell(key: str, value: Any) -> str:
@@ -217,7 +246,8 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
         f"{config.tasks} synthetic test tasks of {config.min_tables}-{config.max_tables} unseen tables"
         + (f", table files {', '.join(Path(p).name for p in config.table_files)}" if config.table_files else "")
         + f"), {config.devices} devices, batch {config.batch_size}, memory {config.memory_headroom}x an even split, "
-        f"measured on `{report['hardware']}`" + (" (CPU devices: one core each)" if report["hardware"].startswith("cpu") else "")
+        f"measured on `{report['hardware']}`"
+        + (" (CPU devices: one core each)" if report["hardware"].startswith("cpu") else "")
         + f"; best single heuristic: {report['best_single_heuristic']}",
         *(f"Warning: {w}." for w in report["warnings"]),
         "",
@@ -231,14 +261,19 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
     writer.writerow(["algorithm", *(key for key, _ in COLUMNS), "tasks"])
     writer.writerows([name, *(s[key] for key, _ in COLUMNS), s["tasks"]] for name, s in ranked)
     write_atomic(out / "benchmark.csv", buffer.getvalue())
-    cost_chart(ranked, report["best_single_heuristic"], f"{report['common_tasks']} tasks, {config.devices} devices, {report['hardware']}", out / "benchmark.png")
+    cost_chart(
+        ranked,
+        report["best_single_heuristic"],
+        f"{report['common_tasks']} tasks, {config.devices} devices, {report['hardware']}",
+        out / "benchmark.png",
+    )
     write_json(out / "benchmark.json", report)
     print("\n".join(lines), flush=True)
     if config.tracking_uri:
         log_summary(report, out, config)
 
 
-def cost_chart(ranked: list[tuple[str, dict]], best_single: Optional[str], title: str, path: Path) -> None:
+def cost_chart(ranked: list[tuple[str, dict]], best_single: str | None, title: str, path: Path) -> None:
     """Mean measured cost per algorithm, best first, the best single heuristic's marked."""
     import matplotlib
 
@@ -250,7 +285,13 @@ def cost_chart(ranked: list[tuple[str, dict]], best_single: Optional[str], title
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(names) + 1.5))
     ax.barh(names[::-1], costs[::-1], color=["tab:orange" if n == best_single else "tab:blue" for n in names[::-1]])
     if best_single:
-        ax.axvline(dict(zip(names, costs))[best_single], color="tab:orange", linestyle="--", linewidth=1, label=f"best single heuristic ({best_single})")
+        ax.axvline(
+            dict(zip(names, costs))[best_single],
+            color="tab:orange",
+            linestyle="--",
+            linewidth=1,
+            label=f"best single heuristic ({best_single})",
+        )
         ax.legend(fontsize=7, loc="lower right")
     ax.set_xlabel("mean measured cost per step (ms)")
     ax.set_title(title, fontsize=8)
@@ -265,7 +306,9 @@ def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> N
 
     mlflow.set_tracking_uri(config.tracking_uri)
     mlflow.set_experiment(config.experiment)
-    with mlflow.start_run(run_name="benchmark", tags={"kind": "benchmark", "hardware": report["hardware"], "devices": str(config.devices)}):
+    with mlflow.start_run(
+        run_name="benchmark", tags={"kind": "benchmark", "hardware": report["hardware"], "devices": str(config.devices)}
+    ):
         mlflow.log_params({k: str(v) for k, v in report["settings"].items()})
         for name, s in report["algorithms"].items():
             mlflow.log_metrics({f"{key}.{name}": float(s[key]) for key, _ in COLUMNS if s[key] is not None})
@@ -282,6 +325,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "tasks": report["common_tasks"],
         "best_algorithm": best,
         "best_single_heuristic": report["best_single_heuristic"],
-        "improvement_over_best_single_heuristic": {n: s["improvement_over_best_single_heuristic"] for n, s in summary.items()},
+        "improvement_over_best_single_heuristic": {
+            n: s["improvement_over_best_single_heuristic"] for n, s in summary.items()
+        },
         "mean_cost_ms": {n: round(s["mean_cost_ms"], 3) for n, s in summary.items()},
     }

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING
 
 from shard_ray.errors import ShardRayError
 
@@ -60,35 +61,77 @@ def _dims(text: str) -> tuple[int, ...]:
     return dims
 
 
-def _add_measure_flags(parser: argparse.ArgumentParser, batch_default: Optional[int] = 1024) -> None:
-    parser.add_argument("--batch-size", type=_positive_int, default=batch_default, help="global batch size (default %(default)s)")
+def _add_measure_flags(parser: argparse.ArgumentParser, batch_default: int | None = 1024) -> None:
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=batch_default, help="global batch size (default %(default)s)"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default %(default)s)")
-    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed steps; medians are reported (default %(default)s)")
-    parser.add_argument("--max-rows", type=_positive_int, default=None, help="rows allocated per table (default: 200000 on CPU, all on GPU)")
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=10, help="timed steps; medians are reported (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-rows",
+        type=_positive_int,
+        default=None,
+        help="rows allocated per table (default: 200000 on CPU, all on GPU)",
+    )
     parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
 
 
 def _add_tracking_flags(parser: argparse.ArgumentParser, experiment: str = "shard-ray") -> None:
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    parser.add_argument(
+        "--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)"
+    )
     parser.add_argument("--experiment", default=experiment, help="MLflow experiment (default %(default)s)")
 
 
 def _policy_flags(parser: argparse.ArgumentParser, experiment: str = "shard-ray") -> None:
     parser.add_argument("--pool", required=True, help="table file tasks are drawn from (e.g. tasks/train_pool.json)")
-    parser.add_argument("--out", required=True, help="folder for the checkpoint and policy.pt; an existing one is resumed")
-    parser.add_argument("--train-batch", type=_positive_int, default=2048, help="tables placed per iteration (default %(default)s)")
+    parser.add_argument(
+        "--out", required=True, help="folder for the checkpoint and policy.pt; an existing one is resumed"
+    )
+    parser.add_argument(
+        "--train-batch", type=_positive_int, default=2048, help="tables placed per iteration (default %(default)s)"
+    )
     parser.add_argument("--minibatch", type=_positive_int, default=None, help="SGD minibatch (default 256)")
     parser.add_argument("--lr", type=_positive_float, default=None, help="Adam learning rate (default 0.001)")
     parser.add_argument("--hidden", type=_positive_int, default=None, help="network width (default 128)")
-    parser.add_argument("--config", default=None, help="tuned PPO settings (best.json of `tune policy`); flags given override them")
-    parser.add_argument("--min-tables", type=_positive_int, default=15, help="fewest tables in a training task (default %(default)s)")
-    parser.add_argument("--max-tables", type=_positive_int, default=25, help="most tables in a training task (default %(default)s)")
-    parser.add_argument("--devices", type=_positive_ints, default=(4,), help="device counts of training tasks, comma-separated (default 4)")
-    parser.add_argument("--max-devices", type=_positive_int, default=8, help="observations are padded to this many devices (default %(default)s)")
-    parser.add_argument("--batch-size", type=_positive_int, default=1024, help="global batch size priced (default %(default)s)")
-    parser.add_argument("--env-runners", type=int, default=0, help="RLlib env runner actors; 0 samples in the driver (default %(default)s)")
-    parser.add_argument("--learners", type=int, default=0, help="RLlib learner actors, on GPUs when there are any (default %(default)s)")
-    parser.add_argument("--cost-model", default=None, help="cost model file pricing the MDP (default: the shipped CPU models)")
+    parser.add_argument(
+        "--config", default=None, help="tuned PPO settings (best.json of `tune policy`); flags given override them"
+    )
+    parser.add_argument(
+        "--min-tables", type=_positive_int, default=15, help="fewest tables in a training task (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-tables", type=_positive_int, default=25, help="most tables in a training task (default %(default)s)"
+    )
+    parser.add_argument(
+        "--devices",
+        type=_positive_ints,
+        default=(4,),
+        help="device counts of training tasks, comma-separated (default 4)",
+    )
+    parser.add_argument(
+        "--max-devices",
+        type=_positive_int,
+        default=8,
+        help="observations are padded to this many devices (default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size", type=_positive_int, default=1024, help="global batch size priced (default %(default)s)"
+    )
+    parser.add_argument(
+        "--env-runners",
+        type=int,
+        default=0,
+        help="RLlib env runner actors; 0 samples in the driver (default %(default)s)",
+    )
+    parser.add_argument(
+        "--learners", type=int, default=0, help="RLlib learner actors, on GPUs when there are any (default %(default)s)"
+    )
+    parser.add_argument(
+        "--cost-model", default=None, help="cost model file pricing the MDP (default: the shipped CPU models)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log MLflow runs")
@@ -97,21 +140,44 @@ def _policy_flags(parser: argparse.ArgumentParser, experiment: str = "shard-ray"
 
 def _sweep_flags(parser: argparse.ArgumentParser, kind: str, samples: int) -> None:
     parser.add_argument("--samples", type=_positive_int, default=samples, help="trials in all (default %(default)s)")
-    parser.add_argument("--search", choices=["optuna", "random"], default="optuna", help="how trials are chosen (default %(default)s)")
-    parser.add_argument("--max-concurrent", type=_positive_int, default=2, help="trials at once, one CPU each (default %(default)s)")
-    parser.add_argument("--max-failures", type=int, default=2, help="retries of a failed trial before it is left out (default %(default)s)")
+    parser.add_argument(
+        "--search", choices=["optuna", "random"], default="optuna", help="how trials are chosen (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-concurrent", type=_positive_int, default=2, help="trials at once, one CPU each (default %(default)s)"
+    )
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        default=2,
+        help="retries of a failed trial before it is left out (default %(default)s)",
+    )
     if kind != "policy":  # the policy flags bring these
         parser.add_argument("--no-mlflow", action="store_true", help="do not log MLflow runs")
-        parser.add_argument("--out", required=True, help="sweep folder: best.json, trials.csv, tune/; an existing one is resumed")
+        parser.add_argument(
+            "--out", required=True, help="sweep folder: best.json, trials.csv, tune/; an existing one is resumed"
+        )
         parser.add_argument("--seed", type=int, default=0)
-        parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+        parser.add_argument(
+            "--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)"
+        )
         _add_tracking_flags(parser, experiment=f"shard-ray-tune-{kind}")
 
 
 def _topology_flags(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--devices", type=_positive_int, required=required, help="number of devices")
-    parser.add_argument("--memory-gb", type=_positive_float, required=required, help="memory cap per device in GiB (weights + optimizer state)")
-    parser.add_argument("--optimizer", choices=["rowwise_adagrad", "sgd", "adam"], default=None, help="optimizer whose state counts towards memory (default rowwise_adagrad)")
+    parser.add_argument(
+        "--memory-gb",
+        type=_positive_float,
+        required=required,
+        help="memory cap per device in GiB (weights + optimizer state)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=["rowwise_adagrad", "sgd", "adam"],
+        default=None,
+        help="optimizer whose state counts towards memory (default rowwise_adagrad)",
+    )
 
 
 # ---------------------------------------------------------------- commands
@@ -159,7 +225,7 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
         print(f"{info.name:<20} {info.family:<10} {info.description}")
 
 
-def _topology(args: argparse.Namespace, plan_settings: Optional[dict] = None) -> "Topology":
+def _topology(args: argparse.Namespace, plan_settings: dict | None = None) -> Topology:
     from shard_ray.plan.topology import GB, Topology
 
     settings = plan_settings or {}
@@ -184,12 +250,22 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = load_tables(args.tables)
     topology = _topology(args)
     plan = place(
-        args.algo, tables, topology, seed=args.seed, cost_model=args.cost_model, policy=args.policy, samples=args.samples,
+        args.algo,
+        tables,
+        topology,
+        seed=args.seed,
+        cost_model=args.cost_model,
+        policy=args.policy,
+        samples=args.samples,
         search_config=args.search_config,
     )
     save_plan(args.out, plan)
     predicted = plan.metadata.get("predicted")
-    print(format_plan_summary(plan, tables, topology, PlanCost.model_validate(predicted) if predicted else None, "simulated"))
+    print(
+        format_plan_summary(
+            plan, tables, topology, PlanCost.model_validate(predicted) if predicted else None, "simulated"
+        )
+    )
     if "lower_bound_ms" in plan.metadata:
         print(f"lower bound on the simulated cost: {plan.metadata['lower_bound_ms']:.3f} ms")
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {args.out}")
@@ -216,7 +292,9 @@ def cmd_profile(args: argparse.Namespace) -> None:
         pool.shutdown()
         added = store.count() - before
         ok = [m for m in results if m.status == "ok"]
-        print(f"{len(shards)} shards on {pool.hardware}: {added} measured now, {len(shards) - added} already in {args.store}")
+        print(
+            f"{len(shards)} shards on {pool.hardware}: {added} measured now, {len(shards) - added} already in {args.store}"
+        )
         print(f"{len(ok)} ok, {len(results) - len(ok)} infeasible; store holds {store.count()} measurements")
         if ok:
             fwd = sorted(m.fwd_ms for m in ok)
@@ -274,7 +352,7 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     print(json.dumps(report))
 
 
-def _train_config(args: argparse.Namespace) -> "TrainConfig":
+def _train_config(args: argparse.Namespace) -> TrainConfig:
     """Flags given win over the tuned file (`--config`), which wins over TrainConfig's defaults."""
     from dataclasses import asdict
 
@@ -284,8 +362,16 @@ def _train_config(args: argparse.Namespace) -> "TrainConfig":
     values = asdict(TrainConfig())
     if args.config:
         values.update(load_tuned(args.config, "costmodel"))
-    given = {"hidden": args.hidden, "depth": args.depth, "lr": args.lr, "max_epochs": args.epochs, "patience": args.patience,
-             "loss": args.loss, "feature_scaling": args.feature_scaling, "seed": args.seed}
+    given = {
+        "hidden": args.hidden,
+        "depth": args.depth,
+        "lr": args.lr,
+        "max_epochs": args.epochs,
+        "patience": args.patience,
+        "loss": args.loss,
+        "feature_scaling": args.feature_scaling,
+        "seed": args.seed,
+    }
     values.update({k: v for k, v in given.items() if v is not None})
     return dataclass_from(TrainConfig, values, "cost-model training settings")
 
@@ -309,7 +395,9 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     if not Path(args.data).is_file():
         raise ShardRayError(f"measurement store not found: {args.data}")
     with MeasurementStore(args.data) as store:
-        splits = split_compute_measurements(store.measurements(models.hardware), set(models.info.get("train_tables", [])))
+        splits = split_compute_measurements(
+            store.measurements(models.hardware), set(models.info.get("train_tables", []))
+        )
         plans = store.plan_measurements(models.hardware)
     groups = {name: predicted_and_measured(models, splits[name]) for name in ("test", "unseen")}
     result = accuracy(*map(np.concatenate, zip(*groups.values())))
@@ -328,14 +416,17 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
             args.model,
             models.hardware,
             flat,
-            {"held-out, seen tables": tuple(v.tolist() for v in groups["test"]), "unseen tables": tuple(v.tolist() for v in groups["unseen"])},
+            {
+                "held-out, seen tables": tuple(v.tolist() for v in groups["test"]),
+                "unseen tables": tuple(v.tolist() for v in groups["unseen"]),
+            },
             args.tracking_uri or default_tracking_uri(),
             args.experiment,
         )
     print(json.dumps(result))
 
 
-def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
+def _policy_config(args: argparse.Namespace) -> PolicyConfig:
     """The flags' PolicyConfig: a flag given wins over the tuned file (`--config`), which wins over the defaults."""
     from dataclasses import asdict
 
@@ -363,7 +454,7 @@ def _policy_config(args: argparse.Namespace) -> "PolicyConfig":
     return dataclass_from(PolicyConfig, values, "policy settings")
 
 
-def _check_policy_inputs(config: "PolicyConfig", pool: list, cost_model: Optional[str]) -> None:
+def _check_policy_inputs(config: PolicyConfig, pool: list, cost_model: str | None) -> None:
     """Refuse bad settings, pools and model files before Ray starts."""
     from shard_ray.costmodel.models import CostModels
     from shard_ray.policy.ppo import env_config
@@ -411,21 +502,27 @@ def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
     loop.check()
     print(connect_ray(args.address, min_cpus=args.gang_devices + args.actors))
     tracking_uri = None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
-    policy_file = run_outer_loop(pool, config, loop, args.out, args.store, args.cost_model, tracking_uri, args.experiment)
+    policy_file = run_outer_loop(
+        pool, config, loop, args.out, args.store, args.cost_model, tracking_uri, args.experiment
+    )
     print(f"policy: {policy_file}; updated cost models: {Path(args.out) / 'costmodels.pt'}")
 
 
-def _sweep_config(args: argparse.Namespace) -> "SweepConfig":
+def _sweep_config(args: argparse.Namespace) -> SweepConfig:
     from shard_ray.tuning.sweep import SweepConfig
 
     config = SweepConfig(
-        samples=args.samples, search=args.search, max_concurrent=args.max_concurrent, max_failures=args.max_failures, seed=args.seed
+        samples=args.samples,
+        search=args.search,
+        max_concurrent=args.max_concurrent,
+        max_failures=args.max_failures,
+        seed=args.seed,
     )
     config.check()
     return config
 
 
-def _sweep_tracking(args: argparse.Namespace) -> Optional[str]:
+def _sweep_tracking(args: argparse.Namespace) -> str | None:
     from shard_ray.tracking.mlflow_runs import default_tracking_uri
 
     return None if args.no_mlflow else args.tracking_uri or default_tracking_uri()
@@ -434,7 +531,11 @@ def _sweep_tracking(args: argparse.Namespace) -> Optional[str]:
 def _report_sweep(best: Path) -> None:
     document = json.loads(best.read_text())
     print(f"best {document['metric']} {document['value']:.4f}; wrote {best} and {best.parent / 'trials.csv'}")
-    print(json.dumps({"best": str(best), "metric": document["metric"], "value": document["value"], "config": document["config"]}))
+    print(
+        json.dumps(
+            {"best": str(best), "metric": document["metric"], "value": document["value"], "config": document["config"]}
+        )
+    )
 
 
 def cmd_tune_costmodel(args: argparse.Namespace) -> None:
@@ -451,7 +552,11 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     if not Path(args.store).is_file():
         raise ShardRayError(f"measurement store not found: {args.store}")
     print(connect_ray(args.address))
-    _report_sweep(tune_cost_models(args.store, train_tables, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.hardware))
+    _report_sweep(
+        tune_cost_models(
+            args.store, train_tables, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.hardware
+        )
+    )
 
 
 def cmd_tune_search(args: argparse.Namespace) -> None:
@@ -463,13 +568,23 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
     pool = load_tables(args.pool)
     sweep = _sweep_config(args)
     settings = SearchSweepConfig(
-        tasks=args.tasks, min_tables=args.min_tables, max_tables=args.max_tables, devices=args.devices,
-        memory_headroom=args.memory_headroom, batch_size=args.batch_size, time_budget_s=args.time_budget,
-        measure_top=args.measure_top, measure_tasks=args.measure_tasks, repeats=args.repeats, seed=args.seed,
+        tasks=args.tasks,
+        min_tables=args.min_tables,
+        max_tables=args.max_tables,
+        devices=args.devices,
+        memory_headroom=args.memory_headroom,
+        batch_size=args.batch_size,
+        time_budget_s=args.time_budget,
+        measure_top=args.measure_top,
+        measure_tasks=args.measure_tasks,
+        repeats=args.repeats,
+        seed=args.seed,
     )
     settings.check()
     if len(pool) < settings.max_tables:
-        raise ShardRayError(f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many")
+        raise ShardRayError(
+            f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many"
+        )
     if args.cost_model is not None:
         CostModels.load(args.cost_model)
     print(connect_ray(args.address, min_cpus=settings.devices))
@@ -488,7 +603,9 @@ def cmd_tune_policy(args: argparse.Namespace) -> None:
     settings = PolicySweepConfig(grace_iterations=args.grace_iterations, validation_tasks=args.validation_tasks)
     settings.check()
     print(connect_ray(args.address))
-    _report_sweep(tune_policy(pool, base, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.cost_model))
+    _report_sweep(
+        tune_policy(pool, base, sweep, settings, args.out, _sweep_tracking(args), args.experiment, args.cost_model)
+    )
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -532,12 +649,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from shard_ray.tracking.mlflow_runs import default_tracking_uri
     from shard_ray.workload.tables import load_tables
 
-    table_files = tuple(path for given in args.tables or () for path in given.split(","))  # a config's list arrives comma-joined
+    table_files = tuple(
+        path for given in args.tables or () for path in given.split(",")
+    )  # a config's list arrives comma-joined
     config = BenchmarkConfig(
-        tasks=args.tasks, min_tables=args.min_tables, max_tables=args.max_tables, table_files=table_files,
-        devices=args.devices, batch_size=args.batch_size, repeats=args.repeats, memory_headroom=args.memory_headroom,
-        cost_model=args.cost_model, policy=args.policy, algorithms=tuple(args.algorithms.split(",")) if args.algorithms else (),
-        seed=args.seed, out=args.out, tracking_uri=None if args.no_mlflow else args.tracking_uri or default_tracking_uri(),
+        tasks=args.tasks,
+        min_tables=args.min_tables,
+        max_tables=args.max_tables,
+        table_files=table_files,
+        devices=args.devices,
+        batch_size=args.batch_size,
+        repeats=args.repeats,
+        memory_headroom=args.memory_headroom,
+        cost_model=args.cost_model,
+        policy=args.policy,
+        algorithms=tuple(args.algorithms.split(",")) if args.algorithms else (),
+        seed=args.seed,
+        out=args.out,
+        tracking_uri=None if args.no_mlflow else args.tracking_uri or default_tracking_uri(),
         experiment=args.experiment,
     )
     config.check()
@@ -563,7 +692,9 @@ def cmd_export(args: argparse.Namespace) -> None:
         f"wrote {args.out}: {len(exported.tables)} tables on {exported.world_size} ranks "
         f"({len(exported.tables) - column_wise} table-wise, {column_wise} column-wise) for module {args.module_path!r}"
     )
-    print(f"use: plan = shard_ray.interop.torchrec.load_sharding_plan({str(args.out)!r}); DistributedModelParallel(model, plan=plan, ...)")
+    print(
+        f"use: plan = shard_ray.interop.torchrec.load_sharding_plan({str(args.out)!r}); DistributedModelParallel(model, plan=plan, ...)"
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -591,12 +722,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="shard-ray", description="Shard embedding tables over devices; measure the plans on Ray.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("generate", help="write a synthetic DLRM-like table pool, or derive one from a dlrm_datasets file")
+    p = sub.add_parser(
+        "generate", help="write a synthetic DLRM-like table pool, or derive one from a dlrm_datasets file"
+    )
     p.add_argument("--out", required=True, help="table file to write (.json)")
     p.add_argument("--num-tables", type=_positive_int, default=856, help="tables in the pool (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--from-dataset", default=None, help="a dlrm_datasets file (indices, offsets, lengths; plain or gzipped)")
-    p.add_argument("--dim", type=int, default=64, help="dim given to tables derived from a dataset (default %(default)s)")
+    p.add_argument(
+        "--from-dataset", default=None, help="a dlrm_datasets file (indices, offsets, lengths; plain or gzipped)"
+    )
+    p.add_argument(
+        "--dim", type=int, default=64, help="dim given to tables derived from a dataset (default %(default)s)"
+    )
     p.set_defaults(run=cmd_generate)
 
     p = sub.add_parser("tasks", help="split a pool into train/test pools and draw task table files from each")
@@ -619,33 +756,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", required=True, help="algorithm name (see `shard-ray algorithms`)")
     p.add_argument("--batch-size", type=_positive_int, default=1024, help="global batch size (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cost-model", default=None, help="cost model file for search algorithms (default: the shipped CPU models)")
-    p.add_argument("--policy", default=None, help="policy file or `policy train` folder for dreamshard (default: the shipped policy)")
-    p.add_argument("--samples", type=int, default=0, help="dreamshard: also sample this many plans, keep the best simulated (default 0)")
-    p.add_argument("--search-config", default=None, help="cost_search: tuned search settings (best.json of `tune search`)")
+    p.add_argument(
+        "--cost-model", default=None, help="cost model file for search algorithms (default: the shipped CPU models)"
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="policy file or `policy train` folder for dreamshard (default: the shipped policy)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="dreamshard: also sample this many plans, keep the best simulated (default 0)",
+    )
+    p.add_argument(
+        "--search-config", default=None, help="cost_search: tuned search settings (best.json of `tune search`)"
+    )
     p.add_argument("--out", required=True, help="plan file to write (.json)")
     p.set_defaults(run=cmd_plan)
 
     p = sub.add_parser("profile", help="measure fused shards of a table file on Ray profiling actors")
     p.add_argument("--tables", required=True)
     p.add_argument("--shards", type=int, default=20, help="random multi-table shards to measure (default %(default)s)")
-    p.add_argument("--max-tables", type=_positive_int, default=8, help="most tables in a random shard (default %(default)s)")
+    p.add_argument(
+        "--max-tables", type=_positive_int, default=8, help="most tables in a random shard (default %(default)s)"
+    )
     p.add_argument("--no-singles", action="store_true", help="do not also measure every table alone")
-    p.add_argument("--actors", type=_positive_int, default=2, help="profiling actors, one device each (default %(default)s)")
+    p.add_argument(
+        "--actors", type=_positive_int, default=2, help="profiling actors, one device each (default %(default)s)"
+    )
     p.add_argument("--store", default=DEFAULT_STORE, help="measurement store, SQLite (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     _add_measure_flags(p)
     p.set_defaults(run=cmd_profile)
 
-    p = sub.add_parser("collect", help="measure cost-model training data: random fused shards (compute) or plans (comm)")
+    p = sub.add_parser(
+        "collect", help="measure cost-model training data: random fused shards (compute) or plans (comm)"
+    )
     p.add_argument("--kind", choices=["compute", "comm"], required=True)
     p.add_argument("--pool", required=True, help="table file the samples are drawn from (e.g. tasks/train_pool.json)")
-    p.add_argument("--samples", type=_positive_int, default=500, help="shards (compute) or plans per device count (comm)")
-    p.add_argument("--min-tables", type=_positive_int, default=1, help="fewest tables in a compute shard (default %(default)s)")
-    p.add_argument("--max-tables", type=_positive_int, default=16, help="most tables in a compute shard (default %(default)s)")
-    p.add_argument("--batch-sizes", type=_positive_ints, default=(512, 1024, 2048), help="batch sizes, comma-separated, used in turn")
-    p.add_argument("--device-counts", type=_positive_ints, default=(2,), help="gang sizes for comm data, comma-separated (default 2)")
-    p.add_argument("--actors", type=_positive_int, default=2, help="profiling actors for compute data (default %(default)s)")
+    p.add_argument(
+        "--samples", type=_positive_int, default=500, help="shards (compute) or plans per device count (comm)"
+    )
+    p.add_argument(
+        "--min-tables", type=_positive_int, default=1, help="fewest tables in a compute shard (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-tables", type=_positive_int, default=16, help="most tables in a compute shard (default %(default)s)"
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=_positive_ints,
+        default=(512, 1024, 2048),
+        help="batch sizes, comma-separated, used in turn",
+    )
+    p.add_argument(
+        "--device-counts",
+        type=_positive_ints,
+        default=(2,),
+        help="gang sizes for comm data, comma-separated (default 2)",
+    )
+    p.add_argument(
+        "--actors", type=_positive_int, default=2, help="profiling actors for compute data (default %(default)s)"
+    )
     p.add_argument("--repeats", type=_positive_int, default=7, help="timed steps per sample (default %(default)s)")
     p.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -656,17 +830,39 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub = p.add_subparsers(dest="costmodel_command", required=True, parser_class=_Parser)
     q = models_sub.add_parser("train", help="train compute and communication models on a measurement store")
     q.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
-    q.add_argument("--train-pool", required=True, help="table file of the training pool; shards of other tables are held out as unseen")
+    q.add_argument(
+        "--train-pool",
+        required=True,
+        help="table file of the training pool; shards of other tables are held out as unseen",
+    )
     q.add_argument("--out", required=True, help="model file to write (.pt)")
-    q.add_argument("--config", default=None, help="tuned training settings (best.json of `tune costmodel`); flags given override them")
+    q.add_argument(
+        "--config",
+        default=None,
+        help="tuned training settings (best.json of `tune costmodel`); flags given override them",
+    )
     q.add_argument("--hidden", type=_positive_int, default=None, help="encoder width (default 128)")
     q.add_argument("--depth", type=_positive_int, default=None, help="encoder layers (default 2)")
     q.add_argument("--lr", type=_positive_float, default=None, help="learning rate (default 0.002)")
-    q.add_argument("--epochs", type=_positive_int, default=None, help="most epochs; early stopping usually ends sooner (default 400)")
-    q.add_argument("--patience", type=_positive_int, default=None, help="epochs without validation gain before stopping (default 40)")
+    q.add_argument(
+        "--epochs",
+        type=_positive_int,
+        default=None,
+        help="most epochs; early stopping usually ends sooner (default 400)",
+    )
+    q.add_argument(
+        "--patience",
+        type=_positive_int,
+        default=None,
+        help="epochs without validation gain before stopping (default 40)",
+    )
     q.add_argument("--loss", choices=["mse", "huber", "l1"], default=None, help="loss on log ms (default mse)")
-    q.add_argument("--feature-scaling", choices=["standardise", "minmax", "none"], default=None, help="(default standardise)")
-    q.add_argument("--hardware", default=None, help="train on this hardware's measurements (default: the most measured)")
+    q.add_argument(
+        "--feature-scaling", choices=["standardise", "minmax", "none"], default=None, help="(default standardise)"
+    )
+    q.add_argument(
+        "--hardware", default=None, help="train on this hardware's measurements (default: the most measured)"
+    )
     q.add_argument("--seed", type=int, default=None, help="(default 0)")
     q.set_defaults(run=cmd_costmodel_train)
     q = models_sub.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
@@ -678,54 +874,124 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("policy", help="train DreamShard placement policies with RLlib")
     policy_sub = p.add_subparsers(dest="policy_command", required=True, parser_class=_Parser)
-    q = policy_sub.add_parser("train", help="PPO on the cost models' estimated MDP; resumes from the folder's checkpoint")
+    q = policy_sub.add_parser(
+        "train", help="PPO on the cost models' estimated MDP; resumes from the folder's checkpoint"
+    )
     q.add_argument("--iterations", type=_positive_int, default=30, help="PPO iterations in all (default %(default)s)")
     _policy_flags(q)
     q.set_defaults(run=cmd_policy_train)
     q = policy_sub.add_parser(
         "outer-loop", help="DreamShard's loop: measure the policy's plans, update the cost models, PPO again; resumes"
     )
-    q.add_argument("--rounds", type=_positive_int, default=5, help="rounds of measure / update / train (default %(default)s)")
-    q.add_argument("--tasks-per-round", type=_positive_int, default=4, help="policy plans measured per round (default %(default)s)")
-    q.add_argument("--ppo-iterations", type=_positive_int, default=10, help="PPO iterations per round (default %(default)s)")
-    q.add_argument("--gang-devices", type=_positive_int, default=2, help="devices of the measuring gang (default %(default)s)")
+    q.add_argument(
+        "--rounds", type=_positive_int, default=5, help="rounds of measure / update / train (default %(default)s)"
+    )
+    q.add_argument(
+        "--tasks-per-round", type=_positive_int, default=4, help="policy plans measured per round (default %(default)s)"
+    )
+    q.add_argument(
+        "--ppo-iterations", type=_positive_int, default=10, help="PPO iterations per round (default %(default)s)"
+    )
+    q.add_argument(
+        "--gang-devices", type=_positive_int, default=2, help="devices of the measuring gang (default %(default)s)"
+    )
     q.add_argument("--actors", type=_positive_int, default=2, help="profiling actors (default %(default)s)")
     q.add_argument("--repeats", type=_positive_int, default=7, help="timed steps per measurement (default %(default)s)")
-    q.add_argument("--update-epochs", type=_positive_int, default=40, help="most epochs of each cost-model update (default %(default)s)")
+    q.add_argument(
+        "--update-epochs",
+        type=_positive_int,
+        default=40,
+        help="most epochs of each cost-model update (default %(default)s)",
+    )
     q.add_argument("--store", default=None, help="measurement store (default: measurements.db in --out)")
     _policy_flags(q)
     q.set_defaults(run=cmd_policy_outer_loop)
 
     p = sub.add_parser("tune", help="Ray Tune sweeps of the cost-model, search and PPO hyperparameters; resumable")
     tune_sub = p.add_subparsers(dest="tune_command", required=True, parser_class=_Parser)
-    q = tune_sub.add_parser("costmodel", help="sweep the compute cost model's training (objective: validation MAPE, ASHA)")
+    q = tune_sub.add_parser(
+        "costmodel", help="sweep the compute cost model's training (objective: validation MAPE, ASHA)"
+    )
     q.add_argument("--store", default=DEFAULT_STORE, help="measurement store (default %(default)s)")
     q.add_argument("--train-pool", required=True, help="table file of the training pool (as for `costmodel train`)")
-    q.add_argument("--max-epochs", type=_positive_int, default=300, help="largest epoch budget a trial may draw (default %(default)s)")
-    q.add_argument("--report-every", type=_positive_int, default=10, help="epochs between a trial's reports (default %(default)s)")
-    q.add_argument("--grace-reports", type=_positive_int, default=3, help="reports before ASHA may stop a trial (default %(default)s)")
-    q.add_argument("--hardware", default=None, help="sweep on this hardware's measurements (default: the most measured)")
+    q.add_argument(
+        "--max-epochs",
+        type=_positive_int,
+        default=300,
+        help="largest epoch budget a trial may draw (default %(default)s)",
+    )
+    q.add_argument(
+        "--report-every", type=_positive_int, default=10, help="epochs between a trial's reports (default %(default)s)"
+    )
+    q.add_argument(
+        "--grace-reports",
+        type=_positive_int,
+        default=3,
+        help="reports before ASHA may stop a trial (default %(default)s)",
+    )
+    q.add_argument(
+        "--hardware", default=None, help="sweep on this hardware's measurements (default: the most measured)"
+    )
     _sweep_flags(q, "costmodel", samples=16)
     q.set_defaults(run=cmd_tune_costmodel)
-    q = tune_sub.add_parser("search", help="sweep cost_search's settings: simulated on validation tasks, finalists measured")
-    q.add_argument("--pool", required=True, help="table file validation tasks are drawn from (e.g. tasks/train_pool.json)")
+    q = tune_sub.add_parser(
+        "search", help="sweep cost_search's settings: simulated on validation tasks, finalists measured"
+    )
+    q.add_argument(
+        "--pool", required=True, help="table file validation tasks are drawn from (e.g. tasks/train_pool.json)"
+    )
     q.add_argument("--tasks", type=_positive_int, default=8, help="validation tasks (default %(default)s)")
     q.add_argument("--min-tables", type=_positive_int, default=20, help="(default %(default)s)")
     q.add_argument("--max-tables", type=_positive_int, default=40, help="(default %(default)s)")
-    q.add_argument("--devices", type=_positive_int, default=2, help="devices of the tasks and the measuring gang (default %(default)s)")
-    q.add_argument("--memory-headroom", type=float, default=1.5, help="memory cap over an even split of a task's bytes (default %(default)s)")
+    q.add_argument(
+        "--devices",
+        type=_positive_int,
+        default=2,
+        help="devices of the tasks and the measuring gang (default %(default)s)",
+    )
+    q.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=1.5,
+        help="memory cap over an even split of a task's bytes (default %(default)s)",
+    )
     q.add_argument("--batch-size", type=_positive_int, default=1024, help="(default %(default)s)")
-    q.add_argument("--time-budget", type=_positive_float, default=3.0, help="anytime budget of each plan, seconds (default %(default)s)")
-    q.add_argument("--measure-top", type=int, default=2, help="best simulated settings measured on the gang; 0: none (default %(default)s)")
-    q.add_argument("--measure-tasks", type=_positive_int, default=3, help="validation tasks measured (default %(default)s)")
-    q.add_argument("--repeats", type=_positive_int, default=5, help="timed steps per measured plan (default %(default)s)")
+    q.add_argument(
+        "--time-budget",
+        type=_positive_float,
+        default=3.0,
+        help="anytime budget of each plan, seconds (default %(default)s)",
+    )
+    q.add_argument(
+        "--measure-top",
+        type=int,
+        default=2,
+        help="best simulated settings measured on the gang; 0: none (default %(default)s)",
+    )
+    q.add_argument(
+        "--measure-tasks", type=_positive_int, default=3, help="validation tasks measured (default %(default)s)"
+    )
+    q.add_argument(
+        "--repeats", type=_positive_int, default=5, help="timed steps per measured plan (default %(default)s)"
+    )
     q.add_argument("--cost-model", default=None, help="cost model file (default: the shipped CPU models)")
     _sweep_flags(q, "search", samples=24)
     q.set_defaults(run=cmd_tune_search)
-    q = tune_sub.add_parser("policy", help="sweep PPO's hyperparameters (objective: simulated cost on validation tasks, ASHA)")
-    q.add_argument("--iterations", type=_positive_int, default=20, help="PPO iterations of a trial at most (default %(default)s)")
-    q.add_argument("--grace-iterations", type=_positive_int, default=3, help="iterations before ASHA may stop a trial (default %(default)s)")
-    q.add_argument("--validation-tasks", type=_positive_int, default=8, help="tasks each trial is scored on (default %(default)s)")
+    q = tune_sub.add_parser(
+        "policy", help="sweep PPO's hyperparameters (objective: simulated cost on validation tasks, ASHA)"
+    )
+    q.add_argument(
+        "--iterations", type=_positive_int, default=20, help="PPO iterations of a trial at most (default %(default)s)"
+    )
+    q.add_argument(
+        "--grace-iterations",
+        type=_positive_int,
+        default=3,
+        help="iterations before ASHA may stop a trial (default %(default)s)",
+    )
+    q.add_argument(
+        "--validation-tasks", type=_positive_int, default=8, help="tasks each trial is scored on (default %(default)s)"
+    )
     _policy_flags(q, experiment="shard-ray-tune-policy")
     _sweep_flags(q, "policy", samples=8)
     q.set_defaults(run=cmd_tune_policy)
@@ -734,7 +1000,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", required=True)
     p.add_argument("--plan", required=True)
     p.add_argument("--out", required=True, help="result file to write (.json)")
-    p.add_argument("--memory-gb", type=_positive_float, default=None, help="memory cap per device (default: the plan's)")
+    p.add_argument(
+        "--memory-gb", type=_positive_float, default=None, help="memory cap per device (default: the plan's)"
+    )
     p.add_argument("--optimizer", choices=["rowwise_adagrad", "sgd", "adam"], default=None)
     p.add_argument("--task", default=None, help="task name for MLflow (default: the table file's name)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log an MLflow run")
@@ -742,20 +1010,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tracking_flags(p)
     p.set_defaults(run=cmd_evaluate)
 
-    p = sub.add_parser("bench", help="the benchmark report: every algorithm on test tasks and table files, every plan measured")
-    p.add_argument("--tasks", type=int, default=5, help="synthetic test-pool tasks; 0 for only --tables (default %(default)s)")
+    p = sub.add_parser(
+        "bench", help="the benchmark report: every algorithm on test tasks and table files, every plan measured"
+    )
+    p.add_argument(
+        "--tasks", type=int, default=5, help="synthetic test-pool tasks; 0 for only --tables (default %(default)s)"
+    )
     p.add_argument("--min-tables", type=_positive_int, default=20, help="(default %(default)s)")
     p.add_argument("--max-tables", type=_positive_int, default=40, help="(default %(default)s)")
     p.add_argument("--tables", action="append", help="a table file to benchmark as a task of its own; repeat for more")
     p.add_argument("--devices", type=_positive_int, default=2, help="devices of the gang (default %(default)s)")
     p.add_argument("--batch-size", type=_positive_int, default=1024, help="(default %(default)s)")
-    p.add_argument("--repeats", type=_positive_int, default=10, help="timed steps per plan; medians are reported (default %(default)s)")
-    p.add_argument("--memory-headroom", type=float, default=1.5, help="memory cap over an even split of a task's bytes (default %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=10,
+        help="timed steps per plan; medians are reported (default %(default)s)",
+    )
+    p.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=1.5,
+        help="memory cap over an even split of a task's bytes (default %(default)s)",
+    )
     p.add_argument("--cost-model", default=None, help="cost model file (default: the shipped CPU models)")
     p.add_argument("--policy", default=None, help="policy for dreamshard (default: the shipped one)")
-    p.add_argument("--algorithms", default=None, help="comma-separated names (default: every one that handles the task)")
+    p.add_argument(
+        "--algorithms", default=None, help="comma-separated names (default: every one that handles the task)"
+    )
     p.add_argument("--seed", type=int, default=100)
-    p.add_argument("--out", default="shard-ray-out/benchmark", help="report folder; an existing one is resumed (default %(default)s)")
+    p.add_argument(
+        "--out",
+        default="shard-ray-out/benchmark",
+        help="report folder; an existing one is resumed (default %(default)s)",
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log MLflow runs")
     _add_tracking_flags(p, experiment="shard-ray-benchmark")
@@ -765,16 +1053,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, help="plan file to export")
     p.add_argument("--tables", required=True, help="the table file the plan places (for row counts)")
     p.add_argument("--format", choices=["torchrec"], default="torchrec", help="(default %(default)s)")
-    p.add_argument("--module-path", default="", help="the EmbeddingBagCollection's path in the model, e.g. sparse_arch.embedding_bag_collection (default: the model is the collection)")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="device type of the ranks (default %(default)s)")
+    p.add_argument(
+        "--module-path",
+        default="",
+        help="the EmbeddingBagCollection's path in the model, e.g. sparse_arch.embedding_bag_collection (default: the model is the collection)",
+    )
+    p.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda", help="device type of the ranks (default %(default)s)"
+    )
     p.add_argument("--out", required=True, help="file to write (.json)")
     p.set_defaults(run=cmd_export)
 
-    p = sub.add_parser("demo", help="the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow")
+    p = sub.add_parser(
+        "demo", help="the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow"
+    )
     p.add_argument("--workdir", default="shard-ray-out/demo", help="where files are written (default %(default)s)")
     p.add_argument("--devices", type=_positive_int, default=2, help="devices in the gang (default %(default)s)")
     p.add_argument("--tables", type=_positive_int, default=16, help="tables in the demo task (default %(default)s)")
-    p.add_argument("--profile-shards", type=int, default=12, help="random multi-table shards to profile (default %(default)s)")
+    p.add_argument(
+        "--profile-shards", type=int, default=12, help="random multi-table shards to profile (default %(default)s)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     _add_tracking_flags(p)
@@ -782,7 +1080,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], None] = args.run
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
@@ -41,14 +40,14 @@ def compare_algorithms(
     gang: DeviceGang,
     config: MeasureConfig,
     task: str,
-    names: Optional[list[str]] = None,
-    tracking_uri: Optional[str] = None,
+    names: list[str] | None = None,
+    tracking_uri: str | None = None,
     experiment: str = "shard-ray",
-    out_dir: Optional[Path] = None,
+    out_dir: Path | None = None,
     seed: int = 0,
     progress: bool = True,
-    cost_model: Optional[str] = None,
-    policy: Optional[str] = None,
+    cost_model: str | None = None,
+    policy: str | None = None,
 ) -> Comparison:
     """Every named algorithm's plan (all registered ones that handle the task by default), measured.
 

@@ -8,7 +8,8 @@ comma-separated values, `true` a bare flag; `false` and `null` leave the flag ou
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from shard_ray.errors import ShardRayError
 from shard_ray.io import read_document
@@ -42,7 +43,7 @@ def read_config(path: str) -> dict[str, Any]:
     return document
 
 
-def expand_config(argv: Optional[Sequence[str]]) -> list[str]:
+def expand_config(argv: Sequence[str] | None) -> list[str]:
     """`argv` with `--config FILE` (or `--config=FILE`) replaced by the file's flags, placed first."""
     argv = list(argv or [])
     rest, path = [], None

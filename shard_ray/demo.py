@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -42,12 +41,12 @@ class DemoConfig:
     batch_size: int = 1024
     repeats: int = 10
     seed: int = 0
-    tracking_uri: Optional[str] = None
+    tracking_uri: str | None = None
     experiment: str = "shard-ray"
-    address: Optional[str] = None
+    address: str | None = None
 
 
-def fused_vs_singles(measurements: list[ShardMeasurement]) -> Optional[float]:
+def fused_vs_singles(measurements: list[ShardMeasurement]) -> float | None:
     """Median of (fused step ms) / (sum of the tables' single-table step ms) over multi-table shards."""
     by_table = {
         m.tables[0].table.name: m.fwd_ms + m.bwd_ms  # type: ignore[operator]
@@ -104,8 +103,15 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
         print(f"warning: {warning}")
     try:
         comparison = compare_algorithms(
-            tables, topology, gang, measure_config, "demo",
-            tracking_uri=tracking_uri, experiment=config.experiment, out_dir=workdir, seed=config.seed,
+            tables,
+            topology,
+            gang,
+            measure_config,
+            "demo",
+            tracking_uri=tracking_uri,
+            experiment=config.experiment,
+            out_dir=workdir,
+            seed=config.seed,
         )
     finally:
         gang.shutdown()
@@ -119,10 +125,12 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     print(comparison_table(rows))
     write_json(
         workdir / "comparison.json",
-        [{"algorithm": r.plan.algorithm, "cost_ms": r.cost.cost_ms, "placement_seconds": r.plan.placement_seconds} for r in rows],
+        [
+            {"algorithm": r.plan.algorithm, "cost_ms": r.cost.cost_ms, "placement_seconds": r.plan.placement_seconds}
+            for r in rows
+        ],
     )
     print(f"\nplans, results and comparison.json are in {workdir}")
     print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
     print(f"open the MLflow UI with:\n  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
     return rows
-

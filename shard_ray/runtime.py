@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
 
 import ray
 
@@ -12,7 +11,7 @@ import ray
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 
 
-def connect_ray(address: Optional[str] = None, min_cpus: int = 1) -> str:
+def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     """Join the cluster at `address` (or RAY_ADDRESS); otherwise start a local Ray.
 
     A local instance gets at least `min_cpus` logical CPUs so a gang of that many CPU devices

@@ -13,7 +13,9 @@ def ray_session():
     """One small local Ray for the whole session; 4 logical CPUs so a pool and a gang can overlap."""
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False
+    )
     yield ray
     ray.shutdown()
 
@@ -24,7 +26,9 @@ def small_tables() -> list[TableSpec]:
         TableSpec(name="a", rows=5000, dim=32, pooling_factor=4.0),
         TableSpec(name="b", rows=20000, dim=64, pooling_factor=2.0, zipf_exponent=1.2),
         TableSpec(name="c", rows=800, dim=16, pooling_factor=8.0, precision="fp16"),
-        TableSpec(name="d", rows=100000, dim=32, pooling_factor=1.5, reuse_histogram=tuple([0.5, 0.3, 0.2] + [0.0] * 14)),
+        TableSpec(
+            name="d", rows=100000, dim=32, pooling_factor=1.5, reuse_histogram=tuple([0.5, 0.3, 0.2] + [0.0] * 14)
+        ),
         TableSpec(name="e", rows=3000, dim=8, pooling_factor=12.0),
     ]
 

@@ -17,7 +17,9 @@ from shard_ray.workload.tables import load_tables
 
 FIELDS = {
     "name": st.one_of(st.text(max_size=6), st.integers(), st.none()),
-    "rows": st.one_of(st.integers(min_value=-10, max_value=2**50), st.sampled_from([0, 1, 2**43, 2**43 + 1]), st.text(max_size=3)),
+    "rows": st.one_of(
+        st.integers(min_value=-10, max_value=2**50), st.sampled_from([0, 1, 2**43, 2**43 + 1]), st.text(max_size=3)
+    ),
     "dim": st.one_of(st.integers(min_value=-8, max_value=5000), st.sampled_from([4, 30, 4096, 4100])),
     "pooling_factor": st.one_of(
         st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -1.0, 1e-9, 1e4, 1e5, math.nan, math.inf])
@@ -26,7 +28,9 @@ FIELDS = {
     "precision": st.sampled_from(["fp32", "fp16", "int8", ""]),
 }
 table = st.fixed_dictionaries({}, optional=FIELDS)
-memory_gb = st.one_of(st.sampled_from(["0", "-1", "nan", "inf", "1e-9", "abc"]), st.floats(min_value=1e-6, max_value=1e4).map(repr))
+memory_gb = st.one_of(
+    st.sampled_from(["0", "-1", "nan", "inf", "1e-9", "abc"]), st.floats(min_value=1e-6, max_value=1e4).map(repr)
+)
 devices = st.one_of(st.integers(min_value=-2, max_value=300).map(str), st.sampled_from(["x", "1.5"]))
 
 
@@ -58,7 +62,21 @@ def test_plan_answers_a_plan_or_one_line(tables, devices, memory, algo):
     with tempfile.TemporaryDirectory() as tmp:
         table_file, out = Path(tmp) / "tables.json", Path(tmp) / "plan.json"
         table_file.write_text(json.dumps({"tables": tables}))
-        code, err = run(["plan", "--tables", str(table_file), "--devices", devices, "--memory-gb", memory, "--algo", algo, "--out", str(out)])
+        code, err = run(
+            [
+                "plan",
+                "--tables",
+                str(table_file),
+                "--devices",
+                devices,
+                "--memory-gb",
+                memory,
+                "--algo",
+                algo,
+                "--out",
+                str(out),
+            ]
+        )
         if code == 0:  # extreme but valid: more devices than tables, huge memory, a one-table task
             plan, specs = load_plan(out), load_tables(table_file)
             plan.check(specs)
@@ -70,12 +88,28 @@ def test_plan_answers_a_plan_or_one_line(tables, devices, memory, algo):
 @settings(max_examples=40, deadline=None)
 @given(cut=st.integers(min_value=0, max_value=10_000))
 def test_truncated_table_files_are_refused(cut):
-    doc = json.dumps({"tables": [{"name": f"t{i}", "rows": 1000 * (i + 1), "dim": 16, "pooling_factor": 2.0} for i in range(4)]})
+    doc = json.dumps(
+        {"tables": [{"name": f"t{i}", "rows": 1000 * (i + 1), "dim": 16, "pooling_factor": 2.0} for i in range(4)]}
+    )
     cut = cut % len(doc)  # every proper prefix is broken JSON
     with tempfile.TemporaryDirectory() as tmp:
         table_file, out = Path(tmp) / "tables.json", Path(tmp) / "plan.json"
         table_file.write_text(doc[:cut])
-        code, err = run(["plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1", "--algo", "size_greedy", "--out", str(out)])
+        code, err = run(
+            [
+                "plan",
+                "--tables",
+                str(table_file),
+                "--devices",
+                "2",
+                "--memory-gb",
+                "1",
+                "--algo",
+                "size_greedy",
+                "--out",
+                str(out),
+            ]
+        )
         assert_refused_cleanly(code, err, out)
 
 
@@ -86,7 +120,23 @@ def test_damaged_model_and_policy_files_are_refused(table_file_path, blob, which
         bad, out = Path(tmp) / "bad.pt", Path(tmp) / "plan.json"
         bad.write_bytes(blob)
         algo = "cost_search" if which == "--cost-model" else "dreamshard"
-        code, err = run(["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--algo", algo, which, str(bad), "--out", str(out)])
+        code, err = run(
+            [
+                "plan",
+                "--tables",
+                str(table_file_path),
+                "--devices",
+                "2",
+                "--memory-gb",
+                "1",
+                "--algo",
+                algo,
+                which,
+                str(bad),
+                "--out",
+                str(out),
+            ]
+        )
         assert_refused_cleanly(code, err, out)
 
 

@@ -30,10 +30,44 @@ def test_generate_tasks_plan(tmp_path, capsys):
     pool = tmp_path / "pool.json"
     assert main(["generate", "--out", str(pool), "--num-tables", "60", "--seed", "2"]) == 0
     assert len(json.loads(pool.read_text())["tables"]) == 60
-    assert main(["tasks", "--pool", str(pool), "--out-dir", str(tmp_path / "tasks"), "--num-tasks", "2", "--min-tables", "4", "--max-tables", "6"]) == 0
+    assert (
+        main(
+            [
+                "tasks",
+                "--pool",
+                str(pool),
+                "--out-dir",
+                str(tmp_path / "tasks"),
+                "--num-tasks",
+                "2",
+                "--min-tables",
+                "4",
+                "--max-tables",
+                "6",
+            ]
+        )
+        == 0
+    )
     task = tmp_path / "tasks" / "test_000.json"
     plan = tmp_path / "plan.json"
-    assert main(["plan", "--tables", str(task), "--devices", "2", "--memory-gb", "4", "--algo", "lookup_greedy", "--out", str(plan)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--tables",
+                str(task),
+                "--devices",
+                "2",
+                "--memory-gb",
+                "4",
+                "--algo",
+                "lookup_greedy",
+                "--out",
+                str(plan),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(plan.read_text())
     assert doc["algorithm"] == "lookup_greedy" and doc["num_devices"] == 2
     assert "plan 'lookup_greedy' on 2 devices" in capsys.readouterr().out
@@ -66,40 +100,108 @@ def test_plan_refuses_bad_table_files(tmp_path, capsys, content, message):
     tables = tmp_path / "tables.json"
     tables.write_text(content)
     out = tmp_path / "plan.json"
-    argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "random", "--out", str(out)]
+    argv = [
+        "plan",
+        "--tables",
+        str(tables),
+        "--devices",
+        "2",
+        "--memory-gb",
+        "1",
+        "--algo",
+        "random",
+        "--out",
+        str(out),
+    ]
     assert_refused(capsys, argv, message, leftover=out)
 
 
 def test_plan_refuses_missing_file_unknown_algo_and_infeasible_memory(tmp_path, capsys, table_file):
     out = tmp_path / "plan.json"
     base = ["plan", "--devices", "2", "--out", str(out)]
-    assert_refused(capsys, base + ["--tables", str(tmp_path / "nope.json"), "--memory-gb", "1", "--algo", "random"], "not found", out)
-    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "1", "--algo", "magic"], "unknown algorithm", out)
-    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "0.000001", "--algo", "size_greedy"], "no device has", out)
-    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "-1", "--algo", "random"], "--memory-gb", out)
-    assert_refused(capsys, base + ["--tables", str(table_file), "--memory-gb", "nan", "--algo", "random"], "--memory-gb", out)
+    assert_refused(
+        capsys,
+        base + ["--tables", str(tmp_path / "nope.json"), "--memory-gb", "1", "--algo", "random"],
+        "not found",
+        out,
+    )
+    assert_refused(
+        capsys, base + ["--tables", str(table_file), "--memory-gb", "1", "--algo", "magic"], "unknown algorithm", out
+    )
+    assert_refused(
+        capsys,
+        base + ["--tables", str(table_file), "--memory-gb", "0.000001", "--algo", "size_greedy"],
+        "no device has",
+        out,
+    )
+    assert_refused(
+        capsys, base + ["--tables", str(table_file), "--memory-gb", "-1", "--algo", "random"], "--memory-gb", out
+    )
+    assert_refused(
+        capsys, base + ["--tables", str(table_file), "--memory-gb", "nan", "--algo", "random"], "--memory-gb", out
+    )
 
 
 def test_evaluate_refuses_bad_plans_before_starting_ray(tmp_path, capsys, table_file):
     out = tmp_path / "result.json"
     plan = tmp_path / "plan.json"
     cases = [
-        ({"num_devices": 2, "algorithm": "x", "shards": [{"table": "zz", "device": 0, "columns": [0, 4]}]}, "not in the table file"),
-        ({"num_devices": 2, "algorithm": "x", "shards": [{"table": "a", "device": 0, "columns": [0, 6]}]}, "multiples of 4"),
+        (
+            {"num_devices": 2, "algorithm": "x", "shards": [{"table": "zz", "device": 0, "columns": [0, 4]}]},
+            "not in the table file",
+        ),
+        (
+            {"num_devices": 2, "algorithm": "x", "shards": [{"table": "a", "device": 0, "columns": [0, 6]}]},
+            "multiples of 4",
+        ),
         ({"num_devices": 0, "algorithm": "x", "shards": []}, "num_devices"),
     ]
     for doc, message in cases:
         plan.write_text(json.dumps(doc))
-        assert_refused(capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out), "--memory-gb", "1"], message, out)
-    plan.write_text(json.dumps({"num_devices": 1, "algorithm": "x", "shards": [{"table": n, "device": 0, "columns": [0, d]} for n, d in zip("abcde", (32, 64, 16, 32, 8))]}))
-    assert_refused(capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out), "--memory-gb", "0.00001"], "over the cap", out)
-    assert_refused(capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out)], "--memory-gb", out)
+        assert_refused(
+            capsys,
+            ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out), "--memory-gb", "1"],
+            message,
+            out,
+        )
+    plan.write_text(
+        json.dumps(
+            {
+                "num_devices": 1,
+                "algorithm": "x",
+                "shards": [{"table": n, "device": 0, "columns": [0, d]} for n, d in zip("abcde", (32, 64, 16, 32, 8))],
+            }
+        )
+    )
+    assert_refused(
+        capsys,
+        ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out), "--memory-gb", "0.00001"],
+        "over the cap",
+        out,
+    )
+    assert_refused(
+        capsys, ["evaluate", "--tables", str(table_file), "--plan", str(plan), "--out", str(out)], "--memory-gb", out
+    )
 
 
 def test_console_errors_are_one_line_without_traceback(tmp_path):
-    result = run_cli("plan", "--tables", str(tmp_path / "missing.json"), "--devices", "2", "--memory-gb", "1", "--algo", "random", "--out", str(tmp_path / "p.json"))
+    result = run_cli(
+        "plan",
+        "--tables",
+        str(tmp_path / "missing.json"),
+        "--devices",
+        "2",
+        "--memory-gb",
+        "1",
+        "--algo",
+        "random",
+        "--out",
+        str(tmp_path / "p.json"),
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"shard-ray: error: table file not found: {tmp_path / 'missing.json'}"]
+    assert result.stderr.strip().splitlines() == [
+        f"shard-ray: error: table file not found: {tmp_path / 'missing.json'}"
+    ]
     result = run_cli("plan", "--devices", "zero")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     result = run_cli("frobnicate")

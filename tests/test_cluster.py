@@ -50,9 +50,23 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     server = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
-         str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -63,29 +77,52 @@ def mlflow_server(tmp_path_factory):
 
 
 def _comparison_config(path: Path, out: Path, tracking_uri: str, experiment: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "tasks": 1, "min_tables": 4, "max_tables": 5, "devices": 2, "repeats": 2,
-        "algorithms": "lookup_greedy,size_greedy", "out": str(out), "tracking_uri": tracking_uri, "experiment": experiment,
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tasks": 1,
+                "min_tables": 4,
+                "max_tables": 5,
+                "devices": 2,
+                "repeats": 2,
+                "algorithms": "lookup_greedy,size_greedy",
+                "out": str(out),
+                "tracking_uri": tracking_uri,
+                "experiment": experiment,
+            }
+        )
+    )
     return path
 
 
 def _search_runs(uri: str, experiment: str) -> list[dict]:
     """Runs of `experiment`, read through MLflow's REST API."""
+
     def post(endpoint: str, body: dict) -> dict:
-        request = urllib.request.Request(f"{uri}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{uri}/api/2.0/mlflow/{endpoint}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         return json.loads(urllib.request.urlopen(request, timeout=10).read())
 
-    experiment_id = json.loads(urllib.request.urlopen(
-        f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10).read())["experiment"]["experiment_id"]
+    experiment_id = json.loads(
+        urllib.request.urlopen(
+            f"{uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10
+        ).read()
+    )["experiment"]["experiment_id"]
     return post("runs/search", {"experiment_ids": [experiment_id]}).get("runs", [])
 
 
 def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlflow_server):
     config = _comparison_config(tmp_path / "compare.yaml", tmp_path / "out", mlflow_server, "server-test")
-    done = subprocess.run([sys.executable, "experiments/benchmark.py", "--config", str(config)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "experiments/benchmark.py", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
     runs = [r for r in _search_runs(mlflow_server, "server-test") if r["info"]["run_name"] != "benchmark"]
@@ -95,17 +132,23 @@ def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlf
     assert len({t["task"] for t in tags}) == 1 and {t["devices"] for t in tags} == {"2"}
     assert all(t["hardware"].startswith("cpu:") for t in tags)
     metric_names = [{m["key"] for m in r["data"]["metrics"]} for r in runs]
-    assert metric_names[0] == metric_names[1] and {"cost_ms", "placement_seconds", "device_0_total_ms"} <= metric_names[0]
+    assert (
+        metric_names[0] == metric_names[1] and {"cost_ms", "placement_seconds", "device_0_total_ms"} <= metric_names[0]
+    )
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_server)
     artifacts = {a.path for a in client.list_artifacts(runs[0]["info"]["run_id"])}
     assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
-    plan = json.loads(Path(client.download_artifacts(runs[0]["info"]["run_id"], "plan.json", str(tmp_path))).read_text())
+    plan = json.loads(
+        Path(client.download_artifacts(runs[0]["info"]["run_id"], "plan.json", str(tmp_path))).read_text()
+    )
     assert plan["num_devices"] == 2 and plan["algorithm"] in {"lookup_greedy", "size_greedy"}
     summary = next(r for r in _search_runs(mlflow_server, "server-test") if r["info"]["run_name"] == "benchmark")
-    assert {"benchmark.md", "benchmark.csv", "benchmark.png", "benchmark.json"} <= {a.path for a in client.list_artifacts(summary["info"]["run_id"])}
+    assert {"benchmark.md", "benchmark.csv", "benchmark.png", "benchmark.json"} <= {
+        a.path for a in client.list_artifacts(summary["info"]["run_id"])
+    }
     assert {m["key"] for m in summary["data"]["metrics"]} >= {"mean_cost_ms.lookup_greedy", "mean_cost_ms.size_greedy"}
 
 
@@ -113,19 +156,48 @@ def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlf
 def ray_head(tmp_path_factory):
     """A Ray head started with `ray start --head`, token authentication on (Ray's default for clusters)."""
     # The head's `python` is the project's, as in a shell with the virtual environment active.
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
     env.pop("RAY_ADDRESS", None)
     dashboard = _free_port()
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", "--port", str(_free_port()), "--num-cpus", "2",
-         "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--disable-usage-stats"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--port",
+            str(_free_port()),
+            "--num-cpus",
+            "2",
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard),
+            "--disable-usage-stats",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        _wait_for(lambda: subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env,
-                                         capture_output=True, timeout=30).returncode == 0, "ray head")
+        _wait_for(
+            lambda: (
+                subprocess.run(
+                    [str(BIN / "ray"), "job", "list", "--address", address], env=env, capture_output=True, timeout=30
+                ).returncode
+                == 0
+            ),
+            "ray head",
+        )
         yield address, env
     finally:
         _stop(head)
@@ -135,14 +207,33 @@ def test_ray_job_submit_runs_an_experiment_that_logs_to_mlflow(tmp_path, ray_hea
     address, env = ray_head
     config = _comparison_config(tmp_path / "compare.yaml", tmp_path / "out", mlflow_server, "job-test")
     done = subprocess.run(
-        [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
-         "python", "experiments/benchmark.py", "--config", str(config)],
-        env=env, capture_output=True, text=True, timeout=400,
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--working-dir",
+            str(REPO),
+            "--",
+            "python",
+            "experiments/benchmark.py",
+            "--config",
+            str(config),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-2000:]
     assert "joined cluster" in done.stdout
     runs = _search_runs(mlflow_server, "job-test")
-    assert len(runs) == 3 and {r["info"]["run_name"] for r in runs} >= {"benchmark"} and all(r["info"]["status"] == "FINISHED" for r in runs)
+    assert (
+        len(runs) == 3
+        and {r["info"]["run_name"] for r in runs} >= {"benchmark"}
+        and all(r["info"]["status"] == "FINISHED" for r in runs)
+    )
     assert (tmp_path / "out" / "benchmark.json").exists()
 
 
@@ -154,7 +245,9 @@ def test_launcher_files_validate_against_rays_schema():
     for name in ("gpu-cloud.yaml", "on-prem.yaml"):
         config = yaml.safe_load((REPO / "cluster" / name).read_text())
         validate_config(config)  # the file as written, against ray-schema.json (raises on what `ray up` would refuse)
-        validate_config(prepare_config(copy.deepcopy(config)))  # and with the launcher's defaults filled in, as `ray up` does
+        validate_config(
+            prepare_config(copy.deepcopy(config))
+        )  # and with the launcher's defaults filled in, as `ray up` does
         assert any("shard-ray" in c or "pip install" in c for c in config["setup_commands"])
     cloud = yaml.safe_load((REPO / "cluster" / "gpu-cloud.yaml").read_text())
     workers = cloud["available_node_types"]["gpu_worker"]

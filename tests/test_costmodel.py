@@ -11,7 +11,14 @@ import torch
 from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, table_features
-from shard_ray.costmodel.models import CommCostNet, ComputeCostNet, CostModels, comm_features, default_cost_model_path, pad_shards
+from shard_ray.costmodel.models import (
+    CommCostNet,
+    ComputeCostNet,
+    CostModels,
+    comm_features,
+    default_cost_model_path,
+    pad_shards,
+)
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import TrainConfig, data_split, train_cost_models
@@ -49,7 +56,9 @@ def test_compute_model_is_permutation_invariant_and_takes_any_table_count(pool):
     torch.manual_seed(0)
     net = ComputeCostNet(hidden=16, depth=2).eval()
     shard = np.stack([table_features(t, t.dim) for t in pool[:7]])
-    features, mask = pad_shards([shard, shard[::-1].copy(), shard[:1], np.stack([table_features(t, t.dim) for t in pool[:40]])])
+    features, mask = pad_shards(
+        [shard, shard[::-1].copy(), shard[:1], np.stack([table_features(t, t.dim) for t in pool[:40]])]
+    )
     out = net(features, mask, torch.full((4,), 10.0))
     assert out.shape == (4, 2)
     assert torch.allclose(out[0], out[1], atol=1e-5)
@@ -91,7 +100,9 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     with MeasurementStore(tmp_path / "m.db") as store:
         for parts in shards:
             store.put(measure_fused_shard(parts, config, "cpu:test"))
-        models, report = train_cost_models(store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60))
+        models, report = train_cost_models(
+            store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
+        )
     assert models.hardware == "cpu:test" and models.comm is None
     assert report["compute_seen"]["n"] > 0 and report["compute_unseen"]["n"] == 0
     assert models.info["num_shards"]["train"] > 40
@@ -120,7 +131,9 @@ def test_simulator_prices_plans_with_the_one_cost_definition(shipped, small_tabl
     cost = Simulator(shipped).plan_cost(plan, small_tables, 1024)
     assert cost.cost_ms == max(d.total_ms for d in cost.devices)
     assert all(d.fwd_compute_ms > 0 and d.fwd_comm_ms > 0 for d in cost.devices)
-    lonely = Plan(num_devices=2, algorithm="x", shards=[Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables])
+    lonely = Plan(
+        num_devices=2, algorithm="x", shards=[Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables]
+    )
     idle = Simulator(shipped).plan_cost(lonely, small_tables, 1024).devices[1]
     assert idle.fwd_compute_ms == 0 and idle.bwd_compute_ms == 0
 
@@ -187,7 +200,24 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     tables = tmp_path / "t.json"
     save_tables(tables, pool[:12])
     out = tmp_path / "plan.json"
-    assert main(["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "2", "--algo", "cost_search", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--tables",
+                str(tables),
+                "--devices",
+                "2",
+                "--memory-gb",
+                "2",
+                "--algo",
+                "cost_search",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["metadata"]["lower_bound_ms"] > 0 and len(doc["metadata"]["predicted"]["devices"]) == 2
     assert "lower bound on the simulated cost" in capsys.readouterr().out
@@ -199,7 +229,9 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
         for parts in draw_augmented_shards(unseen, 6, 3, (16, 64), seed=2):
             # labelled with the model's hardware: this checks the command, not the accuracy
             store.put(measure_fused_shard(parts, config, shipped.hardware))
-    code = main(["costmodel", "evaluate", "--model", str(default_cost_model_path()), "--data", str(store_path), "--no-mlflow"])
+    code = main(
+        ["costmodel", "evaluate", "--model", str(default_cost_model_path()), "--data", str(store_path), "--no-mlflow"]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result) >= {"mape", "spearman", "n"} and result["unseen"]["n"] == 6 and result["mape"] >= 0

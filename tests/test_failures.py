@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
@@ -59,7 +59,9 @@ def test_gang_rebuilds_itself_when_a_member_dies(ray_session, small_tables):
     from shard_ray.profiling.gang import DeviceGang
 
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
-    plans = [place(name, small_tables, topology) for name in ("dim_greedy", "size_greedy", "lookup_greedy", "round_robin")]
+    plans = [
+        place(name, small_tables, topology) for name in ("dim_greedy", "size_greedy", "lookup_greedy", "round_robin")
+    ]
     gang = DeviceGang(2)
     kills: list[int] = []  # plans finished when each kill landed
     finished: list[int] = []
@@ -117,19 +119,57 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
     save_tables(pool_file, small_tables)
     cli = [sys.executable, "-m", "shard_ray.cli"]
     if command_name == "collect":
-        command = [*cli, "collect", "--kind", "compute", "--pool", str(pool_file), "--samples", "30", "--max-tables", "4",
-                   "--batch-sizes", "2048", "--repeats", "60", "--actors", "2", "--store", str(db)]
+        command = [
+            *cli,
+            "collect",
+            "--kind",
+            "compute",
+            "--pool",
+            str(pool_file),
+            "--samples",
+            "30",
+            "--max-tables",
+            "4",
+            "--batch-sizes",
+            "2048",
+            "--repeats",
+            "60",
+            "--actors",
+            "2",
+            "--store",
+            str(db),
+        ]
         config = MeasureConfig(batch_size=2048, warmup=2, repeats=60, seed=0)
         drawn = draw_augmented_shards(small_tables, 30, 4, COLLECT_DIMS, 0, 1)
     else:
-        command = [*cli, "profile", "--tables", str(pool_file), "--shards", "25", "--max-tables", "4", "--batch-size", "2048",
-                   "--repeats", "60", "--actors", "2", "--store", str(db)]
+        command = [
+            *cli,
+            "profile",
+            "--tables",
+            str(pool_file),
+            "--shards",
+            "25",
+            "--max-tables",
+            "4",
+            "--batch-size",
+            "2048",
+            "--repeats",
+            "60",
+            "--actors",
+            "2",
+            "--store",
+            str(db),
+        ]
         config = MeasureConfig(batch_size=2048, warmup=3, repeats=60, seed=0)
         drawn = draw_shards(small_tables, 25, 4, seed=0, singles=True)
     for stop in (signal.SIGINT, signal.SIGKILL):
         before = _store_count(db)
         run = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_foreground_signals
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_foreground_signals,
         )
         deadline = time.time() + 120
         while _store_count(db) < before + 1 and time.time() < deadline and run.poll() is None:
@@ -146,7 +186,9 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
     with MeasurementStore(db) as store:
         stored = store.measurements()
         hardware = stored[0].hardware
-        assert {m.key for m in stored} == {shard_key(s, config, hardware) for s in drawn}  # the set an unbroken run makes
+        assert {m.key for m in stored} == {
+            shard_key(s, config, hardware) for s in drawn
+        }  # the set an unbroken run makes
         assert all(m.status == "ok" for m in stored)
 
 
@@ -165,8 +207,27 @@ def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
     import json
 
     out = tmp_path / "benchmark"
-    command = [sys.executable, "-m", "shard_ray.cli", "bench", "--tasks", "4", "--min-tables", "4", "--max-tables", "5",
-               "--devices", "2", "--repeats", "10", "--algorithms", "lookup_greedy,size_greedy", "--no-mlflow", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "shard_ray.cli",
+        "bench",
+        "--tasks",
+        "4",
+        "--min-tables",
+        "4",
+        "--max-tables",
+        "5",
+        "--devices",
+        "2",
+        "--repeats",
+        "10",
+        "--algorithms",
+        "lookup_greedy,size_greedy",
+        "--no-mlflow",
+        "--out",
+        str(out),
+    ]
     _run_until(command, lambda: (out / "tasks" / "test_000.json").exists(), signal.SIGKILL)
     first = json.loads((out / "tasks" / "test_000.json").read_text())
     assert not (out / "benchmark.json").exists()
@@ -188,10 +249,42 @@ def test_outer_loop_killed_mid_round_resumes(tmp_path):
     pool = tmp_path / "pool.json"
     save_tables(pool, generate_pool(PoolConfig(num_tables=40, seed=4)))
     out = tmp_path / "loop"
-    command = [sys.executable, "-m", "shard_ray.cli", "policy", "outer-loop", "--pool", str(pool), "--out", str(out),
-               "--rounds", "2", "--tasks-per-round", "1", "--ppo-iterations", "1", "--train-batch", "64", "--minibatch", "32",
-               "--hidden", "16", "--min-tables", "3", "--max-tables", "4", "--devices", "2", "--actors", "1", "--repeats", "2",
-               "--update-epochs", "2", "--no-mlflow"]
+    command = [
+        sys.executable,
+        "-m",
+        "shard_ray.cli",
+        "policy",
+        "outer-loop",
+        "--pool",
+        str(pool),
+        "--out",
+        str(out),
+        "--rounds",
+        "2",
+        "--tasks-per-round",
+        "1",
+        "--ppo-iterations",
+        "1",
+        "--train-batch",
+        "64",
+        "--minibatch",
+        "32",
+        "--hidden",
+        "16",
+        "--min-tables",
+        "3",
+        "--max-tables",
+        "4",
+        "--devices",
+        "2",
+        "--actors",
+        "1",
+        "--repeats",
+        "2",
+        "--update-epochs",
+        "2",
+        "--no-mlflow",
+    ]
     # killed once the first round is saved and the second has begun measuring
     _run_until(command, lambda: (out / "outer_loop.json").exists(), signal.SIGKILL, timeout=240)
     assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1]
@@ -210,9 +303,32 @@ def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
     pool = tmp_path / "pool.json"
     save_tables(pool, generate_pool(PoolConfig(num_tables=40, seed=5)))
     out = tmp_path / "policy"
-    command = [sys.executable, "-m", "shard_ray.cli", "policy", "train", "--pool", str(pool), "--out", str(out), "--iterations", "12",
-               "--train-batch", "64", "--minibatch", "32", "--hidden", "16", "--min-tables", "3", "--max-tables", "4",
-               "--devices", "2", "--no-mlflow"]
+    command = [
+        sys.executable,
+        "-m",
+        "shard_ray.cli",
+        "policy",
+        "train",
+        "--pool",
+        str(pool),
+        "--out",
+        str(out),
+        "--iterations",
+        "12",
+        "--train-batch",
+        "64",
+        "--minibatch",
+        "32",
+        "--hidden",
+        "16",
+        "--min-tables",
+        "3",
+        "--max-tables",
+        "4",
+        "--devices",
+        "2",
+        "--no-mlflow",
+    ]
     _run_until(command, lambda: (out / "policy.pt").exists(), signal.SIGKILL)  # the first checkpoint is at iteration 5
     assert load_policy(out)[1]["iterations"] == 5
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -234,9 +350,32 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
     pool = tmp_path / "pool.json"
     save_tables(pool, generate_pool(PoolConfig(num_tables=80, seed=6)))
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "shard_ray.cli", "tune", "search", "--pool", str(pool), "--out", str(out), "--samples", "6",
-               "--max-concurrent", "1", "--tasks", "6", "--min-tables", "30", "--max-tables", "40", "--time-budget", "0.6",
-               "--measure-top", "0", "--no-mlflow"]
+    command = [
+        sys.executable,
+        "-m",
+        "shard_ray.cli",
+        "tune",
+        "search",
+        "--pool",
+        str(pool),
+        "--out",
+        str(out),
+        "--samples",
+        "6",
+        "--max-concurrent",
+        "1",
+        "--tasks",
+        "6",
+        "--min-tables",
+        "30",
+        "--max-tables",
+        "40",
+        "--time-budget",
+        "0.6",
+        "--measure-top",
+        "0",
+        "--no-mlflow",
+    ]
     killed_trials: list[int] = []
 
     def kill_a_trial_then_wait_for_results() -> bool:

@@ -77,7 +77,9 @@ def test_shard_key_is_content_and_order_free(small_tables):
     key = shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL, "hw")
     assert key == shard_key([ShardTable.whole(b), ShardTable.whole(renamed)], SMALL, "hw")
     assert key != shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL, "other-hw")
-    assert key != shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL.model_copy(update={"batch_size": 32}), "hw")
+    assert key != shard_key(
+        [ShardTable.whole(a), ShardTable.whole(b)], SMALL.model_copy(update={"batch_size": 32}), "hw"
+    )
     assert key != shard_key([ShardTable(table=a, columns=(0, 16)), ShardTable.whole(b)], SMALL, "hw")
 
 
@@ -109,6 +111,4 @@ def test_draw_shards(small_tables):
     assert all(len(s) == 1 for s in shards[: len(small_tables)])
     assert all(2 <= len(s) <= 3 for s in shards[len(small_tables) :])
     assert all(len({p.table.name for p in s}) == len(s) for s in shards)
-    assert np.array_equal(
-        [len(s) for s in draw_shards(small_tables, 10, 3, seed=0)], [len(s) for s in shards]
-    )
+    assert np.array_equal([len(s) for s in draw_shards(small_tables, 10, 3, seed=0)], [len(s) for s in shards])

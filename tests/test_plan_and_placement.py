@@ -50,7 +50,9 @@ def test_plan_file_round_trip_and_format(tmp_path):
 )
 def test_plan_check(shards, message):
     tables = [TableSpec(name="a", rows=10, dim=32, pooling_factor=1.0)]
-    plan = Plan(num_devices=2, algorithm="x", shards=[Shard(table=t, device=d, columns=(s, e)) for t, d, s, e in shards])
+    plan = Plan(
+        num_devices=2, algorithm="x", shards=[Shard(table=t, device=d, columns=(s, e)) for t, d, s, e in shards]
+    )
     with pytest.raises(ShardRayError, match=message):
         plan.check(tables)
 
@@ -85,7 +87,10 @@ def test_every_baseline_gives_a_valid_plan_within_memory(name, small_tables):
 
 
 def test_greedy_balances_its_proxy():
-    tables = [TableSpec(name=f"t{i}", rows=100, dim=dim, pooling_factor=1.0) for i, dim in enumerate([64, 32, 32, 16, 16, 16, 16])]
+    tables = [
+        TableSpec(name=f"t{i}", rows=100, dim=dim, pooling_factor=1.0)
+        for i, dim in enumerate([64, 32, 32, 16, 16, 16, 16])
+    ]
     plan = place("dim_greedy", tables, Topology(num_devices=2, memory_bytes=GB))
     dims = [sum(s.width for s in plan.shards_on(d)) for d in range(2)]
     assert dims == [96, 96]
@@ -112,7 +117,9 @@ def test_unknown_algorithm(small_tables):
 
 def test_random_is_seeded(small_tables):
     topology = Topology(num_devices=4, memory_bytes=GB)
-    assert place("random", small_tables, topology, seed=7).shards == place("random", small_tables, topology, seed=7).shards
+    assert (
+        place("random", small_tables, topology, seed=7).shards == place("random", small_tables, topology, seed=7).shards
+    )
 
 
 def test_proxies_order_tables_as_published():
@@ -125,13 +132,20 @@ def test_proxies_order_tables_as_published():
 
 
 def test_check_memory_refuses_overfull_plans(small_tables):
-    plan = Plan(num_devices=1, algorithm="x", shards=[Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables])
+    plan = Plan(
+        num_devices=1, algorithm="x", shards=[Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables]
+    )
     with pytest.raises(ShardRayError, match="over the cap"):
         plan.check_memory(small_tables, Topology(num_devices=1, memory_bytes=10_000))
 
 
 def test_cost_is_the_slowest_device_and_summary_marks_it(small_tables):
-    cost = PlanCost(devices=[DeviceCost(device=0, fwd_compute_ms=1, fwd_comm_ms=1, bwd_comm_ms=1, bwd_compute_ms=1), DeviceCost(device=1, fwd_compute_ms=3, fwd_comm_ms=0, bwd_comm_ms=0, bwd_compute_ms=2)])
+    cost = PlanCost(
+        devices=[
+            DeviceCost(device=0, fwd_compute_ms=1, fwd_comm_ms=1, bwd_comm_ms=1, bwd_compute_ms=1),
+            DeviceCost(device=1, fwd_compute_ms=3, fwd_comm_ms=0, bwd_comm_ms=0, bwd_compute_ms=2),
+        ]
+    )
     assert cost.cost_ms == 5 and cost.bottleneck_device == 1
     assert cost.model_dump()["devices"][0]["total_ms"] == 4
     topology = Topology(num_devices=2, memory_bytes=GB)

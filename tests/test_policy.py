@@ -36,8 +36,18 @@ def pool() -> list[TableSpec]:
 
 
 def tiny_config(**overrides) -> PolicyConfig:
-    settings = dict(iterations=1, train_batch_size=64, minibatch_size=32, num_epochs=1, hidden=32, min_tables=4, max_tables=6,
-                    devices=(2, 3), max_devices=4, checkpoint_every=1)
+    settings = dict(
+        iterations=1,
+        train_batch_size=64,
+        minibatch_size=32,
+        num_epochs=1,
+        hidden=32,
+        min_tables=4,
+        max_tables=6,
+        devices=(2, 3),
+        max_devices=4,
+        checkpoint_every=1,
+    )
     return PolicyConfig(**(settings | overrides))
 
 
@@ -89,7 +99,10 @@ def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
     state.place(1)
     assert state.stuck() and not state.done
 
-    env = PlacementEnv(env_config(tiny_config(devices=(2,)), tables, None).to_dict() | {"min_tables": 3, "max_tables": 3, "dims": (64,)})
+    env = PlacementEnv(
+        env_config(tiny_config(devices=(2,)), tables, None).to_dict()
+        | {"min_tables": 3, "max_tables": 3, "dims": (64,)}
+    )
     env.draw_task = lambda: (tables, topology)
     obs, _ = env.reset(seed=0)
     obs, _, done, _, _ = env.step(0)
@@ -135,7 +148,9 @@ def test_rllib_module_shapes(pool):
 
     env = PlacementEnv(env_config(tiny_config(), pool, None).to_dict())
     module = RLModuleSpec(
-        module_class=DevicePolicyModule, observation_space=env.observation_space, action_space=env.action_space,
+        module_class=DevicePolicyModule,
+        observation_space=env.observation_space,
+        action_space=env.action_space,
         model_config={"hidden": 16},
     ).build()
     obs = [env.reset(seed=s)[0] for s in range(3)]
@@ -191,7 +206,19 @@ def test_policy_file_round_trip_and_bad_files(tmp_path):
 
 def test_plan_with_dreamshard(tmp_path, table_file, capsys):
     out = tmp_path / "plan.json"
-    args = ["plan", "--tables", str(table_file), "--devices", "3", "--memory-gb", "1", "--algo", "dreamshard", "--out", str(out)]
+    args = [
+        "plan",
+        "--tables",
+        str(table_file),
+        "--devices",
+        "3",
+        "--memory-gb",
+        "1",
+        "--algo",
+        "dreamshard",
+        "--out",
+        str(out),
+    ]
     assert main(args + ["--samples", "4"]) == 0
     plan = json.loads(out.read_text())
     assert plan["algorithm"] == "dreamshard" and plan["num_devices"] == 3
@@ -211,7 +238,9 @@ def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, p
     from shard_ray.profiling.store import MeasurementStore
 
     config = tiny_config(devices=(2,), min_tables=3, max_tables=4)
-    loop = OuterLoopConfig(rounds=1, tasks_per_round=2, ppo_iterations_per_round=1, profiling_actors=1, repeats=2, update_epochs=2)
+    loop = OuterLoopConfig(
+        rounds=1, tasks_per_round=2, ppo_iterations_per_round=1, profiling_actors=1, repeats=2, update_epochs=2
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "loop"
     run_outer_loop(pool, config, loop, out, tracking_uri=uri)
@@ -224,7 +253,10 @@ def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, p
     updated = CostModels.load(out / "costmodels.pt")
     assert updated.info["updated_on"]["plans"] == plans_after_one
     shipped = CostModels.load(default_cost_model_path())
-    assert any(not torch.equal(a, b) for a, b in zip(updated.compute.state_dict().values(), shipped.compute.state_dict().values()))
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(updated.compute.state_dict().values(), shipped.compute.state_dict().values())
+    )
 
     run_outer_loop(pool, config, replace(loop, rounds=2), out, tracking_uri=uri)  # resumes: round 2 only
     state = json.loads((out / "outer_loop.json").read_text())["rounds"]

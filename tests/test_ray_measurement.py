@@ -86,16 +86,42 @@ def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, ta
     import mlflow
 
     plan_path = tmp_path / "plan.json"
-    save_plan(plan_path, place("size_lookup_greedy", small_tables, Topology(num_devices=2, memory_bytes=GB, batch_size=128)))
+    save_plan(
+        plan_path, place("size_lookup_greedy", small_tables, Topology(num_devices=2, memory_bytes=GB, batch_size=128))
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "result.json"
     code = main(
-        ["evaluate", "--tables", str(table_file), "--plan", str(plan_path), "--out", str(out),
-         "--repeats", "2", "--warmup", "1", "--tracking-uri", uri, "--experiment", "t", "--task", "small"]
+        [
+            "evaluate",
+            "--tables",
+            str(table_file),
+            "--plan",
+            str(plan_path),
+            "--out",
+            str(out),
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--tracking-uri",
+            uri,
+            "--experiment",
+            "t",
+            "--task",
+            "small",
+        ]
     )
     assert code == 0
     result = json.loads(out.read_text())
-    assert set(result["devices"][0]) >= {"device", "fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms", "total_ms"}
+    assert set(result["devices"][0]) >= {
+        "device",
+        "fwd_compute_ms",
+        "fwd_comm_ms",
+        "bwd_comm_ms",
+        "bwd_compute_ms",
+        "total_ms",
+    }
     assert result["cost_ms"] == max(d["total_ms"] for d in result["devices"])
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["t"])
@@ -114,7 +140,15 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rows = run_demo(
-        DemoConfig(workdir=tmp_path / "demo", min_tables=6, max_tables=6, profile_shards=2, repeats=2, batch_size=128, tracking_uri=uri)
+        DemoConfig(
+            workdir=tmp_path / "demo",
+            min_tables=6,
+            max_tables=6,
+            profile_shards=2,
+            repeats=2,
+            batch_size=128,
+            tracking_uri=uri,
+        )
     )
     out = capsys.readouterr().out
     assert "== 4. comparison" in out and "mlflow ui --backend-store-uri" in out

@@ -24,7 +24,9 @@ BATCH = 8
 @pytest.mark.parametrize("devices", [2, 4, 8])
 def test_torchrec_planner_plans_the_task_within_memory(devices):
     tables = generate_pool(PoolConfig(num_tables=24, seed=2))
-    topology = Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, 1.5), batch_size=1024)
+    topology = Topology(
+        num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, 1.5), batch_size=1024
+    )
     plan = place("torchrec", tables, topology)  # place() checks coverage and memory under shard-ray's model
     assert plan.algorithm == "torchrec" and plan.num_devices == devices
     assert {s.table for s in plan.shards} == {t.name for t in tables}
@@ -58,22 +60,33 @@ def _train_step(rank: int, world: int, port: int, tables_file: str, plan_file: s
         collection = EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device("meta"))
         apply_optimizer_in_backward(torch.optim.SGD, collection.parameters(), {"lr": 0.5})
         model = DistributedModelParallel(
-            collection, device=torch.device("cpu"), plan=load_sharding_plan(plan_file), sharders=[EmbeddingBagCollectionSharder()]
+            collection,
+            device=torch.device("cpu"),
+            plan=load_sharding_plan(plan_file),
+            sharders=[EmbeddingBagCollectionSharder()],
         )
         local = {k: v.local_shards() for k, v in model.state_dict().items()}
         before = {k: [s.tensor.clone() for s in shards] for k, shards in local.items()}
         generator = torch.Generator().manual_seed(rank)
         lengths = torch.randint(1, 4, (len(tables) * BATCH,), generator=generator)
         values = torch.cat(
-            [torch.randint(0, t.rows, (int(lengths[i * BATCH:(i + 1) * BATCH].sum()),), generator=generator) for i, t in enumerate(tables)]
+            [
+                torch.randint(0, t.rows, (int(lengths[i * BATCH : (i + 1) * BATCH].sum()),), generator=generator)
+                for i, t in enumerate(tables)
+            ]
         )
         pooled = model(KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths))
         pooled.values().sum().backward()
         after = model.state_dict()
         results[rank] = {
             "shape": list(pooled.values().shape),
-            "local_shards": {k.split(".")[-2]: [list(s.metadata.shard_offsets) + list(s.metadata.shard_sizes) for s in v] for k, v in local.items()},
-            "updated": any(not torch.equal(b, a.tensor) for k in before for b, a in zip(before[k], after[k].local_shards())),
+            "local_shards": {
+                k.split(".")[-2]: [list(s.metadata.shard_offsets) + list(s.metadata.shard_sizes) for s in v]
+                for k, v in local.items()
+            },
+            "updated": any(
+                not torch.equal(b, a.tensor) for k in before for b, a in zip(before[k], after[k].local_shards())
+            ),
         }
     finally:
         dist.destroy_process_group()
@@ -81,17 +94,37 @@ def _train_step(rank: int, world: int, port: int, tables_file: str, plan_file: s
 
 def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     tables = generate_pool(PoolConfig(num_tables=8, seed=11))
-    tables = [t.model_copy(update={"rows": min(t.rows, 5000)}) for t in tables]  # small tables: this checks the plan, not speed
+    tables = [
+        t.model_copy(update={"rows": min(t.rows, 5000)}) for t in tables
+    ]  # small tables: this checks the plan, not speed
     tables_file, plan_file, export_file = tmp_path / "tables.json", tmp_path / "plan.json", tmp_path / "torchrec.json"
     save_tables(tables_file, tables)
     # a hand-made plan with uneven column slices and a rank holding two slices of one table
     widest = max(tables, key=lambda t: t.dim)
     d = widest.dim
     shards = [Shard(table=t.name, device=i % 2, columns=(0, t.dim)) for i, t in enumerate(tables) if t is not widest]
-    shards += [Shard(table=widest.name, device=0, columns=(0, d // 4)), Shard(table=widest.name, device=1, columns=(d // 4, d // 2)),
-               Shard(table=widest.name, device=0, columns=(d // 2, d))]
+    shards += [
+        Shard(table=widest.name, device=0, columns=(0, d // 4)),
+        Shard(table=widest.name, device=1, columns=(d // 4, d // 2)),
+        Shard(table=widest.name, device=0, columns=(d // 2, d)),
+    ]
     plan_file.write_text(Plan(num_devices=2, algorithm="manual", shards=shards).model_dump_json())
-    assert main(["export", "--plan", str(plan_file), "--tables", str(tables_file), "--device", "cpu", "--out", str(export_file)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--plan",
+                str(plan_file),
+                "--tables",
+                str(tables_file),
+                "--device",
+                "cpu",
+                "--out",
+                str(export_file),
+            ]
+        )
+        == 0
+    )
     assert "1 column-wise" in capsys.readouterr().out
     exported = json.loads(export_file.read_text())
     assert exported["tables"][widest.name]["ranks"] == [0, 1, 0]
@@ -103,7 +136,9 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     for rank in (0, 1):
         assert results[rank]["shape"] == [BATCH, total_dim]  # each rank gets every table's pooled vectors for its batch
         assert results[rank]["updated"]  # the backward reached the shards and SGD changed them
-        held = sorted((name, o[1], o[1] + o[3]) for name, shards in results[rank]["local_shards"].items() for o in shards)
+        held = sorted(
+            (name, o[1], o[1] + o[3]) for name, shards in results[rank]["local_shards"].items() for o in shards
+        )
         assert held == sorted((s.table, s.columns[0], s.columns[1]) for s in plan.shards if s.device == rank)
 
 
@@ -122,8 +157,12 @@ def test_export_of_a_searched_plan_and_bad_input(tmp_path, capsys):
     assert set(sharding.plan) == {"sparse_arch.embedding_bag_collection"}
 
     wrong = tmp_path / "wrong.json"
-    wrong.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [{"table": "nope", "device": 0, "columns": [0, 4]}]}))
-    assert main(["export", "--plan", str(wrong), "--tables", str(tables_file), "--out", str(tmp_path / "out.json")]) == 2
+    wrong.write_text(
+        json.dumps({"num_devices": 2, "algorithm": "x", "shards": [{"table": "nope", "device": 0, "columns": [0, 4]}]})
+    )
+    assert (
+        main(["export", "--plan", str(wrong), "--tables", str(tables_file), "--out", str(tmp_path / "out.json")]) == 2
+    )
     assert capsys.readouterr().err.startswith("shard-ray: error:") and not (tmp_path / "out.json").exists()
 
 
@@ -131,8 +170,26 @@ def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
     tables_file = tmp_path / "mine.json"
     save_tables(tables_file, generate_pool(PoolConfig(num_tables=6, seed=8)))
     out = tmp_path / "bench"
-    code = main(["bench", "--tasks", "0", "--tables", str(tables_file), "--devices", "2", "--repeats", "2", "--memory-headroom", "3",
-                 "--algorithms", "size_greedy,torchrec,cost_search", "--no-mlflow", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--tasks",
+            "0",
+            "--tables",
+            str(tables_file),
+            "--devices",
+            "2",
+            "--repeats",
+            "2",
+            "--memory-headroom",
+            "3",
+            "--algorithms",
+            "size_greedy,torchrec,cost_search",
+            "--no-mlflow",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert headline["tasks"] == 1 and headline["best_single_heuristic"] == "size_greedy"

@@ -48,21 +48,60 @@ def _last_json(capsys) -> dict:
 def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_path, capsys, pool_file, store_file):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "sweep"
-    code = main(["tune", "costmodel", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(out),
-                 "--samples", "3", "--max-epochs", "12", "--report-every", "3", "--grace-reports", "1", "--tracking-uri", uri])
+    code = main(
+        [
+            "tune",
+            "costmodel",
+            "--store",
+            str(store_file),
+            "--train-pool",
+            str(pool_file),
+            "--out",
+            str(out),
+            "--samples",
+            "3",
+            "--max-epochs",
+            "12",
+            "--report-every",
+            "3",
+            "--grace-reports",
+            "1",
+            "--tracking-uri",
+            uri,
+        ]
+    )
     assert code == 0
     summary = _last_json(capsys)
     best = json.loads((out / "best.json").read_text())
     assert best["kind"] == "costmodel" and best["metric"] == "val_mape" and best["value"] == summary["value"] > 0
     assert best["trials"] == 3 and (out / "trials.csv").read_text().count("\n") == 4
     runs = _runs(uri, "shard-ray-tune-costmodel")
-    assert len(runs) == 3 and set(runs["tags.kind"]) == {"tune-costmodel"} and set(runs["tags.hardware"]) == {"cpu:test"}
+    assert (
+        len(runs) == 3 and set(runs["tags.kind"]) == {"tune-costmodel"} and set(runs["tags.hardware"]) == {"cpu:test"}
+    )
     assert runs["metrics.val_mape"].notna().all()
 
     # costmodel train takes the tuned settings; a flag given wins over the file
     model = tmp_path / "tuned.pt"
-    assert main(["costmodel", "train", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(model),
-                 "--config", str(out / "best.json"), "--epochs", "5"]) == 0
+    assert (
+        main(
+            [
+                "costmodel",
+                "train",
+                "--store",
+                str(store_file),
+                "--train-pool",
+                str(pool_file),
+                "--out",
+                str(model),
+                "--config",
+                str(out / "best.json"),
+                "--epochs",
+                "5",
+            ]
+        )
+        == 0
+    )
     trained = CostModels.load(model).info["train_config"]
     for key in ("hidden", "depth", "lr", "loss", "feature_scaling"):
         assert trained[key] == best["config"][key]
@@ -72,13 +111,40 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
 def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, tmp_path, capsys, pool_file):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "sweep"
-    code = main(["tune", "search", "--pool", str(pool_file), "--out", str(out), "--samples", "2", "--tasks", "2",
-                 "--min-tables", "6", "--max-tables", "8", "--time-budget", "0.3", "--measure-top", "1", "--measure-tasks", "1",
-                 "--repeats", "2", "--tracking-uri", uri])
+    code = main(
+        [
+            "tune",
+            "search",
+            "--pool",
+            str(pool_file),
+            "--out",
+            str(out),
+            "--samples",
+            "2",
+            "--tasks",
+            "2",
+            "--min-tables",
+            "6",
+            "--max-tables",
+            "8",
+            "--time-budget",
+            "0.3",
+            "--measure-top",
+            "1",
+            "--measure-tasks",
+            "1",
+            "--repeats",
+            "2",
+            "--tracking-uri",
+            uri,
+        ]
+    )
     assert code == 0
     best = json.loads((out / "best.json").read_text())
     assert best["kind"] == "search" and best["notes"]["chosen_by"] == "measured"
-    assert set(best["notes"]["measured_over_shipped"]) >= {"shipped"} and len(best["notes"]["measured_over_shipped"]) == 2
+    assert (
+        set(best["notes"]["measured_over_shipped"]) >= {"shipped"} and len(best["notes"]["measured_over_shipped"]) == 2
+    )
     runs = _runs(uri, "shard-ray-tune-search")
     trials = runs[runs["tags.kind"] == "tune-search"]
     measured = runs[runs["tags.task"] == "validation-0"]
@@ -87,7 +153,19 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
     tables = tmp_path / "t.json"
     save_tables(tables, generate_pool(PoolConfig(num_tables=10, seed=3)))
     plan = tmp_path / "plan.json"
-    flags = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "64", "--out", str(plan), "--search-config", str(out / "best.json")]
+    flags = [
+        "plan",
+        "--tables",
+        str(tables),
+        "--devices",
+        "2",
+        "--memory-gb",
+        "64",
+        "--out",
+        str(plan),
+        "--search-config",
+        str(out / "best.json"),
+    ]
     assert main([*flags, "--algo", "cost_search"]) == 0
     assert json.loads(plan.read_text())["metadata"]["settings"]["search_config"] == str(out / "best.json")
     capsys.readouterr()
@@ -97,9 +175,33 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
 
 def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, pool_file):
     out = tmp_path / "sweep"
-    code = main(["tune", "policy", "--pool", str(pool_file), "--out", str(out), "--samples", "2", "--iterations", "2",
-                 "--grace-iterations", "1", "--validation-tasks", "2", "--train-batch", "64", "--min-tables", "3",
-                 "--max-tables", "5", "--devices", "2", "--no-mlflow"])
+    code = main(
+        [
+            "tune",
+            "policy",
+            "--pool",
+            str(pool_file),
+            "--out",
+            str(out),
+            "--samples",
+            "2",
+            "--iterations",
+            "2",
+            "--grace-iterations",
+            "1",
+            "--validation-tasks",
+            "2",
+            "--train-batch",
+            "64",
+            "--min-tables",
+            "3",
+            "--max-tables",
+            "5",
+            "--devices",
+            "2",
+            "--no-mlflow",
+        ]
+    )
     assert code == 0
     best = json.loads((out / "best.json").read_text())
     assert best["kind"] == "policy" and 1.0 <= best["value"] < 3.0
@@ -108,8 +210,32 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
 
     # policy train takes the tuned PPO settings
     trained = tmp_path / "trained"
-    assert main(["policy", "train", "--pool", str(pool_file), "--out", str(trained), "--config", str(out / "best.json"),
-                 "--iterations", "1", "--train-batch", "64", "--min-tables", "3", "--max-tables", "5", "--devices", "2", "--no-mlflow"]) == 0
+    assert (
+        main(
+            [
+                "policy",
+                "train",
+                "--pool",
+                str(pool_file),
+                "--out",
+                str(trained),
+                "--config",
+                str(out / "best.json"),
+                "--iterations",
+                "1",
+                "--train-batch",
+                "64",
+                "--min-tables",
+                "3",
+                "--max-tables",
+                "5",
+                "--devices",
+                "2",
+                "--no-mlflow",
+            ]
+        )
+        == 0
+    )
     _, info = load_policy(trained / "policy.pt")
     for key in ("lr", "entropy_coeff", "num_epochs", "hidden"):
         assert info["config"][key] == best["config"][key]
@@ -117,19 +243,64 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
 
 def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, pool_file, store_file):
     wrong = tmp_path / "search.json"
-    wrong.write_text(json.dumps({"format": "shard-ray-tuned/1", "kind": "search", "config": {}, "metric": "m", "mode": "min",
-                                 "value": 1.0, "trials": 1, "sweep": "x"}))
-    common = ["costmodel", "train", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(tmp_path / "m.pt")]
+    wrong.write_text(
+        json.dumps(
+            {
+                "format": "shard-ray-tuned/1",
+                "kind": "search",
+                "config": {},
+                "metric": "m",
+                "mode": "min",
+                "value": 1.0,
+                "trials": 1,
+                "sweep": "x",
+            }
+        )
+    )
+    common = [
+        "costmodel",
+        "train",
+        "--store",
+        str(store_file),
+        "--train-pool",
+        str(pool_file),
+        "--out",
+        str(tmp_path / "m.pt"),
+    ]
     assert main([*common, "--config", str(wrong)]) == 2
     assert "holds a tuned search configuration" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "shard-ray-tuned/1", "kind": "costmodel", "config": {"hidden": 8, "colour": "red"},
-                               "metric": "m", "mode": "min", "value": 1.0, "trials": 1, "sweep": "x"}))
+    bad.write_text(
+        json.dumps(
+            {
+                "format": "shard-ray-tuned/1",
+                "kind": "costmodel",
+                "config": {"hidden": 8, "colour": "red"},
+                "metric": "m",
+                "mode": "min",
+                "value": 1.0,
+                "trials": 1,
+                "sweep": "x",
+            }
+        )
+    )
     assert main([*common, "--config", str(bad)]) == 2
     assert "unknown setting(s) colour" in capsys.readouterr().err
     assert main(["tune", "search", "--pool", str(tmp_path / "missing.json"), "--out", str(tmp_path / "s")]) == 2
     with pytest.raises(SystemExit) as exit:
-        main(["tune", "costmodel", "--store", str(store_file), "--train-pool", str(pool_file), "--out", str(tmp_path / "s"),
-              "--search", "grid"])
+        main(
+            [
+                "tune",
+                "costmodel",
+                "--store",
+                str(store_file),
+                "--train-pool",
+                str(pool_file),
+                "--out",
+                str(tmp_path / "s"),
+                "--search",
+                "grid",
+            ]
+        )
     assert exit.value.code == 2
     assert not (tmp_path / "m.pt").exists() and not (tmp_path / "s").exists()

@@ -22,7 +22,10 @@ def write(tmp_path, text, name="t.json"):
 
 def test_table_file_defaults_json_and_yaml(tmp_path):
     doc = {"tables": [{"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}]}
-    for path in (write(tmp_path, json.dumps(doc)), write(tmp_path, "tables:\n - {name: t0, rows: 1000, dim: 64, pooling_factor: 4.0}\n", "t.yaml")):
+    for path in (
+        write(tmp_path, json.dumps(doc)),
+        write(tmp_path, "tables:\n - {name: t0, rows: 1000, dim: 64, pooling_factor: 4.0}\n", "t.yaml"),
+    ):
         (table,) = load_tables(path)
         assert table.precision == "fp32" and table.trace is None
         assert table.effective_zipf_exponent == DEFAULT_ZIPF_EXPONENT
@@ -44,7 +47,17 @@ def test_table_file_round_trip(tmp_path, small_tables):
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": "NaN"}, "pooling_factor"),
         ({"name": "t", "rows": "many", "dim": 32, "pooling_factor": 1}, "rows"),
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": 1, "colour": 3}, "colour"),
-        ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": 1, "zipf_exponent": 1.0, "reuse_histogram": [1.0] + [0] * 16}, "not both"),
+        (
+            {
+                "name": "t",
+                "rows": 10,
+                "dim": 32,
+                "pooling_factor": 1,
+                "zipf_exponent": 1.0,
+                "reuse_histogram": [1.0] + [0] * 16,
+            },
+            "not both",
+        ),
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": 1, "reuse_histogram": [1.0]}, "17 bins"),
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": 1, "precision": "int3"}, "precision"),
     ],
@@ -59,9 +72,12 @@ def test_bad_tables_are_refused_with_the_field_named(tmp_path, table, message):
     "text, message",
     [
         ('{"tables": []}', "tables"),
-        ('{"tables": [{"name": "a", "rows": 1, "dim": 4, "pooling_factor": 1}, {"name": "a", "rows": 1, "dim": 4, "pooling_factor": 1}]}', "duplicate"),
+        (
+            '{"tables": [{"name": "a", "rows": 1, "dim": 4, "pooling_factor": 1}, {"name": "a", "rows": 1, "dim": 4, "pooling_factor": 1}]}',
+            "duplicate",
+        ),
         ('{"tables": [', "not valid"),
-        ('[1, 2]', "tables"),
+        ("[1, 2]", "tables"),
     ],
 )
 def test_bad_table_files(tmp_path, text, message):

@@ -38,7 +38,9 @@ class CollectConfig:
     seed: int = 0
 
 
-def collect_compute(pool: list[TableSpec], config: CollectConfig, profiler: ProfilingPool, store: MeasurementStore) -> int:
+def collect_compute(
+    pool: list[TableSpec], config: CollectConfig, profiler: ProfilingPool, store: MeasurementStore
+) -> int:
     """Measure `samples` random shards (batch sizes in turn); returns how many were new."""
     shards = draw_augmented_shards(pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables)
     before = store.count()

@@ -8,7 +8,6 @@ are context, given to the models beside the reduced table encodings.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 
@@ -28,7 +27,7 @@ TABLE_FEATURES = (
 NUM_TABLE_FEATURES = len(TABLE_FEATURES)
 
 
-def table_features(table: TableSpec, width: int, rows_cap: Optional[int] = None) -> np.ndarray:
+def table_features(table: TableSpec, width: int, rows_cap: int | None = None) -> np.ndarray:
     """Features of `width` columns of `table`, as measured with at most `rows_cap` rows allocated.
 
     Profiling on CPU allocates at most a cap of rows per table (see `MeasureConfig`); models of
@@ -51,7 +50,7 @@ def table_features(table: TableSpec, width: int, rows_cap: Optional[int] = None)
     return np.asarray(values, dtype=np.float32)
 
 
-def parts_features(parts: list[tuple[TableSpec, int]], rows_cap: Optional[int] = None) -> np.ndarray:
+def parts_features(parts: list[tuple[TableSpec, int]], rows_cap: int | None = None) -> np.ndarray:
     """[n, NUM_TABLE_FEATURES] for (table, width) pairs; [0, F] for an empty shard."""
     if not parts:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)

@@ -26,7 +26,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,10 +45,12 @@ DEFAULT_PRETRAINED = "cpu-reference.pt"
 def default_cost_model_path() -> Path:
     """The models shipped with the package, trained on the reference 2-core CPU machine."""
     return PRETRAINED_DIR / DEFAULT_PRETRAINED
+
+
 COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")
 
 
-def mlp(inputs: int, hidden: int, depth: int, outputs: Optional[int] = None) -> nn.Sequential:
+def mlp(inputs: int, hidden: int, depth: int, outputs: int | None = None) -> nn.Sequential:
     layers: list[nn.Module] = []
     width = inputs
     for _ in range(depth):
@@ -156,7 +158,7 @@ class CostModels:
     """The pair of models for one kind of hardware, with what they were trained on."""
 
     compute: ComputeCostNet
-    comm: Optional[CommCostNet]
+    comm: CommCostNet | None
     hardware: str
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -166,7 +168,7 @@ class CostModels:
             self.comm.eval()
 
     @property
-    def rows_cap(self) -> Optional[int]:
+    def rows_cap(self) -> int | None:
         """Rows per table the training measurements allocated (None: whole tables)."""
         return self.info.get("rows_cap")
 
@@ -203,7 +205,11 @@ class CostModels:
             {
                 "format": FORMAT,
                 "hardware": self.hardware,
-                "compute": {"hidden": self.compute.hidden, "depth": self.compute.depth, "state": self.compute.state_dict()},
+                "compute": {
+                    "hidden": self.compute.hidden,
+                    "depth": self.compute.depth,
+                    "state": self.compute.state_dict(),
+                },
                 "comm": None
                 if self.comm is None
                 else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": self.comm.state_dict()},
@@ -214,14 +220,14 @@ class CostModels:
         write_atomic(path, buffer.getvalue())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "CostModels":
+    def load(cls, path: str | os.PathLike[str]) -> CostModels:
         if not os.path.isfile(path):
             raise ShardRayError(f"cost model file not found: {path}")
         with open(path, "rb") as f:
             return cls.from_bytes(f.read(), str(path))
 
     @classmethod
-    def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> "CostModels":
+    def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> CostModels:
         """Models from a model file's content (`source` names it in errors)."""
         try:
             blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -57,7 +57,9 @@ class TrainConfig:
         if self.loss not in LOSSES:
             raise ShardRayError(f"unknown loss {self.loss!r}; known: {', '.join(LOSSES)}")
         if self.feature_scaling not in FEATURE_SCALINGS:
-            raise ShardRayError(f"unknown feature scaling {self.feature_scaling!r}; known: {', '.join(FEATURE_SCALINGS)}")
+            raise ShardRayError(
+                f"unknown feature scaling {self.feature_scaling!r}; known: {', '.join(FEATURE_SCALINGS)}"
+            )
 
 
 def log_loss(predicted: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
@@ -124,7 +126,9 @@ def comm_samples(plans: list[PlanMeasurement]) -> tuple[torch.Tensor, torch.Tens
         targets.append([[d.fwd_comm_ms, d.bwd_comm_ms] for d in pm.cost.devices])
     if not features:
         return torch.zeros(0, len(COMM_FEATURES)), torch.zeros(0, 2)
-    return torch.from_numpy(np.concatenate(features)), torch.log(torch.tensor(np.concatenate(targets), dtype=torch.float32).clamp(min=1e-3))
+    return torch.from_numpy(np.concatenate(features)), torch.log(
+        torch.tensor(np.concatenate(targets), dtype=torch.float32).clamp(min=1e-3)
+    )
 
 
 # ---------------------------------------------------------------- fitting
@@ -137,7 +141,7 @@ def fit(
     val_loss: Callable[[], float],
     config: TrainConfig,
     desc: str,
-    on_epoch: Optional[Callable[[int, float, nn.Module], None]] = None,
+    on_epoch: Callable[[int, float, nn.Module], None] | None = None,
 ) -> list[tuple[int, float]]:
     """Adam on minibatches with early stopping on validation loss; leaves the best weights in `model`.
 
@@ -189,8 +193,8 @@ def train_compute_model(
     train: ComputeData,
     val: ComputeData,
     config: TrainConfig,
-    init: Optional[ComputeCostNet] = None,
-    on_epoch: Optional[Callable[[int, float, nn.Module], None]] = None,
+    init: ComputeCostNet | None = None,
+    on_epoch: Callable[[int, float, nn.Module], None] | None = None,
 ) -> ComputeCostNet:
     """A new model, or `init` trained further (keeping its feature scaling)."""
     torch.manual_seed(config.seed)
@@ -203,7 +207,9 @@ def train_compute_model(
         model.feature_std.copy_(scale)
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
-        return log_loss(model(train.features[idx], train.mask[idx], train.log_batch[idx]), train.log_ms[idx], config.loss)
+        return log_loss(
+            model(train.features[idx], train.mask[idx], train.log_batch[idx]), train.log_ms[idx], config.loss
+        )
 
     def val_loss() -> float:
         return float(log_loss(model(val.features, val.mask, val.log_batch), val.log_ms, config.loss))
@@ -216,7 +222,7 @@ def train_comm_model(
     train: tuple[torch.Tensor, torch.Tensor],
     val: tuple[torch.Tensor, torch.Tensor],
     config: TrainConfig,
-    init: Optional[CommCostNet] = None,
+    init: CommCostNet | None = None,
 ) -> CommCostNet:
     torch.manual_seed(config.seed)
     model = copy.deepcopy(init) if init is not None else CommCostNet(config.comm_hidden, config.comm_depth)
@@ -235,7 +241,7 @@ def train_comm_model(
 # ---------------------------------------------------------------- metrics
 
 
-def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Optional[float]]:
+def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | None]:
     """MAPE (fraction) and Spearman rank correlation of predicted vs measured; None without data."""
     if len(measured) == 0:
         return {"mape": None, "spearman": None, "n": 0}
@@ -244,7 +250,7 @@ def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Optional[
     return {"mape": mape, "spearman": rho, "n": int(len(measured))}
 
 
-def describe_accuracy(name: str, metrics: dict[str, Optional[float]]) -> str:
+def describe_accuracy(name: str, metrics: dict[str, float | None]) -> str:
     if not metrics["n"]:
         return f"{name:<15} no data"
     rho = "n/a" if metrics["spearman"] is None else f"{metrics['spearman']:.3f}"
@@ -282,7 +288,7 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
 # ---------------------------------------------------------------- the whole job
 
 
-def main_hardware(store: MeasurementStore, hardware: Optional[str]) -> str:
+def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
     counts = Counter(m.hardware for m in store.measurements() if m.status == "ok")
     if hardware is not None:
         if hardware not in counts:
@@ -294,14 +300,16 @@ def main_hardware(store: MeasurementStore, hardware: Optional[str]) -> str:
 
 
 def compute_splits(
-    store: MeasurementStore, train_tables: set[str], hardware: Optional[str] = None
-) -> tuple[str, Optional[int], dict[str, list[ShardMeasurement]]]:
+    store: MeasurementStore, train_tables: set[str], hardware: str | None = None
+) -> tuple[str, int | None, dict[str, list[ShardMeasurement]]]:
     """One hardware's shard measurements in their splits, with that hardware and their row cap."""
     hardware = main_hardware(store, hardware)
     measurements = store.measurements(hardware)
     caps = {m.config.rows_cap_on(hardware) for m in measurements}
     if len(caps) > 1:
-        raise ShardRayError(f"the measurements on {hardware} were taken with different row caps {sorted(caps, key=str)}; train on one")
+        raise ShardRayError(
+            f"the measurements on {hardware} were taken with different row caps {sorted(caps, key=str)}; train on one"
+        )
     splits = split_compute_measurements(measurements, train_tables)
     if len(splits["train"]) < 8 or len(splits["val"]) < 2:
         raise ShardRayError(
@@ -312,7 +320,7 @@ def compute_splits(
 
 
 def train_cost_models(
-    store: MeasurementStore, train_tables: set[str], config: TrainConfig, hardware: Optional[str] = None
+    store: MeasurementStore, train_tables: set[str], config: TrainConfig, hardware: str | None = None
 ) -> tuple[CostModels, dict[str, dict[str, float]]]:
     """Train both models on one hardware's measurements; returns them with held-out accuracy."""
     config.check()
@@ -349,7 +357,7 @@ def train_cost_models(
 
 
 def update_cost_models(
-    models: CostModels, store: MeasurementStore, config: TrainConfig, hardware: Optional[str] = None
+    models: CostModels, store: MeasurementStore, config: TrainConfig, hardware: str | None = None
 ) -> CostModels:
     """DreamShard's cost-model update: `models` trained further on all the store holds for `hardware`.
 
@@ -360,7 +368,9 @@ def update_cost_models(
     """
     hardware = hardware or models.hardware
     measurements = [
-        m for m in store.measurements(hardware) if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
+        m
+        for m in store.measurements(hardware)
+        if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
     ]
     if not measurements:
         raise ShardRayError(f"the store has no shard measurements on {hardware} to update the cost models with")

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -110,13 +111,17 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     constraints = {
-        t.name: ParameterConstraints(sharding_types=list(SHARDING_TYPES), compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
+        t.name: ParameterConstraints(
+            sharding_types=list(SHARDING_TYPES), compute_kernels=["fused"], pooling_factors=[t.pooling_factor]
+        )
         for t in tables
     }
     with _quiet_torchrec(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         planner = EmbeddingShardingPlanner(
-            topology=TorchRecTopology(world_size=topology.num_devices, compute_device="cuda", hbm_cap=topology.memory_bytes),
+            topology=TorchRecTopology(
+                world_size=topology.num_devices, compute_device="cuda", hbm_cap=topology.memory_bytes
+            ),
             batch_size=max(1, topology.batch_size // topology.num_devices),  # TorchRec's batch is per rank
             storage_reservation=HeuristicalStorageReservation(percentage=0.0, dense_tensor_estimate=0),
             constraints=constraints,
@@ -132,7 +137,9 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
     shards = []
     for name, sharding in sharding_plan.plan[""].items():
         if sharding.sharding_type not in SHARDING_TYPES:
-            raise ShardRayError(f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express")
+            raise ShardRayError(
+                f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"
+            )
         for meta in sharding.sharding_spec.shards:
             start, width = meta.shard_offsets[1], meta.shard_sizes[1]
             shards.append(Shard(table=name, device=meta.placement.rank(), columns=(start, start + width)))
@@ -179,7 +186,9 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
         exported[name] = ExportedTable(
             sharding_type="table_wise" if len(shards) == 1 else "column_wise",
             ranks=[s.device for s in shards],
-            shards=[ExportedShard(offsets=(0, s.columns[0]), sizes=(rows[name], s.width), rank=s.device) for s in shards],
+            shards=[
+                ExportedShard(offsets=(0, s.columns[0]), sizes=(rows[name], s.width), rank=s.device) for s in shards
+            ],
         )
     return ExportedPlan(module_path=module_path, world_size=plan.num_devices, device_type=device_type, tables=exported)
 
@@ -213,7 +222,10 @@ def sharding_plan(exported: ExportedPlan, local_world_size: int | None = None) -
             compute_kernel=table.compute_kernel,
             ranks=table.ranks,
             sharding_spec=EnumerableShardingSpec(
-                [ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes), placement=placement(s.rank)) for s in table.shards]
+                [
+                    ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes), placement=placement(s.rank))
+                    for s in table.shards
+                ]
             ),
         )
     return ShardingPlan({exported.module_path: module_plan})

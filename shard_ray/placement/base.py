@@ -7,8 +7,9 @@ under its name; `place` runs one, times it and checks the plan before handing it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Protocol
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, Shard
@@ -29,7 +30,7 @@ class AlgorithmInfo:
     needs_cost_model: bool = False
     needs_policy: bool = False  # a trained placement policy (default: the shipped one)
     takes_search_config: bool = False  # search settings, e.g. a sweep's best (default: its own)
-    max_tables: Optional[int] = None  # tasks beyond this are refused (exact solvers)
+    max_tables: int | None = None  # tasks beyond this are refused (exact solvers)
 
     def handles(self, num_tables: int) -> bool:
         return self.max_tables is None or num_tables <= self.max_tables
@@ -44,7 +45,7 @@ def register(
     description: str,
     needs_cost_model: bool = False,
     needs_policy: bool = False,
-    max_tables: Optional[int] = None,
+    max_tables: int | None = None,
     takes_search_config: bool = False,
 ) -> Callable[[Callable[..., Placer]], Callable[..., Placer]]:
     def decorate(factory: Callable[..., Placer]) -> Callable[..., Placer]:
@@ -65,10 +66,10 @@ def place(
     tables: list[TableSpec],
     topology: Topology,
     seed: int = 0,
-    cost_model: Optional[str] = None,
-    policy: Optional[str] = None,
+    cost_model: str | None = None,
+    policy: str | None = None,
     samples: int = 0,
-    search_config: Optional[str] = None,
+    search_config: str | None = None,
 ) -> Plan:
     """Plan `tables` on `topology` with algorithm `name`; the plan is checked and timed.
 
@@ -89,7 +90,10 @@ def place(
         takers = ", ".join(i.name for i in _REGISTRY.values() if i.takes_search_config)
         raise ShardRayError(f"{name!r} takes no search settings; tuned search settings are for {takers}")
     settings: dict[str, Any] = {
-        "memory_gb": topology.memory_gb, "batch_size": topology.batch_size, "optimizer": topology.optimizer, "seed": seed
+        "memory_gb": topology.memory_gb,
+        "batch_size": topology.batch_size,
+        "optimizer": topology.optimizer,
+        "seed": seed,
     }
     models = None
     if info.needs_cost_model:
@@ -108,7 +112,9 @@ def place(
             from shard_ray.tuning.sweep import dataclass_from, load_tuned
 
             settings["search_config"] = search_config
-            config = dataclass_from(SearchConfig, load_tuned(search_config, "search"), f"tuned search settings {search_config}")
+            config = dataclass_from(
+                SearchConfig, load_tuned(search_config, "search"), f"tuned search settings {search_config}"
+            )
             placer = info.factory(models=models, seed=seed, config=config)
         else:
             placer = info.factory(models=models, seed=seed)

@@ -9,8 +9,6 @@ sampling, up to `RESCUE_SAMPLES` plans, until one fits.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from shard_ray.costmodel.models import CostModels
@@ -31,8 +29,8 @@ def roll_out(
     tables: list[TableSpec],
     topology: Topology,
     models: CostModels,
-    generator: Optional[torch.Generator] = None,
-) -> Optional[PlacementState]:
+    generator: torch.Generator | None = None,
+) -> PlacementState | None:
     """One episode: the argmax device each step, or sampled ones with `generator`; None if stuck."""
     state = PlacementState(tables, topology, models)
     while not state.done:
@@ -76,7 +74,7 @@ def policy_placer(network: DeviceScorer, models: CostModels, samples: int, seed:
     needs_cost_model=True,
     needs_policy=True,
 )
-def dreamshard(models: CostModels, policy: Optional[str] = None, samples: int = 0, seed: int = 0) -> Placer:
+def dreamshard(models: CostModels, policy: str | None = None, samples: int = 0, seed: int = 0) -> Placer:
     network, _ = load_policy(policy or default_policy_path())
     if samples < 0:
         raise ShardRayError(f"samples must be 0 or more, got {samples}")

@@ -7,7 +7,7 @@ the smallest running proxy sum that still has memory for it.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -40,7 +39,7 @@ class SearchConfig:
     split_ways: tuple[int, ...] = (2,)
     local_search_steps: int = 0
     # Anytime search: beam expansion stops at 60% of the budget, local search at 100%.
-    time_budget_s: Optional[float] = None
+    time_budget_s: float | None = None
 
     def check(self) -> None:
         if not self.scales or any(not s > 0 for s in self.scales):
@@ -163,8 +162,13 @@ def local_search(
         back = torch.from_numpy(np.where(j_idx >= 0, j_idx, 0))
         has_back = torch.from_numpy((j_idx >= 0).astype(np.float32))[:, None]
         leaving, returning = enc[torch.from_numpy(i_idx)], enc[back] * has_back
-        new_slowest = pricer.compute(sums[slowest] - leaving + returning, torch.from_numpy(counts[slowest] - 1 + (j_idx >= 0)).float())
-        new_target = pricer.compute(sums[torch.from_numpy(t_idx)] + leaving - returning, torch.from_numpy(counts[t_idx] + 1 - (j_idx >= 0)).float())
+        new_slowest = pricer.compute(
+            sums[slowest] - leaving + returning, torch.from_numpy(counts[slowest] - 1 + (j_idx >= 0)).float()
+        )
+        new_target = pricer.compute(
+            sums[torch.from_numpy(t_idx)] + leaving - returning,
+            torch.from_numpy(counts[t_idx] + 1 - (j_idx >= 0)).float(),
+        )
         width_moved = widths[i_idx] - np.where(j_idx >= 0, widths[np.maximum(j_idx, 0)], 0.0)
         w_slowest = device_widths[slowest] - width_moved
         w_target = device_widths[t_idx] + width_moved
@@ -252,7 +256,12 @@ def search_placer(name: str, config: SearchConfig, models: CostModels) -> Placer
     return placer
 
 
-@register("neuroshard", "search", "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings", needs_cost_model=True)
+@register(
+    "neuroshard",
+    "search",
+    "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings",
+    needs_cost_model=True,
+)
 def neuroshard(models: CostModels, seed: int = 0) -> Placer:
     return search_placer("neuroshard", NEUROSHARD, models)
 
@@ -264,5 +273,5 @@ def neuroshard(models: CostModels, seed: int = 0) -> Placer:
     needs_cost_model=True,
     takes_search_config=True,
 )
-def cost_search(models: CostModels, seed: int = 0, config: Optional[SearchConfig] = None) -> Placer:
+def cost_search(models: CostModels, seed: int = 0, config: SearchConfig | None = None) -> Placer:
     return search_placer("cost_search", config or COST_SEARCH, models)

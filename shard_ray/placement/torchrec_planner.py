@@ -9,7 +9,9 @@ from __future__ import annotations
 from shard_ray.placement.base import Placer, register
 
 
-@register("torchrec", "planner", "TorchRec's EmbeddingShardingPlanner (analytic bandwidth model), table-wise and column-wise")
+@register(
+    "torchrec", "planner", "TorchRec's EmbeddingShardingPlanner (analytic bandwidth model), table-wise and column-wise"
+)
 def torchrec_planner(seed: int = 0) -> Placer:
     import torchrec.distributed.planner  # noqa: F401  (imported here, so placement time leaves the import out)
 

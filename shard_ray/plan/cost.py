@@ -1,11 +1,11 @@
 """The one cost definition: a plan costs as much as its slowest device's embedding step.
 
-    cost(plan) = max over devices d of fwd_compute(d) + fwd_comm(d) + bwd_comm(d) + bwd_compute(d)
+cost(plan) = max over devices d of fwd_compute(d) + fwd_comm(d) + bwd_comm(d) + bwd_compute(d)
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
@@ -42,7 +42,7 @@ class PlanCost(BaseModel):
 
     devices: list[DeviceCost] = Field(min_length=1)
     hardware: str = "unknown"
-    batch_size: Optional[int] = None
+    batch_size: int | None = None
     warnings: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")

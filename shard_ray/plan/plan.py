@@ -72,7 +72,9 @@ class Plan(BaseModel):
             end = 0
             for start, stop in covered:
                 if start != end:
-                    raise ShardRayError(f"plan's column shards of table {name!r} overlap or leave a gap at column {end}")
+                    raise ShardRayError(
+                        f"plan's column shards of table {name!r} overlap or leave a gap at column {end}"
+                    )
                 end = stop
             if end != table.dim:
                 raise ShardRayError(f"plan's column shards of table {name!r} cover {end} of its {table.dim} columns")

@@ -41,7 +41,9 @@ def shard_bytes(table: TableSpec, width: int, optimizer: Optimizer) -> int:
     return weights
 
 
-def memory_cap_with_headroom(tables: list[TableSpec], num_devices: int, headroom: float, optimizer: Optimizer = "rowwise_adagrad") -> int:
+def memory_cap_with_headroom(
+    tables: list[TableSpec], num_devices: int, headroom: float, optimizer: Optimizer = "rowwise_adagrad"
+) -> int:
     """A per-device cap `headroom` times an even split of all tables, and never below the largest table."""
     sizes = [shard_bytes(t, t.dim, optimizer) for t in tables]
     return int(max(headroom * sum(sizes) / num_devices, 1.05 * max(sizes))) + 1

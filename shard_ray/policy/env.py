@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -85,7 +85,7 @@ class PlacementState:
         self.comm_ms = np.zeros(d)
         self.assign: list[int] = []
         self.cost = 0.0
-        self._what_if: Optional[np.ndarray] = None
+        self._what_if: np.ndarray | None = None
 
     @property
     def step_index(self) -> int:
@@ -224,11 +224,13 @@ def pad_observation(obs: dict[str, np.ndarray], max_devices: int) -> dict[str, n
 class PlacementEnv(gym.Env):
     """A new task from the pool every episode; observations padded to `max_devices`."""
 
-    def __init__(self, config: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = EnvConfig(**(config or {}))
         self.config.check()
         self.pool = [TableSpec.model_validate(t) for t in self.config.tables]
-        self.task_config = TaskConfig(min_tables=self.config.min_tables, max_tables=self.config.max_tables, dims=self.config.dims)
+        self.task_config = TaskConfig(
+            min_tables=self.config.min_tables, max_tables=self.config.max_tables, dims=self.config.dims
+        )
         if self.config.cost_model:
             self.models = CostModels.from_bytes(self.config.cost_model, "the environment's cost models")
         else:
@@ -244,7 +246,7 @@ class PlacementEnv(gym.Env):
         )
         self.action_space = gym.spaces.Discrete(m)
         self.rng = np.random.default_rng()
-        self.state: Optional[PlacementState] = None
+        self.state: PlacementState | None = None
 
     def set_cost_models(self, models: CostModels) -> None:
         """Price later episodes with `models` (DreamShard's outer loop updates them)."""
@@ -259,7 +261,7 @@ class PlacementEnv(gym.Env):
         )
         return tables, topology
 
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[dict, dict]:
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         if seed is not None:
             self.rng = np.random.default_rng(seed)

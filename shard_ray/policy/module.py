@@ -7,7 +7,7 @@ the pooled device summary as the embeddings the value function reuses in trainin
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from ray.rllib.core.columns import Columns
@@ -33,7 +33,7 @@ class DevicePolicyModule(TorchRLModule, ValueFunctionAPI):
         h, pooled = self.network.embed(obs)
         return {Columns.ACTION_DIST_INPUTS: self.network.logits(obs, h, pooled), Columns.EMBEDDINGS: pooled}
 
-    def compute_values(self, batch: dict[str, Any], embeddings: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def compute_values(self, batch: dict[str, Any], embeddings: torch.Tensor | None = None) -> torch.Tensor:
         if embeddings is None:
             _, embeddings = self.network.embed(batch[Columns.OBS])
         return self.network.value(embeddings)

@@ -43,7 +43,9 @@ def default_policy_path() -> Path:
 
 
 def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, outputs))
+    return nn.Sequential(
+        nn.Linear(inputs, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, outputs)
+    )
 
 
 class DeviceScorer(nn.Module):

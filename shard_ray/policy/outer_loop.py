@@ -19,7 +19,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -59,7 +59,15 @@ class OuterLoopConfig:
     seed: int = 0
 
     def check(self) -> None:
-        for name in ("rounds", "tasks_per_round", "ppo_iterations_per_round", "gang_devices", "profiling_actors", "repeats", "update_epochs"):
+        for name in (
+            "rounds",
+            "tasks_per_round",
+            "ppo_iterations_per_round",
+            "gang_devices",
+            "profiling_actors",
+            "repeats",
+            "update_epochs",
+        ):
             if getattr(self, name) < 1:
                 raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
 
@@ -103,9 +111,9 @@ def run_outer_loop(
     policy_config: PolicyConfig,
     loop: OuterLoopConfig,
     out_dir: str | Path,
-    store_path: Optional[str] = None,
-    cost_model: Optional[str] = None,
-    tracking_uri: Optional[str] = None,
+    store_path: str | None = None,
+    cost_model: str | None = None,
+    tracking_uri: str | None = None,
     experiment: str = "shard-ray",
 ) -> Path:
     """Run (or resume) the loop into `out_dir`; returns the policy file's path."""
@@ -118,8 +126,15 @@ def run_outer_loop(
     models = CostModels.load(models_file if models_file.exists() else cost_model or default_cost_model_path())
     if not models_file.exists():
         models.save(models_file)
-    info = {"cost_model": str(models_file), "hardware": models.hardware, "config": asdict(policy_config), "loop": asdict(loop)}
-    update_config = TrainConfig(lr=loop.update_lr, max_epochs=loop.update_epochs, patience=loop.update_epochs, seed=loop.seed)
+    info = {
+        "cost_model": str(models_file),
+        "hardware": models.hardware,
+        "config": asdict(policy_config),
+        "loop": asdict(loop),
+    }
+    update_config = TrainConfig(
+        lr=loop.update_lr, max_epochs=loop.update_epochs, patience=loop.update_epochs, seed=loop.seed
+    )
     measure_tasks = replace(policy_config, devices=(loop.gang_devices,))
 
     # Env runners start on the models they can load anywhere, then get the loop's current ones.
@@ -135,12 +150,16 @@ def run_outer_loop(
             print(f"warning: {warning}")
         profiler = ProfilingPool(loop.profiling_actors)
         if profiler.hardware != models.hardware:
-            print(f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}")
+            print(
+                f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}"
+            )
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info) if tracking_uri else None
         with MeasurementStore(store_path or out / "measurements.db") as store:
             for round_index in range(len(history), loop.rounds):
                 print(f"== round {round_index + 1}/{loop.rounds}: (a) measuring the policy's plans")
-                tasks = validation_tasks(pool, measure_tasks, loop.tasks_per_round, loop.seed + 1000 * (round_index + 1))
+                tasks = validation_tasks(
+                    pool, measure_tasks, loop.tasks_per_round, loop.seed + 1000 * (round_index + 1)
+                )
                 pairs = measure_policy_plans(
                     policy_network(algo), tasks, models, gang, profiler, store, loop.repeats, loop.seed
                 )
@@ -151,7 +170,12 @@ def run_outer_loop(
                 print("   (c) PPO on the updated estimated MDP")
                 target = (round_index + 1) * loop.ppo_iterations_per_round
                 returns = train_iterations(
-                    algo, target, checkpoint_dir, policy_file, info, loop.ppo_iterations_per_round,
+                    algo,
+                    target,
+                    checkpoint_dir,
+                    policy_file,
+                    info,
+                    loop.ppo_iterations_per_round,
                     on_iteration=logger.log_iteration if logger else None,
                 )
                 record = {

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class PolicyConfig:
             raise ShardRayError(f"memory headroom must be a range of factors of at least 1, got {self.memory_headroom}")
 
 
-def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional[str]) -> EnvConfig:
+def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: str | None) -> EnvConfig:
     return EnvConfig(
         tables=[t.model_dump(mode="json") for t in pool],
         min_tables=config.min_tables,
@@ -79,7 +80,7 @@ def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional
     )
 
 
-def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: Optional[str] = None) -> Any:
+def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str | None = None) -> Any:
     """A PPO Algorithm on the placement environment (needs a connected Ray)."""
     import torch
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -143,7 +144,10 @@ def set_cost_models(algo: Any, models: CostModels) -> None:
 def save_checkpoint(algo: Any, checkpoint_dir: Path) -> None:
     """`save_to_path` into a fresh folder, then swapped in, so a kill mid-save leaves the last checkpoint whole."""
     checkpoint_dir = checkpoint_dir.resolve()  # RLlib takes a path without a scheme only when absolute
-    fresh, old = checkpoint_dir.with_name(checkpoint_dir.name + ".new"), checkpoint_dir.with_name(checkpoint_dir.name + ".old")
+    fresh, old = (
+        checkpoint_dir.with_name(checkpoint_dir.name + ".new"),
+        checkpoint_dir.with_name(checkpoint_dir.name + ".old"),
+    )
     for leftover in (fresh, old):
         shutil.rmtree(leftover, ignore_errors=True)
     algo.save_to_path(str(fresh))
@@ -170,7 +174,7 @@ def train_iterations(
     policy_file: Path,
     info: dict[str, Any],
     checkpoint_every: int,
-    on_iteration: Optional[Callable[[int, dict[str, Any]], None]] = None,
+    on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[float]:
     """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns."""
     returns = []
@@ -195,8 +199,8 @@ def train_policy(
     pool: list[TableSpec],
     config: PolicyConfig,
     out_dir: str | Path,
-    cost_model: Optional[str] = None,
-    tracking_uri: Optional[str] = None,
+    cost_model: str | None = None,
+    tracking_uri: str | None = None,
     experiment: str = "shard-ray",
 ) -> Path:
     """Train (or resume training) a policy into `out_dir`; returns the policy file's path."""
@@ -217,7 +221,12 @@ def train_policy(
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
         try:
             train_iterations(
-                algo, config.iterations, checkpoint_dir, policy_file, info, config.checkpoint_every,
+                algo,
+                config.iterations,
+                checkpoint_dir,
+                policy_file,
+                info,
+                config.checkpoint_every,
                 on_iteration=logger.log_iteration if logger else None,
             )
         finally:
@@ -239,7 +248,14 @@ def validation_tasks(
         tables = draw_task(pool, TaskConfig(min_tables=config.min_tables, max_tables=config.max_tables), rng)
         d = int(rng.choice(config.devices))
         tasks.append(
-            (tables, Topology(num_devices=d, memory_bytes=memory_cap_with_headroom(tables, d, headroom), batch_size=config.batch_size))
+            (
+                tables,
+                Topology(
+                    num_devices=d,
+                    memory_bytes=memory_cap_with_headroom(tables, d, headroom),
+                    batch_size=config.batch_size,
+                ),
+            )
         )
     return tasks
 
@@ -287,4 +303,3 @@ class MlflowIterationLogger:
         if policy_file.exists():
             self.mlflow.log_artifact(str(policy_file))
         self.mlflow.end_run()
-

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import ray
 import torch
@@ -56,7 +56,7 @@ def cluster_has_gpus() -> bool:
 class ProfilingPool:
     """`num_actors` profiling actors; GPUs are used when the cluster has them unless told not to."""
 
-    def __init__(self, num_actors: int, use_gpus: Optional[bool] = None, threads: int = 1) -> None:
+    def __init__(self, num_actors: int, use_gpus: bool | None = None, threads: int = 1) -> None:
         if num_actors < 1:
             raise ValueError("a profiling pool needs at least one actor")
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus

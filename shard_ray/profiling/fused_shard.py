@@ -12,7 +12,7 @@ import hashlib
 import json
 import statistics
 import time
-from typing import Literal, Optional
+from typing import Literal
 
 import numpy as np
 import torch
@@ -41,19 +41,19 @@ class MeasureConfig(BaseModel):
     warmup: int = Field(default=3, ge=0)
     repeats: int = Field(default=10, ge=1)
     num_batches: int = Field(default=2, ge=1, description="distinct batches cycled through")
-    max_rows: Optional[int] = Field(default=None, ge=1, description="rows allocated per table; None: the CPU default")
+    max_rows: int | None = Field(default=None, ge=1, description="rows allocated per table; None: the CPU default")
     seed: int = 0
 
     @classmethod
-    def for_topology(cls, topology: Topology, **overrides: object) -> "MeasureConfig":
+    def for_topology(cls, topology: Topology, **overrides: object) -> MeasureConfig:
         return cls(batch_size=topology.batch_size, optimizer=topology.optimizer, **overrides)
 
-    def rows_cap(self, device: torch.device) -> Optional[int]:
+    def rows_cap(self, device: torch.device) -> int | None:
         if self.max_rows is not None:
             return self.max_rows
         return DEFAULT_CPU_MAX_ROWS if device.type == "cpu" else None
 
-    def rows_cap_on(self, hardware: str) -> Optional[int]:
+    def rows_cap_on(self, hardware: str) -> int | None:
         """The rows cap measurements on `hardware` (a `hardware_id`) were taken with."""
         return self.rows_cap(torch.device("cpu" if hardware.startswith("cpu") else "cuda"))
 
@@ -67,7 +67,7 @@ class ShardTable(BaseModel):
     columns: tuple[int, int]
 
     @classmethod
-    def whole(cls, table: TableSpec) -> "ShardTable":
+    def whole(cls, table: TableSpec) -> ShardTable:
         return cls(table=table, columns=(0, table.dim))
 
     @property
@@ -104,7 +104,7 @@ _PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
 class FusedShard:
     """The fused embedding kernels of one device, with its batches prepared."""
 
-    def __init__(self, parts: list[ShardTable], config: MeasureConfig, device: Optional[torch.device] = None) -> None:
+    def __init__(self, parts: list[ShardTable], config: MeasureConfig, device: torch.device | None = None) -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -142,17 +142,19 @@ class FusedShard:
         self.batches = [self._make_batch(b, cap) for b in range(config.num_batches)]
 
     @staticmethod
-    def _rows(part: ShardTable, cap: Optional[int]) -> int:
+    def _rows(part: ShardTable, cap: int | None) -> int:
         return part.table.rows if cap is None else min(part.table.rows, cap)
 
-    def _make_batch(self, batch: int, cap: Optional[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _make_batch(self, batch: int, cap: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         inputs = []
         for members, _ in self.groups:
             indices, lengths = [], []
             for i in members:
                 part = self.parts[i]
                 rng = np.random.default_rng(_batch_seed(part, self.config, batch))
-                table_batch = fold_rows(generate_table_batch(part.table, self.config.batch_size, rng), self._rows(part, cap))
+                table_batch = fold_rows(
+                    generate_table_batch(part.table, self.config.batch_size, rng), self._rows(part, cap)
+                )
                 indices.append(table_batch.indices)
                 lengths.append(table_batch.lengths)
             offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
@@ -176,7 +178,9 @@ class FusedShard:
         order = [i for members, _ in self.groups for i in members]
         starts = np.concatenate([[0], np.cumsum([self.parts[i].width for i in order])])
         position = {part: k for k, part in enumerate(order)}
-        return torch.cat([columns[:, starts[position[i]] : starts[position[i] + 1]] for i in range(len(self.parts))], dim=1)
+        return torch.cat(
+            [columns[:, starts[position[i]] : starts[position[i] + 1]] for i in range(len(self.parts))], dim=1
+        )
 
     def backward(self, output: torch.Tensor, grad: torch.Tensor) -> None:
         """Backward through the kernels, which apply the optimizer update in place."""
@@ -221,9 +225,9 @@ class ShardMeasurement(BaseModel):
     tables: list[ShardTable]
     config: MeasureConfig
     status: Literal["ok", "infeasible"] = "ok"
-    fwd_ms: Optional[float] = None
-    bwd_ms: Optional[float] = None
-    reason: Optional[str] = None
+    fwd_ms: float | None = None
+    bwd_ms: float | None = None
+    reason: str | None = None
 
 
 def measure_fused_shard(parts: list[ShardTable], config: MeasureConfig, hardware: str) -> ShardMeasurement:
@@ -233,7 +237,9 @@ def measure_fused_shard(parts: list[ShardTable], config: MeasureConfig, hardware
         timing = time_fused_shard(FusedShard(parts, config))
     except (RuntimeError, MemoryError, ShardRayError) as err:
         reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
-        return ShardMeasurement(key=key, hardware=hardware, tables=parts, config=config, status="infeasible", reason=reason)
+        return ShardMeasurement(
+            key=key, hardware=hardware, tables=parts, config=config, status="infeasible", reason=reason
+        )
     return ShardMeasurement(
         key=key, hardware=hardware, tables=parts, config=config, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms
     )

@@ -22,7 +22,8 @@ import os
 import socket
 import statistics
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import ray
 import torch
@@ -65,7 +66,11 @@ class GangMember:
         self.hardware = hardware_id(threads)
 
     def host(self) -> dict:
-        return {"node": ray.get_runtime_context().get_node_id(), "cores": os.cpu_count() or 1, "hardware": self.hardware}
+        return {
+            "node": ray.get_runtime_context().get_node_id(),
+            "cores": os.cpu_count() or 1,
+            "hardware": self.hardware,
+        }
 
     def rendezvous_address(self) -> str:
         ip = ray.util.get_node_ip_address()
@@ -88,7 +93,9 @@ class GangMember:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def run_plan(self, parts: list[ShardTable], widths: list[int], config: MeasureConfig, take_turns: bool = False) -> dict:
+    def run_plan(
+        self, parts: list[ShardTable], widths: list[int], config: MeasureConfig, take_turns: bool = False
+    ) -> dict:
         """Time the real embedding step of this device's share of a plan; returns median ms per part.
 
         With `take_turns` the devices run their compute phases one after another.
@@ -96,7 +103,9 @@ class GangMember:
         shard = FusedShard(parts, config, self.device)
         slices = batch_slices(config.batch_size, self.world_size)
         mine = slices[self.rank]
-        parts_ms: dict[str, list[float]] = {k: [] for k in ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")}
+        parts_ms: dict[str, list[float]] = {
+            k: [] for k in ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
+        }
 
         def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
             dist.barrier()
@@ -153,7 +162,7 @@ class DeviceGang:
     def __init__(
         self,
         num_devices: int,
-        use_gpus: Optional[bool] = None,
+        use_gpus: bool | None = None,
         threads: int = 1,
         reserve_timeout_s: float = 60.0,
         collective_timeout_s: float = 300.0,
@@ -167,7 +176,7 @@ class DeviceGang:
         self.max_retries = max_retries
         self.restarts = 0
         self.members: list[Any] = []
-        self._group: Optional[PlacementGroup] = None
+        self._group: PlacementGroup | None = None
         self._start()
 
     def _start(self) -> None:
@@ -229,12 +238,16 @@ class DeviceGang:
             try:
                 if not self.members:
                     self._start()
-                refs = [m.run_plan.remote(parts[d], widths, config, self.take_turns) for d, m in enumerate(self.members)]
+                refs = [
+                    m.run_plan.remote(parts[d], widths, config, self.take_turns) for d, m in enumerate(self.members)
+                ]
                 results = self._gather(refs)
                 break
             except ray.exceptions.RayActorError as err:
                 if attempt == self.max_retries:
-                    raise ShardRayError(f"the device gang lost a member {attempt + 1} times on one plan: {first_line(err)}") from err
+                    raise ShardRayError(
+                        f"the device gang lost a member {attempt + 1} times on one plan: {first_line(err)}"
+                    ) from err
                 self._stop()
                 self.restarts += 1
         return PlanCost(
@@ -255,7 +268,10 @@ class DeviceGang:
     def evaluate_many(
         self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, progress: bool = True
     ) -> list[PlanCost]:
-        return [self.evaluate(p, tables, config) for p in tqdm(plans, desc="measuring plans", unit="plan", disable=not progress)]
+        return [
+            self.evaluate(p, tables, config)
+            for p in tqdm(plans, desc="measuring plans", unit="plan", disable=not progress)
+        ]
 
     def shutdown(self) -> None:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -19,7 +19,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@lru_cache(maxsize=None)
+@cache
 def measurement_device() -> torch.device:
     """The GPU Ray gave this process if any, else the CPU."""
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

@@ -34,7 +34,12 @@ def augment_table(table: TableSpec, rng: np.random.Generator, dims: tuple[int, .
     rows = int(np.clip(table.rows * 10 ** rng.uniform(-1.0, 1.0), 100, 4 * 10**7))
     pooling = float(np.clip(table.pooling_factor * np.exp(rng.uniform(-1.0, 1.0)), 0.5, 300.0))
     return table.model_copy(
-        update={"name": f"{table.name}~{tag}", "dim": int(rng.choice(dims)), "rows": rows, "pooling_factor": round(pooling, 3)}
+        update={
+            "name": f"{table.name}~{tag}",
+            "dim": int(rng.choice(dims)),
+            "rows": rows,
+            "pooling_factor": round(pooling, 3),
+        }
     )
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from pydantic import BaseModel
 
@@ -64,9 +64,12 @@ class PlanMeasurement(BaseModel):
 def plan_key(plan: Plan, tables: list[TableSpec], config: MeasureConfig, hardware: str) -> str:
     by_name = {t.name: t for t in tables}
     shards = sorted(
-        (s.device, s.columns, content_digest(by_name[s.table].model_dump(mode="json", exclude={"name"}))) for s in plan.shards
+        (s.device, s.columns, content_digest(by_name[s.table].model_dump(mode="json", exclude={"name"})))
+        for s in plan.shards
     )
-    return content_digest({"shards": shards, "devices": plan.num_devices, "config": config.model_dump(mode="json"), "hardware": hardware})
+    return content_digest(
+        {"shards": shards, "devices": plan.num_devices, "config": config.model_dump(mode="json"), "hardware": hardware}
+    )
 
 
 class MeasurementStore:
@@ -83,7 +86,7 @@ class MeasurementStore:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "MeasurementStore":
+    def __enter__(self) -> MeasurementStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -116,15 +119,17 @@ class MeasurementStore:
             )
         return cursor.rowcount == 1
 
-    def get_plan(self, key: str) -> Optional[PlanMeasurement]:
+    def get_plan(self, key: str) -> PlanMeasurement | None:
         row = self._db.execute("SELECT record FROM plan_measurements WHERE key = ?", (key,)).fetchone()
         return None if row is None else PlanMeasurement.model_validate_json(row[0])
 
-    def plan_measurements(self, hardware: Optional[str] = None) -> list[PlanMeasurement]:
+    def plan_measurements(self, hardware: str | None = None) -> list[PlanMeasurement]:
         query, args = "SELECT record FROM plan_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)
-        return [PlanMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)]
+        return [
+            PlanMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)
+        ]
 
     def put(self, measurement: ShardMeasurement) -> bool:
         """Store a measurement unless its key is there already; True when it was added."""
@@ -145,15 +150,17 @@ class MeasurementStore:
             )
         return cursor.rowcount == 1
 
-    def get(self, key: str) -> Optional[ShardMeasurement]:
+    def get(self, key: str) -> ShardMeasurement | None:
         row = self._db.execute("SELECT record FROM shard_measurements WHERE key = ?", (key,)).fetchone()
         return None if row is None else ShardMeasurement.model_validate_json(row[0])
 
-    def measurements(self, hardware: Optional[str] = None) -> list[ShardMeasurement]:
+    def measurements(self, hardware: str | None = None) -> list[ShardMeasurement]:
         query, args = "SELECT record FROM shard_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)
-        return [ShardMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)]
+        return [
+            ShardMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)
+        ]
 
     def count(self, table: str = "shard_measurements") -> int:
         assert table in ("shard_measurements", "plan_measurements")
@@ -167,4 +174,3 @@ class MeasurementStore:
         ):
             out.setdefault(hardware, {})[status] = n
         return out
-

@@ -10,7 +10,6 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
@@ -67,7 +66,7 @@ def log_plan_evaluation(
     num_tables: int,
     tracking_uri: str,
     experiment: str = DEFAULT_EXPERIMENT,
-    run_name: Optional[str] = None,
+    run_name: str | None = None,
 ) -> str:
     """Log one measured plan as an MLflow run; returns the run id."""
     import mlflow
@@ -144,7 +143,9 @@ def log_costmodel_evaluation(
 
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name=f"costmodel/{Path(model_path).name}", tags={"kind": "costmodel", "hardware": hardware}) as run:
+    with mlflow.start_run(
+        run_name=f"costmodel/{Path(model_path).name}", tags={"kind": "costmodel", "hardware": hardware}
+    ) as run:
         mlflow.log_params({"model": str(model_path), "hardware": hardware})
         mlflow.log_metrics(metrics)
         with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from shard_ray.costmodel.train import (
     FEATURE_SCALINGS,
@@ -69,7 +69,7 @@ def train_config_from(trial: dict[str, Any], seed: int) -> TrainConfig:
     return dataclass_from(TrainConfig, {**{k: trial[k] for k in SWEPT}, "seed": seed}, "cost-model trial")
 
 
-def mape(model: Any, data: Optional[ComputeData]) -> Optional[float]:
+def mape(model: Any, data: ComputeData | None) -> float | None:
     return None if data is None else accuracy(*step_compute_ms(model, data))["mape"]
 
 
@@ -97,9 +97,9 @@ def tune_cost_models(
     sweep: SweepConfig,
     settings: CostModelSweepConfig,
     out_dir: str | Path,
-    tracking_uri: Optional[str],
+    tracking_uri: str | None,
     experiment: str,
-    hardware: Optional[str] = None,
+    hardware: str | None = None,
 ) -> Path:
     """Sweep, then write OUT/best.json (a tuned TrainConfig) and OUT/trials.csv; returns best.json."""
     from ray import tune
@@ -147,5 +147,12 @@ def tune_cost_models(
     best = ranked[0]
     notes = {"hardware": hardware, **{k: best.metrics.get(k) for k in ("test_mape", "unseen_mape")}}
     return save_best(
-        "costmodel", asdict(train_config_from(best.config, settings.seed)), METRIC, "min", best.metrics[METRIC], results, out_dir, notes
+        "costmodel",
+        asdict(train_config_from(best.config, settings.seed)),
+        METRIC,
+        "min",
+        best.metrics[METRIC],
+        results,
+        out_dir,
+        notes,
     )

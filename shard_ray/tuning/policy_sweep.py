@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
@@ -90,9 +90,17 @@ def policy_trial(
             score, stuck = validation_score(network, tasks, models)
             with tempfile.TemporaryDirectory() as folder:
                 save_checkpoint(algo, Path(folder) / "checkpoint")
-                save_policy(Path(folder) / "policy.pt", network, {"config": asdict(config), "iterations": algo.iteration, "hardware": models.hardware})
+                save_policy(
+                    Path(folder) / "policy.pt",
+                    network,
+                    {"config": asdict(config), "iterations": algo.iteration, "hardware": models.hardware},
+                )
                 tune.report(
-                    {METRIC: score, "greedy_stuck": stuck, "episode_return": float(result["env_runners"]["episode_return_mean"])},
+                    {
+                        METRIC: score,
+                        "greedy_stuck": stuck,
+                        "episode_return": float(result["env_runners"]["episode_return_mean"]),
+                    },
                     checkpoint=tune.Checkpoint.from_directory(folder),
                 )
     finally:
@@ -106,9 +114,9 @@ def tune_policy(
     sweep: SweepConfig,
     settings: PolicySweepConfig,
     out_dir: str | Path,
-    tracking_uri: Optional[str],
+    tracking_uri: str | None,
     experiment: str,
-    cost_model: Optional[str] = None,
+    cost_model: str | None = None,
 ) -> Path:
     """Sweep, then write OUT/best.json (tuned PolicyConfig), OUT/best_policy.pt and OUT/trials.csv."""
     from ray import tune
@@ -119,11 +127,16 @@ def tune_policy(
     model_path = Path(cost_model) if cost_model else default_cost_model_path()
     models = CostModels.load(model_path)
     scheduler = ASHAScheduler(
-        time_attr="training_iteration", max_t=base.iterations, grace_period=min(settings.grace_iterations, base.iterations), reduction_factor=3
+        time_attr="training_iteration",
+        max_t=base.iterations,
+        grace_period=min(settings.grace_iterations, base.iterations),
+        reduction_factor=3,
     )
     results = run_sweep(
         "policy",
-        tune.with_parameters(policy_trial, pool=pool, base=base, models_bytes=model_path.read_bytes(), settings=settings),
+        tune.with_parameters(
+            policy_trial, pool=pool, base=base, models_bytes=model_path.read_bytes(), settings=settings
+        ),
         search_space(base),
         METRIC,
         "min",
@@ -145,6 +158,10 @@ def tune_policy(
     if best.checkpoint is not None:
         with best.checkpoint.as_directory() as folder:
             shutil.copyfile(Path(folder) / "policy.pt", Path(out_dir) / "best_policy.pt")
-    notes = {"hardware": models.hardware, "greedy_stuck": best.metrics["greedy_stuck"], "iterations": best.metrics["training_iteration"]}
+    notes = {
+        "hardware": models.hardware,
+        "greedy_stuck": best.metrics["greedy_stuck"],
+        "iterations": best.metrics["training_iteration"],
+    }
     config = {k: v for k, v in asdict(policy_config_from(best.config, base)).items() if k in SWEPT}
     return save_best("policy", config, METRIC, "min", best.metrics[METRIC], results, out_dir, notes)

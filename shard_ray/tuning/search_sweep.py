@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -122,7 +122,9 @@ def simulated_score(config: SearchConfig, tasks: list[Task], models: CostModels)
 def search_trial(trial: dict[str, Any], tasks: list[Task], models_bytes: bytes, settings: SearchSweepConfig) -> None:
     from ray import tune
 
-    ratio, seconds = simulated_score(search_config_from(trial, settings.time_budget_s), tasks, CostModels.from_bytes(models_bytes))
+    ratio, seconds = simulated_score(
+        search_config_from(trial, settings.time_budget_s), tasks, CostModels.from_bytes(models_bytes)
+    )
     tune.report({METRIC: ratio, "placement_seconds": seconds})
 
 
@@ -131,7 +133,7 @@ def measure_candidates(
     tasks: list[Task],
     models: CostModels,
     settings: SearchSweepConfig,
-    tracking_uri: Optional[str],
+    tracking_uri: str | None,
     experiment: str,
 ) -> dict[str, float]:
     """Each candidate's plans of `tasks` measured on a gang; returns its mean measured cost over the shipped settings'."""
@@ -157,8 +159,14 @@ def measure_candidates(
             for label, plan, cost in zip(candidates, plans, costs):
                 ratios[label].append(cost.cost_ms / shipped)
                 if tracking_uri:
-                    log_plan_evaluation(plan, cost, topology, f"validation-{index}", len(tables), tracking_uri, experiment)
-            print(f"validation task {index}: " + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)), flush=True)
+                    log_plan_evaluation(
+                        plan, cost, topology, f"validation-{index}", len(tables), tracking_uri, experiment
+                    )
+            print(
+                f"validation task {index}: "
+                + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)),
+                flush=True,
+            )
     finally:
         gang.shutdown()
     return {label: statistics.mean(values) for label, values in ratios.items()}
@@ -169,9 +177,9 @@ def tune_search(
     sweep: SweepConfig,
     settings: SearchSweepConfig,
     out_dir: str | Path,
-    tracking_uri: Optional[str],
+    tracking_uri: str | None,
     experiment: str,
-    cost_model: Optional[str] = None,
+    cost_model: str | None = None,
 ) -> Path:
     """Sweep, measure the finalists, then write OUT/best.json (tuned SearchConfig) and OUT/trials.csv."""
     from ray import tune
@@ -180,7 +188,10 @@ def tune_search(
     model_path = Path(cost_model) if cost_model else default_cost_model_path()
     models = CostModels.load(model_path)
     tasks = validation_tasks(pool, settings)
-    print(f"search sweep: {len(tasks)} validation tasks of {settings.min_tables}-{settings.max_tables} tables on {settings.devices} devices", flush=True)
+    print(
+        f"search sweep: {len(tasks)} validation tasks of {settings.min_tables}-{settings.max_tables} tables on {settings.devices} devices",
+        flush=True,
+    )
     results = run_sweep(
         "search",
         tune.with_parameters(search_trial, tasks=tasks, models_bytes=model_path.read_bytes(), settings=settings),
@@ -199,11 +210,19 @@ def tune_search(
     print(f"simulated cost over the lower bound: shipped cost_search settings {shipped_ratio:.4f}")
     for r in finished[:5]:
         print(f"  {r.metrics['trial_id']}: {r.metrics[METRIC]:.4f}, {r.metrics['placement_seconds']:.2f} s a plan")
-    finalists = {r.metrics["trial_id"]: search_config_from(r.config, settings.time_budget_s) for r in finished[: settings.measure_top]}
+    finalists = {
+        r.metrics["trial_id"]: search_config_from(r.config, settings.time_budget_s)
+        for r in finished[: settings.measure_top]
+    }
     notes: dict[str, Any] = {"hardware": models.hardware, "shipped_simulated_over_bound": shipped_ratio}
     if finalists:
         measured = measure_candidates(
-            {"shipped": shipped, **finalists}, tasks[: settings.measure_tasks], models, settings, tracking_uri, experiment
+            {"shipped": shipped, **finalists},
+            tasks[: settings.measure_tasks],
+            models,
+            settings,
+            tracking_uri,
+            experiment,
         )
         print("measured cost over the shipped settings': " + ", ".join(f"{k} {v:.4f}" for k, v in measured.items()))
         chosen = min(measured, key=measured.__getitem__)
@@ -212,7 +231,15 @@ def tune_search(
         if chosen == "shipped":
             print("the shipped settings measured best; they are saved as the best configuration")
         config = shipped if chosen == "shipped" else finalists[chosen]
-        value = shipped_ratio if chosen == "shipped" else next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
+        value = (
+            shipped_ratio
+            if chosen == "shipped"
+            else next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
+        )
     else:
-        config, value, notes["chosen_by"] = search_config_from(finished[0].config, settings.time_budget_s), finished[0].metrics[METRIC], "simulated"
+        config, value, notes["chosen_by"] = (
+            search_config_from(finished[0].config, settings.time_budget_s),
+            finished[0].metrics[METRIC],
+            "simulated",
+        )
     return save_best("search", asdict(config), METRIC, "min", value, results, out_dir, notes)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -75,7 +76,7 @@ def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
     """The configuration in a tuned-config file of `kind`."""
     document = read_document(path, "tuned config")
     if not isinstance(document, dict) or document.get("format") != TUNED_FORMAT:
-        raise ShardRayError(f"{path} is not a tuned-config file (expected \"format\": \"{TUNED_FORMAT}\")")
+        raise ShardRayError(f'{path} is not a tuned-config file (expected "format": "{TUNED_FORMAT}")')
     try:
         tuned = TunedConfig.model_validate(document)
     except ValidationError as err:
@@ -108,7 +109,7 @@ def run_sweep(
     mode: Literal["min", "max"],
     sweep: SweepConfig,
     out_dir: str | Path,
-    tracking_uri: Optional[str],
+    tracking_uri: str | None,
     experiment: str,
     tags: dict[str, str],
     scheduler: Any = None,
@@ -143,7 +144,9 @@ def run_sweep(
         callbacks = []
         if tracking_uri:
             callbacks.append(
-                MLflowLoggerCallback(tracking_uri=tracking_uri, experiment_name=experiment, tags={"kind": f"tune-{kind}", **tags})
+                MLflowLoggerCallback(
+                    tracking_uri=tracking_uri, experiment_name=experiment, tags={"kind": f"tune-{kind}", **tags}
+                )
             )
         tuner = tune.Tuner(
             resourced,
@@ -168,15 +171,22 @@ def run_sweep(
         )
     began = time.perf_counter()
     results = tuner.fit()
-    print(f"sweep finished in {time.perf_counter() - began:.0f} s: {len(results)} trials, {results.num_errors} failed", flush=True)
+    print(
+        f"sweep finished in {time.perf_counter() - began:.0f} s: {len(results)} trials, {results.num_errors} failed",
+        flush=True,
+    )
     return results
 
 
 def ranked_trials(results: Any, metric: str, out_dir: str | Path) -> list[Any]:
     """Trials that reported a finite `metric`, lowest first; an error when none did."""
     finished = [
-        r for r in results
-        if r.error is None and r.metrics and isinstance(r.metrics.get(metric), (int, float)) and math.isfinite(r.metrics[metric])
+        r
+        for r in results
+        if r.error is None
+        and r.metrics
+        and isinstance(r.metrics.get(metric), (int, float))
+        and math.isfinite(r.metrics[metric])
     ]
     if not finished:
         raise ShardRayError(f"no trial of the sweep reported {metric}; their errors are under {Path(out_dir) / 'tune'}")
@@ -200,7 +210,7 @@ def save_best(
     value: float,
     results: Any,
     out_dir: str | Path,
-    notes: Optional[dict[str, Any]] = None,
+    notes: dict[str, Any] | None = None,
 ) -> Path:
     """Write OUT/best.json and OUT/trials.csv; returns best.json's path."""
     out = Path(out_dir)

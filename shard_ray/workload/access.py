@@ -21,6 +21,7 @@ REFERENCE_BATCH = 65536
 # int64 for tables up to 2^43 rows.
 _SCATTER_PRIMES = (1_000_003, 999_983)
 
+
 @dataclass(frozen=True)
 class TableBatch:
     indices: np.ndarray  # int64 row ids, sample-major
@@ -47,6 +48,7 @@ def zipf_indices(rows: int, exponent: float, count: int, rng: np.random.Generato
 def scatter_rows(ranks: np.ndarray, rows: int) -> np.ndarray:
     multiplier = next(p for p in _SCATTER_PRIMES if rows % p)
     return (ranks.astype(np.int64) * multiplier) % rows
+
 
 def reuse_histogram_indices(
     rows: int, histogram: tuple[float, ...], count: int, batch_size: int, rng: np.random.Generator

@@ -65,9 +65,7 @@ def load_trace(path: str) -> DlrmTrace:
         raise ShardRayError(f"dataset file {file}: expected (indices, offsets, lengths)")
     indices, offsets, lengths = (torch.as_tensor(x).numpy().astype(np.int64) for x in content)
     if lengths.ndim != 2 or offsets.ndim != 1 or offsets.shape[0] != lengths.size + 1:
-        raise ShardRayError(
-            f"dataset file {file}: lengths must be [tables, batch] and offsets tables*batch+1 long"
-        )
+        raise ShardRayError(f"dataset file {file}: lengths must be [tables, batch] and offsets tables*batch+1 long")
     if offsets[-1] != indices.shape[0] or np.any(np.diff(offsets) != lengths.reshape(-1)):
         raise ShardRayError(f"dataset file {file}: offsets do not match lengths and indices")
     return DlrmTrace(indices=indices, offsets=offsets, lengths=lengths)

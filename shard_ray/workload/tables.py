@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -43,10 +43,10 @@ class TableSpec(BaseModel):
     rows: int = Field(gt=0, le=2**43)
     dim: int = Field(gt=0, le=4096)
     pooling_factor: float = Field(gt=0, le=10_000)  # beyond any real feature; bounds batch memory
-    zipf_exponent: Optional[float] = Field(default=None, ge=0.0, le=10.0)
-    reuse_histogram: Optional[tuple[float, ...]] = None
+    zipf_exponent: float | None = Field(default=None, ge=0.0, le=10.0)
+    reuse_histogram: tuple[float, ...] | None = None
     precision: Literal["fp32", "fp16"] = "fp32"
-    trace: Optional[TraceRef] = None
+    trace: TraceRef | None = None
 
     @field_validator("dim")
     @classmethod
@@ -57,14 +57,14 @@ class TableSpec(BaseModel):
 
     @field_validator("pooling_factor", "zipf_exponent")
     @classmethod
-    def _finite(cls, value: Optional[float]) -> Optional[float]:
+    def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 
     @field_validator("reuse_histogram")
     @classmethod
-    def _histogram_shape(cls, hist: Optional[tuple[float, ...]]) -> Optional[tuple[float, ...]]:
+    def _histogram_shape(cls, hist: tuple[float, ...] | None) -> tuple[float, ...] | None:
         if hist is None:
             return None
         if len(hist) != REUSE_BINS:
@@ -77,7 +77,7 @@ class TableSpec(BaseModel):
         return hist if abs(total - 1.0) < 1e-9 else tuple(p / total for p in hist)
 
     @model_validator(mode="after")
-    def _one_distribution(self) -> "TableSpec":
+    def _one_distribution(self) -> TableSpec:
         if self.zipf_exponent is not None and self.reuse_histogram is not None:
             raise ValueError("give either zipf_exponent or reuse_histogram, not both")
         return self
@@ -90,7 +90,7 @@ class TableSpec(BaseModel):
     def effective_zipf_exponent(self) -> float:
         return DEFAULT_ZIPF_EXPONENT if self.zipf_exponent is None else self.zipf_exponent
 
-    def with_dim(self, dim: int) -> "TableSpec":
+    def with_dim(self, dim: int) -> TableSpec:
         return self.model_copy(update={"dim": dim})
 
 
@@ -99,7 +99,7 @@ class TableFile(BaseModel):
     tables: list[TableSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "TableFile":
+    def _unique_names(self) -> TableFile:
         seen: set[str] = set()
         for table in self.tables:
             if table.name in seen:
