@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from shard_ray.comparison import compare_algorithms
+from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -55,19 +56,24 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class BenchmarkConfig:
-    tasks: int = 5  # synthetic test-pool tasks (0: only the table files)
-    min_tables: int = 20
-    max_tables: int = 40
-    table_files: tuple[str, ...] = ()
-    devices: int = 2
-    batch_size: int = 1024
-    repeats: int = 10
-    memory_headroom: float = 1.5
-    cost_model: str | None = None
-    policy: str | None = None
-    algorithms: tuple[str, ...] = ()  # empty: every registered one that handles the task
-    seed: int = 100
-    out: str = "shard-ray-out/benchmark"
+    tasks: int = setting(5, "synthetic test-pool tasks; 0 for only --tables", min=0)
+    min_tables: int = setting(20, "fewest tables in a synthetic task", min=1)
+    max_tables: int = setting(40, "most tables in a synthetic task", min=1)
+    table_files: tuple[str, ...] = setting(
+        (),
+        "a table file to benchmark as a task of its own; repeat (or comma-separate) for more",
+        flag="--tables",
+        repeat=True,
+    )
+    devices: int = setting(2, "devices of the gang", min=1)
+    batch_size: int = setting(1024, "global batch size", min=1)
+    repeats: int = setting(10, "timed steps per plan; medians are reported", min=1)
+    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
+    cost_model: str | None = setting(None, "cost model file (default: the shipped CPU models)")
+    policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
+    algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")
+    seed: int = setting(100, "random seed")
+    out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed")
     tracking_uri: str | None = None  # None: no MLflow
     experiment: str = "shard-ray-benchmark"
 

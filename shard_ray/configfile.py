@@ -9,10 +9,20 @@ comma-separated values, `true` a bare flag; `false` and `null` leave the flag ou
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import field
 from typing import Any
 
 from shard_ray.errors import ShardRayError
 from shard_ray.io import read_document
+
+
+def setting(default: Any, help: str, **flag: Any) -> Any:
+    """A settings-dataclass field that is also a command-line flag (see `shard_ray.cli.flags`).
+
+    `flag` may name the flag (`flag="--epochs"`), its old names (`old_names=("--pool",)`), a
+    minimum (`min=1`), `choices`, `required=True`, or `repeat=True` for a flag given once per value.
+    """
+    return field(default=default, metadata={"help": help, **flag})
 
 
 def config_to_argv(config: dict[str, Any], what: str = "config") -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from shard_ray.comparison import MeasuredPlan, compare_algorithms, comparison_table
+from shard_ray.configfile import setting
 from shard_ray.io import write_json
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -31,16 +32,17 @@ from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 
 @dataclass(frozen=True)
 class DemoConfig:
-    workdir: Path = Path("shard-ray-out/demo")
-    num_devices: int = 2
-    min_tables: int = 16
-    max_tables: int = 16
-    profile_shards: int = 12
+    workdir: Path = setting(
+        Path("shard-ray-out/demo"), "where files are written", flag="--out", old_names=("--workdir",)
+    )
+    num_devices: int = setting(2, "devices in the gang", flag="--devices", min=1)
+    num_tables: int = setting(16, "tables in the demo task", min=1)
+    profile_shards: int = setting(12, "random multi-table shards to profile", min=0)
     max_tables_per_shard: int = 6
     memory_headroom: float = 1.5  # cap = headroom x (all tables' bytes / devices)
     batch_size: int = 1024
     repeats: int = 10
-    seed: int = 0
+    seed: int = setting(0, "random seed")
     tracking_uri: str | None = None
     experiment: str = "shard-ray"
     address: str | None = None
@@ -69,7 +71,7 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     print("== 1. workload")
     pool = generate_pool(PoolConfig(seed=config.seed))
     save_tables(workdir / "pool.json", pool, source="synthetic", seed=config.seed)
-    task_config = TaskConfig(min_tables=config.min_tables, max_tables=config.max_tables, seed=config.seed)
+    task_config = TaskConfig(min_tables=config.num_tables, max_tables=config.num_tables, seed=config.seed)
     _, test_pool = split_pool(pool, task_config.test_fraction, config.seed)
     tables: list[TableSpec] = draw_task(test_pool, task_config, np.random.default_rng(config.seed))
     task_file = workdir / "task.json"

@@ -20,6 +20,7 @@ from scipy.stats import spearmanr
 from torch import nn
 from tqdm import tqdm
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.features import batch_context, parts_features
 from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
 from shard_ray.errors import ShardRayError
@@ -33,18 +34,18 @@ FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    hidden: int = 128
-    depth: int = 2
+    hidden: int = setting(128, "encoder width", min=1)
+    depth: int = setting(2, "encoder layers", min=1)
     comm_hidden: int = 64
     comm_depth: int = 2
-    lr: float = 2e-3
+    lr: float = setting(2e-3, "learning rate", min=0)
     weight_decay: float = 1e-5
-    max_epochs: int = 400
+    max_epochs: int = setting(400, "most epochs; early stopping usually ends sooner", flag="--epochs", min=1)
     minibatch: int = 64
-    patience: int = 40
-    loss: str = "mse"
-    feature_scaling: str = "standardise"
-    seed: int = 0
+    patience: int = setting(40, "epochs without validation gain before stopping", min=1)
+    loss: str = setting("mse", "loss on log ms", choices=LOSSES)
+    feature_scaling: str = setting("standardise", "how features are scaled", choices=FEATURE_SCALINGS)
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         for name in ("hidden", "depth", "comm_hidden", "comm_depth", "max_epochs", "minibatch", "patience"):

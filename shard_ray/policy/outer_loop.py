@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import TrainConfig, update_cost_models
@@ -48,13 +49,13 @@ from shard_ray.workload.tables import TableSpec
 
 @dataclass(frozen=True)
 class OuterLoopConfig:
-    rounds: int = 5
-    tasks_per_round: int = 4  # plans measured per round
-    ppo_iterations_per_round: int = 10
-    gang_devices: int = 2  # devices of the measuring gang (and of the measured tasks)
-    profiling_actors: int = 2
-    repeats: int = 7  # timed steps per measurement; medians are kept
-    update_epochs: int = 40  # most epochs of each cost-model update
+    rounds: int = setting(5, "rounds of measure / update / train", min=1)
+    tasks_per_round: int = setting(4, "policy plans measured per round", min=1)
+    ppo_iterations_per_round: int = setting(10, "PPO iterations per round", flag="--ppo-iterations", min=1)
+    gang_devices: int = setting(2, "devices of the measuring gang (and of the measured tasks)", min=1)
+    profiling_actors: int = setting(2, "profiling actors", flag="--actors", min=1)
+    repeats: int = setting(7, "timed steps per measurement; medians are kept", min=1)
+    update_epochs: int = setting(40, "most epochs of each cost-model update", min=1)
     update_lr: float = 5e-4
     seed: int = 0
 

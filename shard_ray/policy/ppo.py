@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -30,27 +31,27 @@ from shard_ray.workload.tasks import TaskConfig, draw_task
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    iterations: int = 30
-    train_batch_size: int = 2048  # env steps (tables placed) per PPO iteration
-    minibatch_size: int = 256
+    iterations: int = setting(30, "PPO iterations in all", min=1)
+    train_batch_size: int = setting(2048, "tables placed per iteration", flag="--train-batch", min=1)
+    minibatch_size: int = setting(256, "SGD minibatch", flag="--minibatch", min=1)
     num_epochs: int = 10
-    lr: float = 1e-3
+    lr: float = setting(1e-3, "Adam learning rate", min=0)
     gamma: float = 1.0  # the return is the plan's cost: no discounting
     lambda_: float = 0.95
     clip_param: float = 0.2
     entropy_coeff: float = 0.001
     vf_loss_coeff: float = 0.5
-    hidden: int = 128
-    num_env_runners: int = 0  # 0: sample in the driver; on a cluster, one per spare CPU
-    num_learners: int = 0  # 0: learn in the driver; >0 puts learners on GPUs when there are any
-    min_tables: int = 15
-    max_tables: int = 25
-    devices: tuple[int, ...] = (4,)
-    max_devices: int = 8
+    hidden: int = setting(128, "network width", min=1)
+    num_env_runners: int = setting(0, "RLlib env runner actors; 0 samples in the driver", flag="--env-runners", min=0)
+    num_learners: int = setting(0, "RLlib learner actors, on GPUs when there are any", flag="--learners", min=0)
+    min_tables: int = setting(15, "fewest tables in a training task", min=1)
+    max_tables: int = setting(25, "most tables in a training task", min=1)
+    devices: tuple[int, ...] = setting((4,), "device counts of training tasks, comma-separated", min=1)
+    max_devices: int = setting(8, "observations are padded to this many devices", min=1)
     memory_headroom: tuple[float, float] = (1.3, 2.0)
-    batch_size: int = 1024
+    batch_size: int = setting(1024, "global batch size priced", min=1)
     checkpoint_every: int = 5
-    seed: int = 0
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         for name in ("iterations", "train_batch_size", "minibatch_size", "num_epochs", "hidden", "checkpoint_every"):

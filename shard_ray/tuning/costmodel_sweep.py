@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.train import (
     FEATURE_SCALINGS,
     LOSSES,
@@ -37,9 +38,9 @@ SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "pa
 
 @dataclass(frozen=True)
 class CostModelSweepConfig:
-    max_epochs: int = 300  # the largest epoch budget a trial may draw
-    report_every: int = 10  # epochs between a trial's reports (ASHA's time unit)
-    grace_reports: int = 3  # reports before ASHA may stop a trial
+    max_epochs: int = setting(300, "largest epoch budget a trial may draw", min=1)
+    report_every: int = setting(10, "epochs between a trial's reports (ASHA's time unit)", min=1)
+    grace_reports: int = setting(3, "reports before ASHA may stop a trial", min=1)
     seed: int = 0
 
     def check(self) -> None:

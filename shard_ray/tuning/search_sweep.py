@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
@@ -34,16 +35,16 @@ Task = tuple[list[TableSpec], Topology]
 
 @dataclass(frozen=True)
 class SearchSweepConfig:
-    tasks: int = 8  # validation tasks every trial plans
-    min_tables: int = 20
-    max_tables: int = 40
-    devices: int = 2
-    memory_headroom: float = 1.5  # memory cap: this times an even split of the task's bytes
-    batch_size: int = 1024
-    time_budget_s: float = 3.0  # each plan's anytime budget
-    measure_top: int = 2  # best simulated configurations measured on the gang (0: none)
-    measure_tasks: int = 3
-    repeats: int = 5  # timed steps per measured plan
+    tasks: int = setting(8, "validation tasks every trial plans", min=1)
+    min_tables: int = setting(20, "fewest tables in a validation task", min=1)
+    max_tables: int = setting(40, "most tables in a validation task", min=1)
+    devices: int = setting(2, "devices of the tasks and the measuring gang", min=1)
+    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
+    batch_size: int = setting(1024, "global batch size", min=1)
+    time_budget_s: float = setting(3.0, "anytime budget of each plan, seconds", flag="--time-budget", min=1e-3)
+    measure_top: int = setting(2, "best simulated settings measured on the gang; 0: none", min=0)
+    measure_tasks: int = setting(3, "validation tasks measured", min=1)
+    repeats: int = setting(5, "timed steps per measured plan", min=1)
     seed: int = 0
 
     def check(self) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError, describe_validation_error
 from shard_ray.io import read_document, write_atomic, write_json
 
@@ -39,11 +40,13 @@ Kind = Literal["costmodel", "search", "policy"]
 
 @dataclass(frozen=True)
 class SweepConfig:
-    samples: int = 16  # trials in all
-    search: str = "optuna"  # Optuna's TPE sampler, or random search
-    max_concurrent: int = 2  # trials at once; each takes one CPU
-    max_failures: int = 2  # times a failed trial is retried (Tune's FailureConfig)
-    seed: int = 0
+    samples: int = setting(16, "trials in all", min=1)
+    search: str = setting(
+        "optuna", "how trials are chosen: Optuna's TPE sampler, or random search", choices=SEARCH_ALGORITHMS
+    )
+    max_concurrent: int = setting(2, "trials at once, one CPU each", min=1)
+    max_failures: int = setting(2, "retries of a failed trial before it is left out", min=0)
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         if self.samples < 1:
@@ -97,7 +100,8 @@ def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
         config = cls(**converted)
     except TypeError as err:
         raise ShardRayError(f"{what}: {err}") from None
-    config.check()
+    if hasattr(config, "check"):
+        config.check()
     return config
 
 
