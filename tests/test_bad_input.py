@@ -159,6 +159,6 @@ def table_file_path(tmp_path_factory):
 )
 def test_policy_train_refuses_bad_settings_before_ray(tmp_path, table_file_path, flags, message):
     out = tmp_path / "policy"
-    code, err = run(["policy", "train", "--pool", str(table_file_path), "--out", str(out), *flags])
+    code, err = run(["policy", "train", "--tables", str(table_file_path), "--out", str(out), *flags])
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not (out / "policy.pt").exists()

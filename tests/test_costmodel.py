@@ -230,7 +230,15 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
             # labelled with the model's hardware: this checks the command, not the accuracy
             store.put(measure_fused_shard(parts, config, shipped.hardware))
     code = main(
-        ["costmodel", "evaluate", "--model", str(default_cost_model_path()), "--data", str(store_path), "--no-mlflow"]
+        [
+            "costmodel",
+            "evaluate",
+            "--cost-model",
+            str(default_cost_model_path()),
+            "--store",
+            str(store_path),
+            "--no-mlflow",
+        ]
     )
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -142,8 +142,7 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     rows = run_demo(
         DemoConfig(
             workdir=tmp_path / "demo",
-            min_tables=6,
-            max_tables=6,
+            num_tables=6,
             profile_shards=2,
             repeats=2,
             batch_size=128,

@@ -42,8 +42,8 @@ class PolicyConfig:
     entropy_coeff: float = 0.001
     vf_loss_coeff: float = 0.5
     hidden: int = setting(128, "network width", min=1)
-    num_env_runners: int = setting(0, "RLlib env runner actors; 0 samples in the driver", flag="--env-runners", min=0)
-    num_learners: int = setting(0, "RLlib learner actors, on GPUs when there are any", flag="--learners", min=0)
+    num_env_runners: int = setting(0, "RLlib env runner actors; 0 samples in the driver", flag="--env-runners")
+    num_learners: int = setting(0, "RLlib learner actors, on GPUs when there are any", flag="--learners")
     min_tables: int = setting(15, "fewest tables in a training task", min=1)
     max_tables: int = setting(25, "most tables in a training task", min=1)
     devices: tuple[int, ...] = setting((4,), "device counts of training tasks, comma-separated", min=1)
