@@ -277,7 +277,17 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
     pool = tmp_path / "pool.json"
     assert run_cli("generate", "--out", str(pool), "--num-tables", "30").returncode == 0
     result = run_cli(
-        "tasks", "--pool", str(pool), "--out-dir", str(tmp_path / "t"), "--num-tasks", "1", "--max-tables", "5"
+        "tasks",
+        "--pool",
+        str(pool),
+        "--out-dir",
+        str(tmp_path / "t"),
+        "--num-tasks",
+        "1",
+        "--min-tables",
+        "3",
+        "--max-tables",
+        "5",
     )
     assert result.returncode == 0, result.stderr
     assert "--pool is now --tables" in result.stderr and "--out-dir is now --out" in result.stderr
