@@ -20,7 +20,8 @@ def setting(default: Any, help: str, **flag: Any) -> Any:
     """A settings-dataclass field that is also a command-line flag (see `shard_ray.cli.flags`).
 
     `flag` may name the flag (`flag="--epochs"`), its old names (`old_names=("--pool",)`), a
-    minimum (`min=1`), `choices`, `required=True`, or `repeat=True` for a flag given once per value.
+    minimum (`min=1`), `choices`, `required=True`, `repeat=True` for a flag given once per value, or
+    `whole=True` for a list flag whose values are not split at commas.
     """
     return field(default=default, metadata={"help": help, **flag})
 

@@ -82,7 +82,8 @@ def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
         return {"choices": list(metadata["choices"])}
     if origin is tuple:
         item = typing.get_args(annotation)[0]
-        return {"type": _listed(_number(item, minimum) if item in (int, float) else item)}
+        parse = _number(item, minimum) if item in (int, float) else item
+        return {"type": parse if metadata.get("whole") else _listed(parse)}
     if annotation in (int, float):
         return {"type": _number(annotation, minimum)}
     if annotation in (str, Path):
@@ -134,7 +135,7 @@ def add_settings(
         if meta.get("repeat"):
             keywords["action"] = "append"
         if "choices" not in keywords:
-            keywords["metavar"] = names[0].lstrip("-").replace("-", "_").upper()
+            keywords["metavar"] = meta.get("metavar") or names[0].lstrip("-").replace("-", "_").upper()
         parser.add_argument(
             *names, *old, dest=f.name, default=None, required=bool(meta.get("required")), help=text, **keywords
         )
@@ -148,7 +149,7 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
         if value is None or "help" not in f.metadata:
             continue
         if f.metadata.get("repeat"):
-            value = tuple(item for group in value for item in group)
+            value = tuple(item for group in value for item in (group if isinstance(group, tuple) else (group,)))
         values[f.name] = value
     return values
 

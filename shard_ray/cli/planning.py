@@ -56,13 +56,31 @@ class PlanArgs:
         None, "dreamshard: also sample this many plans, keep the best simulated (default 0)", min=0
     )
     search_config: str | None = setting(None, "cost_search: tuned search settings (best.json of `tune search`)")
+    set: tuple[str, ...] = setting(
+        (),
+        "one of the algorithm's own settings, NAME=VALUE (VALUE read as YAML); repeat for more",
+        repeat=True,
+        whole=True,
+        metavar="NAME=VALUE",
+    )
 
     def algorithm_settings(self) -> dict[str, Any]:
         """The chosen algorithm's own settings from the flags given; the algorithm refuses what it does not take."""
+        import yaml
+
         from shard_ray.configfile import load_tuned
+        from shard_ray.errors import ShardRayError
 
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
         settings.update({k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None})
+        for item in self.set:
+            name, equals, value = item.partition("=")
+            if not equals or not name.strip():
+                raise ShardRayError(f"--set takes NAME=VALUE, got {item!r}")
+            try:
+                settings[name.strip()] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ShardRayError(f"--set {name.strip()}: {value!r} is not a YAML value") from None
         return settings
 
 
