@@ -155,7 +155,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 experiment=config.experiment,
                 progress=False,
                 cost_model=config.cost_model,
-                policy=config.policy,
+                settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
                 names=list(config.algorithms) or None,
             )
             for algorithm, why in comparison.failures.items():

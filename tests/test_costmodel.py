@@ -146,8 +146,8 @@ def test_search_plans_are_valid_under_tight_memory(algo, pool):
     plan = place(algo, tables, topology)
     plan.check(tables)
     assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes
-    assert plan.metadata["predicted_cost_ms"] >= plan.metadata["lower_bound_ms"]
-    assert plan.metadata["settings"]["cost_model"].endswith(".pt")
+    assert plan.estimate.predicted.cost_ms >= plan.estimate.lower_bound_ms
+    assert plan.estimate.cost_model.endswith(".pt")
 
 
 def test_search_refuses_infeasible_memory(pool):
@@ -160,7 +160,7 @@ def test_cost_search_is_no_worse_than_neuroshard_under_the_models(pool):
     topology = Topology(num_devices=4, memory_bytes=GB)
     ours = place("cost_search", tables, topology)
     theirs = place("neuroshard", tables, topology)
-    assert ours.metadata["predicted_cost_ms"] <= theirs.metadata["predicted_cost_ms"] + 1e-6
+    assert ours.estimate.predicted.cost_ms <= theirs.estimate.predicted.cost_ms + 1e-6
 
 
 def test_branch_and_bound_matches_brute_force(shipped, pool):
@@ -177,7 +177,7 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     )
     assert candidate.cost == pytest.approx(brute, rel=1e-5)
     plan = place("optimal", tables, topology)
-    assert plan.metadata["proven_optimal"] and plan.metadata["predicted_cost_ms"] == pytest.approx(brute, rel=1e-4)
+    assert plan.estimate.proven_optimal and plan.estimate.predicted.cost_ms == pytest.approx(brute, rel=1e-4)
 
 
 def test_optimal_refuses_large_tasks(pool):
@@ -189,7 +189,7 @@ def test_lower_bound_is_below_the_optimum(shipped, pool):
     for start in (0, 6, 12):
         tables = pool[start : start + 6]
         topology = Topology(num_devices=2, memory_bytes=GB)
-        optimum = place("optimal", tables, topology).metadata["predicted_cost_ms"]
+        optimum = place("optimal", tables, topology).estimate.predicted.cost_ms
         assert lower_bound_ms(shipped, tables, topology, column_wise=False) <= optimum + 1e-6
         assert lower_bound_ms(shipped, tables, topology, column_wise=True) <= optimum + 1e-6
 
@@ -219,7 +219,7 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
         == 0
     )
     doc = json.loads(out.read_text())
-    assert doc["metadata"]["lower_bound_ms"] > 0 and len(doc["metadata"]["predicted"]["devices"]) == 2
+    assert doc["estimate"]["lower_bound_ms"] > 0 and len(doc["estimate"]["predicted"]["devices"]) == 2
     assert "lower bound on the simulated cost" in capsys.readouterr().out
     # evaluate the shipped model on fresh real measurements of unseen tables
     config = MeasureConfig(batch_size=1024)

@@ -223,8 +223,8 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
     plan = json.loads(out.read_text())
     assert plan["algorithm"] == "dreamshard" and plan["num_devices"] == 3
     assert sorted(s["table"] for s in plan["shards"]) == ["a", "b", "c", "d", "e"]
-    assert plan["metadata"]["predicted_cost_ms"] >= plan["metadata"]["lower_bound_ms"] - 1e-6
-    assert plan["metadata"]["settings"]["samples"] == 4
+    assert plan["estimate"]["predicted"]["cost_ms"] >= plan["estimate"]["lower_bound_ms"] - 1e-6
+    assert plan["settings"]["algorithm"]["samples"] == 4
     capsys.readouterr()
 
     (tmp_path / "bad.pt").write_text("garbage")

@@ -167,7 +167,7 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         str(out / "best.json"),
     ]
     assert main([*flags, "--algo", "cost_search"]) == 0
-    assert json.loads(plan.read_text())["metadata"]["settings"]["search_config"] == str(out / "best.json")
+    assert json.loads(plan.read_text())["settings"]["source"] == str(out / "best.json")
     capsys.readouterr()
     assert main([*flags[:-2], "--algo", "neuroshard", "--search-config", str(out / "best.json")]) == 2
     assert "takes no search settings" in capsys.readouterr().err

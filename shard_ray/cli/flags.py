@@ -20,7 +20,7 @@ from dataclasses import MISSING, asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from shard_ray.tuning.sweep import dataclass_from  # TODO move
+from shard_ray.configfile import dataclass_from
 
 
 class Parser(argparse.ArgumentParser):

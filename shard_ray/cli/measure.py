@@ -122,7 +122,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     plan = load_plan(flags.plan)
     plan.check(tables)
-    topology = settings_from(TopologyArgs, args).topology(plan.num_devices, plan.metadata.get("settings"))
+    topology = settings_from(TopologyArgs, args).topology(plan.num_devices, plan.settings)
     plan.check_memory(tables, topology)
     config = MeasureConfig.for_topology(
         topology, warmup=timing.warmup, repeats=timing.repeats, max_rows=timing.max_rows

@@ -9,6 +9,8 @@ from typing import Any, Literal
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
+from shard_ray.errors import ShardRayError
+from shard_ray.plan.plan import PlanSettings
 from shard_ray.plan.topology import GB, Optimizer, Topology
 
 
@@ -24,17 +26,15 @@ class TopologyArgs:
         None, f"optimizer whose state counts towards memory (default {Topology.model_fields['optimizer'].default})"
     )
 
-    def topology(self, num_devices: int, recorded: dict[str, Any] | None = None) -> Topology:
+    def topology(self, num_devices: int, recorded: PlanSettings | None = None) -> Topology:
         """The topology these flags give, a plan's `recorded` settings filling what is not given."""
-        from shard_ray.errors import ShardRayError
-
-        recorded = recorded or {}
-        memory_gb = self.memory_gb if self.memory_gb is not None else recorded.get("memory_gb")
+        recorded_values = recorded.model_dump() if recorded is not None else {}
+        memory_gb = self.memory_gb if self.memory_gb is not None else recorded_values.get("memory_gb")
         if memory_gb is None:
             raise ShardRayError("give --memory-gb, the memory cap per device (a plan file from `plan` records it)")
         values = {
-            "batch_size": self.batch_size or recorded.get("batch_size"),
-            "optimizer": self.optimizer or recorded.get("optimizer"),
+            "batch_size": self.batch_size or recorded_values.get("batch_size"),
+            "optimizer": self.optimizer or recorded_values.get("optimizer"),
         }
         return Topology(
             num_devices=num_devices, memory_bytes=int(memory_gb * GB), **{k: v for k, v in values.items() if v}
@@ -69,7 +69,6 @@ class PlanArgs:
         import yaml
 
         from shard_ray.configfile import load_tuned
-        from shard_ray.errors import ShardRayError
 
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
         settings.update({k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None})
@@ -114,7 +113,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
     plan = place(
-        flags.algo, tables, topology, seed=flags.seed, cost_model=flags.cost_model, settings=flags.algorithm_settings()
+        flags.algo,
+        tables,
+        topology,
+        seed=flags.seed,
+        cost_model=flags.cost_model,
+        settings=flags.algorithm_settings(),
+        settings_source=flags.search_config,
     )
     save_plan(flags.out, plan)
     estimate = plan.estimate

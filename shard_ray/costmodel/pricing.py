@@ -1,4 +1,4 @@
-"""Pricing placements with the cost models: items (a table's column range) on devices.
+"""Pricing placements with the cost models: pieces (a table's column range) on devices.
 
 Shared by the searches and the RL environment. The compute model works on sums of per-table
 rows, so a device's running sum plus one item's row prices the device with that item in one
@@ -11,10 +11,8 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.plan.plan import Piece
 from shard_ray.plan.topology import Topology, shard_bytes
-from shard_ray.workload.tables import TableSpec
-
-Item = tuple[TableSpec, tuple[int, int]]  # a table and the column range this item covers
 
 
 class Pricer:
@@ -25,7 +23,7 @@ class Pricer:
         self.topology = topology
         self._encodings: dict[tuple[str, tuple[int, int]], torch.Tensor] = {}
 
-    def encodings(self, items: list[Item]) -> torch.Tensor:
+    def encodings(self, items: list[Piece]) -> torch.Tensor:
         missing = [(t, c) for t, c in items if (t.name, c) not in self._encodings]
         if missing:
             encoded = self.models.encode_tables([(t, c[1] - c[0]) for t, c in missing], self.topology.batch_size)
@@ -56,13 +54,13 @@ class Pricer:
         return self.compute(sums, counts) + self.comm(device_widths)
 
 
-def item_sizes(items: list[Item], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+def item_sizes(items: list[Piece], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     """Each item's width (columns) and memory need (bytes, with optimizer state)."""
     widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
     need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
     return widths, need
 
 
-def single_costs(pricer: Pricer, items: list[Item]) -> np.ndarray:
+def single_costs(pricer: Pricer, items: list[Piece]) -> np.ndarray:
     enc = pricer.encodings(items)
     return pricer.compute(enc, torch.ones(len(items)))

@@ -7,8 +7,6 @@ plan costs its slowest device.
 
 from __future__ import annotations
 
-import numpy as np
-
 from shard_ray.costmodel.models import CostModels
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
@@ -38,13 +36,3 @@ class Simulator:
             hardware=f"simulated:{self.models.hardware}",
             batch_size=batch_size,
         )
-
-
-def simulation_error(simulated: list[float], measured: list[float]) -> dict[str, float]:
-    """Mean absolute percentage error and the mean signed error of simulated plan costs."""
-    sim, real = np.asarray(simulated), np.asarray(measured)
-    return {
-        "mape": float(np.mean(np.abs(sim - real) / real)),
-        "mean_signed_error": float(np.mean((sim - real) / real)),
-        "n": int(len(real)),
-    }

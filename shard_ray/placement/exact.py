@@ -12,16 +12,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
-from shard_ray.placement.base import Placer, register
+from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.search import (
     NEUROSHARD,
     Candidate,
     candidate_plan,
     greedy_grid,
 )
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, table_wise
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -33,7 +32,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     """The best table-wise plan by simulated cost, and whether it is proven optimal (budget not hit)."""
     topology = pricer.topology
     d = topology.num_devices
-    items = [(t, (0, t.dim)) for t in tables]
+    items = table_wise(tables)
     order = np.argsort(-single_costs(pricer, items), kind="stable")
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
@@ -88,14 +87,11 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     "optimal",
     "exact",
     f"branch and bound: the best table-wise plan under the cost models (up to {MAX_TABLES} tables)",
-    needs_cost_model=True,
     max_tables=MAX_TABLES,
 )
-def optimal(models: CostModels, seed: int = 0) -> Placer:
+def optimal(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        candidate, proven = branch_and_bound(Pricer(models, topology), tables)
-        plan = candidate_plan(candidate, topology.num_devices, "optimal")
-        plan.metadata["proven_optimal"] = proven
-        return plan
+        candidate, context.proven_optimal = branch_and_bound(Pricer(context.models, topology), tables)
+        return candidate_plan(candidate, topology.num_devices, "optimal")
 
     return placer

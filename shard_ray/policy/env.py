@@ -4,7 +4,7 @@
 single-table cost, largest first; the action is the device of the current table. Observations
 are built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost
 models' predictions, so no hardware runs inside the RL loop. The same state drives training
-(`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.placement.dreamshard`).
+(`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.policy.decode`).
 
 Rewards are dense and telescoping: step t earns -(C_t - C_{t-1}) / L, where C_t is the
 simulated cost of the partial plan (its slowest device) and L the task's lower bound, so an
@@ -28,7 +28,7 @@ from shard_ray.costmodel.features import NUM_TABLE_FEATURES, TABLE_FEATURES, tab
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import Plan, Shard
+from shard_ray.plan.plan import Plan, table_wise
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
@@ -65,7 +65,7 @@ class PlacementState:
         self.topology = topology
         self.models = models
         self.pricer = Pricer(models, topology)
-        items = [(t, (0, t.dim)) for t in tables]
+        items = table_wise(tables)
         singles = single_costs(self.pricer, items)
         order = np.argsort(-singles, kind="stable")
         self.tables = [tables[i] for i in order]
@@ -175,8 +175,7 @@ class PlacementState:
     def plan(self, algorithm: str) -> Plan:
         if not self.done:
             raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.tables)} tables placed")
-        shards = [Shard(table=t.name, device=int(dev), columns=(0, t.dim)) for t, dev in zip(self.tables, self.assign)]
-        return Plan(num_devices=self.topology.num_devices, algorithm=algorithm, shards=shards)
+        return Plan.from_assignment(self.items, self.assign, self.topology.num_devices, algorithm)
 
 
 @dataclass

@@ -27,8 +27,8 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import TrainConfig, update_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
-from shard_ray.placement.dreamshard import policy_placer
 from shard_ray.plan.topology import Topology
+from shard_ray.policy.decode import policy_placer
 from shard_ray.policy.network import DeviceScorer
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,

@@ -268,7 +268,7 @@ def validation_score(
 
     A task where it gets stuck (the next table fits nowhere) scores 1 + INFEASIBLE_PENALTY.
     """
-    from shard_ray.placement.dreamshard import roll_out
+    from shard_ray.policy.decode import roll_out
     from shard_ray.policy.env import INFEASIBLE_PENALTY
 
     scores, stuck = [], 0

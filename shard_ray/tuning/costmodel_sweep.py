@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import setting
+from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.train import (
     FEATURE_SCALINGS,
     LOSSES,
@@ -30,7 +30,7 @@ from shard_ray.costmodel.train import (
 )
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 
 METRIC = "val_mape"
 SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "patience", "loss", "feature_scaling")

@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import setting
+from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import COST_SEARCH, SearchConfig, search_placer
 from shard_ray.plan.topology import Topology
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"

@@ -27,15 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from shard_ray.configfile import Kind, TunedConfig, setting
+from shard_ray.errors import ShardRayError
+from shard_ray.io import write_atomic, write_json
 
-from shard_ray.configfile import setting
-from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import read_document, write_atomic, write_json
-
-TUNED_FORMAT = "shard-ray-tuned/1"
 SEARCH_ALGORITHMS = ("optuna", "random")
-Kind = Literal["costmodel", "search", "policy"]
 
 
 @dataclass(frozen=True)
@@ -57,52 +53,6 @@ class SweepConfig:
             raise ShardRayError(f"max_failures must be 0 or more, got {self.max_failures}")
         if self.search not in SEARCH_ALGORITHMS:
             raise ShardRayError(f"unknown search algorithm {self.search!r}; known: {', '.join(SEARCH_ALGORITHMS)}")
-
-
-class TunedConfig(BaseModel):
-    """The best configuration a sweep found."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal["shard-ray-tuned/1"] = TUNED_FORMAT
-    kind: Kind
-    config: dict[str, Any]
-    metric: str
-    mode: Literal["min", "max"]
-    value: float
-    trials: int
-    sweep: str
-    notes: dict[str, Any] = {}
-
-
-def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
-    """The configuration in a tuned-config file of `kind`."""
-    document = read_document(path, "tuned config")
-    if not isinstance(document, dict) or document.get("format") != TUNED_FORMAT:
-        raise ShardRayError(f'{path} is not a tuned-config file (expected "format": "{TUNED_FORMAT}")')
-    try:
-        tuned = TunedConfig.model_validate(document)
-    except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"tuned config {path}")) from None
-    if tuned.kind != kind:
-        raise ShardRayError(f"{path} holds a tuned {tuned.kind} configuration, not a {kind} one")
-    return tuned.config
-
-
-def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
-    """`cls(**values)` with lists made tuples (JSON has no tuples) and unknown keys refused."""
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
-    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    try:
-        config = cls(**converted)
-    except TypeError as err:
-        raise ShardRayError(f"{what}: {err}") from None
-    if hasattr(config, "check"):
-        config.check()
-    return config
 
 
 def run_sweep(
