@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic_core import to_jsonable_python
+
 from shard_ray.configfile import dataclass_from
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
@@ -136,7 +138,7 @@ def place(
         batch_size=topology.batch_size,
         optimizer=topology.optimizer,
         seed=seed,
-        algorithm=asdict(context.settings) if context.settings is not None else {},
+        algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=settings_source,
     )
     plan = plan.model_copy(
