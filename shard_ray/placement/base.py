@@ -84,8 +84,14 @@ def register(
     return decorate
 
 
+# Families in the order listings show them: baselines first, TorchRec's planner last.
+FAMILIES = ("heuristic", "search", "exact", "rl", "planner")
+
+
 def algorithms() -> list[AlgorithmInfo]:
-    return list(_REGISTRY.values())
+    """Every registered algorithm, by family (unknown families last), in registration order within one."""
+    rank = {family: i for i, family in enumerate(FAMILIES)}
+    return sorted(_REGISTRY.values(), key=lambda info: rank.get(info.family, len(FAMILIES)))
 
 
 def algorithm(name: str) -> AlgorithmInfo:
