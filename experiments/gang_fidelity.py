@@ -46,21 +46,18 @@ def main() -> None:
     plan = place("lookup_greedy", tables, topology)
     config = MeasureConfig.for_topology(topology, repeats=args.repeats, seed=args.seed)
     print(connect_ray(min_cpus=args.devices))
-    gang = DeviceGang(args.devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}")
-    try:
+    with DeviceGang(args.devices) as gang:
         gang.take_turns = True
         in_turn = gang.evaluate(plan, tables, config)
         gang.take_turns = False
         at_once = gang.evaluate(plan, tables, config)
-    finally:
-        gang.shutdown()
-    profiler = ProfilingPool(1)
-    hardware = profiler.hardware
-    with tempfile.TemporaryDirectory() as tmp, MeasurementStore(Path(tmp) / "reference.db") as store:
+    with (
+        ProfilingPool(1) as profiler,
+        tempfile.TemporaryDirectory() as tmp,
+        MeasurementStore(Path(tmp) / "reference.db") as store,
+    ):
+        hardware = profiler.hardware
         reference = profiler.measure(plan_parts(plan, tables), config, store, progress=False)
-    profiler.shutdown()
 
     rows = []
     for turn, once, ref in zip(in_turn.devices, at_once.devices, reference):

@@ -124,12 +124,9 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
             f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it"
         )
     write_json(settings_file, settings)
-    gang = DeviceGang(config.devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}", flush=True)
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
-    try:
+    with DeviceGang(config.devices) as gang:
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
@@ -182,8 +179,6 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows),
                 flush=True,
             )
-    finally:
-        gang.shutdown()
     report = summarise(per_task, failures, heuristics)
     report.update({"settings": settings, "hardware": gang.hardware, "warnings": gang.warnings, "tasks": len(tasks)})
     write_report(report, out, config)

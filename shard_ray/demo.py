@@ -90,20 +90,18 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     print(connect_ray(config.address, min_cpus=config.num_devices))
     measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
     shards = draw_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
-    profiler = ProfilingPool(num_actors=min(2, config.num_devices))
-    with MeasurementStore(workdir / "measurements.db") as store:
+    with (
+        ProfilingPool(num_actors=min(2, config.num_devices)) as profiler,
+        MeasurementStore(workdir / "measurements.db") as store,
+    ):
         measurements = profiler.measure(shards, measure_config, store)
-    profiler.shutdown()
     ratio = fused_vs_singles(measurements)
     print(f"{len(measurements)} shards measured on {profiler.hardware} -> {workdir / 'measurements.db'}")
     if ratio is not None:
         print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")
 
     print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
-    gang = DeviceGang(config.num_devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}")
-    try:
+    with DeviceGang(config.num_devices) as gang:
         comparison = compare_algorithms(
             tables,
             topology,
@@ -115,8 +113,6 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
             out_dir=workdir,
             seed=config.seed,
         )
-    finally:
-        gang.shutdown()
     rows = comparison.rows
     for name, why in comparison.failures.items():
         print(f"{name} could not plan the task: {why}")

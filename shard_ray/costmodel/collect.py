@@ -74,10 +74,7 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
     """Measure `samples` plans per device count on a gang of that size; returns how many were new."""
     before = store.count("plan_measurements")
     for num_devices in config.device_counts:
-        gang = DeviceGang(num_devices)
-        for warning in gang.warnings:
-            print(f"warning: {warning}")
-        try:
+        with DeviceGang(num_devices) as gang:
             samples = draw_comm_plans(pool, num_devices, config.samples, config, config.seed + num_devices)
             todo = []
             for i, (plan, tables) in enumerate(samples):
@@ -94,6 +91,4 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
             ):
                 cost = gang.evaluate(plan, tables, measure)
                 store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
-        finally:
-            gang.shutdown()
     return store.count("plan_measurements") - before

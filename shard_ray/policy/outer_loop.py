@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -140,21 +141,22 @@ def run_outer_loop(
 
     # Env runners start on the models they can load anywhere, then get the loop's current ones.
     algo = build_algorithm(policy_config, pool, cost_model)
-    gang = profiler = logger = None
-    try:
+    # Whatever happens, the MLflow run is closed and the gang, the pool and RLlib are stopped (in that order).
+    with ExitStack() as resources:
+        resources.callback(algo.stop)
         restore_checkpoint(algo, checkpoint_dir)
         set_cost_models(algo, models)
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
-        gang = DeviceGang(loop.gang_devices)
-        for warning in gang.warnings:
-            print(f"warning: {warning}")
-        profiler = ProfilingPool(loop.profiling_actors)
+        gang = resources.enter_context(DeviceGang(loop.gang_devices))
+        profiler = resources.enter_context(ProfilingPool(loop.profiling_actors))
         if profiler.hardware != models.hardware:
             print(
                 f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}"
             )
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info) if tracking_uri else None
+        if logger:
+            resources.callback(logger.close, policy_file)
         with MeasurementStore(store_path or out / "measurements.db") as store:
             for round_index in range(len(history), loop.rounds):
                 print(f"== round {round_index + 1}/{loop.rounds}: (a) measuring the policy's plans")
@@ -191,11 +193,4 @@ def run_outer_loop(
                 if logger:
                     logger.log_metrics({k: v for k, v in record.items() if isinstance(v, float)}, step=round_index + 1)
                 print(f"   round {round_index + 1}: {json.dumps(record)}")
-    finally:
-        if logger:
-            logger.close(policy_file)
-        for part in (gang, profiler):
-            if part is not None:
-                part.shutdown()
-        algo.stop()
     return policy_file

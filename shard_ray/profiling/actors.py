@@ -64,8 +64,15 @@ class ProfilingPool:
         self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
         hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
         if len(hardware) != 1:
-            raise RuntimeError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+            self.shutdown()
+            raise ShardRayError(f"profiling actors landed on different hardware: {sorted(hardware)}")
         self.hardware = hardware.pop()
+
+    def __enter__(self) -> ProfilingPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def measure(
         self,

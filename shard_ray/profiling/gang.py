@@ -21,6 +21,7 @@ import datetime
 import os
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -178,6 +179,14 @@ class DeviceGang:
         self.members: list[Any] = []
         self._group: PlacementGroup | None = None
         self._start()
+        for warning in self.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> DeviceGang:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def _start(self) -> None:
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}

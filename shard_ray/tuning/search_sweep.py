@@ -142,11 +142,8 @@ def measure_candidates(
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.tracking.mlflow_runs import log_plan_evaluation
 
-    gang = DeviceGang(settings.devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}", flush=True)
     ratios: dict[str, list[float]] = {label: [] for label in candidates}
-    try:
+    with DeviceGang(settings.devices) as gang:
         for index, (tables, topology) in enumerate(tasks):
             plans = []
             for label, config in candidates.items():
@@ -168,8 +165,6 @@ def measure_candidates(
                 + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)),
                 flush=True,
             )
-    finally:
-        gang.shutdown()
     return {label: statistics.mean(values) for label, values in ratios.items()}
 
 
