@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -303,3 +304,38 @@ def test_help_and_bad_commands_answer_without_loading_torch_or_ray():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
+
+
+def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ray(tmp_path, table_file):
+    import os
+    import time
+
+    plan = tmp_path / "huge.json"
+    shards = [
+        {"table": n, "device": i, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
+    ]
+    plan.write_text(json.dumps({"num_devices": 500, "algorithm": "x", "shards": shards}))
+    shard_ray = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
+    began = time.perf_counter()
+    result = subprocess.run(
+        [
+            shard_ray,
+            "evaluate",
+            "--tables",
+            str(table_file),
+            "--plan",
+            str(plan),
+            "--memory-gb",
+            "1",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "500 devices" in lines[0] and "--address" in lines[0], lines
+    assert time.perf_counter() - began < 60 and not (tmp_path / "r.json").exists()
