@@ -33,6 +33,7 @@ from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
@@ -170,7 +171,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                     "improvement": 1.0 - r.cost.cost_ms / best_heuristic,
                     "over_bound": r.cost.cost_ms / bound - 1.0,
                     "placement_ms": r.plan.placement_seconds * 1e3,
-                    "sim_error": abs(simulated - r.cost.cost_ms) / r.cost.cost_ms,
+                    "sim_error": mape([simulated], [r.cost.cost_ms]),
                 }
             per_task[name] = records
             write_json(done_file, {"records": records, "failures": comparison.failures})

@@ -99,7 +99,7 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     shards = draw_augmented_shards(pool, 60, 4, (8, 16, 64, 128), seed=1)
     with MeasurementStore(tmp_path / "m.db") as store:
         for parts in shards:
-            store.put(measure_fused_shard(parts, config, "cpu:test"))
+            store.put_shard(measure_fused_shard(parts, config, "cpu:test"))
         models, report = train_cost_models(
             store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
         )
@@ -228,7 +228,7 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     with MeasurementStore(store_path) as store:
         for parts in draw_augmented_shards(unseen, 6, 3, (16, 64), seed=2):
             # labelled with the model's hardware: this checks the command, not the accuracy
-            store.put(measure_fused_shard(parts, config, shipped.hardware))
+            store.put_shard(measure_fused_shard(parts, config, shipped.hardware))
     code = main(
         [
             "costmodel",

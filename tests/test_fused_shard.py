@@ -87,12 +87,12 @@ def test_store_keeps_each_key_once_and_persists(tmp_path, small_tables):
     m = measure_fused_shard([ShardTable.whole(small_tables[0])], SMALL, "cpu:test")
     path = tmp_path / "store.db"
     with MeasurementStore(path) as store:
-        assert store.put(m) is True
-        assert store.put(m) is False
+        assert store.put_shard(m) is True
+        assert store.put_shard(m) is False
         assert store.known_keys([m.key, "nope"]) == {m.key}
     with MeasurementStore(path) as store:
         assert store.count() == 1
-        assert store.get(m.key) == m
+        assert store.get_shard(m.key) == m
         assert store.summary() == {"cpu:test": {"ok": 1}}
 
 

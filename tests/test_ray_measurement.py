@@ -27,7 +27,7 @@ def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session,
             planted_parts = shards[0]
             planted = pool.actors[0].measure.remote(planted_parts, CONFIG)
             record = ray_session.get(planted).model_copy(update={"fwd_ms": 12345.0})
-            store.put(record)
+            store.put_shard(record)
             results = pool.measure(shards, CONFIG, store, progress=False)
             assert len(results) == len(shards)
             assert results[0].fwd_ms == 12345.0

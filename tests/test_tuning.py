@@ -30,7 +30,7 @@ def store_file(pool_file) -> Path:
     path = pool_file.parent / "measurements.db"
     with MeasurementStore(path) as store:
         for parts in draw_augmented_shards(load_tables(pool_file), 50, 4, (8, 16, 64), seed=1):
-            store.put(measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test"))
+            store.put_shard(measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test"))
     return path
 
 

@@ -37,6 +37,4 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     own_grid, widest_grid = np.meshgrid(own, widest)
     feasible = own_grid <= widest_grid
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
-    with torch.no_grad():
-        comm = torch.exp(models.comm(torch.from_numpy(features))).sum(dim=1)
-    return compute + float(comm.min())
+    return compute + float(models.comm_ms(features).sum(axis=1).min())

@@ -193,11 +193,17 @@ class CostModels:
         return ms
 
     @torch.no_grad()
+    def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Predicted (fwd, bwd) all-to-all ms [n, 2] of devices given by comm feature rows; zeros without a comm model."""
+        if self.comm is None:
+            return np.zeros((len(features), 2))
+        return torch.exp(self.comm(torch.as_tensor(features))).numpy()
+
     def predict_comm(self, widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
-        """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths; zeros without a comm model."""
-        if self.comm is None or len(widths) == 1:
-            return np.zeros((len(widths), 2))
-        return torch.exp(self.comm(torch.from_numpy(comm_features(widths, batch_size)))).numpy()
+        """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths of one plan; zeros on one device."""
+        if len(widths) == 1:
+            return np.zeros((1, 2))
+        return self.comm_ms(comm_features(widths, batch_size))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         buffer = io.BytesIO()

@@ -40,11 +40,8 @@ class Pricer:
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
-        if self.models.comm is None:
-            return np.zeros(len(width))
         features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
-        with torch.no_grad():
-            return torch.exp(self.models.comm(torch.from_numpy(features))).numpy().sum(axis=1)
+        return self.models.comm_ms(features).sum(axis=1)
 
     def device_costs(self, encodings: torch.Tensor, widths: np.ndarray, assign: np.ndarray) -> np.ndarray:
         d = self.topology.num_devices

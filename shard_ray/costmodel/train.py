@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -242,13 +242,18 @@ def train_comm_model(
 # ---------------------------------------------------------------- metrics
 
 
+def mape(predicted: Sequence[float] | np.ndarray, measured: Sequence[float] | np.ndarray) -> float:
+    """Mean absolute percentage error (a fraction) of predicted against measured values."""
+    predicted, measured = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
 def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | None]:
     """MAPE (fraction) and Spearman rank correlation of predicted vs measured; None without data."""
     if len(measured) == 0:
         return {"mape": None, "spearman": None, "n": 0}
-    mape = float(np.mean(np.abs(predicted - measured) / measured))
     rho = float(spearmanr(predicted, measured).statistic) if len(measured) > 2 else None
-    return {"mape": mape, "spearman": rho, "n": int(len(measured))}
+    return {"mape": mape(predicted, measured), "spearman": rho, "n": int(len(measured))}
 
 
 def describe_accuracy(name: str, metrics: dict[str, float | None]) -> str:
@@ -281,9 +286,7 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
     x, y = comm_samples(plans)
     if models.comm is None or len(x) == 0:
         return accuracy(np.zeros(0), np.zeros(0))
-    with torch.no_grad():
-        predicted = torch.exp(models.comm(x)).numpy().sum(axis=1)
-    return accuracy(predicted, torch.exp(y).numpy().sum(axis=1))
+    return accuracy(models.comm_ms(x).sum(axis=1), torch.exp(y).numpy().sum(axis=1))
 
 
 # ---------------------------------------------------------------- the whole job

@@ -25,7 +25,7 @@ from typing import Any
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.costmodel.train import TrainConfig, update_cost_models
+from shard_ray.costmodel.train import TrainConfig, mape, update_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology
@@ -185,7 +185,7 @@ def run_outer_loop(
                     "round": round_index + 1,
                     "plans_measured": len(pairs),
                     "mean_measured_cost_ms": statistics.mean(m for _, m in pairs) if pairs else None,
-                    "model_error": statistics.mean(abs(p - m) / m for p, m in pairs) if pairs else None,
+                    "model_error": mape(*zip(*pairs)) if pairs else None,
                     "policy_episode_return": returns[-1] if returns else None,
                 }
                 history.append(record)

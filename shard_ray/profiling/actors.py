@@ -111,10 +111,10 @@ class ProfilingPool:
                     bar.write(f"a profiling actor died for good; {len(self.actors)} left")
                     continue
                 idle.append(actor)
-                store.put(measurement)
+                store.put_shard(measurement)
                 bar.update(1)
         bar.close()
-        return [store.get(key) for key in keys]  # type: ignore[misc]
+        return [store.get_shard(key) for key in keys]  # type: ignore[misc]
 
     def shutdown(self) -> None:
         for actor in self.actors:

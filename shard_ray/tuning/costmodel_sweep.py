@@ -22,9 +22,9 @@ from shard_ray.costmodel.train import (
     LOSSES,
     ComputeData,
     TrainConfig,
-    accuracy,
     compute_data,
     compute_splits,
+    mape,
     step_compute_ms,
     train_compute_model,
 )
@@ -70,8 +70,9 @@ def train_config_from(trial: dict[str, Any], seed: int) -> TrainConfig:
     return dataclass_from(TrainConfig, {**{k: trial[k] for k in SWEPT}, "seed": seed}, "cost-model trial")
 
 
-def mape(model: Any, data: ComputeData | None) -> float | None:
-    return None if data is None else accuracy(*step_compute_ms(model, data))["mape"]
+def split_mape(model: Any, data: ComputeData | None) -> float | None:
+    """The model's MAPE on one data split, None when the split is empty."""
+    return None if data is None else mape(*step_compute_ms(model, data))
 
 
 def cost_model_trial(trial: dict[str, Any], data: dict[str, ComputeData], settings: CostModelSweepConfig) -> None:
@@ -85,10 +86,10 @@ def cost_model_trial(trial: dict[str, Any], data: dict[str, ComputeData], settin
         nonlocal epochs
         epochs = epoch + 1
         if epochs % settings.report_every == 0:
-            tune.report({METRIC: mape(model, data["val"]), "val_loss": loss, "epoch": epochs})
+            tune.report({METRIC: split_mape(model, data["val"]), "val_loss": loss, "epoch": epochs})
 
     model = train_compute_model(data["train"], data["val"], config, on_epoch=report)
-    final = {f"{name}_mape": mape(model, data.get(name)) for name in ("val", "test", "unseen")}
+    final = {f"{name}_mape": split_mape(model, data.get(name)) for name in ("val", "test", "unseen")}
     tune.report({**{k: v for k, v in final.items() if v is not None}, "epoch": epochs, "finished": 1})
 
 
