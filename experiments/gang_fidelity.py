@@ -23,7 +23,7 @@ from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import DeviceGang, plan_parts
+from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -57,7 +57,7 @@ def main() -> None:
         MeasurementStore(Path(tmp) / "reference.db") as store,
     ):
         hardware = profiler.hardware
-        reference = profiler.measure(plan_parts(plan, tables), config, store, progress=False)
+        reference = profiler.measure(plan.pieces(tables), config, store, progress=False)
 
     rows = []
     for turn, once, ref in zip(in_turn.devices, at_once.devices, reference):

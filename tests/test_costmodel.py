@@ -26,6 +26,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
+from shard_ray.plan.plan import TablePiece, table_wise
 from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_shards
 from shard_ray.profiling.store import MeasurementStore
@@ -82,7 +83,7 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
     path = tmp_path / "m.pt"
     shipped.save(path)
     again = CostModels.load(path)
-    shards = [[(TableSpec(name="a", rows=1000, dim=32, pooling_factor=3.0), 32)], []]
+    shards = [[TablePiece.whole(TableSpec(name="a", rows=1000, dim=32, pooling_factor=3.0))], []]
     assert np.allclose(again.predict_shards(shards, 1024), shipped.predict_shards(shards, 1024))
     assert again.hardware == shipped.hardware and again.predict_shards(shards, 1024)[1].sum() == 0
     junk = tmp_path / "junk.pt"
@@ -107,8 +108,8 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     assert report["compute_seen"]["n"] > 0 and report["compute_unseen"]["n"] == 0
     assert models.info["num_shards"]["train"] > 40
     # a shard of many wide, heavily pooled tables costs more than one narrow table
-    big = [(t.model_copy(update={"pooling_factor": 50.0}), 128) for t in pool[:4]]
-    small = [(pool[0].model_copy(update={"pooling_factor": 1.0}), 8)]
+    big = [TablePiece(table=t.model_copy(update={"pooling_factor": 50.0}), columns=(0, 128)) for t in pool[:4]]
+    small = [TablePiece(table=pool[0].model_copy(update={"pooling_factor": 1.0}), columns=(0, 8))]
     predicted = models.predict_shards([big, small], 64).sum(axis=1)
     assert predicted[0] > predicted[1]
 
@@ -169,7 +170,7 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     pricer = Pricer(shipped, topology)
     candidate, proven = branch_and_bound(pricer, tables)
     assert proven
-    enc = pricer.encodings([(t, (0, t.dim)) for t in tables])
+    enc = pricer.encodings(table_wise(tables))
     widths = np.array([t.dim for t in tables], dtype=float)
     brute = min(
         float(pricer.device_costs(enc, widths, np.array(assign)).max())

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.plan.plan import Piece
+from shard_ray.plan.plan import TablePiece
 from shard_ray.plan.topology import Topology, shard_bytes
 
 
@@ -23,13 +23,13 @@ class Pricer:
         self.topology = topology
         self._encodings: dict[tuple[str, tuple[int, int]], torch.Tensor] = {}
 
-    def encodings(self, items: list[Piece]) -> torch.Tensor:
-        missing = [(t, c) for t, c in items if (t.name, c) not in self._encodings]
+    def encodings(self, items: list[TablePiece]) -> torch.Tensor:
+        missing = [p for p in items if (p.table.name, p.columns) not in self._encodings]
         if missing:
-            encoded = self.models.encode_tables([(t, c[1] - c[0]) for t, c in missing], self.topology.batch_size)
-            for (t, c), e in zip(missing, encoded):
-                self._encodings[(t.name, c)] = e
-        return torch.stack([self._encodings[(t.name, c)] for t, c in items])
+            encoded = self.models.encode_tables(missing, self.topology.batch_size)
+            for p, e in zip(missing, encoded):
+                self._encodings[(p.table.name, p.columns)] = e
+        return torch.stack([self._encodings[(p.table.name, p.columns)] for p in items])
 
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
@@ -51,13 +51,13 @@ class Pricer:
         return self.compute(sums, counts) + self.comm(device_widths)
 
 
-def item_sizes(items: list[Piece], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+def item_sizes(items: list[TablePiece], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     """Each item's width (columns) and memory need (bytes, with optimizer state)."""
-    widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
-    need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
+    widths = np.array([p.width for p in items], dtype=np.float64)
+    need = np.array([shard_bytes(p.table, p.width, topology.optimizer) for p in items], dtype=np.int64)
     return widths, need
 
 
-def single_costs(pricer: Pricer, items: list[Piece]) -> np.ndarray:
+def single_costs(pricer: Pricer, items: list[TablePiece]) -> np.ndarray:
     enc = pricer.encodings(items)
     return pricer.compute(enc, torch.ones(len(items)))

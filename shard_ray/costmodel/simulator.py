@@ -18,10 +18,9 @@ class Simulator:
         self.models = models
 
     def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
-        by_name = {t.name: t for t in tables}
-        shards = [[(by_name[s.table], s.width) for s in plan.shards_on(d)] for d in range(plan.num_devices)]
+        shards = plan.pieces(tables)
         compute = self.models.predict_shards(shards, batch_size)
-        comm = self.models.predict_comm([sum(w for _, w in shard) for shard in shards], batch_size)
+        comm = self.models.predict_comm([sum(p.width for p in shard) for shard in shards], batch_size)
         return PlanCost(
             devices=[
                 DeviceCost(

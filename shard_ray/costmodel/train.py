@@ -92,9 +92,7 @@ class ComputeData:
 
 
 def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
-    features, mask = pad_shards(
-        [parts_features([(p.table, p.width) for p in m.tables], m.config.rows_cap_on(m.hardware)) for m in measurements]
-    )
+    features, mask = pad_shards([parts_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements])
     return ComputeData(
         features=features,
         mask=mask,

@@ -25,7 +25,7 @@ from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
-from shard_ray.plan.plan import Piece, Plan, table_wise
+from shard_ray.plan.plan import Plan, TablePiece, table_wise
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -62,12 +62,12 @@ COST_SEARCH = SearchConfig()
 
 @dataclass
 class Candidate:
-    items: list[Piece]
+    items: list[TablePiece]
     assign: np.ndarray
     cost: float
 
 
-def greedy_grid(pricer: Pricer, items: list[Piece], scales: tuple[float, ...]) -> Candidate:
+def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...]) -> Candidate:
     """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
 
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
@@ -86,7 +86,7 @@ def greedy_grid(pricer: Pricer, items: list[Piece], scales: tuple[float, ...]) -
 
 
 def _greedy_passes(
-    pricer: Pricer, items: list[Piece], scales: tuple[float, ...], order: np.ndarray
+    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], order: np.ndarray
 ) -> Candidate | None:
     """One greedy pass per scale, side by side: one model call per table prices it everywhere."""
     topology = pricer.topology
@@ -195,14 +195,13 @@ def local_search(
     return Candidate(items, assign, cost)
 
 
-def split_item(item: Piece, ways: int) -> list[Piece] | None:
+def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
     """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4."""
-    table, (start, end) = item
-    width = end - start
+    start, width = item.columns[0], item.width
     if width % (4 * ways):
         return None
     step = width // ways
-    return [(table, (start + k * step, start + (k + 1) * step)) for k in range(ways)]
+    return [TablePiece(table=item.table, columns=(start + k * step, start + (k + 1) * step)) for k in range(ways)]
 
 
 def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -> Candidate:
@@ -243,8 +242,8 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
     return min(finalists, key=lambda c: c.cost)
 
 
-def _signature(items: list[Piece]) -> frozenset:
-    return frozenset((t.name, c) for t, c in items)
+def _signature(items: list[TablePiece]) -> frozenset:
+    return frozenset((p.table.name, p.columns) for p in items)
 
 
 def candidate_plan(candidate: Candidate, num_devices: int, algorithm: str) -> Plan:

@@ -27,12 +27,37 @@ from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.topology import GB, Optimizer, Topology, shard_bytes
 from shard_ray.workload.tables import TableSpec
 
-Piece = tuple[TableSpec, tuple[int, int]]  # a table and the column range of it being placed
+
+class TablePiece(BaseModel):
+    """A table, or a column range of it: what a device holds of a table, priced, profiled and placed as one.
+
+    The plan file records it as a `Shard` (the table's name, a device, the range); the searches,
+    the cost models and the profilers work on pieces, which carry the table's whole spec.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: TableSpec
+    columns: tuple[int, int]
+
+    @classmethod
+    def whole(cls, table: TableSpec) -> TablePiece:
+        return cls(table=table, columns=(0, table.dim))
+
+    @property
+    def width(self) -> int:
+        return self.columns[1] - self.columns[0]
+
+    def content(self) -> dict:
+        """What determines this piece's cost: the table's spec less its name, and the width."""
+        spec = self.table.model_dump(mode="json", exclude={"name"})
+        spec["dim"] = self.width
+        return spec
 
 
-def table_wise(tables: list[TableSpec]) -> list[Piece]:
+def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
     """Each table whole: the pieces of a table-wise plan."""
-    return [(t, (0, t.dim)) for t in tables]
+    return [TablePiece.whole(t) for t in tables]
 
 
 class Shard(BaseModel):
@@ -127,10 +152,22 @@ class Plan(BaseModel):
         return _lift_legacy_metadata(data)
 
     @classmethod
-    def from_assignment(cls, pieces: list[Piece], devices: Sequence[int], num_devices: int, algorithm: str) -> Plan:
+    def from_assignment(
+        cls, pieces: list[TablePiece], devices: Sequence[int], num_devices: int, algorithm: str
+    ) -> Plan:
         """The plan putting each piece (a table's column range) on its device."""
-        shards = [Shard(table=t.name, device=int(d), columns=c) for (t, c), d in zip(pieces, devices, strict=True)]
+        shards = [
+            Shard(table=p.table.name, device=int(d), columns=p.columns) for p, d in zip(pieces, devices, strict=True)
+        ]
         return cls(num_devices=num_devices, algorithm=algorithm, shards=shards)
+
+    def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
+        """What every device holds, in plan order: its fused shard."""
+        by_name = {t.name: t for t in tables}
+        return [
+            [TablePiece(table=by_name[s.table], columns=s.columns) for s in self.shards_on(d)]
+            for d in range(self.num_devices)
+        ]
 
     def shards_on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]

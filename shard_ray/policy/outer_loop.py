@@ -43,7 +43,7 @@ from shard_ray.policy.ppo import (
 )
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import DeviceGang, plan_parts
+from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
 from shard_ray.workload.tables import TableSpec
 
@@ -94,7 +94,7 @@ def measure_policy_plans(
             print(f"  a task of {len(tables)} tables is skipped: {err}")
             continue
         config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
-        profiler.measure([parts for parts in plan_parts(plan, tables) if parts], config, store, progress=False)
+        profiler.measure([parts for parts in plan.pieces(tables) if parts], config, store, progress=False)
         key = plan_key(plan, tables, config, gang.hardware)
         stored = store.get_plan(key)
         if stored is not None:

@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, ShardTable, measure_fused_shard, shard_key
+from shard_ray.plan.plan import TablePiece
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard, shard_key
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.store import MeasurementStore
 
@@ -41,7 +42,7 @@ class ProfilingActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def measure(self, parts: list[ShardTable], config: MeasureConfig) -> ShardMeasurement:
+    def measure(self, parts: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
         return measure_fused_shard(parts, config, self._hardware)
 
 
@@ -76,7 +77,7 @@ class ProfilingPool:
 
     def measure(
         self,
-        shards: Sequence[list[ShardTable]],
+        shards: Sequence[list[TablePiece]],
         config: MeasureConfig,
         store: MeasurementStore,
         progress: bool = True,

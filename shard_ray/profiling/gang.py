@@ -35,9 +35,9 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, ShardTable
+from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig
 from shard_ray.profiling.hardware import hardware_id, measurement_device
 from shard_ray.workload.tables import TableSpec
 
@@ -46,15 +46,6 @@ def batch_slices(batch_size: int, num_devices: int) -> list[int]:
     """Rows of the global batch each device trains on after the all-to-all."""
     base, extra = divmod(batch_size, num_devices)
     return [base + (1 if d < extra else 0) for d in range(num_devices)]
-
-
-def plan_parts(plan: Plan, tables: list[TableSpec]) -> list[list[ShardTable]]:
-    """The fused shard of every device: its tables and column slices, in plan order."""
-    by_name = {t.name: t for t in tables}
-    return [
-        [ShardTable(table=by_name[s.table], columns=s.columns) for s in plan.shards_on(d)]
-        for d in range(plan.num_devices)
-    ]
 
 
 @ray.remote
@@ -95,7 +86,7 @@ class GangMember:
             dist.destroy_process_group()
 
     def run_plan(
-        self, parts: list[ShardTable], widths: list[int], config: MeasureConfig, take_turns: bool = False
+        self, parts: list[TablePiece], widths: list[int], config: MeasureConfig, take_turns: bool = False
     ) -> dict:
         """Time the real embedding step of this device's share of a plan; returns median ms per part.
 
@@ -241,7 +232,7 @@ class DeviceGang:
         if plan.num_devices != self.num_devices:
             raise ShardRayError(f"plan is for {plan.num_devices} devices but the gang has {self.num_devices}")
         plan.check(tables)
-        parts = plan_parts(plan, tables)
+        parts = plan.pieces(tables)
         widths = [sum(p.width for p in device_parts) for device_parts in parts]
         for attempt in range(self.max_retries + 1):
             try:
