@@ -81,7 +81,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     models = CostModels.load(flags.cost_model)
     with MeasurementStore(existing_store(flags.store)) as store:
         splits = split_compute_measurements(
-            store.measurements(models.hardware), set(models.info.get("train_tables", []))
+            store.shard_measurements(models.hardware), set(models.info.get("train_tables", []))
         )
         plans = store.plan_measurements(models.hardware)
     groups = {name: predicted_and_measured(models, splits[name]) for name in ("test", "unseen")}

@@ -291,7 +291,7 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
 
 
 def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
-    counts = Counter(m.hardware for m in store.measurements() if m.status == "ok")
+    counts = Counter(m.hardware for m in store.shard_measurements() if m.status == "ok")
     if hardware is not None:
         if hardware not in counts:
             raise ShardRayError(f"the store has no measurements on {hardware!r}; it has {sorted(counts)}")
@@ -306,7 +306,7 @@ def compute_splits(
 ) -> tuple[str, int | None, dict[str, list[ShardMeasurement]]]:
     """One hardware's shard measurements in their splits, with that hardware and their row cap."""
     hardware = main_hardware(store, hardware)
-    measurements = store.measurements(hardware)
+    measurements = store.shard_measurements(hardware)
     caps = {m.config.rows_cap_on(hardware) for m in measurements}
     if len(caps) > 1:
         raise ShardRayError(
@@ -371,7 +371,7 @@ def update_cost_models(
     hardware = hardware or models.hardware
     measurements = [
         m
-        for m in store.measurements(hardware)
+        for m in store.shard_measurements(hardware)
         if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
     ]
     if not measurements:

@@ -63,10 +63,13 @@ class ProfilingPool:
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
         options = resources_per_device(self.use_gpus)
         self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
-        hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
-        if len(hardware) != 1:
+        try:
+            hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
+            if len(hardware) != 1:
+                raise ShardRayError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+        except BaseException:  # Ctrl-C or a dead actor while starting: no actor is left running
             self.shutdown()
-            raise ShardRayError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+            raise
         self.hardware = hardware.pop()
 
     def __enter__(self) -> ProfilingPool:

@@ -176,21 +176,32 @@ class DeviceGang:
     def __enter__(self) -> DeviceGang:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # After an error (Ctrl-C included) members may be stuck in a collective: no polite leave.
+        if kind is None:
+            self.shutdown()
+        else:
+            self._stop()
 
     def _start(self) -> None:
+        """Reserve the devices, start the members and join them; on any failure nothing is left running."""
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}
         self._group = placement_group([bundle] * self.num_devices, strategy="PACK")
         try:
-            ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
-        except ray.exceptions.GetTimeoutError as err:
-            remove_placement_group(self._group)
-            available = ray.available_resources()
-            raise ShardRayError(
-                f"cannot reserve {self.num_devices} devices ({bundle} each) within {self.reserve_timeout_s:.0f}s; "
-                f"the cluster has {available.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} GPUs free"
-            ) from err
+            try:
+                ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
+            except ray.exceptions.GetTimeoutError as err:
+                available = ray.available_resources()
+                raise ShardRayError(
+                    f"cannot reserve {self.num_devices} devices ({bundle} each) within {self.reserve_timeout_s:.0f}s; "
+                    f"the cluster has {available.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} GPUs free"
+                ) from err
+            self._start_members()
+        except BaseException:
+            self._stop()
+            raise
+
+    def _start_members(self) -> None:
         options = resources_per_device(self.use_gpus)
         self.members = [
             GangMember.options(

@@ -154,7 +154,7 @@ class MeasurementStore:
         row = self._db.execute("SELECT record FROM shard_measurements WHERE key = ?", (key,)).fetchone()
         return None if row is None else ShardMeasurement.model_validate_json(row[0])
 
-    def measurements(self, hardware: str | None = None) -> list[ShardMeasurement]:
+    def shard_measurements(self, hardware: str | None = None) -> list[ShardMeasurement]:
         query, args = "SELECT record FROM shard_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)
