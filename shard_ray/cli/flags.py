@@ -16,7 +16,7 @@ import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, asdict, fields, is_dataclass
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -154,6 +154,22 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return values
 
 
+def merged_settings(
+    cls: type,
+    args: argparse.Namespace,
+    tuned: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    **fixed: Any,
+) -> dict[str, Any]:
+    """`cls`'s defaults, then `defaults`, then `tuned` (a tuned file's values), then the flags given, then `fixed`."""
+    values = asdict(cls())  # every settings field has a default; required flags default to None
+    values.update(defaults or {})
+    values.update(tuned or {})
+    values.update(given(args, cls))
+    values.update(fixed)
+    return values
+
+
 def settings_from(
     cls: type,
     args: argparse.Namespace,
@@ -161,18 +177,5 @@ def settings_from(
     defaults: Mapping[str, Any] | None = None,
     **fixed: Any,
 ) -> Any:
-    """`cls`'s defaults, then `defaults`, then `tuned` (a tuned file's values), then the flags given, then `fixed`.
-
-    The result is checked (`cls.check()` where it has one); bad values are one-line errors.
-    """
-    assert is_dataclass(cls)
-    values = asdict(cls()) if _has_all_defaults(cls) else {}
-    values.update(defaults or {})
-    values.update(tuned or {})
-    values.update(given(args, cls))
-    values.update(fixed)
-    return dataclass_from(cls, values, f"{cls.__name__} settings")
-
-
-def _has_all_defaults(cls: type) -> bool:
-    return all(f.default is not MISSING or f.default_factory is not MISSING for f in fields(cls))
+    """The settings object of `merged_settings`, checked (`cls.check()` where it has one); bad values are one-line errors."""
+    return dataclass_from(cls, merged_settings(cls, args, tuned, defaults, **fixed), f"{cls.__name__} settings")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
-from shard_ray.cli.flags import Parser, add_settings, settings_from
-from shard_ray.configfile import setting
+from shard_ray.cli.flags import Parser, add_settings, merged_settings, settings_from
+from shard_ray.configfile import dataclass_from, setting
 from shard_ray.policy.outer_loop import OuterLoopConfig
 from shard_ray.policy.ppo import PolicyConfig
 
@@ -57,13 +57,11 @@ def policy_inputs(
     flags = settings_from(PolicyArgs, args)
     pool = load_tables(flags.tables)
     tuned = load_tuned(flags.config, "policy") if flags.config else None
-    given = settings_from(PolicyConfig, args, tuned=tuned, defaults=defaults, **fixed)
+    values = merged_settings(PolicyConfig, args, tuned, defaults, **fixed)
     # the minibatch cannot exceed the batch, and observations must have room for every task's devices
-    config = replace(
-        given,
-        minibatch_size=min(given.minibatch_size, given.train_batch_size),
-        max_devices=max(given.max_devices, *given.devices),
-    )
+    values["minibatch_size"] = min(values["minibatch_size"], values["train_batch_size"])
+    values["max_devices"] = max(values["max_devices"], *values["devices"])
+    config = dataclass_from(PolicyConfig, values, "PPO settings")
     if flags.cost_model is not None:
         CostModels.load(flags.cost_model)
     env_config(config, pool, flags.cost_model).check()
