@@ -57,11 +57,11 @@ def test_state_masks_devices_without_room(models, small_tables):
     state = PlacementState(small_tables, topology, models)
     assert state.action_mask().all()
     state.place(0)  # the first table is the costliest; device 0 may now lack room for the next one
-    expected = state.free >= state.need[1]
+    expected = state.ledger.free >= state.need[1]
     assert (state.action_mask() == expected).all()
     obs = state.observation()
     assert (obs["action_mask"] == expected.astype(np.float32)).all()
-    full = int(np.argmin(state.free))
+    full = int(np.argmin(state.ledger.free))
     if not expected[full]:
         with pytest.raises(Exception, match="no room"):
             state.place(full)

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from shard_ray.configfile import dataclass_from
-from shard_ray.errors import InfeasibleError, ShardRayError
+from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
-from shard_ray.plan.topology import GB, Topology, shard_bytes
+from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec, validate_tables
 
 if TYPE_CHECKING:
@@ -170,30 +170,3 @@ def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: 
         hardware=models.hardware,
         proven_optimal=context.proven_optimal,
     )
-
-
-class MemoryLedger:
-    """Free memory per device while an algorithm places tables one at a time."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self.free = [topology.memory_bytes] * topology.num_devices
-
-    def need(self, table: TableSpec, width: int | None = None) -> int:
-        return shard_bytes(table, table.dim if width is None else width, self.topology.optimizer)
-
-    def fits(self, device: int, table: TableSpec, width: int | None = None) -> bool:
-        return self.need(table, width) <= self.free[device]
-
-    def devices_with_room(self, table: TableSpec, width: int | None = None) -> list[int]:
-        devices = [d for d in range(self.topology.num_devices) if self.fits(d, table, width)]
-        if not devices:
-            raise InfeasibleError(
-                f"table {table.name!r} needs {self.need(table, width) / GB:.3f} GB "
-                f"(weights + {self.topology.optimizer} state) but no device has that much free "
-                f"(most free: {max(self.free) / GB:.3f} GB of {self.topology.memory_gb:.3f} GB)"
-            )
-        return devices
-
-    def take(self, device: int, table: TableSpec, width: int | None = None) -> None:
-        self.free[device] -= self.need(table, width)

@@ -21,7 +21,7 @@ from shard_ray.placement.search import (
     greedy_grid,
 )
 from shard_ray.plan.plan import Plan, table_wise
-from shard_ray.plan.topology import Topology
+from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
 MAX_TABLES = 14
@@ -42,7 +42,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     sums = torch.zeros(d, enc.shape[1])
     counts = torch.zeros(d)
     compute = np.zeros(d)
-    free = np.full(d, topology.memory_bytes, dtype=np.int64)
+    ledger = MemoryLedger(topology)
     assign = np.zeros(len(items), dtype=np.int64)
     nodes = 0
 
@@ -58,7 +58,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             return
         used = counts > 0
         first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []
-        devices = [x for x in range(d) if (used[x] or x in first_empty) and free[x] >= need[k]]
+        devices = [x for x in range(d) if (used[x] or x in first_empty) and ledger.free[x] >= need[k]]
         if not devices:
             return
         idx = torch.tensor(devices)
@@ -71,13 +71,13 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             sums[x] += enc[k]
             counts[x] += 1
             compute[x] = new
-            free[x] -= need[k]
+            ledger.take(x, need[k])
             assign[k] = x
             visit(k + 1)
             sums[x] -= enc[k]
             counts[x] -= 1
             compute[x] = old
-            free[x] += need[k]
+            ledger.give(x, need[k])
 
     visit(0)
     return Candidate(items, best["assign"], best["cost"]), nodes <= node_budget

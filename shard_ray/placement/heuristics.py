@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shard_ray.placement.base import MemoryLedger, PlacementContext, Placer, register
+from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.plan.plan import Plan, table_wise
-from shard_ray.plan.topology import Topology
+from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
 Proxy = Callable[[TableSpec], float]
@@ -37,7 +37,7 @@ def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
         devices = []
         for table in ordered:
             device = min(ledger.devices_with_room(table), key=lambda d: (load[d], d))
-            ledger.take(device, table)
+            ledger.take(device, ledger.need(table))
             load[device] += proxy(table)
             devices.append(device)
         return Plan.from_assignment(table_wise(ordered), devices, topology.num_devices, name)
@@ -59,7 +59,7 @@ def random_placement(context: PlacementContext) -> Placer:
         devices = []
         for table in tables:
             device = int(rng.choice(ledger.devices_with_room(table)))
-            ledger.take(device, table)
+            ledger.take(device, ledger.need(table))
             devices.append(device)
         return Plan.from_assignment(table_wise(tables), devices, topology.num_devices, "random")
 
@@ -75,7 +75,7 @@ def round_robin(context: PlacementContext) -> Placer:
         for i, table in enumerate(tables):
             room = set(ledger.devices_with_room(table))
             device = next((i + k) % d for k in range(d) if (i + k) % d in room)
-            ledger.take(device, table)
+            ledger.take(device, ledger.need(table))
             devices.append(device)
         return Plan.from_assignment(table_wise(tables), devices, topology.num_devices, "round_robin")
 

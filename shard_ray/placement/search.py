@@ -26,7 +26,7 @@ from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.plan.plan import Plan, TablePiece, table_wise
-from shard_ray.plan.topology import Topology
+from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
 
@@ -97,12 +97,12 @@ def _greedy_passes(
     sums = torch.zeros(s, d, enc.shape[1])
     counts = torch.zeros(s, d)
     dim_sum = np.zeros((s, d))
-    free = np.full((s, d), topology.memory_bytes, dtype=np.int64)
+    ledger = MemoryLedger(topology, copies=s)
     assign = np.zeros((s, len(items)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
     for i in order:
-        fits = free >= need[i]
+        fits = ledger.room(need[i])
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
         allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
@@ -111,7 +111,7 @@ def _greedy_passes(
         sums[rows, device] += enc[i]
         counts[rows, device] += 1
         dim_sum[rows, device] += widths[i]
-        free[rows, device] -= need[i]
+        ledger.take(device, need[i], rows)
         assign[:, i] = device
     if not feasible.any():
         return None
@@ -143,7 +143,7 @@ def local_search(
         costs = pricer.device_costs(enc, widths, assign)
         order = np.argsort(-costs)
         slowest = int(order[0])
-        free = topology.memory_bytes - np.bincount(assign, weights=need, minlength=d)
+        free = MemoryLedger.of_assignment(topology, assign, need).free
         device_widths = np.bincount(assign, weights=widths, minlength=d)
         sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
         counts = np.bincount(assign, minlength=d)
