@@ -25,6 +25,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import DeviceScorer, save_policy
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 
@@ -202,7 +203,7 @@ def train_policy(
     out_dir: str | Path,
     cost_model: str | None = None,
     tracking_uri: str | None = None,
-    experiment: str = "shard-ray",
+    experiment: str = POLICY_EXPERIMENT,
 ) -> Path:
     """Train (or resume training) a policy into `out_dir`; returns the policy file's path."""
     out = Path(out_dir)
@@ -289,8 +290,7 @@ class MlflowIterationLogger:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
+        use_experiment(tracking_uri, experiment)
         self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info["hardware"]})
         mlflow.log_params({"cost_model": info["cost_model"], **{k: str(v) for k, v in info["config"].items()}})
 
