@@ -1,5 +1,9 @@
 """MLflow runs of plan evaluations (estimates, task identity, where artifacts go) and quiet command output."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from shard_ray.placement import place
@@ -7,8 +11,8 @@ from shard_ray.plan import GB, Topology
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.tracking.mlflow_runs import default_tracking_uri, log_plan_evaluation
-from shard_ray.workload.tables import save_tables
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, default_tracking_uri, log_plan_evaluation
+from shard_ray.workload.tables import TableSpec, save_tables
 
 
 def _cost(devices: int) -> PlanCost:
@@ -85,3 +89,41 @@ def test_tasks_with_the_same_name_get_different_task_ids(tmp_path, small_tables)
     assert list(runs["tags.task"]) == ["test_000"] * 3
     a, b, c = runs["tags.task_id"]
     assert a != b and a == c  # the same tables are the same task wherever their file is
+
+
+def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
+    """No MLflow/alembic INFO lines, no Ray token-auth notice, no RLlib chatter; the iteration lines stay.
+
+    The command runs in a fresh process, as `shard-ray` does, with the call the CLI's `main` makes first.
+    """
+    pool = [TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=8 * (1 + i % 4), pooling_factor=2.0) for i in range(12)]
+    save_tables(tmp_path / "pool.json", pool)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_LOGGING_LEVEL", "RAY_ADDRESS")
+    }
+    env |= {"OMP_NUM_THREADS": "1"}
+    script = "import sys; from shard_ray.quiet import quiet_output; quiet_output(); from shard_ray.cli import main; sys.exit(main())"
+    flags = "--iterations 1 --train-batch 64 --minibatch 32 --hidden 16 --min-tables 4 --max-tables 6 --devices 2"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "policy", "train", "--tables", "pool.json", "--out", "policy", *flags.split()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PPO iteration 1/1" in result.stdout and "policy: policy/policy.pt" in result.stdout
+    noise = [
+        line
+        for line in result.stderr.splitlines()
+        if " INFO " in line
+        or "Token authentication is enabled" in line
+        or "new API stack" in line
+        or "RLModule(config=" in line
+        or "gputil" in line
+    ]
+    assert noise == [], result.stderr
+    runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}", POLICY_EXPERIMENT)
+    assert list(runs["tags.mlflow.runName"]) == ["policy/train"]
+    assert not (tmp_path / "mlruns").exists() and (tmp_path / "mlartifacts").is_dir()

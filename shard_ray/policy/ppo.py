@@ -10,6 +10,7 @@ placing without Ray. Each iteration is logged to MLflow when a tracking URI is g
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -82,6 +83,12 @@ def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: str | No
     )
 
 
+def _not_rllibs_own_deprecation(record: logging.LogRecord) -> bool:
+    # RLModule.__init__ builds the deprecated RLModuleConfig itself (RLlib 2.60), so every module
+    # warns of `RLModule(config=...)`, which no code of ours calls; Ray's other deprecations stay.
+    return "RLModule(config=" not in record.getMessage()
+
+
 def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str | None = None) -> Any:
     """A PPO Algorithm on the placement environment (needs a connected Ray)."""
     import torch
@@ -94,6 +101,10 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
     config.check()
     environment = env_config(config, pool, cost_model)
     environment.check()
+    # RLlib warns, before `log_level` below applies, about its own API stack: nothing a user of
+    # shard-ray can act on. Its errors still show.
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
+    logging.getLogger("ray._common.deprecation").addFilter(_not_rllibs_own_deprecation)
     # Learner actors take a GPU each when the cluster has GPUs; the driver's own learner, when it has one.
     gpus = int(cluster_has_gpus() if config.num_learners > 0 else torch.cuda.is_available())
     ppo = (
@@ -113,7 +124,8 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
             minibatch_size=config.minibatch_size,
             num_epochs=config.num_epochs,
         )
-        .debugging(seed=config.seed, log_level="ERROR")
+        # log_sys_usage: no system-usage sampling thread (nor its "install gputil" notice); returns are what is reported
+        .debugging(seed=config.seed, log_level="ERROR", log_sys_usage=False)
         .reporting(metrics_num_episodes_for_smoothing=200)
     )
     return ppo.build_algo()
