@@ -46,8 +46,8 @@ def artifact_location(tracking_uri: str) -> str | None:
     return (database.resolve().parent / ARTIFACTS_FOLDER).as_uri()
 
 
-def use_experiment(tracking_uri: str, experiment: str) -> str:
-    """Point MLflow at `tracking_uri` and make `experiment` the active one; returns its id.
+def use_experiment(tracking_uri: str, experiment: str) -> None:
+    """Point MLflow at `tracking_uri` and make `experiment` the active one.
 
     The experiment is created with the artifact location of `artifact_location`; one created
     before keeps the location it has.
@@ -61,7 +61,6 @@ def use_experiment(tracking_uri: str, experiment: str) -> str:
     else:
         experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location(tracking_uri))
     mlflow.set_experiment(experiment_id=experiment_id)
-    return experiment_id
 
 
 def task_id(tables: list[TableSpec]) -> str:
