@@ -306,8 +306,9 @@ def cost_chart(ranked: list[tuple[str, dict]], best_single: str | None, title: s
 def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> None:
     import mlflow
 
-    mlflow.set_tracking_uri(config.tracking_uri)
-    mlflow.set_experiment(config.experiment)
+    from shard_ray.tracking.mlflow_runs import use_experiment
+
+    use_experiment(config.tracking_uri, config.experiment)
     with mlflow.start_run(
         run_name="benchmark", tags={"kind": "benchmark", "hardware": report["hardware"], "devices": str(config.devices)}
     ):

@@ -72,7 +72,7 @@ def compare_algorithms(
             save_plan(out_dir / "plans" / f"{row.plan.algorithm}.json", row.plan)
             write_json(out_dir / "results" / f"{row.plan.algorithm}.json", row.cost.model_dump(mode="json"))
         if tracking_uri is not None:
-            log_plan_evaluation(row.plan, row.cost, topology, task, len(tables), tracking_uri, experiment)
+            log_plan_evaluation(row.plan, row.cost, topology, task, tables, tracking_uri, experiment)
     return Comparison(rows, failures)
 
 

@@ -21,6 +21,7 @@ from shard_ray.policy.env import (
 )
 from shard_ray.policy.network import MASKED_LOGIT, DeviceScorer, load_policy, save_policy
 from shard_ray.policy.ppo import PolicyConfig, env_config
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec
 
@@ -186,7 +187,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    runs = mlflow.search_runs(experiment_names=[POLICY_EXPERIMENT])
     assert len(runs) == 1 and runs.iloc[0]["tags.kind"] == "policy"
 
 
@@ -266,7 +267,7 @@ def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, p
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    runs = mlflow.search_runs(experiment_names=[POLICY_EXPERIMENT])
     assert len(runs) == 2 and set(runs["tags.mlflow.runName"]) == {"policy/outer-loop"}
     assert "metrics.model_error" in runs.columns
 

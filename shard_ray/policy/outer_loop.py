@@ -45,6 +45,7 @@ from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.tables import TableSpec
 
 
@@ -116,7 +117,7 @@ def run_outer_loop(
     store_path: str | None = None,
     cost_model: str | None = None,
     tracking_uri: str | None = None,
-    experiment: str = "shard-ray",
+    experiment: str = POLICY_EXPERIMENT,
 ) -> Path:
     """Run (or resume) the loop into `out_dir`; returns the policy file's path."""
     loop.check()

@@ -10,6 +10,7 @@ placing without Ray. Each iteration is logged to MLflow when a tracking URI is g
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import DeviceScorer, save_policy
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 
@@ -81,6 +83,12 @@ def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: str | No
     )
 
 
+def _not_rllibs_own_deprecation(record: logging.LogRecord) -> bool:
+    # RLModule.__init__ builds the deprecated RLModuleConfig itself (RLlib 2.60), so every module
+    # warns of `RLModule(config=...)`, which no code of ours calls; Ray's other deprecations stay.
+    return "RLModule(config=" not in record.getMessage()
+
+
 def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str | None = None) -> Any:
     """A PPO Algorithm on the placement environment (needs a connected Ray)."""
     import torch
@@ -93,6 +101,10 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
     config.check()
     environment = env_config(config, pool, cost_model)
     environment.check()
+    # RLlib warns, before `log_level` below applies, about its own API stack: nothing a user of
+    # shard-ray can act on. Its errors still show.
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
+    logging.getLogger("ray._common.deprecation").addFilter(_not_rllibs_own_deprecation)
     # Learner actors take a GPU each when the cluster has GPUs; the driver's own learner, when it has one.
     gpus = int(cluster_has_gpus() if config.num_learners > 0 else torch.cuda.is_available())
     ppo = (
@@ -112,7 +124,8 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
             minibatch_size=config.minibatch_size,
             num_epochs=config.num_epochs,
         )
-        .debugging(seed=config.seed, log_level="ERROR")
+        # log_sys_usage: no system-usage sampling thread (nor its "install gputil" notice); returns are what is reported
+        .debugging(seed=config.seed, log_level="ERROR", log_sys_usage=False)
         .reporting(metrics_num_episodes_for_smoothing=200)
     )
     return ppo.build_algo()
@@ -202,7 +215,7 @@ def train_policy(
     out_dir: str | Path,
     cost_model: str | None = None,
     tracking_uri: str | None = None,
-    experiment: str = "shard-ray",
+    experiment: str = POLICY_EXPERIMENT,
 ) -> Path:
     """Train (or resume training) a policy into `out_dir`; returns the policy file's path."""
     out = Path(out_dir)
@@ -289,8 +302,7 @@ class MlflowIterationLogger:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
+        use_experiment(tracking_uri, experiment)
         self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info["hardware"]})
         mlflow.log_params({"cost_model": info["cost_model"], **{k: str(v) for k, v in info["config"].items()}})
 

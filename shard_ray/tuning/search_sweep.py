@@ -157,9 +157,7 @@ def measure_candidates(
             for label, plan, cost in zip(candidates, plans, costs):
                 ratios[label].append(cost.cost_ms / shipped)
                 if tracking_uri:
-                    log_plan_evaluation(
-                        plan, cost, topology, f"validation-{index}", len(tables), tracking_uri, experiment
-                    )
+                    log_plan_evaluation(plan, cost, topology, f"validation-{index}", tables, tracking_uri, experiment)
             print(
                 f"validation task {index}: "
                 + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)),

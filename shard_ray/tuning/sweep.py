@@ -76,8 +76,14 @@ def run_sweep(
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
+    from shard_ray.tracking.mlflow_runs import use_experiment
+    from shard_ray.tuning.progress import TrialProgress
+
     # Policy trials checkpoint every iteration; Tune warns that its state snapshots follow suit.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Tune's new output engine prints its header box and TensorBoard hint even at verbose=0; the
+    # legacy one is silent there, and TrialProgress says what matters.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     sweep.check()
     storage = (Path(out_dir) / "tune").resolve()  # Tune needs an absolute storage path
     path = storage / kind
@@ -95,8 +101,9 @@ def run_sweep(
             search_alg = ConcurrencyLimiter(OptunaSearch(seed=sweep.seed), max_concurrent=sweep.max_concurrent)
         else:
             search_alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
-        callbacks = []
+        callbacks: list[tune.Callback] = [TrialProgress(metric, sweep.samples)]
         if tracking_uri:
+            use_experiment(tracking_uri, experiment)  # created here, so its artifacts go where ours do
             callbacks.append(
                 MLflowLoggerCallback(
                     tracking_uri=tracking_uri, experiment_name=experiment, tags={"kind": f"tune-{kind}", **tags}
@@ -120,7 +127,7 @@ def run_sweep(
                 failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=callbacks,
-                verbose=1,
+                verbose=0,  # TrialProgress prints a line per trial in place of Tune's tables
             ),
         )
     began = time.perf_counter()
