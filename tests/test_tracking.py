@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -102,10 +103,10 @@ def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
         k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_LOGGING_LEVEL", "RAY_ADDRESS")
     }
     env |= {"OMP_NUM_THREADS": "1"}
-    script = "import sys; from shard_ray.quiet import quiet_output; quiet_output(); from shard_ray.cli import main; sys.exit(main())"
+    shard_ray = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
     flags = "--iterations 1 --train-batch 64 --minibatch 32 --hidden 16 --min-tables 4 --max-tables 6 --devices 2"
     result = subprocess.run(
-        [sys.executable, "-c", script, "policy", "train", "--tables", "pool.json", "--out", "policy", *flags.split()],
+        [shard_ray, "policy", "train", "--tables", "pool.json", "--out", "policy", *flags.split()],
         capture_output=True,
         text=True,
         timeout=300,

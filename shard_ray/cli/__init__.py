@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from shard_ray.cli.commands import COMMANDS
 from shard_ray.cli.flags import Parser
 from shard_ray.errors import ShardRayError
+from shard_ray.quiet import quiet_output
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -34,6 +35,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_output()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
     args = build_parser(command).parse_args(argv)

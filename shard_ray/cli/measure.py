@@ -135,7 +135,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(format_plan_summary(plan, tables, topology, cost))
     if tracking_uri is not None:
         task = flags.task or Path(flags.tables).stem
-        run_id = log_plan_evaluation(plan, cost, topology, task, len(tables), tracking_uri, experiment)
+        run_id = log_plan_evaluation(plan, cost, topology, task, tables, tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     print(f"wrote {flags.out}")
 

@@ -123,9 +123,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     )
     save_plan(flags.out, plan)
     estimate = plan.estimate
-    print(format_plan_summary(plan, tables, topology, estimate.predicted if estimate else None, "simulated"))
-    if estimate is not None and estimate.lower_bound_ms is not None:
-        print(f"lower bound on the simulated cost: {estimate.lower_bound_ms:.3f} ms")
+    predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
+    print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {flags.out}")
 
 

@@ -14,8 +14,7 @@ from shard_ray.cli.flags import Parser, add_settings, merged_settings, settings_
 from shard_ray.configfile import dataclass_from, setting
 from shard_ray.policy.outer_loop import OuterLoopConfig
 from shard_ray.policy.ppo import PolicyConfig
-
-POLICY_EXPERIMENT = "shard-ray-policy"
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ def format_plan_summary(
         source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
         lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step{source})")
         if lower_bound_ms is not None:
-            lines.append(f"lower bound: {lower_bound_ms:.3f} ms (no placement of these tables simulates below it)")
+            lines.append(
+                f"lower bound on the simulated cost: {lower_bound_ms:.3f} ms (no placement of these tables simulates below it)"
+            )
         lines.append(LEGEND)
     return "\n".join(lines)
