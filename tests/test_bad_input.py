@@ -206,27 +206,6 @@ def test_table_names_torchrec_refuses_are_refused_by_plan_and_export(tmp_path, t
     assert repr(name) in err, err
 
 
-def test_evaluate_of_more_devices_than_a_local_ray_can_hold_is_refused_before_ray_starts(tmp_path, table_file_path):
-    import os
-
-    import ray
-
-    from shard_ray.runtime import LOCAL_DEVICES_PER_CORE
-
-    devices = str(LOCAL_DEVICES_PER_CORE * (os.cpu_count() or 1) + 1)
-    plan, result = tmp_path / "plan.json", tmp_path / "result.json"
-    flags = ["--tables", str(table_file_path)]
-    assert (
-        run(["plan", *flags, "--devices", devices, "--memory-gb", "1", "--algo", "round_robin", "--out", str(plan)])[0]
-        == 0
-    )
-    started = ray.is_initialized()
-    code, err = run(["evaluate", *flags, "--plan", str(plan), "--out", str(result), "--no-mlflow"])
-    assert_refused_cleanly(code, err, result)
-    assert f"{devices} CPU devices" in err and "--address" in err and "RAY_ADDRESS" in err, err
-    assert ray.is_initialized() == started  # refused before anything started
-
-
 def test_tasks_that_fail_leave_nothing_behind(tmp_path):
     pool, out = tmp_path / "pool.json", tmp_path / "tasks"
     pool.write_text(
