@@ -37,4 +37,4 @@ format: setup
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) shard-ray-out mlflow.db .pytest_cache
+	rm -rf $(VENV) shard-ray-out mlflow.db mlartifacts mlruns .pytest_cache

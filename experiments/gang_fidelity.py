@@ -23,7 +23,7 @@ from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import DeviceGang, plan_parts
+from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -46,21 +46,18 @@ def main() -> None:
     plan = place("lookup_greedy", tables, topology)
     config = MeasureConfig.for_topology(topology, repeats=args.repeats, seed=args.seed)
     print(connect_ray(min_cpus=args.devices))
-    gang = DeviceGang(args.devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}")
-    try:
+    with DeviceGang(args.devices) as gang:
         gang.take_turns = True
         in_turn = gang.evaluate(plan, tables, config)
         gang.take_turns = False
         at_once = gang.evaluate(plan, tables, config)
-    finally:
-        gang.shutdown()
-    profiler = ProfilingPool(1)
-    hardware = profiler.hardware
-    with tempfile.TemporaryDirectory() as tmp, MeasurementStore(Path(tmp) / "reference.db") as store:
-        reference = profiler.measure(plan_parts(plan, tables), config, store, progress=False)
-    profiler.shutdown()
+    with (
+        ProfilingPool(1) as profiler,
+        tempfile.TemporaryDirectory() as tmp,
+        MeasurementStore(Path(tmp) / "reference.db") as store,
+    ):
+        hardware = profiler.hardware
+        reference = profiler.measure(plan.pieces(tables), config, store, progress=False)
 
     rows = []
     for turn, once, ref in zip(in_turn.devices, at_once.devices, reference):

@@ -26,7 +26,7 @@ import torch
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.policy.network import DeviceScorer, default_policy_path, load_policy, save_policy
@@ -60,21 +60,22 @@ def main() -> None:
     untrained = Path(tempfile.mkdtemp()) / "untrained.pt"
     torch.manual_seed(args.seed)
     save_policy(untrained, DeviceScorer(), {"iterations": 0})
-    entries = [(name, name, None, 0) for name in ALGORITHMS] + [
-        ("dreamshard", "dreamshard", args.policy, 0),
-        (f"dreamshard best of {1 + args.samples}", "dreamshard", args.policy, args.samples),
-        ("untrained policy (prior only)", "dreamshard", str(untrained), 0),
+    entries = [(name, name, None) for name in ALGORITHMS] + [
+        ("dreamshard", "dreamshard", {"policy": args.policy}),
+        (f"dreamshard best of {1 + args.samples}", "dreamshard", {"policy": args.policy, "samples": args.samples}),
+        ("untrained policy (prior only)", "dreamshard", {"policy": str(untrained)}),
     ]
     summary: dict[str, dict[str, dict]] = {}
     for set_name, tasks in sets.items():
         summary[set_name] = {}
-        for label, algorithm, policy, samples in entries:
+        for label, algorithm, settings in entries:
+            policy = (settings or {}).get("policy")
             ratios, seconds, failed = [], [], 0
             for tables, topology in tasks:
                 began = time.perf_counter()
                 try:
-                    plan = place(algorithm, tables, topology, policy=policy, samples=samples)
-                except ShardRayError:
+                    plan = place(algorithm, tables, topology, settings=settings)
+                except InfeasibleError:
                     failed += 1
                     continue
                 seconds.append(time.perf_counter() - began)

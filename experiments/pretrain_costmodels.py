@@ -42,14 +42,14 @@ def main(argv: list[str]) -> int:
     pool, tasks, store, models = out / "pool.json", out / "tasks", out / "measurements.db", out / "costmodels.pt"
     steps = [
         (pool, ["generate", "--out", str(pool), *flags["generate"]]),
-        (tasks / "train_pool.json", ["tasks", "--pool", str(pool), "--out-dir", str(tasks), *flags["tasks"]]),
+        (tasks / "train_pool.json", ["tasks", "--tables", str(pool), "--out", str(tasks), *flags["tasks"]]),
         (
             None,
             [
                 "collect",
                 "--kind",
                 "compute",
-                "--pool",
+                "--tables",
                 str(tasks / "train_pool.json"),
                 "--store",
                 str(store),
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
                 "collect",
                 "--kind",
                 "comm",
-                "--pool",
+                "--tables",
                 str(tasks / "train_pool.json"),
                 "--store",
                 str(store),
@@ -76,14 +76,14 @@ def main(argv: list[str]) -> int:
                 "train",
                 "--store",
                 str(store),
-                "--train-pool",
+                "--tables",
                 str(tasks / "train_pool.json"),
                 "--out",
                 str(models),
                 *flags["train"],
             ],
         ),
-        (None, ["costmodel", "evaluate", "--model", str(models), "--data", str(store), *flags["evaluate"]]),
+        (None, ["costmodel", "evaluate", "--cost-model", str(models), "--store", str(store), *flags["evaluate"]]),
     ]
     for output, command in steps:
         if output is not None and output.exists():

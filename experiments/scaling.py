@@ -64,14 +64,13 @@ def profiling_throughput(actor_counts: list[int], shards: int, repeats: int) -> 
     drawn = draw_shards(generate_pool(PoolConfig(num_tables=200, seed=1)), shards, 6, seed=2, singles=False)
     throughput = {}
     for actors in actor_counts:
-        pool = ProfilingPool(actors)
         rates = []
-        for repeat in range(repeats):
-            with tempfile.TemporaryDirectory() as folder, MeasurementStore(Path(folder) / "m.db") as store:
-                began = time.perf_counter()
-                pool.measure(drawn, MeasureConfig(batch_size=1024, seed=repeat), store)
-                rates.append(len(drawn) / (time.perf_counter() - began))
-        pool.shutdown()
+        with ProfilingPool(actors) as pool:
+            for repeat in range(repeats):
+                with tempfile.TemporaryDirectory() as folder, MeasurementStore(Path(folder) / "m.db") as store:
+                    began = time.perf_counter()
+                    pool.measure(drawn, MeasureConfig(batch_size=1024, seed=repeat), store)
+                    rates.append(len(drawn) / (time.perf_counter() - began))
         throughput[actors] = statistics.median(rates)
         print(f"profiling with {actors} actor(s): {throughput[actors]:.2f} shards/s", flush=True)
     return throughput

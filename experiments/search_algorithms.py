@@ -1,6 +1,6 @@
 """Benchmark: does Optuna's TPE find better settings than random search in the same number of trials?
 
-    python experiments/search_algorithms.py --pool tasks/train_pool.json --samples 16 --seeds 0,1
+    python experiments/search_algorithms.py --tables tasks/train_pool.json --samples 16 --seeds 0,1
 
 Runs `shard-ray tune search` (simulated objective only, `--measure-top 0`) once per search
 algorithm and seed (a seed draws the validation tasks too, so both algorithms of a seed see the
@@ -36,7 +36,7 @@ def best_so_far(trials_csv: Path) -> list[float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pool", required=True)
+    parser.add_argument("--tables", required=True)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--tasks", type=int, default=6)
@@ -58,8 +58,8 @@ def main() -> int:
                 [
                     "tune",
                     "search",
-                    "--pool",
-                    args.pool,
+                    "--tables",
+                    args.tables,
                     "--out",
                     str(folder),
                     "--samples",

@@ -29,9 +29,11 @@ from typing import Any
 import numpy as np
 
 from shard_ray.comparison import compare_algorithms
+from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
@@ -55,19 +57,24 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class BenchmarkConfig:
-    tasks: int = 5  # synthetic test-pool tasks (0: only the table files)
-    min_tables: int = 20
-    max_tables: int = 40
-    table_files: tuple[str, ...] = ()
-    devices: int = 2
-    batch_size: int = 1024
-    repeats: int = 10
-    memory_headroom: float = 1.5
-    cost_model: str | None = None
-    policy: str | None = None
-    algorithms: tuple[str, ...] = ()  # empty: every registered one that handles the task
-    seed: int = 100
-    out: str = "shard-ray-out/benchmark"
+    tasks: int = setting(5, "synthetic test-pool tasks; 0 for only --tables", min=0)
+    min_tables: int = setting(20, "fewest tables in a synthetic task", min=1)
+    max_tables: int = setting(40, "most tables in a synthetic task", min=1)
+    table_files: tuple[str, ...] = setting(
+        (),
+        "a table file to benchmark as a task of its own; repeat (or comma-separate) for more",
+        flag="--tables",
+        repeat=True,
+    )
+    devices: int = setting(2, "devices of the gang", min=1)
+    batch_size: int = setting(1024, "global batch size", min=1)
+    repeats: int = setting(10, "timed steps per plan; medians are reported", min=1)
+    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
+    cost_model: str | None = setting(None, "cost model file (default: the shipped CPU models)")
+    policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
+    algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")
+    seed: int = setting(100, "random seed")
+    out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed")
     tracking_uri: str | None = None  # None: no MLflow
     experiment: str = "shard-ray-benchmark"
 
@@ -118,12 +125,9 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
             f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it"
         )
     write_json(settings_file, settings)
-    gang = DeviceGang(config.devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}", flush=True)
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
-    try:
+    with DeviceGang(config.devices) as gang:
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
@@ -149,7 +153,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 experiment=config.experiment,
                 progress=False,
                 cost_model=config.cost_model,
-                policy=config.policy,
+                settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
                 names=list(config.algorithms) or None,
             )
             for algorithm, why in comparison.failures.items():
@@ -167,7 +171,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                     "improvement": 1.0 - r.cost.cost_ms / best_heuristic,
                     "over_bound": r.cost.cost_ms / bound - 1.0,
                     "placement_ms": r.plan.placement_seconds * 1e3,
-                    "sim_error": abs(simulated - r.cost.cost_ms) / r.cost.cost_ms,
+                    "sim_error": mape([simulated], [r.cost.cost_ms]),
                 }
             per_task[name] = records
             write_json(done_file, {"records": records, "failures": comparison.failures})
@@ -176,8 +180,6 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows),
                 flush=True,
             )
-    finally:
-        gang.shutdown()
     report = summarise(per_task, failures, heuristics)
     report.update({"settings": settings, "hardware": gang.hardware, "warnings": gang.warnings, "tasks": len(tasks)})
     write_report(report, out, config)
@@ -304,8 +306,9 @@ def cost_chart(ranked: list[tuple[str, dict]], best_single: str | None, title: s
 def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> None:
     import mlflow
 
-    mlflow.set_tracking_uri(config.tracking_uri)
-    mlflow.set_experiment(config.experiment)
+    from shard_ray.tracking.mlflow_runs import use_experiment
+
+    use_experiment(config.tracking_uri, config.experiment)
     with mlflow.start_run(
         run_name="benchmark", tags={"kind": "benchmark", "hardware": report["hardware"], "devices": str(config.devices)}
     ):

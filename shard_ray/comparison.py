@@ -5,10 +5,12 @@ Used by the demo and the benchmarks, so every comparison is produced the same wa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_json
 from shard_ray.placement import algorithms, place
 from shard_ray.plan.cost import PlanCost
@@ -47,19 +49,21 @@ def compare_algorithms(
     seed: int = 0,
     progress: bool = True,
     cost_model: str | None = None,
-    policy: str | None = None,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Comparison:
     """Every named algorithm's plan (all registered ones that handle the task by default), measured.
 
-    An algorithm that cannot plan the task (no placement within memory, say) is recorded in
-    `failures` and the others go on.
+    `settings` gives algorithms their own settings by name. An algorithm that finds no placement
+    within memory is recorded in `failures` and the others go on; any other error stops the run.
     """
     names = names or [info.name for info in algorithms() if info.handles(len(tables))]
     plans, failures = [], {}
     for name in names:
         try:
-            plans.append(place(name, tables, topology, seed=seed, cost_model=cost_model, policy=policy))
-        except ShardRayError as err:
+            plans.append(
+                place(name, tables, topology, seed=seed, cost_model=cost_model, settings=(settings or {}).get(name))
+            )
+        except InfeasibleError as err:
             failures[name] = str(err)
     costs = gang.evaluate_many(plans, tables, config, progress=progress)
     rows = [MeasuredPlan(plan, cost) for plan, cost in zip(plans, costs)]
@@ -68,7 +72,7 @@ def compare_algorithms(
             save_plan(out_dir / "plans" / f"{row.plan.algorithm}.json", row.plan)
             write_json(out_dir / "results" / f"{row.plan.algorithm}.json", row.cost.model_dump(mode="json"))
         if tracking_uri is not None:
-            log_plan_evaluation(row.plan, row.cost, topology, task, len(tables), tracking_uri, experiment)
+            log_plan_evaluation(row.plan, row.cost, topology, task, tables, tracking_uri, experiment)
     return Comparison(rows, failures)
 
 

@@ -1,4 +1,13 @@
-"""Flags from a YAML file: `--config FILE` for the experiment scripts run as Ray jobs.
+"""Settings: fields that are flags, tuned-config files, and flags from a YAML file.
+
+`setting` declares a settings-dataclass field that is also a command-line flag; `dataclass_from`
+builds a settings object from plain values; `load_tuned` reads a tuned-config file (`best.json`
+of a sweep):
+
+    {"format": "shard-ray-tuned/1", "kind": "costmodel", "config": {...},
+     "metric": "val_mape", "mode": "min", "value": 0.061, "trials": 16, "sweep": "OUT/tune/costmodel"}
+
+Flags from a YAML file: `--config FILE` for the experiment scripts run as Ray jobs.
 
 A config file is a mapping of flag names (with `_` or `-`) to values; it expands into flags
 placed before the command line's own, so the parser that reads them is the command's own
@@ -9,10 +18,73 @@ comma-separated values, `true` a bare flag; `false` and `null` leave the flag ou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal
 
-from shard_ray.errors import ShardRayError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from shard_ray.errors import ShardRayError, describe_validation_error
 from shard_ray.io import read_document
+
+TUNED_FORMAT = "shard-ray-tuned/1"
+Kind = Literal["costmodel", "search", "policy"]
+
+
+def setting(default: Any, help: str, **flag: Any) -> Any:
+    """A settings-dataclass field that is also a command-line flag (see `shard_ray.cli.flags`).
+
+    `flag` may name the flag (`flag="--epochs"`), its old names (`old_names=("--pool",)`), a
+    minimum (`min=1`), `choices`, `required=True`, `repeat=True` for a flag given once per value, or
+    `whole=True` for a list flag whose values are not split at commas.
+    """
+    return field(default=default, metadata={"help": help, **flag})
+
+
+class TunedConfig(BaseModel):
+    """The best configuration a sweep found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["shard-ray-tuned/1"] = TUNED_FORMAT
+    kind: Kind
+    config: dict[str, Any]
+    metric: str
+    mode: Literal["min", "max"]
+    value: float
+    trials: int
+    sweep: str
+    notes: dict[str, Any] = {}
+
+
+def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
+    """The configuration in a tuned-config file of `kind`."""
+    document = read_document(path, "tuned config")
+    if not isinstance(document, dict) or document.get("format") != TUNED_FORMAT:
+        raise ShardRayError(f'{path} is not a tuned-config file (expected "format": "{TUNED_FORMAT}")')
+    try:
+        tuned = TunedConfig.model_validate(document)
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, f"tuned config {path}")) from None
+    if tuned.kind != kind:
+        raise ShardRayError(f"{path} holds a tuned {tuned.kind} configuration, not a {kind} one")
+    return tuned.config
+
+
+def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
+    """`cls(**values)` with lists made tuples (JSON has no tuples) and unknown keys refused."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
+    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        config = cls(**converted)
+    except TypeError as err:
+        raise ShardRayError(f"{what}: {err}") from None
+    if hasattr(config, "check"):
+        config.check()
+    return config
 
 
 def config_to_argv(config: dict[str, Any], what: str = "config") -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from shard_ray.comparison import MeasuredPlan, compare_algorithms, comparison_table
+from shard_ray.configfile import setting
 from shard_ray.io import write_json
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -31,16 +32,17 @@ from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 
 @dataclass(frozen=True)
 class DemoConfig:
-    workdir: Path = Path("shard-ray-out/demo")
-    num_devices: int = 2
-    min_tables: int = 16
-    max_tables: int = 16
-    profile_shards: int = 12
+    workdir: Path = setting(
+        Path("shard-ray-out/demo"), "where files are written", flag="--out", old_names=("--workdir",)
+    )
+    num_devices: int = setting(2, "devices in the gang", flag="--devices", min=1)
+    num_tables: int = setting(16, "tables in the demo task", min=1)
+    profile_shards: int = setting(12, "random multi-table shards to profile", min=0)
     max_tables_per_shard: int = 6
     memory_headroom: float = 1.5  # cap = headroom x (all tables' bytes / devices)
     batch_size: int = 1024
     repeats: int = 10
-    seed: int = 0
+    seed: int = setting(0, "random seed")
     tracking_uri: str | None = None
     experiment: str = "shard-ray"
     address: str | None = None
@@ -69,7 +71,7 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     print("== 1. workload")
     pool = generate_pool(PoolConfig(seed=config.seed))
     save_tables(workdir / "pool.json", pool, source="synthetic", seed=config.seed)
-    task_config = TaskConfig(min_tables=config.min_tables, max_tables=config.max_tables, seed=config.seed)
+    task_config = TaskConfig(min_tables=config.num_tables, max_tables=config.num_tables, seed=config.seed)
     _, test_pool = split_pool(pool, task_config.test_fraction, config.seed)
     tables: list[TableSpec] = draw_task(test_pool, task_config, np.random.default_rng(config.seed))
     task_file = workdir / "task.json"
@@ -88,20 +90,18 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
     print(connect_ray(config.address, min_cpus=config.num_devices))
     measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
     shards = draw_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
-    profiler = ProfilingPool(num_actors=min(2, config.num_devices))
-    with MeasurementStore(workdir / "measurements.db") as store:
+    with (
+        ProfilingPool(num_actors=min(2, config.num_devices)) as profiler,
+        MeasurementStore(workdir / "measurements.db") as store,
+    ):
         measurements = profiler.measure(shards, measure_config, store)
-    profiler.shutdown()
     ratio = fused_vs_singles(measurements)
     print(f"{len(measurements)} shards measured on {profiler.hardware} -> {workdir / 'measurements.db'}")
     if ratio is not None:
         print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")
 
     print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
-    gang = DeviceGang(config.num_devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}")
-    try:
+    with DeviceGang(config.num_devices) as gang:
         comparison = compare_algorithms(
             tables,
             topology,
@@ -113,8 +113,6 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
             out_dir=workdir,
             seed=config.seed,
         )
-    finally:
-        gang.shutdown()
     rows = comparison.rows
     for name, why in comparison.failures.items():
         print(f"{name} could not plan the task: {why}")

@@ -13,6 +13,14 @@ class ShardRayError(Exception):
     """A problem with the user's input or request, reported without a traceback."""
 
 
+class InfeasibleError(ShardRayError):
+    """No placement fits: the tables do not fit the devices' memory the way an algorithm places them.
+
+    Comparisons and benchmarks record only this as "the algorithm could not plan the task"; any
+    other error (a broken model or policy file) stops them.
+    """
+
+
 def first_line(err: BaseException) -> str:
     """An exception's first message line, or its type's name when it has no message."""
     lines = str(err).strip().splitlines()

@@ -7,15 +7,22 @@ import os
 
 import ray
 
+from shard_ray.errors import ShardRayError
+
 # Enough object store for shard specs and results; Ray's default takes 30% of memory.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
+# CPU devices a local instance may put on one core: a few share a core faithfully enough for
+# tests and demos (the gang takes turns); hundreds would stall the machine.
+LOCAL_DEVICES_PER_CORE = 4
 
 
 def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     """Join the cluster at `address` (or RAY_ADDRESS); otherwise start a local Ray.
 
-    A local instance gets at least `min_cpus` logical CPUs so a gang of that many CPU devices
-    can be placed; the gang itself warns when that exceeds the cores it lands on.
+    `min_cpus` is the most devices the command will use at once (a CPU device is one core). A
+    local instance gets at least that many logical CPUs so a gang can be placed (the gang warns
+    when that exceeds the cores it lands on), up to `LOCAL_DEVICES_PER_CORE` per core: beyond that,
+    or beyond what a joined cluster holds, the request is refused before any actor starts.
     Returns a one-line description of what it connected to.
     """
     if ray.is_initialized():
@@ -23,8 +30,23 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
+        resources = ray.cluster_resources()
+        devices = int(resources.get("GPU", 0) or resources.get("CPU", 0))
+        if min_cpus > devices:
+            ray.shutdown()
+            raise ShardRayError(
+                f"this needs {min_cpus} devices at once but the cluster at {address} has {devices}; "
+                "give fewer devices or point --address (or RAY_ADDRESS) at a bigger cluster"
+            )
         return f"ray: joined cluster at {address}"
-    cpus = max(os.cpu_count() or 1, min_cpus)
+    cores = os.cpu_count() or 1
+    if min_cpus > LOCAL_DEVICES_PER_CORE * cores:
+        raise ShardRayError(
+            f"this needs {min_cpus} devices at once, more than a local Ray on this machine's {cores} cores can hold "
+            f"(at most {LOCAL_DEVICES_PER_CORE} per core); point --address (or RAY_ADDRESS) at a Ray cluster with "
+            "that many devices"
+        )
+    cpus = max(cores, min_cpus)
     # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
     ray.init(
         address="local",

@@ -161,7 +161,7 @@ def table_file_path(tmp_path_factory):
 )
 def test_policy_train_refuses_bad_settings_before_ray(tmp_path, table_file_path, flags, message):
     out = tmp_path / "policy"
-    code, err = run(["policy", "train", "--pool", str(table_file_path), "--out", str(out), *flags])
+    code, err = run(["policy", "train", "--tables", str(table_file_path), "--out", str(out), *flags])
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not (out / "policy.pt").exists()
 
@@ -212,19 +212,19 @@ def test_tasks_that_fail_leave_nothing_behind(tmp_path):
         json.dumps({"tables": [{"name": f"t{i}", "rows": 1000, "dim": 16, "pooling_factor": 2.0} for i in range(10)]})
     )
     # the pools split fine; drawing a 30-table task from a 5-table pool fails after that
-    code, err = run(["tasks", "--pool", str(pool), "--out-dir", str(out), "--min-tables", "30", "--max-tables", "40"])
+    code, err = run(["tasks", "--tables", str(pool), "--out", str(out), "--min-tables", "30", "--max-tables", "40"])
     assert code == 2 and len(err.splitlines()) == 1 and "pool has" in err, err
     assert not out.exists()
     out.mkdir()
     (out / "mine.json").write_text("{}")
-    code, err = run(["tasks", "--pool", str(pool), "--out-dir", str(out), "--min-tables", "30", "--max-tables", "40"])
+    code, err = run(["tasks", "--tables", str(pool), "--out", str(out), "--min-tables", "30", "--max-tables", "40"])
     assert code == 2 and sorted(p.name for p in out.iterdir()) == ["mine.json"]
     code, err = run(
         [
             "tasks",
-            "--pool",
+            "--tables",
             str(pool),
-            "--out-dir",
+            "--out",
             str(out),
             "--num-tasks",
             "2",

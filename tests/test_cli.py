@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,9 @@ def test_generate_tasks_plan(tmp_path, capsys):
         main(
             [
                 "tasks",
-                "--pool",
+                "--tables",
                 str(pool),
-                "--out-dir",
+                "--out",
                 str(tmp_path / "tasks"),
                 "--num-tasks",
                 "2",
@@ -221,3 +222,120 @@ def test_generate_from_a_dataset_file(tmp_path):
     assert main(["generate", "--from-dataset", str(data), "--dim", "16", "--out", str(out)]) == 0
     tables = json.loads(out.read_text())["tables"]
     assert [t["pooling_factor"] for t in tables] == [1.5, 2.0] and all(t["rows"] == 100 for t in tables)
+
+
+def _subcommands(parser, prefix=()):
+    """Every runnable command path, e.g. ("costmodel", "train"), read from the parser itself."""
+    import argparse
+
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not actions:
+        return [prefix]
+    return [path for name, sub in actions[0].choices.items() for path in _subcommands(sub, (*prefix, name))]
+
+
+def test_every_command_has_help_generated_from_its_settings(capsys):
+    from shard_ray.cli import build_parser
+
+    commands = _subcommands(build_parser())
+    assert len(commands) >= 17
+    for command in commands:
+        with pytest.raises(SystemExit) as done:
+            main([*command, "--help"])
+        assert done.value.code == 0, command
+        assert "usage: shard-ray " + " ".join(command) in capsys.readouterr().out
+
+
+def test_a_commands_defaults_are_its_settings_dataclass(tmp_path, capsys):
+    from dataclasses import replace
+
+    from shard_ray.cli import build_parser
+    from shard_ray.cli.flags import settings_from
+    from shard_ray.workload.tasks import TaskConfig
+
+    args = build_parser("tasks").parse_args(["tasks", "--tables", "p.json", "--out", "t"])
+    assert settings_from(TaskConfig, args) == TaskConfig()
+    args = build_parser("tasks").parse_args(["tasks", "--tables", "p.json", "--out", "t", "--num-tasks", "3"])
+    assert settings_from(TaskConfig, args) == replace(TaskConfig(), num_tasks=3)
+    with pytest.raises(SystemExit):
+        main(["tasks", "--help"])
+    assert f"tasks per split (default {TaskConfig().num_tasks})" in " ".join(capsys.readouterr().out.split())
+
+
+def test_tuned_file_is_overridden_by_flags_given(tmp_path):
+    from shard_ray.cli import build_parser
+    from shard_ray.cli.flags import settings_from
+    from shard_ray.costmodel.train import TrainConfig
+
+    args = build_parser("costmodel").parse_args(
+        ["costmodel", "train", "--tables", "p", "--out", "m.pt", "--lr", "0.01"]
+    )
+    config = settings_from(TrainConfig, args, tuned={"lr": 0.5, "hidden": 32})
+    assert (config.lr, config.hidden, config.depth) == (0.01, 32, TrainConfig().depth)
+
+
+def test_old_flag_names_still_work_with_a_note(tmp_path):
+    pool = tmp_path / "pool.json"
+    assert run_cli("generate", "--out", str(pool), "--num-tables", "30").returncode == 0
+    result = run_cli(
+        "tasks",
+        "--pool",
+        str(pool),
+        "--out-dir",
+        str(tmp_path / "t"),
+        "--num-tasks",
+        "1",
+        "--min-tables",
+        "3",
+        "--max-tables",
+        "5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--pool is now --tables" in result.stderr and "--out-dir is now --out" in result.stderr
+    assert (tmp_path / "t" / "train_000.json").exists()
+
+
+def test_help_and_bad_commands_answer_without_loading_torch_or_ray():
+    code = (
+        "import sys\n"
+        "from shard_ray.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
+
+
+def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ray(tmp_path, table_file):
+    import os
+    import time
+
+    plan = tmp_path / "huge.json"
+    shards = [
+        {"table": n, "device": i, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
+    ]
+    plan.write_text(json.dumps({"num_devices": 500, "algorithm": "x", "shards": shards}))
+    shard_ray = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
+    began = time.perf_counter()
+    result = subprocess.run(
+        [
+            shard_ray,
+            "evaluate",
+            "--tables",
+            str(table_file),
+            "--plan",
+            str(plan),
+            "--memory-gb",
+            "1",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "500 devices" in lines[0] and "--address" in lines[0], lines
+    assert time.perf_counter() - began < 60 and not (tmp_path / "r.json").exists()

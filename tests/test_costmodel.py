@@ -26,6 +26,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
+from shard_ray.plan.plan import TablePiece, table_wise
 from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_shards
 from shard_ray.profiling.store import MeasurementStore
@@ -82,7 +83,7 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
     path = tmp_path / "m.pt"
     shipped.save(path)
     again = CostModels.load(path)
-    shards = [[(TableSpec(name="a", rows=1000, dim=32, pooling_factor=3.0), 32)], []]
+    shards = [[TablePiece.whole(TableSpec(name="a", rows=1000, dim=32, pooling_factor=3.0))], []]
     assert np.allclose(again.predict_shards(shards, 1024), shipped.predict_shards(shards, 1024))
     assert again.hardware == shipped.hardware and again.predict_shards(shards, 1024)[1].sum() == 0
     junk = tmp_path / "junk.pt"
@@ -99,7 +100,7 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     shards = draw_augmented_shards(pool, 60, 4, (8, 16, 64, 128), seed=1)
     with MeasurementStore(tmp_path / "m.db") as store:
         for parts in shards:
-            store.put(measure_fused_shard(parts, config, "cpu:test"))
+            store.put_shard(measure_fused_shard(parts, config, "cpu:test"))
         with pytest.warns(MissingCommModelWarning, match=r"0 multi-device plan measurements.*collect --kind comm"):
             models, report = train_cost_models(
                 store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
@@ -108,8 +109,8 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     assert report["compute_seen"]["n"] > 0 and report["compute_unseen"]["n"] == 0
     assert models.info["num_shards"]["train"] > 40
     # a shard of many wide, heavily pooled tables costs more than one narrow table
-    big = [(t.model_copy(update={"pooling_factor": 50.0}), 128) for t in pool[:4]]
-    small = [(pool[0].model_copy(update={"pooling_factor": 1.0}), 8)]
+    big = [TablePiece(table=t.model_copy(update={"pooling_factor": 50.0}), columns=(0, 128)) for t in pool[:4]]
+    small = [TablePiece(table=pool[0].model_copy(update={"pooling_factor": 1.0}), columns=(0, 8))]
     predicted = models.predict_shards([big, small], 64).sum(axis=1)
     assert predicted[0] > predicted[1]
 
@@ -147,8 +148,8 @@ def test_search_plans_are_valid_under_tight_memory(algo, pool):
     plan = place(algo, tables, topology)
     plan.check(tables)
     assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes
-    assert plan.metadata["predicted_cost_ms"] >= plan.metadata["lower_bound_ms"]
-    assert plan.metadata["settings"]["cost_model"].endswith(".pt")
+    assert plan.estimate.predicted.cost_ms >= plan.estimate.lower_bound_ms
+    assert plan.estimate.cost_model.endswith(".pt")
 
 
 def test_search_refuses_infeasible_memory(pool):
@@ -161,7 +162,7 @@ def test_cost_search_is_no_worse_than_neuroshard_under_the_models(pool):
     topology = Topology(num_devices=4, memory_bytes=GB)
     ours = place("cost_search", tables, topology)
     theirs = place("neuroshard", tables, topology)
-    assert ours.metadata["predicted_cost_ms"] <= theirs.metadata["predicted_cost_ms"] + 1e-6
+    assert ours.estimate.predicted.cost_ms <= theirs.estimate.predicted.cost_ms + 1e-6
 
 
 def test_branch_and_bound_matches_brute_force(shipped, pool):
@@ -170,7 +171,7 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     pricer = Pricer(shipped, topology)
     candidate, proven = branch_and_bound(pricer, tables)
     assert proven
-    enc = pricer.encodings([(t, (0, t.dim)) for t in tables])
+    enc = pricer.encodings(table_wise(tables))
     widths = np.array([t.dim for t in tables], dtype=float)
     brute = min(
         float(pricer.device_costs(enc, widths, np.array(assign)).max())
@@ -178,7 +179,7 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     )
     assert candidate.cost == pytest.approx(brute, rel=1e-5)
     plan = place("optimal", tables, topology)
-    assert plan.metadata["proven_optimal"] and plan.metadata["predicted_cost_ms"] == pytest.approx(brute, rel=1e-4)
+    assert plan.estimate.proven_optimal and plan.estimate.predicted.cost_ms == pytest.approx(brute, rel=1e-4)
 
 
 def test_optimal_refuses_large_tasks(pool):
@@ -190,7 +191,7 @@ def test_lower_bound_is_below_the_optimum(shipped, pool):
     for start in (0, 6, 12):
         tables = pool[start : start + 6]
         topology = Topology(num_devices=2, memory_bytes=GB)
-        optimum = place("optimal", tables, topology).metadata["predicted_cost_ms"]
+        optimum = place("optimal", tables, topology).estimate.predicted.cost_ms
         assert lower_bound_ms(shipped, tables, topology, column_wise=False) <= optimum + 1e-6
         assert lower_bound_ms(shipped, tables, topology, column_wise=True) <= optimum + 1e-6
 
@@ -220,7 +221,7 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
         == 0
     )
     doc = json.loads(out.read_text())
-    assert doc["metadata"]["lower_bound_ms"] > 0 and len(doc["metadata"]["predicted"]["devices"]) == 2
+    assert doc["estimate"]["lower_bound_ms"] > 0 and len(doc["estimate"]["predicted"]["devices"]) == 2
     assert "lower bound on the simulated cost" in capsys.readouterr().out
     # evaluate the shipped model on fresh real measurements of unseen tables
     config = MeasureConfig(batch_size=1024)
@@ -229,9 +230,17 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     with MeasurementStore(store_path) as store:
         for parts in draw_augmented_shards(unseen, 6, 3, (16, 64), seed=2):
             # labelled with the model's hardware: this checks the command, not the accuracy
-            store.put(measure_fused_shard(parts, config, shipped.hardware))
+            store.put_shard(measure_fused_shard(parts, config, shipped.hardware))
     code = main(
-        ["costmodel", "evaluate", "--model", str(default_cost_model_path()), "--data", str(store_path), "--no-mlflow"]
+        [
+            "costmodel",
+            "evaluate",
+            "--cost-model",
+            str(default_cost_model_path()),
+            "--store",
+            str(store_path),
+            "--no-mlflow",
+        ]
     )
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

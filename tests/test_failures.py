@@ -124,7 +124,7 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
             "collect",
             "--kind",
             "compute",
-            "--pool",
+            "--tables",
             str(pool_file),
             "--samples",
             "30",
@@ -184,7 +184,7 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with MeasurementStore(db) as store:
-        stored = store.measurements()
+        stored = store.shard_measurements()
         hardware = stored[0].hardware
         assert {m.key for m in stored} == {
             shard_key(s, config, hardware) for s in drawn
@@ -255,7 +255,7 @@ def test_outer_loop_killed_mid_round_resumes(tmp_path):
         "shard_ray.cli",
         "policy",
         "outer-loop",
-        "--pool",
+        "--tables",
         str(pool),
         "--out",
         str(out),
@@ -309,7 +309,7 @@ def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
         "shard_ray.cli",
         "policy",
         "train",
-        "--pool",
+        "--tables",
         str(pool),
         "--out",
         str(out),
@@ -356,7 +356,7 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
         "shard_ray.cli",
         "tune",
         "search",
-        "--pool",
+        "--tables",
         str(pool),
         "--out",
         str(out),

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
+from shard_ray.plan.plan import TablePiece
 from shard_ray.profiling.fused_shard import (
     FusedShard,
     MeasureConfig,
-    ShardTable,
     measure_fused_shard,
     shard_key,
 )
@@ -29,7 +29,7 @@ def manual_pooled(shard: FusedShard, step: int) -> torch.Tensor:
 
 
 def test_fused_forward_matches_manual_lookup(small_tables):
-    parts = [ShardTable.whole(t) for t in small_tables] + [ShardTable(table=small_tables[1], columns=(16, 48))]
+    parts = [TablePiece.whole(t) for t in small_tables] + [TablePiece(table=small_tables[1], columns=(16, 48))]
     shard = FusedShard(parts, SMALL, torch.device("cpu"))
     assert shard.width == sum(t.dim for t in small_tables) + 32
     assert len(shard.groups) == 2  # fp32 and fp16 kernels
@@ -39,7 +39,7 @@ def test_fused_forward_matches_manual_lookup(small_tables):
 
 
 def test_backward_applies_the_optimizer_update(small_tables):
-    shard = FusedShard([ShardTable.whole(small_tables[0])], SMALL, torch.device("cpu"))
+    shard = FusedShard([TablePiece.whole(small_tables[0])], SMALL, torch.device("cpu"))
     module = shard.groups[0][1]
     before = module.split_embedding_weights()[0].clone()
     out = shard.forward(0)
@@ -49,8 +49,8 @@ def test_backward_applies_the_optimizer_update(small_tables):
 
 def test_column_slices_of_a_table_see_the_same_lookups(small_tables):
     table = small_tables[0]
-    a = FusedShard([ShardTable(table=table, columns=(0, 16))], SMALL, torch.device("cpu"))
-    b = FusedShard([ShardTable(table=table, columns=(16, 32))], SMALL, torch.device("cpu"))
+    a = FusedShard([TablePiece(table=table, columns=(0, 16))], SMALL, torch.device("cpu"))
+    b = FusedShard([TablePiece(table=table, columns=(16, 32))], SMALL, torch.device("cpu"))
     assert all(torch.equal(x, y) for x, y in zip(a.batches[0][0], b.batches[0][0]))
 
 
@@ -58,13 +58,13 @@ def test_rows_are_capped_on_cpu():
     from shard_ray.workload.tables import TableSpec
 
     big = TableSpec(name="big", rows=10**9, dim=8, pooling_factor=2.0)
-    shard = FusedShard([ShardTable.whole(big)], MeasureConfig(batch_size=16, max_rows=1000), torch.device("cpu"))
+    shard = FusedShard([TablePiece.whole(big)], MeasureConfig(batch_size=16, max_rows=1000), torch.device("cpu"))
     assert shard.groups[0][1].split_embedding_weights()[0].shape == (1000, 8)
     assert int(shard.batches[0][0][0].max()) < 1000
 
 
 def test_measure_reports_medians_and_infeasible_shards(small_tables):
-    parts = [ShardTable.whole(t) for t in small_tables[:3]]
+    parts = [TablePiece.whole(t) for t in small_tables[:3]]
     ok = measure_fused_shard(parts, SMALL, "cpu:test")
     assert ok.status == "ok" and ok.fwd_ms > 0 and ok.bwd_ms > 0
     adam = measure_fused_shard(parts, SMALL.model_copy(update={"optimizer": "adam"}), "cpu:test")
@@ -74,25 +74,25 @@ def test_measure_reports_medians_and_infeasible_shards(small_tables):
 def test_shard_key_is_content_and_order_free(small_tables):
     a, b = small_tables[0], small_tables[1]
     renamed = a.model_copy(update={"name": "other"})
-    key = shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL, "hw")
-    assert key == shard_key([ShardTable.whole(b), ShardTable.whole(renamed)], SMALL, "hw")
-    assert key != shard_key([ShardTable.whole(a), ShardTable.whole(b)], SMALL, "other-hw")
+    key = shard_key([TablePiece.whole(a), TablePiece.whole(b)], SMALL, "hw")
+    assert key == shard_key([TablePiece.whole(b), TablePiece.whole(renamed)], SMALL, "hw")
+    assert key != shard_key([TablePiece.whole(a), TablePiece.whole(b)], SMALL, "other-hw")
     assert key != shard_key(
-        [ShardTable.whole(a), ShardTable.whole(b)], SMALL.model_copy(update={"batch_size": 32}), "hw"
+        [TablePiece.whole(a), TablePiece.whole(b)], SMALL.model_copy(update={"batch_size": 32}), "hw"
     )
-    assert key != shard_key([ShardTable(table=a, columns=(0, 16)), ShardTable.whole(b)], SMALL, "hw")
+    assert key != shard_key([TablePiece(table=a, columns=(0, 16)), TablePiece.whole(b)], SMALL, "hw")
 
 
 def test_store_keeps_each_key_once_and_persists(tmp_path, small_tables):
-    m = measure_fused_shard([ShardTable.whole(small_tables[0])], SMALL, "cpu:test")
+    m = measure_fused_shard([TablePiece.whole(small_tables[0])], SMALL, "cpu:test")
     path = tmp_path / "store.db"
     with MeasurementStore(path) as store:
-        assert store.put(m) is True
-        assert store.put(m) is False
+        assert store.put_shard(m) is True
+        assert store.put_shard(m) is False
         assert store.known_keys([m.key, "nope"]) == {m.key}
     with MeasurementStore(path) as store:
         assert store.count() == 1
-        assert store.get(m.key) == m
+        assert store.get_shard(m.key) == m
         assert store.summary() == {"cpu:test": {"ok": 1}}
 
 

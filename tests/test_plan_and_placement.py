@@ -83,7 +83,7 @@ def test_every_baseline_gives_a_valid_plan_within_memory(name, small_tables):
     plan.check(small_tables)
     assert max(plan.device_memory_bytes(small_tables, topology)) <= topology.memory_bytes
     assert plan.algorithm == name and plan.placement_seconds > 0
-    assert plan.metadata["settings"]["memory_gb"] == pytest.approx(topology.memory_gb)
+    assert plan.settings.memory_gb == pytest.approx(topology.memory_gb)
 
 
 def test_greedy_balances_its_proxy():

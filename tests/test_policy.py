@@ -21,6 +21,7 @@ from shard_ray.policy.env import (
 )
 from shard_ray.policy.network import MASKED_LOGIT, DeviceScorer, load_policy, save_policy
 from shard_ray.policy.ppo import PolicyConfig, env_config
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec
 
@@ -57,11 +58,11 @@ def test_state_masks_devices_without_room(models, small_tables):
     state = PlacementState(small_tables, topology, models)
     assert state.action_mask().all()
     state.place(0)  # the first table is the costliest; device 0 may now lack room for the next one
-    expected = state.free >= state.need[1]
+    expected = state.ledger.free >= state.need[1]
     assert (state.action_mask() == expected).all()
     obs = state.observation()
     assert (obs["action_mask"] == expected.astype(np.float32)).all()
-    full = int(np.argmin(state.free))
+    full = int(np.argmin(state.ledger.free))
     if not expected[full]:
         with pytest.raises(Exception, match="no room"):
             state.place(full)
@@ -186,7 +187,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    runs = mlflow.search_runs(experiment_names=[POLICY_EXPERIMENT])
     assert len(runs) == 1 and runs.iloc[0]["tags.kind"] == "policy"
 
 
@@ -223,8 +224,8 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
     plan = json.loads(out.read_text())
     assert plan["algorithm"] == "dreamshard" and plan["num_devices"] == 3
     assert sorted(s["table"] for s in plan["shards"]) == ["a", "b", "c", "d", "e"]
-    assert plan["metadata"]["predicted_cost_ms"] >= plan["metadata"]["lower_bound_ms"] - 1e-6
-    assert plan["metadata"]["settings"]["samples"] == 4
+    assert plan["estimate"]["predicted"]["cost_ms"] >= plan["estimate"]["lower_bound_ms"] - 1e-6
+    assert plan["settings"]["algorithm"]["samples"] == 4
     capsys.readouterr()
 
     (tmp_path / "bad.pt").write_text("garbage")
@@ -266,7 +267,7 @@ def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, p
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    runs = mlflow.search_runs(experiment_names=[POLICY_EXPERIMENT])
     assert len(runs) == 2 and set(runs["tags.mlflow.runName"]) == {"policy/outer-loop"}
     assert "metrics.model_error" in runs.columns
 

@@ -27,7 +27,7 @@ def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session,
             planted_parts = shards[0]
             planted = pool.actors[0].measure.remote(planted_parts, CONFIG)
             record = ray_session.get(planted).model_copy(update={"fwd_ms": 12345.0})
-            store.put(record)
+            store.put_shard(record)
             results = pool.measure(shards, CONFIG, store, progress=False)
             assert len(results) == len(shards)
             assert results[0].fwd_ms == 12345.0
@@ -142,8 +142,7 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     rows = run_demo(
         DemoConfig(
             workdir=tmp_path / "demo",
-            min_tables=6,
-            max_tables=6,
+            num_tables=6,
             profile_shards=2,
             repeats=2,
             batch_size=128,
@@ -177,3 +176,21 @@ def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_ta
         assert collect_comm(small_tables, config, store) == 0
         plans = store.plan_measurements()
         assert len(plans) == 3 and all(p.plan.num_devices == 2 and p.cost.batch_size == 64 for p in plans)
+
+
+def test_pool_and_gang_are_shut_down_when_their_block_raises(ray_session):
+    import pytest
+    import ray
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with ProfilingPool(num_actors=1) as pool, DeviceGang(2) as gang:
+            actors, members = list(pool.actors), list(gang.members)
+            assert ray.get(actors[0].pid.remote()) > 0
+            raise Boom
+    assert pool.actors == [] and gang.members == []
+    for handle in [*actors, *members]:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(handle.__ray_ready__.remote(), timeout=30)

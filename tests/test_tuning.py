@@ -30,7 +30,7 @@ def store_file(pool_file) -> Path:
     path = pool_file.parent / "measurements.db"
     with MeasurementStore(path) as store:
         for parts in draw_augmented_shards(load_tables(pool_file), 50, 4, (8, 16, 64), seed=1):
-            store.put(measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test"))
+            store.put_shard(measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test"))
     return path
 
 
@@ -54,7 +54,7 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
             "costmodel",
             "--store",
             str(store_file),
-            "--train-pool",
+            "--tables",
             str(pool_file),
             "--out",
             str(out),
@@ -90,7 +90,7 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
                 "train",
                 "--store",
                 str(store_file),
-                "--train-pool",
+                "--tables",
                 str(pool_file),
                 "--out",
                 str(model),
@@ -115,7 +115,7 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         [
             "tune",
             "search",
-            "--pool",
+            "--tables",
             str(pool_file),
             "--out",
             str(out),
@@ -167,7 +167,7 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         str(out / "best.json"),
     ]
     assert main([*flags, "--algo", "cost_search"]) == 0
-    assert json.loads(plan.read_text())["metadata"]["settings"]["search_config"] == str(out / "best.json")
+    assert json.loads(plan.read_text())["settings"]["source"] == str(out / "best.json")
     capsys.readouterr()
     assert main([*flags[:-2], "--algo", "neuroshard", "--search-config", str(out / "best.json")]) == 2
     assert "takes no search settings" in capsys.readouterr().err
@@ -179,7 +179,7 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
         [
             "tune",
             "policy",
-            "--pool",
+            "--tables",
             str(pool_file),
             "--out",
             str(out),
@@ -215,7 +215,7 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
             [
                 "policy",
                 "train",
-                "--pool",
+                "--tables",
                 str(pool_file),
                 "--out",
                 str(trained),
@@ -262,7 +262,7 @@ def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, po
         "train",
         "--store",
         str(store_file),
-        "--train-pool",
+        "--tables",
         str(pool_file),
         "--out",
         str(tmp_path / "m.pt"),
@@ -286,7 +286,7 @@ def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, po
     )
     assert main([*common, "--config", str(bad)]) == 2
     assert "unknown setting(s) colour" in capsys.readouterr().err
-    assert main(["tune", "search", "--pool", str(tmp_path / "missing.json"), "--out", str(tmp_path / "s")]) == 2
+    assert main(["tune", "search", "--tables", str(tmp_path / "missing.json"), "--out", str(tmp_path / "s")]) == 2
     with pytest.raises(SystemExit) as exit:
         main(
             [
@@ -294,7 +294,7 @@ def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, po
                 "costmodel",
                 "--store",
                 str(store_file),
-                "--train-pool",
+                "--tables",
                 str(pool_file),
                 "--out",
                 str(tmp_path / "s"),

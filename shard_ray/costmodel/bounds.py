@@ -17,13 +17,14 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.plan.plan import table_wise
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 
 def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topology, column_wise: bool = True) -> float:
     d = topology.num_devices
-    encodings = models.encode_tables([(t, t.dim) for t in tables], topology.batch_size)
+    encodings = models.encode_tables(table_wise(tables), topology.batch_size)
     everything = models.compute_from_sums(encodings.sum(dim=0, keepdim=True), torch.tensor([float(len(tables))]))
     compute = float(everything.sum()) / d
     if not column_wise:
@@ -37,6 +38,4 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     own_grid, widest_grid = np.meshgrid(own, widest)
     feasible = own_grid <= widest_grid
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
-    with torch.no_grad():
-        comm = torch.exp(models.comm(torch.from_numpy(features))).sum(dim=1)
-    return compute + float(comm.min())
+    return compute + float(models.comm_ms(features).sum(axis=1).min())

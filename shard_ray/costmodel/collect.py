@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from shard_ray.configfile import setting
 from shard_ray.plan.plan import Plan, Shard
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -27,15 +28,15 @@ COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256)
 
 @dataclass(frozen=True)
 class CollectConfig:
-    samples: int = 500
-    min_tables: int = 1
-    max_tables: int = 16
-    batch_sizes: tuple[int, ...] = (512, 1024, 2048)
-    device_counts: tuple[int, ...] = (2,)
+    samples: int = setting(500, "shards (compute) or plans per device count (comm)", min=1)
+    min_tables: int = setting(1, "fewest tables in a compute shard", min=1)
+    max_tables: int = setting(16, "most tables in a compute shard", min=1)
+    batch_sizes: tuple[int, ...] = setting((512, 1024, 2048), "batch sizes, comma-separated, used in turn", min=1)
+    device_counts: tuple[int, ...] = setting((2,), "gang sizes for comm data, comma-separated", min=1)
     dims: tuple[int, ...] = COLLECT_DIMS
     warmup: int = 2
-    repeats: int = 7
-    seed: int = 0
+    repeats: int = setting(7, "timed steps per sample", min=1)
+    seed: int = setting(0, "random seed")
 
 
 def collect_compute(
@@ -73,10 +74,7 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
     """Measure `samples` plans per device count on a gang of that size; returns how many were new."""
     before = store.count("plan_measurements")
     for num_devices in config.device_counts:
-        gang = DeviceGang(num_devices)
-        for warning in gang.warnings:
-            print(f"warning: {warning}")
-        try:
+        with DeviceGang(num_devices) as gang:
             samples = draw_comm_plans(pool, num_devices, config.samples, config, config.seed + num_devices)
             todo = []
             for i, (plan, tables) in enumerate(samples):
@@ -93,6 +91,4 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
             ):
                 cost = gang.evaluate(plan, tables, measure)
                 store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
-        finally:
-            gang.shutdown()
     return store.count("plan_measurements") - before

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from shard_ray.plan.plan import TablePiece
 from shard_ray.workload.tables import REUSE_BINS, TableSpec
 
 TABLE_FEATURES = (
@@ -50,11 +51,11 @@ def table_features(table: TableSpec, width: int, rows_cap: int | None = None) ->
     return np.asarray(values, dtype=np.float32)
 
 
-def parts_features(parts: list[tuple[TableSpec, int]], rows_cap: int | None = None) -> np.ndarray:
-    """[n, NUM_TABLE_FEATURES] for (table, width) pairs; [0, F] for an empty shard."""
+def parts_features(parts: list[TablePiece], rows_cap: int | None = None) -> np.ndarray:
+    """[n, NUM_TABLE_FEATURES] for the pieces of a shard; [0, F] for an empty shard."""
     if not parts:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
-    return np.stack([table_features(t, w, rows_cap) for t, w in parts])
+    return np.stack([table_features(p.table, p.width, rows_cap) for p in parts])
 
 
 def batch_context(batch_size: int) -> float:

@@ -36,7 +36,7 @@ from torch import nn
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import write_atomic
-from shard_ray.workload.tables import TableSpec
+from shard_ray.plan.plan import TablePiece
 
 FORMAT = "shard-ray-costmodels/1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -174,8 +174,8 @@ class CostModels:
         return self.info.get("rows_cap")
 
     @torch.no_grad()
-    def predict_shards(self, shards: list[list[tuple[TableSpec, int]]], batch_size: int) -> np.ndarray:
-        """Predicted (fwd, bwd) ms [n, 2] of fused shards of (table, width) parts; empty shards cost 0."""
+    def predict_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [n, 2] of fused shards of table pieces; empty shards cost 0."""
         features, mask = pad_shards([parts_features(s, self.rows_cap) for s in shards])
         log_batch = torch.full((len(shards),), batch_context(batch_size))
         ms = torch.exp(self.compute(features, mask, log_batch)).numpy()
@@ -183,7 +183,7 @@ class CostModels:
         return ms
 
     @torch.no_grad()
-    def encode_tables(self, parts: list[tuple[TableSpec, int]], batch_size: int) -> torch.Tensor:
+    def encode_tables(self, parts: list[TablePiece], batch_size: int) -> torch.Tensor:
         return self.compute.encode(torch.from_numpy(parts_features(parts, self.rows_cap)), batch_context(batch_size))
 
     @torch.no_grad()
@@ -194,11 +194,17 @@ class CostModels:
         return ms
 
     @torch.no_grad()
+    def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Predicted (fwd, bwd) all-to-all ms [n, 2] of devices given by comm feature rows; zeros without a comm model."""
+        if self.comm is None:
+            return np.zeros((len(features), 2))
+        return torch.exp(self.comm(torch.as_tensor(features))).numpy()
+
     def predict_comm(self, widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
-        """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths; zeros without a comm model."""
-        if self.comm is None or len(widths) == 1:
-            return np.zeros((len(widths), 2))
-        return torch.exp(self.comm(torch.from_numpy(comm_features(widths, batch_size)))).numpy()
+        """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths of one plan; zeros on one device."""
+        if len(widths) == 1:
+            return np.zeros((1, 2))
+        return self.comm_ms(comm_features(widths, batch_size))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         buffer = io.BytesIO()

@@ -1,4 +1,4 @@
-"""Pricing placements with the cost models: items (a table's column range) on devices.
+"""Pricing placements with the cost models: pieces (a table's column range) on devices.
 
 Shared by the searches and the RL environment. The compute model works on sums of per-table
 rows, so a device's running sum plus one item's row prices the device with that item in one
@@ -11,10 +11,8 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.plan.plan import TablePiece
 from shard_ray.plan.topology import Topology, shard_bytes
-from shard_ray.workload.tables import TableSpec
-
-Item = tuple[TableSpec, tuple[int, int]]  # a table and the column range this item covers
 
 
 class Pricer:
@@ -25,13 +23,13 @@ class Pricer:
         self.topology = topology
         self._encodings: dict[tuple[str, tuple[int, int]], torch.Tensor] = {}
 
-    def encodings(self, items: list[Item]) -> torch.Tensor:
-        missing = [(t, c) for t, c in items if (t.name, c) not in self._encodings]
+    def encodings(self, items: list[TablePiece]) -> torch.Tensor:
+        missing = [p for p in items if (p.table.name, p.columns) not in self._encodings]
         if missing:
-            encoded = self.models.encode_tables([(t, c[1] - c[0]) for t, c in missing], self.topology.batch_size)
-            for (t, c), e in zip(missing, encoded):
-                self._encodings[(t.name, c)] = e
-        return torch.stack([self._encodings[(t.name, c)] for t, c in items])
+            encoded = self.models.encode_tables(missing, self.topology.batch_size)
+            for p, e in zip(missing, encoded):
+                self._encodings[(p.table.name, p.columns)] = e
+        return torch.stack([self._encodings[(p.table.name, p.columns)] for p in items])
 
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
@@ -42,11 +40,8 @@ class Pricer:
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
-        if self.models.comm is None:
-            return np.zeros(len(width))
         features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
-        with torch.no_grad():
-            return torch.exp(self.models.comm(torch.from_numpy(features))).numpy().sum(axis=1)
+        return self.models.comm_ms(features).sum(axis=1)
 
     def device_costs(self, encodings: torch.Tensor, widths: np.ndarray, assign: np.ndarray) -> np.ndarray:
         d = self.topology.num_devices
@@ -56,13 +51,13 @@ class Pricer:
         return self.compute(sums, counts) + self.comm(device_widths)
 
 
-def item_sizes(items: list[Item], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+def item_sizes(items: list[TablePiece], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     """Each item's width (columns) and memory need (bytes, with optimizer state)."""
-    widths = np.array([c[1] - c[0] for _, c in items], dtype=np.float64)
-    need = np.array([shard_bytes(t, c[1] - c[0], topology.optimizer) for t, c in items], dtype=np.int64)
+    widths = np.array([p.width for p in items], dtype=np.float64)
+    need = np.array([shard_bytes(p.table, p.width, topology.optimizer) for p in items], dtype=np.int64)
     return widths, need
 
 
-def single_costs(pricer: Pricer, items: list[Item]) -> np.ndarray:
+def single_costs(pricer: Pricer, items: list[TablePiece]) -> np.ndarray:
     enc = pricer.encodings(items)
     return pricer.compute(enc, torch.ones(len(items)))

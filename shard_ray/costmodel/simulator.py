@@ -7,8 +7,6 @@ plan costs its slowest device.
 
 from __future__ import annotations
 
-import numpy as np
-
 from shard_ray.costmodel.models import CostModels
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
@@ -20,10 +18,9 @@ class Simulator:
         self.models = models
 
     def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
-        by_name = {t.name: t for t in tables}
-        shards = [[(by_name[s.table], s.width) for s in plan.shards_on(d)] for d in range(plan.num_devices)]
+        shards = plan.pieces(tables)
         compute = self.models.predict_shards(shards, batch_size)
-        comm = self.models.predict_comm([sum(w for _, w in shard) for shard in shards], batch_size)
+        comm = self.models.predict_comm([sum(p.width for p in shard) for shard in shards], batch_size)
         return PlanCost(
             devices=[
                 DeviceCost(
@@ -38,13 +35,3 @@ class Simulator:
             hardware=f"simulated:{self.models.hardware}",
             batch_size=batch_size,
         )
-
-
-def simulation_error(simulated: list[float], measured: list[float]) -> dict[str, float]:
-    """Mean absolute percentage error and the mean signed error of simulated plan costs."""
-    sim, real = np.asarray(simulated), np.asarray(measured)
-    return {
-        "mape": float(np.mean(np.abs(sim - real) / real)),
-        "mean_signed_error": float(np.mean((sim - real) / real)),
-        "n": int(len(real)),
-    }

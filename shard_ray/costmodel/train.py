@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -21,6 +21,7 @@ from scipy.stats import spearmanr
 from torch import nn
 from tqdm import tqdm
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.features import batch_context, parts_features
 from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
 from shard_ray.errors import ShardRayError
@@ -39,18 +40,18 @@ FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    hidden: int = 128
-    depth: int = 2
+    hidden: int = setting(128, "encoder width", min=1)
+    depth: int = setting(2, "encoder layers", min=1)
     comm_hidden: int = 64
     comm_depth: int = 2
-    lr: float = 2e-3
+    lr: float = setting(2e-3, "learning rate", min=0)
     weight_decay: float = 1e-5
-    max_epochs: int = 400
+    max_epochs: int = setting(400, "most epochs; early stopping usually ends sooner", flag="--epochs", min=1)
     minibatch: int = 64
-    patience: int = 40
-    loss: str = "mse"
-    feature_scaling: str = "standardise"
-    seed: int = 0
+    patience: int = setting(40, "epochs without validation gain before stopping", min=1)
+    loss: str = setting("mse", "loss on log ms", choices=LOSSES)
+    feature_scaling: str = setting("standardise", "how features are scaled", choices=FEATURE_SCALINGS)
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         for name in ("hidden", "depth", "comm_hidden", "comm_depth", "max_epochs", "minibatch", "patience"):
@@ -97,9 +98,7 @@ class ComputeData:
 
 
 def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
-    features, mask = pad_shards(
-        [parts_features([(p.table, p.width) for p in m.tables], m.config.rows_cap_on(m.hardware)) for m in measurements]
-    )
+    features, mask = pad_shards([parts_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements])
     return ComputeData(
         features=features,
         mask=mask,
@@ -247,13 +246,18 @@ def train_comm_model(
 # ---------------------------------------------------------------- metrics
 
 
+def mape(predicted: Sequence[float] | np.ndarray, measured: Sequence[float] | np.ndarray) -> float:
+    """Mean absolute percentage error (a fraction) of predicted against measured values."""
+    predicted, measured = np.asarray(predicted, dtype=np.float64), np.asarray(measured, dtype=np.float64)
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
 def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | None]:
     """MAPE (fraction) and Spearman rank correlation of predicted vs measured; None without data."""
     if len(measured) == 0:
         return {"mape": None, "spearman": None, "n": 0}
-    mape = float(np.mean(np.abs(predicted - measured) / measured))
     rho = float(spearmanr(predicted, measured).statistic) if len(measured) > 2 else None
-    return {"mape": mape, "spearman": rho, "n": int(len(measured))}
+    return {"mape": mape(predicted, measured), "spearman": rho, "n": int(len(measured))}
 
 
 def describe_accuracy(name: str, metrics: dict[str, float | None]) -> str:
@@ -286,16 +290,14 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
     x, y = comm_samples(plans)
     if models.comm is None or len(x) == 0:
         return accuracy(np.zeros(0), np.zeros(0))
-    with torch.no_grad():
-        predicted = torch.exp(models.comm(x)).numpy().sum(axis=1)
-    return accuracy(predicted, torch.exp(y).numpy().sum(axis=1))
+    return accuracy(models.comm_ms(x).sum(axis=1), torch.exp(y).numpy().sum(axis=1))
 
 
 # ---------------------------------------------------------------- the whole job
 
 
 def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
-    counts = Counter(m.hardware for m in store.measurements() if m.status == "ok")
+    counts = Counter(m.hardware for m in store.shard_measurements() if m.status == "ok")
     if hardware is not None:
         if hardware not in counts:
             raise ShardRayError(f"the store has no measurements on {hardware!r}; it has {sorted(counts)}")
@@ -310,7 +312,7 @@ def compute_splits(
 ) -> tuple[str, int | None, dict[str, list[ShardMeasurement]]]:
     """One hardware's shard measurements in their splits, with that hardware and their row cap."""
     hardware = main_hardware(store, hardware)
-    measurements = store.measurements(hardware)
+    measurements = store.shard_measurements(hardware)
     caps = {m.config.rows_cap_on(hardware) for m in measurements}
     if len(caps) > 1:
         raise ShardRayError(
@@ -385,7 +387,7 @@ def update_cost_models(
     hardware = hardware or models.hardware
     measurements = [
         m
-        for m in store.measurements(hardware)
+        for m in store.shard_measurements(hardware)
         if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
     ]
     if not measurements:

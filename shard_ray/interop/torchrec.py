@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shard_ray.errors import ShardRayError, describe_validation_error, first_line
+from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_document, write_json
 from shard_ray.plan.plan import Plan, Shard
 from shard_ray.plan.topology import Topology
@@ -107,7 +107,7 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner import Topology as TorchRecTopology
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
-    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     constraints = {
@@ -132,8 +132,8 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
         apply_optimizer_in_backward(_OPTIMIZERS[topology.optimizer](), collection.parameters(), {"lr": 0.01})
         try:
             sharding_plan = planner.plan(collection, [EmbeddingBagCollectionSharder()])
-        except Exception as err:  # TorchRec's PlannerError and its kin: no plan within memory
-            raise ShardRayError(f"TorchRec's planner found no plan: {first_line(err)}") from None
+        except PlannerError as err:  # no plan within memory (or its partitioner gave up)
+            raise InfeasibleError(f"TorchRec's planner found no plan: {first_line(err)}") from None
     shards = []
     for name, sharding in sharding_plan.plan[""].items():
         if sharding.sharding_type not in SHARDING_TYPES:

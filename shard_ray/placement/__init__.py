@@ -1,11 +1,15 @@
-"""Placement algorithms, one module per family, all behind `place(name, tables, topology)`."""
+"""Placement algorithms, one module per family, all behind `place(name, tables, topology)`.
 
-from shard_ray.placement import heuristics as _heuristics  # noqa: F401  (each module registers its algorithms)
-from shard_ray.placement import search as _search  # noqa: F401
+Every module of this package is imported here, and registers its algorithms as it loads, so a
+new algorithm (with its own settings class, if it has any) is one new module.
+"""
 
-from shard_ray.placement import exact as _exact  # noqa: F401  isort: skip
-from shard_ray.placement import dreamshard as _dreamshard  # noqa: F401  isort: skip
-from shard_ray.placement import torchrec_planner as _torchrec  # noqa: F401  isort: skip
-from shard_ray.placement.base import AlgorithmInfo, algorithms, place
+import importlib
+import pkgutil
 
-__all__ = ["AlgorithmInfo", "algorithms", "place"]
+from shard_ray.placement.base import AlgorithmInfo, PlacementContext, algorithms, place, register
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["AlgorithmInfo", "PlacementContext", "algorithms", "place", "register"]

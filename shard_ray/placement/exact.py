@@ -12,17 +12,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
-from shard_ray.placement.base import Placer, register
+from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.search import (
     NEUROSHARD,
     Candidate,
     candidate_plan,
     greedy_grid,
 )
-from shard_ray.plan.plan import Plan
-from shard_ray.plan.topology import Topology
+from shard_ray.plan.plan import Plan, table_wise
+from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
 MAX_TABLES = 14
@@ -33,7 +32,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     """The best table-wise plan by simulated cost, and whether it is proven optimal (budget not hit)."""
     topology = pricer.topology
     d = topology.num_devices
-    items = [(t, (0, t.dim)) for t in tables]
+    items = table_wise(tables)
     order = np.argsort(-single_costs(pricer, items), kind="stable")
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
@@ -43,7 +42,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     sums = torch.zeros(d, enc.shape[1])
     counts = torch.zeros(d)
     compute = np.zeros(d)
-    free = np.full(d, topology.memory_bytes, dtype=np.int64)
+    ledger = MemoryLedger(topology)
     assign = np.zeros(len(items), dtype=np.int64)
     nodes = 0
 
@@ -59,7 +58,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             return
         used = counts > 0
         first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []
-        devices = [x for x in range(d) if (used[x] or x in first_empty) and free[x] >= need[k]]
+        devices = [x for x in range(d) if (used[x] or x in first_empty) and ledger.free[x] >= need[k]]
         if not devices:
             return
         idx = torch.tensor(devices)
@@ -72,13 +71,13 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             sums[x] += enc[k]
             counts[x] += 1
             compute[x] = new
-            free[x] -= need[k]
+            ledger.take(x, need[k])
             assign[k] = x
             visit(k + 1)
             sums[x] -= enc[k]
             counts[x] -= 1
             compute[x] = old
-            free[x] += need[k]
+            ledger.give(x, need[k])
 
     visit(0)
     return Candidate(items, best["assign"], best["cost"]), nodes <= node_budget
@@ -88,14 +87,11 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     "optimal",
     "exact",
     f"branch and bound: the best table-wise plan under the cost models (up to {MAX_TABLES} tables)",
-    needs_cost_model=True,
     max_tables=MAX_TABLES,
 )
-def optimal(models: CostModels, seed: int = 0) -> Placer:
+def optimal(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        candidate, proven = branch_and_bound(Pricer(models, topology), tables)
-        plan = candidate_plan(candidate, topology.num_devices, "optimal")
-        plan.metadata["proven_optimal"] = proven
-        return plan
+        candidate, context.proven_optimal = branch_and_bound(Pricer(context.models, topology), tables)
+        return candidate_plan(candidate, topology.num_devices, "optimal")
 
     return placer

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shard_ray.placement.base import MemoryLedger, Placer, register, table_wise_shard
-from shard_ray.plan.plan import Plan
-from shard_ray.plan.topology import Topology
+from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.plan.plan import Plan, table_wise
+from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
 Proxy = Callable[[TableSpec], float]
@@ -33,49 +33,50 @@ def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
         load = [0.0] * topology.num_devices
-        shards = []
-        for table in sorted(tables, key=proxy, reverse=True):
+        ordered = sorted(tables, key=proxy, reverse=True)
+        devices = []
+        for table in ordered:
             device = min(ledger.devices_with_room(table), key=lambda d: (load[d], d))
-            ledger.take(device, table)
+            ledger.take(device, ledger.need(table))
             load[device] += proxy(table)
-            shards.append(table_wise_shard(table, device))
-        return Plan(num_devices=topology.num_devices, algorithm=name, shards=shards)
+            devices.append(device)
+        return Plan.from_assignment(table_wise(ordered), devices, topology.num_devices, name)
 
     return placer
 
 
 for _name, (_proxy, _what) in PROXIES.items():
     register(_name, "heuristic", f"greedy: balance the sum of {_what}, largest first")(
-        lambda seed=0, _n=_name, _p=_proxy: greedy_by_proxy(_n, _p)
+        lambda context, _n=_name, _p=_proxy: greedy_by_proxy(_n, _p)
     )
 
 
 @register("random", "heuristic", "each table on a uniformly random device that has room")
-def random_placement(seed: int = 0) -> Placer:
+def random_placement(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(context.seed)
         ledger = MemoryLedger(topology)
-        shards = []
+        devices = []
         for table in tables:
             device = int(rng.choice(ledger.devices_with_room(table)))
-            ledger.take(device, table)
-            shards.append(table_wise_shard(table, device))
-        return Plan(num_devices=topology.num_devices, algorithm="random", shards=shards)
+            ledger.take(device, ledger.need(table))
+            devices.append(device)
+        return Plan.from_assignment(table_wise(tables), devices, topology.num_devices, "random")
 
     return placer
 
 
 @register("round_robin", "heuristic", "table i on device i mod D, moving on when a device is full")
-def round_robin(seed: int = 0) -> Placer:
+def round_robin(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
-        shards = []
+        devices = []
         d = topology.num_devices
         for i, table in enumerate(tables):
             room = set(ledger.devices_with_room(table))
             device = next((i + k) % d for k in range(d) if (i + k) % d in room)
-            ledger.take(device, table)
-            shards.append(table_wise_shard(table, device))
-        return Plan(num_devices=topology.num_devices, algorithm="round_robin", shards=shards)
+            ledger.take(device, ledger.need(table))
+            devices.append(device)
+        return Plan.from_assignment(table_wise(tables), devices, topology.num_devices, "round_robin")
 
     return placer

@@ -22,24 +22,26 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import Item, Pricer, item_sizes, single_costs
-from shard_ray.errors import ShardRayError
-from shard_ray.placement.base import Placer, register
-from shard_ray.plan.plan import Plan, Shard
-from shard_ray.plan.topology import Topology
+from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
+from shard_ray.errors import InfeasibleError, ShardRayError
+from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.plan.plan import Plan, TablePiece, table_wise
+from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """cost_search's settings (its defaults are cost_search's); NeuroShard's are `NEUROSHARD`."""
+
     scales: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
     beam_width: int = 3
     beam_depth: int = 3
     branching: int = 3  # costliest items tried as split candidates per beam state
-    split_ways: tuple[int, ...] = (2,)
-    local_search_steps: int = 0
+    split_ways: tuple[int, ...] = (2, 4)
+    local_search_steps: int = 200
     # Anytime search: beam expansion stops at 60% of the budget, local search at 100%.
-    time_budget_s: float | None = None
+    time_budget_s: float | None = 3.0
 
     def check(self) -> None:
         if not self.scales or any(not s > 0 for s in self.scales):
@@ -54,18 +56,18 @@ class SearchConfig:
             raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
 
 
-NEUROSHARD = SearchConfig()
-COST_SEARCH = SearchConfig(split_ways=(2, 4), local_search_steps=200, time_budget_s=3.0)
+NEUROSHARD = SearchConfig(split_ways=(2,), local_search_steps=0, time_budget_s=None)  # as published
+COST_SEARCH = SearchConfig()
 
 
 @dataclass
 class Candidate:
-    items: list[Item]
+    items: list[TablePiece]
     assign: np.ndarray
     cost: float
 
 
-def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) -> Candidate:
+def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...]) -> Candidate:
     """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
 
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
@@ -77,13 +79,15 @@ def greedy_grid(pricer: Pricer, items: list[Item], scales: tuple[float, ...]) ->
         _, need = item_sizes(items, pricer.topology)
         found = _greedy_passes(pricer, items, scales, np.argsort(-need, kind="stable"))
     if found is None:
-        raise ShardRayError(
+        raise InfeasibleError(
             f"the search found no placement within {pricer.topology.memory_gb:.3f} GB per device for these tables"
         )
     return found
 
 
-def _greedy_passes(pricer: Pricer, items: list[Item], scales: tuple[float, ...], order: np.ndarray) -> Candidate | None:
+def _greedy_passes(
+    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], order: np.ndarray
+) -> Candidate | None:
     """One greedy pass per scale, side by side: one model call per table prices it everywhere."""
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
@@ -93,12 +97,12 @@ def _greedy_passes(pricer: Pricer, items: list[Item], scales: tuple[float, ...],
     sums = torch.zeros(s, d, enc.shape[1])
     counts = torch.zeros(s, d)
     dim_sum = np.zeros((s, d))
-    free = np.full((s, d), topology.memory_bytes, dtype=np.int64)
+    ledger = MemoryLedger(topology, copies=s)
     assign = np.zeros((s, len(items)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
     for i in order:
-        fits = free >= need[i]
+        fits = ledger.room(need[i])
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
         allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
@@ -107,7 +111,7 @@ def _greedy_passes(pricer: Pricer, items: list[Item], scales: tuple[float, ...],
         sums[rows, device] += enc[i]
         counts[rows, device] += 1
         dim_sum[rows, device] += widths[i]
-        free[rows, device] -= need[i]
+        ledger.take(device, need[i], rows)
         assign[:, i] = device
     if not feasible.any():
         return None
@@ -139,7 +143,7 @@ def local_search(
         costs = pricer.device_costs(enc, widths, assign)
         order = np.argsort(-costs)
         slowest = int(order[0])
-        free = topology.memory_bytes - np.bincount(assign, weights=need, minlength=d)
+        free = MemoryLedger.of_assignment(topology, assign, need).free
         device_widths = np.bincount(assign, weights=widths, minlength=d)
         sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
         counts = np.bincount(assign, minlength=d)
@@ -191,14 +195,13 @@ def local_search(
     return Candidate(items, assign, cost)
 
 
-def split_item(item: Item, ways: int) -> list[Item] | None:
+def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
     """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4."""
-    table, (start, end) = item
-    width = end - start
+    start, width = item.columns[0], item.width
     if width % (4 * ways):
         return None
     step = width // ways
-    return [(table, (start + k * step, start + (k + 1) * step)) for k in range(ways)]
+    return [TablePiece(table=item.table, columns=(start + k * step, start + (k + 1) * step)) for k in range(ways)]
 
 
 def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -> Candidate:
@@ -209,7 +212,7 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
     expand_until, deadline = began + 0.6 * budget, began + budget
-    start = greedy_grid(pricer, [(t, (0, t.dim)) for t in tables], config.scales)
+    start = greedy_grid(pricer, table_wise(tables), config.scales)
     beam, everything, seen = [start], [start], {_signature(start.items)}
     for _ in range(config.beam_depth):
         splits = []
@@ -239,13 +242,12 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
     return min(finalists, key=lambda c: c.cost)
 
 
-def _signature(items: list[Item]) -> frozenset:
-    return frozenset((t.name, c) for t, c in items)
+def _signature(items: list[TablePiece]) -> frozenset:
+    return frozenset((p.table.name, p.columns) for p in items)
 
 
 def candidate_plan(candidate: Candidate, num_devices: int, algorithm: str) -> Plan:
-    shards = [Shard(table=t.name, device=int(dev), columns=c) for (t, c), dev in zip(candidate.items, candidate.assign)]
-    return Plan(num_devices=num_devices, algorithm=algorithm, shards=shards)
+    return Plan.from_assignment(candidate.items, candidate.assign, num_devices, algorithm)
 
 
 def search_placer(name: str, config: SearchConfig, models: CostModels) -> Placer:
@@ -257,21 +259,17 @@ def search_placer(name: str, config: SearchConfig, models: CostModels) -> Placer
 
 
 @register(
-    "neuroshard",
-    "search",
-    "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings",
-    needs_cost_model=True,
+    "neuroshard", "search", "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings"
 )
-def neuroshard(models: CostModels, seed: int = 0) -> Placer:
-    return search_placer("neuroshard", NEUROSHARD, models)
+def neuroshard(context: PlacementContext) -> Placer:
+    return search_placer("neuroshard", NEUROSHARD, context.models)
 
 
 @register(
     "cost_search",
     "search",
     "ours: NeuroShard's search plus halves and quarters and local search on the simulated cost",
-    needs_cost_model=True,
-    takes_search_config=True,
+    settings=SearchConfig,
 )
-def cost_search(models: CostModels, seed: int = 0, config: SearchConfig | None = None) -> Placer:
-    return search_placer("cost_search", config or COST_SEARCH, models)
+def cost_search(context: PlacementContext) -> Placer:
+    return search_placer("cost_search", context.settings, context.models)

@@ -6,13 +6,13 @@ measurements; see `shard_ray.interop.torchrec` for how the task is handed to it.
 
 from __future__ import annotations
 
-from shard_ray.placement.base import Placer, register
+from shard_ray.placement.base import PlacementContext, Placer, register
 
 
 @register(
     "torchrec", "planner", "TorchRec's EmbeddingShardingPlanner (analytic bandwidth model), table-wise and column-wise"
 )
-def torchrec_planner(seed: int = 0) -> Placer:
+def torchrec_planner(context: PlacementContext) -> Placer:
     import torchrec.distributed.planner  # noqa: F401  (imported here, so placement time leaves the import out)
 
     from shard_ray.interop.torchrec import plan_with_torchrec

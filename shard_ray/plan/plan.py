@@ -1,24 +1,63 @@
 """The plan type and its file format.
 
     {"num_devices": 4, "algorithm": "size_lookup_greedy", "placement_seconds": 0.01,
-     "shards": [{"table": "t0", "device": 2, "columns": [0, 64]}, ...], "metadata": {...}}
+     "shards": [{"table": "t0", "device": 2, "columns": [0, 64]}, ...],
+     "settings": {"memory_gb": 1.5, "batch_size": 1024, "optimizer": "rowwise_adagrad", "seed": 0,
+                  "algorithm": {...}, "source": null},
+     "memory_bytes": [...], "estimate": {"predicted": {...}, "lower_bound_ms": 3.1, ...}, "metadata": {}}
 
 A shard is a column range of a table on a device; table-wise placement is one shard per
-table with columns [0, dim).
+table with columns [0, dim). `settings` records what the plan was made for, `estimate` what the
+cost models predicted (for algorithms that plan with them). Plan files written before these
+were typed kept them in `metadata`; reading such a file moves them into place.
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shard_ray.errors import ShardRayError, describe_validation_error
+from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error
 from shard_ray.io import read_document, write_json
-from shard_ray.plan.topology import GB, Topology, shard_bytes
+from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.topology import GB, Optimizer, Topology, shard_bytes
 from shard_ray.workload.tables import TableSpec
+
+
+class TablePiece(BaseModel):
+    """A table, or a column range of it: what a device holds of a table, priced, profiled and placed as one.
+
+    The plan file records it as a `Shard` (the table's name, a device, the range); the searches,
+    the cost models and the profilers work on pieces, which carry the table's whole spec.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: TableSpec
+    columns: tuple[int, int]
+
+    @classmethod
+    def whole(cls, table: TableSpec) -> TablePiece:
+        return cls(table=table, columns=(0, table.dim))
+
+    @property
+    def width(self) -> int:
+        return self.columns[1] - self.columns[0]
+
+    def content(self) -> dict:
+        """What determines this piece's cost: the table's spec less its name, and the width."""
+        spec = self.table.model_dump(mode="json", exclude={"name"})
+        spec["dim"] = self.width
+        return spec
+
+
+def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
+    """Each table whole: the pieces of a table-wise plan."""
+    return [TablePiece.whole(t) for t in tables]
 
 
 class Shard(BaseModel):
@@ -43,6 +82,58 @@ class Shard(BaseModel):
         return self.columns[1] - self.columns[0]
 
 
+class PlanSettings(BaseModel):
+    """What a plan was made for: the topology's cap, batch and optimizer, the seed, the algorithm's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_gb: float = Field(gt=0)
+    batch_size: int = Field(ge=1)
+    optimizer: Optimizer
+    seed: int = 0
+    algorithm: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own settings, as it used them
+    source: str | None = None  # the file they were read from (a tuned-config file), if any
+
+
+class PlanEstimate(BaseModel):
+    """What the cost models say of a plan: its predicted per-device costs and the task's lower bound."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    predicted: PlanCost
+    lower_bound_ms: float | None = None
+    cost_model: str | None = None  # the model file
+    hardware: str | None = None  # the hardware the models were trained on
+    proven_optimal: bool | None = None  # exact solvers: whether the search finished within its budget
+
+
+# Keys plan files kept in `metadata` before settings and estimates were typed, and where they go.
+_LEGACY_ESTIMATE = ("predicted", "lower_bound_ms", "proven_optimal")
+_LEGACY_SETTINGS = ("memory_gb", "batch_size", "optimizer", "seed")
+
+
+def _lift_legacy_metadata(data: Any) -> Any:
+    if not isinstance(data, dict) or not isinstance(data.get("metadata"), dict):
+        return data
+    data, metadata = dict(data), dict(data["metadata"])
+    metadata.pop("predicted_cost_ms", None)  # the predicted cost's total, recomputed from its devices
+    if "memory_bytes" in metadata and "memory_bytes" not in data:
+        data["memory_bytes"] = metadata.pop("memory_bytes")
+    old = metadata.pop("settings", None)
+    if isinstance(old, dict) and "settings" not in data and all(k in old for k in _LEGACY_SETTINGS[:3]):
+        old = dict(old)
+        model, hardware = old.pop("cost_model", None), old.pop("cost_model_hardware", None)
+        source = old.pop("search_config", None)
+        data["settings"] = {**{k: old.pop(k) for k in _LEGACY_SETTINGS if k in old}, "algorithm": old, "source": source}
+        if "predicted" in metadata and "estimate" not in data:
+            estimate = {key: metadata.pop(key) for key in _LEGACY_ESTIMATE if key in metadata}
+            data["estimate"] = {**estimate, "cost_model": model, "hardware": hardware}
+    elif old is not None:
+        metadata["settings"] = old
+    data["metadata"] = metadata
+    return data
+
+
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -50,7 +141,33 @@ class Plan(BaseModel):
     algorithm: str
     placement_seconds: float = Field(default=0.0, ge=0)
     shards: list[Shard] = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    settings: PlanSettings | None = None
+    memory_bytes: list[int] | None = None  # per device, weights plus optimizer state
+    estimate: PlanEstimate | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)  # anything else an algorithm records
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_legacy_metadata(cls, data: Any) -> Any:
+        return _lift_legacy_metadata(data)
+
+    @classmethod
+    def from_assignment(
+        cls, pieces: list[TablePiece], devices: Sequence[int], num_devices: int, algorithm: str
+    ) -> Plan:
+        """The plan putting each piece (a table's column range) on its device."""
+        shards = [
+            Shard(table=p.table.name, device=int(d), columns=p.columns) for p, d in zip(pieces, devices, strict=True)
+        ]
+        return cls(num_devices=num_devices, algorithm=algorithm, shards=shards)
+
+    def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
+        """What every device holds, in plan order: its fused shard."""
+        by_name = {t.name: t for t in tables}
+        return [
+            [TablePiece(table=by_name[s.table], columns=s.columns) for s in self.shards_on(d)]
+            for d in range(self.num_devices)
+        ]
 
     def shards_on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
@@ -90,7 +207,7 @@ class Plan(BaseModel):
         """Refuse a plan that puts more on a device than its memory cap."""
         for device, used in enumerate(self.device_memory_bytes(tables, topology)):
             if used > topology.memory_bytes:
-                raise ShardRayError(
+                raise InfeasibleError(
                     f"plan needs {used / GB:.3f} GB on device {device}, over the cap of "
                     f"{topology.memory_gb:.3f} GB (weights + {topology.optimizer} state)"
                 )

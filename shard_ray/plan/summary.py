@@ -7,10 +7,27 @@ from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import GB, Topology
 from shard_ray.workload.tables import TableSpec
 
+# Printed once under the table: what the cost columns are.
+LEGEND = (
+    "fwd/bwd ms: the fused embedding kernel, forward / backward with the optimizer update; "
+    "fwd/bwd a2a: all-to-all of pooled embeddings; total: their sum"
+)
+# Where the costs come from, by `cost_label`.
+SOURCES = {"measured": "timed on the device gang", "simulated": "priced by the cost models"}
+
 
 def format_plan_summary(
-    plan: Plan, tables: list[TableSpec], topology: Topology, cost: PlanCost | None = None, cost_label: str = "measured"
+    plan: Plan,
+    tables: list[TableSpec],
+    topology: Topology,
+    cost: PlanCost | None = None,
+    cost_label: str = "measured",
+    lower_bound_ms: float | None = None,
 ) -> str:
+    """The per-device table; with `cost`, each device's four parts, the plan cost and the legend.
+
+    `lower_bound_ms`, the task's lower bound on the simulated cost, is printed under it when given.
+    """
     memory = plan.device_memory_bytes(tables, topology)
     header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GB':>10} {'mem %':>6}"
     if cost is not None:
@@ -36,5 +53,9 @@ def format_plan_summary(
             )
         lines.append(line)
     if cost is not None:
-        lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step)")
+        source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
+        lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step{source})")
+        if lower_bound_ms is not None:
+            lines.append(f"lower bound: {lower_bound_ms:.3f} ms (no placement of these tables simulates below it)")
+        lines.append(LEGEND)
     return "\n".join(lines)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from shard_ray.errors import InfeasibleError
 from shard_ray.workload.tables import TableSpec
 
 Optimizer = Literal["rowwise_adagrad", "sgd", "adam"]
@@ -47,3 +49,52 @@ def memory_cap_with_headroom(
     """A per-device cap `headroom` times an even split of all tables, and never below the largest table."""
     sizes = [shard_bytes(t, t.dim, optimizer) for t in tables]
     return int(max(headroom * sum(sizes) / num_devices, 1.05 * max(sizes))) + 1
+
+
+class MemoryLedger:
+    """Free memory of each device (weights plus optimizer state) while pieces are placed: the one ledger.
+
+    `free` is an int64 array [D], or [copies, D] for searches that run several placements side
+    by side (NeuroShard's greedy passes, one per dim-sum cap). Needs come from `shard_bytes`.
+    """
+
+    def __init__(self, topology: Topology, copies: int | None = None) -> None:
+        self.topology = topology
+        shape = (topology.num_devices,) if copies is None else (copies, topology.num_devices)
+        self.free = np.full(shape, topology.memory_bytes, dtype=np.int64)
+
+    @classmethod
+    def of_assignment(cls, topology: Topology, devices: np.ndarray, needs: np.ndarray) -> MemoryLedger:
+        """The ledger once the pieces of `needs` bytes are on `devices`."""
+        ledger = cls(topology)
+        ledger.free -= np.bincount(devices, weights=needs, minlength=topology.num_devices).astype(np.int64)
+        return ledger
+
+    def need(self, table: TableSpec, width: int | None = None) -> int:
+        return shard_bytes(table, table.dim if width is None else width, self.topology.optimizer)
+
+    def room(self, need: int | np.ndarray) -> np.ndarray:
+        """Where `need` bytes fit: a bool array shaped like `free`."""
+        return self.free >= need
+
+    def take(self, device: int | np.ndarray, need: int | np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Put `need` bytes on `device` (of each copy in `rows`, for a ledger of several copies)."""
+        if rows is None:
+            self.free[device] -= need
+        else:
+            self.free[rows, device] -= need
+
+    def give(self, device: int, need: int) -> None:
+        self.free[device] += need
+
+    def devices_with_room(self, table: TableSpec, width: int | None = None) -> list[int]:
+        """Devices with room for the table (or `width` columns of it); InfeasibleError naming it when none."""
+        need = self.need(table, width)
+        devices = [int(d) for d in np.flatnonzero(self.room(need))]
+        if not devices:
+            raise InfeasibleError(
+                f"table {table.name!r} needs {need / GB:.3f} GB "
+                f"(weights + {self.topology.optimizer} state) but no device has that much free "
+                f"(most free: {int(self.free.max()) / GB:.3f} GB of {self.topology.memory_gb:.3f} GB)"
+            )
+        return devices

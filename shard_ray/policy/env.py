@@ -4,7 +4,7 @@
 single-table cost, largest first; the action is the device of the current table. Observations
 are built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost
 models' predictions, so no hardware runs inside the RL loop. The same state drives training
-(`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.placement.dreamshard`).
+(`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.policy.decode`).
 
 Rewards are dense and telescoping: step t earns -(C_t - C_{t-1}) / L, where C_t is the
 simulated cost of the partial plan (its slowest device) and L the task's lower bound, so an
@@ -28,8 +28,8 @@ from shard_ray.costmodel.features import NUM_TABLE_FEATURES, TABLE_FEATURES, tab
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import Plan, Shard
-from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.plan.plan import Plan, table_wise
+from shard_ray.plan.topology import MemoryLedger, Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 
@@ -65,7 +65,7 @@ class PlacementState:
         self.topology = topology
         self.models = models
         self.pricer = Pricer(models, topology)
-        items = [(t, (0, t.dim)) for t in tables]
+        items = table_wise(tables)
         singles = single_costs(self.pricer, items)
         order = np.argsort(-singles, kind="stable")
         self.tables = [tables[i] for i in order]
@@ -79,7 +79,7 @@ class PlacementState:
         self.sums = torch.zeros(d, self.encodings.shape[1])
         self.counts = torch.zeros(d)
         self.device_widths = np.zeros(d)
-        self.free = np.full(d, topology.memory_bytes, dtype=np.int64)
+        self.ledger = MemoryLedger(topology)
         self.feature_sums = np.zeros((d, NUM_TABLE_FEATURES), dtype=np.float64)
         self.compute_ms = np.zeros((d, 2))
         self.comm_ms = np.zeros(d)
@@ -97,7 +97,7 @@ class PlacementState:
 
     def action_mask(self) -> np.ndarray:
         """Devices with room for the current table."""
-        return self.free >= self.need[self.step_index]
+        return self.ledger.room(self.need[self.step_index])
 
     def _device_totals(self) -> np.ndarray:
         return self.compute_ms.sum(axis=1) + self.comm_ms
@@ -129,8 +129,8 @@ class PlacementState:
                 totals / scale,
                 with_table / scale,
                 (np.maximum(with_table, self.cost) - self.cost) / scale,
-                self.free / self.topology.memory_bytes,
-                np.minimum(self.need[i] / np.maximum(self.free, 1), 2.0),
+                self.ledger.free / self.topology.memory_bytes,
+                np.minimum(self.need[i] / np.maximum(self.ledger.free, 1), 2.0),
                 self.device_widths / self.widths.sum(),
                 np.log1p(self.counts.numpy()),
                 sums[:, :SCALAR_TABLE_FEATURES],
@@ -159,7 +159,7 @@ class PlacementState:
         self.sums[device] += self.encodings[i]
         self.counts[device] += 1
         self.device_widths[device] += self.widths[i]
-        self.free[device] -= self.need[i]
+        self.ledger.take(device, self.need[i])
         self.feature_sums[device] += self.features[i]
         self.compute_ms[device] = row[:2]
         self.comm_ms = self.pricer.comm(self.device_widths)
@@ -175,8 +175,7 @@ class PlacementState:
     def plan(self, algorithm: str) -> Plan:
         if not self.done:
             raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.tables)} tables placed")
-        shards = [Shard(table=t.name, device=int(dev), columns=(0, t.dim)) for t, dev in zip(self.tables, self.assign)]
-        return Plan(num_devices=self.topology.num_devices, algorithm=algorithm, shards=shards)
+        return Plan.from_assignment(self.items, self.assign, self.topology.num_devices, algorithm)
 
 
 @dataclass

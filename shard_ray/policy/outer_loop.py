@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.costmodel.train import TrainConfig, update_cost_models
+from shard_ray.costmodel.train import TrainConfig, mape, update_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
-from shard_ray.placement.dreamshard import policy_placer
 from shard_ray.plan.topology import Topology
+from shard_ray.policy.decode import policy_placer
 from shard_ray.policy.network import DeviceScorer
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,
@@ -41,20 +43,21 @@ from shard_ray.policy.ppo import (
 )
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import DeviceGang, plan_parts
+from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.tables import TableSpec
 
 
 @dataclass(frozen=True)
 class OuterLoopConfig:
-    rounds: int = 5
-    tasks_per_round: int = 4  # plans measured per round
-    ppo_iterations_per_round: int = 10
-    gang_devices: int = 2  # devices of the measuring gang (and of the measured tasks)
-    profiling_actors: int = 2
-    repeats: int = 7  # timed steps per measurement; medians are kept
-    update_epochs: int = 40  # most epochs of each cost-model update
+    rounds: int = setting(5, "rounds of measure / update / train", min=1)
+    tasks_per_round: int = setting(4, "policy plans measured per round", min=1)
+    ppo_iterations_per_round: int = setting(10, "PPO iterations per round", flag="--ppo-iterations", min=1)
+    gang_devices: int = setting(2, "devices of the measuring gang (and of the measured tasks)", min=1)
+    profiling_actors: int = setting(2, "profiling actors", flag="--actors", min=1)
+    repeats: int = setting(7, "timed steps per measurement; medians are kept", min=1)
+    update_epochs: int = setting(40, "most epochs of each cost-model update", min=1)
     update_lr: float = 5e-4
     seed: int = 0
 
@@ -92,7 +95,7 @@ def measure_policy_plans(
             print(f"  a task of {len(tables)} tables is skipped: {err}")
             continue
         config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
-        profiler.measure([parts for parts in plan_parts(plan, tables) if parts], config, store, progress=False)
+        profiler.measure([parts for parts in plan.pieces(tables) if parts], config, store, progress=False)
         key = plan_key(plan, tables, config, gang.hardware)
         stored = store.get_plan(key)
         if stored is not None:
@@ -114,7 +117,7 @@ def run_outer_loop(
     store_path: str | None = None,
     cost_model: str | None = None,
     tracking_uri: str | None = None,
-    experiment: str = "shard-ray",
+    experiment: str = POLICY_EXPERIMENT,
 ) -> Path:
     """Run (or resume) the loop into `out_dir`; returns the policy file's path."""
     loop.check()
@@ -139,21 +142,22 @@ def run_outer_loop(
 
     # Env runners start on the models they can load anywhere, then get the loop's current ones.
     algo = build_algorithm(policy_config, pool, cost_model)
-    gang = profiler = logger = None
-    try:
+    # Whatever happens, the MLflow run is closed and the gang, the pool and RLlib are stopped (in that order).
+    with ExitStack() as resources:
+        resources.callback(algo.stop)
         restore_checkpoint(algo, checkpoint_dir)
         set_cost_models(algo, models)
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
-        gang = DeviceGang(loop.gang_devices)
-        for warning in gang.warnings:
-            print(f"warning: {warning}")
-        profiler = ProfilingPool(loop.profiling_actors)
+        gang = resources.enter_context(DeviceGang(loop.gang_devices))
+        profiler = resources.enter_context(ProfilingPool(loop.profiling_actors))
         if profiler.hardware != models.hardware:
             print(
                 f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}"
             )
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info) if tracking_uri else None
+        if logger:
+            resources.callback(logger.close, policy_file)
         with MeasurementStore(store_path or out / "measurements.db") as store:
             for round_index in range(len(history), loop.rounds):
                 print(f"== round {round_index + 1}/{loop.rounds}: (a) measuring the policy's plans")
@@ -182,7 +186,7 @@ def run_outer_loop(
                     "round": round_index + 1,
                     "plans_measured": len(pairs),
                     "mean_measured_cost_ms": statistics.mean(m for _, m in pairs) if pairs else None,
-                    "model_error": statistics.mean(abs(p - m) / m for p, m in pairs) if pairs else None,
+                    "model_error": mape(*zip(*pairs)) if pairs else None,
                     "policy_episode_return": returns[-1] if returns else None,
                 }
                 history.append(record)
@@ -190,11 +194,4 @@ def run_outer_loop(
                 if logger:
                     logger.log_metrics({k: v for k, v in record.items() if isinstance(v, float)}, step=round_index + 1)
                 print(f"   round {round_index + 1}: {json.dumps(record)}")
-    finally:
-        if logger:
-            logger.close(policy_file)
-        for part in (gang, profiler):
-            if part is not None:
-                part.shutdown()
-        algo.stop()
     return policy_file

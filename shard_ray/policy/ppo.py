@@ -10,6 +10,7 @@ placing without Ray. Each iteration is logged to MLflow when a tracking URI is g
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -19,38 +20,40 @@ from typing import Any
 
 import numpy as np
 
+from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import DeviceScorer, save_policy
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    iterations: int = 30
-    train_batch_size: int = 2048  # env steps (tables placed) per PPO iteration
-    minibatch_size: int = 256
+    iterations: int = setting(30, "PPO iterations in all", min=1)
+    train_batch_size: int = setting(2048, "tables placed per iteration", flag="--train-batch", min=1)
+    minibatch_size: int = setting(256, "SGD minibatch", flag="--minibatch", min=1)
     num_epochs: int = 10
-    lr: float = 1e-3
+    lr: float = setting(1e-3, "Adam learning rate", min=0)
     gamma: float = 1.0  # the return is the plan's cost: no discounting
     lambda_: float = 0.95
     clip_param: float = 0.2
     entropy_coeff: float = 0.001
     vf_loss_coeff: float = 0.5
-    hidden: int = 128
-    num_env_runners: int = 0  # 0: sample in the driver; on a cluster, one per spare CPU
-    num_learners: int = 0  # 0: learn in the driver; >0 puts learners on GPUs when there are any
-    min_tables: int = 15
-    max_tables: int = 25
-    devices: tuple[int, ...] = (4,)
-    max_devices: int = 8
+    hidden: int = setting(128, "network width", min=1)
+    num_env_runners: int = setting(0, "RLlib env runner actors; 0 samples in the driver", flag="--env-runners")
+    num_learners: int = setting(0, "RLlib learner actors, on GPUs when there are any", flag="--learners")
+    min_tables: int = setting(15, "fewest tables in a training task", min=1)
+    max_tables: int = setting(25, "most tables in a training task", min=1)
+    devices: tuple[int, ...] = setting((4,), "device counts of training tasks, comma-separated", min=1)
+    max_devices: int = setting(8, "observations are padded to this many devices", min=1)
     memory_headroom: tuple[float, float] = (1.3, 2.0)
-    batch_size: int = 1024
+    batch_size: int = setting(1024, "global batch size priced", min=1)
     checkpoint_every: int = 5
-    seed: int = 0
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         for name in ("iterations", "train_batch_size", "minibatch_size", "num_epochs", "hidden", "checkpoint_every"):
@@ -80,6 +83,12 @@ def env_config(config: PolicyConfig, pool: list[TableSpec], cost_model: str | No
     )
 
 
+def _not_rllibs_own_deprecation(record: logging.LogRecord) -> bool:
+    # RLModule.__init__ builds the deprecated RLModuleConfig itself (RLlib 2.60), so every module
+    # warns of `RLModule(config=...)`, which no code of ours calls; Ray's other deprecations stay.
+    return "RLModule(config=" not in record.getMessage()
+
+
 def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str | None = None) -> Any:
     """A PPO Algorithm on the placement environment (needs a connected Ray)."""
     import torch
@@ -92,6 +101,10 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
     config.check()
     environment = env_config(config, pool, cost_model)
     environment.check()
+    # RLlib warns, before `log_level` below applies, about its own API stack: nothing a user of
+    # shard-ray can act on. Its errors still show.
+    logging.getLogger("ray.rllib").setLevel(logging.ERROR)
+    logging.getLogger("ray._common.deprecation").addFilter(_not_rllibs_own_deprecation)
     # Learner actors take a GPU each when the cluster has GPUs; the driver's own learner, when it has one.
     gpus = int(cluster_has_gpus() if config.num_learners > 0 else torch.cuda.is_available())
     ppo = (
@@ -111,7 +124,8 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
             minibatch_size=config.minibatch_size,
             num_epochs=config.num_epochs,
         )
-        .debugging(seed=config.seed, log_level="ERROR")
+        # log_sys_usage: no system-usage sampling thread (nor its "install gputil" notice); returns are what is reported
+        .debugging(seed=config.seed, log_level="ERROR", log_sys_usage=False)
         .reporting(metrics_num_episodes_for_smoothing=200)
     )
     return ppo.build_algo()
@@ -201,7 +215,7 @@ def train_policy(
     out_dir: str | Path,
     cost_model: str | None = None,
     tracking_uri: str | None = None,
-    experiment: str = "shard-ray",
+    experiment: str = POLICY_EXPERIMENT,
 ) -> Path:
     """Train (or resume training) a policy into `out_dir`; returns the policy file's path."""
     out = Path(out_dir)
@@ -267,7 +281,7 @@ def validation_score(
 
     A task where it gets stuck (the next table fits nowhere) scores 1 + INFEASIBLE_PENALTY.
     """
-    from shard_ray.placement.dreamshard import roll_out
+    from shard_ray.policy.decode import roll_out
     from shard_ray.policy.env import INFEASIBLE_PENALTY
 
     scores, stuck = [], 0
@@ -288,8 +302,7 @@ class MlflowIterationLogger:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
+        use_experiment(tracking_uri, experiment)
         self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info["hardware"]})
         mlflow.log_params({"cost_model": info["cost_model"], **{k: str(v) for k, v in info["config"].items()}})
 

@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, ShardTable, measure_fused_shard, shard_key
+from shard_ray.plan.plan import TablePiece
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard, shard_key
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.store import MeasurementStore
 
@@ -41,7 +42,7 @@ class ProfilingActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def measure(self, parts: list[ShardTable], config: MeasureConfig) -> ShardMeasurement:
+    def measure(self, parts: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
         return measure_fused_shard(parts, config, self._hardware)
 
 
@@ -62,14 +63,24 @@ class ProfilingPool:
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
         options = resources_per_device(self.use_gpus)
         self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
-        hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
-        if len(hardware) != 1:
-            raise RuntimeError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+        try:
+            hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
+            if len(hardware) != 1:
+                raise ShardRayError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+        except BaseException:  # Ctrl-C or a dead actor while starting: no actor is left running
+            self.shutdown()
+            raise
         self.hardware = hardware.pop()
+
+    def __enter__(self) -> ProfilingPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def measure(
         self,
-        shards: Sequence[list[ShardTable]],
+        shards: Sequence[list[TablePiece]],
         config: MeasureConfig,
         store: MeasurementStore,
         progress: bool = True,
@@ -104,10 +115,10 @@ class ProfilingPool:
                     bar.write(f"a profiling actor died for good; {len(self.actors)} left")
                     continue
                 idle.append(actor)
-                store.put(measurement)
+                store.put_shard(measurement)
                 bar.update(1)
         bar.close()
-        return [store.get(key) for key in keys]  # type: ignore[misc]
+        return [store.get_shard(key) for key in keys]  # type: ignore[misc]
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -19,10 +19,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from shard_ray.errors import ShardRayError, first_line
+from shard_ray.plan.plan import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 from shard_ray.profiling.hardware import measurement_device
 from shard_ray.workload.access import fold_rows, generate_table_batch
-from shard_ray.workload.tables import TableSpec
 
 # On CPU the kernel's cost is set by the rows a batch touches and by cache misses; beyond a
 # few hundred thousand rows a table is far out of cache either way, so CPU profiling
@@ -58,40 +58,17 @@ class MeasureConfig(BaseModel):
         return self.rows_cap(torch.device("cpu" if hardware.startswith("cpu") else "cuda"))
 
 
-class ShardTable(BaseModel):
-    """A table, or a column slice of one, inside a fused shard."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    table: TableSpec
-    columns: tuple[int, int]
-
-    @classmethod
-    def whole(cls, table: TableSpec) -> ShardTable:
-        return cls(table=table, columns=(0, table.dim))
-
-    @property
-    def width(self) -> int:
-        return self.columns[1] - self.columns[0]
-
-    def content(self) -> dict:
-        """What determines this part's cost: the table's spec less its name, and the width."""
-        spec = self.table.model_dump(mode="json", exclude={"name"})
-        spec["dim"] = self.width
-        return spec
-
-
 def content_digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def shard_key(parts: list[ShardTable], config: MeasureConfig, hardware: str) -> str:
+def shard_key(parts: list[TablePiece], config: MeasureConfig, hardware: str) -> str:
     """Key of a measurement: the shard's content (order-free), the settings and the hardware."""
     contents = sorted(content_digest(p.content()) for p in parts)
     return content_digest({"parts": contents, "config": config.model_dump(mode="json"), "hardware": hardware})
 
 
-def _batch_seed(part: ShardTable, config: MeasureConfig, batch: int) -> int:
+def _batch_seed(part: TablePiece, config: MeasureConfig, batch: int) -> int:
     # Same table content -> same batches, so column slices of one table see the same lookups.
     spec = part.table.model_dump(mode="json", exclude={"name", "dim"})
     return int(content_digest([spec, config.seed, batch])[:15], 16)
@@ -104,7 +81,7 @@ _PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
 class FusedShard:
     """The fused embedding kernels of one device, with its batches prepared."""
 
-    def __init__(self, parts: list[ShardTable], config: MeasureConfig, device: torch.device | None = None) -> None:
+    def __init__(self, parts: list[TablePiece], config: MeasureConfig, device: torch.device | None = None) -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -142,7 +119,7 @@ class FusedShard:
         self.batches = [self._make_batch(b, cap) for b in range(config.num_batches)]
 
     @staticmethod
-    def _rows(part: ShardTable, cap: int | None) -> int:
+    def _rows(part: TablePiece, cap: int | None) -> int:
         return part.table.rows if cap is None else min(part.table.rows, cap)
 
     def _make_batch(self, batch: int, cap: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -222,7 +199,7 @@ class ShardMeasurement(BaseModel):
 
     key: str
     hardware: str
-    tables: list[ShardTable]
+    tables: list[TablePiece]
     config: MeasureConfig
     status: Literal["ok", "infeasible"] = "ok"
     fwd_ms: float | None = None
@@ -230,7 +207,7 @@ class ShardMeasurement(BaseModel):
     reason: str | None = None
 
 
-def measure_fused_shard(parts: list[ShardTable], config: MeasureConfig, hardware: str) -> ShardMeasurement:
+def measure_fused_shard(parts: list[TablePiece], config: MeasureConfig, hardware: str) -> ShardMeasurement:
     """Build and time one fused shard; out-of-memory and kernel errors are recorded, not raised."""
     key = shard_key(parts, config, hardware)
     try:

@@ -21,6 +21,7 @@ import datetime
 import os
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,9 +35,9 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, ShardTable
+from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig
 from shard_ray.profiling.hardware import hardware_id, measurement_device
 from shard_ray.workload.tables import TableSpec
 
@@ -45,15 +46,6 @@ def batch_slices(batch_size: int, num_devices: int) -> list[int]:
     """Rows of the global batch each device trains on after the all-to-all."""
     base, extra = divmod(batch_size, num_devices)
     return [base + (1 if d < extra else 0) for d in range(num_devices)]
-
-
-def plan_parts(plan: Plan, tables: list[TableSpec]) -> list[list[ShardTable]]:
-    """The fused shard of every device: its tables and column slices, in plan order."""
-    by_name = {t.name: t for t in tables}
-    return [
-        [ShardTable(table=by_name[s.table], columns=s.columns) for s in plan.shards_on(d)]
-        for d in range(plan.num_devices)
-    ]
 
 
 @ray.remote
@@ -94,7 +86,7 @@ class GangMember:
             dist.destroy_process_group()
 
     def run_plan(
-        self, parts: list[ShardTable], widths: list[int], config: MeasureConfig, take_turns: bool = False
+        self, parts: list[TablePiece], widths: list[int], config: MeasureConfig, take_turns: bool = False
     ) -> dict:
         """Time the real embedding step of this device's share of a plan; returns median ms per part.
 
@@ -178,19 +170,38 @@ class DeviceGang:
         self.members: list[Any] = []
         self._group: PlacementGroup | None = None
         self._start()
+        for warning in self.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> DeviceGang:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # After an error (Ctrl-C included) members may be stuck in a collective: no polite leave.
+        if kind is None:
+            self.shutdown()
+        else:
+            self._stop()
 
     def _start(self) -> None:
+        """Reserve the devices, start the members and join them; on any failure nothing is left running."""
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}
         self._group = placement_group([bundle] * self.num_devices, strategy="PACK")
         try:
-            ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
-        except ray.exceptions.GetTimeoutError as err:
-            remove_placement_group(self._group)
-            available = ray.available_resources()
-            raise ShardRayError(
-                f"cannot reserve {self.num_devices} devices ({bundle} each) within {self.reserve_timeout_s:.0f}s; "
-                f"the cluster has {available.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} GPUs free"
-            ) from err
+            try:
+                ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
+            except ray.exceptions.GetTimeoutError as err:
+                available = ray.available_resources()
+                raise ShardRayError(
+                    f"cannot reserve {self.num_devices} devices ({bundle} each) within {self.reserve_timeout_s:.0f}s; "
+                    f"the cluster has {available.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} GPUs free"
+                ) from err
+            self._start_members()
+        except BaseException:
+            self._stop()
+            raise
+
+    def _start_members(self) -> None:
         options = resources_per_device(self.use_gpus)
         self.members = [
             GangMember.options(
@@ -232,7 +243,7 @@ class DeviceGang:
         if plan.num_devices != self.num_devices:
             raise ShardRayError(f"plan is for {plan.num_devices} devices but the gang has {self.num_devices}")
         plan.check(tables)
-        parts = plan_parts(plan, tables)
+        parts = plan.pieces(tables)
         widths = [sum(p.width for p in device_parts) for device_parts in parts]
         for attempt in range(self.max_retries + 1):
             try:

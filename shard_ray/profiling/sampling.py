@@ -5,23 +5,23 @@ from __future__ import annotations
 import numpy as np
 
 from shard_ray.errors import ShardRayError
-from shard_ray.profiling.fused_shard import ShardTable
+from shard_ray.plan.plan import TablePiece
 from shard_ray.workload.tables import TableSpec
 
 
 def draw_shards(
     tables: list[TableSpec], count: int, max_tables: int, seed: int = 0, singles: bool = True
-) -> list[list[ShardTable]]:
+) -> list[list[TablePiece]]:
     """`count` random shards of 2..max_tables tables, after one shard per table when `singles`."""
     if count < 0 or max_tables < 1:
         raise ShardRayError("the shard count must be >= 0 and max tables per shard >= 1")
     rng = np.random.default_rng(seed)
-    shards = [[ShardTable.whole(t)] for t in tables] if singles else []
+    shards = [[TablePiece.whole(t)] for t in tables] if singles else []
     upper = min(max_tables, len(tables))
     for _ in range(count):
         size = int(rng.integers(min(2, upper), upper + 1))
         chosen = rng.choice(len(tables), size=size, replace=False)
-        shards.append([ShardTable.whole(tables[i]) for i in sorted(chosen)])
+        shards.append([TablePiece.whole(tables[i]) for i in sorted(chosen)])
     return shards
 
 
@@ -49,7 +49,7 @@ def base_table_name(name: str) -> str:
 
 def draw_augmented_shards(
     pool: list[TableSpec], count: int, max_tables: int, dims: tuple[int, ...], seed: int = 0, min_tables: int = 1
-) -> list[list[ShardTable]]:
+) -> list[list[TablePiece]]:
     """`count` shards of min_tables..max_tables augmented pool tables; the same seed gives the same shards."""
     if count < 0 or not 1 <= min_tables <= max_tables:
         raise ShardRayError("the sample count must be >= 0 and 1 <= min tables <= max tables per shard")
@@ -60,5 +60,5 @@ def draw_augmented_shards(
     for i in range(count):
         size = int(rng.integers(min_tables, min(max_tables, len(pool)) + 1))
         chosen = rng.choice(len(pool), size=size, replace=False)
-        shards.append([ShardTable.whole(augment_table(pool[j], rng, dims, f"{i}")) for j in sorted(chosen)])
+        shards.append([TablePiece.whole(augment_table(pool[j], rng, dims, f"{i}")) for j in sorted(chosen)])
     return shards

@@ -131,7 +131,7 @@ class MeasurementStore:
             PlanMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)
         ]
 
-    def put(self, measurement: ShardMeasurement) -> bool:
+    def put_shard(self, measurement: ShardMeasurement) -> bool:
         """Store a measurement unless its key is there already; True when it was added."""
         with self._db:
             cursor = self._db.execute(
@@ -150,11 +150,11 @@ class MeasurementStore:
             )
         return cursor.rowcount == 1
 
-    def get(self, key: str) -> ShardMeasurement | None:
+    def get_shard(self, key: str) -> ShardMeasurement | None:
         row = self._db.execute("SELECT record FROM shard_measurements WHERE key = ?", (key,)).fetchone()
         return None if row is None else ShardMeasurement.model_validate_json(row[0])
 
-    def measurements(self, hardware: str | None = None) -> list[ShardMeasurement]:
+    def shard_measurements(self, hardware: str | None = None) -> list[ShardMeasurement]:
         query, args = "SELECT record FROM shard_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)

@@ -1,7 +1,8 @@
 """MLflow runs for plan evaluations: parameters, per-device metrics, the plan and a bar chart.
 
 Runs carry the same parameter and metric names whatever the algorithm, so the UI's compare
-view lines plans of one task up side by side.
+view lines plans of one task up side by side. With an SQLite store, artifacts go to
+`mlartifacts/` beside the database (see `use_experiment`), never to a stray `./mlruns/`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from pathlib import Path
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
+from shard_ray.profiling.fused_shard import content_digest
+from shard_ray.workload.tables import TableSpec
 
 DEFAULT_EXPERIMENT = "shard-ray"
+POLICY_EXPERIMENT = "shard-ray-policy"  # `policy train` and `policy outer-loop` runs
+ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store's database file
 _PARTS = ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
 
 
@@ -27,6 +32,51 @@ def default_tracking_uri(directory: str | os.PathLike[str] = ".") -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{(Path(directory) / 'mlflow.db').resolve()}"
+
+
+def artifact_location(tracking_uri: str) -> str | None:
+    """Where a new experiment in an SQLite store keeps its artifacts: `mlartifacts/` beside the database.
+
+    None for other stores: a tracking server decides (`--artifacts-destination`). Left to itself,
+    MLflow would put an SQLite store's artifacts in `./mlruns/` of whatever the working directory is.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    return (database.resolve().parent / ARTIFACTS_FOLDER).as_uri()
+
+
+def use_experiment(tracking_uri: str, experiment: str) -> None:
+    """Point MLflow at `tracking_uri` and make `experiment` the active one.
+
+    The experiment is created with the artifact location of `artifact_location`; one created
+    before keeps the location it has.
+    """
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    existing = mlflow.get_experiment_by_name(experiment)
+    if existing is not None:
+        experiment_id = existing.experiment_id
+    else:
+        experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location(tracking_uri))
+    mlflow.set_experiment(experiment_id=experiment_id)
+
+
+def task_id(tables: list[TableSpec]) -> str:
+    """A short digest of a task's tables (names and specs, in order): equal exactly when the tasks are.
+
+    Task names repeat (every `tasks` run writes a `test_000`); this tells such tasks apart.
+    """
+    return content_digest([t.model_dump(mode="json") for t in tables])[:12]
+
+
+def plan_estimate(plan: Plan) -> tuple[float | None, float | None]:
+    """The plan's simulated cost and its task's lower bound in ms, None where the algorithm gave none.
+
+    The one place that knows where plans keep their estimates.
+    """
+    return (plan.estimate.predicted.cost_ms, plan.estimate.lower_bound_ms) if plan.estimate else (None, None)
 
 
 def ui_command(tracking_uri: str) -> str:
@@ -63,25 +113,30 @@ def log_plan_evaluation(
     cost: PlanCost,
     topology: Topology,
     task: str,
-    num_tables: int,
+    tables: list[TableSpec],
     tracking_uri: str,
     experiment: str = DEFAULT_EXPERIMENT,
     run_name: str | None = None,
 ) -> str:
-    """Log one measured plan as an MLflow run; returns the run id."""
+    """Log one measured plan of `tables` (the task named `task`) as an MLflow run; returns the run id."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_experiment(experiment)
+    use_experiment(tracking_uri, experiment)
     hardware = cost.hardware
-    tags = {"task": task, "algorithm": plan.algorithm, "devices": str(plan.num_devices), "hardware": hardware}
+    tags = {
+        "task": task,
+        "task_id": task_id(tables),
+        "algorithm": plan.algorithm,
+        "devices": str(plan.num_devices),
+        "hardware": hardware,
+    }
     with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags) as run:
         mlflow.log_params(
             {
                 "task": task,
                 "algorithm": plan.algorithm,
                 "num_devices": plan.num_devices,
-                "num_tables": num_tables,
+                "num_tables": len(tables),
                 "memory_gb": round(topology.memory_gb, 4),
                 "batch_size": topology.batch_size,
                 "optimizer": topology.optimizer,
@@ -95,6 +150,12 @@ def log_plan_evaluation(
                 metrics[f"device_{d.device}_{part}"] = getattr(d, part)
         for part in _PARTS:
             metrics[f"max_{part}"] = max(getattr(d, part) for d in cost.devices)
+        predicted, lower_bound = plan_estimate(plan)
+        if predicted is not None:
+            metrics["predicted_cost_ms"] = predicted
+        if lower_bound is not None:
+            metrics["lower_bound_ms"] = lower_bound
+            metrics["cost_over_lower_bound"] = cost.cost_ms / lower_bound
         mlflow.log_metrics(metrics)
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
@@ -141,8 +202,7 @@ def log_costmodel_evaluation(
     """An MLflow run of a cost model's held-out accuracy, with the predicted-vs-measured scatter."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_experiment(experiment)
+    use_experiment(tracking_uri, experiment)
     with mlflow.start_run(
         run_name=f"costmodel/{Path(model_path).name}", tags={"kind": "costmodel", "hardware": hardware}
     ) as run:

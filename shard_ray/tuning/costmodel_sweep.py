@@ -16,20 +16,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.train import (
     FEATURE_SCALINGS,
     LOSSES,
     ComputeData,
     TrainConfig,
-    accuracy,
     compute_data,
     compute_splits,
+    mape,
     step_compute_ms,
     train_compute_model,
 )
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 
 METRIC = "val_mape"
 SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "patience", "loss", "feature_scaling")
@@ -37,9 +38,9 @@ SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "pa
 
 @dataclass(frozen=True)
 class CostModelSweepConfig:
-    max_epochs: int = 300  # the largest epoch budget a trial may draw
-    report_every: int = 10  # epochs between a trial's reports (ASHA's time unit)
-    grace_reports: int = 3  # reports before ASHA may stop a trial
+    max_epochs: int = setting(300, "largest epoch budget a trial may draw", min=1)
+    report_every: int = setting(10, "epochs between a trial's reports (ASHA's time unit)", min=1)
+    grace_reports: int = setting(3, "reports before ASHA may stop a trial", min=1)
     seed: int = 0
 
     def check(self) -> None:
@@ -69,8 +70,9 @@ def train_config_from(trial: dict[str, Any], seed: int) -> TrainConfig:
     return dataclass_from(TrainConfig, {**{k: trial[k] for k in SWEPT}, "seed": seed}, "cost-model trial")
 
 
-def mape(model: Any, data: ComputeData | None) -> float | None:
-    return None if data is None else accuracy(*step_compute_ms(model, data))["mape"]
+def split_mape(model: Any, data: ComputeData | None) -> float | None:
+    """The model's MAPE on one data split, None when the split is empty."""
+    return None if data is None else mape(*step_compute_ms(model, data))
 
 
 def cost_model_trial(trial: dict[str, Any], data: dict[str, ComputeData], settings: CostModelSweepConfig) -> None:
@@ -84,10 +86,10 @@ def cost_model_trial(trial: dict[str, Any], data: dict[str, ComputeData], settin
         nonlocal epochs
         epochs = epoch + 1
         if epochs % settings.report_every == 0:
-            tune.report({METRIC: mape(model, data["val"]), "val_loss": loss, "epoch": epochs})
+            tune.report({METRIC: split_mape(model, data["val"]), "val_loss": loss, "epoch": epochs})
 
     model = train_compute_model(data["train"], data["val"], config, on_epoch=report)
-    final = {f"{name}_mape": mape(model, data.get(name)) for name in ("val", "test", "unseen")}
+    final = {f"{name}_mape": split_mape(model, data.get(name)) for name in ("val", "test", "unseen")}
     tune.report({**{k: v for k, v in final.items() if v is not None}, "epoch": epochs, "finished": 1})
 
 

@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.policy.ppo import PolicyConfig
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, describe_settings, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "validation_over_bound"
@@ -30,8 +31,8 @@ SWEPT = ("lr", "entropy_coeff", "num_epochs", "clip_param", "lambda_", "minibatc
 
 @dataclass(frozen=True)
 class PolicySweepConfig:
-    grace_iterations: int = 3  # iterations before ASHA may stop a trial
-    validation_tasks: int = 8
+    grace_iterations: int = setting(3, "iterations before ASHA may stop a trial", min=1)
+    validation_tasks: int = setting(8, "tasks each trial is scored on", min=1)
 
     def check(self) -> None:
         if self.grace_iterations < 1 or self.validation_tasks < 1:

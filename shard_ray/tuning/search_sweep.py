@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import COST_SEARCH, SearchConfig, search_placer
 from shard_ray.plan.topology import Topology
-from shard_ray.tuning.sweep import SweepConfig, dataclass_from, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
@@ -34,16 +35,16 @@ Task = tuple[list[TableSpec], Topology]
 
 @dataclass(frozen=True)
 class SearchSweepConfig:
-    tasks: int = 8  # validation tasks every trial plans
-    min_tables: int = 20
-    max_tables: int = 40
-    devices: int = 2
-    memory_headroom: float = 1.5  # memory cap: this times an even split of the task's bytes
-    batch_size: int = 1024
-    time_budget_s: float = 3.0  # each plan's anytime budget
-    measure_top: int = 2  # best simulated configurations measured on the gang (0: none)
-    measure_tasks: int = 3
-    repeats: int = 5  # timed steps per measured plan
+    tasks: int = setting(8, "validation tasks every trial plans", min=1)
+    min_tables: int = setting(20, "fewest tables in a validation task", min=1)
+    max_tables: int = setting(40, "most tables in a validation task", min=1)
+    devices: int = setting(2, "devices of the tasks and the measuring gang", min=1)
+    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
+    batch_size: int = setting(1024, "global batch size", min=1)
+    time_budget_s: float = setting(3.0, "anytime budget of each plan, seconds", flag="--time-budget", min=1e-3)
+    measure_top: int = setting(2, "best simulated settings measured on the gang; 0: none", min=0)
+    measure_tasks: int = setting(3, "validation tasks measured", min=1)
+    repeats: int = setting(5, "timed steps per measured plan", min=1)
     seed: int = 0
 
     def check(self) -> None:
@@ -141,11 +142,8 @@ def measure_candidates(
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.tracking.mlflow_runs import log_plan_evaluation
 
-    gang = DeviceGang(settings.devices)
-    for warning in gang.warnings:
-        print(f"warning: {warning}", flush=True)
     ratios: dict[str, list[float]] = {label: [] for label in candidates}
-    try:
+    with DeviceGang(settings.devices) as gang:
         for index, (tables, topology) in enumerate(tasks):
             plans = []
             for label, config in candidates.items():
@@ -159,16 +157,12 @@ def measure_candidates(
             for label, plan, cost in zip(candidates, plans, costs):
                 ratios[label].append(cost.cost_ms / shipped)
                 if tracking_uri:
-                    log_plan_evaluation(
-                        plan, cost, topology, f"validation-{index}", len(tables), tracking_uri, experiment
-                    )
+                    log_plan_evaluation(plan, cost, topology, f"validation-{index}", tables, tracking_uri, experiment)
             print(
                 f"validation task {index}: "
                 + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)),
                 flush=True,
             )
-    finally:
-        gang.shutdown()
     return {label: statistics.mean(values) for label, values in ratios.items()}
 
 

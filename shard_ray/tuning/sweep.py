@@ -27,23 +27,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from shard_ray.configfile import Kind, TunedConfig, setting
+from shard_ray.errors import ShardRayError
+from shard_ray.io import write_atomic, write_json
 
-from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import read_document, write_atomic, write_json
-
-TUNED_FORMAT = "shard-ray-tuned/1"
 SEARCH_ALGORITHMS = ("optuna", "random")
-Kind = Literal["costmodel", "search", "policy"]
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    samples: int = 16  # trials in all
-    search: str = "optuna"  # Optuna's TPE sampler, or random search
-    max_concurrent: int = 2  # trials at once; each takes one CPU
-    max_failures: int = 2  # times a failed trial is retried (Tune's FailureConfig)
-    seed: int = 0
+    samples: int = setting(16, "trials in all", min=1)
+    search: str = setting(
+        "optuna", "how trials are chosen: Optuna's TPE sampler, or random search", choices=SEARCH_ALGORITHMS
+    )
+    max_concurrent: int = setting(2, "trials at once, one CPU each", min=1)
+    max_failures: int = setting(2, "retries of a failed trial before it is left out", min=0)
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         if self.samples < 1:
@@ -54,51 +53,6 @@ class SweepConfig:
             raise ShardRayError(f"max_failures must be 0 or more, got {self.max_failures}")
         if self.search not in SEARCH_ALGORITHMS:
             raise ShardRayError(f"unknown search algorithm {self.search!r}; known: {', '.join(SEARCH_ALGORITHMS)}")
-
-
-class TunedConfig(BaseModel):
-    """The best configuration a sweep found."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal["shard-ray-tuned/1"] = TUNED_FORMAT
-    kind: Kind
-    config: dict[str, Any]
-    metric: str
-    mode: Literal["min", "max"]
-    value: float
-    trials: int
-    sweep: str
-    notes: dict[str, Any] = {}
-
-
-def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
-    """The configuration in a tuned-config file of `kind`."""
-    document = read_document(path, "tuned config")
-    if not isinstance(document, dict) or document.get("format") != TUNED_FORMAT:
-        raise ShardRayError(f'{path} is not a tuned-config file (expected "format": "{TUNED_FORMAT}")')
-    try:
-        tuned = TunedConfig.model_validate(document)
-    except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"tuned config {path}")) from None
-    if tuned.kind != kind:
-        raise ShardRayError(f"{path} holds a tuned {tuned.kind} configuration, not a {kind} one")
-    return tuned.config
-
-
-def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
-    """`cls(**values)` with lists made tuples (JSON has no tuples) and unknown keys refused."""
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
-    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    try:
-        config = cls(**converted)
-    except TypeError as err:
-        raise ShardRayError(f"{what}: {err}") from None
-    config.check()
-    return config
 
 
 def run_sweep(
@@ -122,8 +76,14 @@ def run_sweep(
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
+    from shard_ray.tracking.mlflow_runs import use_experiment
+    from shard_ray.tuning.progress import TrialProgress
+
     # Policy trials checkpoint every iteration; Tune warns that its state snapshots follow suit.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Tune's new output engine prints its header box and TensorBoard hint even at verbose=0; the
+    # legacy one is silent there, and TrialProgress says what matters.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     sweep.check()
     storage = (Path(out_dir) / "tune").resolve()  # Tune needs an absolute storage path
     path = storage / kind
@@ -141,8 +101,9 @@ def run_sweep(
             search_alg = ConcurrencyLimiter(OptunaSearch(seed=sweep.seed), max_concurrent=sweep.max_concurrent)
         else:
             search_alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
-        callbacks = []
+        callbacks: list[tune.Callback] = [TrialProgress(metric, sweep.samples)]
         if tracking_uri:
+            use_experiment(tracking_uri, experiment)  # created here, so its artifacts go where ours do
             callbacks.append(
                 MLflowLoggerCallback(
                     tracking_uri=tracking_uri, experiment_name=experiment, tags={"kind": f"tune-{kind}", **tags}
@@ -166,7 +127,7 @@ def run_sweep(
                 failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=callbacks,
-                verbose=1,
+                verbose=0,  # TrialProgress prints a line per trial in place of Tune's tables
             ),
         )
     began = time.perf_counter()

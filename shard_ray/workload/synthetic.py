@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shard_ray.configfile import setting
 from shard_ray.workload.tables import TableSpec
 
 PUBLIC_REUSE_HISTOGRAM = (
@@ -37,8 +38,8 @@ PUBLIC_REUSE_HISTOGRAM = (
 
 @dataclass(frozen=True)
 class PoolConfig:
-    num_tables: int = 856
-    seed: int = 0
+    num_tables: int = setting(856, "tables in the pool", min=1)
+    seed: int = setting(0, "random seed")
     dims: tuple[int, ...] = (16, 32, 64, 128)
     median_rows: float = 1e5
     rows_log_sigma: float = 2.0

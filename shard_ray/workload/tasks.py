@@ -14,18 +14,19 @@ from pathlib import Path
 
 import numpy as np
 
+from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.workload.tables import TableSpec, save_tables
 
 
 @dataclass(frozen=True)
 class TaskConfig:
-    num_tasks: int = 10
-    min_tables: int = 10
-    max_tables: int = 40
-    dims: tuple[int, ...] = (16, 32, 64, 128)
-    test_fraction: float = 0.5
-    seed: int = 0
+    num_tasks: int = setting(10, "tasks per split", min=1)
+    min_tables: int = setting(10, "fewest tables in a task", min=1)
+    max_tables: int = setting(40, "most tables in a task", min=1)
+    dims: tuple[int, ...] = setting((16, 32, 64, 128), "dims tables are given, comma-separated multiples of 4", min=1)
+    test_fraction: float = setting(0.5, "share of the pool's tables held out for test tasks")
+    seed: int = setting(0, "random seed")
 
     def check(self) -> None:
         if self.num_tasks < 1:

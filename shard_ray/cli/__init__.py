@@ -1,0 +1,49 @@
+"""The `shard-ray` command: one module per command group, each with its parser and handlers side by side.
+
+Every flag is generated from a settings dataclass (`shard_ray.cli.flags`), so a command's
+defaults live in one place. Only the group of the command being run is imported (its
+settings live next to torch and Ray), so `shard-ray --help` and bad commands answer at once.
+User errors print one line, `shard-ray: error: ...`, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from shard_ray.cli.commands import COMMANDS
+from shard_ray.cli.flags import Parser
+from shard_ray.errors import ShardRayError
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command's flags, or, given `command`, with that command's group only."""
+    parser = Parser(prog="shard-ray", description="Shard embedding tables over devices; measure the plans on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    groups = dict.fromkeys(c.group for c in COMMANDS.values())
+    wanted = {COMMANDS[command].group} if command in COMMANDS else set(groups) if command is None else set()
+    for group in groups:
+        if group in wanted:
+            importlib.import_module(f"shard_ray.cli.{group}").add_commands(sub)
+    for name, (group, help) in COMMANDS.items():
+        if group not in wanted:
+            sub.add_parser(name, help=help)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(command).parse_args(argv)
+    run: Callable[[argparse.Namespace], None] = args.run
+    try:
+        run(args)
+    except ShardRayError as err:
+        print(f"shard-ray: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shard-ray: interrupted", file=sys.stderr)
+        return 130
+    return 0

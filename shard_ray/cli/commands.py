@@ -1,0 +1,34 @@
+"""The commands and their one-line help, known without importing the heavy modules behind them."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NamedTuple
+
+
+class Command(NamedTuple):
+    group: str  # the module of shard_ray.cli with its parser and handler
+    help: str
+
+
+COMMANDS: dict[str, Command] = {
+    "generate": Command("workload", "write a synthetic DLRM-like table pool, or derive one from a dlrm_datasets file"),
+    "tasks": Command("workload", "split a pool into train/test pools and draw task table files from each"),
+    "algorithms": Command("planning", "list the placement algorithms"),
+    "plan": Command("planning", "place a table file's tables on devices and write a plan"),
+    "export": Command("planning", "write a plan as a TorchRec ShardingPlan for DistributedModelParallel"),
+    "profile": Command("measure", "measure fused shards of a table file on Ray profiling actors"),
+    "collect": Command("measure", "measure cost-model training data: random fused shards (compute) or plans (comm)"),
+    "evaluate": Command("measure", "run a plan's real embedding step on a gang of Ray actors"),
+    "costmodel": Command("costmodel", "train or evaluate the neural cost models"),
+    "policy": Command("policy", "train DreamShard placement policies with RLlib"),
+    "tune": Command("tune", "Ray Tune sweeps of the cost-model, search and PPO hyperparameters; resumable"),
+    "bench": Command(
+        "bench", "the benchmark report: every algorithm on test tasks and table files, every plan measured"
+    ),
+    "demo": Command("bench", "the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow"),
+}
+
+
+def add_command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=COMMANDS[name].help)

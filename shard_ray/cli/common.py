@@ -1,0 +1,48 @@
+"""Flag groups several commands share, defined once: the Ray cluster, MLflow tracking, the store."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from shard_ray.cli.flags import add_settings, settings_from
+from shard_ray.configfile import setting
+
+DEFAULT_STORE = "shard-ray-out/measurements.db"
+STORE_HELP = "measurement store, SQLite"
+
+
+@dataclass(frozen=True)
+class RayArgs:
+    address: str | None = setting(None, "Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+
+
+@dataclass(frozen=True)
+class TrackingArgs:
+    tracking_uri: str | None = setting(None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    experiment: str = setting("shard-ray", "MLflow experiment")
+    no_mlflow: bool = setting(False, "do not log MLflow runs")
+
+
+def add_ray(parser: argparse.ArgumentParser) -> None:
+    add_settings(parser, RayArgs)
+
+
+def add_tracking(parser: argparse.ArgumentParser, experiment: str = "shard-ray") -> None:
+    add_settings(parser, TrackingArgs, defaults={"experiment": experiment})
+    parser.set_defaults(default_experiment=experiment)
+
+
+def tracking(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The MLflow tracking URI (None with --no-mlflow) and experiment the flags ask for."""
+    from shard_ray.tracking.mlflow_runs import default_tracking_uri
+
+    flags = settings_from(TrackingArgs, args, defaults={"experiment": args.default_experiment})
+    return (None if flags.no_mlflow else flags.tracking_uri or default_tracking_uri()), flags.experiment
+
+
+def connect(args: argparse.Namespace, min_cpus: int = 1) -> None:
+    """Join the cluster the flags name, or start a local Ray, and say which."""
+    from shard_ray.runtime import connect_ray
+
+    print(connect_ray(args.address, min_cpus=min_cpus))

@@ -1,0 +1,181 @@
+"""Flags derived from settings dataclasses, as CleanRL derives its command line from `Args`.
+
+A settings field declared with `setting(default, help)` becomes a flag `--field-name` (or the
+`flag` it names); its type gives the parser (ints, floats, strings, `Literal` choices, booleans
+as bare flags, tuples as comma-separated lists), its default is the one default the command
+has, and `help` is what `--help` shows. Fields without help are not flags.
+
+Every generated flag parses to None when not given, so `settings_from` can merge, in one way
+for every command: the dataclass's defaults, then a tuned file's values, then the flags given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, fields
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from shard_ray.configfile import dataclass_from
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, like every other user error."""
+
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
+    return metadata.get("flag") or "--" + field_name.replace("_", "-")
+
+
+def _number(kind: type, minimum: float | None) -> typing.Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def _listed(item: typing.Callable[[str], Any]) -> typing.Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        return tuple(item(p) for p in parts)
+
+    parse.__name__ = "list"
+    return parse
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """argparse keywords (type, choices) for a field's annotation."""
+    annotation = _unwrap_optional(annotation)
+    origin = typing.get_origin(annotation)
+    minimum = metadata.get("min")
+    if origin is Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if "choices" in metadata:
+        return {"choices": list(metadata["choices"])}
+    if origin is tuple:
+        item = typing.get_args(annotation)[0]
+        parse = _number(item, minimum) if item in (int, float) else item
+        return {"type": parse if metadata.get("whole") else _listed(parse)}
+    if annotation in (int, float):
+        return {"type": _number(annotation, minimum)}
+    if annotation in (str, Path):
+        return {"type": annotation}
+    raise TypeError(f"no flag parser for {annotation!r}")
+
+
+def _shown(value: Any) -> str:
+    return ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
+
+
+class _Renamed(argparse.Action):
+    """A flag that also answers to its old name, with a one-line notice when the old one is used."""
+
+    def __init__(self, *args: Any, old_names: Sequence[str] = (), **kwargs: Any) -> None:
+        self.old_names = tuple(old_names)
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        if option in self.old_names:
+            print(f"shard-ray: note: {option} is now {self.option_strings[0]}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_settings(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    defaults: Mapping[str, Any] | None = None,
+    exclude: Sequence[str] = (),
+) -> None:
+    """Add a flag for every field of dataclass `cls` that has help; `defaults` overrides shown defaults."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if "help" not in f.metadata or f.name in exclude:
+            continue
+        meta = f.metadata
+        default = (defaults or {}).get(f.name, f.default if f.default is not MISSING else None)
+        text = meta["help"]
+        if default is not None and default != () and not meta.get("required") and hints[f.name] is not bool:
+            text += f" (default {_shown(default)})"
+        names = [flag_name(f.name, meta)]
+        if hints[f.name] is bool:
+            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=text)
+            continue
+        keywords = _parser_for(hints[f.name], meta)
+        old = meta.get("old_names", ())
+        if old:
+            keywords.update(action=_Renamed, old_names=old)
+        if meta.get("repeat"):
+            keywords["action"] = "append"
+        if "choices" not in keywords:
+            keywords["metavar"] = meta.get("metavar") or names[0].lstrip("-").replace("-", "_").upper()
+        parser.add_argument(
+            *names, *old, dest=f.name, default=None, required=bool(meta.get("required")), help=text, **keywords
+        )
+
+
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The flags of `cls` given on the command line (repeated list flags joined into one tuple)."""
+    values = {}
+    for f in fields(cls):
+        value = getattr(args, f.name, None)
+        if value is None or "help" not in f.metadata:
+            continue
+        if f.metadata.get("repeat"):
+            value = tuple(item for group in value for item in (group if isinstance(group, tuple) else (group,)))
+        values[f.name] = value
+    return values
+
+
+def merged_settings(
+    cls: type,
+    args: argparse.Namespace,
+    tuned: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    **fixed: Any,
+) -> dict[str, Any]:
+    """`cls`'s defaults, then `defaults`, then `tuned` (a tuned file's values), then the flags given, then `fixed`."""
+    values = asdict(cls())  # every settings field has a default; required flags default to None
+    values.update(defaults or {})
+    values.update(tuned or {})
+    values.update(given(args, cls))
+    values.update(fixed)
+    return values
+
+
+def settings_from(
+    cls: type,
+    args: argparse.Namespace,
+    tuned: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    **fixed: Any,
+) -> Any:
+    """The settings object of `merged_settings`, checked (`cls.check()` where it has one); bad values are one-line errors."""
+    return dataclass_from(cls, merged_settings(cls, args, tuned, defaults, **fixed), f"{cls.__name__} settings")

@@ -1,0 +1,162 @@
+"""`profile`, `collect` and `evaluate`: measurements on Ray actors and on the device gang."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from shard_ray.cli.commands import add_command
+from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
+from shard_ray.cli.flags import add_settings, settings_from
+from shard_ray.cli.planning import TopologyArgs
+from shard_ray.configfile import setting
+from shard_ray.costmodel.collect import CollectConfig
+from shard_ray.profiling.fused_shard import MeasureConfig
+
+_MEASURE = MeasureConfig.model_fields
+
+
+@dataclass(frozen=True)
+class MeasureArgs:
+    """How each shard or plan is timed; the defaults are MeasureConfig's."""
+
+    warmup: int = setting(_MEASURE["warmup"].default, "untimed steps first", min=0)
+    repeats: int = setting(_MEASURE["repeats"].default, "timed steps; medians are reported", min=1)
+    max_rows: int | None = setting(None, "rows allocated per table (default: 200000 on CPU, all on GPU)", min=1)
+
+
+@dataclass(frozen=True)
+class ProfileArgs:
+    tables: str = setting(None, "table file whose tables are profiled", required=True)
+    shards: int = setting(20, "random multi-table shards to measure", min=0)
+    max_tables: int = setting(8, "most tables in a random shard", min=1)
+    no_singles: bool = setting(False, "do not also measure every table alone")
+    actors: int = setting(2, "profiling actors, one device each", min=1)
+    batch_size: int = setting(_MEASURE["batch_size"].default, "global batch size", min=1)
+    store: str = setting(DEFAULT_STORE, STORE_HELP)
+    seed: int = setting(0, "random seed")
+
+
+@dataclass(frozen=True)
+class CollectArgs:
+    kind: Literal["compute", "comm"] = setting(None, "what to measure", required=True)
+    tables: str = setting(
+        None, "table file the samples are drawn from (e.g. tasks/train_pool.json)", required=True, old_names=("--pool",)
+    )
+    actors: int = setting(2, "profiling actors for compute data", min=1)
+    store: str = setting(DEFAULT_STORE, STORE_HELP)
+
+
+@dataclass(frozen=True)
+class EvaluateArgs:
+    tables: str = setting(None, "the table file the plan places", required=True)
+    plan: str = setting(None, "plan file to measure", required=True)
+    out: str = setting(None, "result file to write (.json)", required=True)
+    task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.sampling import draw_shards
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(ProfileArgs, args)
+    timing = settings_from(MeasureArgs, args)
+    tables = load_tables(flags.tables)
+    config = MeasureConfig(
+        batch_size=flags.batch_size,
+        warmup=timing.warmup,
+        repeats=timing.repeats,
+        max_rows=timing.max_rows,
+        seed=flags.seed,
+    )
+    shards = draw_shards(tables, flags.shards, flags.max_tables, seed=flags.seed, singles=not flags.no_singles)
+    connect(args, min_cpus=flags.actors)
+    with ProfilingPool(flags.actors) as pool, MeasurementStore(flags.store) as store:
+        before = store.count()
+        results = pool.measure(shards, config, store)
+        added = store.count() - before
+        ok = [m for m in results if m.status == "ok"]
+        print(
+            f"{len(shards)} shards on {pool.hardware}: {added} measured now, {len(shards) - added} already in {flags.store}"
+        )
+        print(f"{len(ok)} ok, {len(results) - len(ok)} infeasible; store holds {store.count()} measurements")
+    if ok:
+        for what, values in (("forward", sorted(m.fwd_ms for m in ok)), ("backward", sorted(m.bwd_ms for m in ok))):
+            print(f"{what} ms: min {values[0]:.3f}, median {values[len(values) // 2]:.3f}, max {values[-1]:.3f}")
+
+
+def cmd_collect(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.collect import collect_comm, collect_compute
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(CollectArgs, args)
+    config = settings_from(CollectConfig, args)
+    pool = load_tables(flags.tables)
+    connect(args, min_cpus=max(flags.actors, *config.device_counts))
+    with MeasurementStore(flags.store) as store:
+        if flags.kind == "compute":
+            with ProfilingPool(flags.actors) as profiler:
+                added = collect_compute(pool, config, profiler, store)
+            print(f"{added} new shard measurements; the store holds {store.count()} ({flags.store})")
+        else:
+            added = collect_comm(pool, config, store)
+            print(f"{added} new plan measurements; the store holds {store.count('plan_measurements')} ({flags.store})")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from shard_ray.io import write_json
+    from shard_ray.plan.plan import load_plan
+    from shard_ray.plan.summary import format_plan_summary
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(EvaluateArgs, args)
+    timing = settings_from(MeasureArgs, args)
+    tables = load_tables(flags.tables)
+    plan = load_plan(flags.plan)
+    plan.check(tables)
+    topology = settings_from(TopologyArgs, args).topology(plan.num_devices, plan.settings)
+    plan.check_memory(tables, topology)
+    config = MeasureConfig.for_topology(
+        topology, warmup=timing.warmup, repeats=timing.repeats, max_rows=timing.max_rows
+    )
+    tracking_uri, experiment = tracking(args)
+    connect(args, min_cpus=plan.num_devices)
+    with DeviceGang(plan.num_devices) as gang:
+        cost = gang.evaluate(plan, tables, config)
+    write_json(flags.out, cost.model_dump(mode="json"))
+    print(format_plan_summary(plan, tables, topology, cost))
+    if tracking_uri is not None:
+        task = flags.task or Path(flags.tables).stem
+        run_id = log_plan_evaluation(plan, cost, topology, task, len(tables), tracking_uri, experiment)
+        print(f"logged MLflow run {run_id} to {tracking_uri}")
+    print(f"wrote {flags.out}")
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "profile")
+    add_settings(p, ProfileArgs)
+    add_settings(p, MeasureArgs)
+    add_ray(p)
+    p.set_defaults(run=cmd_profile)
+
+    p = add_command(sub, "collect")
+    add_settings(p, CollectArgs)
+    add_settings(p, CollectConfig)
+    add_ray(p)
+    p.set_defaults(run=cmd_collect)
+
+    p = add_command(sub, "evaluate")
+    add_settings(p, EvaluateArgs)
+    add_settings(p, TopologyArgs)
+    add_settings(p, MeasureArgs)
+    add_ray(p)
+    add_tracking(p)
+    p.set_defaults(run=cmd_evaluate)

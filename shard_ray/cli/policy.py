@@ -1,0 +1,108 @@
+"""`policy train` and `policy outer-loop`: DreamShard placement policies trained with RLlib."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shard_ray.cli.commands import add_command
+from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
+from shard_ray.cli.flags import Parser, add_settings, merged_settings, settings_from
+from shard_ray.configfile import dataclass_from, setting
+from shard_ray.policy.outer_loop import OuterLoopConfig
+from shard_ray.policy.ppo import PolicyConfig
+
+POLICY_EXPERIMENT = "shard-ray-policy"
+
+
+@dataclass(frozen=True)
+class PolicyArgs:
+    tables: str = setting(
+        None,
+        "table file training tasks are drawn from (e.g. tasks/train_pool.json)",
+        required=True,
+        old_names=("--pool",),
+    )
+    out: str = setting(None, "folder for the checkpoint and policy.pt; an existing one is resumed", required=True)
+    config: str | None = setting(None, "tuned PPO settings (best.json of `tune policy`); flags given override them")
+    cost_model: str | None = setting(None, "cost model file pricing the MDP (default: the shipped CPU models)")
+
+
+@dataclass(frozen=True)
+class OuterLoopArgs:
+    store: str | None = setting(None, "measurement store (default: measurements.db in --out)")
+
+
+def add_policy_flags(
+    parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None, iterations: bool = True
+) -> None:
+    """The flags of a policy's training: inputs, PPO settings, Ray and MLflow."""
+    add_settings(parser, PolicyArgs)
+    add_settings(parser, PolicyConfig, defaults=defaults, exclude=() if iterations else ("iterations",))
+    add_ray(parser)
+
+
+def policy_inputs(
+    args: argparse.Namespace, defaults: Mapping[str, Any] | None = None, **fixed: Any
+) -> tuple[PolicyArgs, PolicyConfig, list]:
+    """The flags' inputs, PPO settings (defaults < tuned file < flags given) and pool, checked before Ray starts."""
+    from shard_ray.configfile import load_tuned
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.policy.ppo import env_config
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(PolicyArgs, args)
+    pool = load_tables(flags.tables)
+    tuned = load_tuned(flags.config, "policy") if flags.config else None
+    values = merged_settings(PolicyConfig, args, tuned, defaults, **fixed)
+    # the minibatch cannot exceed the batch, and observations must have room for every task's devices
+    values["minibatch_size"] = min(values["minibatch_size"], values["train_batch_size"])
+    values["max_devices"] = max(values["max_devices"], *values["devices"])
+    config = dataclass_from(PolicyConfig, values, "PPO settings")
+    if flags.cost_model is not None:
+        CostModels.load(flags.cost_model)
+    env_config(config, pool, flags.cost_model).check()
+    return flags, config, pool
+
+
+def cmd_policy_train(args: argparse.Namespace) -> None:
+    from shard_ray.policy.ppo import train_policy
+
+    flags, config, pool = policy_inputs(args)
+    tracking_uri, experiment = tracking(args)
+    connect(args, min_cpus=1 + config.num_env_runners)
+    policy_file = train_policy(pool, config, flags.out, flags.cost_model, tracking_uri, experiment)
+    print(f"policy: {policy_file} (place with: shard-ray plan --algo dreamshard --policy {policy_file} ...)")
+
+
+def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
+    from shard_ray.policy.outer_loop import run_outer_loop
+
+    flags, config, pool = policy_inputs(args, iterations=1)
+    loop = settings_from(OuterLoopConfig, args, seed=config.seed)
+    store = settings_from(OuterLoopArgs, args).store
+    tracking_uri, experiment = tracking(args)
+    connect(args, min_cpus=loop.gang_devices + loop.profiling_actors)
+    policy_file = run_outer_loop(pool, config, loop, flags.out, store, flags.cost_model, tracking_uri, experiment)
+    print(f"policy: {policy_file}; updated cost models: {Path(flags.out) / 'costmodels.pt'}")
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "policy")
+    commands = p.add_subparsers(dest="policy_command", required=True, parser_class=Parser)
+    q = commands.add_parser("train", help="PPO on the cost models' estimated MDP; resumes from the folder's checkpoint")
+    add_policy_flags(q)
+    add_tracking(q, POLICY_EXPERIMENT)
+    q.set_defaults(run=cmd_policy_train)
+
+    q = commands.add_parser(
+        "outer-loop", help="DreamShard's loop: measure the policy's plans, update the cost models, PPO again; resumes"
+    )
+    add_settings(q, OuterLoopConfig)
+    add_settings(q, OuterLoopArgs)
+    add_policy_flags(q, iterations=False)
+    add_tracking(q, POLICY_EXPERIMENT)
+    q.set_defaults(run=cmd_policy_outer_loop)

@@ -1,0 +1,146 @@
+"""`tune costmodel|search|policy`: Ray Tune sweeps; each writes best.json, a tuned-config file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shard_ray.cli.commands import add_command
+from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
+from shard_ray.cli.costmodel import existing_store
+from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.cli.policy import add_policy_flags, policy_inputs
+from shard_ray.configfile import setting
+from shard_ray.errors import ShardRayError
+from shard_ray.tuning.costmodel_sweep import CostModelSweepConfig
+from shard_ray.tuning.policy_sweep import PolicySweepConfig
+from shard_ray.tuning.search_sweep import SearchSweepConfig
+from shard_ray.tuning.sweep import SweepConfig
+
+TRIALS = {"costmodel": 16, "search": 24, "policy": 8}
+POLICY_TRIAL_ITERATIONS = {"iterations": 20}  # PPO iterations of a trial at most
+
+
+@dataclass(frozen=True)
+class SweepOut:
+    out: str = setting(None, "sweep folder: best.json, trials.csv, tune/; an existing one is resumed", required=True)
+
+
+@dataclass(frozen=True)
+class CostModelSweepArgs:
+    tables: str = setting(
+        None, "table file of the training pool (as for `costmodel train`)", required=True, old_names=("--train-pool",)
+    )
+    store: str = setting(DEFAULT_STORE, STORE_HELP)
+    hardware: str | None = setting(None, "sweep on this hardware's measurements (default: the most measured)")
+
+
+@dataclass(frozen=True)
+class SearchSweepArgs:
+    tables: str = setting(
+        None,
+        "table file validation tasks are drawn from (e.g. tasks/train_pool.json)",
+        required=True,
+        old_names=("--pool",),
+    )
+    cost_model: str | None = setting(None, "cost model file (default: the shipped CPU models)")
+
+
+def add_sweep_flags(parser: argparse.ArgumentParser, kind: str) -> None:
+    """What every sweep takes: the trials, the folder, Ray and MLflow (the policy sweep brings its own seed)."""
+    add_settings(parser, SweepConfig, defaults={"samples": TRIALS[kind]}, exclude=("seed",) if kind == "policy" else ())
+    if kind != "policy":  # the policy flags bring --out and --address
+        add_settings(parser, SweepOut)
+        add_ray(parser)
+    add_tracking(parser, f"shard-ray-tune-{kind}")
+
+
+def sweep_settings(args: argparse.Namespace, kind: str, **fixed: object) -> SweepConfig:
+    return settings_from(SweepConfig, args, defaults={"samples": TRIALS[kind]}, **fixed)
+
+
+def report(best: Path) -> None:
+    document = json.loads(best.read_text())
+    print(f"best {document['metric']} {document['value']:.4f}; wrote {best} and {best.parent / 'trials.csv'}")
+    print(
+        json.dumps(
+            {"best": str(best), "metric": document["metric"], "value": document["value"], "config": document["config"]}
+        )
+    )
+
+
+def cmd_tune_costmodel(args: argparse.Namespace) -> None:
+    from shard_ray.tuning.costmodel_sweep import tune_cost_models
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(CostModelSweepArgs, args)
+    train_tables = {t.name for t in load_tables(flags.tables)}
+    sweep = sweep_settings(args, "costmodel")
+    settings = settings_from(CostModelSweepConfig, args, seed=sweep.seed)
+    existing_store(flags.store)
+    tracking_uri, experiment = tracking(args)
+    connect(args)
+    out = settings_from(SweepOut, args).out
+    report(tune_cost_models(flags.store, train_tables, sweep, settings, out, tracking_uri, experiment, flags.hardware))
+
+
+def cmd_tune_search(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.tuning.search_sweep import tune_search
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(SearchSweepArgs, args)
+    pool = load_tables(flags.tables)
+    sweep = sweep_settings(args, "search")
+    settings = settings_from(SearchSweepConfig, args, seed=sweep.seed)
+    if len(pool) < settings.max_tables:
+        raise ShardRayError(
+            f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many"
+        )
+    if flags.cost_model is not None:
+        CostModels.load(flags.cost_model)
+    tracking_uri, experiment = tracking(args)
+    connect(args, min_cpus=settings.devices)
+    out = settings_from(SweepOut, args).out
+    report(tune_search(pool, sweep, settings, out, tracking_uri, experiment, flags.cost_model))
+
+
+def cmd_tune_policy(args: argparse.Namespace) -> None:
+    from shard_ray.tuning.policy_sweep import tune_policy
+
+    flags, base, pool = policy_inputs(args, defaults=POLICY_TRIAL_ITERATIONS)
+    sweep = sweep_settings(args, "policy", seed=base.seed)
+    settings = settings_from(PolicySweepConfig, args)
+    tracking_uri, experiment = tracking(args)
+    connect(args)
+    report(tune_policy(pool, base, sweep, settings, flags.out, tracking_uri, experiment, flags.cost_model))
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "tune")
+    commands = p.add_subparsers(dest="tune_command", required=True, parser_class=Parser)
+    q = commands.add_parser(
+        "costmodel", help="sweep the compute cost model's training (objective: validation MAPE, ASHA)"
+    )
+    add_settings(q, CostModelSweepArgs)
+    add_settings(q, CostModelSweepConfig)
+    add_sweep_flags(q, "costmodel")
+    q.set_defaults(run=cmd_tune_costmodel)
+
+    q = commands.add_parser(
+        "search", help="sweep cost_search's settings: simulated on validation tasks, finalists measured"
+    )
+    add_settings(q, SearchSweepArgs)
+    add_settings(q, SearchSweepConfig)
+    add_sweep_flags(q, "search")
+    q.set_defaults(run=cmd_tune_search)
+
+    q = commands.add_parser(
+        "policy", help="sweep PPO's hyperparameters (objective: simulated cost on validation tasks, ASHA)"
+    )
+    add_settings(q, PolicySweepConfig)
+    add_policy_flags(q, defaults=POLICY_TRIAL_ITERATIONS)
+    add_sweep_flags(q, "policy")
+    q.set_defaults(run=cmd_tune_policy)

@@ -1,0 +1,35 @@
+"""Command-line output without the libraries' chatter: the CLI's `main` calls `quiet_output()` once.
+
+What goes, and why it is safe to drop:
+- MLflow's INFO lines (creating the SQLite database's tables, alembic migrations, "Experiment ...
+  does not exist. Creating a new experiment"): routine. Its warnings and errors stay, and
+  MLFLOW_LOGGING_LEVEL, when set, wins.
+- Ray's notice that a new local instance has token authentication on: that is Ray's secure
+  default and asks nothing of the user. Ray's warning that authentication is *off* stays.
+  RAY_AUTH_MODE is left alone: a driver joining a cluster must use the cluster's mode.
+Elsewhere, where the chatter starts: RLlib's own warnings in `policy.ppo.build_algorithm`, Tune's
+tables in `tuning.sweep.run_sweep` (one line per trial instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+_TOKEN_AUTH_ON_NOTICE = "Token authentication is enabled"
+
+
+def _not_the_token_auth_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_TOKEN_AUTH_ON_NOTICE)
+
+
+def quiet_output() -> None:
+    """Silence the routine library output above, for this process and the Ray workers it starts."""
+    # MLflow reads the level once, when it is imported; the environment also reaches Ray's workers.
+    level = os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING").upper()
+    if "mlflow" in sys.modules:  # imported already (a notebook, a test session): set it now
+        logging.getLogger("mlflow").setLevel(level)
+    # A filter on the logger itself survives Ray's own logging set-up at import and at ray.init.
+    logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_not_the_token_auth_notice)

@@ -1,0 +1,129 @@
+"""MLflow runs of plan evaluations (estimates, task identity, where artifacts go) and quiet command output."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shard_ray.placement import place
+from shard_ray.plan import GB, Topology
+from shard_ray.plan.cost import DeviceCost, PlanCost
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, default_tracking_uri, log_plan_evaluation
+from shard_ray.workload.tables import TableSpec, save_tables
+
+
+def _cost(devices: int) -> PlanCost:
+    parts = dict(fwd_compute_ms=1.0, fwd_comm_ms=0.5, bwd_comm_ms=0.5, bwd_compute_ms=2.0)
+    return PlanCost(devices=[DeviceCost(device=d, **parts) for d in range(devices)])
+
+
+def _runs(uri: str, experiment: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=[experiment])
+
+
+def test_evaluation_run_carries_the_estimates_and_keeps_artifacts_beside_the_default_store(
+    ray_session, tmp_path, monkeypatch, small_tables
+):
+    import mlflow
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=128)
+    plan = place("cost_search", small_tables, topology)
+    assert plan.estimate is not None and plan.estimate.lower_bound_ms is not None
+    with DeviceGang(2) as gang:
+        cost = gang.evaluate(plan, small_tables, MeasureConfig.for_topology(topology, warmup=1, repeats=2))
+    uri = default_tracking_uri()
+    assert uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    run_id = log_plan_evaluation(plan, cost, topology, "small", small_tables, uri)
+
+    run = _runs(uri, "shard-ray").iloc[0]
+    assert run["run_id"] == run_id
+    assert run["metrics.cost_ms"] == pytest.approx(cost.cost_ms)
+    assert run["metrics.predicted_cost_ms"] == pytest.approx(plan.estimate.predicted.cost_ms)
+    assert run["metrics.lower_bound_ms"] == pytest.approx(plan.estimate.lower_bound_ms)
+    assert run["metrics.cost_over_lower_bound"] == pytest.approx(cost.cost_ms / plan.estimate.lower_bound_ms)
+    # The artifacts are beside the database, and MLflow's ./mlruns never appears.
+    assert not (tmp_path / "mlruns").exists()
+    run_artifacts = tmp_path / "mlartifacts" / run_id / "artifacts"
+    assert {p.name for p in run_artifacts.iterdir()} == {"plan.json", "result.json", "device_costs.png"}
+    assert {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)} == {
+        "plan.json",
+        "result.json",
+        "device_costs.png",
+    }
+
+
+def test_a_plan_without_estimates_logs_no_estimate_metrics(tmp_path, small_tables):
+    topology = Topology(num_devices=2, memory_bytes=GB)
+    plan = place("round_robin", small_tables, topology)
+    assert plan.estimate is None
+    cost = _cost(2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log_plan_evaluation(plan, cost, topology, "small", small_tables, uri)
+    columns = set(_runs(uri, "shard-ray").columns)
+    assert "metrics.cost_ms" in columns
+    assert not columns & {"metrics.predicted_cost_ms", "metrics.lower_bound_ms", "metrics.cost_over_lower_bound"}
+
+
+def test_tasks_with_the_same_name_get_different_task_ids(tmp_path, small_tables):
+    from shard_ray.workload.tables import load_tables
+
+    other = [t.model_copy(update={"rows": t.rows * 2}) for t in small_tables]
+    for folder, tables in (("a", small_tables), ("b", other), ("c", small_tables)):
+        save_tables(tmp_path / folder / "test_000.json", tables)
+    topology = Topology(num_devices=2, memory_bytes=GB)
+    cost = _cost(2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for folder in ("a", "b", "c"):
+        path = tmp_path / folder / "test_000.json"
+        tables = load_tables(path)
+        log_plan_evaluation(place("round_robin", tables, topology), cost, topology, path.stem, tables, uri)
+    runs = _runs(uri, "shard-ray").sort_values("start_time")
+    assert list(runs["tags.task"]) == ["test_000"] * 3
+    a, b, c = runs["tags.task_id"]
+    assert a != b and a == c  # the same tables are the same task wherever their file is
+
+
+def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
+    """No MLflow/alembic INFO lines, no Ray token-auth notice, no RLlib chatter; the iteration lines stay.
+
+    The command runs in a fresh process, as `shard-ray` does, with the call the CLI's `main` makes first.
+    """
+    pool = [TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=8 * (1 + i % 4), pooling_factor=2.0) for i in range(12)]
+    save_tables(tmp_path / "pool.json", pool)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_LOGGING_LEVEL", "RAY_ADDRESS")
+    }
+    env |= {"OMP_NUM_THREADS": "1"}
+    script = "import sys; from shard_ray.quiet import quiet_output; quiet_output(); from shard_ray.cli import main; sys.exit(main())"
+    flags = "--iterations 1 --train-batch 64 --minibatch 32 --hidden 16 --min-tables 4 --max-tables 6 --devices 2"
+    result = subprocess.run(
+        [sys.executable, "-c", script, "policy", "train", "--tables", "pool.json", "--out", "policy", *flags.split()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "PPO iteration 1/1" in result.stdout and "policy: policy/policy.pt" in result.stdout
+    noise = [
+        line
+        for line in result.stderr.splitlines()
+        if " INFO " in line
+        or "Token authentication is enabled" in line
+        or "new API stack" in line
+        or "RLModule(config=" in line
+        or "gputil" in line
+    ]
+    assert noise == [], result.stderr
+    runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}", POLICY_EXPERIMENT)
+    assert list(runs["tags.mlflow.runName"]) == ["policy/train"]
+    assert not (tmp_path / "mlruns").exists() and (tmp_path / "mlartifacts").is_dir()
