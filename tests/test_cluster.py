@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -185,13 +186,15 @@ def _user_env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
+def ray_head():
     """A Ray head started as the README says: in bash, the environment activated, token authentication on.
 
     The README's `ray start --head` line runs with free ports and `--block`, so that the test stops its own
     head by signal instead of `ray stop`, which would end every Ray process of this user on the machine.
     """
-    env = _user_env(tmp_path_factory.mktemp("home"))
+    # Not under pytest's basetemp: a pytest run started meanwhile by the same user prunes old ones, token and all.
+    home = tempfile.TemporaryDirectory(prefix="shard-ray-home-")
+    env = _user_env(Path(home.name))
     dashboard, port = _free_port(), _free_port()
     start = _readme_line("ray start --head").replace("--port 6379", f"--port {port}")
     # Other heads on this machine (other checkouts' tests) may hold Ray's default agent ports.
@@ -230,6 +233,7 @@ def ray_head(tmp_path_factory):
         yield address, env
     finally:
         _stop(head)
+        home.cleanup()
 
 
 # The README's configs cut to a few samples each: the same keys and paths, small work.
