@@ -7,8 +7,8 @@ The steps are the CLI's: `generate` the pool, split it into train/test `tasks`, 
 data (random fused shards on the profiling actors) and comm data (plans on device gangs),
 `costmodel train`, `costmodel evaluate`. Each of the config's sections (`generate`, `tasks`,
 `collect_compute`, `collect_comm`, `train`, `evaluate`) holds flags of its step; `out` is the
-folder everything goes to (give an absolute path on shared storage for a Ray job, whose
-working directory is temporary). A step whose output exists is skipped and the collection
+folder everything goes to, or `--out DIR` after the config (give an absolute path on storage
+the head keeps for a Ray job, whose working directory is a temporary copy of the repository). A step whose output exists is skipped and the collection
 steps resume from the store, so the experiment started again goes on where it stopped.
 """
 
@@ -25,8 +25,9 @@ SECTIONS = ("generate", "tasks", "collect_compute", "collect_comm", "train", "ev
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "--config":
-        print("usage: pretrain_costmodels.py --config FILE", file=sys.stderr)
+    # `--out DIR` after the config overrides its `out`, as flags after `--config` do for the other entrypoints
+    if len(argv) not in (2, 4) or argv[0] != "--config" or (len(argv) == 4 and argv[2] != "--out"):
+        print("usage: pretrain_costmodels.py --config FILE [--out DIR]", file=sys.stderr)
         return 2
     try:
         config = read_config(argv[1])
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> int:
     except ShardRayError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = Path(config.get("out", "shard-ray-out/pretrain"))
+    out = Path(argv[3] if len(argv) == 4 else config.get("out", "shard-ray-out/pretrain"))
     pool, tasks, store, models = out / "pool.json", out / "tasks", out / "measurements.db", out / "costmodels.pt"
     steps = [
         (pool, ["generate", "--out", str(pool), *flags["generate"]]),

@@ -14,7 +14,7 @@ from shard_ray.errors import ShardRayError, first_line
 
 
 def read_document(path: str | os.PathLike[str], what: str) -> Any:
-    """Parse a JSON or YAML file (by extension; JSON otherwise) into Python objects."""
+    """Parse a JSON or YAML file (YAML when named .yaml or .yml, JSON otherwise) into Python objects."""
     path = Path(path)
     if not path.is_file():
         raise ShardRayError(f"{what} file not found: {path}")
@@ -22,13 +22,15 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise ShardRayError(f"cannot read {what} file {path}: {err}") from err
+    is_yaml = path.suffix.lower() in (".yaml", ".yml")
     try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            return yaml.safe_load(text)
-        return json.loads(text)
+        return yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        reason = first_line(err)
-        raise ShardRayError(f"{what} file {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {reason}") from err
+        # Name the format tried and the ones read, so that a .csv or .toml file is not called invalid CSV
+        raise ShardRayError(
+            f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({first_line(err)}); "
+            f"{what} files are read as JSON, or as YAML when named .yaml or .yml"
+        ) from err
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:

@@ -138,6 +138,8 @@ def test_damaged_model_and_policy_files_are_refused(table_file_path, blob, which
             ]
         )
         assert_refused_cleanly(code, err, out)
+        assert "weights_only=False" not in err  # torch's advice to load untrusted pickles is not ours to give
+        assert "shard-ray-costmodels/1" in err or "shard-ray-policy/1" in err, err
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +164,85 @@ def test_policy_train_refuses_bad_settings_before_ray(tmp_path, table_file_path,
     code, err = run(["policy", "train", "--tables", str(table_file_path), "--out", str(out), *flags])
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not (out / "policy.pt").exists()
+
+
+def test_a_csv_table_file_is_refused_naming_the_formats_read(tmp_path):
+    tables, out = tmp_path / "tables.csv", tmp_path / "plan.json"
+    tables.write_text("name,rows,dim,pooling_factor\na,1000,16,2.0\n")
+    code, err = run(
+        [
+            "plan",
+            "--tables",
+            str(tables),
+            "--devices",
+            "2",
+            "--memory-gb",
+            "1",
+            "--algo",
+            "size_greedy",
+            "--out",
+            str(out),
+        ]
+    )
+    assert_refused_cleanly(code, err, out)
+    assert "not valid JSON" in err and "read as JSON, or as YAML when named .yaml or .yml" in err, err
+
+
+@pytest.mark.parametrize("name", ["user.age", "keys"])
+def test_table_names_torchrec_refuses_are_refused_by_plan_and_export(tmp_path, table_file_path, name):
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [{"name": name, "rows": 1000, "dim": 16, "pooling_factor": 2.0}]}))
+    plan, export = tmp_path / "plan.json", tmp_path / "export.json"
+    flags = ["--devices", "2", "--memory-gb", "1", "--algo", "size_greedy"]
+    code, err = run(["plan", "--tables", str(tables), *flags, "--out", str(plan)])
+    assert_refused_cleanly(code, err, plan)
+    assert repr(name) in err and "TorchRec" in err, err
+    # a plan made for a good name cannot be exported against the bad one either
+    assert run(["plan", "--tables", str(table_file_path), *flags, "--out", str(plan)])[0] == 0
+    code, err = run(
+        ["export", "--plan", str(plan), "--tables", str(tables), "--format", "torchrec", "--out", str(export)]
+    )
+    assert_refused_cleanly(code, err, export)
+    assert repr(name) in err, err
+
+
+def test_tasks_that_fail_leave_nothing_behind(tmp_path):
+    pool, out = tmp_path / "pool.json", tmp_path / "tasks"
+    pool.write_text(
+        json.dumps({"tables": [{"name": f"t{i}", "rows": 1000, "dim": 16, "pooling_factor": 2.0} for i in range(10)]})
+    )
+    # the pools split fine; drawing a 30-table task from a 5-table pool fails after that
+    code, err = run(["tasks", "--tables", str(pool), "--out", str(out), "--min-tables", "30", "--max-tables", "40"])
+    assert code == 2 and len(err.splitlines()) == 1 and "pool has" in err, err
+    assert not out.exists()
+    out.mkdir()
+    (out / "mine.json").write_text("{}")
+    code, err = run(["tasks", "--tables", str(pool), "--out", str(out), "--min-tables", "30", "--max-tables", "40"])
+    assert code == 2 and sorted(p.name for p in out.iterdir()) == ["mine.json"]
+    code, err = run(
+        [
+            "tasks",
+            "--tables",
+            str(pool),
+            "--out",
+            str(out),
+            "--num-tasks",
+            "2",
+            "--min-tables",
+            "2",
+            "--max-tables",
+            "3",
+        ]
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "mine.json",
+            "train_pool.json",
+            "test_pool.json",
+            "train_000.json",
+            "train_001.json",
+            "test_000.json",
+            "test_001.json",
+        ]
+    )

@@ -2,11 +2,11 @@
 
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -152,55 +152,151 @@ def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlf
     assert {m["key"] for m in summary["data"]["metrics"]} >= {"mean_cost_ms.lookup_greedy", "mean_cost_ms.size_greedy"}
 
 
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    """A Ray head started with `ray start --head`, token authentication on (Ray's default for clusters)."""
-    # The head's `python` is the project's, as in a shell with the virtual environment active.
+def _readme_line(startswith: str) -> str:
+    """The README's command line that starts with `startswith`, without its comment."""
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.strip().startswith(startswith):
+            return line.split("  #")[0].strip()
+    raise AssertionError(f"the README has no line starting with {startswith!r}")
+
+
+def _readme_block(containing: str) -> str:
+    """The README's indented code block holding `containing`, as a shell script."""
+    blocks = (REPO / "README.md").read_text().split("\n\n")
+    block = next(b for b in blocks if containing in b and b.startswith("    "))
+    return "\n".join(line[4:] for line in block.splitlines())
+
+
+def _user_env(home: Path) -> dict[str, str]:
+    """The environment of a new shell after `make setup`: the virtual environment not active, no Ray settings.
+
+    HOME is a fresh folder, so that the head's token (~/.ray/auth_token) and the jobs' $RUNS are the test's own.
+    """
+    venv_bin = (REPO / ".venv" / "bin").resolve()
     env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "MLFLOW_TRACKING_URI")
     }
-    env.pop("RAY_ADDRESS", None)
-    dashboard = _free_port()
-    head = subprocess.Popen(
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p).resolve() != venv_bin
+    )
+    env["HOME"] = str(home)
+    return env
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A Ray head started as the README says: in bash, the environment activated, token authentication on.
+
+    The README's `ray start --head` line runs with free ports and `--block`, so that the test stops its own
+    head by signal instead of `ray stop`, which would end every Ray process of this user on the machine.
+    """
+    # Not under pytest's basetemp: a pytest run started meanwhile by the same user prunes old ones, token and all.
+    home = tempfile.TemporaryDirectory(prefix="shard-ray-home-")
+    env = _user_env(Path(home.name))
+    dashboard, port = _free_port(), _free_port()
+    start = _readme_line("ray start --head").replace("--port 6379", f"--port {port}")
+    # Other heads on this machine (other checkouts' tests) may hold Ray's default agent ports.
+    agent_ports = " ".join(
+        f"--{name}-port {_free_port()}"
+        for name in (
+            "dashboard-agent-listen",
+            "dashboard-agent-grpc",
+            "metrics-export",
+            "runtime-env-agent",
+            "ray-client-server",
+        )
+    )
+    script = "\n".join(
         [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--port",
-            str(_free_port()),
-            "--num-cpus",
-            "2",
-            "--include-dashboard",
-            "true",
-            "--dashboard-host",
-            "127.0.0.1",
-            "--dashboard-port",
-            str(dashboard),
-            "--disable-usage-stats",
-        ],
+            _readme_line("source .venv/bin/activate"),
+            _readme_line("ray get-auth-token --generate"),
+            _readme_line("export RAY_AUTH_MODE="),
+            f"exec {start} --dashboard-port {dashboard} {agent_ports} --block --disable-usage-stats",
+        ]
+    )
+    head = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
         start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
+    env = {**env, "RAY_AUTH_MODE": "token"}  # as the README's shells have it
+    # Ready once it takes a job: its job agent comes up some seconds after the dashboard answers.
+    ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
     try:
-        _wait_for(
-            lambda: (
-                subprocess.run(
-                    [str(BIN / "ray"), "job", "list", "--address", address], env=env, capture_output=True, timeout=30
-                ).returncode
-                == 0
-            ),
-            "ray head",
-        )
+        _wait_for(lambda: subprocess.run(ready, env=env, capture_output=True, timeout=30).returncode == 0, "ray head")
         yield address, env
     finally:
         _stop(head)
+        home.cleanup()
+
+
+# The README's configs cut to a few samples each: the same keys and paths, small work.
+SMALL_CONFIGS = {
+    "pretrain_costmodels.yaml": {
+        "generate": {"num_tables": 40, "seed": 0},
+        "tasks": {"num_tasks": 1, "min_tables": 4, "max_tables": 6, "seed": 0},
+        "collect_compute": {"samples": 40, "actors": 2, "batch_sizes": [256], "max_tables": 4, "repeats": 2},
+        "collect_comm": {"samples": 2, "device_counts": [2], "repeats": 2},
+        "train": {"epochs": 5},
+    },
+    "sweep_costmodel.yaml": {"samples": 1, "max_epochs": 4, "report_every": 1, "grace_reports": 1},
+    "sweep_search.yaml": {
+        "samples": 1,
+        "tasks": 1,
+        "min_tables": 4,
+        "max_tables": 6,
+        "time_budget": 0.2,
+        "measure_top": 1,
+        "measure_tasks": 1,
+        "repeats": 2,
+    },
+    "train_policy.yaml": {"iterations": 1, "train_batch": 64, "min_tables": 4, "max_tables": 6},
+    "sweep_policy.yaml": {
+        "samples": 1,
+        "iterations": 1,
+        "train_batch": 64,
+        "min_tables": 4,
+        "max_tables": 6,
+        "validation_tasks": 1,
+        "grace_iterations": 1,
+    },
+    "benchmark.yaml": {"tasks": 1, "min_tables": 4, "max_tables": 5, "repeats": 2, "algorithms": "lookup_greedy"},
+}
+
+
+def test_the_readmes_ray_jobs_run_as_pasted(tmp_path, ray_head, mlflow_server):
+    """Step 3 of the README's Run on a cluster, pasted into bash after its activation line, on the README's head."""
+    address, env = ray_head
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for config in (REPO / "experiments" / "configs").glob("*.yaml"):
+        small = {**yaml.safe_load(config.read_text()), **SMALL_CONFIGS.get(config.name, {})}
+        (configs / config.name).write_text(yaml.safe_dump(small))
+    jobs = (
+        _readme_block("ray job submit")
+        .replace("http://127.0.0.1:8265", address)
+        .replace("http://127.0.0.1:5000", mlflow_server)
+        .replace("experiments/configs/", f"{configs}/")
+    )
+    assert jobs.count("ray job submit") == 6
+    script = "\n".join(
+        ["set -eo pipefail", _readme_line("source .venv/bin/activate"), "export RAY_AUTH_MODE=token", jobs]
+    )
+    done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.stdout.count("succeeded") >= 6, done.stdout[-4000:]
+    runs = Path(env["HOME"]) / "shard-ray-runs"
+    assert (runs / "pretrain" / "costmodels.pt").is_file() and (runs / "policy" / "policy.pt").is_file()
+    for kind in ("costmodel", "search", "policy"):
+        assert (runs / "sweeps" / kind / "best.json").is_file()
+    assert (runs / "benchmark" / "benchmark.json").is_file()
+    assert {r["info"]["status"] for r in _search_runs(mlflow_server, "shard-ray-benchmark")} == {"FINISHED"}
 
 
 def test_ray_job_submit_runs_an_experiment_that_logs_to_mlflow(tmp_path, ray_head, mlflow_server):

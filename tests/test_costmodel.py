@@ -21,7 +21,7 @@ from shard_ray.costmodel.models import (
 )
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.costmodel.train import TrainConfig, data_split, train_cost_models
+from shard_ray.costmodel.train import MissingCommModelWarning, TrainConfig, data_split, train_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
@@ -101,9 +101,10 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     with MeasurementStore(tmp_path / "m.db") as store:
         for parts in shards:
             store.put_shard(measure_fused_shard(parts, config, "cpu:test"))
-        models, report = train_cost_models(
-            store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
-        )
+        with pytest.warns(MissingCommModelWarning, match=r"0 multi-device plan measurements.*collect --kind comm"):
+            models, report = train_cost_models(
+                store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
+            )
     assert models.hardware == "cpu:test" and models.comm is None
     assert report["compute_seen"]["n"] > 0 and report["compute_unseen"]["n"] == 0
     assert models.info["num_shards"]["train"] > 40

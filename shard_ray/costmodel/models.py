@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,16 +230,26 @@ class CostModels:
     def load(cls, path: str | os.PathLike[str]) -> CostModels:
         if not os.path.isfile(path):
             raise ShardRayError(f"cost model file not found: {path}")
-        with open(path, "rb") as f:
-            return cls.from_bytes(f.read(), str(path))
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as err:
+            raise ShardRayError(f"cannot read cost model file {path}: {first_line(err)}") from err
+        return cls.from_bytes(data, str(path))
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> CostModels:
         """Models from a model file's content (`source` names it in errors)."""
         try:
-            blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+            with warnings.catch_warnings():  # torch warns about the pickle protocol of files that are not ours
+                warnings.simplefilter("ignore")
+                blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         except Exception as err:  # torch.load raises many types for a bad file
-            raise ShardRayError(f"cannot read cost model file {source}: {first_line(err)}") from err
+            # torch's own first line is its weights_only=False advice, wrong for a file that is not ours
+            raise ShardRayError(
+                f"cannot read cost model file {source}: not a PyTorch file of shard-ray cost models "
+                f"(format {FORMAT}, as `costmodel train` writes; read with torch.load(weights_only=True))"
+            ) from err
         if not isinstance(blob, dict) or blob.get("format") != FORMAT:
             raise ShardRayError(f"{source} is not a shard-ray cost model file ({FORMAT})")
         try:

@@ -10,6 +10,7 @@ Plans for the communication model are split the same way by key.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -27,6 +28,11 @@ from shard_ray.errors import ShardRayError
 from shard_ray.profiling.fused_shard import ShardMeasurement
 from shard_ray.profiling.sampling import base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
+
+
+class MissingCommModelWarning(UserWarning):
+    """Models were trained without a communication model, so they price every all-to-all at 0 ms."""
+
 
 LOSSES = ("mse", "huber", "l1")  # on log ms, so every one is a relative error
 FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table features
@@ -329,11 +335,21 @@ def train_cost_models(
     hardware, rows_cap, splits = compute_splits(store, train_tables, hardware)
     compute = train_compute_model(compute_data(splits["train"]), compute_data(splits["val"]), config)
 
-    plans = store.plan_measurements(hardware)
+    plans = [p for p in store.plan_measurements(hardware) if p.plan.num_devices > 1]  # one device: no all-to-all
     plan_splits = {name: [p for p in plans if data_split(p.key) == name] for name in ("train", "val", "test")}
     comm = None
     if plan_splits["train"] and plan_splits["val"]:
         comm = train_comm_model(comm_samples(plan_splits["train"]), comm_samples(plan_splits["val"]), config)
+    else:
+        # The compute model alone still ranks placements; say what is missing rather than refuse.
+        warnings.warn(
+            f"no communication model: the store has {len(plans)} multi-device plan measurements on {hardware} "
+            f"({len(plan_splits['train'])} in the train split, {len(plan_splits['val'])} in validation; one of each "
+            "is needed), so these models price every all-to-all at 0 ms; measure plans with "
+            "`shard-ray collect --kind comm` and train again",
+            MissingCommModelWarning,
+            stacklevel=2,
+        )
 
     models = CostModels(
         compute=compute,

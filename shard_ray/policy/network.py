@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +100,19 @@ def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, dict[str, A
     if not path.is_file():
         raise ShardRayError(f"policy file not found: {path}")
     try:
-        blob = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # torch.load raises many types for a bad file
+        data = path.read_bytes()
+    except OSError as err:
         raise ShardRayError(f"cannot read policy file {path}: {first_line(err)}") from err
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files that are not ours
+            warnings.simplefilter("ignore")
+            blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as err:  # torch.load raises many types for a bad file
+        # torch's own first line is its weights_only=False advice, wrong for a file that is not ours
+        raise ShardRayError(
+            f"cannot read policy file {path}: not a PyTorch file of a shard-ray policy "
+            f"(format {FORMAT}, as `policy train` writes policy.pt; read with torch.load(weights_only=True))"
+        ) from err
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise ShardRayError(f"{path} is not a shard-ray policy file ({FORMAT})")
     try:

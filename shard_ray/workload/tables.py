@@ -6,6 +6,7 @@ A table file is JSON or YAML: ``{"tables": [{"name": "t0", "rows": 1000, "dim": 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Literal
@@ -94,18 +95,46 @@ class TableSpec(BaseModel):
         return self.model_copy(update={"dim": dim})
 
 
+@functools.cache
+def _module_dict_attributes() -> frozenset[str]:
+    import torch
+
+    return frozenset(dir(torch.nn.ModuleDict))
+
+
+def torchrec_name_problem(name: str) -> str | None:
+    """Why TorchRec cannot take `name` as a table name, or None.
+
+    TorchRec keeps an EmbeddingBagCollection's tables in a torch.nn.ModuleDict keyed by name,
+    which refuses '.' (the separator of parameter paths) and the ModuleDict's own attribute names.
+    """
+    if "." in name:
+        return (
+            f"table name {name!r} contains '.', which TorchRec refuses in table names (any other character is allowed)"
+        )
+    if name in _module_dict_attributes():
+        return f"table name {name!r} is an attribute of torch.nn.ModuleDict, which TorchRec refuses as a table name"
+    return None
+
+
 class TableFile(BaseModel):
     model_config = ConfigDict(extra="allow")
     tables: list[TableSpec] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> TableFile:
+    @field_validator("tables")
+    @classmethod
+    def _names(cls, tables: list[TableSpec]) -> list[TableSpec]:
+        # Names are checked here, not on TableSpec, so that cost-data variants built in code keep theirs.
         seen: set[str] = set()
-        for table in self.tables:
+        for table in tables:
             if table.name in seen:
                 raise ValueError(f"duplicate table name {table.name!r}")
+            problem = torchrec_name_problem(table.name)
+            if problem:
+                # Plans and exports name tables as the model's EmbeddingBagCollection must, so refuse here
+                raise ValueError(f"{problem}; rename the table")
             seen.add(table.name)
-        return self
+        return tables
 
 
 def validate_tables(tables: list[TableSpec]) -> list[TableSpec]:

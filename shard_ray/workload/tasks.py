@@ -6,6 +6,9 @@ as an ordinary table file.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,20 +59,41 @@ def draw_task(pool: list[TableSpec], config: TaskConfig, rng: np.random.Generato
 
 
 def write_tasks(pool: list[TableSpec], config: TaskConfig, out_dir: str | Path) -> list[Path]:
-    """Write train_pool.json, test_pool.json, train_000.json ... and test_000.json ... into `out_dir`."""
+    """Write train_pool.json, test_pool.json, train_000.json ... and test_000.json ... into `out_dir`.
+
+    All or nothing: every task is drawn before anything is written, and the files are written
+    to a hidden folder inside `out_dir` and moved in only once all of them are whole.
+    """
     config.check()
     train_pool, test_pool = split_pool(pool, config.test_fraction, config.seed)
     rng = np.random.default_rng(config.seed + 1)
-    out = Path(out_dir)
-    written = []
-    for split, tables in (("train", train_pool), ("test", test_pool)):
-        path = out / f"{split}_pool.json"
-        save_tables(path, tables, split=split, seed=config.seed)
-        written.append(path)
+    files: list[tuple[str, list[TableSpec], dict[str, object]]] = [
+        (f"{split}_pool.json", tables, {"split": split, "seed": config.seed})
+        for split, tables in (("train", train_pool), ("test", test_pool))
+    ]
     for split, split_pool_tables in (("train", train_pool), ("test", test_pool)):
         for i in range(config.num_tasks):
-            tables = draw_task(split_pool_tables, config, rng)
-            path = out / f"{split}_{i:03d}.json"
-            save_tables(path, tables, task=f"{split}_{i:03d}", split=split, seed=config.seed)
-            written.append(path)
-    return written
+            name = f"{split}_{i:03d}"
+            files.append(
+                (
+                    f"{name}.json",
+                    draw_task(split_pool_tables, config, rng),
+                    {"task": name, "split": split, "seed": config.seed},
+                )
+            )
+    out = Path(out_dir)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tasks.", dir=out))
+    try:
+        for name, tables, metadata in files:
+            save_tables(staging / name, tables, **metadata)
+        for name, _, _ in files:
+            os.replace(staging / name, out / name)
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / name for name, _, _ in files]
