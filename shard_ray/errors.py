@@ -13,6 +13,10 @@ class ShardRayError(Exception):
     """A problem with the user's input or request, reported without a traceback."""
 
 
+class ShardRayWarning(UserWarning):
+    """Something a user should know that does not stop the command; the CLI prints it in one line."""
+
+
 class InfeasibleError(ShardRayError):
     """No placement fits: the tables do not fit the devices' memory the way an algorithm places them.
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from shard_ray.cli.commands import COMMANDS
 from shard_ray.cli.flags import Parser
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.quiet import quiet_output
 
 
@@ -34,8 +35,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """shard-ray's own warnings as one line, like its errors; others as Python prints them."""
+    if issubclass(category, ShardRayWarning):
+        print(f"shard-ray: warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_output()
+    warnings.showwarning = _one_line_warning
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
     args = build_parser(command).parse_args(argv)

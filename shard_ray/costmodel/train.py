@@ -24,13 +24,13 @@ from tqdm import tqdm
 from shard_ray.configfile import setting
 from shard_ray.costmodel.features import batch_context, parts_features
 from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.profiling.fused_shard import ShardMeasurement
 from shard_ray.profiling.sampling import base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 
 
-class MissingCommModelWarning(UserWarning):
+class MissingCommModelWarning(ShardRayWarning):
     """Models were trained without a communication model, so they price every all-to-all at 0 ms."""
 
 
