@@ -22,7 +22,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from shard_ray.errors import ShardRayError, describe_validation_error
 from shard_ray.io import read_document
@@ -72,16 +72,16 @@ def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
 
 
 def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
-    """`cls(**values)` with lists made tuples (JSON has no tuples) and unknown keys refused."""
+    """`cls(**values)`, each value checked against its field's type (lists become tuples: JSON has
+    none), unknown keys refused, then `cls.check()` where it has one; bad values are one-line errors."""
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(values) - known)
     if unknown:
         raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
-    converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     try:
-        config = cls(**converted)
-    except TypeError as err:
-        raise ShardRayError(f"{what}: {err}") from None
+        config = TypeAdapter(cls).validate_python(values)
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, what)) from None
     if hasattr(config, "check"):
         config.check()
     return config

@@ -35,4 +35,5 @@ def describe_validation_error(err: ValidationError, what: str) -> str:
     """One line naming the first invalid field of `what` and why."""
     first = err.errors()[0]
     location = ".".join(str(part) for part in first["loc"]) or "(root)"
-    return f"{what}: {location}: {first['msg']}"
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+    return f"{what}: {location}: {message}"

@@ -24,7 +24,11 @@ from shard_ray.configfile import dataclass_from
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, like every other user error."""
+    """argparse that reports a bad flag in one line, like every other user error, and takes no abbreviations."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--device 2` must not pass for `--devices 2`
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
