@@ -339,3 +339,21 @@ def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ra
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "500 devices" in lines[0] and "--address" in lines[0], lines
     assert time.perf_counter() - began < 60 and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--algo", "cost_search", "--set", "local_search_steps=1.5"], "local_search_steps"),
+        (["--algo", "cost_search", "--set", "split_ways=7"], "split_ways"),
+        (["--algo", "dreamshard", "--set", "samples=abc"], "samples"),
+        (["--algo", "cost_search", "--set", "beam_width"], "NAME=VALUE"),
+        (["--algo", "random", "--device", "2"], "--devices"),
+    ],
+)
+def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsys, table_file, flags, message):
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(table_file), "--memory-gb", "1", "--out", str(out), *flags]
+    if "--device" not in flags:
+        argv += ["--devices", "2"]
+    assert_refused(capsys, argv, message, out)
