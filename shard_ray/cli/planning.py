@@ -49,7 +49,12 @@ class PlanArgs:
     out: str = setting(None, "plan file to write (.json)", required=True)
     seed: int = setting(0, "random seed")
     cost_model: str | None = setting(
-        None, "cost model file for model-based algorithms (default: the shipped CPU models)"
+        None,
+        "cost model file for model-based algorithms (default: the models `calibrate` saved for --hardware, "
+        "else the shipped CPU models)",
+    )
+    hardware: str | None = setting(
+        None, "hardware id the plan is for, e.g. 'cuda:NVIDIA H100 80GB HBM3' (default: this machine's)"
     )
     policy: str | None = setting(None, "dreamshard: policy file or `policy train` folder (default: the shipped policy)")
     samples: int | None = setting(
@@ -107,6 +112,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.placement import place
     from shard_ray.plan.plan import save_plan
     from shard_ray.plan.summary import format_plan_summary
+    from shard_ray.profiling.hardware import hardware_id
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(PlanArgs, args)
@@ -118,6 +124,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         topology,
         seed=flags.seed,
         cost_model=flags.cost_model,
+        hardware=flags.hardware or hardware_id(threads=1),  # as the profiling actors and the gang name it
         settings=flags.algorithm_settings(),
         settings_source=flags.search_config,
     )
@@ -125,6 +132,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
     estimate = plan.estimate
     predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
     print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
+    warnings = estimate.warnings if estimate else []
+    for line in warnings:
+        print(f"warning: {line}")
+    if warnings:
+        print(
+            f"the models' prices above are extrapolated: `shard-ray calibrate --tables {flags.tables} "
+            f"--devices {flags.devices}` measures this task here and fits the models to this hardware"
+        )
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {flags.out}")
 
 

@@ -23,7 +23,7 @@ from shard_ray.profiling.sampling import augment_table, draw_augmented_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
 from shard_ray.workload.tables import TableSpec
 
-COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256)
+COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 @dataclass(frozen=True)

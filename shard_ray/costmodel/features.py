@@ -1,7 +1,10 @@
 """The one feature extractor: every cost model and the RL environment describe tables with it.
 
 A table (or a column slice of one) becomes a fixed-length vector of log-scaled sizes and its
-access distribution, so models see relative, not raw, magnitudes. Batch size and device count
+access distribution, so models see relative, not raw, magnitudes. Every access distribution the
+table file takes is described one way, by its reuse histogram (a Zipf table's derived from the
+distribution its batches are drawn from), so no table is outside the models' world by the
+way its file gives its access. Batch size and device count
 are context, given to the models beside the reduced table encodings.
 """
 
@@ -12,6 +15,7 @@ import math
 import numpy as np
 
 from shard_ray.plan.plan import TablePiece
+from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import REUSE_BINS, TableSpec
 
 TABLE_FEATURES = (
@@ -21,10 +25,9 @@ TABLE_FEATURES = (
     "log2_lookup_width",  # width x pooling factor: floats moved per sample
     "log10_bytes",
     "fp16",
-    "zipf",
-    "zipf_exponent",
     *(f"reuse_bin_{k}" for k in range(REUSE_BINS)),
 )
+NUM_SCALAR_FEATURES = TABLE_FEATURES.index("reuse_bin_0")  # the features before the reuse histogram
 NUM_TABLE_FEATURES = len(TABLE_FEATURES)
 
 
@@ -34,8 +37,6 @@ def table_features(table: TableSpec, width: int, rows_cap: int | None = None) ->
     Profiling on CPU allocates at most a cap of rows per table (see `MeasureConfig`); models of
     such measurements see the rows that were allocated, so they price what the gang measures.
     """
-    hist = table.reuse_histogram
-    zipf = hist is None
     rows = table.rows if rows_cap is None else min(table.rows, rows_cap)
     values = [
         math.log2(width),
@@ -44,9 +45,7 @@ def table_features(table: TableSpec, width: int, rows_cap: int | None = None) ->
         math.log2(width * table.pooling_factor),
         math.log10(rows * width * table.bytes_per_element),
         float(table.precision == "fp16"),
-        float(zipf),
-        table.effective_zipf_exponent if zipf else 0.0,
-        *(hist if hist is not None else (0.0,) * REUSE_BINS),
+        *reuse_histogram_of(table),
     ]
     return np.asarray(values, dtype=np.float32)
 

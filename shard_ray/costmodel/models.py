@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,23 @@ DEFAULT_PRETRAINED = "cpu-reference.pt"
 def default_cost_model_path() -> Path:
     """The models shipped with the package, trained on the reference 2-core CPU machine."""
     return PRETRAINED_DIR / DEFAULT_PRETRAINED
+
+
+def models_home() -> Path:
+    """Where `calibrate` keeps models per hardware: $SHARD_RAY_HOME/models, else ~/.shard-ray/models."""
+    return Path(os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray") / "models"
+
+
+def hardware_models_path(hardware: str) -> Path:
+    """The model file of `hardware` (a hardware id such as `cpu:AMD EPYC:1thread`) in `models_home()`."""
+    return models_home() / (re.sub(r"[^A-Za-z0-9_.-]+", "-", hardware).strip("-") + ".pt")
+
+
+def models_for(hardware: str | None) -> Path:
+    """The models to plan for `hardware` with: those calibrated for it if any, else the shipped ones."""
+    if hardware is not None and hardware_models_path(hardware).is_file():
+        return hardware_models_path(hardware)
+    return default_cost_model_path()
 
 
 COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")

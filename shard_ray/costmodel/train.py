@@ -14,6 +14,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from shard_ray.configfile import setting
+from shard_ray.costmodel.coverage import training_coverage
 from shard_ray.costmodel.features import batch_context, parts_features
 from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
 from shard_ray.errors import ShardRayError, ShardRayWarning
@@ -95,6 +97,11 @@ class ComputeData:
 
     def __len__(self) -> int:
         return int(self.log_ms.shape[0])
+
+
+def data_coverage(data: ComputeData, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The training range (`shard_ray.costmodel.coverage`) of the shards in `data`, widening `previous`."""
+    return training_coverage(data.features[data.mask.bool()].numpy(), int(data.mask.sum(dim=1).max()), previous)
 
 
 def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
@@ -333,7 +340,8 @@ def train_cost_models(
     """Train both models on one hardware's measurements; returns them with held-out accuracy."""
     config.check()
     hardware, rows_cap, splits = compute_splits(store, train_tables, hardware)
-    compute = train_compute_model(compute_data(splits["train"]), compute_data(splits["val"]), config)
+    train_data = compute_data(splits["train"])
+    compute = train_compute_model(train_data, compute_data(splits["val"]), config)
 
     plans = [p for p in store.plan_measurements(hardware) if p.plan.num_devices > 1]  # one device: no all-to-all
     plan_splits = {name: [p for p in plans if data_split(p.key) == name] for name in ("train", "val", "test")}
@@ -363,6 +371,7 @@ def train_cost_models(
             "batch_sizes": sorted({m.config.batch_size for m in splits["train"]}),
             "num_shards": {k: len(v) for k, v in splits.items()},
             "num_plans": {k: len(v) for k, v in plan_splits.items()},
+            "coverage": data_coverage(train_data),
         },
     )
     report = {

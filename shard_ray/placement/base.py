@@ -36,7 +36,8 @@ class PlacementContext:
     """What a factory gets: the seed, the cost models (loaded from `cost_model` on first use), its settings."""
 
     seed: int = 0
-    cost_model: str | None = None  # a model file; None: the models shipped for the reference CPU
+    cost_model: str | None = None  # a model file; None: those calibrated for `hardware`, else the shipped ones
+    hardware: str | None = None  # the hardware the plan is for (a hardware id), if known
     settings: Any = None  # an instance of the algorithm's settings class, or None when it has none
     proven_optimal: bool | None = None  # set by exact solvers: whether the plan is proven optimal
     _models: CostModels | None = field(default=None, repr=False)
@@ -44,9 +45,9 @@ class PlacementContext:
     @property
     def models(self) -> CostModels:
         if self._models is None:
-            from shard_ray.costmodel.models import CostModels, default_cost_model_path
+            from shard_ray.costmodel.models import CostModels, models_for
 
-            self.cost_model = self.cost_model or str(default_cost_model_path())
+            self.cost_model = self.cost_model or str(models_for(self.hardware))
             self._models = CostModels.load(self.cost_model)
         return self._models
 
@@ -120,19 +121,23 @@ def place(
     *,
     seed: int = 0,
     cost_model: str | None = None,
+    hardware: str | None = None,
     settings: Mapping[str, Any] | None = None,
     settings_source: str | None = None,
 ) -> Plan:
     """Plan `tables` on `topology` with algorithm `name`; the plan is checked, timed and annotated.
 
     `settings` are the algorithm's own (e.g. `{"samples": 4}` for dreamshard, a tuned file's values
-    for cost_search), read from `settings_source` if given, which the plan records.
+    for cost_search), read from `settings_source` if given, which the plan records. `hardware`
+    (a hardware id) picks the models calibrated for it when `cost_model` is not given.
     """
     info = algorithm(name)
     tables = validate_tables(tables)
     if not info.handles(len(tables)):
         raise ShardRayError(f"{name!r} is for tasks of at most {info.max_tables} tables; this one has {len(tables)}")
-    context = PlacementContext(seed=seed, cost_model=cost_model, settings=parse_settings(info, settings))
+    context = PlacementContext(
+        seed=seed, cost_model=cost_model, hardware=hardware, settings=parse_settings(info, settings)
+    )
     placer = info.factory(context)
     start = time.perf_counter()
     plan = placer(tables, topology)
@@ -160,13 +165,16 @@ def place(
 
 def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: PlacementContext) -> PlanEstimate:
     from shard_ray.costmodel.bounds import lower_bound_ms
+    from shard_ray.costmodel.coverage import model_warnings
     from shard_ray.costmodel.simulator import Simulator
 
     models = context.models
+    most_tables = max(len(shard) for shard in plan.pieces(tables))
     return PlanEstimate(
         predicted=Simulator(models).plan_cost(plan, tables, topology.batch_size),
         lower_bound_ms=lower_bound_ms(models, tables, topology, column_wise=True),
         cost_model=context.cost_model,
         hardware=models.hardware,
         proven_optimal=context.proven_optimal,
+        warnings=model_warnings(models, tables, context.hardware, most_tables),
     )

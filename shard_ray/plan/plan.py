@@ -105,6 +105,7 @@ class PlanEstimate(BaseModel):
     cost_model: str | None = None  # the model file
     hardware: str | None = None  # the hardware the models were trained on
     proven_optimal: bool | None = None  # exact solvers: whether the search finished within its budget
+    warnings: list[str] = []  # why the models' prices may be off: other hardware, tables outside their training data
 
 
 # Keys plan files kept in `metadata` before settings and estimates were typed, and where they go.

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.features import NUM_TABLE_FEATURES, TABLE_FEATURES, table_features
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, table_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import ShardRayError
@@ -33,7 +33,6 @@ from shard_ray.plan.topology import MemoryLedger, Topology, memory_cap_with_head
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 
-SCALAR_TABLE_FEATURES = 8  # TABLE_FEATURES before the reuse-histogram bins
 DEVICE_FEATURES = (
     "fwd_compute",  # predicted ms of the device's fused shard, over the lower bound
     "bwd_compute",
@@ -46,8 +45,8 @@ DEVICE_FEATURES = (
     "width_share",  # the device's columns over the task's
     "log_tables",
     # the shared features of the tables already there, summed, over the task's tables per device
-    *(f"sum_{name}" for name in TABLE_FEATURES[:SCALAR_TABLE_FEATURES]),
-    "sum_reuse",  # the reuse histograms' mass (the number of histogram tables), as one number
+    *(f"sum_{name}" for name in TABLE_FEATURES[:NUM_SCALAR_FEATURES]),
+    "sum_reuse",  # the reuse histograms' mass (the number of tables), as one number
 )
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
 # The current table: its shared features, then its predicted cost alone, the share of the
@@ -133,8 +132,8 @@ class PlacementState:
                 np.minimum(self.need[i] / np.maximum(self.ledger.free, 1), 2.0),
                 self.device_widths / self.widths.sum(),
                 np.log1p(self.counts.numpy()),
-                sums[:, :SCALAR_TABLE_FEATURES],
-                sums[:, SCALAR_TABLE_FEATURES:].sum(axis=1),
+                sums[:, :NUM_SCALAR_FEATURES],
+                sums[:, NUM_SCALAR_FEATURES:].sum(axis=1),
             ]
         )
         current = np.concatenate(

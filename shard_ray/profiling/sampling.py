@@ -26,19 +26,26 @@ def draw_shards(
 
 
 def augment_table(table: TableSpec, rng: np.random.Generator, dims: tuple[int, ...], tag: str) -> TableSpec:
-    """A variant of a pool table at another dim, pooling factor and row count, for cost data.
+    """A variant of a pool table for cost data, spread over what table files may hold.
 
-    The name keeps the pool table's name before '~', so data can be told apart by the pool
-    tables it came from (seen or unseen by a model).
+    Its rows (from a few to far past the CPU rows cap), pooling factor (1 to hundreds), dim, and
+    precision are redrawn around the pool table's, and two variants in five trade the pool's
+    reuse histogram for a Zipf distribution (exponent 0.2 to 1.6: nearly uniform to very skewed),
+    the default of a table file that gives none. The name keeps the pool table's name before
+    '~', so data can be told apart by the pool tables it came from (seen or unseen by a model).
     """
-    rows = int(np.clip(table.rows * 10 ** rng.uniform(-1.0, 1.0), 100, 4 * 10**7))
-    pooling = float(np.clip(table.pooling_factor * np.exp(rng.uniform(-1.0, 1.0)), 0.5, 300.0))
+    rows = int(np.clip(table.rows * 10 ** rng.uniform(-2.0, 1.5), 4, 10**9))
+    pooling = float(np.clip(table.pooling_factor * np.exp(rng.uniform(-1.5, 1.5)), 0.5, 500.0))
+    zipf = rng.random() < 0.4
     return table.model_copy(
         update={
             "name": f"{table.name}~{tag}",
             "dim": int(rng.choice(dims)),
             "rows": rows,
             "pooling_factor": round(pooling, 3),
+            "precision": "fp16" if rng.random() < 0.25 else "fp32",
+            "zipf_exponent": round(float(rng.uniform(0.2, 1.6)), 3) if zipf else None,
+            "reuse_histogram": None if zipf else table.reuse_histogram,
         }
     )
 

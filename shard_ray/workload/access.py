@@ -6,11 +6,14 @@ row ids for all of them, sample-major, as the fbgemm kernels take them.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import poisson
 
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import REUSE_BINS, TableSpec
 
 # The public histogram describes one batch of 65536 samples; other batch sizes scale the
 # access counts of each row with the batch, so hot rows stay hot and cold rows stay single.
@@ -79,6 +82,56 @@ def reuse_histogram_indices(
     indices = np.repeat(unique_rows, counts)[:count]
     rng.shuffle(indices)
     return indices
+
+
+def reuse_histogram_of(table: TableSpec) -> tuple[float, ...]:
+    """The table's reuse histogram whichever way its access distribution is given.
+
+    The one description of access that the cost models see: a histogram table's own, a Zipf
+    table's derived from the distribution its batches are drawn from (`zipf_reuse_histogram`).
+    """
+    if table.reuse_histogram is not None:
+        return table.reuse_histogram
+    return zipf_reuse_histogram(table.rows, table.effective_zipf_exponent, table.pooling_factor)
+
+
+# Ranks below this get a term each in the derived histogram; above it, ranks are taken in
+# geometric groups whose expected counts differ by under 1%, so a table of 2^43 rows costs a few
+# thousand terms.
+_EXACT_RANKS = 2048
+_RANK_GROUP_RATIO = 1.01
+
+
+@functools.lru_cache(maxsize=4096)
+def zipf_reuse_histogram(rows: int, exponent: float, pooling_factor: float) -> tuple[float, ...]:
+    """Expected reuse histogram of a Zipf table over the reference batch, as `zipf_indices` draws it.
+
+    `zipf_indices` draws rank r (0-based) with the probability the continuous power law puts on
+    [r + 1, r + 2), so a group of ranks [a, b) gets mass (b^(1-s) - a^(1-s)) / ((R+1)^(1-s) - 1).
+    Over REFERENCE_BATCH x pooling factor lookups each row's access count is Poisson with mean
+    lookups x its mass; the histogram is the expected share of accessed rows in each count bin
+    (exactly 1, then (2^(k-1), 2^k], the last bin open), as `reuse_histogram` counts a trace.
+    """
+    lookups = REFERENCE_BATCH * pooling_factor
+    exact = min(rows, _EXACT_RANKS)
+    edges = np.arange(1, exact + 2, dtype=np.float64)  # rank groups are [edges[i], edges[i + 1]), 1-based
+    if rows > exact:
+        count = math.ceil(math.log((rows + 1) / (exact + 1)) / math.log(_RANK_GROUP_RATIO))
+        edges = np.unique(np.concatenate([edges, np.rint(np.geomspace(exact + 1, rows + 1, count + 1))]))
+    low, high = edges[:-1], edges[1:]
+    if abs(exponent - 1.0) < 1e-9:
+        mass = (np.log(high) - np.log(low)) / math.log(rows + 1.0)
+    else:
+        one_minus = 1.0 - exponent
+        mass = (high**one_minus - low**one_minus) / ((rows + 1.0) ** one_minus - 1.0)
+    members = high - low
+    mean_count = lookups * mass / members
+    # P(count <= 2^k) for k = 0..15 per group; bin 0 is count 1, bin k is (2^(k-1), 2^k], the last the rest
+    cdf = poisson.cdf(np.exp2(np.arange(REUSE_BINS - 1))[None, :], mean_count[:, None])
+    zero = poisson.pmf(0, mean_count)[:, None]
+    per_bin = np.diff(np.concatenate([zero, cdf, np.ones_like(zero)], axis=1), axis=1)
+    rows_per_bin = (members[:, None] * per_bin).sum(axis=0)
+    return tuple(float(p) for p in rows_per_bin / rows_per_bin.sum())
 
 
 def generate_table_batch(table: TableSpec, batch_size: int, rng: np.random.Generator) -> TableBatch:

@@ -1,0 +1,116 @@
+"""What the cost models were trained on, and which tables of a task lie outside it.
+
+A model's coverage is the range of each table feature over its training pieces and the most
+tables of a training shard. A table outside it (a pooling factor of 500 where training saw up
+to 200, fp16 where training saw fp32 only, rows reused far more often than any training table)
+is priced by extrapolation: `coverage_problems` names each such table in one line, so `plan`,
+`evaluate` and `bench` can say so and point at `calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, TABLE_FEATURES, table_features
+from shard_ray.workload.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shard_ray.costmodel.models import CostModels
+
+# Slack before a value counts as outside: a quarter more or less on log-scaled sizes, two
+# percentage points of a reuse bin.
+_LOG_SLACK = {"log2_width": math.log2(1.25), "log2_pooling_factor": math.log2(1.25)}
+_LOG10_SLACK = math.log10(1.25)
+_BIN_SLACK = 0.02
+
+
+def training_coverage(features: np.ndarray, max_tables: int, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Coverage of training pieces' feature rows [n, F] and shards of up to `max_tables` tables.
+
+    With `previous` (the coverage of the models trained further), the union of both.
+    """
+    low, high = features.min(axis=0), features.max(axis=0)
+    if previous and previous.get("features") == list(TABLE_FEATURES):
+        low, high = np.minimum(low, previous["low"]), np.maximum(high, previous["high"])
+        max_tables = max(max_tables, previous["max_tables"])
+    return {"features": list(TABLE_FEATURES), "low": low.tolist(), "high": high.tolist(), "max_tables": int(max_tables)}
+
+
+def _slack(name: str) -> float:
+    if name.startswith("reuse_bin_"):
+        return _BIN_SLACK
+    if name.startswith("log10_"):
+        return _LOG10_SLACK
+    return _LOG_SLACK.get(name, math.log2(1.25) if name.startswith("log2_") else 0.0)
+
+
+def _describe(name: str, value: float, low: float, high: float) -> str:
+    """One feature's value and training range in the table file's terms."""
+    if name == "fp16":
+        return "fp16 precision (the models were trained on fp32 tables only)"
+    if name.startswith("reuse_bin_"):
+        k = int(name.rsplit("_", 1)[1])
+        accesses = (
+            "once" if k == 0 else f"more than {2 ** (k - 1)} times" if k == 16 else f"{2 ** (k - 1) + 1}-{2**k} times"
+        )
+        return (
+            f"{value:.0%} of its accessed rows are read {accesses} per 65536-sample batch "
+            f"(training tables: {low:.0%}-{high:.0%})"
+        )
+    base = 2.0 if name.startswith("log2_") else 10.0
+    words = {
+        "log2_width": "dim",
+        "log10_rows": "rows",
+        "log2_pooling_factor": "pooling factor",
+        "log2_lookup_width": "dim x pooling factor",
+        "log10_bytes": "size in bytes",
+    }[name]
+    return f"{words} {base**value:.4g} (training range {base**low:.4g}-{base**high:.4g})"
+
+
+def model_warnings(
+    models: CostModels, tables: list[TableSpec], hardware: str | None = None, shard_tables: int = 1
+) -> list[str]:
+    """What a user should know before trusting the models' prices of `tables` on `hardware`, one line each."""
+    lines = []
+    if hardware is not None and models.hardware != hardware:
+        lines.append(
+            f"the cost models are of {models.hardware}, not of {hardware} that this plan is for; "
+            "run `shard-ray calibrate` there for models of that hardware"
+        )
+    return lines + coverage_problems(models, tables, shard_tables)
+
+
+def coverage_problems(models: CostModels, tables: list[TableSpec], shard_tables: int = 1) -> list[str]:
+    """One line per table outside the models' training range, and one if shards of `shard_tables` are.
+
+    Models that record no coverage (older model files) give no lines.
+    """
+    coverage = models.info.get("coverage")
+    if not coverage or coverage.get("features") != list(TABLE_FEATURES):
+        return []
+    low, high = np.asarray(coverage["low"]), np.asarray(coverage["high"])
+    lines = []
+    for table in tables:
+        values = table_features(table, table.dim, models.rows_cap)
+        outside = [
+            i
+            for i, name in enumerate(TABLE_FEATURES)
+            if values[i] < low[i] - _slack(name) or values[i] > high[i] + _slack(name)
+        ]
+        # every scalar feature outside, and the first reuse bin outside: one is enough to say the access is new
+        shown = [i for i in outside if i < NUM_SCALAR_FEATURES] + [i for i in outside if i >= NUM_SCALAR_FEATURES][:1]
+        if shown:
+            described = "; ".join(
+                _describe(TABLE_FEATURES[i], float(values[i]), float(low[i]), float(high[i])) for i in shown
+            )
+            lines.append(f"table {table.name}: {described}: outside the cost models' training data")
+    if shard_tables > coverage["max_tables"]:
+        lines.append(
+            f"devices hold up to {shard_tables} tables; the cost models were trained on shards of up to "
+            f"{coverage['max_tables']}"
+        )
+    return lines
