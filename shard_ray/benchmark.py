@@ -68,7 +68,10 @@ class BenchmarkConfig:
     )
     devices: int = setting(2, "devices of the gang", min=1)
     batch_size: int = setting(1024, "global batch size", min=1)
-    repeats: int = setting(10, "timed steps per plan; medians are reported", min=1)
+    repeats: int = setting(10, "timed steps per plan and round; medians are reported", min=1)
+    rounds: int = setting(
+        7, "interleaved rounds per task (every plan once a round, fresh batches); medians with 95% intervals", min=1
+    )
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
     cost_model: str | None = setting(None, "cost model file (default: the shipped CPU models)")
     policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
@@ -155,6 +158,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 cost_model=config.cost_model,
                 settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
                 names=list(config.algorithms) or None,
+                rounds=config.rounds,
             )
             for algorithm, why in comparison.failures.items():
                 failures.setdefault(algorithm, []).append(why)
@@ -166,8 +170,11 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
             records = {}
             for r in rows:
                 simulated = simulator.plan_cost(r.plan, tables, topology.batch_size).cost_ms
+                spread = r.cost.rounds
                 records[r.plan.algorithm] = {
                     "cost_ms": r.cost.cost_ms,
+                    "ci_ms": [spread.ci_low_ms, spread.ci_high_ms] if spread else None,
+                    "ci_coverage": spread.coverage if spread else None,
                     "improvement": 1.0 - r.cost.cost_ms / best_heuristic,
                     "over_bound": r.cost.cost_ms / bound - 1.0,
                     "placement_ms": r.plan.placement_seconds * 1e3,

@@ -50,8 +50,12 @@ def compare_algorithms(
     progress: bool = True,
     cost_model: str | None = None,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
+    rounds: int = 1,
 ) -> Comparison:
     """Every named algorithm's plan (all registered ones that handle the task by default), measured.
+
+    With `rounds` > 1 the plans are measured in interleaved rounds (`DeviceGang.evaluate_rounds`)
+    and each cost carries the median of its rounds with a confidence interval.
 
     `settings` gives algorithms their own settings by name. An algorithm that finds no placement
     within memory is recorded in `failures` and the others go on; any other error stops the run.
@@ -65,7 +69,7 @@ def compare_algorithms(
             )
         except InfeasibleError as err:
             failures[name] = str(err)
-    costs = gang.evaluate_many(plans, tables, config, progress=progress)
+    costs = gang.evaluate_rounds(plans, tables, config, rounds, progress=progress)
     rows = [MeasuredPlan(plan, cost) for plan, cost in zip(plans, costs)]
     for row in rows:
         if out_dir is not None:

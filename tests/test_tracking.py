@@ -36,13 +36,15 @@ def test_evaluation_run_carries_the_estimates_and_keeps_artifacts_beside_the_def
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=128)
-    plan = place("cost_search", small_tables, topology)
+    # twice the widest dim the shipped models were trained on
+    tables = [*small_tables, TableSpec(name="wide", rows=1000, dim=2048, pooling_factor=1.0)]
+    plan = place("cost_search", tables, topology)
     assert plan.estimate is not None and plan.estimate.lower_bound_ms is not None
     with DeviceGang(2) as gang:
-        cost = gang.evaluate(plan, small_tables, MeasureConfig.for_topology(topology, warmup=1, repeats=2))
+        cost = gang.evaluate(plan, tables, MeasureConfig.for_topology(topology, warmup=1, repeats=2))
     uri = default_tracking_uri()
     assert uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
-    run_id = log_plan_evaluation(plan, cost, topology, "small", small_tables, uri)
+    run_id = log_plan_evaluation(plan, cost, topology, "small", tables, uri)
 
     run = _runs(uri, "shard-ray").iloc[0]
     assert run["run_id"] == run_id
@@ -50,15 +52,16 @@ def test_evaluation_run_carries_the_estimates_and_keeps_artifacts_beside_the_def
     assert run["metrics.predicted_cost_ms"] == pytest.approx(plan.estimate.predicted.cost_ms)
     assert run["metrics.lower_bound_ms"] == pytest.approx(plan.estimate.lower_bound_ms)
     assert run["metrics.cost_over_lower_bound"] == pytest.approx(cost.cost_ms / plan.estimate.lower_bound_ms)
+    # the run says, beside the prices, that the models never saw a table so wide
+    assert any(w.startswith("table wide: dim 2048") for w in plan.estimate.warnings)
+    assert run["tags.model_warnings"].startswith(f"{len(plan.estimate.warnings)}: ")
     # The artifacts are beside the database, and MLflow's ./mlruns never appears.
     assert not (tmp_path / "mlruns").exists()
     run_artifacts = tmp_path / "mlartifacts" / run_id / "artifacts"
-    assert {p.name for p in run_artifacts.iterdir()} == {"plan.json", "result.json", "device_costs.png"}
-    assert {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)} == {
-        "plan.json",
-        "result.json",
-        "device_costs.png",
-    }
+    logged = {"plan.json", "result.json", "device_costs.png", "model_warnings.txt"}
+    assert {p.name for p in run_artifacts.iterdir()} == logged
+    assert {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)} == logged
+    assert (run_artifacts / "model_warnings.txt").read_text().splitlines() == plan.estimate.warnings
 
 
 def test_a_plan_without_estimates_logs_no_estimate_metrics(tmp_path, small_tables):

@@ -21,6 +21,9 @@ COMMANDS: dict[str, Command] = {
     "collect": Command("measure", "measure cost-model training data: random fused shards (compute) or plans (comm)"),
     "evaluate": Command("measure", "run a plan's real embedding step on a gang of Ray actors"),
     "costmodel": Command("costmodel", "train or evaluate the neural cost models"),
+    "calibrate": Command(
+        "costmodel", "measure a task on this cluster and fit the cost models to this hardware, in minutes"
+    ),
     "policy": Command("policy", "train DreamShard placement policies with RLlib"),
     "tune": Command("tune", "Ray Tune sweeps of the cost-model, search and PPO hyperparameters; resumable"),
     "bench": Command(

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shard_ray.cli.commands import add_command
-from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_tracking, tracking
+from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
+from shard_ray.costmodel.calibrate import CalibrateConfig
 from shard_ray.costmodel.train import TrainConfig
 from shard_ray.errors import ShardRayError
 
@@ -35,6 +37,19 @@ class TrainArgs:
 class EvaluateModelArgs:
     cost_model: str = setting(None, "cost model file to evaluate", required=True, old_names=("--model",))
     store: str = setting(DEFAULT_STORE, "measurement store with held-out or unseen measurements", old_names=("--data",))
+
+
+@dataclass(frozen=True)
+class CalibrateArgs:
+    tables: str = setting(None, "table file of the task to calibrate for", required=True)
+    devices: int = setting(
+        None, "devices the task is planned on (the gang measures all-to-alls at this count)", required=True, min=1
+    )
+    cost_model: str | None = setting(
+        None, "models to start from (default: those calibrated for this hardware, else the shipped ones)"
+    )
+    store: str = setting(DEFAULT_STORE, STORE_HELP)
+    out: str | None = setting(None, "model file to write (default: this hardware's file under ~/.shard-ray/models)")
 
 
 def existing_store(path: str) -> str:
@@ -111,6 +126,54 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.calibrate import calibrate
+    from shard_ray.costmodel.models import CostModels, hardware_models_path, models_for
+    from shard_ray.costmodel.train import describe_accuracy
+    from shard_ray.plan.topology import GB, memory_cap_with_headroom
+    from shard_ray.profiling.hardware import hardware_id
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.tracking.mlflow_runs import log_calibration
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(CalibrateArgs, args)
+    config = settings_from(CalibrateConfig, args)
+    tables = load_tables(flags.tables)
+    topology_flags = settings_from(TopologyArgs, args)
+    if topology_flags.memory_gb is None:  # no cap given: every candidate plan may use any device
+        whole_task = memory_cap_with_headroom(tables, flags.devices, float(flags.devices))
+        topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
+    topology = topology_flags.topology(flags.devices)
+    tracking_uri, experiment = tracking(args)
+    start_path = str(flags.cost_model or models_for(hardware_id(threads=1)))
+    start = CostModels.load(start_path)
+    connect(args, min_cpus=max(config.actors, flags.devices))
+    print(f"calibrating {len(tables)} tables on {flags.devices} devices from {start_path} (models of {start.hardware})")
+    with MeasurementStore(flags.store) as store:
+        result = calibrate(tables, topology, start, start_path, config, store)
+    report = result.report
+    out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"])
+    result.models.save(out)
+    print(
+        f"calibrated on {report['hardware']} in {report['seconds']:.0f} s ({report['measuring_seconds']:.0f} s measuring)"
+    )
+    print(
+        f"held-out measurements of this task's tables ({report['shards']['held_out']} shards, {report['plans']['held_out']} plans):"
+    )
+    for part in ("compute", "comm", "plan"):
+        print(f"  {describe_accuracy(part + ' before', report['before'][part])}")
+        print(f"  {describe_accuracy(part + ' after', report['after'][part])}")
+    print(f"kept the {result.chosen} models (the more accurate on validation measurements)")
+    if tracking_uri is not None:
+        run_id = log_calibration(report, str(out), tracking_uri, experiment)
+        print(f"logged MLflow run {run_id} to {tracking_uri}")
+    print(
+        f"wrote {out}; `shard-ray plan` picks it for {report['hardware']}"
+        + ("" if not flags.out else " when given --cost-model")
+    )
+    print(json.dumps(report))
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "costmodel")
     commands = p.add_subparsers(dest="costmodel_command", required=True, parser_class=Parser)
@@ -118,6 +181,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_settings(q, TrainArgs)
     add_settings(q, TrainConfig)
     q.set_defaults(run=cmd_costmodel_train)
+
+    p = add_command(sub, "calibrate")
+    add_settings(p, CalibrateArgs)
+    add_settings(p, TopologyArgs)
+    add_settings(p, CalibrateConfig)
+    add_ray(p)
+    add_tracking(p)
+    p.set_defaults(run=cmd_calibrate)
 
     q = commands.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
     add_settings(q, EvaluateModelArgs)

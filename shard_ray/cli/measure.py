@@ -55,6 +55,9 @@ class EvaluateArgs:
     plan: str = setting(None, "plan file to measure", required=True)
     out: str = setting(None, "result file to write (.json)", required=True)
     task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
+    rounds: int = setting(
+        7, "rounds of --repeats steps on fresh batches; the result is the median round, with a 95% interval", min=1
+    )
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -130,9 +133,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=plan.num_devices)
     with DeviceGang(plan.num_devices) as gang:
-        cost = gang.evaluate(plan, tables, config)
+        cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
     write_json(flags.out, cost.model_dump(mode="json"))
     print(format_plan_summary(plan, tables, topology, cost))
+    if cost.rounds is not None:
+        print(f"measured plan cost: {cost.rounds.describe()} (the table shows the median round)")
     if tracking_uri is not None:
         task = flags.task or Path(flags.tables).stem
         run_id = log_plan_evaluation(plan, cost, topology, task, tables, tracking_uri, experiment)

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shard_ray.cli.commands import add_command
+from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, connect
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import PlanSettings
+from shard_ray.plan.plan import MeasuredSelection, Plan, PlanSettings
 from shard_ray.plan.topology import GB, Optimizer, Topology
+from shard_ray.selection import SelectionConfig
+
+if TYPE_CHECKING:
+    from shard_ray.workload.tables import TableSpec
+
+
+# Whose plans `plan --measure` races the chosen algorithm's plan against.
+BASELINE_FAMILIES = ("heuristic", "planner")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,12 @@ class PlanArgs:
         None, "dreamshard: also sample this many plans, keep the best simulated (default 0)", min=0
     )
     search_config: str | None = setting(None, "cost_search: tuned search settings (best.json of `tune search`)")
+    measure: bool = setting(
+        False,
+        "race the plan against every baseline (heuristics, TorchRec's planner) on the device gang and keep the "
+        "measured best, with confidence intervals",
+    )
+    store: str = setting(DEFAULT_STORE, "plan --measure: " + STORE_HELP + ", where every round's measurement goes")
     set: tuple[str, ...] = setting(
         (),
         "one of the algorithm's own settings, NAME=VALUE (VALUE read as YAML); repeat for more",
@@ -118,6 +134,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     flags = settings_from(PlanArgs, args)
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
+    if flags.measure:
+        connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     plan = place(
         flags.algo,
         tables,
@@ -128,19 +146,83 @@ def cmd_plan(args: argparse.Namespace) -> None:
         settings=flags.algorithm_settings(),
         settings_source=flags.search_config,
     )
-    save_plan(flags.out, plan)
     estimate = plan.estimate
     predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
     print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
     warnings = estimate.warnings if estimate else []
     for line in warnings:
-        print(f"warning: {line}")
+        print(f"warning: {line}", file=sys.stderr)
     if warnings:
         print(
-            f"the models' prices above are extrapolated: `shard-ray calibrate --tables {flags.tables} "
-            f"--devices {flags.devices}` measures this task here and fits the models to this hardware"
+            f"warning: the models' prices above are extrapolated: `shard-ray calibrate --tables {flags.tables} "
+            f"--devices {flags.devices}` measures this task here and fits the models to this hardware",
+            file=sys.stderr,
         )
+    if flags.measure:
+        plan = measured_best(plan, tables, topology, flags, settings_from(SelectionConfig, args))
+    save_plan(flags.out, plan)
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {flags.out}")
+
+
+def measured_best(
+    plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, config: SelectionConfig
+) -> Plan:
+    """`plan` raced against every baseline's plan on the gang; the measured best, with what the race found."""
+    from shard_ray.errors import InfeasibleError
+    from shard_ray.placement import algorithms, place
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.selection import select_measured
+
+    baselines = [a.name for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
+    candidates = [plan]
+    for name in baselines:
+        try:
+            candidates.append(place(name, tables, topology, seed=flags.seed))
+        except InfeasibleError as err:
+            print(f"{name}: no plan ({err})")
+    print(
+        f"measuring {len(candidates)} plans side by side on a {topology.num_devices}-device gang, for up to {config.budget_seconds:.0f} s"
+    )
+    with DeviceGang(topology.num_devices) as gang, MeasurementStore(flags.store) as store:
+        chosen, selection = select_measured(candidates, tables, topology, gang, config, store)
+    print(format_selection(selection, set(baselines) - {"torchrec"}))
+    return chosen
+
+
+def format_selection(selection: MeasuredSelection, heuristics: set[str]) -> str:
+    """The race's table and the chosen plan's measured margin over TorchRec's plan and the best heuristic."""
+    percent = int(round(selection.confidence * 100))
+    lines = [
+        f"measured side by side on {selection.hardware}: rounds of {selection.steps_per_round} steps, interleaved; "
+        f"medians with {percent}% confidence intervals",
+        f"{'plan of':<40} {'median ms':>10}  {'CI':>18}  {'rounds':>6}  {'p slower':>8}",
+    ]
+    for name, c in sorted(selection.candidates.items(), key=lambda item: item[1].median_ms):
+        p = f"{selection.p_slower[name]:.3f}" if name in selection.p_slower else ""
+        mark = "  <- chosen" if name == selection.chosen else ""
+        lines.append(
+            f"{name:<40} {c.median_ms:>10.2f}  [{c.ci_low_ms:>7.2f}, {c.ci_high_ms:>7.2f}]  {len(c.rounds_ms):>6}  {p:>8}{mark}"
+        )
+    best = selection.cost
+    for label, found in (
+        ("TorchRec's plan", selection.best_of({"torchrec"})),
+        ("the best heuristic", selection.best_of(heuristics)),
+    ):
+        if found is None:
+            continue
+        name, other = found
+        if name == selection.chosen:
+            lines.append(f"the chosen plan is {label} ({name})")
+            continue
+        gain = 1 - best.median_ms / other.median_ms
+        lines.append(f"{gain:+.1%} faster than {label} ({name}, {other.median_ms:.2f} ms), measured")
+    lines.append(
+        f"the chosen plan is separated from every other at {percent}% confidence"
+        if selection.separated
+        else f"not separated from every other at {percent}% confidence within the budget: the differences left are within the noise"
+    )
+    return "\n".join(lines)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -170,6 +252,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "plan")
     add_settings(p, PlanArgs)
     add_settings(p, TopologyArgs)
+    add_settings(p, SelectionConfig)
+    add_ray(p)
     p.set_defaults(run=cmd_plan)
 
     p = add_command(sub, "export")

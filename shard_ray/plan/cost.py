@@ -35,6 +35,48 @@ class DeviceCost(BaseModel):
         return self.fwd_compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.bwd_compute_ms
 
 
+class RoundsSummary(BaseModel):
+    """A plan measured in several rounds (each the median of its steps, on fresh batches).
+
+    The median of the rounds' plan costs with a distribution-free confidence interval: with n
+    rounds, [x_(j), x_(n-j+1)] covers the true median with probability 1 - 2 P(Binomial(n, 1/2)
+    < j); j is the largest rank keeping that at least the confidence asked for. Fewer than six
+    rounds cannot reach 95%: the interval is then the whole range, and `coverage` says what it
+    does reach.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rounds_ms: list[float] = Field(min_length=1)
+    median_ms: float
+    ci_low_ms: float
+    ci_high_ms: float
+    coverage: float
+
+    @classmethod
+    def of(cls, rounds_ms: list[float], confidence: float = 0.95) -> RoundsSummary:
+        from scipy.stats import binom
+
+        x = sorted(rounds_ms)
+        n = len(x)
+        j = 1
+        while j < n // 2 and 1 - 2 * binom.cdf(j, n, 0.5) >= confidence:
+            j += 1
+        coverage = 1 - 2 * binom.cdf(j - 1, n, 0.5)
+        median = (x[(n - 1) // 2] + x[n // 2]) / 2
+        return cls(
+            rounds_ms=list(rounds_ms), median_ms=median, ci_low_ms=x[j - 1], ci_high_ms=x[n - j], coverage=coverage
+        )
+
+    def describe(self) -> str:
+        if len(self.rounds_ms) == 1:
+            return f"{self.median_ms:.2f} ms (one round)"
+        return (
+            f"{self.median_ms:.2f} ms, {self.coverage:.0%} CI [{self.ci_low_ms:.2f}, {self.ci_high_ms:.2f}] "
+            f"over {len(self.rounds_ms)} rounds"
+        )
+
+
 class PlanCost(BaseModel):
     """Per-device parts of a plan's step; `cost_ms` is the slowest device's total."""
 
@@ -44,6 +86,7 @@ class PlanCost(BaseModel):
     hardware: str = "unknown"
     batch_size: int | None = None
     warnings: list[str] = Field(default_factory=list)
+    rounds: RoundsSummary | None = None  # measured in rounds: these devices are the median round's
 
     @model_validator(mode="before")
     @classmethod
@@ -58,3 +101,11 @@ class PlanCost(BaseModel):
     @property
     def bottleneck_device(self) -> int:
         return max(self.devices, key=lambda d: d.total_ms).device
+
+
+def median_round(costs: list[PlanCost], confidence: float = 0.95) -> PlanCost:
+    """One plan's rounds as one cost: the median round's (the lower middle one for an even count) with their summary."""
+    if len(costs) == 1:
+        return costs[0]
+    middle = sorted(costs, key=lambda c: c.cost_ms)[(len(costs) - 1) // 2]
+    return middle.model_copy(update={"rounds": RoundsSummary.of([c.cost_ms for c in costs], confidence)})

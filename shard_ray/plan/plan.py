@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error
 from shard_ray.io import read_document, write_json
-from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.cost import PlanCost, RoundsSummary
 from shard_ray.plan.topology import GB, Optimizer, Topology, shard_bytes
 from shard_ray.workload.tables import TableSpec
 
@@ -108,6 +108,29 @@ class PlanEstimate(BaseModel):
     warnings: list[str] = []  # why the models' prices may be off: other hardware, tables outside their training data
 
 
+class MeasuredSelection(BaseModel):
+    """What `plan --measure` found: candidates (algorithms, '='-joined where their plans agree) raced on the gang."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hardware: str
+    chosen: str
+    confidence: float
+    separated: bool  # every other candidate was found slower at `confidence`
+    steps_per_round: int
+    candidates: dict[str, RoundsSummary]
+    p_slower: dict[str, float]  # per other candidate: one-sided paired p-value that it is slower than the chosen
+
+    @property
+    def cost(self) -> RoundsSummary:
+        return self.candidates[self.chosen]
+
+    def best_of(self, algorithms: set[str]) -> tuple[str, RoundsSummary] | None:
+        """The measured best candidate made by any of `algorithms` (e.g. the heuristics), if any."""
+        made = [(n, c) for n, c in self.candidates.items() if algorithms & set(n.split("="))]
+        return min(made, key=lambda item: item[1].median_ms) if made else None
+
+
 # Keys plan files kept in `metadata` before settings and estimates were typed, and where they go.
 _LEGACY_ESTIMATE = ("predicted", "lower_bound_ms", "proven_optimal")
 _LEGACY_SETTINGS = ("memory_gb", "batch_size", "optimizer", "seed")
@@ -145,6 +168,7 @@ class Plan(BaseModel):
     settings: PlanSettings | None = None
     memory_bytes: list[int] | None = None  # per device, weights plus optimizer state
     estimate: PlanEstimate | None = None
+    measured: MeasuredSelection | None = None  # plan --measure: the race this plan won on the hardware
     metadata: dict[str, Any] = Field(default_factory=dict)  # anything else an algorithm records
 
     @model_validator(mode="before")

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.plan.cost import DeviceCost, PlanCost
+from shard_ray.plan.cost import DeviceCost, PlanCost, median_round
 from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig
@@ -276,13 +277,24 @@ class DeviceGang:
             ray.get(ready[0])
         return ray.get(refs)
 
-    def evaluate_many(
-        self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, progress: bool = True
+    def evaluate_rounds(
+        self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, rounds: int = 1, progress: bool = True
     ) -> list[PlanCost]:
-        return [
-            self.evaluate(p, tables, config)
-            for p in tqdm(plans, desc="measuring plans", unit="plan", disable=not progress)
-        ]
+        """Every plan measured in `rounds` interleaved rounds; per plan its median round, with the rounds' summary.
+
+        Each round measures every plan once, in a fresh random order, all on the batches of seed
+        `config.seed + round`, so drift on the machine and the luck of a batch fall on every plan
+        alike and plans are compared side by side.
+        """
+        order = np.random.default_rng(config.seed)
+        per_plan: list[list[PlanCost]] = [[] for _ in plans]
+        with tqdm(total=rounds * len(plans), desc="measuring plans", unit="plan", disable=not progress) as bar:
+            for r in range(rounds):
+                measure = config.model_copy(update={"seed": config.seed + r})
+                for i in order.permutation(len(plans)):
+                    per_plan[i].append(self.evaluate(plans[i], tables, measure))
+                    bar.update(1)
+        return [median_round(costs) for costs in per_plan]
 
     def shutdown(self) -> None:
         try:

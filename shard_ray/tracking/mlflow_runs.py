@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
@@ -156,7 +157,13 @@ def log_plan_evaluation(
         if lower_bound is not None:
             metrics["lower_bound_ms"] = lower_bound
             metrics["cost_over_lower_bound"] = cost.cost_ms / lower_bound
+        if cost.rounds is not None:
+            metrics.update({"cost_ci_low_ms": cost.rounds.ci_low_ms, "cost_ci_high_ms": cost.rounds.ci_high_ms})
         mlflow.log_metrics(metrics)
+        warnings = plan.estimate.warnings if plan.estimate else []
+        if warnings:  # the models' prices of this plan may be off: say why, beside them
+            mlflow.set_tag("model_warnings", f"{len(warnings)}: {warnings[0]}")
+            mlflow.log_text("\n".join(warnings) + "\n", "model_warnings.txt")
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             (folder / "plan.json").write_text(json.dumps(plan.model_dump(mode="json"), indent=2))
@@ -211,4 +218,33 @@ def log_costmodel_evaluation(
         with tempfile.TemporaryDirectory() as tmp:
             accuracy_scatter(groups, f"compute cost model on {hardware}", Path(tmp) / "predicted_vs_measured.png")
             mlflow.log_artifacts(tmp)
+        return run.info.run_id
+
+
+def log_calibration(
+    report: dict[str, Any], model_path: str, tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT
+) -> str:
+    """An MLflow run of one calibration: held-out accuracy before and after, what was measured, the models kept."""
+    import mlflow
+
+    use_experiment(tracking_uri, experiment)
+    hardware = report["hardware"]
+    with mlflow.start_run(run_name=f"calibrate/{hardware}", tags={"kind": "calibration", "hardware": hardware}) as run:
+        mlflow.log_params(
+            {
+                "hardware": hardware,
+                "started_from": report["started_from"]["path"],
+                "started_from_hardware": report["started_from"]["hardware"],
+                "chosen": report["chosen"],
+                "model": model_path,
+            }
+        )
+        metrics = {"seconds": report["seconds"], "measuring_seconds": report["measuring_seconds"]}
+        for when in ("before", "after"):
+            for part, scores in report[when].items():
+                metrics.update({f"{when}_{part}_{k}": v for k, v in scores.items() if v is not None and k != "n"})
+        metrics.update({f"shards_{k}": v for k, v in report["shards"].items()})
+        metrics.update({f"plans_{k}": v for k, v in report["plans"].items()})
+        mlflow.log_metrics(metrics)
+        mlflow.log_dict(report, "calibration.json")
         return run.info.run_id

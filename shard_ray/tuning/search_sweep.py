@@ -152,7 +152,7 @@ def measure_candidates(
                 plan.check_memory(tables, topology)
                 plans.append(plan)
             measure = MeasureConfig.for_topology(topology, repeats=settings.repeats)
-            costs = gang.evaluate_many(plans, tables, measure, progress=False)
+            costs = gang.evaluate_rounds(plans, tables, measure, progress=False)
             shipped = costs[list(candidates).index("shipped")].cost_ms
             for label, plan, cost in zip(candidates, plans, costs):
                 ratios[label].append(cost.cost_ms / shipped)

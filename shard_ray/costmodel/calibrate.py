@@ -1,0 +1,266 @@
+"""`calibrate`: fit the cost models to this hardware and this task in minutes, top to bottom.
+
+1. Candidate plans: every heuristic and model-based search plans the task with the starting
+   models, so calibration measures what the decision between plans hinges on.
+2. Compute data, on the profiling actors in parallel, most useful first: every table alone, the
+   fused shards of the candidate plans, then random shards of the task's tables of up to as
+   many tables as a candidate puts on one device.
+3. Communication data, on the device gang: the candidate plans, then plans of random balance
+   of the task's tables, at the task's device count.
+4. Held-out accuracy: measurements are split by their key's hash into fit (with a validation
+   part) and held out; the starting models are fine-tuned on the fit part (their weights are
+   the prior), and whichever of the starting and the fine-tuned models is more accurate on
+   validation is kept. Accuracy before and after is reported on the held-out part.
+
+Measuring stops at the time budget, leaving time for the fit. Every measurement goes to the
+store and is looked up there first, so an interrupted calibration resumes where it stopped,
+and measurements of these tables already in the store (an earlier calibration's, `plan
+--measure`'s) are used too.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from shard_ray.configfile import setting
+from shard_ray.costmodel.models import CostModels
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.train import (
+    TrainConfig,
+    accuracy,
+    comm_samples,
+    compute_data,
+    data_coverage,
+    evaluate_comm,
+    evaluate_compute,
+    train_comm_model,
+    train_compute_model,
+)
+from shard_ray.errors import InfeasibleError, ShardRayError
+from shard_ray.placement import algorithms, place
+from shard_ray.plan.plan import Plan, TablePiece, table_wise
+from shard_ray.plan.topology import Topology
+from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest, shard_key
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.workload.tables import TableSpec
+
+# Families whose plans are the candidates: the baselines and the model-based searches (the RL
+# policy and TorchRec's planner place from the same models' prices or none at all).
+CANDIDATE_FAMILIES = ("heuristic", "search")
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    budget_minutes: float = setting(5.0, "time for measuring and fitting; measuring stops in time to fit", min=0.1)
+    actors: int = setting(2, "profiling actors, one device each", min=1)
+    shards: int = setting(60, "random fused shards of the task's tables, after the candidates' shards", min=0)
+    plans: int = setting(16, "random-balance plans measured on the gang, after the candidate plans", min=0)
+    warmup: int = setting(2, "untimed steps before each measurement", min=0)
+    repeats: int = setting(7, "timed steps per measurement; medians are used", min=1)
+    held_out: float = setting(0.2, "share of the measurements held out for the before/after accuracy", min=0.05)
+    lr: float = setting(5e-4, "fine-tuning learning rate", min=0)
+    epochs: int = setting(300, "most fine-tuning epochs; early stopping usually ends sooner", min=1)
+    fit_share: float = 0.2  # of the budget, kept for fitting
+    seed: int = setting(0, "random seed")
+
+
+@dataclass
+class Calibration:
+    models: CostModels  # the models kept
+    chosen: str  # "fine-tuned" or "starting"
+    report: dict[str, Any]  # accuracy before and after, counts, seconds
+
+
+def split_of(key: str, held_out: float) -> str:
+    """held-out / val / fit, by the key's hash: stable as the store grows."""
+    u = int(key[:8], 16) / 16**8
+    return "held_out" if u < held_out else "val" if u < held_out + (1 - held_out) / 5 else "fit"
+
+
+def candidate_plans(tables: list[TableSpec], topology: Topology, cost_model: str, seed: int) -> list[Plan]:
+    """The plans of every heuristic and search on this task, under the starting models."""
+    plans = []
+    for info in algorithms():
+        if info.family in CANDIDATE_FAMILIES and info.handles(len(tables)):
+            try:
+                plans.append(place(info.name, tables, topology, seed=seed, cost_model=cost_model))
+            except InfeasibleError:
+                continue
+    return plans
+
+
+def random_plans(tables: list[TableSpec], num_devices: int, count: int, seed: int) -> list[Plan]:
+    """Plans of the task's tables with device shares from skewed to even (Dirichlet 0.2 to 5)."""
+    rng = np.random.default_rng(seed)
+    plans = []
+    for _ in range(count):
+        shares = rng.dirichlet(np.full(num_devices, float(rng.choice([0.2, 0.5, 1.0, 5.0]))))
+        devices = rng.choice(num_devices, size=len(tables), p=shares)
+        plans.append(Plan.from_assignment(table_wise(tables), devices, num_devices, "calibration_sample"))
+    return plans
+
+
+def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
+    seen, unique = set(), []
+    for parts in shards:
+        key = content_digest(sorted((p.table.name, p.columns) for p in parts))
+        if parts and key not in seen:
+            seen.add(key)
+            unique.append(parts)
+    return unique
+
+
+def task_measurements(
+    store: MeasurementStore, tables: list[TableSpec], hardware: str, measure: MeasureConfig
+) -> tuple[list[ShardMeasurement], list[PlanMeasurement]]:
+    """Every measurement in the store of shards and plans of these tables, on this hardware, at these settings."""
+    specs = {t.name: t for t in tables}
+    shards = [
+        m
+        for m in store.shard_measurements(hardware)
+        if m.status == "ok" and m.config == measure and all(specs.get(p.table.name) == p.table for p in m.tables)
+    ]
+    plans = [
+        p
+        for p in store.plan_measurements(hardware)
+        if p.plan.num_devices > 1
+        and p.cost.batch_size == measure.batch_size
+        and all(specs.get(t.name) == t for t in p.tables)
+    ]
+    return shards, plans
+
+
+def calibrate(
+    tables: list[TableSpec],
+    topology: Topology,
+    start: CostModels,
+    start_path: str,
+    config: CalibrateConfig,
+    store: MeasurementStore,
+    log: Callable[[str], None] = print,
+) -> Calibration:
+    """Measure this task on the connected cluster and fit `start` (read from `start_path`) to it."""
+    began = time.monotonic()
+    measuring_ends = began + 60 * config.budget_minutes * (1 - config.fit_share)
+    measure = MeasureConfig.for_topology(topology, warmup=config.warmup, repeats=config.repeats, seed=config.seed)
+
+    # 1. candidate plans
+    candidates = candidate_plans(tables, topology, start_path, config.seed)
+    log(f"{len(candidates)} candidate plans: {', '.join(p.algorithm for p in candidates)}")
+
+    # 2. compute data, most useful first, until the measuring time is spent
+    candidate_shards = [parts for plan in candidates for parts in plan.pieces(tables)]
+    most_tables = max(len(parts) for parts in candidate_shards)
+    wanted = unique_shards(
+        [[p] for p in table_wise(tables)]
+        + candidate_shards
+        + draw_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
+    )
+    with ProfilingPool(config.actors) as pool:
+        hardware = pool.hardware
+        known = store.known_keys([shard_key(parts, measure, hardware) for parts in wanted])
+        log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
+        with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
+            for start_index in range(0, len(wanted), 2 * config.actors):
+                if time.monotonic() > measuring_ends:
+                    bar.write(f"measuring time spent: {start_index} of {len(wanted)} shards measured")
+                    break
+                chunk = wanted[start_index : start_index + 2 * config.actors]
+                pool.measure(chunk, measure, store, progress=False)
+                bar.update(len(chunk))
+
+    # 3. communication data on the gang
+    if topology.num_devices > 1:
+        plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
+        with DeviceGang(topology.num_devices) as gang:
+            for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
+                key = plan_key(plan, tables, measure, gang.hardware)
+                if store.known_keys([key], table="plan_measurements"):
+                    continue
+                if time.monotonic() > measuring_ends:
+                    break
+                cost = gang.evaluate(plan, tables, measure)
+                store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+    measuring_seconds = time.monotonic() - began
+
+    # 4. fit and compare on held-out data
+    shards, plans = task_measurements(store, tables, hardware, measure)
+    by_split = {
+        name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
+    }
+    if len(by_split["fit"]) < 4 or not by_split["val"] or not by_split["held_out"]:
+        raise ShardRayError(
+            f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
+            "give a larger --budget-minutes"
+        )
+    plan_split = {
+        name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
+    }
+    train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
+    # The fit may change the row cap (a GPU allocates whole tables): features follow the measurements.
+    start = replace(start, info={**start.info, "rows_cap": measure.rows_cap_on(hardware)})
+    fit_data = compute_data(by_split["fit"])
+    compute = train_compute_model(fit_data, compute_data(by_split["val"]), train, init=start.compute)
+    comm = start.comm
+    if plan_split["fit"] and plan_split["val"]:
+        comm = train_comm_model(
+            comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
+        )
+    tuned = CostModels(compute=compute, comm=comm, hardware=hardware, info=copy.deepcopy(start.info))
+
+    def scores(models: CostModels, split: str) -> dict[str, Any]:
+        return {
+            "compute": evaluate_compute(models, by_split[split]),
+            "comm": evaluate_comm(models, plan_split[split]),
+            "plan": plan_error(models, plan_split[split], topology.batch_size),
+        }
+
+    val_loss = {name: _error(scores(m, "val")) for name, m in (("starting", start), ("fine-tuned", tuned))}
+    chosen = min(val_loss, key=val_loss.get)
+    kept = (
+        tuned if chosen == "fine-tuned" else CostModels(start.compute, start.comm, hardware, copy.deepcopy(start.info))
+    )
+    report = {
+        "hardware": hardware,
+        "started_from": {"path": start_path, "hardware": start.hardware},
+        "before": scores(start, "held_out"),
+        "after": scores(kept, "held_out"),
+        "chosen": chosen,
+        "shards": {k: len(v) for k, v in by_split.items()},
+        "plans": {k: len(v) for k, v in plan_split.items()},
+        "measuring_seconds": measuring_seconds,
+        "seconds": time.monotonic() - began,
+    }
+    kept.info.update(
+        {
+            "calibrated": {k: v for k, v in report.items() if k not in ("before", "after")}
+            | {"held_out": report["after"], "tables": [t.name for t in tables]},
+            "coverage": data_coverage(fit_data, start.info.get("coverage")),
+        }
+    )
+    return Calibration(models=kept, chosen=chosen, report=report)
+
+
+def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int) -> dict[str, Any]:
+    """Simulated against measured plan cost (MAPE, Spearman) of measured plans."""
+    if not plans:
+        return accuracy(np.zeros(0), np.zeros(0))
+    simulator = Simulator(models)
+    simulated = [simulator.plan_cost(p.plan, p.tables, batch_size).cost_ms for p in plans]
+    return accuracy(np.asarray(simulated), np.asarray([p.cost.cost_ms for p in plans]))
+
+
+def _error(scores: dict[str, Any]) -> float:
+    """One number to choose models by: the compute and comm MAPEs, those that have data."""
+    values = [scores[k]["mape"] for k in ("compute", "comm") if scores[k]["mape"] is not None]
+    return float(np.mean(values)) if values else float("inf")

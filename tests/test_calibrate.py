@@ -1,0 +1,112 @@
+"""calibrate and plan --measure as users type them: models per hardware, resuming, the measured best."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shard_ray.plan.cost import RoundsSummary
+from shard_ray.plan.plan import Plan, load_plan, table_wise
+from shard_ray.plan.topology import GB, Topology
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.store import MeasurementStore
+from shard_ray.selection import SelectionConfig, select_measured
+from shard_ray.workload.tables import TableSpec
+
+SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
+
+# The README's minimal table format, written by hand
+MINIMAL_TABLES = """{"tables": [
+  {"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1},
+  {"name": "ad_id", "rows": 500000, "dim": 32, "pooling_factor": 4},
+  {"name": "category", "rows": 300, "dim": 16, "pooling_factor": 2},
+  {"name": "history", "rows": 100000, "dim": 32, "pooling_factor": 30}
+]}
+"""
+
+
+def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    # HOME is the test's own, so the models go where the README says, in a home of the test's
+    env = {**os.environ, "HOME": str(cwd)}
+    return subprocess.run([SHARD_RAY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_path):
+    (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
+    calibrate = [
+        "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "3", "--shards", "6",
+        "--plans", "3", "--warmup", "1", "--repeats", "3", "--epochs", "40", "--no-mlflow",
+    ]  # fmt: skip
+    first = shard_ray(tmp_path, *calibrate)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout.strip().splitlines()[-1])
+    saved = list((tmp_path / ".shard-ray" / "models").glob("*.pt"))
+    assert len(saved) == 1 and report["hardware"].split(":")[0] in saved[0].name
+    assert report["before"]["compute"]["n"] >= 1 and report["after"]["compute"]["mape"] is not None
+    assert "0 of " in first.stdout  # nothing was in the store yet
+
+    again = shard_ray(tmp_path, *calibrate)
+    assert again.returncode == 0, again.stderr
+    wanted = sum(report["shards"].values())
+    assert f"{wanted} of {wanted} shards already measured" in again.stdout
+
+    planned = shard_ray(
+        tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "neuroshard",
+        "--out", "plan.json",
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.estimate.cost_model == str(saved[0]) and plan.estimate.hardware == report["hardware"]
+    assert "cost models are of" not in planned.stderr
+    # calibrated on these tables: none of them is outside the models' training data any more
+    assert not plan.estimate.warnings
+
+
+def test_plan_warns_for_tables_outside_the_models_training_data(tmp_path):
+    (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
+    result = shard_ray(
+        tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
+        "--out", "plan.json", "--hardware", "cuda:NVIDIA H100 80GB HBM3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    warnings = [line.removeprefix("warning: ") for line in result.stderr.splitlines()]
+    assert "not of cuda:NVIDIA H100 80GB HBM3" in warnings[0]
+    assert load_plan(tmp_path / "plan.json").estimate.warnings == warnings[:-1]
+    assert "shard-ray calibrate --tables tables.json --devices 2" in warnings[-1]
+
+
+def test_rounds_summary_has_a_distribution_free_interval_and_says_its_coverage():
+    three = RoundsSummary.of([3.0, 1.0, 2.0])
+    assert (three.median_ms, three.ci_low_ms, three.ci_high_ms, three.coverage) == (2.0, 1.0, 3.0, 0.75)
+    ten = RoundsSummary.of([float(x) for x in range(10, 0, -1)])
+    # ranks 2 and 9 cover the median with 97.9%; ranks 3 and 8 with only 89%
+    assert (ten.median_ms, ten.ci_low_ms, ten.ci_high_ms) == (5.5, 2.0, 9.0) and ten.coverage == pytest.approx(
+        0.979, abs=1e-3
+    )
+
+
+@pytest.fixture
+def race_tables() -> list[TableSpec]:
+    return [TableSpec(name=f"t{i}", rows=100_000, dim=128, pooling_factor=40.0) for i in range(6)]
+
+
+def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_session, race_tables, tmp_path):
+    pieces = table_wise(race_tables)
+    balanced = Plan.from_assignment(pieces, [0, 1, 0, 1, 0, 1], 2, "balanced")
+    same = balanced.model_copy(update={"algorithm": "same_as_balanced"})
+    piled = Plan.from_assignment(pieces, [0, 0, 0, 0, 0, 1], 2, "piled")  # 5 tables against 3: far slower
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=512)
+    config = SelectionConfig(budget_seconds=120, min_rounds=6, max_rounds=10, warmup=1, repeats=3)
+    with DeviceGang(2) as gang, MeasurementStore(tmp_path / "store.db") as store:
+        chosen, selection = select_measured(
+            [piled, balanced, same], race_tables, topology, gang, config, store, log=print
+        )
+        assert store.count("plan_measurements") == sum(len(c.rounds_ms) for c in selection.candidates.values())
+    assert selection.chosen == "balanced=same_as_balanced" and chosen.algorithm == "balanced"
+    assert selection.separated and selection.p_slower["piled"] < 0.05
+    best = selection.cost
+    assert best.ci_low_ms <= best.median_ms <= best.ci_high_ms < selection.candidates["piled"].median_ms
+    assert chosen.measured == selection
