@@ -31,7 +31,7 @@ import numpy as np
 from shard_ray.comparison import compare_algorithms
 from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.models import CostModels, models_for
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError
@@ -70,10 +70,14 @@ class BenchmarkConfig:
     batch_size: int = setting(1024, "global batch size", min=1)
     repeats: int = setting(10, "timed steps per plan and round; medians are reported", min=1)
     rounds: int = setting(
-        7, "interleaved rounds per task (every plan once a round, fresh batches); medians with 95% intervals", min=1
+        7,
+        "interleaved rounds per task (every plan once a round, fresh batches); medians with 95 percent intervals",
+        min=1,
     )
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
-    cost_model: str | None = setting(None, "cost model file (default: the shipped CPU models)")
+    cost_model: str | None = setting(
+        None, "cost model file (default: the models calibrated for the gang's hardware, else the shipped CPU models)"
+    )
     policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
     algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")
     seed: int = setting(100, "random seed")
@@ -118,8 +122,6 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     config.check()
     out = Path(config.out)
     tasks = benchmark_tasks(config)
-    models = CostModels.load(config.cost_model or default_cost_model_path())
-    simulator = Simulator(models)
     heuristics = {a.name for a in algorithms() if a.family == "heuristic"}
     settings = {k: v for k, v in asdict(config).items() if k not in ("tracking_uri", "experiment")}
     settings_file = out / "tasks" / "settings.json"
@@ -131,6 +133,10 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
     with DeviceGang(config.devices) as gang:
+        # the models calibrated for the gang's hardware, if any, as `plan` picks them
+        cost_model = config.cost_model or str(models_for(gang.hardware))
+        models = CostModels.load(cost_model)
+        simulator = Simulator(models)
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
@@ -155,11 +161,14 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 tracking_uri=config.tracking_uri,
                 experiment=config.experiment,
                 progress=False,
-                cost_model=config.cost_model,
+                cost_model=cost_model,
                 settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
                 names=list(config.algorithms) or None,
                 rounds=config.rounds,
             )
+            model_warnings = sorted({w for r in comparison.rows if r.plan.estimate for w in r.plan.estimate.warnings})
+            for line in model_warnings:
+                print(f"{name}: warning: {line}", flush=True)
             for algorithm, why in comparison.failures.items():
                 failures.setdefault(algorithm, []).append(why)
                 print(f"{name}: {algorithm} failed: {why}", flush=True)

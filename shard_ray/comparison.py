@@ -65,7 +65,15 @@ def compare_algorithms(
     for name in names:
         try:
             plans.append(
-                place(name, tables, topology, seed=seed, cost_model=cost_model, settings=(settings or {}).get(name))
+                place(
+                    name,
+                    tables,
+                    topology,
+                    seed=seed,
+                    cost_model=cost_model,
+                    hardware=gang.hardware,  # picks its calibrated models, or warns that the models are another's
+                    settings=(settings or {}).get(name),
+                )
             )
         except InfeasibleError as err:
             failures[name] = str(err)

@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,9 @@ import pytest
 from shard_ray.workload.tables import TableSpec
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Models a developer calibrated on this machine (~/.shard-ray/models) would change what `plan`
+# picks in every test: the suite plans from the shipped models unless a test says otherwise.
+os.environ["SHARD_RAY_HOME"] = tempfile.mkdtemp(prefix="shard-ray-home-")
 
 
 @pytest.fixture(scope="session")

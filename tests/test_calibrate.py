@@ -2,12 +2,14 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.plan import Plan, load_plan, table_wise
 from shard_ray.plan.topology import GB, Topology
@@ -29,8 +31,8 @@ MINIMAL_TABLES = """{"tables": [
 
 
 def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    # HOME is the test's own, so the models go where the README says, in a home of the test's
-    env = {**os.environ, "HOME": str(cwd)}
+    # HOME is the test's own and SHARD_RAY_HOME unset, so the models go where the README says, in a home of the test's
+    env = {**{k: v for k, v in os.environ.items() if k != "SHARD_RAY_HOME"}, "HOME": str(cwd)}
     return subprocess.run([SHARD_RAY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -40,6 +42,8 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
         "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "3", "--shards", "6",
         "--plans", "3", "--warmup", "1", "--repeats", "3", "--epochs", "40", "--no-mlflow",
     ]  # fmt: skip
+    # from the shipped models both times: a second run starting from the first's models would plan other candidates
+    calibrate += ["--cost-model", str(default_cost_model_path())]
     first = shard_ray(tmp_path, *calibrate)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout.strip().splitlines()[-1])
@@ -50,8 +54,8 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
 
     again = shard_ray(tmp_path, *calibrate)
     assert again.returncode == 0, again.stderr
-    wanted = sum(report["shards"].values())
-    assert f"{wanted} of {wanted} shards already measured" in again.stdout
+    known, wanted = map(int, re.search(r"(\d+) of (\d+) shards already measured", again.stdout).groups())
+    assert known == wanted > len(json.loads(MINIMAL_TABLES)["tables"])
 
     planned = shard_ray(
         tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "neuroshard",
@@ -63,6 +67,20 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     assert "cost models are of" not in planned.stderr
     # calibrated on these tables: none of them is outside the models' training data any more
     assert not plan.estimate.warnings
+
+    raced = shard_ray(
+        tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
+        "--out", "raced.json", "--measure", "--measure-budget", "20",
+    )  # fmt: skip
+    assert raced.returncode == 0, raced.stderr
+    measured = load_plan(tmp_path / "raced.json").measured
+    assert measured is not None and "cost_search" in "=".join(measured.candidates)
+    assert {"torchrec", "size_greedy"} <= set("=".join(measured.candidates).split("="))
+    assert "measured side by side on" in raced.stdout and "TorchRec's plan" in raced.stdout
+    # every round went to the store, for the next calibration
+    with MeasurementStore(tmp_path / "shard-ray-out" / "measurements.db") as store:
+        rounds = sum(len(c.rounds_ms) for c in measured.candidates.values())
+        assert store.count("plan_measurements") >= rounds
 
 
 def test_plan_warns_for_tables_outside_the_models_training_data(tmp_path):
@@ -90,14 +108,14 @@ def test_rounds_summary_has_a_distribution_free_interval_and_says_its_coverage()
 
 @pytest.fixture
 def race_tables() -> list[TableSpec]:
-    return [TableSpec(name=f"t{i}", rows=100_000, dim=128, pooling_factor=40.0) for i in range(6)]
+    return [TableSpec(name=f"t{i}", rows=100_000, dim=128, pooling_factor=40.0) for i in range(8)]
 
 
 def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_session, race_tables, tmp_path):
     pieces = table_wise(race_tables)
-    balanced = Plan.from_assignment(pieces, [0, 1, 0, 1, 0, 1], 2, "balanced")
+    balanced = Plan.from_assignment(pieces, [0, 1] * 4, 2, "balanced")
     same = balanced.model_copy(update={"algorithm": "same_as_balanced"})
-    piled = Plan.from_assignment(pieces, [0, 0, 0, 0, 0, 1], 2, "piled")  # 5 tables against 3: far slower
+    piled = Plan.from_assignment(pieces, [0] * 7 + [1], 2, "piled")  # 7 tables against 4: far slower
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=512)
     config = SelectionConfig(budget_seconds=120, min_rounds=6, max_rounds=10, warmup=1, repeats=3)
     with DeviceGang(2) as gang, MeasurementStore(tmp_path / "store.db") as store:

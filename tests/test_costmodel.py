@@ -1,5 +1,6 @@
 """Cost models, training, the simulator, the bound, and the searches that use them."""
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -10,7 +11,7 @@ import torch
 
 from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.coverage import coverage_problems
+from shard_ray.costmodel.coverage import coverage_problems, training_coverage
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, table_features
 from shard_ray.costmodel.models import (
     CommCostNet,
@@ -33,7 +34,7 @@ from shard_ray.profiling.sampling import draw_augmented_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.access import REFERENCE_BATCH, reuse_histogram_of, zipf_indices, zipf_reuse_histogram
 from shard_ray.workload.dlrm_dataset import reuse_histogram
-from shard_ray.workload.synthetic import PUBLIC_REUSE_HISTOGRAM, PoolConfig, generate_pool
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec
 
 
@@ -80,15 +81,20 @@ def test_derived_zipf_histogram_matches_drawn_batches():
 
 
 def test_range_check_names_each_table_outside_the_training_data(shipped):
-    models = shipped
-    inside = TableSpec(name="inside", rows=50_000, dim=32, pooling_factor=6.0, reuse_histogram=PUBLIC_REUSE_HISTOGRAM)
-    wide = TableSpec(name="wide", rows=50_000, dim=1024, pooling_factor=500.0, reuse_histogram=PUBLIC_REUSE_HISTOGRAM)
+    # models whose training data was pool tables: fp32, dims 16 to 128, reuse histograms near the public one
+    trained_on = generate_pool(PoolConfig(num_tables=50, seed=1))
+    features = np.stack([table_features(t, t.dim, shipped.rows_cap) for t in trained_on])
+    models = dataclasses.replace(shipped, info={**shipped.info, "coverage": training_coverage(features, 16)})
+    inside = trained_on[0].model_copy(update={"name": "inside"})
+    wide = inside.model_copy(update={"name": "wide", "dim": 1024, "pooling_factor": 5000.0})
     half = inside.model_copy(update={"name": "half", "precision": "fp16"})
-    lines = coverage_problems(models, [inside, wide, half], shard_tables=40)
-    assert not any("inside" in line for line in lines)
-    assert [line.split(":")[0] for line in lines[:2]] == ["table wide", "table half"]
-    assert "dim 1024" in lines[0] and "pooling factor 500" in lines[0] and "fp16" in lines[1]
-    assert "up to 40 tables" in lines[2] and len(lines) == 3
+    zipf = inside.model_copy(update={"name": "zipf", "rows": 10_000_000, "reuse_histogram": None})
+    lines = coverage_problems(models, [inside, wide, half, zipf], shard_tables=40)
+    assert [line.split(":")[0] for line in lines[:3]] == ["table wide", "table half", "table zipf"]
+    assert "dim 1024 (training range 16-128)" in lines[0] and "pooling factor 5000" in lines[0]
+    assert "fp16" in lines[1] and "of its accessed rows are read once" in lines[2]
+    assert "up to 40 tables" in lines[3] and len(lines) == 4
+    assert coverage_problems(shipped, [inside]) == []  # the shipped models' own range holds the pool's tables
 
 
 def test_compute_model_is_permutation_invariant_and_takes_any_table_count(pool):
@@ -283,3 +289,14 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(result) >= {"mape", "spearman", "n"} and result["unseen"]["n"] == 6 and result["mape"] >= 0
+    # measurements of another machine: evaluated all the same, and the output says whose data it is
+    other = "cpu:Another CPU:1thread"
+    with MeasurementStore(store_path) as store:
+        for parts in draw_augmented_shards(unseen, 4, 3, (16, 64), seed=3):
+            store.put_shard(measure_fused_shard(parts, config, other))
+    evaluate = ["costmodel", "evaluate", "--cost-model", str(default_cost_model_path()), "--store", str(store_path)]
+    assert main([*evaluate, "--hardware", other, "--no-mlflow"]) == 0
+    printed = capsys.readouterr().out
+    assert f"models of {shipped.hardware}, evaluated on measurements of {other}" in printed
+    result = json.loads(printed.strip().splitlines()[-1])
+    assert result["hardware"] == {"models": shipped.hardware, "measurements": other} and result["n"] == 4

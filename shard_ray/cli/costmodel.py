@@ -37,6 +37,10 @@ class TrainArgs:
 class EvaluateModelArgs:
     cost_model: str = setting(None, "cost model file to evaluate", required=True, old_names=("--model",))
     store: str = setting(DEFAULT_STORE, "measurement store with held-out or unseen measurements", old_names=("--data",))
+    hardware: str | None = setting(
+        None,
+        "evaluate on this hardware's measurements (default: the models' own if the store has them, else the most measured)",
+    )
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         data_split,
         describe_accuracy,
         evaluate_comm,
+        main_hardware,
         predicted_and_measured,
         split_compute_measurements,
     )
@@ -95,17 +100,27 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     tracking_uri, experiment = tracking(args)
     models = CostModels.load(flags.cost_model)
     with MeasurementStore(existing_store(flags.store)) as store:
+        measured_on = store.summary()
+        hardware = flags.hardware or (models.hardware if models.hardware in measured_on else None)
+        hardware = main_hardware(store, hardware)
         splits = split_compute_measurements(
-            store.shard_measurements(models.hardware), set(models.info.get("train_tables", []))
+            store.shard_measurements(hardware), set(models.info.get("train_tables", []))
         )
-        plans = store.plan_measurements(models.hardware)
+        plans = store.plan_measurements(hardware)
+    if hardware != models.hardware:
+        # Another machine's data: every shard is new to the models, so all of it is held out.
+        splits = {"test": [], "unseen": [m for split in splits.values() for m in split]}
+    print(f"models of {models.hardware}, evaluated on measurements of {hardware}")
     groups = {name: predicted_and_measured(models, splits[name]) for name in ("test", "unseen")}
     result = accuracy(*map(np.concatenate, zip(*groups.values())))
     result["seen"] = accuracy(*groups["test"])
     result["unseen"] = accuracy(*groups["unseen"])
-    result["comm"] = evaluate_comm(models, [p for p in plans if data_split(p.key) == "test"])
+    result["comm"] = evaluate_comm(
+        models, [p for p in plans if hardware != models.hardware or data_split(p.key) == "test"]
+    )
+    result["hardware"] = {"models": models.hardware, "measurements": hardware}
     if result["n"] == 0:
-        raise ShardRayError(f"{flags.store} has no held-out or unseen shard measurements on {models.hardware}")
+        raise ShardRayError(f"{flags.store} has no held-out or unseen shard measurements on {hardware}")
     for name in ("seen", "unseen", "comm"):
         print(describe_accuracy(name, result[name]))
     if tracking_uri is not None:
@@ -114,7 +129,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         flat = {k: v for k, v in flat.items() if v is not None}
         log_costmodel_evaluation(
             flags.cost_model,
-            models.hardware,
+            hardware,
             flat,
             {
                 "held-out, seen tables": tuple(v.tolist() for v in groups["test"]),

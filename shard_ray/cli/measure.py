@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -56,7 +57,9 @@ class EvaluateArgs:
     out: str = setting(None, "result file to write (.json)", required=True)
     task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
     rounds: int = setting(
-        7, "rounds of --repeats steps on fresh batches; the result is the median round, with a 95% interval", min=1
+        7,
+        "rounds of --repeats steps on fresh batches; the result is the median round, with a 95 percent interval",
+        min=1,
     )
 
 
@@ -136,6 +139,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
     write_json(flags.out, cost.model_dump(mode="json"))
     print(format_plan_summary(plan, tables, topology, cost))
+    for line in plan.estimate.warnings if plan.estimate else ():
+        print(f"warning: {line}", file=sys.stderr)
     if cost.rounds is not None:
         print(f"measured plan cost: {cost.rounds.describe()} (the table shows the median round)")
     if tracking_uri is not None:

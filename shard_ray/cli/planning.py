@@ -193,9 +193,10 @@ def measured_best(
 def format_selection(selection: MeasuredSelection, heuristics: set[str]) -> str:
     """The race's table and the chosen plan's measured margin over TorchRec's plan and the best heuristic."""
     percent = int(round(selection.confidence * 100))
+    coverage = min(c.coverage for c in selection.candidates.values())
     lines = [
         f"measured side by side on {selection.hardware}: rounds of {selection.steps_per_round} steps, interleaved; "
-        f"medians with {percent}% confidence intervals",
+        f"medians of the rounds with intervals covering them with {coverage:.0%} or more",
         f"{'plan of':<40} {'median ms':>10}  {'CI':>18}  {'rounds':>6}  {'p slower':>8}",
     ]
     for name, c in sorted(selection.candidates.items(), key=lambda item: item[1].median_ms):
@@ -220,7 +221,8 @@ def format_selection(selection: MeasuredSelection, heuristics: set[str]) -> str:
     lines.append(
         f"the chosen plan is separated from every other at {percent}% confidence"
         if selection.separated
-        else f"not separated from every other at {percent}% confidence within the budget: the differences left are within the noise"
+        else f"not separated from every other at {percent}% confidence within --measure-budget: "
+        "the plans left in the race are within the noise of each other so far"
     )
     return "\n".join(lines)
 

@@ -114,7 +114,12 @@ class ComputeCostNet(nn.Module):
         """[..., F] raw table features -> [..., 2 + H], all >= 0: the table's own fwd and bwd ms, then its encoding."""
         normalised = (features - self.feature_mean) / self.feature_std
         batch = torch.as_tensor(log_batch, dtype=normalised.dtype).expand(normalised.shape[:-1]).unsqueeze(-1)
-        return nn.functional.softplus(self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1)))
+        out = self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1))
+        # A table's own ms span five orders of magnitude (a 4-dim one-hot table to a 1024-dim bag of
+        # hundreds at batch 2048) and scale multiplicatively with dim, lookups and batch: the network
+        # gives their logs. The clamp keeps exp finite (e^15 ms is hours) before training has settled.
+        own_ms = torch.exp(out[..., :2].clamp(-15.0, 15.0))
+        return torch.cat([own_ms, nn.functional.softplus(out[..., 2:])], dim=-1)
 
     def from_sums(self, sums: torch.Tensor) -> torch.Tensor:
         """Log (fwd, bwd) ms of shards from their summed rows [B, 2 + H]."""
