@@ -76,6 +76,10 @@ def select_measured(
     """Race the candidates on `gang`; the measured best plan and what the race found."""
     entries = distinct(candidates)
     plans = dict(entries)
+    log(
+        f"measuring {len(plans)} distinct plans of {len(candidates)} candidates side by side on a "
+        f"{topology.num_devices}-device gang, for up to {config.budget_seconds:.0f} s"
+    )
     rounds: dict[str, list[float]] = {name: [] for name in plans}
     active = list(plans)
     p_values: dict[str, float] = {}

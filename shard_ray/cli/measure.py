@@ -142,7 +142,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     for line in plan.estimate.warnings if plan.estimate else ():
         print(f"warning: {line}", file=sys.stderr)
     if cost.rounds is not None:
-        print(f"measured plan cost: {cost.rounds.describe()} (the table shows the median round)")
+        print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")
     if tracking_uri is not None:
         task = flags.task or Path(flags.tables).stem
         run_id = log_plan_evaluation(plan, cost, topology, task, tables, tracking_uri, experiment)

@@ -181,9 +181,6 @@ def measured_best(
             candidates.append(place(name, tables, topology, seed=flags.seed))
         except InfeasibleError as err:
             print(f"{name}: no plan ({err})")
-    print(
-        f"measuring {len(candidates)} plans side by side on a {topology.num_devices}-device gang, for up to {config.budget_seconds:.0f} s"
-    )
     with DeviceGang(topology.num_devices) as gang, MeasurementStore(flags.store) as store:
         chosen, selection = select_measured(candidates, tables, topology, gang, config, store)
     print(format_selection(selection, set(baselines) - {"torchrec"}))
