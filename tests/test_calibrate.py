@@ -52,8 +52,13 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     assert report["before"]["compute"]["n"] >= 1 and report["after"]["compute"]["mape"] is not None
     assert "0 of " in first.stdout  # nothing was in the store yet
 
-    again = shard_ray(tmp_path, *calibrate)
+    # again, with MLflow in the default ./mlflow.db as a user gets it
+    again = shard_ray(tmp_path, *[flag for flag in calibrate if flag != "--no-mlflow"])
     assert again.returncode == 0, again.stderr
+    assert "logged MLflow run" in again.stdout
+    mlflow_run = _calibration_run(tmp_path / "mlflow.db")
+    assert mlflow_run["tags.kind"] == "calibration" and mlflow_run["params.chosen"] in ("fine-tuned", "starting")
+    assert mlflow_run["metrics.after_compute_mape"] >= 0 and mlflow_run["metrics.shards_held_out"] >= 1
     known, wanted = map(int, re.search(r"(\d+) of (\d+) shards already measured", again.stdout).groups())
     assert known == wanted > len(json.loads(MINIMAL_TABLES)["tables"])
 
@@ -81,6 +86,15 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     with MeasurementStore(tmp_path / "shard-ray-out" / "measurements.db") as store:
         rounds = sum(len(c.rounds_ms) for c in measured.candidates.values())
         assert store.count("plan_measurements") >= rounds
+
+
+def _calibration_run(database: Path):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{database}")
+    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    assert len(runs) == 1
+    return runs.iloc[0]
 
 
 def test_plan_warns_for_tables_outside_the_models_training_data(tmp_path):
@@ -126,5 +140,7 @@ def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_
     assert selection.chosen == "balanced=same_as_balanced" and chosen.algorithm == "balanced"
     assert selection.separated and selection.p_slower["piled"] < 0.05
     best = selection.cost
-    assert best.ci_low_ms <= best.median_ms <= best.ci_high_ms < selection.candidates["piled"].median_ms
+    assert (
+        best.ci_low_ms <= best.median_ms <= best.ci_high_ms and best.median_ms < selection.candidates["piled"].median_ms
+    )
     assert chosen.measured == selection

@@ -21,9 +21,14 @@ from shard_ray.profiling.store import MeasurementStore
 SLOW = MeasureConfig(batch_size=1024, warmup=2, repeats=25)
 
 
+# Profiling kills must land while a measurement runs (a killed idle actor is only found out when next
+# used): shards of about a second each, so the last kill never comes after the last shard has started.
+SLOWER = SLOW.model_copy(update={"batch_size": 4096, "repeats": 40})
+
+
 def test_profiling_survives_killed_actors(ray_session, tmp_path, small_tables):
     shards = draw_shards(small_tables, count=10, max_tables=4, seed=3)
-    keys = {shard_key(s, SLOW, "") for s in shards}  # distinct shards (hardware does not change identity here)
+    keys = {shard_key(s, SLOWER, "") for s in shards}  # distinct shards (hardware does not change identity here)
     pool = ProfilingPool(num_actors=2)
     db = tmp_path / "m.db"
     kills: list[int] = []  # shards stored when each kill landed
@@ -42,13 +47,13 @@ def test_profiling_survives_killed_actors(ray_session, tmp_path, small_tables):
     try:
         with MeasurementStore(db) as store:
             killer.start()
-            results = pool.measure(shards, SLOW, store, progress=False)
+            results = pool.measure(shards, SLOWER, store, progress=False)
             killer.join(timeout=60)
             assert len(kills) == 4 and all(k < len(keys) for k in kills), kills  # every kill hit a running measurement
             assert len(pool.actors) == 1
             assert all(r is not None and r.status == "ok" for r in results)
             assert store.count() == len(keys)  # every distinct shard, exactly once
-            assert [r.key for r in results] == [shard_key(s, SLOW, pool.hardware) for s in shards]
+            assert [r.key for r in results] == [shard_key(s, SLOWER, pool.hardware) for s in shards]
     finally:
         pool.shutdown()
 

@@ -179,6 +179,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"  {describe_accuracy(part + ' before', report['before'][part])}")
         print(f"  {describe_accuracy(part + ' after', report['after'][part])}")
     print(f"kept the {result.chosen} models (the more accurate on validation measurements)")
+    if min(report["shards"]["held_out"], report["shards"]["val"]) < 10:
+        print(
+            f"note: {report['shards']['val']} validation and {report['shards']['held_out']} held-out shards: "
+            "few, so the choice and the figures above are indicative; more --shards or --budget-minutes firm them up"
+        )
     if tracking_uri is not None:
         run_id = log_calibration(report, str(out), tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")

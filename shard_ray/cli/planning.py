@@ -155,13 +155,15 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if warnings:
         print(
             f"warning: the models' prices above are extrapolated: `shard-ray calibrate --tables {flags.tables} "
-            f"--devices {flags.devices}` measures this task here and fits the models to this hardware",
+            f"--devices {flags.devices}`, run on the hardware the plan is for, measures this task there and fits "
+            "the models to it",
             file=sys.stderr,
         )
+    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms")
     if flags.measure:
         plan = measured_best(plan, tables, topology, flags, settings_from(SelectionConfig, args))
     save_plan(flags.out, plan)
-    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms; wrote {flags.out}")
+    print(f"wrote {flags.out}: {plan.algorithm}'s plan" + (", the measured best" if flags.measure else ""))
 
 
 def measured_best(

@@ -30,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from shard_ray.configfile import setting
+from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import (
@@ -102,12 +103,12 @@ def candidate_plans(tables: list[TableSpec], topology: Topology, cost_model: str
 def random_plans(tables: list[TableSpec], num_devices: int, count: int, seed: int) -> list[Plan]:
     """Plans of the task's tables with device shares from skewed to even (Dirichlet 0.2 to 5)."""
     rng = np.random.default_rng(seed)
-    plans = []
-    for _ in range(count):
-        shares = rng.dirichlet(np.full(num_devices, float(rng.choice([0.2, 0.5, 1.0, 5.0]))))
-        devices = rng.choice(num_devices, size=len(tables), p=shares)
-        plans.append(Plan.from_assignment(table_wise(tables), devices, num_devices, "calibration_sample"))
-    return plans
+    return [
+        Plan.from_assignment(
+            table_wise(tables), varied_balance(rng, len(tables), num_devices), num_devices, "calibration_sample"
+        )
+        for _ in range(count)
+    ]
 
 
 def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:

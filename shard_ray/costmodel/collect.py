@@ -53,6 +53,12 @@ def collect_compute(
     return store.count() - before
 
 
+def varied_balance(rng: np.random.Generator, count: int, num_devices: int) -> np.ndarray:
+    """Devices for `count` items with shares from Dirichlet(alpha), alpha drawn from 0.2 (skewed) to 5 (even)."""
+    shares = rng.dirichlet(np.full(num_devices, float(rng.choice([0.2, 0.5, 1.0, 5.0]))))
+    return rng.choice(num_devices, size=count, p=shares)
+
+
 def draw_comm_plans(
     pool: list[TableSpec], num_devices: int, count: int, config: CollectConfig, seed: int
 ) -> list[tuple[Plan, list[TableSpec]]]:
@@ -63,8 +69,7 @@ def draw_comm_plans(
         size = int(rng.integers(num_devices, 4 * num_devices + 1))
         chosen = rng.choice(len(pool), size=min(size, len(pool)), replace=False)
         tables = [augment_table(pool[j], rng, config.dims, f"c{i}") for j in sorted(chosen)]
-        shares = rng.dirichlet(np.full(num_devices, float(rng.choice([0.2, 0.5, 1.0, 5.0]))))
-        devices = rng.choice(num_devices, size=len(tables), p=shares)
+        devices = varied_balance(rng, len(tables), num_devices)
         shards = [Shard(table=t.name, device=int(d), columns=(0, t.dim)) for t, d in zip(tables, devices)]
         plans.append((Plan(num_devices=num_devices, algorithm="comm_sample", shards=shards), tables))
     return plans
