@@ -185,7 +185,7 @@ def measured_best(
             print(f"{name}: no plan ({err})")
     with DeviceGang(topology.num_devices) as gang, MeasurementStore(flags.store) as store:
         chosen, selection = select_measured(candidates, tables, topology, gang, config, store)
-    print(format_selection(selection, set(baselines) - {"torchrec"}))
+    print(format_selection(selection, {a.name for a in algorithms() if a.family == "heuristic"}))
     return chosen
 
 
