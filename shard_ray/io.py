@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,29 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
             f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({first_line(err)}); "
             f"{what} files are read as JSON, or as YAML when named .yaml or .yml"
         ) from err
+
+
+def read_torch_file(data: bytes, source: str, what: str, holding: str, file_format: str, written_by: str) -> dict:
+    """The dict in a shard-ray `.pt` file's content, read with torch.load(weights_only=True) and checked for `file_format`.
+
+    `source` names the file in errors, `what` its kind ("cost model"), `holding` what it holds
+    ("shard-ray cost models") and `written_by` the command that writes it.
+    """
+    import torch
+
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files that are not ours
+            warnings.simplefilter("ignore")
+            blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as err:  # torch.load raises many types for a bad file
+        # torch's own first line is its weights_only=False advice, wrong for a file that is not ours
+        raise ShardRayError(
+            f"cannot read {what} file {source}: not a PyTorch file of {holding} "
+            f"(format {file_format}, as {written_by}; read with torch.load(weights_only=True))"
+        ) from err
+    if not isinstance(blob, dict) or blob.get("format") != file_format:
+        raise ShardRayError(f"{source} is not a shard-ray {what} file ({file_format})")
+    return blob
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:

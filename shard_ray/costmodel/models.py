@@ -25,7 +25,6 @@ import io
 import math
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from torch import nn
 
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.io import write_atomic
+from shard_ray.io import read_torch_file, write_atomic
 from shard_ray.plan.plan import TablePiece
 
 FORMAT = "shard-ray-costmodels/1"
@@ -263,18 +262,7 @@ class CostModels:
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> CostModels:
         """Models from a model file's content (`source` names it in errors)."""
-        try:
-            with warnings.catch_warnings():  # torch warns about the pickle protocol of files that are not ours
-                warnings.simplefilter("ignore")
-                blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        except Exception as err:  # torch.load raises many types for a bad file
-            # torch's own first line is its weights_only=False advice, wrong for a file that is not ours
-            raise ShardRayError(
-                f"cannot read cost model file {source}: not a PyTorch file of shard-ray cost models "
-                f"(format {FORMAT}, as `costmodel train` writes; read with torch.load(weights_only=True))"
-            ) from err
-        if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-            raise ShardRayError(f"{source} is not a shard-ray cost model file ({FORMAT})")
+        blob = read_torch_file(data, source, "cost model", "shard-ray cost models", FORMAT, "`costmodel train` writes")
         try:
             compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"])
             compute.load_state_dict(blob["compute"]["state"])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.io import write_atomic
+from shard_ray.io import read_torch_file, write_atomic
 from shard_ray.policy.env import DEVICE_FEATURES, NUM_CURRENT_FEATURES, NUM_DEVICE_FEATURES
 
 FORMAT = "shard-ray-policy/1"
@@ -103,18 +102,7 @@ def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, dict[str, A
         data = path.read_bytes()
     except OSError as err:
         raise ShardRayError(f"cannot read policy file {path}: {first_line(err)}") from err
-    try:
-        with warnings.catch_warnings():  # torch warns about the pickle protocol of files that are not ours
-            warnings.simplefilter("ignore")
-            blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as err:  # torch.load raises many types for a bad file
-        # torch's own first line is its weights_only=False advice, wrong for a file that is not ours
-        raise ShardRayError(
-            f"cannot read policy file {path}: not a PyTorch file of a shard-ray policy "
-            f"(format {FORMAT}, as `policy train` writes policy.pt; read with torch.load(weights_only=True))"
-        ) from err
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
-        raise ShardRayError(f"{path} is not a shard-ray policy file ({FORMAT})")
+    blob = read_torch_file(data, str(path), "policy", "a shard-ray policy", FORMAT, "`policy train` writes policy.pt")
     try:
         network = DeviceScorer(blob["hidden"])
         network.load_state_dict(blob["state"])
