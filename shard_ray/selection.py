@@ -59,7 +59,7 @@ def distinct(plans: list[Plan]) -> list[tuple[str, Plan]]:
     """Candidates with identical placements merged: (names joined by '=', the first such plan)."""
     merged: dict[tuple, tuple[list[str], Plan]] = {}
     for plan in plans:
-        placement = tuple(sorted((s.table, s.device, s.columns) for s in plan.shards))
+        placement = tuple(sorted((s.table, s.device, s.columns, s.rows or (), s.replicated) for s in plan.shards))
         merged.setdefault(placement, ([], plan))[0].append(plan.algorithm)
     return [("=".join(names), plan) for names, plan in merged.values()]
 

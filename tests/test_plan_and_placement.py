@@ -7,7 +7,9 @@ from shard_ray.placement import algorithms, place
 from shard_ray.placement.heuristics import PROXIES
 from shard_ray.plan import GB, Plan, Shard, Topology, load_plan, save_plan, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
+from shard_ray.plan.plan import TablePiece
 from shard_ray.plan.summary import format_plan_summary
+from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
 
 BASELINES = {"random", "round_robin", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy"}
@@ -38,23 +40,83 @@ def test_plan_file_round_trip_and_format(tmp_path):
     assert load_plan(path) == plan
 
 
+def _shard(table, device, start, end, rows=None, replicated=False):
+    return Shard(table=table, device=device, columns=(start, end), rows=rows, replicated=replicated)
+
+
 @pytest.mark.parametrize(
     "shards, message",
     [
         ([("a", 0, 0, 32), ("zz", 0, 0, 4)], "not in the table file"),
         ([("a", 2, 0, 32)], "device 2"),
-        ([("a", 0, 0, 16)], "cover 16 of its 32"),
-        ([("a", 0, 0, 16), ("a", 1, 8, 32)], "overlap"),
-        ([("a", 0, 0, 8), ("a", 1, 16, 32)], "gap"),
+        ([("a", 0, 0, 16)], r"gap at columns \[16, 32\)"),
+        ([("a", 0, 0, 16), ("a", 1, 8, 32)], r"overlap at columns \[8, 16\)"),
+        ([("a", 0, 0, 8), ("a", 1, 16, 32)], r"gap at columns \[8, 16\)"),
+        ([("a", 0, 0, 40)], r"columns \[0, 40\) beyond its 32"),
+        ([("a", 0, 0, 32, (0, 6)), ("a", 1, 0, 32, (4, 10))], r"overlap at rows \[4, 6\), columns \[0, 32\)"),
+        ([("a", 0, 0, 32, (0, 4)), ("a", 1, 0, 32, (6, 10))], r"gap at rows \[4, 6\)"),
+        ([("a", 0, 0, 32, (0, 12))], r"rows \[0, 12\) beyond its 10"),
+        (
+            [("a", 0, 0, 16, (0, 5)), ("a", 1, 0, 16, (5, 10)), ("a", 1, 16, 32, (0, 8))],
+            r"gap at rows \[8, 10\), columns \[16, 32\)",
+        ),
+        ([("a", 0, 0, 32, None, True)], "one replicated shard on each of the 2 devices"),
+        ([("a", 0, 0, 32, None, True), ("a", 1, 0, 16, None, True)], "must each be the whole table"),
+        ([("a", 0, 0, 32, None, True), ("a", 1, 0, 32)], "replicated and non-replicated"),
     ],
 )
 def test_plan_check(shards, message):
     tables = [TableSpec(name="a", rows=10, dim=32, pooling_factor=1.0)]
     plan = Plan(
-        num_devices=2, algorithm="x", shards=[Shard(table=t, device=d, columns=(s, e)) for t, d, s, e in shards]
+        num_devices=2,
+        algorithm="x",
+        shards=[_shard(*fields) for fields in shards],
     )
     with pytest.raises(ShardRayError, match=message):
         plan.check(tables)
+
+
+def test_every_sharding_type_passes_the_check_and_round_trips(tmp_path):
+    tables = [TableSpec(name=n, rows=10, dim=32, pooling_factor=1.0) for n in "abcd"]
+    shards = [
+        Shard(table="a", device=1, columns=(0, 32)),  # table-wise
+        Shard(table="b", device=0, columns=(0, 16)),  # column-wise
+        Shard(table="b", device=1, columns=(16, 32)),
+        Shard(table="c", device=0, columns=(0, 32), rows=(0, 3)),  # row-wise
+        Shard(table="c", device=1, columns=(0, 32), rows=(3, 10)),
+        Shard(table="d", device=0, columns=(0, 32), replicated=True),  # data-parallel
+        Shard(table="d", device=1, columns=(0, 32), replicated=True),
+    ]
+    plan = Plan(num_devices=2, algorithm="x", shards=shards)
+    plan.check(tables)
+    path = tmp_path / "plan.json"
+    save_plan(path, plan)
+    doc = json.loads(path.read_text())
+    assert doc["shards"][0] == {"table": "a", "device": 1, "columns": [0, 32]}  # defaults left out
+    assert doc["shards"][3] == {"table": "c", "device": 0, "columns": [0, 32], "rows": [0, 3]}
+    assert doc["shards"][5] == {"table": "d", "device": 0, "columns": [0, 32], "replicated": True}
+    assert load_plan(path) == plan
+    row_piece, replica = plan.pieces(tables)[0][1], plan.pieces(tables)[0][2]
+    assert row_piece.row_count == 3 and replica.replicas == 2
+    # Row slices hold their rows' optimizer state; a replica the whole table and its dense gradient.
+    assert plan.device_memory_bytes(tables, Topology(num_devices=2, memory_bytes=GB))[0] == (
+        shard_bytes(tables[1], 16, "rowwise_adagrad")
+        + shard_bytes(tables[2], 32, "rowwise_adagrad", rows=3)
+        + shard_bytes(tables[3], 32, "rowwise_adagrad")
+        + 10 * 32 * 4
+    )
+
+
+def test_a_row_slice_behaves_as_its_share_of_the_table():
+    table = TableSpec(name="a", rows=1000, dim=32, pooling_factor=8.0)
+    piece = TablePiece(table=table, columns=(0, 16), rows=(0, 250))
+    seen = piece.behaves_as()
+    assert (seen.rows, seen.dim, seen.pooling_factor) == (250, 16, 2.0)
+    assert seen.reuse_histogram == reuse_histogram_of(table)
+    assert TablePiece.whole(table).behaves_as() == table
+    assert TablePiece(table=table, columns=(0, 32), replicas=4).behaves_as().pooling_factor == 2.0
+    # Table- and column-wise pieces keep the content (and so the measurement keys) they had.
+    assert TablePiece(table=table, columns=(0, 32), rows=(0, 1000)).content() == TablePiece.whole(table).content()
 
 
 def test_plan_check_names_unplaced_tables(small_tables):

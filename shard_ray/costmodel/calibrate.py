@@ -114,7 +114,7 @@ def random_plans(tables: list[TableSpec], num_devices: int, count: int, seed: in
 def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
     seen, unique = set(), []
     for parts in shards:
-        key = content_digest(sorted((p.table.name, p.columns) for p in parts))
+        key = content_digest(sorted(p.key for p in parts))
         if parts and key not in seen:
             seen.add(key)
             unique.append(parts)

@@ -51,10 +51,14 @@ def table_features(table: TableSpec, width: int, rows_cap: int | None = None) ->
 
 
 def parts_features(parts: list[TablePiece], rows_cap: int | None = None) -> np.ndarray:
-    """[n, NUM_TABLE_FEATURES] for the pieces of a shard; [0, F] for an empty shard."""
+    """[n, NUM_TABLE_FEATURES] for the pieces of a shard; [0, F] for an empty shard.
+
+    A row range or a data-parallel replica is described as the table it behaves as (its rows, its
+    share of the lookups), so the models price it without having seen one.
+    """
     if not parts:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
-    return np.stack([table_features(p.table, p.width, rows_cap) for p in parts])
+    return np.stack([table_features(p.behaves_as(), p.width, rows_cap) for p in parts])
 
 
 def batch_context(batch_size: int) -> float:

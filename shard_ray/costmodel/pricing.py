@@ -12,7 +12,7 @@ import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.plan import TablePiece
-from shard_ray.plan.topology import Topology, shard_bytes
+from shard_ray.plan.topology import Topology
 
 
 class Pricer:
@@ -21,15 +21,15 @@ class Pricer:
     def __init__(self, models: CostModels, topology: Topology) -> None:
         self.models = models
         self.topology = topology
-        self._encodings: dict[tuple[str, tuple[int, int]], torch.Tensor] = {}
+        self._encodings: dict[tuple, torch.Tensor] = {}
 
     def encodings(self, items: list[TablePiece]) -> torch.Tensor:
-        missing = [p for p in items if (p.table.name, p.columns) not in self._encodings]
+        missing = [p for p in items if p.key not in self._encodings]
         if missing:
             encoded = self.models.encode_tables(missing, self.topology.batch_size)
             for p, e in zip(missing, encoded):
-                self._encodings[(p.table.name, p.columns)] = e
-        return torch.stack([self._encodings[(p.table.name, p.columns)] for p in items])
+                self._encodings[p.key] = e
+        return torch.stack([self._encodings[p.key] for p in items])
 
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
@@ -54,7 +54,7 @@ class Pricer:
 def item_sizes(items: list[TablePiece], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     """Each item's width (columns) and memory need (bytes, with optimizer state)."""
     widths = np.array([p.width for p in items], dtype=np.float64)
-    need = np.array([shard_bytes(p.table, p.width, topology.optimizer) for p in items], dtype=np.int64)
+    need = np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64)
     return widths, need
 
 

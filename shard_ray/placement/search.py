@@ -243,7 +243,7 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
 
 
 def _signature(items: list[TablePiece]) -> frozenset:
-    return frozenset((p.table.name, p.columns) for p in items)
+    return frozenset(p.key for p in items)
 
 
 def candidate_plan(candidate: Candidate, num_devices: int, algorithm: str) -> Plan:

@@ -6,8 +6,12 @@
                   "algorithm": {...}, "source": null},
      "memory_bytes": [...], "estimate": {"predicted": {...}, "lower_bound_ms": 3.1, ...}, "metadata": {}}
 
-A shard is a column range of a table on a device; table-wise placement is one shard per
-table with columns [0, dim). `settings` records what the plan was made for, `estimate` what the
+A shard is a column range of a table on a device, and for row-wise sharding a row range,
+`{"table": "t0", "device": 3, "columns": [0, 64], "rows": [0, 500000]}` (rows default to the whole
+table). A table's shards tile its rows x columns: table-wise is one shard with columns [0, dim),
+column-wise splits the columns, row-wise (and table-row-wise, the rows over one host's devices)
+the rows, a grid both. A data-parallel table has one shard per device, each the whole table, with
+`"replicated": true`. `settings` records what the plan was made for, `estimate` what the
 cost models predicted (for algorithms that plan with them). Plan files written before these
 were typed kept them in `metadata`; reading such a file moves them into place.
 """
@@ -19,26 +23,41 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error
 from shard_ray.io import read_document, write_json
 from shard_ray.plan.cost import PlanCost, RoundsSummary
 from shard_ray.plan.topology import GB, Optimizer, Topology, shard_bytes
+from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
 
 
 class TablePiece(BaseModel):
-    """A table, or a column range of it: what a device holds of a table, priced, profiled and placed as one.
+    """What a device holds of a table, priced, profiled and placed as one.
 
-    The plan file records it as a `Shard` (the table's name, a device, the range); the searches,
-    the cost models and the profilers work on pieces, which carry the table's whole spec.
+    A range of the table's columns and (for row-wise sharding) of its rows, or, with `replicas`
+    > 1, one of a data-parallel table's whole replicas, which looks up only its device's share of
+    the batch. The plan file records it as a `Shard` (the table's name, a device, the ranges); the
+    searches, the cost models and the profilers work on pieces, which carry the table's whole spec.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     table: TableSpec
     columns: tuple[int, int]
+    rows: tuple[int, int] | None = None  # [start, end) of the table's rows; None: all of them
+    replicas: int = Field(default=1, ge=1)  # > 1: a data-parallel replica, one per device of `replicas`
 
     @classmethod
     def whole(cls, table: TableSpec) -> TablePiece:
@@ -48,11 +67,55 @@ class TablePiece(BaseModel):
     def width(self) -> int:
         return self.columns[1] - self.columns[0]
 
+    @property
+    def row_range(self) -> tuple[int, int]:
+        return self.rows if self.rows is not None else (0, self.table.rows)
+
+    @property
+    def row_count(self) -> int:
+        return self.row_range[1] - self.row_range[0]
+
+    @property
+    def replicated(self) -> bool:
+        return self.replicas > 1
+
+    @property
+    def key(self) -> tuple:
+        """What tells this piece apart from the other pieces of a plan."""
+        return (self.table.name, self.columns, self.row_range, self.replicas)
+
     def content(self) -> dict:
-        """What determines this piece's cost: the table's spec less its name, and the width."""
+        """What determines this piece's cost: the table's spec less its name, the width, the rows, the replicas."""
         spec = self.table.model_dump(mode="json", exclude={"name"})
         spec["dim"] = self.width
+        # Only non-default ranges are recorded, so the keys of table- and column-wise measurements stay as they were.
+        if self.rows is not None and self.row_count != self.table.rows:
+            spec["row_range"] = list(self.rows)
+        if self.replicated:
+            spec["replicas"] = self.replicas
         return spec
+
+    def behaves_as(self) -> TableSpec:
+        """The table whose whole lookups cost what this piece's do, as the cost models see a piece.
+
+        Hot rows are scattered over the row space (`shard_ray.workload.access`), so a range of a
+        table's rows takes its share of the table's lookups and, being a random sample of its rows,
+        keeps its reuse histogram. A data-parallel replica looks up its 1/replicas of the batch.
+        """
+        share = self.row_count / self.table.rows / self.replicas
+        if share == 1 and self.width == self.table.dim:
+            return self.table
+        update: dict[str, Any] = {"dim": self.width, "pooling_factor": self.table.pooling_factor * share}
+        if self.row_count != self.table.rows:
+            update.update(rows=self.row_count, zipf_exponent=None, reuse_histogram=reuse_histogram_of(self.table))
+        return self.table.model_copy(update=update)
+
+    def memory_bytes(self, optimizer: Optimizer) -> int:
+        """Weights and optimizer state of the piece's rows and columns; a replica adds its dense gradient."""
+        stored = shard_bytes(self.table, self.width, optimizer, self.row_count)
+        if self.replicated:
+            stored += self.row_count * self.width * 4
+        return stored
 
 
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
@@ -60,22 +123,46 @@ def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
     return [TablePiece.whole(t) for t in tables]
 
 
+def _check_range(kind: str, bounds: tuple[int, int]) -> tuple[int, int]:
+    start, end = bounds
+    if not 0 <= start < end:
+        raise ValueError(f"{kind} must be [start, end) with 0 <= start < end, got {list(bounds)}")
+    return bounds
+
+
 class Shard(BaseModel):
+    """A table's columns (and rows, for row-wise sharding) on a device; a data-parallel table has
+    one replicated shard, the whole table, on every device. Defaults are left out of plan files."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     table: str = Field(min_length=1)
     device: int = Field(ge=0)
     columns: tuple[int, int]
+    rows: tuple[int, int] | None = None  # [start, end); None: every row
+    replicated: bool = False
 
     @field_validator("columns")
     @classmethod
-    def _range(cls, columns: tuple[int, int]) -> tuple[int, int]:
-        start, end = columns
-        if not 0 <= start < end:
-            raise ValueError(f"columns must be [start, end) with 0 <= start < end, got {list(columns)}")
+    def _columns(cls, columns: tuple[int, int]) -> tuple[int, int]:
+        start, end = _check_range("columns", columns)
         if start % 4 or end % 4:
             raise ValueError(f"column bounds must be multiples of 4, got {list(columns)}")
         return columns
+
+    @field_validator("rows")
+    @classmethod
+    def _rows(cls, rows: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None if rows is None else _check_range("rows", rows)
+
+    @model_serializer(mode="wrap")
+    def _leave_out_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if self.rows is None:
+            data.pop("rows", None)
+        if not self.replicated:
+            data.pop("replicated", None)
+        return data
 
     @property
     def width(self) -> int:
@@ -180,52 +267,63 @@ class Plan(BaseModel):
     def from_assignment(
         cls, pieces: list[TablePiece], devices: Sequence[int], num_devices: int, algorithm: str
     ) -> Plan:
-        """The plan putting each piece (a table's column range) on its device."""
+        """The plan putting each piece (a table's column and row range, or a replica) on its device."""
         shards = [
-            Shard(table=p.table.name, device=int(d), columns=p.columns) for p, d in zip(pieces, devices, strict=True)
+            Shard(table=p.table.name, device=int(d), columns=p.columns, rows=p.rows, replicated=p.replicated)
+            for p, d in zip(pieces, devices, strict=True)
         ]
         return cls(num_devices=num_devices, algorithm=algorithm, shards=shards)
 
     def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
         """What every device holds, in plan order: its fused shard."""
         by_name = {t.name: t for t in tables}
-        return [
-            [TablePiece(table=by_name[s.table], columns=s.columns) for s in self.shards_on(d)]
-            for d in range(self.num_devices)
-        ]
+        return [[self._piece(s, by_name) for s in self.shards_on(d)] for d in range(self.num_devices)]
+
+    def _piece(self, shard: Shard, by_name: dict[str, TableSpec]) -> TablePiece:
+        table = by_name[shard.table]
+        rows = None if shard.rows is None or shard.rows == (0, table.rows) else shard.rows
+        replicas = self.num_devices if shard.replicated else 1
+        return TablePiece(table=table, columns=shard.columns, rows=rows, replicas=replicas)
 
     def shards_on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
 
     def check(self, tables: list[TableSpec]) -> None:
-        """Raise a ShardRayError unless every table's columns are covered exactly once on valid devices."""
+        """Raise a ShardRayError unless every table is placed exactly once on valid devices.
+
+        A table's shards tile its rows x columns exactly (table-, column-, row-wise or a grid of
+        these), or it is data-parallel: one replicated shard, the whole table, on every device.
+        """
         by_name = {t.name: t for t in tables}
-        ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        of_table: dict[str, list[Shard]] = defaultdict(list)
         for shard in self.shards:
             if shard.table not in by_name:
                 raise ShardRayError(f"plan places table {shard.table!r}, which is not in the table file")
             if shard.device >= self.num_devices:
                 raise ShardRayError(f"plan puts table {shard.table!r} on device {shard.device} of {self.num_devices}")
-            ranges[shard.table].append(shard.columns)
+            of_table[shard.table].append(shard)
         for name, table in by_name.items():
-            covered = sorted(ranges.get(name, []))
-            if not covered:
+            shards = of_table.get(name, [])
+            if not shards:
                 raise ShardRayError(f"plan does not place table {name!r}")
-            end = 0
-            for start, stop in covered:
-                if start != end:
+            for shard in shards:
+                if shard.columns[1] > table.dim:
                     raise ShardRayError(
-                        f"plan's column shards of table {name!r} overlap or leave a gap at column {end}"
+                        f"plan's shard of table {name!r} has columns [{shard.columns[0]}, {shard.columns[1]}) beyond its {table.dim}"
                     )
-                end = stop
-            if end != table.dim:
-                raise ShardRayError(f"plan's column shards of table {name!r} cover {end} of its {table.dim} columns")
+                if shard.rows is not None and shard.rows[1] > table.rows:
+                    raise ShardRayError(
+                        f"plan's shard of table {name!r} has rows [{shard.rows[0]}, {shard.rows[1]}) beyond its {table.rows}"
+                    )
+            if any(s.replicated for s in shards):
+                _check_replicated(table, shards, self.num_devices)
+            else:
+                _check_tiling(table, shards)
 
     def device_memory_bytes(self, tables: list[TableSpec], topology: Topology) -> list[int]:
-        by_name = {t.name: t for t in tables}
         used = [0] * self.num_devices
-        for shard in self.shards:
-            used[shard.device] += shard_bytes(by_name[shard.table], shard.width, topology.optimizer)
+        for device, pieces in enumerate(self.pieces(tables)):
+            used[device] = sum(p.memory_bytes(topology.optimizer) for p in pieces)
         return used
 
     def check_memory(self, tables: list[TableSpec], topology: Topology) -> None:
@@ -236,6 +334,44 @@ class Plan(BaseModel):
                     f"plan needs {used / GB:.3f} GB on device {device}, over the cap of "
                     f"{topology.memory_gb:.3f} GB (weights + {topology.optimizer} state)"
                 )
+
+
+def _check_replicated(table: TableSpec, shards: list[Shard], num_devices: int) -> None:
+    name = table.name
+    if not all(s.replicated for s in shards):
+        raise ShardRayError(
+            f"plan's table {name!r} has replicated and non-replicated shards; a table is one or the other"
+        )
+    whole = [s for s in shards if s.columns == (0, table.dim) and s.rows in (None, (0, table.rows))]
+    if len(whole) != len(shards):
+        raise ShardRayError(f"plan's replicated shards of table {name!r} must each be the whole table")
+    if sorted(s.device for s in shards) != list(range(num_devices)):
+        raise ShardRayError(
+            f"plan's data-parallel table {name!r} must have one replicated shard on each of the {num_devices} devices"
+        )
+
+
+def _check_tiling(table: TableSpec, shards: list[Shard]) -> None:
+    """The shards' rectangles cover the table's rows x columns exactly once: counted on the grid of their cuts."""
+    row_ranges = [s.rows or (0, table.rows) for s in shards]
+    row_cuts = np.unique([0, table.rows, *(r for rows in row_ranges for r in rows)])
+    column_cuts = np.unique([0, table.dim, *(c for s in shards for c in s.columns)])
+    cover = np.zeros((len(row_cuts), len(column_cuts)), dtype=np.int64)  # a 2-D difference array
+    for rows, shard in zip(row_ranges, shards):
+        r0, r1 = np.searchsorted(row_cuts, rows)
+        c0, c1 = np.searchsorted(column_cuts, shard.columns)
+        cover[r0, c0] += 1
+        cover[r0, c1] -= 1
+        cover[r1, c0] -= 1
+        cover[r1, c1] += 1
+    cover = cover.cumsum(axis=0).cumsum(axis=1)[:-1, :-1]
+    for problem, cells in (("overlap", cover > 1), ("leave a gap", cover == 0)):
+        if cells.any():
+            r, c = (int(i) for i in np.argwhere(cells)[0])
+            rows = "" if len(row_cuts) == 2 else f"rows [{row_cuts[r]}, {row_cuts[r + 1]}), "
+            raise ShardRayError(
+                f"plan's shards of table {table.name!r} {problem} at {rows}columns [{column_cuts[c]}, {column_cuts[c + 1]})"
+            )
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

@@ -29,17 +29,18 @@ class Topology(BaseModel):
         return self.memory_bytes / GB
 
 
-def shard_bytes(table: TableSpec, width: int, optimizer: Optimizer) -> int:
-    """Bytes a column shard of `width` columns takes: weights at their precision plus optimizer state.
+def shard_bytes(table: TableSpec, width: int, optimizer: Optimizer, rows: int | None = None) -> int:
+    """Bytes `width` columns of `rows` rows (all, by default) of a table take: weights at their precision plus optimizer state.
 
     Exact row-wise Adagrad keeps one fp32 per row in every shard; Adam keeps two fp32 moments
     per element; SGD keeps nothing.
     """
-    weights = table.rows * width * table.bytes_per_element
+    rows = table.rows if rows is None else rows
+    weights = rows * width * table.bytes_per_element
     if optimizer == "rowwise_adagrad":
-        return weights + table.rows * 4
+        return weights + rows * 4
     if optimizer == "adam":
-        return weights + 2 * table.rows * width * 4
+        return weights + 2 * rows * width * 4
     return weights
 
 

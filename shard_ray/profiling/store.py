@@ -63,8 +63,10 @@ class PlanMeasurement(BaseModel):
 
 def plan_key(plan: Plan, tables: list[TableSpec], config: MeasureConfig, hardware: str) -> str:
     by_name = {t.name: t for t in tables}
+    # A shard's dump less its defaults: table- and column-wise plans keep the keys they had.
     shards = sorted(
         (s.device, s.columns, content_digest(by_name[s.table].model_dump(mode="json", exclude={"name"})))
+        + tuple((k, v) for k, v in sorted(s.model_dump(mode="json").items()) if k in ("rows", "replicated"))
         for s in plan.shards
     )
     return content_digest(
