@@ -33,8 +33,8 @@ def test_fused_forward_matches_manual_lookup(small_tables):
     shard = FusedShard(parts, SMALL, torch.device("cpu"))
     assert shard.width == sum(t.dim for t in small_tables) + 32
     assert len(shard.groups) == 2  # fp32 and fp16 kernels
-    out = shard.forward(0)
-    assert out.shape == (64, shard.width)
+    out, replicated = shard.forward(0)
+    assert out.shape == (64, shard.width) and replicated.shape == (0, 0)
     assert torch.allclose(out, manual_pooled(shard, 0), atol=1e-2)
 
 
@@ -42,8 +42,8 @@ def test_backward_applies_the_optimizer_update(small_tables):
     shard = FusedShard([TablePiece.whole(small_tables[0])], SMALL, torch.device("cpu"))
     module = shard.groups[0][1]
     before = module.split_embedding_weights()[0].clone()
-    out = shard.forward(0)
-    shard.backward(out, torch.ones_like(out))
+    pooled = shard.forward(0)
+    shard.backward(pooled, tuple(torch.ones_like(p) for p in pooled))
     assert not torch.equal(before, module.split_embedding_weights()[0])
 
 
@@ -112,3 +112,44 @@ def test_draw_shards(small_tables):
     assert all(2 <= len(s) <= 3 for s in shards[len(small_tables) :])
     assert all(len({p.table.name for p in s}) == len(s) for s in shards)
     assert np.array_equal([len(s) for s in draw_shards(small_tables, 10, 3, seed=0)], [len(s) for s in shards])
+
+
+def test_row_slices_and_replicas_look_up_their_share(small_tables):
+    table = small_tables[0]
+    config = MeasureConfig(batch_size=64, max_rows=10**6)
+    whole = FusedShard([TablePiece.whole(table)], config, torch.device("cpu"))
+    low, high = (
+        FusedShard([TablePiece(table=table, columns=(0, 32), rows=r)], config, torch.device("cpu"))
+        for r in ((0, 1000), (1000, 5000))
+    )
+    # Row-wise: the two ranges bucketize the table's lookups between them, per sample.
+    lookups = [s.batches[0][0] for s in (whole, low, high)]
+    assert len(lookups[1][0]) + len(lookups[2][0]) == len(lookups[0][0])
+    assert int(lookups[1][0].max()) < 1000 and int(lookups[2][0].max()) < 4000
+    # A replica of two looks up its device's half of the samples, in fbgemm's dense kernel.
+    replica = FusedShard([TablePiece(table=table, columns=(0, 32), replicas=2)], config, torch.device("cpu"), rank=1)
+    sharded, replicated = replica.forward(0)
+    assert sharded.shape == (64, 0) and replicated.shape == (32, 32) and replica.samples == (32, 64)
+    before = replica.part_weights()[0].clone()
+    replica.backward((sharded, replicated), (torch.zeros(64, 0), torch.ones(32, 32)))
+    replica.update_replicas()
+    assert not torch.equal(before, replica.part_weights()[0])
+
+
+def test_dense_kernel_gradient_matches_torch_embedding_bag():
+    # fbgemm's dense kernel registers no autograd kernel on CPU (torch warns); its gradient must still be right.
+    from shard_ray.workload.tables import TableSpec
+
+    table = TableSpec(name="t", rows=50, dim=8, pooling_factor=3.0)
+    replica = FusedShard(
+        [TablePiece(table=table, columns=(0, 8), replicas=2)], MeasureConfig(batch_size=16), torch.device("cpu")
+    )
+    indices, offsets = replica.batches[0][0]
+    weights = replica.part_weights()[0].detach().clone().requires_grad_()
+    grad = torch.randn(8, 8)
+    _, pooled = replica.forward(0)
+    replica.backward((torch.zeros(16, 0), pooled), (torch.zeros(16, 0), grad))
+    expected = torch.nn.functional.embedding_bag(indices, weights, offsets[:-1], mode="sum")
+    expected.backward(grad)
+    assert torch.allclose(pooled, expected, atol=1e-6)
+    assert torch.allclose(replica.replica_gradients()[0].view(50, 8), weights.grad, atol=1e-6)

@@ -3,16 +3,19 @@
 import json
 
 import pytest
+import torch
 
 from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
+from shard_ray.plan.plan import TablePiece
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
-from shard_ray.profiling.gang import DeviceGang, batch_slices
+from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, initial_weights, sample_ranges, shard_key
+from shard_ray.profiling.gang import DeviceGang, upstream_gradient
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workload.tables import TableSpec
 
 CONFIG = MeasureConfig(batch_size=128, warmup=1, repeats=3)
 
@@ -77,9 +80,51 @@ def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
         gang.shutdown()
 
 
-def test_batch_slices_cover_the_batch():
-    assert batch_slices(10, 3) == [4, 3, 3]
-    assert sum(batch_slices(1024, 7)) == 1024
+def test_sample_ranges_cover_the_batch():
+    assert sample_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert sample_ranges(1024, 7)[-1][1] == 1024
+
+
+def test_every_sharding_type_trains_as_one_unsharded_table(ray_session, small_tables):
+    """On the 2-device gang, table-, column-, row-wise, a grid and data-parallel give the pooled
+    embeddings and the updated weights one unsharded table gives for the same batch."""
+    tables = [*small_tables, TableSpec(name="g", rows=4000, dim=32, pooling_factor=6.0)]
+    plan = Plan(
+        num_devices=2,
+        algorithm="every-type",
+        shards=[
+            Shard(table="a", device=1, columns=(0, 32)),
+            Shard(table="b", device=0, columns=(0, 32)),
+            Shard(table="b", device=1, columns=(32, 64)),
+            Shard(table="c", device=0, columns=(0, 16), rows=(0, 300)),  # fp16, row-wise
+            Shard(table="c", device=1, columns=(0, 16), rows=(300, 800)),
+            Shard(table="d", device=1, columns=(0, 32), rows=(0, 30000)),
+            Shard(table="d", device=0, columns=(0, 32), rows=(30000, 100000)),
+            Shard(table="e", device=0, columns=(0, 8), replicated=True),
+            Shard(table="e", device=1, columns=(0, 8), replicated=True),
+            Shard(table="g", device=0, columns=(0, 16), rows=(0, 2500)),  # a grid
+            Shard(table="g", device=1, columns=(0, 16), rows=(2500, 4000)),
+            Shard(table="g", device=1, columns=(16, 32)),
+        ],
+    )
+    config = MeasureConfig(batch_size=96, optimizer="sgd", max_rows=10**6, seed=3)
+    reference = FusedShard([TablePiece.whole(t) for t in tables], config, torch.device("cpu"))
+    reference.load_initial_weights()
+    pooled = reference.forward(0)
+    reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=3), torch.zeros(0, 0)))
+    trained = dict(zip((t.name for t in tables), reference.part_weights()))
+
+    with DeviceGang(2) as gang:
+        values = gang.step_values(plan, tables, config)
+    embeddings = torch.cat([v["embeddings"] for v in values])
+    assert torch.allclose(embeddings, pooled[0].detach(), atol=1e-4)
+    for pieces, value in zip(plan.pieces(tables), values):
+        for piece, weights in zip(pieces, value["weights"]):
+            rows, columns = piece.row_range, piece.columns
+            expected = trained[piece.table.name][rows[0] : rows[1], columns[0] : columns[1]].float()
+            tolerance = 2e-3 if piece.table.precision == "fp16" else 1e-5
+            assert torch.allclose(weights, expected, atol=tolerance), piece.key
+            assert not torch.equal(weights, initial_weights(piece, None).to(weights.dtype)), piece.key  # it trained
 
 
 def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, table_file, small_tables):

@@ -1,6 +1,10 @@
 """The one cost definition: a plan costs as much as its slowest device's embedding step.
 
-cost(plan) = max over devices d of fwd_compute(d) + fwd_comm(d) + bwd_comm(d) + bwd_compute(d)
+cost(plan) = max over devices d of input_dist(d) + fwd_compute(d) + fwd_comm(d) + bwd_comm(d) + bwd_compute(d)
+
+input_dist is the all-to-all of the batch's lookups to the devices that own them (TorchRec's
+planner prices it as input_dist_comms); measurements taken before it was measured on its own
+carry 0 there.
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ def _without(data: Any, derived: str) -> Any:
     return {k: v for k, v in data.items() if k != derived} if isinstance(data, dict) else data
 
 
+# The parts of a device's step, in the order it runs them.
+STEP_PARTS = ("input_dist_ms", "fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
+
+
 class DeviceCost(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     device: int = Field(ge=0)
+    input_dist_ms: float = Field(default=0.0, ge=0)
     fwd_compute_ms: float = Field(ge=0)
     fwd_comm_ms: float = Field(ge=0)
     bwd_comm_ms: float = Field(ge=0)
@@ -32,7 +41,7 @@ class DeviceCost(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def total_ms(self) -> float:
-        return self.fwd_compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.bwd_compute_ms
+        return self.input_dist_ms + self.fwd_compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.bwd_compute_ms
 
 
 class RoundsSummary(BaseModel):

@@ -12,6 +12,7 @@ import hashlib
 import json
 import statistics
 import time
+import warnings
 from typing import Literal
 
 import numpy as np
@@ -22,7 +23,8 @@ from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.plan import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 from shard_ray.profiling.hardware import measurement_device
-from shard_ray.workload.access import fold_rows, generate_table_batch
+from shard_ray.workload.access import TableBatch, fold_rows, generate_table_batch
+from shard_ray.workload.tables import TableSpec
 
 # On CPU the kernel's cost is set by the rows a batch touches and by cache misses; beyond a
 # few hundred thousand rows a table is far out of cache either way, so CPU profiling
@@ -68,101 +70,227 @@ def shard_key(parts: list[TablePiece], config: MeasureConfig, hardware: str) -> 
     return content_digest({"parts": contents, "config": config.model_dump(mode="json"), "hardware": hardware})
 
 
-def _batch_seed(part: TablePiece, config: MeasureConfig, batch: int) -> int:
-    # Same table content -> same batches, so column slices of one table see the same lookups.
-    spec = part.table.model_dump(mode="json", exclude={"name", "dim"})
-    return int(content_digest([spec, config.seed, batch])[:15], 16)
+def sample_ranges(batch_size: int, num_devices: int) -> list[tuple[int, int]]:
+    """The samples [start, end) of the global batch each device trains on: contiguous, sizes differing by at most one."""
+    base, extra = divmod(batch_size, num_devices)
+    sizes = [base + (1 if d < extra else 0) for d in range(num_devices)]
+    ends = np.cumsum(sizes).tolist()
+    return [(end - size, end) for size, end in zip(sizes, ends)]
 
+
+def table_batch(table: TableSpec, config: MeasureConfig, batch: int) -> TableBatch:
+    """Batch number `batch` of the table's global lookups; every piece of a table sees the same ones."""
+    # Seeded by the table's content, less its name and dim, so column slices see the same lookups.
+    spec = table.model_dump(mode="json", exclude={"name", "dim"})
+    rng = np.random.default_rng(int(content_digest([spec, config.seed, batch])[:15], 16))
+    return generate_table_batch(table, config.batch_size, rng)
+
+
+def allocated_rows(piece: TablePiece, cap: int | None) -> int:
+    return piece.row_count if cap is None else min(piece.row_count, cap)
+
+
+def piece_lookups(piece: TablePiece, batch: TableBatch, samples: tuple[int, int], cap: int | None) -> TableBatch:
+    """What `piece` looks up for samples [start, end) of `batch`: the lookups in its row range, bucketized
+    as TorchRec's row-wise input distribution does, as ids of its allocated rows."""
+    bags = np.concatenate([[0], np.cumsum(batch.lengths)])
+    indices = batch.indices[bags[samples[0]] : bags[samples[1]]]
+    lengths = batch.lengths[samples[0] : samples[1]]
+    if piece.rows is not None:
+        start, end = piece.row_range
+        inside = (indices >= start) & (indices < end)
+        sample_of = np.repeat(np.arange(len(lengths)), lengths)
+        lengths = np.bincount(sample_of[inside], minlength=len(lengths)).astype(np.int64)
+        indices = indices[inside] - start
+    return fold_rows(TableBatch(indices=indices, lengths=lengths), allocated_rows(piece, cap))
+
+
+def initial_weights(piece: TablePiece, cap: int | None) -> torch.Tensor:
+    """Weights that are a function of the table and the global (row, column) only, so that every
+    sharding of a table starts from the same numbers (used to check sharded steps against one table)."""
+    start = piece.row_range[0]
+    rows = torch.arange(start, start + allocated_rows(piece, cap), dtype=torch.float64)[:, None]
+    columns = torch.arange(*piece.columns, dtype=torch.float64)[None, :]
+    phase = int(content_digest(piece.table.name)[:6], 16) / 2**24
+    return (0.1 * torch.sin(0.731 * rows + 1.37 * columns + 6.28 * phase)).float()
+
+
+# fbgemm's dense kernel (data-parallel replicas, as TorchRec runs them) registers no autograd kernel
+# for its CPU op and torch warns on every backward; its gradients are checked against torch's own
+# embedding_bag in the tests.
+warnings.filterwarnings("ignore", message=".*dense_embedding_codegen_lookup_function.*autograd kernel")
 
 _OPTIMIZERS = {"rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "sgd": "EXACT_SGD", "adam": "ADAM"}
 _PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
+LEARNING_RATE = 0.01
+ADAGRAD_EPS = 1e-8  # fbgemm's default
 
 
 class FusedShard:
-    """The fused embedding kernels of one device, with its batches prepared."""
+    """The embedding kernels of one device, with its batches prepared.
 
-    def __init__(self, parts: list[TablePiece], config: MeasureConfig, device: torch.device | None = None) -> None:
+    Sharded pieces (table-, column- and row-wise) run in fbgemm's table-batched kernels with the
+    optimizer fused into the backward, one kernel per weight precision, over the global batch.
+    Data-parallel replicas run in fbgemm's dense kernel over the device's own samples (sample
+    range `rank` of the replicas'): their backward leaves a dense gradient, which the gang
+    all-reduces before `update_replicas` applies the optimizer, as DistributedDataParallel does.
+    """
+
+    def __init__(
+        self, parts: list[TablePiece], config: MeasureConfig, device: torch.device | None = None, rank: int = 0
+    ) -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             ComputeDevice,
+            DenseTableBatchedEmbeddingBagsCodegen,
             SplitTableBatchedEmbeddingBagsCodegen,
         )
 
         self.device = device or measurement_device()
         self.config = config
         self.parts = parts
-        self.width = sum(p.width for p in parts)
         on_gpu = self.device.type == "cuda"
         if config.optimizer == "adam" and not on_gpu:
             raise ShardRayError("fbgemm's CPU kernels do not support Adam; profile Adam on a GPU")
         location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
-        cap = config.rows_cap(self.device)
-        # One kernel per weight precision; the output columns follow `parts` order.
+        self.cap = config.rows_cap(self.device)
+        self.sharded = [i for i, p in enumerate(parts) if not p.replicated]
+        self.replicated = [i for i, p in enumerate(parts) if p.replicated]
+        self.width = sum(parts[i].width for i in self.sharded)
+        self.replicated_width = sum(parts[i].width for i in self.replicated)
+        replicas = parts[self.replicated[0]].replicas if self.replicated else 1
+        self.samples = sample_ranges(config.batch_size, replicas)[rank] if self.replicated else (0, 0)
+        # One kernel per weight precision, sharded and replicated apart; outputs follow `parts` order.
         self.groups: list[tuple[list[int], torch.nn.Module]] = []
+        self.replica_groups: list[tuple[list[int], torch.nn.Module]] = []
         for precision in ("fp32", "fp16"):
-            members = [i for i, p in enumerate(parts) if p.table.precision == precision]
-            if not members:
-                continue
-            specs = [(self._rows(parts[i], cap), parts[i].width, location, compute) for i in members]
-            module = SplitTableBatchedEmbeddingBagsCodegen(
-                embedding_specs=specs,
-                optimizer=getattr(EmbOptimType, _OPTIMIZERS[config.optimizer]),
-                learning_rate=0.01,
-                weights_precision=getattr(SparseType, _PRECISIONS[precision]),
-                output_dtype=SparseType.FP32,
-                pooling_mode=PoolingMode.SUM,
-                device=self.device,
+            members = [i for i in self.sharded if parts[i].table.precision == precision]
+            if members:
+                specs = [(allocated_rows(parts[i], self.cap), parts[i].width, location, compute) for i in members]
+                module = SplitTableBatchedEmbeddingBagsCodegen(
+                    embedding_specs=specs,
+                    optimizer=getattr(EmbOptimType, _OPTIMIZERS[config.optimizer]),
+                    learning_rate=LEARNING_RATE,
+                    eps=ADAGRAD_EPS,
+                    weights_precision=getattr(SparseType, _PRECISIONS[precision]),
+                    output_dtype=SparseType.FP32,
+                    pooling_mode=PoolingMode.SUM,
+                    device=self.device,
+                )
+                self.groups.append((members, module))
+            members = [i for i in self.replicated if parts[i].table.precision == precision]
+            if members:
+                module = DenseTableBatchedEmbeddingBagsCodegen(
+                    [(allocated_rows(parts[i], self.cap), parts[i].width) for i in members],
+                    weights_precision=getattr(SparseType, _PRECISIONS[precision]),
+                    use_cpu=not on_gpu,
+                ).to(self.device)
+                self.replica_groups.append((members, module))
+        self._adagrad_state = [
+            torch.zeros(sum(allocated_rows(parts[i], self.cap) for i in members), device=self.device)
+            for members, _ in self.replica_groups
+        ]
+        self.batches = [self._own_inputs(b) for b in range(config.num_batches)]
+
+    def _own_inputs(self, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Kernel inputs from the device's own lookups: the whole batch for sharded pieces, its samples for replicas."""
+        everything = (0, self.config.batch_size)
+        lookups = {}
+        for i, p in enumerate(self.parts):
+            own = piece_lookups(
+                p, table_batch(p.table, self.config, batch), self.samples if p.replicated else everything, self.cap
             )
-            self.groups.append((members, module))
-        self.batches = [self._make_batch(b, cap) for b in range(config.num_batches)]
+            lookups[i] = (torch.from_numpy(own.indices), torch.from_numpy(own.lengths))
+        return self.kernel_inputs(lookups, self.groups + self.replica_groups)
 
-    @staticmethod
-    def _rows(part: TablePiece, cap: int | None) -> int:
-        return part.table.rows if cap is None else min(part.table.rows, cap)
-
-    def _make_batch(self, batch: int, cap: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def kernel_inputs(
+        self, lookups: dict[int, tuple[torch.Tensor, torch.Tensor]], groups: list[tuple[list[int], torch.nn.Module]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(indices, offsets) for each of `groups`' kernels from its parts' (indices, lengths), by part index."""
         inputs = []
-        for members, _ in self.groups:
-            indices, lengths = [], []
-            for i in members:
-                part = self.parts[i]
-                rng = np.random.default_rng(_batch_seed(part, self.config, batch))
-                table_batch = fold_rows(
-                    generate_table_batch(part.table, self.config.batch_size, rng), self._rows(part, cap)
-                )
-                indices.append(table_batch.indices)
-                lengths.append(table_batch.lengths)
-            offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
-            inputs.append(
-                (
-                    torch.from_numpy(np.concatenate(indices)).to(self.device),
-                    torch.from_numpy(offsets).to(self.device),
-                )
-            )
+        for members, _ in groups:
+            indices = torch.cat([lookups[i][0] for i in members])
+            lengths = torch.cat([lookups[i][1] for i in members])
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=lengths.device), torch.cumsum(lengths, 0)])
+            inputs.append((indices.to(self.device), offsets.to(self.device)))
         return inputs
 
-    def forward(self, step: int) -> torch.Tensor:
-        """Pooled embeddings [batch, width] for the step's batch, columns in `parts` order."""
-        batch = self.batches[step % len(self.batches)]
-        if not self.groups:
-            return torch.zeros(self.config.batch_size, 0, device=self.device, requires_grad=True)
-        outputs = [module(indices, offsets) for (_, module), (indices, offsets) in zip(self.groups, batch)]
+    def forward(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooled embeddings for the step's prepared batch; see `forward_on`."""
+        return self.forward_on(self.batches[step % len(self.batches)])
+
+    def forward_on(self, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sharded [batch, width], replicated [own samples, replicated width]), columns in `parts` order."""
+        outputs = [module(*args) for (_, module), args in zip(self.groups + self.replica_groups, inputs)]
+        split = len(self.groups)
+        sharded = self._in_parts_order(self.groups, outputs[:split], self.config.batch_size)
+        replicated = self._in_parts_order(self.replica_groups, outputs[split:], self.samples[1] - self.samples[0])
+        return sharded, replicated
+
+    def _in_parts_order(
+        self, groups: list[tuple[list[int], torch.nn.Module]], outputs: list[torch.Tensor], samples: int
+    ) -> torch.Tensor:
+        if not outputs:
+            return torch.zeros(samples, 0, device=self.device, requires_grad=True)
         if len(outputs) == 1:
             return outputs[0]
+        order = [i for members, _ in groups for i in members]
+        if order == sorted(order):
+            return torch.cat(outputs, dim=1)
         columns = torch.cat(outputs, dim=1)
-        order = [i for members, _ in self.groups for i in members]
         starts = np.concatenate([[0], np.cumsum([self.parts[i].width for i in order])])
         position = {part: k for k, part in enumerate(order)}
-        return torch.cat(
-            [columns[:, starts[position[i]] : starts[position[i] + 1]] for i in range(len(self.parts))], dim=1
-        )
+        return torch.cat([columns[:, starts[position[i]] : starts[position[i] + 1]] for i in sorted(order)], dim=1)
 
-    def backward(self, output: torch.Tensor, grad: torch.Tensor) -> None:
-        """Backward through the kernels, which apply the optimizer update in place."""
-        if self.groups:
-            output.backward(grad)
+    def backward(self, pooled: tuple[torch.Tensor, torch.Tensor], grads: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Backward through the kernels: sharded kernels apply the optimizer update in place,
+        replicas accumulate their dense gradients (`replica_gradients`) for `update_replicas`."""
+        outputs = [(out, grad) for out, grad in zip(pooled, grads) if out.grad_fn is not None]
+        if outputs:
+            torch.autograd.backward([o for o, _ in outputs], [g for _, g in outputs])
+
+    def replica_gradients(self) -> list[torch.Tensor]:
+        return [module.weights.grad for _, module in self.replica_groups if module.weights.grad is not None]
+
+    @torch.no_grad()
+    def update_replicas(self) -> None:
+        """The optimizer step on the replicas' (all-reduced) dense gradients, as the fused kernels apply it."""
+        for (members, module), state in zip(self.replica_groups, self._adagrad_state):
+            grad = module.weights.grad
+            if grad is None:
+                continue
+            if self.config.optimizer == "rowwise_adagrad":
+                # Row-wise state: the mean squared gradient of each row, per table of its own width.
+                step, offset, row = torch.empty_like(grad), 0, 0
+                for i in members:
+                    width, rows = self.parts[i].width, allocated_rows(self.parts[i], self.cap)
+                    g = grad[offset : offset + rows * width].view(rows, width)
+                    s = state[row : row + rows]
+                    s += g.pow(2).mean(dim=1)
+                    step[offset : offset + rows * width] = (
+                        g * (LEARNING_RATE / (s.sqrt() + ADAGRAD_EPS))[:, None]
+                    ).reshape(-1)
+                    offset, row = offset + rows * width, row + rows
+                module.weights -= step.to(module.weights.dtype)
+            else:
+                module.weights -= (LEARNING_RATE * grad).to(module.weights.dtype)
+            module.weights.grad = None
+
+    def part_weights(self) -> list[torch.Tensor]:
+        """Each part's weights [allocated rows, width], in `parts` order (views into the kernels)."""
+        views: dict[int, torch.Tensor] = {}
+        for members, module in self.groups + self.replica_groups:
+            for i, w in zip(members, module.split_embedding_weights()):
+                views[i] = w
+        return [views[i] for i in range(len(self.parts))]
+
+    @torch.no_grad()
+    def load_initial_weights(self) -> None:
+        """Set every part's weights to `initial_weights` (and so every sharding of a table alike)."""
+        for part, weights in zip(self.parts, self.part_weights()):
+            weights.copy_(initial_weights(part, self.cap).to(weights.dtype))
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -177,15 +305,19 @@ class ShardTiming(BaseModel):
 def time_fused_shard(shard: FusedShard) -> ShardTiming:
     """Median forward and backward ms of a fused shard over `repeats` steps after `warmup`."""
     config = shard.config
-    grad = torch.randn(config.batch_size, shard.width, device=shard.device)
+    grads = (
+        torch.randn(config.batch_size, shard.width, device=shard.device),
+        torch.randn(shard.samples[1] - shard.samples[0], shard.replicated_width, device=shard.device),
+    )
     fwd, bwd = [], []
     for step in range(config.warmup + config.repeats):
         shard.synchronize()
         start = time.perf_counter()
-        output = shard.forward(step)
+        pooled = shard.forward(step)
         shard.synchronize()
         mid = time.perf_counter()
-        shard.backward(output, grad)
+        shard.backward(pooled, grads)
+        shard.update_replicas()
         shard.synchronize()
         end = time.perf_counter()
         if step >= config.warmup:

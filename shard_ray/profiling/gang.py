@@ -1,10 +1,12 @@
 """Whole-plan measurement on a gang of Ray actors, one per device, joined by torch.distributed.
 
-Each step every device runs its fused shard forward over the global batch, an all-to-all
-hands device j the j-th slice of the batch with every device's pooled embeddings, the
-backward all-to-all returns the gradients, and the fused backward applies the update. A
+Each step runs as TorchRec runs it (`PlanStep`): the input all-to-all sends every device the
+lookups of its pieces, each device runs its fused shard forward over the global batch, an
+all-to-all hands device j the j-th slice of the batch with every device's pooled embeddings
+(row-wise partial sums added up there), the backward all-to-all returns the gradients,
+data-parallel replicas all-reduce theirs, and the fused backward applies the update. A
 barrier before each phase keeps one device's wait for a slower one out of its own numbers,
-so the four parts are what the device itself spends; the plan's cost is the slowest
+so the five parts are what the device itself spends; the plan's cost is the slowest
 device's sum (see `shard_ray.plan.cost`).
 
 NCCL is used when the gang holds GPUs, gloo on CPU. On CPU a device is one core with one
@@ -24,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,18 +38,144 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.plan.cost import DeviceCost, PlanCost, median_round
+from shard_ray.plan.cost import STEP_PARTS, DeviceCost, PlanCost, median_round
 from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig
+from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, piece_lookups, sample_ranges, table_batch
 from shard_ray.profiling.hardware import hardware_id, measurement_device
 from shard_ray.workload.tables import TableSpec
 
 
-def batch_slices(batch_size: int, num_devices: int) -> list[int]:
-    """Rows of the global batch each device trains on after the all-to-all."""
-    base, extra = divmod(batch_size, num_devices)
-    return [base + (1 if d < extra else 0) for d in range(num_devices)]
+def upstream_gradient(batch_size: int, width: int, seed: int) -> torch.Tensor:
+    """The dense part's gradient for every sample's pooled embeddings [batch, sum of table dims]: a step's input."""
+    return torch.randn(batch_size, width, generator=torch.Generator().manual_seed(seed))
+
+
+def _columns(pieces: list[TablePiece], table_start: dict[str, int]) -> torch.Tensor:
+    """Where the pieces' output columns go among all tables' columns (tables side by side)."""
+    columns = [np.arange(*p.columns) + table_start[p.table.name] for p in pieces]
+    return torch.from_numpy(np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64))
+
+
+class PlanStep:
+    """One device's share of a plan's training step, as TorchRec runs it, phase by phase.
+
+    input_dist: the device starts from its own samples of every table's batch. An all-to-all of
+      split sizes, then of lengths and of indices, sends every device the lookups of its pieces
+      (bucketized by row range for row-wise pieces), and each assembles its kernels' inputs.
+    forward: the fused kernels over the global batch; replicas over the device's own samples.
+    output_dist: an all-to-all hands each device its samples' columns of every piece, and row-wise
+      partial sums of a table are added up there (gloo has no reduce-scatter; this is one).
+    grad_dist: the dense part's gradients go back the same way (every row-wise owner gets its
+      table's); data-parallel replicas all-reduce their dense gradients.
+    backward: the fused backward with the optimizer update; the replicas' optimizer step.
+    """
+
+    def __init__(
+        self,
+        plan_parts: list[list[TablePiece]],
+        tables: list[TableSpec],
+        rank: int,
+        config: MeasureConfig,
+        device: torch.device,
+    ) -> None:
+        self.rank, self.config, self.device = rank, config, device
+        self.world = len(plan_parts)
+        self.shard = FusedShard(plan_parts[rank], config, device, rank=rank)
+        ranges = sample_ranges(config.batch_size, self.world)
+        self.sizes = [end - start for start, end in ranges]
+        starts = np.cumsum([0] + [t.dim for t in tables]).tolist()
+        self.table_start = dict(zip((t.name for t in tables), starts))
+        self.total_width = starts[-1]
+        sharded = [[p for p in parts if not p.replicated] for parts in plan_parts]
+        self.widths = [sum(p.width for p in parts) for parts in sharded]
+        self.my_pieces = len(sharded[rank])
+        replicas = [plan_parts[rank][i] for i in self.shard.replicated]
+        # Output dist: the blocks [my samples, width_j] from every device j, then my replicas' own columns.
+        self.replica_columns = _columns(replicas, self.table_start).to(device)
+        self.received_columns = torch.cat(
+            [_columns([p for parts in sharded for p in parts], self.table_start).to(device), self.replica_columns]
+        )
+        self.grad_columns = torch.cat([_columns(parts, self.table_start) for parts in sharded]).to(device)
+        # Input dist, prepared per batch: my samples' lookups for every device's sharded pieces.
+        self.sends = []
+        for batch in range(config.num_batches):
+            batches = {t.name: table_batch(t, config, batch) for t in tables}
+            lookups = [
+                [piece_lookups(p, batches[p.table.name], ranges[rank], self.shard.cap) for p in parts]
+                for parts in sharded
+            ]
+            lengths = [np.concatenate([b.lengths for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
+            indices = [np.concatenate([b.indices for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
+            self.sends.append(
+                _InputSend(
+                    lengths=torch.from_numpy(np.concatenate(lengths)).to(device),
+                    indices=torch.from_numpy(np.concatenate(indices)).to(device),
+                    index_counts=torch.tensor([len(i) for i in indices], dtype=torch.int64),
+                    length_counts=[len(x) for x in lengths],
+                )
+            )
+        start, end = ranges[rank]
+        self.upstream = upstream_gradient(config.batch_size, self.total_width, config.seed)[start:end].to(device)
+
+    def input_dist(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The kernels' inputs for the step: my pieces' lookups of the global batch, gathered from every device."""
+        send = self.sends[step % len(self.sends)]
+        index_counts = torch.empty(self.world, dtype=torch.int64)
+        dist.all_to_all_single(index_counts, send.index_counts)
+        length_counts = [self.my_pieces * n for n in self.sizes]
+        lengths = torch.empty(sum(length_counts), dtype=torch.int64, device=self.device)
+        dist.all_to_all_single(lengths, send.lengths, length_counts, send.length_counts)
+        indices = torch.empty(int(index_counts.sum()), dtype=torch.int64, device=self.device)
+        dist.all_to_all_single(indices, send.indices, index_counts.tolist(), send.index_counts.tolist())
+        # Source-major [source][piece][its samples] to piece-major, samples in global order.
+        by_source = [x.view(self.my_pieces, n) for x, n in zip(lengths.split(length_counts), self.sizes)]
+        piece_lengths = torch.cat(by_source, dim=1)
+        chunks = (
+            indices.split(torch.stack([x.sum(dim=1) for x in by_source]).reshape(-1).tolist()) if self.my_pieces else ()
+        )
+        lookups = {
+            part: (torch.cat(chunks[k :: self.my_pieces]), piece_lengths[k])
+            for k, part in enumerate(self.shard.sharded)
+        }
+        own = self.shard.batches[step % len(self.shard.batches)]
+        return self.shard.kernel_inputs(lookups, self.shard.groups) + own[len(self.shard.groups) :]
+
+    def output_dist(self, pooled: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """My samples' pooled embeddings of every table [my samples, sum of dims], partial sums added up."""
+        mine = self.sizes[self.rank]
+        received = torch.empty(mine * sum(self.widths), device=self.device)
+        send = pooled[0].detach().reshape(-1)
+        dist.all_to_all_single(
+            received, send, [mine * w for w in self.widths], [n * self.widths[self.rank] for n in self.sizes]
+        )
+        blocks = [b.view(mine, w) for b, w in zip(received.split([mine * w for w in self.widths]), self.widths)]
+        embeddings = torch.zeros(mine, self.total_width, device=self.device)
+        replicas = [pooled[1].detach()] if self.shard.replicated else []
+        return embeddings.index_add_(1, self.received_columns, torch.cat([*blocks, *replicas], dim=1))
+
+    def grad_dist(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradients of my sharded output over the global batch, and of my replicas' over my samples."""
+        mine = self.sizes[self.rank]
+        outgoing = self.upstream.index_select(1, self.grad_columns)
+        send = torch.cat([b.reshape(-1) for b in outgoing.split(self.widths, dim=1)])
+        width = self.widths[self.rank]
+        received = torch.empty(self.config.batch_size * width, device=self.device)
+        dist.all_to_all_single(received, send, [n * width for n in self.sizes], [mine * w for w in self.widths])
+        return received.view(self.config.batch_size, width), self.upstream.index_select(1, self.replica_columns)
+
+    def sync_replicas(self) -> None:
+        """DistributedDataParallel's all-reduce of the replicas' dense gradients (summed over samples, as one table's)."""
+        for grad in self.shard.replica_gradients():
+            dist.all_reduce(grad)
+
+
+@dataclass(frozen=True)
+class _InputSend:
+    lengths: torch.Tensor
+    indices: torch.Tensor
+    index_counts: torch.Tensor
+    length_counts: list[int]
 
 
 @ray.remote
@@ -87,18 +216,19 @@ class GangMember:
             dist.destroy_process_group()
 
     def run_plan(
-        self, parts: list[TablePiece], widths: list[int], config: MeasureConfig, take_turns: bool = False
+        self,
+        plan_parts: list[list[TablePiece]],
+        tables: list[TableSpec],
+        config: MeasureConfig,
+        take_turns: bool = False,
     ) -> dict:
-        """Time the real embedding step of this device's share of a plan; returns median ms per part.
+        """Time the real training step of this device's share of a plan; returns median ms per part.
 
         With `take_turns` the devices run their compute phases one after another.
         """
-        shard = FusedShard(parts, config, self.device)
-        slices = batch_slices(config.batch_size, self.world_size)
-        mine = slices[self.rank]
-        parts_ms: dict[str, list[float]] = {
-            k: [] for k in ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
-        }
+        step = PlanStep(plan_parts, tables, self.rank, config, self.device)
+        shard = step.shard
+        parts_ms: dict[str, list[float]] = {name: [] for name in STEP_PARTS}
 
         def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
             dist.barrier()
@@ -119,29 +249,34 @@ class GangMember:
                     dist.barrier()
             return elapsed, result
 
-        # Batch-major outputs make each device's slice a contiguous block, so one flat
-        # all_to_all_single with split sizes carries every (slice, width) pair, as TorchRec does.
-        fwd_in_splits = [n * widths[self.rank] for n in slices]
-        fwd_out_splits = [mine * w for w in widths]
-        # Gradients arriving from the dense part for every device's embeddings of my batch slice.
-        generator = torch.Generator().manual_seed(config.seed + self.rank)
-        upstream_flat = torch.randn(sum(fwd_out_splits), generator=generator).to(self.device)
-        for step in range(config.warmup + config.repeats):
-            fwd_ms, output = timed_compute(lambda: shard.forward(step))
-            received = torch.empty(sum(fwd_out_splits), device=self.device)
-            fwd_comm_ms, _ = timed(
-                lambda: dist.all_to_all_single(received, output.detach().reshape(-1), fwd_out_splits, fwd_in_splits)
-            )
-            grads_back = torch.empty(sum(fwd_in_splits), device=self.device)
-            bwd_comm_ms, _ = timed(
-                lambda: dist.all_to_all_single(grads_back, upstream_flat, fwd_in_splits, fwd_out_splits)
-            )
-            grad_output = grads_back.view(config.batch_size, widths[self.rank])
-            bwd_ms, _ = timed_compute(lambda: shard.backward(output, grad_output))
-            if step >= config.warmup:
-                for name, value in zip(parts_ms, (fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms)):
+        for i in range(config.warmup + config.repeats):
+            input_ms, inputs = timed(lambda: step.input_dist(i))
+            fwd_ms, pooled = timed_compute(lambda: shard.forward_on(inputs))
+            fwd_comm_ms, _ = timed(lambda: step.output_dist(pooled))
+            bwd_comm_ms, grads = timed(step.grad_dist)
+            bwd_ms, _ = timed_compute(lambda: shard.backward(pooled, grads))
+            if shard.replicated:
+                sync_ms, _ = timed(step.sync_replicas)
+                update_ms, _ = timed_compute(shard.update_replicas)
+                bwd_comm_ms, bwd_ms = bwd_comm_ms + sync_ms, bwd_ms + update_ms
+            if i >= config.warmup:
+                for name, value in zip(STEP_PARTS, (input_ms, fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms)):
                     parts_ms[name].append(value)
         return {"device": self.rank, **{name: statistics.median(values) for name, values in parts_ms.items()}}
+
+    def step_values(self, plan_parts: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig) -> dict:
+        """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
+        `tables` order) and my pieces' updated weights."""
+        step = PlanStep(plan_parts, tables, self.rank, config, self.device)
+        shard = step.shard
+        shard.load_initial_weights()
+        pooled = shard.forward_on(step.input_dist(0))
+        embeddings = step.output_dist(pooled)
+        shard.backward(pooled, step.grad_dist())
+        step.sync_replicas()
+        shard.update_replicas()
+        weights = [w.detach().float().cpu().clone() for w in shard.part_weights()]
+        return {"device": self.rank, "embeddings": embeddings.cpu(), "weights": weights}
 
 
 class DeviceGang:
@@ -245,14 +380,11 @@ class DeviceGang:
             raise ShardRayError(f"plan is for {plan.num_devices} devices but the gang has {self.num_devices}")
         plan.check(tables)
         parts = plan.pieces(tables)
-        widths = [sum(p.width for p in device_parts) for device_parts in parts]
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
                     self._start()
-                refs = [
-                    m.run_plan.remote(parts[d], widths, config, self.take_turns) for d, m in enumerate(self.members)
-                ]
+                refs = [m.run_plan.remote(parts, tables, config, self.take_turns) for m in self.members]
                 results = self._gather(refs)
                 break
             except ray.exceptions.RayActorError as err:
@@ -267,6 +399,15 @@ class DeviceGang:
             hardware=self.hardware,
             batch_size=config.batch_size,
             warnings=self.warnings,
+        )
+
+    def step_values(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> list[dict]:
+        """One step of the plan from `initial_weights`, per device: its samples' pooled embeddings
+        [samples, sum of table dims] and its pieces' updated weights (see `GangMember.step_values`)."""
+        plan.check(tables)
+        parts = plan.pieces(tables)
+        return sorted(
+            self._gather([m.step_values.remote(parts, tables, config) for m in self.members]), key=lambda r: r["device"]
         )
 
     def _gather(self, refs: list[ray.ObjectRef]) -> list[dict]:
