@@ -21,7 +21,7 @@ from shard_ray.costmodel.models import (
     default_cost_model_path,
     pad_shards,
 )
-from shard_ray.costmodel.pricing import Pricer
+from shard_ray.costmodel.pricing import Pricer, item_sizes
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import MissingCommModelWarning, TrainConfig, data_split, train_cost_models
 from shard_ray.errors import ShardRayError
@@ -216,9 +216,9 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     candidate, proven = branch_and_bound(pricer, tables)
     assert proven
     enc = pricer.encodings(table_wise(tables))
-    widths = np.array([t.dim for t in tables], dtype=float)
+    sizes = item_sizes(table_wise(tables), topology)
     brute = min(
-        float(pricer.device_costs(enc, widths, np.array(assign)).max())
+        float(pricer.device_costs(enc, sizes, np.array(assign)).max())
         for assign in itertools.product(range(3), repeat=len(tables))
     )
     assert candidate.cost == pytest.approx(brute, rel=1e-5)

@@ -168,8 +168,26 @@ def test_greedy_respects_memory_before_balance():
 
 
 def test_infeasible_memory_is_a_clear_error(small_tables):
-    with pytest.raises(ShardRayError, match="no device has that much free"):
+    with pytest.raises(ShardRayError, match=r"table 'a' needs 0.000615 GB .* over the cap of 9.31e-07 GB per device"):
         place("size_greedy", small_tables, Topology(num_devices=2, memory_bytes=1000))
+    # Each table fits a device, but not all of them together.
+    largest = max(shard_bytes(t, t.dim, "rowwise_adagrad") for t in small_tables)
+    with pytest.raises(ShardRayError, match="needs .* GB .* but no device has that much free"):
+        place("size_greedy", small_tables, Topology(num_devices=1, memory_bytes=largest))
+
+
+def test_a_table_larger_than_a_device_is_split_to_fit_by_every_algorithm(small_tables):
+    """A table no device holds is cut into row ranges; every algorithm places the pieces."""
+    big = TableSpec(name="big", rows=3_000_000, dim=64, pooling_factor=20.0)  # 0.726 GB with Adagrad state
+    tables = [*small_tables, big]
+    topology = Topology(num_devices=4, memory_bytes=int(0.5 * GB))
+    for name in ["size_greedy", "lookup_greedy", "random", "round_robin", "neuroshard", "cost_search", "dreamshard"]:
+        plan = place(name, tables, topology, settings={"time_budget_s": 1.0} if name == "cost_search" else None)
+        rows = sorted(s.rows for s in plan.shards if s.table == "big")
+        assert len(rows) >= 2 and rows[0][0] == 0 and rows[-1][1] == big.rows, name
+        assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes, name
+    with pytest.raises(ShardRayError, match="table 'big' needs 0.726 GB .* even cut row-wise over all 2 devices"):
+        place("size_greedy", tables, Topology(num_devices=2, memory_bytes=int(0.3 * GB)))
 
 
 def test_unknown_algorithm(small_tables):

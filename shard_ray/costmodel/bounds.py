@@ -17,18 +17,19 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.plan.plan import table_wise
+from shard_ray.plan.plan import pieces_to_place
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 
 def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topology, column_wise: bool = True) -> float:
     d = topology.num_devices
-    encodings = models.encode_tables(table_wise(tables), topology.batch_size)
-    everything = models.compute_from_sums(encodings.sum(dim=0, keepdim=True), torch.tensor([float(len(tables))]))
+    pieces = pieces_to_place(tables, topology)
+    encodings = models.encode_tables(pieces, topology.batch_size)
+    everything = models.compute_from_sums(encodings.sum(dim=0, keepdim=True), torch.tensor([float(len(pieces))]))
     compute = float(everything.sum()) / d
     if not column_wise:
-        single = models.compute_from_sums(encodings, torch.ones(len(tables))).sum(axis=1)
+        single = models.compute_from_sums(encodings, torch.ones(len(pieces))).sum(axis=1)
         compute = max(compute, float(single.max()))
     if d == 1 or models.comm is None:
         return compute

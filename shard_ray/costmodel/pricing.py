@@ -7,6 +7,8 @@ small model call; encodings are computed once per item.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -43,19 +45,60 @@ class Pricer:
         features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
         return self.models.comm_ms(features).sum(axis=1)
 
-    def device_costs(self, encodings: torch.Tensor, widths: np.ndarray, assign: np.ndarray) -> np.ndarray:
+    def input_rows(self, inputs: np.ndarray, total: float, max_inputs: np.ndarray, devices: int) -> np.ndarray:
+        """Predicted input all-to-all ms of devices receiving `inputs` float columns per sample, of `total` in all."""
+        features = comm_feature_rows(inputs, total, max_inputs, self.topology.batch_size, devices)
+        return self.models.comm_ms(features)[:, 0]
+
+    def input_dist(self, inputs: np.ndarray) -> np.ndarray:
+        """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample."""
+        return self.models.predict_comm(inputs, self.topology.batch_size)[:, 0]
+
+    def device_costs(self, encodings: torch.Tensor, sizes: ItemSizes, assign: np.ndarray) -> np.ndarray:
+        """Every device's predicted step (the one cost definition's parts summed) with the items on `assign`."""
         d = self.topology.num_devices
         sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
         counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
-        device_widths = np.bincount(assign, weights=widths, minlength=d)
-        return self.compute(sums, counts) + self.comm(device_widths)
+        device_widths = np.bincount(assign, weights=sizes.widths, minlength=d)
+        device_inputs = np.bincount(assign, weights=sizes.inputs, minlength=d)
+        return self.compute(sums, counts) + self.comm(device_widths) + self.input_dist(device_inputs)
 
 
-def item_sizes(items: list[TablePiece], topology: Topology) -> tuple[np.ndarray, np.ndarray]:
-    """Each item's width (columns) and memory need (bytes, with optimizer state)."""
-    widths = np.array([p.width for p in items], dtype=np.float64)
-    need = np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64)
-    return widths, need
+def input_width(piece: TablePiece) -> float:
+    """A piece's input all-to-all per sample, in float columns: its lookups' int64 ids and its bag's
+    int64 length. A replica looks up its own samples where they are: nothing."""
+    return 0.0 if piece.replicated else 2.0 * (piece.behaves_as().pooling_factor + 1.0)
+
+
+def output_width(piece: TablePiece) -> int:
+    """A piece's columns in the pooled embeddings' all-to-all; a replica's stay on its device."""
+    return 0 if piece.replicated else piece.width
+
+
+def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> float:
+    """A replica's gradient all-reduce as the all-to-all moving as much per device: a ring all-reduce
+    moves 2(D-1)/D of the gradient, an all-to-all of width w moves (D-1)/D of batch x w floats."""
+    if not piece.replicated:
+        return 0.0
+    rows = piece.row_count if rows_cap is None else min(piece.row_count, rows_cap)
+    return 2.0 * rows * piece.width / batch_size
+
+
+@dataclass(frozen=True)
+class ItemSizes:
+    """Per item: output all-to-all width, input all-to-all width (float columns), memory need (bytes)."""
+
+    widths: np.ndarray
+    inputs: np.ndarray
+    need: np.ndarray
+
+
+def item_sizes(items: list[TablePiece], topology: Topology) -> ItemSizes:
+    return ItemSizes(
+        widths=np.array([output_width(p) for p in items], dtype=np.float64),
+        inputs=np.array([input_width(p) for p in items], dtype=np.float64),
+        need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
+    )
 
 
 def single_costs(pricer: Pricer, items: list[TablePiece]) -> np.ndarray:

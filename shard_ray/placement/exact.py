@@ -20,7 +20,7 @@ from shard_ray.placement.search import (
     candidate_plan,
     greedy_grid,
 )
-from shard_ray.plan.plan import Plan, table_wise
+from shard_ray.plan.plan import Plan, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -32,11 +32,12 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     """The best table-wise plan by simulated cost, and whether it is proven optimal (budget not hit)."""
     topology = pricer.topology
     d = topology.num_devices
-    items = table_wise(tables)
+    items = pieces_to_place(tables, topology)
     order = np.argsort(-single_costs(pricer, items), kind="stable")
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
-    widths, need = item_sizes(items, topology)
+    sizes = item_sizes(items, topology)
+    need = sizes.need
     incumbent = greedy_grid(pricer, items, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
     sums = torch.zeros(d, enc.shape[1])
@@ -49,7 +50,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     def visit(k: int) -> None:
         nonlocal nodes
         if k == len(items):
-            cost = float(pricer.device_costs(enc, widths, assign).max())
+            cost = float(pricer.device_costs(enc, sizes, assign).max())
             if cost < best["cost"]:
                 best["cost"], best["assign"] = cost, assign.copy()
             return

@@ -1,7 +1,8 @@
 """The classic baselines: random, round robin, and greedy balancing of a per-table proxy.
 
 The greedy ones sort tables by their proxy, largest first, and put each on the device with
-the smallest running proxy sum that still has memory for it.
+the smallest running proxy sum that still has memory for it. A table no device can hold is
+placed as the row ranges `pieces_to_place` cuts it into, each priced by the table it behaves as.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from shard_ray.placement.base import PlacementContext, Placer, register
-from shard_ray.plan.plan import Plan, table_wise
+from shard_ray.plan.plan import Plan, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -33,14 +34,14 @@ def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
         load = [0.0] * topology.num_devices
-        ordered = sorted(tables, key=proxy, reverse=True)
+        ordered = sorted(pieces_to_place(tables, topology), key=lambda p: proxy(p.behaves_as()), reverse=True)
         devices = []
-        for table in ordered:
-            device = min(ledger.devices_with_room(table), key=lambda d: (load[d], d))
-            ledger.take(device, ledger.need(table))
-            load[device] += proxy(table)
+        for piece in ordered:
+            device = min(ledger.devices_with_room(piece), key=lambda d: (load[d], d))
+            ledger.take(device, ledger.need(piece))
+            load[device] += proxy(piece.behaves_as())
             devices.append(device)
-        return Plan.from_assignment(table_wise(ordered), devices, topology.num_devices, name)
+        return Plan.from_assignment(ordered, devices, topology.num_devices, name)
 
     return placer
 
@@ -56,12 +57,13 @@ def random_placement(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         rng = np.random.default_rng(context.seed)
         ledger = MemoryLedger(topology)
+        pieces = pieces_to_place(tables, topology)
         devices = []
-        for table in tables:
-            device = int(rng.choice(ledger.devices_with_room(table)))
-            ledger.take(device, ledger.need(table))
+        for piece in pieces:
+            device = int(rng.choice(ledger.devices_with_room(piece)))
+            ledger.take(device, ledger.need(piece))
             devices.append(device)
-        return Plan.from_assignment(table_wise(tables), devices, topology.num_devices, "random")
+        return Plan.from_assignment(pieces, devices, topology.num_devices, "random")
 
     return placer
 
@@ -70,13 +72,14 @@ def random_placement(context: PlacementContext) -> Placer:
 def round_robin(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
+        pieces = pieces_to_place(tables, topology)
         devices = []
         d = topology.num_devices
-        for i, table in enumerate(tables):
-            room = set(ledger.devices_with_room(table))
+        for i, piece in enumerate(pieces):
+            room = set(ledger.devices_with_room(piece))
             device = next((i + k) % d for k in range(d) if (i + k) % d in room)
-            ledger.take(device, ledger.need(table))
+            ledger.take(device, ledger.need(piece))
             devices.append(device)
-        return Plan.from_assignment(table_wise(tables), devices, topology.num_devices, "round_robin")
+        return Plan.from_assignment(pieces, devices, topology.num_devices, "round_robin")
 
     return placer

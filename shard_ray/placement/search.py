@@ -25,7 +25,7 @@ from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
-from shard_ray.plan.plan import Plan, TablePiece, table_wise
+from shard_ray.plan.plan import Plan, TablePiece, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -76,7 +76,7 @@ def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ..
     by_cost = np.argsort(-single_costs(pricer, items), kind="stable")
     found = _greedy_passes(pricer, items, scales, by_cost)
     if found is None:
-        _, need = item_sizes(items, pricer.topology)
+        need = item_sizes(items, pricer.topology).need
         found = _greedy_passes(pricer, items, scales, np.argsort(-need, kind="stable"))
     if found is None:
         raise InfeasibleError(
@@ -92,7 +92,8 @@ def _greedy_passes(
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
-    widths, need = item_sizes(items, topology)
+    sizes = item_sizes(items, topology)
+    widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     sums = torch.zeros(s, d, enc.shape[1])
     counts = torch.zeros(s, d)
@@ -115,7 +116,7 @@ def _greedy_passes(
         assign[:, i] = device
     if not feasible.any():
         return None
-    costs = [float(pricer.device_costs(enc, widths, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
+    costs = [float(pricer.device_costs(enc, sizes, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
     best = int(np.argmin(costs))
     return Candidate(items, assign[best], costs[best])
 
@@ -135,12 +136,13 @@ def local_search(
         return candidate
     items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
     enc = pricer.encodings(items)
-    widths, need = item_sizes(items, topology)
+    sizes = item_sizes(items, topology)
+    widths, need = sizes.widths, sizes.need
     total_width = widths.sum()
     for _ in range(steps):
         if time.perf_counter() > deadline:
             break
-        costs = pricer.device_costs(enc, widths, assign)
+        costs = pricer.device_costs(enc, sizes, assign)
         order = np.argsort(-costs)
         slowest = int(order[0])
         free = MemoryLedger.of_assignment(topology, assign, need).free
@@ -188,7 +190,7 @@ def local_search(
         trial[i_idx[k]] = t_idx[k]
         if j_idx[k] >= 0:
             trial[j_idx[k]] = slowest
-        trial_cost = float(pricer.device_costs(enc, widths, trial).max())
+        trial_cost = float(pricer.device_costs(enc, sizes, trial).max())
         if trial_cost >= cost - 1e-6:
             break
         assign, cost = trial, trial_cost
@@ -212,7 +214,7 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
     expand_until, deadline = began + 0.6 * budget, began + budget
-    start = greedy_grid(pricer, table_wise(tables), config.scales)
+    start = greedy_grid(pricer, pieces_to_place(tables, pricer.topology), config.scales)
     beam, everything, seen = [start], [start], {_signature(start.items)}
     for _ in range(config.beam_depth):
         splits = []

@@ -38,7 +38,7 @@ from pydantic import (
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error
 from shard_ray.io import read_document, write_json
 from shard_ray.plan.cost import PlanCost, RoundsSummary
-from shard_ray.plan.topology import GB, Optimizer, Topology, shard_bytes
+from shard_ray.plan.topology import GB, Optimizer, Topology, format_gb, shard_bytes
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
 
@@ -84,6 +84,16 @@ class TablePiece(BaseModel):
         """What tells this piece apart from the other pieces of a plan."""
         return (self.table.name, self.columns, self.row_range, self.replicas)
 
+    def describe(self) -> str:
+        """The piece for a message: 'table 't0'', 'rows [0, 500) of table 't0'', ..."""
+        ranges = []
+        if self.row_count != self.table.rows:
+            ranges.append(f"rows [{self.row_range[0]}, {self.row_range[1]})")
+        if self.width != self.table.dim:
+            ranges.append(f"columns [{self.columns[0]}, {self.columns[1]})")
+        whose = f"table {self.table.name!r}"
+        return f"{', '.join(ranges)} of {whose}" if ranges else whose
+
     def content(self) -> dict:
         """What determines this piece's cost: the table's spec less its name, the width, the rows, the replicas."""
         spec = self.table.model_dump(mode="json", exclude={"name"})
@@ -121,6 +131,38 @@ class TablePiece(BaseModel):
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
     """Each table whole: the pieces of a table-wise plan."""
     return [TablePiece.whole(t) for t in tables]
+
+
+def row_wise(table: TableSpec, ways: int) -> list[TablePiece]:
+    """The table in `ways` row ranges of equal size (to a row), as TorchRec's row-wise sharding cuts it."""
+    bounds = [round(k * table.rows / ways) for k in range(ways + 1)]
+    return [TablePiece(table=table, columns=(0, table.dim), rows=(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+
+def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePiece]:
+    """What every algorithm places: each table whole, or split to fit when no device can hold it whole.
+
+    A table larger than a device is cut into the fewest equal row ranges of at most half a
+    device each (room for the other tables beside them), at most one per device; one larger than
+    all devices together is refused, by name.
+    """
+    pieces = []
+    for table in tables:
+        need = TablePiece.whole(table).memory_bytes(topology.optimizer)
+        if need <= topology.memory_bytes:
+            pieces.append(TablePiece.whole(table))
+            continue
+        ways = min(topology.num_devices, table.rows, max(2, -(-need // (topology.memory_bytes // 2))))
+        split = row_wise(table, ways)
+        largest = max(p.memory_bytes(topology.optimizer) for p in split)
+        if largest > topology.memory_bytes:
+            raise InfeasibleError(
+                f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state): even cut "
+                f"row-wise over all {topology.num_devices} devices a piece needs {format_gb(largest)}, over the "
+                f"cap of {format_gb(topology.memory_bytes)} per device"
+            )
+        pieces.extend(split)
+    return pieces
 
 
 def _check_range(kind: str, bounds: tuple[int, int]) -> tuple[int, int]:

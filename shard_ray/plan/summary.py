@@ -9,8 +9,9 @@ from shard_ray.workload.tables import TableSpec
 
 # Printed once under the table: what the cost columns are.
 LEGEND = (
+    "input: all-to-all of the batch's lookups to their devices; "
     "fwd/bwd ms: the fused embedding kernel, forward / backward with the optimizer update; "
-    "fwd/bwd a2a: all-to-all of pooled embeddings; total: their sum"
+    "fwd/bwd a2a: all-to-all of pooled embeddings (and data-parallel gradients' all-reduce); total: their sum"
 )
 # Where the costs come from, by `cost_label`.
 SOURCES = {"measured": "timed on the device gang", "simulated": "priced by the cost models"}
@@ -24,14 +25,14 @@ def format_plan_summary(
     cost_label: str = "measured",
     lower_bound_ms: float | None = None,
 ) -> str:
-    """The per-device table; with `cost`, each device's four parts, the plan cost and the legend.
+    """The per-device table; with `cost`, each device's five parts, the plan cost and the legend.
 
     `lower_bound_ms`, the task's lower bound on the simulated cost, is printed under it when given.
     """
     memory = plan.device_memory_bytes(tables, topology)
     header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GB':>10} {'mem %':>6}"
     if cost is not None:
-        header += f" {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
+        header += f" {'input':>8} {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
     lines = [
         f"plan '{plan.algorithm}' on {plan.num_devices} devices "
         f"({topology.memory_gb:.2f} GB each, batch {topology.batch_size}, {topology.optimizer})",
@@ -48,7 +49,7 @@ def format_plan_summary(
             d = costs[device]
             marker = " <- slowest" if device == cost.bottleneck_device else ""
             line += (
-                f" {d.fwd_compute_ms:>8.3f} {d.fwd_comm_ms:>8.3f} {d.bwd_comm_ms:>8.3f}"
+                f" {d.input_dist_ms:>8.3f} {d.fwd_compute_ms:>8.3f} {d.fwd_comm_ms:>8.3f} {d.bwd_comm_ms:>8.3f}"
                 f" {d.bwd_compute_ms:>8.3f} {d.total_ms:>9.3f}{marker}"
             )
         lines.append(line)

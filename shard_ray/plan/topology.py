@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,8 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from shard_ray.errors import InfeasibleError
 from shard_ray.workload.tables import TableSpec
 
+if TYPE_CHECKING:
+    from shard_ray.plan.plan import TablePiece
+
 Optimizer = Literal["rowwise_adagrad", "sgd", "adam"]
 GB = 1024**3
+
+
+def format_gb(nbytes: float) -> str:
+    """Bytes as GB (GiB, as every cap here) to three significant digits, so small tables do not read 0.000 GB."""
+    return f"{nbytes / GB:.3g} GB"
 
 
 class Topology(BaseModel):
@@ -56,7 +64,7 @@ class MemoryLedger:
     """Free memory of each device (weights plus optimizer state) while pieces are placed: the one ledger.
 
     `free` is an int64 array [D], or [copies, D] for searches that run several placements side
-    by side (NeuroShard's greedy passes, one per dim-sum cap). Needs come from `shard_bytes`.
+    by side (NeuroShard's greedy passes, one per dim-sum cap). Needs are the pieces' `memory_bytes`.
     """
 
     def __init__(self, topology: Topology, copies: int | None = None) -> None:
@@ -71,8 +79,8 @@ class MemoryLedger:
         ledger.free -= np.bincount(devices, weights=needs, minlength=topology.num_devices).astype(np.int64)
         return ledger
 
-    def need(self, table: TableSpec, width: int | None = None) -> int:
-        return shard_bytes(table, table.dim if width is None else width, self.topology.optimizer)
+    def need(self, piece: TablePiece) -> int:
+        return piece.memory_bytes(self.topology.optimizer)
 
     def room(self, need: int | np.ndarray) -> np.ndarray:
         """Where `need` bytes fit: a bool array shaped like `free`."""
@@ -88,14 +96,14 @@ class MemoryLedger:
     def give(self, device: int, need: int) -> None:
         self.free[device] += need
 
-    def devices_with_room(self, table: TableSpec, width: int | None = None) -> list[int]:
-        """Devices with room for the table (or `width` columns of it); InfeasibleError naming it when none."""
-        need = self.need(table, width)
+    def devices_with_room(self, piece: TablePiece) -> list[int]:
+        """Devices with room for the piece; InfeasibleError naming it when none."""
+        need = self.need(piece)
         devices = [int(d) for d in np.flatnonzero(self.room(need))]
         if not devices:
             raise InfeasibleError(
-                f"table {table.name!r} needs {need / GB:.3f} GB "
+                f"{piece.describe()} needs {format_gb(need)} "
                 f"(weights + {self.topology.optimizer} state) but no device has that much free "
-                f"(most free: {int(self.free.max()) / GB:.3f} GB of {self.topology.memory_gb:.3f} GB)"
+                f"(most free: {format_gb(int(self.free.max()))} of {format_gb(self.topology.memory_bytes)})"
             )
         return devices

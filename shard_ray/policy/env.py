@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, table_features
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, parts_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import Plan, table_wise
+from shard_ray.plan.plan import Plan, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
@@ -64,20 +64,21 @@ class PlacementState:
         self.topology = topology
         self.models = models
         self.pricer = Pricer(models, topology)
-        items = table_wise(tables)
+        items = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
         singles = single_costs(self.pricer, items)
         order = np.argsort(-singles, kind="stable")
-        self.tables = [tables[i] for i in order]
         self.singles = singles[order]
         self.items = [items[i] for i in order]
         self.encodings = self.pricer.encodings(self.items)
-        self.widths, self.need = item_sizes(self.items, topology)
-        self.features = np.stack([table_features(t, t.dim, models.rows_cap) for t in self.tables])
+        sizes = item_sizes(self.items, topology)
+        self.widths, self.inputs, self.need = sizes.widths, sizes.inputs, sizes.need
+        self.features = parts_features(self.items, models.rows_cap)
         self.lower_bound = lower_bound_ms(models, tables, topology, column_wise=False)
         d = topology.num_devices
         self.sums = torch.zeros(d, self.encodings.shape[1])
         self.counts = torch.zeros(d)
         self.device_widths = np.zeros(d)
+        self.device_inputs = np.zeros(d)
         self.ledger = MemoryLedger(topology)
         self.feature_sums = np.zeros((d, NUM_TABLE_FEATURES), dtype=np.float64)
         self.compute_ms = np.zeros((d, 2))
@@ -92,7 +93,7 @@ class PlacementState:
 
     @property
     def done(self) -> bool:
-        return self.step_index == len(self.tables)
+        return self.step_index == len(self.items)
 
     def action_mask(self) -> np.ndarray:
         """Devices with room for the current table."""
@@ -109,13 +110,18 @@ class PlacementState:
             widths = self.device_widths + self.widths[i]
             total = self.device_widths.sum() + self.widths[i]
             widest = np.maximum(self.device_widths.max(), widths)
-            comm = self.pricer.comm_rows(widths, total, widest, d) if d > 1 else np.zeros(d)
+            comm = np.zeros(d)
+            if d > 1:
+                inputs = self.device_inputs + self.inputs[i]
+                most = np.maximum(self.device_inputs.max(), inputs)
+                comm = self.pricer.comm_rows(widths, total, widest, d)
+                comm += self.pricer.input_rows(inputs, self.device_inputs.sum() + self.inputs[i], most, d)
             self._what_if = np.concatenate([compute, comm[:, None]], axis=1)
         return self._what_if
 
     def observation(self) -> dict[str, np.ndarray]:
         """Per-device rows [D, NUM_DEVICE_FEATURES], the current table [NUM_CURRENT_FEATURES], the masks."""
-        i, d, n = self.step_index, self.topology.num_devices, len(self.tables)
+        i, d, n = self.step_index, self.topology.num_devices, len(self.items)
         scale = self.lower_bound
         totals = self._device_totals()
         with_table = self.what_if().sum(axis=1)
@@ -153,7 +159,7 @@ class PlacementState:
         """Put the current table on `device`; the step's reward."""
         i = self.step_index
         if not self.action_mask()[device]:
-            raise ShardRayError(f"device {device} has no room for table {self.tables[i].name!r}")
+            raise ShardRayError(f"device {device} has no room for {self.items[i].describe()}")
         row = self.what_if()[device]
         self.sums[device] += self.encodings[i]
         self.counts[device] += 1
@@ -161,7 +167,8 @@ class PlacementState:
         self.ledger.take(device, self.need[i])
         self.feature_sums[device] += self.features[i]
         self.compute_ms[device] = row[:2]
-        self.comm_ms = self.pricer.comm(self.device_widths)
+        self.device_inputs[device] += self.inputs[i]
+        self.comm_ms = self.pricer.comm(self.device_widths) + self.pricer.input_dist(self.device_inputs)
         self.assign.append(device)
         self._what_if = None
         previous, self.cost = self.cost, float(self._device_totals().max())
@@ -173,7 +180,7 @@ class PlacementState:
 
     def plan(self, algorithm: str) -> Plan:
         if not self.done:
-            raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.tables)} tables placed")
+            raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.items)} tables placed")
         return Plan.from_assignment(self.items, self.assign, self.topology.num_devices, algorithm)
 
 

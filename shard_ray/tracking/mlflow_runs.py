@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from shard_ray.plan.cost import PlanCost
+from shard_ray.plan.cost import STEP_PARTS, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import content_digest
@@ -22,7 +22,6 @@ from shard_ray.workload.tables import TableSpec
 DEFAULT_EXPERIMENT = "shard-ray"
 POLICY_EXPERIMENT = "shard-ray-policy"  # `policy train` and `policy outer-loop` runs
 ARTIFACTS_FOLDER = "mlartifacts"  # beside an SQLite store's database file
-_PARTS = ("fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
 
 
 def default_tracking_uri(directory: str | os.PathLike[str] = ".") -> str:
@@ -94,7 +93,7 @@ def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
     devices = [d.device for d in cost.devices]
     fig, ax = plt.subplots(figsize=(max(5.5, 0.6 * len(devices) + 3.5), 3.5))
     bottom = [0.0] * len(devices)
-    for part in _PARTS:
+    for part in STEP_PARTS:
         values = [getattr(d, part) for d in cost.devices]
         ax.bar(devices, values, bottom=bottom, label=part.removesuffix("_ms").replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -147,9 +146,9 @@ def log_plan_evaluation(
         metrics = {"cost_ms": cost.cost_ms, "placement_seconds": plan.placement_seconds}
         for d in cost.devices:
             metrics[f"device_{d.device}_total_ms"] = d.total_ms
-            for part in _PARTS:
+            for part in STEP_PARTS:
                 metrics[f"device_{d.device}_{part}"] = getattr(d, part)
-        for part in _PARTS:
+        for part in STEP_PARTS:
             metrics[f"max_{part}"] = max(getattr(d, part) for d in cost.devices)
         predicted, lower_bound = plan_estimate(plan)
         if predicted is not None:
