@@ -86,11 +86,13 @@ def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> floa
 
 @dataclass(frozen=True)
 class ItemSizes:
-    """Per item: output all-to-all width, input all-to-all width (float columns), memory need (bytes)."""
+    """Per item: output all-to-all width, input all-to-all width (float columns), memory need (bytes),
+    and the device it is pinned to (-1: free to go anywhere)."""
 
     widths: np.ndarray
     inputs: np.ndarray
     need: np.ndarray
+    pinned: np.ndarray
 
 
 def item_sizes(items: list[TablePiece], topology: Topology) -> ItemSizes:
@@ -98,6 +100,7 @@ def item_sizes(items: list[TablePiece], topology: Topology) -> ItemSizes:
         widths=np.array([output_width(p) for p in items], dtype=np.float64),
         inputs=np.array([input_width(p) for p in items], dtype=np.float64),
         need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
+        pinned=np.array([-1 if p.pinned is None else p.pinned for p in items], dtype=np.int64),
     )
 
 

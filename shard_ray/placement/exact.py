@@ -33,11 +33,11 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     topology = pricer.topology
     d = topology.num_devices
     items = pieces_to_place(tables, topology)
-    order = np.argsort(-single_costs(pricer, items), kind="stable")
+    order = np.lexsort((-single_costs(pricer, items), [p.pinned is None for p in items]))  # pinned first
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
     sizes = item_sizes(items, topology)
-    need = sizes.need
+    need, pinned_any = sizes.need, bool((sizes.pinned >= 0).any())
     incumbent = greedy_grid(pricer, items, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
     sums = torch.zeros(d, enc.shape[1])
@@ -57,9 +57,14 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
         nodes += 1
         if nodes > node_budget:
             return
-        used = counts > 0
-        first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []
-        devices = [x for x in range(d) if (used[x] or x in first_empty) and ledger.free[x] >= need[k]]
+        if sizes.pinned[k] >= 0:
+            devices = [int(sizes.pinned[k])] if ledger.free[sizes.pinned[k]] >= need[k] else []
+        elif pinned_any:  # devices holding pinned pieces are not interchangeable
+            devices = [x for x in range(d) if ledger.free[x] >= need[k]]
+        else:
+            used = counts > 0
+            first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []
+            devices = [x for x in range(d) if (used[x] or x in first_empty) and ledger.free[x] >= need[k]]
         if not devices:
             return
         idx = torch.tensor(devices)

@@ -2,7 +2,7 @@
 
 The greedy ones sort tables by their proxy, largest first, and put each on the device with
 the smallest running proxy sum that still has memory for it. A table no device can hold is
-placed as the row ranges `pieces_to_place` cuts it into, each priced by the table it behaves as.
+sharded row-wise over all devices (`pieces_to_place`), its blocks where TorchRec puts them.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
         load = [0.0] * topology.num_devices
-        ordered = sorted(pieces_to_place(tables, topology), key=lambda p: proxy(p.behaves_as()), reverse=True)
+        # Pinned pieces (row-wise blocks) first: where they go is not a choice, and they need the room.
+        ordered = sorted(pieces_to_place(tables, topology), key=lambda p: (p.pinned is None, -proxy(p.behaves_as())))
         devices = []
         for piece in ordered:
             device = min(ledger.devices_with_room(piece), key=lambda d: (load[d], d))
@@ -57,7 +58,7 @@ def random_placement(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         rng = np.random.default_rng(context.seed)
         ledger = MemoryLedger(topology)
-        pieces = pieces_to_place(tables, topology)
+        pieces = sorted(pieces_to_place(tables, topology), key=lambda p: p.pinned is None)
         devices = []
         for piece in pieces:
             device = int(rng.choice(ledger.devices_with_room(piece)))
@@ -72,7 +73,7 @@ def random_placement(context: PlacementContext) -> Placer:
 def round_robin(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
-        pieces = pieces_to_place(tables, topology)
+        pieces = sorted(pieces_to_place(tables, topology), key=lambda p: p.pinned is None)
         devices = []
         d = topology.num_devices
         for i, piece in enumerate(pieces):

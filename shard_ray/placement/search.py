@@ -26,7 +26,7 @@ from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.plan.plan import Plan, TablePiece, pieces_to_place
-from shard_ray.plan.topology import MemoryLedger, Topology
+from shard_ray.plan.topology import MemoryLedger, Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
 
@@ -73,22 +73,26 @@ def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ..
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
     way, the passes are rerun largest memory first, as a memory-first packer would.
     """
-    by_cost = np.argsort(-single_costs(pricer, items), kind="stable")
-    found = _greedy_passes(pricer, items, scales, by_cost)
+    sizes = item_sizes(items, pricer.topology)
+    free_last = sizes.pinned < 0  # pinned items go first: where they go is not a choice
+    found, _ = _greedy_passes(pricer, items, scales, np.lexsort((-single_costs(pricer, items), free_last)))
     if found is None:
-        need = item_sizes(items, pricer.topology).need
-        found = _greedy_passes(pricer, items, scales, np.argsort(-need, kind="stable"))
-    if found is None:
-        raise InfeasibleError(
-            f"the search found no placement within {pricer.topology.memory_gb:.3f} GB per device for these tables"
-        )
+        found, stuck = _greedy_passes(pricer, items, scales, np.lexsort((-sizes.need, free_last)))
+        if found is None:
+            raise InfeasibleError(
+                f"the search found no placement within {format_gb(pricer.topology.memory_bytes)} per device: "
+                f"placing the largest first, {items[stuck].describe()} "
+                f"({format_gb(sizes.need[stuck])}) fit on no device"
+            )
     return found
 
 
 def _greedy_passes(
     pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], order: np.ndarray
-) -> Candidate | None:
-    """One greedy pass per scale, side by side: one model call per table prices it everywhere."""
+) -> tuple[Candidate | None, int | None]:
+    """One greedy pass per scale, side by side: one model call per table prices it everywhere.
+
+    None and the first item that fit nowhere when no pass finds room for every item."""
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
@@ -102,8 +106,13 @@ def _greedy_passes(
     assign = np.zeros((s, len(items)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
+    stuck = None
     for i in order:
         fits = ledger.room(need[i])
+        if sizes.pinned[i] >= 0:
+            fits &= np.arange(d) == sizes.pinned[i]
+        if stuck is None and not fits.any():
+            stuck = int(i)
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
         allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
@@ -115,10 +124,10 @@ def _greedy_passes(
         ledger.take(device, need[i], rows)
         assign[:, i] = device
     if not feasible.any():
-        return None
+        return None, stuck
     costs = [float(pricer.device_costs(enc, sizes, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
     best = int(np.argmin(costs))
-    return Candidate(items, assign[best], costs[best])
+    return Candidate(items, assign[best], costs[best]), None
 
 
 def local_search(
@@ -138,6 +147,7 @@ def local_search(
     enc = pricer.encodings(items)
     sizes = item_sizes(items, topology)
     widths, need = sizes.widths, sizes.need
+    movable = sizes.pinned < 0
     total_width = widths.sum()
     for _ in range(steps):
         if time.perf_counter() > deadline:
@@ -149,7 +159,7 @@ def local_search(
         device_widths = np.bincount(assign, weights=widths, minlength=d)
         sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
         counts = np.bincount(assign, minlength=d)
-        on_slowest = np.flatnonzero(assign == slowest)
+        on_slowest = np.flatnonzero((assign == slowest) & movable)
         moves = []  # (item leaving the slowest device, item coming back or -1, target device)
         for t in order[::-1][:targets]:
             if t == slowest:
@@ -157,7 +167,7 @@ def local_search(
             for i in on_slowest:
                 if free[t] >= need[i]:
                     moves.append((i, -1, t))
-                for j in np.flatnonzero(assign == t):
+                for j in np.flatnonzero((assign == t) & movable):
                     if free[t] + need[j] >= need[i] and free[slowest] + need[i] >= need[j]:
                         moves.append((i, j, t))
         if not moves:
@@ -198,12 +208,13 @@ def local_search(
 
 
 def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
-    """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4."""
+    """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
+    the item is pinned (a row-wise block: its halves would share its device)."""
     start, width = item.columns[0], item.width
-    if width % (4 * ways):
+    if width % (4 * ways) or item.pinned is not None:
         return None
     step = width // ways
-    return [TablePiece(table=item.table, columns=(start + k * step, start + (k + 1) * step)) for k in range(ways)]
+    return [item.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]
 
 
 def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -> Candidate:

@@ -58,6 +58,8 @@ class TablePiece(BaseModel):
     columns: tuple[int, int]
     rows: tuple[int, int] | None = None  # [start, end) of the table's rows; None: all of them
     replicas: int = Field(default=1, ge=1)  # > 1: a data-parallel replica, one per device of `replicas`
+    # The device the piece must go to: TorchRec's row-wise block k lives on device k, replica k likewise.
+    pinned: int | None = Field(default=None, ge=0)
 
     @classmethod
     def whole(cls, table: TableSpec) -> TablePiece:
@@ -82,7 +84,7 @@ class TablePiece(BaseModel):
     @property
     def key(self) -> tuple:
         """What tells this piece apart from the other pieces of a plan."""
-        return (self.table.name, self.columns, self.row_range, self.replicas)
+        return (self.table.name, self.columns, self.row_range, self.replicas, self.pinned)
 
     def describe(self) -> str:
         """The piece for a message: 'table 't0'', 'rows [0, 500) of table 't0'', ..."""
@@ -133,18 +135,27 @@ def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
     return [TablePiece.whole(t) for t in tables]
 
 
-def row_wise(table: TableSpec, ways: int) -> list[TablePiece]:
-    """The table in `ways` row ranges of equal size (to a row), as TorchRec's row-wise sharding cuts it."""
-    bounds = [round(k * table.rows / ways) for k in range(ways + 1)]
-    return [TablePiece(table=table, columns=(0, table.dim), rows=(a, b)) for a, b in zip(bounds, bounds[1:])]
+def row_wise(table: TableSpec, num_devices: int, columns: tuple[int, int] | None = None) -> list[TablePiece]:
+    """The table (or a column range of it) row-wise over the devices, as TorchRec cuts and places it:
+    blocks of ceil(rows / D) rows, block k pinned to device k (devices past the rows get none)."""
+    block = -(-table.rows // num_devices)
+    columns = columns or (0, table.dim)
+    return [
+        TablePiece(table=table, columns=columns, rows=(start, min(start + block, table.rows)), pinned=k)
+        for k, start in enumerate(range(0, table.rows, block))
+    ]
+
+
+def data_parallel(table: TableSpec, num_devices: int) -> list[TablePiece]:
+    """The table replicated on every device, replica k pinned to device k."""
+    return [TablePiece(table=table, columns=(0, table.dim), replicas=num_devices, pinned=k) for k in range(num_devices)]
 
 
 def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePiece]:
     """What every algorithm places: each table whole, or split to fit when no device can hold it whole.
 
-    A table larger than a device is cut into the fewest equal row ranges of at most half a
-    device each (room for the other tables beside them), at most one per device; one larger than
-    all devices together is refused, by name.
+    A table larger than a device is sharded row-wise over all devices, as TorchRec would (its
+    pieces pinned); one whose row blocks are still larger than a device is refused, by name.
     """
     pieces = []
     for table in tables:
@@ -152,8 +163,7 @@ def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePi
         if need <= topology.memory_bytes:
             pieces.append(TablePiece.whole(table))
             continue
-        ways = min(topology.num_devices, table.rows, max(2, -(-need // (topology.memory_bytes // 2))))
-        split = row_wise(table, ways)
+        split = row_wise(table, topology.num_devices)
         largest = max(p.memory_bytes(topology.optimizer) for p in split)
         if largest > topology.memory_bytes:
             raise InfeasibleError(

@@ -66,7 +66,7 @@ class PlacementState:
         self.pricer = Pricer(models, topology)
         items = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
         singles = single_costs(self.pricer, items)
-        order = np.argsort(-singles, kind="stable")
+        order = np.lexsort((-singles, [p.pinned is None for p in items]))  # pinned pieces first
         self.singles = singles[order]
         self.items = [items[i] for i in order]
         self.encodings = self.pricer.encodings(self.items)
@@ -96,8 +96,10 @@ class PlacementState:
         return self.step_index == len(self.items)
 
     def action_mask(self) -> np.ndarray:
-        """Devices with room for the current table."""
-        return self.ledger.room(self.need[self.step_index])
+        """Devices with room for the current table (its pinned device only, for a row-wise block)."""
+        room = self.ledger.room(self.need[self.step_index])
+        pinned = self.items[self.step_index].pinned
+        return room if pinned is None else room & (np.arange(self.topology.num_devices) == pinned)
 
     def _device_totals(self) -> np.ndarray:
         return self.compute_ms.sum(axis=1) + self.comm_ms
