@@ -21,7 +21,7 @@ from shard_ray.costmodel.models import (
     default_cost_model_path,
     pad_shards,
 )
-from shard_ray.costmodel.pricing import Pricer, item_sizes
+from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import MissingCommModelWarning, TrainConfig, data_split, train_cost_models
 from shard_ray.errors import ShardRayError
@@ -216,7 +216,7 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     candidate, proven = branch_and_bound(pricer, tables)
     assert proven
     enc = pricer.encodings(table_wise(tables))
-    sizes = item_sizes(table_wise(tables), topology)
+    sizes = pricer.sizes(table_wise(tables))
     brute = min(
         float(pricer.device_costs(enc, sizes, np.array(assign)).max())
         for assign in itertools.product(range(3), repeat=len(tables))

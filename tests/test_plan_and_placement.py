@@ -1,13 +1,15 @@
 import json
 
 import pytest
+import torch
 
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import algorithms, place
 from shard_ray.placement.heuristics import PROXIES
+from shard_ray.placement.options import sharding_type_of
 from shard_ray.plan import GB, Plan, Shard, Topology, load_plan, save_plan, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.plan import TablePiece, row_wise
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
@@ -89,6 +91,8 @@ def test_every_sharding_type_passes_the_check_and_round_trips(tmp_path):
     ]
     plan = Plan(num_devices=2, algorithm="x", shards=shards)
     plan.check(tables)
+    types = [sharding_type_of(t, [s for s in shards if s.table == t.name]) for t in tables]
+    assert types == ["table_wise", "column_wise", "row_wise", "data_parallel"]
     path = tmp_path / "plan.json"
     save_plan(path, plan)
     doc = json.loads(path.read_text())
@@ -170,10 +174,13 @@ def test_greedy_respects_memory_before_balance():
 def test_infeasible_memory_is_a_clear_error(small_tables):
     with pytest.raises(ShardRayError, match=r"table 'a' needs 0.000615 GB .* over the cap of 9.31e-07 GB per device"):
         place("size_greedy", small_tables, Topology(num_devices=2, memory_bytes=1000))
-    # Each table fits a device, but not all of them together.
-    largest = max(shard_bytes(t, t.dim, "rowwise_adagrad") for t in small_tables)
-    with pytest.raises(ShardRayError, match="needs .* GB .* but no device has that much free"):
-        place("size_greedy", small_tables, Topology(num_devices=1, memory_bytes=largest))
+    # They fit in all, but do not pack: three tables of 0.6 devices on two devices.
+    three = [TableSpec(name=f"t{i}", rows=1000, dim=64, pooling_factor=1.0) for i in range(3)]
+    cap = int(shard_bytes(three[0], 64, "rowwise_adagrad") / 0.6)
+    with pytest.raises(ShardRayError, match="table 't2' needs .* GB .* but no device has that much free"):
+        place("size_greedy", three, Topology(num_devices=2, memory_bytes=cap))
+    with pytest.raises(ShardRayError, match="placing the largest first, table 't2' .* fit on no device"):
+        place("cost_search", three, Topology(num_devices=2, memory_bytes=cap))
 
 
 def test_a_table_larger_than_a_device_is_split_to_fit_by_every_algorithm(small_tables):
@@ -232,3 +239,43 @@ def test_cost_is_the_slowest_device_and_summary_marks_it(small_tables):
     plan = place("round_robin", small_tables, topology)
     text = format_plan_summary(plan, small_tables, topology, cost)
     assert "<- slowest" in text.splitlines()[3] and "5.000 ms" in text
+
+
+def test_row_wise_cuts_and_pins_as_torchrec():
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+
+    table = TableSpec(name="t", rows=10, dim=8, pooling_factor=1.0)
+    pieces = row_wise(table, 4)
+    sizes, offsets = calculate_shard_sizes_and_offsets(torch.empty(10, 8, device="meta"), 4, 4, "row_wise")
+    assert [(p.row_range, p.pinned) for p in pieces] == [
+        ((o[0], o[0] + z[0]), k) for k, (z, o) in enumerate(zip(sizes, offsets)) if z[0]
+    ]
+    assert [p.row_count for p in pieces] == [3, 3, 3, 1]
+
+
+def test_tables_larger_than_all_devices_together_are_refused():
+    tables = [TableSpec(name=f"t{i}", rows=1_000_000, dim=64, pooling_factor=1.0) for i in range(10)]
+    with pytest.raises(ShardRayError, match=r"the tables need 2.42 GB .* more than the 2 devices' 0.6 GB together"):
+        place("size_greedy", tables, Topology(num_devices=2, memory_bytes=int(0.3 * GB)))
+
+
+def test_cost_search_chooses_a_sharding_type_per_table():
+    """Under the shipped models a tiny table with many lookups pays to replicate (no input or output
+    all-to-all, a small all-reduce), and one too large for a device goes row-wise; the search with
+    every type is predicted at least as fast as the one limited to table- and column-wise."""
+    tables = [
+        TableSpec(name="tiny_hot", rows=100, dim=64, pooling_factor=100.0),
+        TableSpec(name="huge", rows=20_000_000, dim=128, pooling_factor=80.0),
+        *(TableSpec(name=f"s{i}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(12)),
+    ]
+    topology = Topology(num_devices=4, memory_bytes=8 * GB)
+    every = place("cost_search", tables, topology)
+    limited = place("cost_search", tables, topology, settings={"sharding_types": ["table_wise", "column_wise"]})
+    of = {
+        name: sharding_type_of(t, [s for s in every.shards if s.table == name])
+        for name, t in [(t.name, t) for t in tables]
+    }
+    assert of["tiny_hot"] == "data_parallel" and of["huge"] == "row_wise"
+    assert every.estimate.predicted.cost_ms <= limited.estimate.predicted.cost_ms
+    with pytest.raises(ShardRayError, match="sharding_types must include table_wise"):
+        place("cost_search", tables, topology, settings={"sharding_types": ["row_wise"]})

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.plan.topology import Topology
 
 
@@ -24,6 +24,7 @@ class Pricer:
         self.models = models
         self.topology = topology
         self._encodings: dict[tuple, torch.Tensor] = {}
+        self._sizes: dict[tuple, tuple[float, ...]] = {}
 
     def encodings(self, items: list[TablePiece]) -> torch.Tensor:
         missing = [p for p in items if p.key not in self._encodings]
@@ -32,6 +33,19 @@ class Pricer:
             for p, e in zip(missing, encoded):
                 self._encodings[p.key] = e
         return torch.stack([self._encodings[p.key] for p in items])
+
+    def sizes(self, items: list[TablePiece]) -> ItemSizes:
+        """`item_sizes` of the items, each item's computed once."""
+        for p in items:
+            if p.key not in self._sizes:
+                one = item_sizes([p], self.topology, self.models.rows_cap)
+                self._sizes[p.key] = (one.widths[0], one.inputs[0], one.syncs[0], one.need[0], one.pinned[0])
+        columns = list(zip(*(self._sizes[p.key] for p in items)))
+        return ItemSizes(*(np.array(c) for c in columns))
+
+    def plan_cost(self, items: list[TablePiece], assign: np.ndarray) -> float:
+        """The simulated cost of the plan putting `items` on `assign`: its slowest device's step."""
+        return float(self.device_costs(self.encodings(items), self.sizes(items), assign).max())
 
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
@@ -61,7 +75,11 @@ class Pricer:
         counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
         device_widths = np.bincount(assign, weights=sizes.widths, minlength=d)
         device_inputs = np.bincount(assign, weights=sizes.inputs, minlength=d)
-        return self.compute(sums, counts) + self.comm(device_widths) + self.input_dist(device_inputs)
+        costs = self.compute(sums, counts) + self.comm(device_widths) + self.input_dist(device_inputs)
+        if sizes.syncs.any():
+            device_syncs = np.bincount(assign, weights=sizes.syncs, minlength=d)
+            costs += self.models.predict_comm(device_syncs, self.topology.batch_size)[:, 1]
+        return costs
 
 
 def input_width(piece: TablePiece) -> float:
@@ -76,29 +94,45 @@ def output_width(piece: TablePiece) -> int:
 
 
 def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> float:
-    """A replica's gradient all-reduce as the all-to-all moving as much per device: a ring all-reduce
-    moves 2(D-1)/D of the gradient, an all-to-all of width w moves (D-1)/D of batch x w floats."""
+    """A replica's gradient all-reduce, and its dense optimizer step, as the all-to-all moving as many
+    bytes per device: a ring all-reduce moves 2(D-1)/D of the gradient, an all-to-all of width w
+    moves (D-1)/D of batch x w floats, and the dense update passes over the gradient once more.
+    The cost models have not seen either; this keeps their price growing with the table, as it does."""
     if not piece.replicated:
         return 0.0
     rows = piece.row_count if rows_cap is None else min(piece.row_count, rows_cap)
-    return 2.0 * rows * piece.width / batch_size
+    return 3.0 * rows * piece.width / batch_size
+
+
+@dataclass
+class Candidate:
+    """Pieces on devices with their simulated cost: a plan as the searches hold it."""
+
+    items: list[TablePiece]
+    assign: np.ndarray
+    cost: float
+
+    def plan(self, num_devices: int, algorithm: str) -> Plan:
+        return Plan.from_assignment(self.items, self.assign, num_devices, algorithm)
 
 
 @dataclass(frozen=True)
 class ItemSizes:
-    """Per item: output all-to-all width, input all-to-all width (float columns), memory need (bytes),
-    and the device it is pinned to (-1: free to go anywhere)."""
+    """Per item: output all-to-all, input all-to-all and gradient all-reduce widths (float columns),
+    memory need (bytes), and the device it is pinned to (-1: free to go anywhere)."""
 
     widths: np.ndarray
     inputs: np.ndarray
+    syncs: np.ndarray
     need: np.ndarray
     pinned: np.ndarray
 
 
-def item_sizes(items: list[TablePiece], topology: Topology) -> ItemSizes:
+def item_sizes(items: list[TablePiece], topology: Topology, rows_cap: int | None = None) -> ItemSizes:
     return ItemSizes(
         widths=np.array([output_width(p) for p in items], dtype=np.float64),
         inputs=np.array([input_width(p) for p in items], dtype=np.float64),
+        syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in items], dtype=np.float64),
         need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
         pinned=np.array([-1 if p.pinned is None else p.pinned for p in items], dtype=np.int64),
     )

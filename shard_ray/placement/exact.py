@@ -12,14 +12,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
+from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.placement.base import PlacementContext, Placer, register
-from shard_ray.placement.search import (
-    NEUROSHARD,
-    Candidate,
-    candidate_plan,
-    greedy_grid,
-)
+from shard_ray.placement.search import NEUROSHARD, greedy_grid
 from shard_ray.plan.plan import Plan, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
@@ -36,7 +31,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     order = np.lexsort((-single_costs(pricer, items), [p.pinned is None for p in items]))  # pinned first
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
-    sizes = item_sizes(items, topology)
+    sizes = pricer.sizes(items)
     need, pinned_any = sizes.need, bool((sizes.pinned >= 0).any())
     incumbent = greedy_grid(pricer, items, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
@@ -98,6 +93,6 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
 def optimal(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         candidate, context.proven_optimal = branch_and_bound(Pricer(context.models, topology), tables)
-        return candidate_plan(candidate, topology.num_devices, "optimal")
+        return candidate.plan(topology.num_devices, "optimal")
 
     return placer

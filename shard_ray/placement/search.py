@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
+from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.placement.options import SHARDING_TYPES, choose_types
 from shard_ray.plan.plan import Plan, TablePiece, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology, format_gb
 from shard_ray.workload.tables import TableSpec
@@ -40,7 +41,11 @@ class SearchConfig:
     branching: int = 3  # costliest items tried as split candidates per beam state
     split_ways: tuple[int, ...] = (2, 4)
     local_search_steps: int = 200
-    # Anytime search: beam expansion stops at 60% of the budget, local search at 100%.
+    # Each table's sharding type is chosen among these after the column-split search (table-wise and
+    # column-wise are the beam's own); see `shard_ray.placement.options`.
+    sharding_types: tuple[str, ...] = SHARDING_TYPES
+    # Anytime search: beam expansion stops at 50% of the budget, local search of the beam at 70%,
+    # the sharding types' choice (and a last local search) at 100%.
     time_budget_s: float | None = 3.0
 
     def check(self) -> None:
@@ -52,19 +57,21 @@ class SearchConfig:
             raise ShardRayError("beam_depth and local_search_steps must be 0 or more")
         if any(w < 2 for w in self.split_ways):
             raise ShardRayError(f"split_ways must be 2 or more, got {list(self.split_ways)}")
+        unknown = set(self.sharding_types) - set(SHARDING_TYPES)
+        if unknown or "table_wise" not in self.sharding_types:
+            raise ShardRayError(
+                f"sharding_types must include table_wise and be among {', '.join(SHARDING_TYPES)}; "
+                f"got {list(self.sharding_types)}"
+            )
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
 
 
-NEUROSHARD = SearchConfig(split_ways=(2,), local_search_steps=0, time_budget_s=None)  # as published
+# As published: table- and column-wise only.
+NEUROSHARD = SearchConfig(
+    split_ways=(2,), local_search_steps=0, sharding_types=("table_wise", "column_wise"), time_budget_s=None
+)
 COST_SEARCH = SearchConfig()
-
-
-@dataclass
-class Candidate:
-    items: list[TablePiece]
-    assign: np.ndarray
-    cost: float
 
 
 def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...]) -> Candidate:
@@ -73,7 +80,7 @@ def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ..
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
     way, the passes are rerun largest memory first, as a memory-first packer would.
     """
-    sizes = item_sizes(items, pricer.topology)
+    sizes = pricer.sizes(items)
     free_last = sizes.pinned < 0  # pinned items go first: where they go is not a choice
     found, _ = _greedy_passes(pricer, items, scales, np.lexsort((-single_costs(pricer, items), free_last)))
     if found is None:
@@ -96,7 +103,7 @@ def _greedy_passes(
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
-    sizes = item_sizes(items, topology)
+    sizes = pricer.sizes(items)
     widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     sums = torch.zeros(s, d, enc.shape[1])
@@ -145,7 +152,7 @@ def local_search(
         return candidate
     items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
     enc = pricer.encodings(items)
-    sizes = item_sizes(items, topology)
+    sizes = pricer.sizes(items)
     widths, need = sizes.widths, sizes.need
     movable = sizes.pinned < 0
     total_width = widths.sum()
@@ -220,11 +227,12 @@ def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
 def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -> Candidate:
     """Column-wise split search: each level splits one of the costliest items of each beam state.
 
-    With local search configured, it refines the final beam's states and keeps the best.
+    With local search configured, it refines the final beam's states and keeps the best; then each
+    table's sharding type is chosen among `config.sharding_types` on the simulated cost.
     """
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
-    expand_until, deadline = began + 0.6 * budget, began + budget
+    expand_until, refine_until, deadline = began + 0.5 * budget, began + 0.7 * budget, began + budget
     start = greedy_grid(pricer, pieces_to_place(tables, pricer.topology), config.scales)
     beam, everything, seen = [start], [start], {_signature(start.items)}
     for _ in range(config.beam_depth):
@@ -251,22 +259,24 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
         everything += beam
     finalists = sorted(everything, key=lambda c: c.cost)[: config.beam_width]
     if config.local_search_steps:
-        finalists = [local_search(pricer, c, config.local_search_steps, deadline=deadline) for c in finalists]
-    return min(finalists, key=lambda c: c.cost)
+        finalists = [local_search(pricer, c, config.local_search_steps, deadline=refine_until) for c in finalists]
+    best = min(finalists, key=lambda c: c.cost)
+    if set(config.sharding_types) - {"table_wise", "column_wise"}:
+        typed = choose_types(pricer, best, tables, config.sharding_types, deadline)
+        if typed is not best and config.local_search_steps:
+            typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
+        best = typed
+    return best
 
 
 def _signature(items: list[TablePiece]) -> frozenset:
     return frozenset(p.key for p in items)
 
 
-def candidate_plan(candidate: Candidate, num_devices: int, algorithm: str) -> Plan:
-    return Plan.from_assignment(candidate.items, candidate.assign, num_devices, algorithm)
-
-
 def search_placer(name: str, config: SearchConfig, models: CostModels) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         best = beam_search(Pricer(models, topology), tables, config)
-        return candidate_plan(best, topology.num_devices, name)
+        return best.plan(topology.num_devices, name)
 
     return placer
 

@@ -155,7 +155,8 @@ def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePi
     """What every algorithm places: each table whole, or split to fit when no device can hold it whole.
 
     A table larger than a device is sharded row-wise over all devices, as TorchRec would (its
-    pieces pinned); one whose row blocks are still larger than a device is refused, by name.
+    pieces pinned); one whose row blocks are still larger than a device is refused, by name, and so
+    are tables that need more than all devices hold.
     """
     pieces = []
     for table in tables:
@@ -172,6 +173,12 @@ def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePi
                 f"cap of {format_gb(topology.memory_bytes)} per device"
             )
         pieces.extend(split)
+    total = sum(p.memory_bytes(topology.optimizer) for p in pieces)
+    if total > topology.num_devices * topology.memory_bytes:
+        raise InfeasibleError(
+            f"the tables need {format_gb(total)} (weights + {topology.optimizer} state), more than the "
+            f"{topology.num_devices} devices' {format_gb(topology.num_devices * topology.memory_bytes)} together"
+        )
     return pieces
 
 

@@ -26,7 +26,7 @@ import torch
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, parts_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.costmodel.pricing import Pricer, item_sizes, single_costs
+from shard_ray.costmodel.pricing import Pricer, single_costs
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology, memory_cap_with_headroom
@@ -70,7 +70,7 @@ class PlacementState:
         self.singles = singles[order]
         self.items = [items[i] for i in order]
         self.encodings = self.pricer.encodings(self.items)
-        sizes = item_sizes(self.items, topology)
+        sizes = self.pricer.sizes(self.items)
         self.widths, self.inputs, self.need = sizes.widths, sizes.inputs, sizes.need
         self.features = parts_features(self.items, models.rows_cap)
         self.lower_bound = lower_bound_ms(models, tables, topology, column_wise=False)
