@@ -247,8 +247,8 @@ def test_row_wise_cuts_and_pins_as_torchrec():
     table = TableSpec(name="t", rows=10, dim=8, pooling_factor=1.0)
     pieces = row_wise(table, 4)
     sizes, offsets = calculate_shard_sizes_and_offsets(torch.empty(10, 8, device="meta"), 4, 4, "row_wise")
-    assert [(p.row_range, p.pinned) for p in pieces] == [
-        ((o[0], o[0] + z[0]), k) for k, (z, o) in enumerate(zip(sizes, offsets)) if z[0]
+    assert [(p.row_range, p.devices) for p in pieces] == [
+        ((o[0], o[0] + z[0]), (k,)) for k, (z, o) in enumerate(zip(sizes, offsets)) if z[0]
     ]
     assert [p.row_count for p in pieces] == [3, 3, 3, 1]
 

@@ -7,7 +7,7 @@ small model call; encodings are computed once per item.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ class Pricer:
         self.models = models
         self.topology = topology
         self._encodings: dict[tuple, torch.Tensor] = {}
-        self._sizes: dict[tuple, tuple[float, ...]] = {}
+        self._sizes: dict[tuple, tuple] = {}
 
     def encodings(self, items: list[TablePiece]) -> torch.Tensor:
         missing = [p for p in items if p.key not in self._encodings]
@@ -39,9 +39,9 @@ class Pricer:
         for p in items:
             if p.key not in self._sizes:
                 one = item_sizes([p], self.topology, self.models.rows_cap)
-                self._sizes[p.key] = (one.widths[0], one.inputs[0], one.syncs[0], one.need[0], one.pinned[0])
-        columns = list(zip(*(self._sizes[p.key] for p in items)))
-        return ItemSizes(*(np.array(c) for c in columns))
+                self._sizes[p.key] = tuple(getattr(one, f.name)[0] for f in fields(ItemSizes))
+        rows = [self._sizes[p.key] for p in items]
+        return ItemSizes(*(np.array([row[k] for row in rows]) for k in range(len(fields(ItemSizes)))))
 
     def plan_cost(self, items: list[TablePiece], assign: np.ndarray) -> float:
         """The simulated cost of the plan putting `items` on `assign`: its slowest device's step."""
@@ -119,13 +119,19 @@ class Candidate:
 @dataclass(frozen=True)
 class ItemSizes:
     """Per item: output all-to-all, input all-to-all and gradient all-reduce widths (float columns),
-    memory need (bytes), and the device it is pinned to (-1: free to go anywhere)."""
+    memory need (bytes), the devices it may go to ([n, D] bools) and its constraints group (-1: none)."""
 
     widths: np.ndarray
     inputs: np.ndarray
     syncs: np.ndarray
     need: np.ndarray
-    pinned: np.ndarray
+    allowed: np.ndarray
+    group: np.ndarray
+
+    @property
+    def restricted(self) -> np.ndarray:
+        """Items whose device is (partly) decided already: placed first, never moved alone."""
+        return (~self.allowed).any(axis=1) | (self.group >= 0)
 
 
 def item_sizes(items: list[TablePiece], topology: Topology, rows_cap: int | None = None) -> ItemSizes:
@@ -134,7 +140,10 @@ def item_sizes(items: list[TablePiece], topology: Topology, rows_cap: int | None
         inputs=np.array([input_width(p) for p in items], dtype=np.float64),
         syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in items], dtype=np.float64),
         need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
-        pinned=np.array([-1 if p.pinned is None else p.pinned for p in items], dtype=np.int64),
+        allowed=np.array([[p.may_go(d) for d in range(topology.num_devices)] for p in items], dtype=bool).reshape(
+            len(items), topology.num_devices
+        ),
+        group=np.array([-1 if p.group is None else p.group for p in items], dtype=np.int64),
     )
 
 

@@ -28,11 +28,11 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     topology = pricer.topology
     d = topology.num_devices
     items = pieces_to_place(tables, topology)
-    order = np.lexsort((-single_costs(pricer, items), [p.pinned is None for p in items]))  # pinned first
+    order = np.lexsort((-single_costs(pricer, items), [not p.restricted for p in items]))  # fixed devices first
     items = [items[i] for i in order]
     enc = pricer.encodings(items)
     sizes = pricer.sizes(items)
-    need, pinned_any = sizes.need, bool((sizes.pinned >= 0).any())
+    need, restricted = sizes.need, bool(sizes.restricted.any())
     incumbent = greedy_grid(pricer, items, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
     sums = torch.zeros(d, enc.shape[1])
@@ -52,10 +52,8 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
         nodes += 1
         if nodes > node_budget:
             return
-        if sizes.pinned[k] >= 0:
-            devices = [int(sizes.pinned[k])] if ledger.free[sizes.pinned[k]] >= need[k] else []
-        elif pinned_any:  # devices holding pinned pieces are not interchangeable
-            devices = [x for x in range(d) if ledger.free[x] >= need[k]]
+        if restricted:  # devices holding pieces with fixed devices are not interchangeable
+            devices = [x for x in range(d) if sizes.allowed[k, x] and ledger.free[x] >= need[k]]
         else:
             used = counts > 0
             first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []

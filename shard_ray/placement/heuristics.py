@@ -35,7 +35,7 @@ def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
         ledger = MemoryLedger(topology)
         load = [0.0] * topology.num_devices
         # Pinned pieces (row-wise blocks) first: where they go is not a choice, and they need the room.
-        ordered = sorted(pieces_to_place(tables, topology), key=lambda p: (p.pinned is None, -proxy(p.behaves_as())))
+        ordered = sorted(pieces_to_place(tables, topology), key=lambda p: (not p.restricted, -proxy(p.behaves_as())))
         devices = []
         for piece in ordered:
             device = min(ledger.devices_with_room(piece), key=lambda d: (load[d], d))
@@ -58,7 +58,7 @@ def random_placement(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         rng = np.random.default_rng(context.seed)
         ledger = MemoryLedger(topology)
-        pieces = sorted(pieces_to_place(tables, topology), key=lambda p: p.pinned is None)
+        pieces = sorted(pieces_to_place(tables, topology), key=lambda p: not p.restricted)
         devices = []
         for piece in pieces:
             device = int(rng.choice(ledger.devices_with_room(piece)))
@@ -73,7 +73,7 @@ def random_placement(context: PlacementContext) -> Placer:
 def round_robin(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
-        pieces = sorted(pieces_to_place(tables, topology), key=lambda p: p.pinned is None)
+        pieces = sorted(pieces_to_place(tables, topology), key=lambda p: not p.restricted)
         devices = []
         d = topology.num_devices
         for i, piece in enumerate(pieces):

@@ -54,16 +54,16 @@ def table_options(
 
 
 def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiece]) -> Candidate | None:
-    """`placed` with `table`'s pieces replaced by `pieces`: pinned ones on their device, free ones each
+    """`placed` with `table`'s pieces replaced by `pieces`: pinned ones on their device, others each
     on the device that prices the plan lowest; None when they do not fit beside the rest."""
     topology = pricer.topology
     keep = [i for i, p in enumerate(placed.items) if p.table.name != table]
     items = [placed.items[i] for i in keep]
     assign = placed.assign[keep]
     ledger = MemoryLedger.of_assignment(topology, assign, pricer.sizes(items).need if items else np.zeros(0))
-    for piece in sorted(pieces, key=lambda p: p.pinned is None):
+    for piece in sorted(pieces, key=lambda p: not p.restricted):
         need = ledger.need(piece)
-        devices = [int(d) for d in np.flatnonzero(ledger.room(need)) if piece.pinned in (None, d)]
+        devices = [int(d) for d in np.flatnonzero(ledger.room(need)) if piece.may_go(int(d))]
         if not devices:
             return None
         trial = [*items, piece]

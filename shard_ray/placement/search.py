@@ -81,7 +81,7 @@ def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ..
     way, the passes are rerun largest memory first, as a memory-first packer would.
     """
     sizes = pricer.sizes(items)
-    free_last = sizes.pinned < 0  # pinned items go first: where they go is not a choice
+    free_last = ~sizes.restricted  # items with fixed devices go first: where they go is (partly) not a choice
     found, _ = _greedy_passes(pricer, items, scales, np.lexsort((-single_costs(pricer, items), free_last)))
     if found is None:
         found, stuck = _greedy_passes(pricer, items, scales, np.lexsort((-sizes.need, free_last)))
@@ -116,8 +116,7 @@ def _greedy_passes(
     stuck = None
     for i in order:
         fits = ledger.room(need[i])
-        if sizes.pinned[i] >= 0:
-            fits &= np.arange(d) == sizes.pinned[i]
+        fits &= sizes.allowed[i]
         if stuck is None and not fits.any():
             stuck = int(i)
         feasible &= fits.any(axis=1)
@@ -154,7 +153,7 @@ def local_search(
     enc = pricer.encodings(items)
     sizes = pricer.sizes(items)
     widths, need = sizes.widths, sizes.need
-    movable = sizes.pinned < 0
+    movable = ~sizes.restricted
     total_width = widths.sum()
     for _ in range(steps):
         if time.perf_counter() > deadline:
@@ -216,9 +215,9 @@ def local_search(
 
 def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
     """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
-    the item is pinned (a row-wise block: its halves would share its device)."""
+    the item's devices are fixed (a row-wise block, a constraints file's)."""
     start, width = item.columns[0], item.width
-    if width % (4 * ways) or item.pinned is not None:
+    if width % (4 * ways) or item.restricted:
         return None
     step = width // ways
     return [item.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]

@@ -58,8 +58,18 @@ class TablePiece(BaseModel):
     columns: tuple[int, int]
     rows: tuple[int, int] | None = None  # [start, end) of the table's rows; None: all of them
     replicas: int = Field(default=1, ge=1)  # > 1: a data-parallel replica, one per device of `replicas`
-    # The device the piece must go to: TorchRec's row-wise block k lives on device k, replica k likewise.
-    pinned: int | None = Field(default=None, ge=0)
+    # Where the piece may go (None: any device): TorchRec's row-wise block k lives on device k, replica
+    # k likewise, and a constraints file may name a table's devices. Not part of its cost.
+    devices: tuple[int, ...] | None = None
+    group: int | None = None  # a constraints file's group: its tables go whole on one device
+
+    def may_go(self, device: int) -> bool:
+        return self.devices is None or device in self.devices
+
+    @property
+    def restricted(self) -> bool:
+        """Where it goes is (partly) decided already: such pieces are placed first."""
+        return self.devices is not None or self.group is not None
 
     @classmethod
     def whole(cls, table: TableSpec) -> TablePiece:
@@ -84,7 +94,7 @@ class TablePiece(BaseModel):
     @property
     def key(self) -> tuple:
         """What tells this piece apart from the other pieces of a plan."""
-        return (self.table.name, self.columns, self.row_range, self.replicas, self.pinned)
+        return (self.table.name, self.columns, self.row_range, self.replicas, self.devices, self.group)
 
     def describe(self) -> str:
         """The piece for a message: 'table 't0'', 'rows [0, 500) of table 't0'', ..."""
@@ -141,14 +151,16 @@ def row_wise(table: TableSpec, num_devices: int, columns: tuple[int, int] | None
     block = -(-table.rows // num_devices)
     columns = columns or (0, table.dim)
     return [
-        TablePiece(table=table, columns=columns, rows=(start, min(start + block, table.rows)), pinned=k)
+        TablePiece(table=table, columns=columns, rows=(start, min(start + block, table.rows)), devices=(k,))
         for k, start in enumerate(range(0, table.rows, block))
     ]
 
 
 def data_parallel(table: TableSpec, num_devices: int) -> list[TablePiece]:
     """The table replicated on every device, replica k pinned to device k."""
-    return [TablePiece(table=table, columns=(0, table.dim), replicas=num_devices, pinned=k) for k in range(num_devices)]
+    return [
+        TablePiece(table=table, columns=(0, table.dim), replicas=num_devices, devices=(k,)) for k in range(num_devices)
+    ]
 
 
 def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePiece]:

@@ -97,9 +97,9 @@ class MemoryLedger:
         self.free[device] += need
 
     def devices_with_room(self, piece: TablePiece) -> list[int]:
-        """Devices with room for the piece (only its pinned device, if it has one); InfeasibleError naming it when none."""
+        """Devices with room for the piece, among those it may go to; InfeasibleError naming it when none."""
         need = self.need(piece)
-        devices = [int(d) for d in np.flatnonzero(self.room(need)) if piece.pinned in (None, d)]
+        devices = [int(d) for d in np.flatnonzero(self.room(need)) if piece.may_go(int(d))]
         if not devices:
             raise InfeasibleError(
                 f"{piece.describe()} needs {format_gb(need)} "

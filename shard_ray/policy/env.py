@@ -66,12 +66,12 @@ class PlacementState:
         self.pricer = Pricer(models, topology)
         items = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
         singles = single_costs(self.pricer, items)
-        order = np.lexsort((-singles, [p.pinned is None for p in items]))  # pinned pieces first
+        order = np.lexsort((-singles, [not p.restricted for p in items]))  # pieces with fixed devices first
         self.singles = singles[order]
         self.items = [items[i] for i in order]
         self.encodings = self.pricer.encodings(self.items)
         sizes = self.pricer.sizes(self.items)
-        self.widths, self.inputs, self.need = sizes.widths, sizes.inputs, sizes.need
+        self.widths, self.inputs, self.need, self.allowed = sizes.widths, sizes.inputs, sizes.need, sizes.allowed
         self.features = parts_features(self.items, models.rows_cap)
         self.lower_bound = lower_bound_ms(models, tables, topology, column_wise=False)
         d = topology.num_devices
@@ -96,10 +96,8 @@ class PlacementState:
         return self.step_index == len(self.items)
 
     def action_mask(self) -> np.ndarray:
-        """Devices with room for the current table (its pinned device only, for a row-wise block)."""
-        room = self.ledger.room(self.need[self.step_index])
-        pinned = self.items[self.step_index].pinned
-        return room if pinned is None else room & (np.arange(self.topology.num_devices) == pinned)
+        """Devices with room for the current table, among those it may go to (one, for a row-wise block)."""
+        return self.ledger.room(self.need[self.step_index]) & self.allowed[self.step_index]
 
     def _device_totals(self) -> np.ndarray:
         return self.compute_ms.sum(axis=1) + self.comm_ms
