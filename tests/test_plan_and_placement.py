@@ -6,10 +6,9 @@ import torch
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import algorithms, place
 from shard_ray.placement.heuristics import PROXIES
-from shard_ray.placement.options import sharding_type_of
 from shard_ray.plan import GB, Plan, Shard, Topology, load_plan, save_plan, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.plan import TablePiece, row_wise
+from shard_ray.plan.plan import TablePiece, row_wise, sharding_type_of
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec

@@ -17,6 +17,7 @@ from shard_ray.plan.topology import GB, Optimizer, Topology
 from shard_ray.selection import SelectionConfig
 
 if TYPE_CHECKING:
+    from shard_ray.plan.constraints import Constraints
     from shard_ray.workload.tables import TableSpec
 
 
@@ -71,6 +72,16 @@ class PlanArgs:
         None, "dreamshard: also sample this many plans, keep the best simulated (default 0)", min=0
     )
     search_config: str | None = setting(None, "cost_search: tuned search settings (best.json of `tune search`)")
+    constraints: str | None = setting(
+        None,
+        "constraints file (JSON/YAML): pin tables to devices, keep groups of tables on one device, allow or forbid "
+        "sharding types per table (README: Constraints); taken by cost_search, neuroshard and the greedy heuristics",
+    )
+    explain: bool = setting(
+        False,
+        "print, per table, its sharding type and devices and the predicted plan cost of its next-best type "
+        "(why not data-parallel, why split); recorded in the plan's metadata",
+    )
     measure: bool = setting(
         False,
         "race the plan against every baseline (heuristics, TorchRec's planner) on the device gang and keep the "
@@ -126,6 +137,7 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.placement import place
+    from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
     from shard_ray.plan.summary import format_plan_summary
     from shard_ray.profiling.hardware import hardware_id
@@ -134,6 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     flags = settings_from(PlanArgs, args)
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
+    constraints = load_constraints(flags.constraints) if flags.constraints else None
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     plan = place(
@@ -145,6 +158,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         hardware=flags.hardware or hardware_id(threads=1),  # as the profiling actors and the gang name it
         settings=flags.algorithm_settings(),
         settings_source=flags.search_config,
+        constraints=constraints,
     )
     estimate = plan.estimate
     predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
@@ -160,10 +174,30 @@ def cmd_plan(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms")
+    if flags.explain:
+        plan = explained(plan, tables, topology, flags, constraints)
     if flags.measure:
         plan = measured_best(plan, tables, topology, flags, settings_from(SelectionConfig, args))
     save_plan(flags.out, plan)
     print(f"wrote {flags.out}: {plan.algorithm}'s plan" + (", the measured best" if flags.measure else ""))
+
+
+def explained(
+    plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, constraints: Constraints | None
+) -> Plan:
+    """Print why each table is sharded as it is, under the models the plan was made with; record it in the plan."""
+    from dataclasses import asdict
+
+    from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.placement.base import PlacementContext
+    from shard_ray.placement.options import explain, format_explanation
+
+    context = PlacementContext(cost_model=plan.estimate.cost_model if plan.estimate else flags.cost_model)
+    context.hardware = flags.hardware
+    cost_ms, choices = explain(Pricer(context.models, topology), plan, tables, constraints)
+    print(format_explanation(cost_ms, choices))
+    metadata = {**plan.metadata, "explain": [asdict(c) for c in choices]}
+    return plan.model_copy(update={"metadata": metadata})
 
 
 def measured_best(

@@ -25,6 +25,7 @@ from shard_ray.workload.tables import TableSpec, validate_tables
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.models import CostModels
+    from shard_ray.plan.constraints import Constraints
 
 
 class Placer(Protocol):
@@ -39,6 +40,7 @@ class PlacementContext:
     cost_model: str | None = None  # a model file; None: those calibrated for `hardware`, else the shipped ones
     hardware: str | None = None  # the hardware the plan is for (a hardware id), if known
     settings: Any = None  # an instance of the algorithm's settings class, or None when it has none
+    constraints: Constraints | None = None  # for algorithms registered as taking them
     proven_optimal: bool | None = None  # set by exact solvers: whether the plan is proven optimal
     _models: CostModels | None = field(default=None, repr=False)
 
@@ -67,6 +69,7 @@ class AlgorithmInfo:
     factory: Factory
     settings: type | None = None  # the algorithm's own settings dataclass (with a `check()`), if any
     max_tables: int | None = None  # tasks beyond this are refused (exact solvers)
+    takes_constraints: bool = False  # honours a constraints file (pins, groups, sharding types)
 
     def handles(self, num_tables: int) -> bool:
         return self.max_tables is None or num_tables <= self.max_tables
@@ -76,10 +79,15 @@ _REGISTRY: dict[str, AlgorithmInfo] = {}
 
 
 def register(
-    name: str, family: str, description: str, settings: type | None = None, max_tables: int | None = None
+    name: str,
+    family: str,
+    description: str,
+    settings: type | None = None,
+    max_tables: int | None = None,
+    takes_constraints: bool = False,
 ) -> Callable[[Factory], Factory]:
     def decorate(factory: Factory) -> Factory:
-        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory, settings, max_tables)
+        _REGISTRY[name] = AlgorithmInfo(name, family, description, factory, settings, max_tables, takes_constraints)
         return factory
 
     return decorate
@@ -124,19 +132,30 @@ def place(
     hardware: str | None = None,
     settings: Mapping[str, Any] | None = None,
     settings_source: str | None = None,
+    constraints: Constraints | None = None,
 ) -> Plan:
     """Plan `tables` on `topology` with algorithm `name`; the plan is checked, timed and annotated.
 
     `settings` are the algorithm's own (e.g. `{"samples": 4}` for dreamshard, a tuned file's values
     for cost_search), read from `settings_source` if given, which the plan records. `hardware`
-    (a hardware id) picks the models calibrated for it when `cost_model` is not given.
+    (a hardware id) picks the models calibrated for it when `cost_model` is not given. `constraints`
+    (a constraints file's) are honoured by the algorithms registered as taking them, refused by the rest.
     """
     info = algorithm(name)
     tables = validate_tables(tables)
     if not info.handles(len(tables)):
         raise ShardRayError(f"{name!r} is for tasks of at most {info.max_tables} tables; this one has {len(tables)}")
+    if constraints is not None:
+        if not info.takes_constraints:
+            takers = ", ".join(i.name for i in _REGISTRY.values() if i.takes_constraints)
+            raise ShardRayError(f"{name!r} does not take a constraints file; algorithms that do: {takers}")
+        constraints.check(tables, topology)
     context = PlacementContext(
-        seed=seed, cost_model=cost_model, hardware=hardware, settings=parse_settings(info, settings)
+        seed=seed,
+        cost_model=cost_model,
+        hardware=hardware,
+        settings=parse_settings(info, settings),
+        constraints=constraints,
     )
     placer = info.factory(context)
     start = time.perf_counter()
@@ -144,6 +163,9 @@ def place(
     elapsed = time.perf_counter() - start
     plan.check(tables)
     plan.check_memory(tables, topology)
+    broken = constraints.violations(plan, tables) if constraints is not None else []
+    if broken:
+        raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
     recorded = PlanSettings(
         memory_gb=topology.memory_gb,
         batch_size=topology.batch_size,

@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shard_ray.errors import InfeasibleError
 from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import Plan, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
@@ -30,15 +32,29 @@ PROXIES: dict[str, tuple[Proxy, str]] = {
 }
 
 
-def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
+def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         ledger = MemoryLedger(topology)
         load = [0.0] * topology.num_devices
-        # Pinned pieces (row-wise blocks) first: where they go is not a choice, and they need the room.
-        ordered = sorted(pieces_to_place(tables, topology), key=lambda p: (not p.restricted, -proxy(p.behaves_as())))
+        pieces = pieces_to_place(tables, topology, constraints)
+        # Groups, then other pieces with fixed devices (row-wise blocks, pins) first: where they go is
+        # (partly) not a choice, and they need the room.
+        ordered = sorted(pieces, key=lambda p: (p.group is None, not p.restricted, -proxy(p.behaves_as())))
+        group_device: dict[int, int] = {}
         devices = []
         for piece in ordered:
-            device = min(ledger.devices_with_room(piece), key=lambda d: (load[d], d))
+            if piece.group in group_device:
+                device = group_device[piece.group]
+                if device not in ledger.devices_with_room(piece):
+                    raise InfeasibleError(f"{piece.describe()} does not fit beside its group on device {device}")
+            else:
+                room = ledger.devices_with_room(piece)
+                if piece.group is not None:  # the group's first table: room for the whole group
+                    group_need = sum(ledger.need(p) for p in pieces if p.group == piece.group)
+                    room = [d for d in room if ledger.free[d] >= group_need] or room
+                device = min(room, key=lambda d: (load[d], d))
+                if piece.group is not None:
+                    group_device[piece.group] = device
             ledger.take(device, ledger.need(piece))
             load[device] += proxy(piece.behaves_as())
             devices.append(device)
@@ -48,8 +64,8 @@ def greedy_by_proxy(name: str, proxy: Proxy) -> Placer:
 
 
 for _name, (_proxy, _what) in PROXIES.items():
-    register(_name, "heuristic", f"greedy: balance the sum of {_what}, largest first")(
-        lambda context, _n=_name, _p=_proxy: greedy_by_proxy(_n, _p)
+    register(_name, "heuristic", f"greedy: balance the sum of {_what}, largest first", takes_constraints=True)(
+        lambda context, _n=_name, _p=_proxy: greedy_by_proxy(_n, _p, context.constraints)
     )
 
 

@@ -2,7 +2,7 @@
 
 A table may go table-wise (whole, on a device the search picks), column-wise (halves, each
 placed), row-wise (TorchRec's blocks, block k on device k) or data-parallel (a replica on every
-device). `table_options` lists what fits; `best_switch` prices each option for one table with
+device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each option for one table with
 every other table left where it is (its free pieces put on the device the simulated plan cost
 likes best), which is how `cost_search` chooses a table's type and how `plan --explain` says
 what the next-best option would have cost.
@@ -12,45 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+from tqdm import tqdm
 
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
-from shard_ray.plan.plan import Shard, TablePiece, data_parallel, row_wise, table_wise
-from shard_ray.plan.topology import MemoryLedger, Topology
+from shard_ray.plan.constraints import Constraints
+from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, sharding_type_of, table_options, table_wise
+from shard_ray.plan.topology import MemoryLedger
 from shard_ray.workload.tables import TableSpec
-
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
-
-
-def sharding_type_of(table: TableSpec, shards: Sequence[Shard]) -> str:
-    """A table's sharding type in a plan: one of SHARDING_TYPES, or 'grid' for rows and columns both split."""
-    if any(s.replicated for s in shards):
-        return "data_parallel"
-    rows_split = any(s.rows not in (None, (0, table.rows)) for s in shards)
-    columns_split = any(s.columns != (0, table.dim) for s in shards)
-    if rows_split:
-        return "grid" if columns_split else "row_wise"
-    return "column_wise" if columns_split else "table_wise"
-
-
-def table_options(
-    table: TableSpec, topology: Topology, allowed: Sequence[str] = SHARDING_TYPES
-) -> dict[str, list[TablePiece]]:
-    """The pieces of each sharding type in `allowed` that the table can take on this topology (each piece fits a device)."""
-    d = topology.num_devices
-    options: dict[str, list[TablePiece]] = {"table_wise": [TablePiece.whole(table)]}
-    if table.dim % 8 == 0:
-        half = table.dim // 2
-        options["column_wise"] = [TablePiece(table=table, columns=(k * half, (k + 1) * half)) for k in range(2)]
-    if d > 1:
-        options["row_wise"] = row_wise(table, d)
-        options["data_parallel"] = data_parallel(table, d)
-    return {
-        kind: pieces
-        for kind, pieces in options.items()
-        if kind in allowed and max(p.memory_bytes(topology.optimizer) for p in pieces) <= topology.memory_bytes
-    }
 
 
 def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiece]) -> Candidate | None:
@@ -75,15 +46,24 @@ def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiec
 
 
 def option_costs(
-    pricer: Pricer, placed: Candidate, table: TableSpec, allowed: Sequence[str] = SHARDING_TYPES
+    pricer: Pricer,
+    placed: Candidate,
+    table: TableSpec,
+    constraints: Constraints | None = None,
+    allowed: Sequence[str] = SHARDING_TYPES,
 ) -> dict[str, Candidate | None]:
     """Each sharding type of `table` with the rest of `placed` kept: the plan it makes (None: it does not fit)."""
-    options = table_options(table, pricer.topology, allowed)
+    options = table_options(table, pricer.topology, constraints, allowed)
     return {kind: switch(pricer, placed, table.name, pieces) for kind, pieces in options.items()}
 
 
 def choose_types(
-    pricer: Pricer, placed: Candidate, tables: list[TableSpec], allowed: Sequence[str], deadline: float
+    pricer: Pricer,
+    placed: Candidate,
+    tables: list[TableSpec],
+    allowed: Sequence[str],
+    deadline: float,
+    constraints: Constraints | None = None,
 ) -> Candidate:
     """Tables in turn, costliest first, each switched to the sharding type that lowers the simulated
     plan cost most, until a pass changes nothing or the deadline passes."""
@@ -94,8 +74,72 @@ def choose_types(
         for i in order:
             if time.perf_counter() > deadline:
                 break
-            options = [c for c in option_costs(pricer, placed, tables[i], allowed).values() if c is not None]
+            if constraints is not None and constraints.group_of(tables[i].name) is not None:
+                continue  # a group's tables stay together, table-wise
+            options = [c for c in option_costs(pricer, placed, tables[i], constraints, allowed).values() if c]
             best = min(options, key=lambda c: c.cost, default=None)
             if best is not None and best.cost < placed.cost * (1 - 1e-4):
                 placed, improved = best, True
     return placed
+
+
+@dataclass(frozen=True)
+class TableChoice:
+    """Why a table is sharded as it is: the plan's predicted cost with it switched to each other type."""
+
+    table: str
+    sharding_type: str
+    devices: list[int]
+    alternatives_ms: dict[str, float | None]  # None: that type does not fit beside the rest
+
+    @property
+    def next_best(self) -> tuple[str, float] | None:
+        fitting = [(kind, ms) for kind, ms in self.alternatives_ms.items() if ms is not None]
+        return min(fitting, key=lambda item: item[1]) if fitting else None
+
+
+def explain(
+    pricer: Pricer, plan: Plan, tables: list[TableSpec], constraints: Constraints | None = None, progress: bool = True
+) -> tuple[float, list[TableChoice]]:
+    """The plan's simulated cost and, per table, its type, devices and the cost of every other type it may take."""
+    by_device = plan.pieces(tables)
+    items = [p for pieces in by_device for p in pieces]
+    assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
+    placed = Candidate(items, assign, pricer.plan_cost(items, assign))
+    choices = []
+    for table in tqdm(tables, desc="explaining", unit="table", disable=not progress or len(tables) < 50):
+        shards = [s for s in plan.shards if s.table == table.name]
+        kind = sharding_type_of(table, shards)
+        options = option_costs(pricer, placed, table, constraints)
+        alternatives = {k: (c.cost if c is not None else None) for k, c in options.items() if k != kind}
+        choices.append(TableChoice(table.name, kind, sorted({s.device for s in shards}), alternatives))
+    return placed.cost, choices
+
+
+def format_explanation(cost_ms: float, choices: list[TableChoice]) -> str:
+    lines = [
+        f"why each table is sharded as it is: the predicted plan cost ({cost_ms:.3f} ms as planned) with that "
+        "table switched to its next-best sharding type, every other table kept",
+        f"{'table':<24} {'type':<14} {'devices':<16} {'next best':<14} {'plan ms':>9} {'vs chosen':>10}",
+    ]
+    for choice in choices:
+        devices = _ranges(choice.devices)
+        best = choice.next_best
+        if best is not None:
+            tail = f"{best[0]:<14} {best[1]:>9.3f} {best[1] / cost_ms - 1:>+10.1%}"
+        else:  # every other type is refused by the constraints, or does not fit beside the rest
+            tail = "(none fits)" if choice.alternatives_ms else "(no other type allowed)"
+        lines.append(f"{choice.table:<24} {choice.sharding_type:<14} {devices:<16} {tail}")
+    return "\n".join(lines)
+
+
+def _ranges(devices: list[int]) -> str:
+    """[0, 1, 2, 5] as '0-2,5'."""
+    parts, start = [], None
+    for i, d in enumerate(devices):
+        if start is None:
+            start = d
+        if i + 1 == len(devices) or devices[i + 1] != d + 1:
+            parts.append(f"{start}" if start == d else f"{start}-{d}")
+            start = None
+    return ",".join(parts)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
-from shard_ray.placement.options import SHARDING_TYPES, choose_types
-from shard_ray.plan.plan import Plan, TablePiece, pieces_to_place
+from shard_ray.placement.options import choose_types
+from shard_ray.plan.constraints import Constraints
+from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
@@ -81,10 +81,11 @@ def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ..
     way, the passes are rerun largest memory first, as a memory-first packer would.
     """
     sizes = pricer.sizes(items)
-    free_last = ~sizes.restricted  # items with fixed devices go first: where they go is (partly) not a choice
-    found, _ = _greedy_passes(pricer, items, scales, np.lexsort((-single_costs(pricer, items), free_last)))
+    # Groups first, then other items with fixed devices: where they go is (partly) not a choice.
+    first = (~sizes.restricted, sizes.group < 0)
+    found, _ = _greedy_passes(pricer, items, scales, np.lexsort((-single_costs(pricer, items), *first)))
     if found is None:
-        found, stuck = _greedy_passes(pricer, items, scales, np.lexsort((-sizes.need, free_last)))
+        found, stuck = _greedy_passes(pricer, items, scales, np.lexsort((-sizes.need, *first)))
         if found is None:
             raise InfeasibleError(
                 f"the search found no placement within {format_gb(pricer.topology.memory_bytes)} per device: "
@@ -99,7 +100,8 @@ def _greedy_passes(
 ) -> tuple[Candidate | None, int | None]:
     """One greedy pass per scale, side by side: one model call per table prices it everywhere.
 
-    None and the first item that fit nowhere when no pass finds room for every item."""
+    None and the first item that fit nowhere when no pass finds room for every item. A constraints
+    group goes where its first table goes, which needs room for the whole group."""
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
@@ -113,10 +115,17 @@ def _greedy_passes(
     assign = np.zeros((s, len(items)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
+    groups = int(sizes.group.max()) + 1
+    group_device = np.full((s, groups), -1)
+    group_need = np.bincount(sizes.group[sizes.group >= 0], weights=need[sizes.group >= 0], minlength=groups)
     stuck = None
     for i in order:
-        fits = ledger.room(need[i])
-        fits &= sizes.allowed[i]
+        fits = ledger.room(need[i]) & sizes.allowed[i]
+        g = sizes.group[i]
+        if g >= 0:
+            placed = group_device[:, g][:, None]
+            first = ledger.room(group_need[g]) & sizes.allowed[sizes.group == g].all(axis=0)
+            fits = np.where(placed >= 0, fits & (np.arange(d) == placed), first)
         if stuck is None and not fits.any():
             stuck = int(i)
         feasible &= fits.any(axis=1)
@@ -129,6 +138,8 @@ def _greedy_passes(
         dim_sum[rows, device] += widths[i]
         ledger.take(device, need[i], rows)
         assign[:, i] = device
+        if g >= 0:
+            group_device[:, g] = device
     if not feasible.any():
         return None, stuck
     costs = [float(pricer.device_costs(enc, sizes, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
@@ -153,7 +164,7 @@ def local_search(
     enc = pricer.encodings(items)
     sizes = pricer.sizes(items)
     widths, need = sizes.widths, sizes.need
-    movable = ~sizes.restricted
+    movable = (sizes.group < 0) & (sizes.allowed.sum(axis=1) > 1)
     total_width = widths.sum()
     for _ in range(steps):
         if time.perf_counter() > deadline:
@@ -171,9 +182,11 @@ def local_search(
             if t == slowest:
                 continue
             for i in on_slowest:
+                if not sizes.allowed[i, t]:
+                    continue
                 if free[t] >= need[i]:
                     moves.append((i, -1, t))
-                for j in np.flatnonzero((assign == t) & movable):
+                for j in np.flatnonzero((assign == t) & movable & sizes.allowed[:, slowest]):
                     if free[t] + need[j] >= need[i] and free[slowest] + need[i] >= need[j]:
                         moves.append((i, j, t))
         if not moves:
@@ -215,15 +228,17 @@ def local_search(
 
 def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
     """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
-    the item's devices are fixed (a row-wise block, a constraints file's)."""
+    the item is a row-wise block, a replica or in a constraints group."""
     start, width = item.columns[0], item.width
-    if width % (4 * ways) or item.restricted:
+    if width % (4 * ways) or item.rows is not None or item.replicated or item.group is not None:
         return None
     step = width // ways
     return [item.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]
 
 
-def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -> Candidate:
+def beam_search(
+    pricer: Pricer, tables: list[TableSpec], config: SearchConfig, constraints: Constraints | None = None
+) -> Candidate:
     """Column-wise split search: each level splits one of the costliest items of each beam state.
 
     With local search configured, it refines the final beam's states and keeps the best; then each
@@ -232,7 +247,8 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
     expand_until, refine_until, deadline = began + 0.5 * budget, began + 0.7 * budget, began + budget
-    start = greedy_grid(pricer, pieces_to_place(tables, pricer.topology), config.scales)
+    start = greedy_grid(pricer, pieces_to_place(tables, pricer.topology, constraints), config.scales)
+    splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
     for _ in range(config.beam_depth):
         splits = []
@@ -240,7 +256,7 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
             costs = single_costs(pricer, state.items)
             for i in np.argsort(-costs)[: config.branching]:
                 for ways in config.split_ways:
-                    pieces = split_item(state.items[i], ways)
+                    pieces = split_item(state.items[i], ways) if state.items[i].table.name in splittable else None
                     if pieces is None:
                         continue
                     items = state.items[:i] + pieces + state.items[i + 1 :]
@@ -261,7 +277,7 @@ def beam_search(pricer: Pricer, tables: list[TableSpec], config: SearchConfig) -
         finalists = [local_search(pricer, c, config.local_search_steps, deadline=refine_until) for c in finalists]
     best = min(finalists, key=lambda c: c.cost)
     if set(config.sharding_types) - {"table_wise", "column_wise"}:
-        typed = choose_types(pricer, best, tables, config.sharding_types, deadline)
+        typed = choose_types(pricer, best, tables, config.sharding_types, deadline, constraints)
         if typed is not best and config.local_search_steps:
             typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
         best = typed
@@ -272,19 +288,22 @@ def _signature(items: list[TablePiece]) -> frozenset:
     return frozenset(p.key for p in items)
 
 
-def search_placer(name: str, config: SearchConfig, models: CostModels) -> Placer:
+def search_placer(name: str, config: SearchConfig, context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        best = beam_search(Pricer(models, topology), tables, config)
+        best = beam_search(Pricer(context.models, topology), tables, config, context.constraints)
         return best.plan(topology.num_devices, name)
 
     return placer
 
 
 @register(
-    "neuroshard", "search", "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings"
+    "neuroshard",
+    "search",
+    "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings",
+    takes_constraints=True,
 )
 def neuroshard(context: PlacementContext) -> Placer:
-    return search_placer("neuroshard", NEUROSHARD, context.models)
+    return search_placer("neuroshard", NEUROSHARD, context)
 
 
 @register(
@@ -292,6 +311,7 @@ def neuroshard(context: PlacementContext) -> Placer:
     "search",
     "ours: NeuroShard's search plus halves and quarters and local search on the simulated cost",
     settings=SearchConfig,
+    takes_constraints=True,
 )
 def cost_search(context: PlacementContext) -> Placer:
-    return search_placer("cost_search", context.settings, context.models)
+    return search_placer("cost_search", context.settings, context)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import (
@@ -41,6 +41,9 @@ from shard_ray.plan.cost import PlanCost, RoundsSummary
 from shard_ray.plan.topology import GB, Optimizer, Topology, format_gb, shard_bytes
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shard_ray.plan.constraints import Constraints
 
 
 class TablePiece(BaseModel):
@@ -140,6 +143,22 @@ class TablePiece(BaseModel):
         return stored
 
 
+# The sharding types of TorchRec a plan expresses (table-row-wise is row-wise within a host).
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
+ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+
+
+def sharding_type_of(table: TableSpec, shards: Sequence[Shard]) -> str:
+    """A table's sharding type in a plan: one of SHARDING_TYPES, or 'grid' for rows and columns both split."""
+    if any(s.replicated for s in shards):
+        return "data_parallel"
+    rows_split = any(s.rows not in (None, (0, table.rows)) for s in shards)
+    columns_split = any(s.columns != (0, table.dim) for s in shards)
+    if rows_split:
+        return "grid" if columns_split else "row_wise"
+    return "column_wise" if columns_split else "table_wise"
+
+
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
     """Each table whole: the pieces of a table-wise plan."""
     return [TablePiece.whole(t) for t in tables]
@@ -163,28 +182,74 @@ def data_parallel(table: TableSpec, num_devices: int) -> list[TablePiece]:
     ]
 
 
-def pieces_to_place(tables: list[TableSpec], topology: Topology) -> list[TablePiece]:
+def table_options(
+    table: TableSpec,
+    topology: Topology,
+    constraints: Constraints | None = None,
+    allowed: Sequence[str] = SHARDING_TYPES,
+) -> dict[str, list[TablePiece]]:
+    """The pieces of each sharding type the table may take (in `allowed` and its constraints) that fit
+    a device each, in the order `pieces_to_place` prefers them; pieces carry the constraints' devices and group."""
+    d = topology.num_devices
+    kinds = [
+        k
+        for k in SHARDING_TYPES
+        if k in allowed and (constraints is None or k in constraints.allowed_types(table.name))
+    ]
+    devices = constraints.devices_of(table.name) if constraints else None
+    group = constraints.group_of(table.name) if constraints else None
+    whole = TablePiece(table=table, columns=(0, table.dim), devices=devices, group=group)
+    half = table.dim // 2
+    options = {
+        "table_wise": [whole],
+        "row_wise": row_wise(table, d) if d > 1 else [],
+        "column_wise": [whole.model_copy(update={"columns": (k * half, (k + 1) * half)}) for k in range(2)]
+        if table.dim % 8 == 0
+        else [],
+        "data_parallel": data_parallel(table, d) if d > 1 else [],
+    }
+    return {
+        kind: pieces
+        for kind, pieces in options.items()
+        if kind in kinds and pieces and max(p.memory_bytes(topology.optimizer) for p in pieces) <= topology.memory_bytes
+    }
+
+
+def pieces_to_place(
+    tables: list[TableSpec], topology: Topology, constraints: Constraints | None = None
+) -> list[TablePiece]:
     """What every algorithm places: each table whole, or split to fit when no device can hold it whole.
 
-    A table larger than a device is sharded row-wise over all devices, as TorchRec would (its
-    pieces pinned); one whose row blocks are still larger than a device is refused, by name, and so
+    A table larger than a device is sharded row-wise over all devices, as TorchRec would (its pieces
+    pinned). Under constraints, a table takes the first type they allow that fits (table-wise,
+    row-wise, column-wise, data-parallel). A table with no such type is refused, by name, and so
     are tables that need more than all devices hold.
     """
     pieces = []
     for table in tables:
-        need = TablePiece.whole(table).memory_bytes(topology.optimizer)
-        if need <= topology.memory_bytes:
-            pieces.append(TablePiece.whole(table))
+        options = table_options(table, topology, constraints)
+        if options:
+            pieces.extend(next(iter(options.values())))
             continue
-        split = row_wise(table, topology.num_devices)
-        largest = max(p.memory_bytes(topology.optimizer) for p in split)
-        if largest > topology.memory_bytes:
+        need = TablePiece.whole(table).memory_bytes(topology.optimizer)
+        allowed = constraints.allowed_types(table.name) if constraints else SHARDING_TYPES
+        largest = max(p.memory_bytes(topology.optimizer) for p in row_wise(table, topology.num_devices))
+        if "row_wise" in allowed:
             raise InfeasibleError(
                 f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state): even cut "
                 f"row-wise over all {topology.num_devices} devices a piece needs {format_gb(largest)}, over the "
                 f"cap of {format_gb(topology.memory_bytes)} per device"
             )
-        pieces.extend(split)
+        raise InfeasibleError(
+            f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state) and the "
+            f"sharding types its constraints allow ({', '.join(allowed)}) leave a piece over the cap of "
+            f"{format_gb(topology.memory_bytes)} per device"
+            + (
+                f"; row-wise over all devices would need {format_gb(largest)} a device"
+                if largest <= topology.memory_bytes
+                else ""
+            )
+        )
     total = sum(p.memory_bytes(topology.optimizer) for p in pieces)
     if total > topology.num_devices * topology.memory_bytes:
         raise InfeasibleError(

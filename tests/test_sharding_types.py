@@ -1,0 +1,99 @@
+"""Sharding types chosen, constrained and explained, as a user runs `plan` (the console script `make setup` installs)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shard_ray.plan.plan import load_plan, sharding_type_of
+from shard_ray.workload.tables import load_tables
+
+SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
+CRITEO = str(Path(__file__).parent.parent / "experiments" / "tables" / "criteo_kaggle.json")
+
+# Written by hand, as the README's Constraints section shows it.
+CONSTRAINTS = """\
+tables:
+  cat_2: {devices: [0, 1]}
+  cat_3: {types: [row_wise]}
+  cat_20: {not_types: [data_parallel, column_wise]}
+groups:
+  - [cat_5, cat_6, cat_7]
+"""
+
+
+def shard_ray(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SHARD_RAY, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("algo", ["cost_search", "size_lookup_greedy"])
+def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
+    constraints = tmp_path / "constraints.yaml"
+    constraints.write_text(CONSTRAINTS)
+    out = tmp_path / "plan.json"
+    result = shard_ray(
+        "plan", "--tables", CRITEO, "--devices", "4", "--memory-gb", "2", "--algo", algo,
+        "--constraints", str(constraints), "--explain", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tables = {t.name: t for t in load_tables(CRITEO)}
+    plan = load_plan(out)
+    shards = {name: [s for s in plan.shards if s.table == name] for name in tables}
+    assert {s.device for s in shards["cat_2"]} <= {0, 1}
+    assert sharding_type_of(tables["cat_3"], shards["cat_3"]) == "row_wise"
+    assert sharding_type_of(tables["cat_20"], shards["cat_20"]) in ("table_wise", "row_wise")
+    group = [s for name in ("cat_5", "cat_6", "cat_7") for s in shards[name]]
+    assert len(group) == 3 and len({s.device for s in group}) == 1
+    # --explain: one line per table with its type, devices and next-best type; the same in the plan's metadata.
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("cat_")}
+    assert set(lines) == set(tables)
+    assert lines["cat_3"].split()[1] == "row_wise" and "(no other type allowed)" in lines["cat_3"]
+    assert "(no other type allowed)" in lines["cat_5"]
+    explained = {c["table"]: c for c in plan.metadata["explain"]}
+    assert explained["cat_2"]["sharding_type"] == sharding_type_of(tables["cat_2"], shards["cat_2"])
+    assert "row_wise" not in explained["cat_2"]["alternatives_ms"]  # pinned to two devices: not row-wise
+
+
+@pytest.mark.parametrize(
+    "document, flags, message",
+    [
+        ("tables: {nope: {devices: [0]}}", [], "constraints name table 'nope', which is not in the table file"),
+        ("tables: {cat_0: {devices: [7]}}", [], "constraints put table 'cat_0' on devices [7], beyond the 4 devices"),
+        ("tables: {cat_0: {types: [diagonal]}}", [], "constraints file"),
+        ("tables: {cat_0: {devices: [0], types: [row_wise]}}", [], "constraints leave table 'cat_0' no sharding type"),
+        ("groups: [[cat_0, cat_1], [cat_1, cat_2]]", [], "table 'cat_1' is in two constraints groups"),
+        ("tables: {cat_0: {devices: [0]}}", ["--algo", "random"], "'random' does not take a constraints file"),
+        ("[1, 2]", [], "expected an object with 'tables' and/or 'groups'"),
+    ],
+)
+def test_bad_constraints_are_refused_in_one_line(tmp_path, document, flags, message):
+    constraints = tmp_path / "constraints.yaml"
+    constraints.write_text(document)
+    out = tmp_path / "plan.json"
+    algo = [] if flags else ["--algo", "size_greedy"]
+    result = shard_ray(
+        "plan", "--tables", CRITEO, "--devices", "4", "--memory-gb", "2", *algo, *flags,
+        "--constraints", str(constraints), "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(tmp_path):
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [{"name": "huge", "rows": 100_000_000, "dim": 64, "pooling_factor": 2}]}))
+    constraints = tmp_path / "constraints.json"
+    constraints.write_text(json.dumps({"tables": {"huge": {"devices": [0, 1]}}}))
+    result = shard_ray(
+        "plan", "--tables", str(tables), "--devices", "4", "--memory-gb", "10", "--algo", "cost_search",
+        "--constraints", str(constraints), "--out", str(tmp_path / "plan.json"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        "table 'huge' needs 24.2 GB" in result.stderr and "constraints allow (table_wise, column_wise)" in result.stderr
+    )
+    assert "row-wise over all devices would need 6.05 GB a device" in result.stderr
