@@ -13,7 +13,7 @@ from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import embedding_bag_configs, export_plan, load_sharding_plan, sharding_plan
 from shard_ray.placement import place
-from shard_ray.plan.plan import Plan, Shard, load_plan
+from shard_ray.plan.plan import Plan, Shard, load_plan, row_wise
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables, save_tables
@@ -65,8 +65,10 @@ def _train_step(rank: int, world: int, port: int, tables_file: str, plan_file: s
             plan=load_sharding_plan(plan_file),
             sharders=[EmbeddingBagCollectionSharder()],
         )
-        local = {k: v.local_shards() for k, v in model.state_dict().items()}
+        state = model.state_dict()
+        local = {k: v.local_shards() for k, v in state.items() if hasattr(v, "local_shards")}
         before = {k: [s.tensor.clone() for s in shards] for k, shards in local.items()}
+        replicas = {k: v.clone() for k, v in state.items() if not hasattr(v, "local_shards")}  # data-parallel
         generator = torch.Generator().manual_seed(rank)
         lengths = torch.randint(1, 4, (len(tables) * BATCH,), generator=generator)
         values = torch.cat(
@@ -87,6 +89,12 @@ def _train_step(rank: int, world: int, port: int, tables_file: str, plan_file: s
             "updated": any(
                 not torch.equal(b, a.tensor) for k in before for b, a in zip(before[k], after[k].local_shards())
             ),
+            # A data-parallel table's gradient is DDP's to all-reduce and a dense optimizer's to apply.
+            "replicas": {
+                name.split(".")[-2]: bool(p.grad is not None and p.grad.abs().sum() > 0)
+                for name, p in model.named_parameters()
+                if name.split(".")[-2] in {k.split(".")[-2] for k in replicas}
+            },
         }
     finally:
         dist.destroy_process_group()
@@ -99,10 +107,17 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     ]  # small tables: this checks the plan, not speed
     tables_file, plan_file, export_file = tmp_path / "tables.json", tmp_path / "plan.json", tmp_path / "torchrec.json"
     save_tables(tables_file, tables)
-    # a hand-made plan with uneven column slices and a rank holding two slices of one table
+    # a hand-made plan with uneven column slices, a rank holding two slices of one table, and a
+    # data-parallel table (TorchRec runs these types on CPU; it refuses row-wise there)
     widest = max(tables, key=lambda t: t.dim)
+    replicated = next(t for t in tables if t is not widest)
     d = widest.dim
-    shards = [Shard(table=t.name, device=i % 2, columns=(0, t.dim)) for i, t in enumerate(tables) if t is not widest]
+    shards = [
+        Shard(table=t.name, device=i % 2, columns=(0, t.dim))
+        for i, t in enumerate(tables)
+        if t is not widest and t is not replicated
+    ]
+    shards += [Shard(table=replicated.name, device=r, columns=(0, replicated.dim), replicated=True) for r in (0, 1)]
     shards += [
         Shard(table=widest.name, device=0, columns=(0, d // 4)),
         Shard(table=widest.name, device=1, columns=(d // 4, d // 2)),
@@ -139,7 +154,51 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
         held = sorted(
             (name, o[1], o[1] + o[3]) for name, shards in results[rank]["local_shards"].items() for o in shards
         )
-        assert held == sorted((s.table, s.columns[0], s.columns[1]) for s in plan.shards if s.device == rank)
+        assert held == sorted(
+            (s.table, s.columns[0], s.columns[1]) for s in plan.shards if s.device == rank and not s.replicated
+        )
+        assert results[rank]["replicas"] == {replicated.name: True}  # the gradient reached its replica
+
+
+def test_row_wise_export_is_torchrec_own_layout(tmp_path):
+    """TorchRec refuses row-wise on CPU, so its export is checked against TorchRec's own
+    calculate_shard_sizes_and_offsets and turned into TorchRec's ShardingPlan objects."""
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+
+    tables = [
+        TableSpec(name="big", rows=1_000_003, dim=16, pooling_factor=2.0),
+        TableSpec(name="few", rows=5, dim=8, pooling_factor=1.0),
+    ]
+    pieces = [p for t in tables for p in row_wise(t, 4)]
+    plan = Plan.from_assignment(pieces, [p.devices[0] for p in pieces], 4, "rw")
+    exported = export_plan(plan, tables, device_type="cpu")
+    for table in tables:
+        sizes, offsets = calculate_shard_sizes_and_offsets(
+            torch.empty(table.rows, table.dim, device="meta"), 4, 4, "row_wise"
+        )
+        mine = exported.tables[table.name]
+        assert mine.sharding_type == "row_wise" and mine.ranks == [0, 1, 2, 3]
+        assert [list(s.sizes) for s in mine.shards] == sizes and [list(s.offsets) for s in mine.shards] == offsets
+    sharding = sharding_plan(exported).plan[""]["few"]
+    assert [m.shard_sizes for m in sharding.sharding_spec.shards] == [[2, 8], [2, 8], [1, 8], [0, 8]]
+    # Row ranges TorchRec's input distribution cannot run are refused by name.
+    uneven = Plan(num_devices=2, algorithm="x", shards=[
+        Shard(table="few", device=0, columns=(0, 8), rows=(0, 1)), Shard(table="few", device=1, columns=(0, 8), rows=(1, 5)),
+        Shard(table="big", device=0, columns=(0, 16)),
+    ])  # fmt: skip
+    with pytest.raises(ShardRayError, match="table 'few''s row shards are not TorchRec's row-wise layout"):
+        export_plan(uneven, tables)
+
+
+def test_torchrec_planner_plans_every_type_shard_ray_runs():
+    """Free to choose any type, TorchRec's plan comes back as row shards and replicas shard-ray's gang runs."""
+    tables = [TableSpec(name="huge", rows=30_000_000, dim=64, pooling_factor=20.0)] + [
+        TableSpec(name=f"s{i}", rows=50, dim=16, pooling_factor=1.0) for i in range(6)
+    ]
+    plan = place("torchrec", tables, Topology(num_devices=4, memory_bytes=4 * GB, batch_size=1024))
+    huge = [s for s in plan.shards if s.table == "huge"]
+    assert len(huge) > 1  # 7.2 GB does not fit a 4 GB device: TorchRec splits it
+    plan.check(tables)
 
 
 def test_export_of_a_searched_plan_and_bad_input(tmp_path, capsys):
@@ -151,8 +210,13 @@ def test_export_of_a_searched_plan_and_bad_input(tmp_path, capsys):
     assert set(exported.tables) == {t.name for t in tables}
     for name, table in exported.tables.items():
         rows = next(t.rows for t in tables if t.name == name)
-        assert all(s.sizes[0] == rows for s in table.shards)
-        assert sum(s.sizes[1] for s in table.shards) == next(t.dim for t in tables if t.name == name)
+        if table.sharding_type == "data_parallel":
+            assert table.ranks == [0, 1, 2, 3] and table.shards == []
+        elif table.sharding_type == "row_wise":
+            assert sum(s.sizes[0] for s in table.shards) == rows
+        else:
+            assert all(s.sizes[0] == rows for s in table.shards)
+            assert sum(s.sizes[1] for s in table.shards) == next(t.dim for t in tables if t.name == name)
     sharding = sharding_plan(exported)
     assert set(sharding.plan) == {"sparse_arch.embedding_bag_collection"}
 

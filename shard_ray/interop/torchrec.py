@@ -3,11 +3,12 @@
 Tables become an `EmbeddingBagCollection` of `EmbeddingBagConfig`s, one feature per table named
 after it. TorchRec's `EmbeddingShardingPlanner` plans that collection on the meta device for the
 task's device count, memory cap (its HBM cap, none of it held back), optimizer (so its storage
-estimate counts the optimizer state, as shard-ray's memory model does) and per-rank batch, limited
-to the sharding types a shard-ray plan can express (table-wise and column-wise), and its plan
-is converted to ours. The other way, a shard-ray plan becomes a `ShardingPlan` for
-`DistributedModelParallel`: a table on one device is table-wise, a table split by columns is
-column-wise with one `ShardMetadata` per column range (ranks may repeat).
+estimate counts the optimizer state, as shard-ray's memory model does) and per-rank batch, free to
+choose table-wise, column-wise, row-wise, table-row-wise and data-parallel, and its plan is
+converted to ours (row shards, replicated shards). The other way, a shard-ray plan becomes a
+`ShardingPlan` for `DistributedModelParallel`: a table on one device is table-wise, a table split
+by columns is column-wise with one `ShardMetadata` per column range (ranks may repeat), a
+row-wise table is TorchRec's row-wise layout, a data-parallel one is dense on every rank.
 
 The export file (`shard-ray export --format torchrec`) is JSON, not a pickle, so that loading it
 runs no code; `load_sharding_plan` turns it into the ShardingPlan objects:
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_document, write_json
-from shard_ray.plan.plan import Plan, Shard
+from shard_ray.plan.plan import Plan, Shard, row_wise, sharding_type_of
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -58,8 +59,9 @@ def _adam() -> type:
 
 # shard-ray's optimizer names and the classes TorchRec's storage estimate knows
 _OPTIMIZERS = {"rowwise_adagrad": _row_wise_adagrad, "sgd": _sgd, "adam": _adam}
-# The sharding types a shard-ray plan can express.
-SHARDING_TYPES = ("table_wise", "column_wise")
+# TorchRec's sharding types a shard-ray plan expresses, its planner may choose, and the export writes.
+# Table-row-wise is row-wise within a host: on one host it comes back as row shards.
+TORCHREC_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 
 
 def embedding_bag_configs(tables: list[TableSpec]) -> list[Any]:
@@ -112,7 +114,7 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
 
     constraints = {
         t.name: ParameterConstraints(
-            sharding_types=list(SHARDING_TYPES), compute_kernels=["fused"], pooling_factors=[t.pooling_factor]
+            sharding_types=list(TORCHREC_TYPES), compute_kernels=["fused", "dense"], pooling_factors=[t.pooling_factor]
         )
         for t in tables
     }
@@ -134,15 +136,26 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
             sharding_plan = planner.plan(collection, [EmbeddingBagCollectionSharder()])
         except PlannerError as err:  # no plan within memory (or its partitioner gave up)
             raise InfeasibleError(f"TorchRec's planner found no plan: {first_line(err)}") from None
+    by_name = {t.name: t for t in tables}
     shards = []
     for name, sharding in sharding_plan.plan[""].items():
-        if sharding.sharding_type not in SHARDING_TYPES:
+        if sharding.sharding_type not in TORCHREC_TYPES:
             raise ShardRayError(
                 f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"
             )
+        if sharding.sharding_type == "data_parallel":
+            shards += [
+                Shard(table=name, device=r, columns=(0, by_name[name].dim), replicated=True) for r in sharding.ranks
+            ]
+            continue
         for meta in sharding.sharding_spec.shards:
-            start, width = meta.shard_offsets[1], meta.shard_sizes[1]
-            shards.append(Shard(table=name, device=meta.placement.rank(), columns=(start, start + width)))
+            (row, start), (rows, width) = meta.shard_offsets, meta.shard_sizes
+            if rows == 0:  # TorchRec's row-wise gives ranks past the table's rows an empty block
+                continue
+            row_range = None if (row, rows) == (0, by_name[name].rows) else (row, row + rows)
+            shards.append(
+                Shard(table=name, device=meta.placement.rank(), columns=(start, start + width), rows=row_range)
+            )
     return Plan(num_devices=topology.num_devices, algorithm="torchrec", shards=shards)
 
 
@@ -157,10 +170,10 @@ class ExportedShard(BaseModel):
 class ExportedTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sharding_type: Literal["table_wise", "column_wise"]
+    sharding_type: Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
     compute_kernel: str = "fused"
-    ranks: list[int]
-    shards: list[ExportedShard] = Field(min_length=1)
+    ranks: list[int] = Field(min_length=1)
+    shards: list[ExportedShard] = []  # none for data-parallel: every rank holds the whole table
 
 
 class ExportedPlan(BaseModel):
@@ -174,23 +187,63 @@ class ExportedPlan(BaseModel):
 
 
 def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", device_type: str = "cuda") -> ExportedPlan:
-    """A checked shard-ray plan as TorchRec parameter shardings, column ranges in order."""
+    """A checked shard-ray plan as TorchRec parameter shardings.
+
+    Table- and column-wise shards go as they are (column ranges in order); a data-parallel table is
+    dense on every rank; a row-wise table must be in TorchRec's layout (blocks of ceil(rows / D)
+    rows, block k on rank k, as `row_wise` cuts it), because TorchRec's input distribution
+    bucketizes ids that way, and goes with TorchRec's empty blocks for ranks past its rows.
+    """
     plan.check(tables)
-    rows = {t.name: t.rows for t in tables}
+    by_name = {t.name: t for t in tables}
     by_table: dict[str, list[Shard]] = defaultdict(list)
     for shard in plan.shards:
         by_table[shard.table].append(shard)
     exported = {}
     for name, shards in by_table.items():
-        shards = sorted(shards, key=lambda s: s.columns[0])
-        exported[name] = ExportedTable(
-            sharding_type="table_wise" if len(shards) == 1 else "column_wise",
-            ranks=[s.device for s in shards],
-            shards=[
-                ExportedShard(offsets=(0, s.columns[0]), sizes=(rows[name], s.width), rank=s.device) for s in shards
-            ],
-        )
+        table = by_name[name]
+        kind = sharding_type_of(table, shards)
+        if kind == "data_parallel":
+            exported[name] = ExportedTable(
+                sharding_type=kind, compute_kernel="dense", ranks=list(range(plan.num_devices))
+            )
+        elif kind == "row_wise":
+            exported[name] = _row_wise_export(table, shards, plan.num_devices)
+        elif kind == "grid":
+            raise ShardRayError(
+                f"table {name!r} is split by rows and by columns (a grid), which the export does not write; "
+                "plan it row-wise or column-wise"
+            )
+        else:
+            shards = sorted(shards, key=lambda s: s.columns[0])
+            exported[name] = ExportedTable(
+                sharding_type=kind,
+                ranks=[s.device for s in shards],
+                shards=[
+                    ExportedShard(offsets=(0, s.columns[0]), sizes=(table.rows, s.width), rank=s.device) for s in shards
+                ],
+            )
     return ExportedPlan(module_path=module_path, world_size=plan.num_devices, device_type=device_type, tables=exported)
+
+
+def _row_wise_export(table: TableSpec, shards: list[Shard], world_size: int) -> ExportedTable:
+    layout = [(p.row_range, p.devices[0]) for p in row_wise(table, world_size)]
+    if sorted((s.rows or (0, table.rows), s.device) for s in shards) != layout:
+        block = -(-table.rows // world_size)
+        raise ShardRayError(
+            f"table {table.name!r}'s row shards are not TorchRec's row-wise layout (blocks of {block} rows, block k on "
+            "rank k), the only one its input distribution runs; plan it with shard-ray, which cuts rows that way"
+        )
+    block = -(-table.rows // world_size)
+    sizes = [min(max(table.rows - k * block, 0), block) for k in range(world_size)]
+    offsets = [sum(sizes[:k]) for k in range(world_size)]
+    return ExportedTable(
+        sharding_type="row_wise",
+        ranks=list(range(world_size)),
+        shards=[
+            ExportedShard(offsets=(o, 0), sizes=(z, table.dim), rank=k) for k, (o, z) in enumerate(zip(offsets, sizes))
+        ],
+    )
 
 
 def save_export(path: str | Path, exported: ExportedPlan) -> None:
@@ -217,16 +270,15 @@ def sharding_plan(exported: ExportedPlan, local_world_size: int | None = None) -
 
     module_plan = EmbeddingModuleShardingPlan()
     for name, table in exported.tables.items():
+        spec = [
+            ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes), placement=placement(s.rank))
+            for s in table.shards
+        ]
         module_plan[name] = ParameterSharding(
             sharding_type=table.sharding_type,
             compute_kernel=table.compute_kernel,
             ranks=table.ranks,
-            sharding_spec=EnumerableShardingSpec(
-                [
-                    ShardMetadata(shard_offsets=list(s.offsets), shard_sizes=list(s.sizes), placement=placement(s.rank))
-                    for s in table.shards
-                ]
-            ),
+            sharding_spec=EnumerableShardingSpec(spec) if spec else None,  # data-parallel: none, as TorchRec's own
         )
     return ShardingPlan({exported.module_path: module_plan})
 

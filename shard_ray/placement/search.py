@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
@@ -288,9 +289,11 @@ def _signature(items: list[TablePiece]) -> frozenset:
     return frozenset(p.key for p in items)
 
 
-def search_placer(name: str, config: SearchConfig, context: PlacementContext) -> Placer:
+def search_placer(
+    name: str, config: SearchConfig, models: CostModels, constraints: Constraints | None = None
+) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        best = beam_search(Pricer(context.models, topology), tables, config, context.constraints)
+        best = beam_search(Pricer(models, topology), tables, config, constraints)
         return best.plan(topology.num_devices, name)
 
     return placer
@@ -303,7 +306,7 @@ def search_placer(name: str, config: SearchConfig, context: PlacementContext) ->
     takes_constraints=True,
 )
 def neuroshard(context: PlacementContext) -> Placer:
-    return search_placer("neuroshard", NEUROSHARD, context)
+    return search_placer("neuroshard", NEUROSHARD, context.models, context.constraints)
 
 
 @register(
@@ -314,4 +317,4 @@ def neuroshard(context: PlacementContext) -> Placer:
     takes_constraints=True,
 )
 def cost_search(context: PlacementContext) -> Placer:
-    return search_placer("cost_search", context.settings, context)
+    return search_placer("cost_search", context.settings, context.models, context.constraints)
