@@ -240,6 +240,27 @@ def test_lower_bound_is_below_the_optimum(shipped, pool):
         assert lower_bound_ms(shipped, tables, topology, column_wise=True) <= optimum + 1e-6
 
 
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_lower_bound_is_below_plans_of_every_sharding_type(shipped, pool, devices):
+    """Random plans mixing table-, column-, row-wise and data-parallel tables never simulate below the bound."""
+    from shard_ray.costmodel.simulator import Simulator
+    from shard_ray.plan.plan import table_options
+
+    rng = np.random.default_rng(devices)
+    tables = pool[:12]
+    topology = Topology(num_devices=devices, memory_bytes=1000 * GB)
+    bound = lower_bound_ms(shipped, tables, topology)
+    for _ in range(20):
+        pieces, assign = [], []
+        for table in tables:
+            options = list(table_options(table, topology).values())
+            for piece in options[rng.integers(len(options))]:
+                pieces.append(piece)
+                assign.append(piece.devices[0] if piece.devices else int(rng.integers(devices)))
+        plan = Plan.from_assignment(pieces, assign, devices, "random-types")
+        assert Simulator(shipped).plan_cost(plan, tables, topology.batch_size).cost_ms >= bound - 1e-6
+
+
 def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     from shard_ray.workload.tables import save_tables
 

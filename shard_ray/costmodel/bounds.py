@@ -2,8 +2,9 @@
 
 Compute: fusing never costs more than running tables apart (subadditivity), so the devices'
 fused costs add up to at least the fused cost of all tables, and the slowest device carries at
-least a 1/D share of it; in a table-wise plan it also carries at least the costliest single
-table. Communication: the slowest device's all-to-alls cost at least the cheapest the comm
+least a 1/D share of it; each table counts at the least its sharding types can encode it as
+(`least_encodings`). In a table-wise plan the slowest device also carries at least the costliest
+single piece. Input all-to-alls and data-parallel all-reduces are left out: they only add. Communication: the slowest device's all-to-alls cost at least the cheapest the comm
 model predicts for any device of any plan of the task (the minimum over a grid of the device's
 own width and the widest device's width). Both terms are evaluated with the cost models, whose compute model is subadditive and
 monotone by construction (see `shard_ray.costmodel.models`), so the compute term bounds the
@@ -17,20 +18,25 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.plan.plan import pieces_to_place
+from shard_ray.plan.plan import TablePiece, data_parallel, pieces_to_place, row_wise
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 
 def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topology, column_wise: bool = True) -> float:
+    """The bound over every plan the searches can make (`column_wise`: any sharding type per table), or
+    over table-wise placements of `pieces_to_place`'s pieces (the RL environment's plans)."""
     d = topology.num_devices
-    pieces = pieces_to_place(tables, topology)
-    encodings = models.encode_tables(pieces, topology.batch_size)
-    everything = models.compute_from_sums(encodings.sum(dim=0, keepdim=True), torch.tensor([float(len(pieces))]))
-    compute = float(everything.sum()) / d
-    if not column_wise:
+    if column_wise:
+        least = least_encodings(models, tables, topology)
+        count = torch.tensor([float(len(tables))])  # non-zero: the count only marks a shard as non-empty
+        compute = float(models.compute_from_sums(least.sum(dim=0, keepdim=True), count).sum()) / d
+    else:
+        pieces = pieces_to_place(tables, topology)
+        encodings = models.encode_tables(pieces, topology.batch_size)
+        everything = models.compute_from_sums(encodings.sum(dim=0, keepdim=True), torch.tensor([float(len(pieces))]))
         single = models.compute_from_sums(encodings, torch.ones(len(pieces))).sum(axis=1)
-        compute = max(compute, float(single.max()))
+        compute = max(float(everything.sum()) / d, float(single.max()))
     if d == 1 or models.comm is None:
         return compute
     total = float(sum(t.dim for t in tables))
@@ -40,3 +46,35 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     feasible = own_grid <= widest_grid
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
     return compute + float(models.comm_ms(features).sum(axis=1).min())
+
+
+def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topology) -> torch.Tensor:
+    """Per table [T, 2 + H], the least of each encoding coordinate over the sharding types it may take.
+
+    A plan's encodings add up to at least the sum of these, so, the compute model being monotone in
+    every coordinate, they price every plan from below. The types are every one the searches make
+    (whole, column halves and quarters, row-wise over the devices, data-parallel), fitting or not:
+    more options only lower the bound. Identical pieces (equal row blocks, replicas, equal column
+    slices) are encoded once and counted.
+    """
+    d = topology.num_devices
+    pieces, weights, option_of, table_of = [], [], [], []
+    for t, table in enumerate(tables):
+        options = [[(TablePiece.whole(table), 1)]]
+        for ways in (2, 4):
+            if table.dim % (4 * ways) == 0:
+                options.append([(TablePiece(table=table, columns=(0, table.dim // ways)), ways)])
+        if d > 1:
+            blocks = row_wise(table, d)
+            options.append([(blocks[0], len(blocks) - 1), (blocks[-1], 1)] if len(blocks) > 1 else [(blocks[0], 1)])
+            options.append([(data_parallel(table, d)[0], d)])
+        for option in options:
+            for piece, weight in option:
+                pieces.append(piece)
+                weights.append(float(weight))
+                option_of.append(len(table_of))
+            table_of.append(t)
+    encodings = models.encode_tables(pieces, topology.batch_size) * torch.tensor(weights)[:, None]
+    sums = torch.zeros(len(table_of), encodings.shape[1]).index_add_(0, torch.tensor(option_of), encodings)
+    index = torch.tensor(table_of)[:, None].expand_as(sums)
+    return torch.zeros(len(tables), sums.shape[1]).scatter_reduce_(0, index, sums, reduce="amin", include_self=False)
