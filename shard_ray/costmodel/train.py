@@ -131,7 +131,8 @@ def comm_samples(plans: list[PlanMeasurement]) -> tuple[torch.Tensor, torch.Tens
     """Per-device comm features [N, C] and log (fwd, bwd) all-to-all ms [N, 2] of multi-device plans."""
     features, targets = [], []
     for pm in plans:
-        if pm.plan.num_devices < 2:
+        # A replicated table's gradient all-reduce is in its bwd comm, which this model does not describe.
+        if pm.plan.num_devices < 2 or any(s.replicated for s in pm.plan.shards):
             continue
         widths = [sum(s.width for s in pm.plan.shards_on(d)) for d in range(pm.plan.num_devices)]
         features.append(comm_features(widths, pm.cost.batch_size or 1))
