@@ -10,9 +10,10 @@ tables dominate:
 - mlperf_dcnv2: MLPerf DLRM-DCNv2's 26 multi-hot tables (Criteo 1TB cardinalities, dim 128,
   pooling factors 1 to 100), on devices of --mlperf-memory-gb.
 
-Plans, as `place` makes them: cost_search with every type; cost_search limited to table- and
-column-wise by a constraints object forbidding row_wise and data_parallel for every table (the
-best table/column-wise plan the search finds); TorchRec's planner, free to choose any type; and
+Plans, as `place` makes them: cost_search with its default types (table-, column-, row-wise);
+cost_search_dp, data-parallel allowed too; cost_search_tw_cw, limited to table- and column-wise
+by a constraints object forbidding row_wise and data_parallel for every table (the best
+table/column-wise plan the search finds); TorchRec's planner, free to choose any type; and
 size_lookup_greedy. On the --devices gang, every plan is measured in --rounds interleaved rounds
 (medians, 95% CIs; the every-type plan's ratio to each other plan per round, its median and CI).
 Then each algorithm plans the task at 8 to 64 devices (memory --memory-headroom times an even
@@ -34,13 +35,13 @@ from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.constraints import Constraints, TableConstraint
 from shard_ray.plan.cost import RoundsSummary
-from shard_ray.plan.plan import Plan, sharding_type_of
+from shard_ray.plan.plan import SHARDING_TYPES, Plan, sharding_type_of
 from shard_ray.plan.topology import GB, Topology, shard_bytes
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.workload.tables import TableSpec, load_tables
 
 TABLES = Path(__file__).parent / "tables"
-ALGORITHMS = ("cost_search", "cost_search_tw_cw", "torchrec", "size_lookup_greedy")
+ALGORITHMS = ("cost_search", "cost_search_dp", "cost_search_tw_cw", "torchrec", "size_lookup_greedy")
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class ShardingTypesBenchmark:
     devices: int = setting(2, "devices of the gang", min=2)
     rounds: int = setting(7, "interleaved rounds per plan on the gang", min=1)
     criteo_memory_gb: float = setting(18.0, "criteo_100m: memory per gang device, GiB", min=0.1)
-    mlperf_memory_gb: float = setting(56.0, "mlperf_dcnv2: memory per gang device, GiB", min=0.1)
+    mlperf_memory_gb: float = setting(64.0, "mlperf_dcnv2: memory per gang device, GiB", min=0.1)
     simulated_devices: tuple[int, ...] = setting((8, 16, 32, 64), "device counts to simulate", repeat=True)
     memory_headroom: float = setting(1.5, "simulated: memory per device over an even split of the tables", min=1)
 
@@ -63,6 +64,9 @@ def tasks() -> dict[str, list[TableSpec]]:
 
 
 def plan_with(algorithm: str, tables: list[TableSpec], topology: Topology) -> Plan:
+    if algorithm == "cost_search_dp":  # data-parallel allowed too
+        plan = place("cost_search", tables, topology, settings={"sharding_types": list(SHARDING_TYPES)})
+        return plan.model_copy(update={"algorithm": algorithm})
     if algorithm == "cost_search_tw_cw":
         only = TableConstraint(not_types=["row_wise", "data_parallel"])
         constraints = Constraints(tables={t.name: only for t in tables})

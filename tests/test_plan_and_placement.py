@@ -8,7 +8,7 @@ from shard_ray.placement import algorithms, place
 from shard_ray.placement.heuristics import PROXIES
 from shard_ray.plan import GB, Plan, Shard, Topology, load_plan, save_plan, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.plan import TablePiece, row_wise, sharding_type_of
+from shard_ray.plan.plan import SHARDING_TYPES, TablePiece, row_wise, sharding_type_of
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
@@ -178,8 +178,12 @@ def test_infeasible_memory_is_a_clear_error(small_tables):
     cap = int(shard_bytes(three[0], 64, "rowwise_adagrad") / 0.6)
     with pytest.raises(ShardRayError, match="table 't2' needs .* GB .* but no device has that much free"):
         place("size_greedy", three, Topology(num_devices=2, memory_bytes=cap))
+    # The search splits to fit the packing: one table goes row-wise (or, if the models prefer, by columns).
+    plan = place("cost_search", three, Topology(num_devices=2, memory_bytes=cap))
+    assert len(plan.shards) == 4
+    limited = {"sharding_types": ["table_wise", "column_wise"], "split_ways": [8]}  # no split helps
     with pytest.raises(ShardRayError, match="placing the largest first, table 't2' .* fit on no device"):
-        place("cost_search", three, Topology(num_devices=2, memory_bytes=cap))
+        place("cost_search", three, Topology(num_devices=2, memory_bytes=cap), settings=limited)
 
 
 def test_a_table_larger_than_a_device_is_split_to_fit_by_every_algorithm(small_tables):
@@ -260,15 +264,16 @@ def test_tables_larger_than_all_devices_together_are_refused():
 
 def test_cost_search_chooses_a_sharding_type_per_table():
     """Under the shipped models a tiny table with many lookups pays to replicate (no input or output
-    all-to-all, a small all-reduce), and one too large for a device goes row-wise; the search with
-    every type is predicted at least as fast as the one limited to table- and column-wise."""
+    all-to-all, a small all-reduce; data-parallel is opt-in), and one too large for a device goes
+    row-wise; the search with every type is predicted at least as fast as the one limited to
+    table- and column-wise."""
     tables = [
         TableSpec(name="tiny_hot", rows=100, dim=64, pooling_factor=100.0),
         TableSpec(name="huge", rows=20_000_000, dim=128, pooling_factor=80.0),
         *(TableSpec(name=f"s{i}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(12)),
     ]
     topology = Topology(num_devices=4, memory_bytes=8 * GB)
-    every = place("cost_search", tables, topology)
+    every = place("cost_search", tables, topology, settings={"sharding_types": list(SHARDING_TYPES)})
     limited = place("cost_search", tables, topology, settings={"sharding_types": ["table_wise", "column_wise"]})
     of = {
         name: sharding_type_of(t, [s for s in every.shards if s.table == name])

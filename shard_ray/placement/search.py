@@ -27,7 +27,7 @@ from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.options import choose_types
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, pieces_to_place
+from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, pieces_to_place, row_wise, table_options
 from shard_ray.plan.topology import MemoryLedger, Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
@@ -43,8 +43,10 @@ class SearchConfig:
     split_ways: tuple[int, ...] = (2, 4)
     local_search_steps: int = 200
     # Each table's sharding type is chosen among these after the column-split search (table-wise and
-    # column-wise are the beam's own); see `shard_ray.placement.options`.
-    sharding_types: tuple[str, ...] = SHARDING_TYPES
+    # column-wise are the beam's own); see `shard_ray.placement.options`. Data-parallel is left out by
+    # default: the shipped models price its all-reduce from an all-to-all of as many bytes, and on the
+    # reference CPU its plans measured slower than they predicted (README: Sharding types, measured).
+    sharding_types: tuple[str, ...] = ("table_wise", "column_wise", "row_wise")
     # Anytime search: beam expansion stops at 50% of the budget, local search of the beam at 70%,
     # the sharding types' choice (and a last local search) at 100%.
     time_budget_s: float | None = 3.0
@@ -248,7 +250,7 @@ def beam_search(
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
     expand_until, refine_until, deadline = began + 0.5 * budget, began + 0.7 * budget, began + budget
-    start = greedy_grid(pricer, pieces_to_place(tables, pricer.topology, constraints), config.scales)
+    start = packed_start(pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
     for _ in range(config.beam_depth):
@@ -283,6 +285,32 @@ def beam_search(
             typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
         best = typed
     return best
+
+
+def packed_start(
+    pricer: Pricer, items: list[TablePiece], config: SearchConfig, constraints: Constraints | None
+) -> Candidate:
+    """The greedy grid's plan; when the whole tables do not pack, the largest goes row-wise (split to
+    fit the packing, as TorchRec would), then the next, while the search and constraints allow it."""
+    topology = pricer.topology
+    while True:
+        try:
+            return greedy_grid(pricer, items, config.scales)
+        except InfeasibleError:
+            whole = [
+                p
+                for p in items
+                if p.row_count == p.table.rows
+                and not p.replicated
+                and p.group is None
+                and "row_wise" in config.sharding_types
+                and (constraints is None or "row_wise" in constraints.allowed_types(p.table.name))
+                and table_options(p.table, topology, constraints, ("row_wise",))
+            ]
+            if topology.num_devices == 1 or not whole:
+                raise
+            largest = max(whole, key=lambda p: p.memory_bytes(topology.optimizer)).table
+            items = [p for p in items if p.table.name != largest.name] + row_wise(largest, topology.num_devices)
 
 
 def _signature(items: list[TablePiece]) -> frozenset:
