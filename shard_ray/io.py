@@ -8,11 +8,14 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
-from shard_ray.errors import ShardRayError, first_line
+from shard_ray.errors import ShardRayError, describe_validation_error, first_line
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def read_document(path: str | os.PathLike[str], what: str) -> Any:
@@ -33,6 +36,17 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
             f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({first_line(err)}); "
             f"{what} files are read as JSON, or as YAML when named .yaml or .yml"
         ) from err
+
+
+def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected: str) -> M:
+    """A JSON or YAML file of an object validated as `model`; one-line errors naming the file and the field."""
+    document = read_document(path, what)
+    if not isinstance(document, dict):
+        raise ShardRayError(f"{what} file {path}: expected {expected}")
+    try:
+        return model.model_validate(document)
+    except ValidationError as err:
+        raise ShardRayError(describe_validation_error(err, f"{what} file {path}")) from err
 
 
 def read_torch_file(data: bytes, source: str, what: str, holding: str, file_format: str, written_by: str) -> dict:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import read_document
+from shard_ray.errors import ShardRayError
+from shard_ray.io import read_model
 from shard_ray.plan.plan import SHARDING_TYPES, Plan, ShardingType, sharding_type_of
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
@@ -125,10 +125,4 @@ class Constraints(BaseModel):
 
 
 def load_constraints(path: str | os.PathLike[str]) -> Constraints:
-    document = read_document(path, "constraints")
-    if not isinstance(document, dict):
-        raise ShardRayError(f"constraints file {path}: expected an object with 'tables' and/or 'groups'")
-    try:
-        return Constraints.model_validate(document)
-    except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"constraints file {path}")) from err
+    return read_model(path, "constraints", Constraints, "an object with 'tables' and/or 'groups'")

@@ -29,14 +29,13 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
-    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
 
-from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error
-from shard_ray.io import read_document, write_json
+from shard_ray.errors import InfeasibleError, ShardRayError
+from shard_ray.io import read_model, write_json
 from shard_ray.plan.cost import PlanCost, RoundsSummary
 from shard_ray.plan.topology import GB, Optimizer, Topology, format_gb, shard_bytes
 from shard_ray.workload.access import reuse_histogram_of
@@ -511,13 +510,7 @@ def _check_tiling(table: TableSpec, shards: list[Shard]) -> None:
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
-    document = read_document(path, "plan")
-    if not isinstance(document, dict):
-        raise ShardRayError(f"plan file {path}: expected a JSON object")
-    try:
-        return Plan.model_validate(document)
-    except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"plan file {path}")) from err
+    return read_model(path, "plan", Plan, "a JSON object")
 
 
 def save_plan(path: str | os.PathLike[str], plan: Plan) -> None:
