@@ -273,8 +273,16 @@ def test_cost_search_chooses_a_sharding_type_per_table():
         *(TableSpec(name=f"s{i}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(12)),
     ]
     topology = Topology(num_devices=4, memory_bytes=8 * GB)
-    every = place("cost_search", tables, topology, settings={"sharding_types": list(SHARDING_TYPES)})
-    limited = place("cost_search", tables, topology, settings={"sharding_types": ["table_wise", "column_wise"]})
+    # Without a time budget, so that what the search reaches does not depend on how busy the machine is.
+    every = place(
+        "cost_search", tables, topology, settings={"sharding_types": list(SHARDING_TYPES), "time_budget_s": None}
+    )
+    limited = place(
+        "cost_search",
+        tables,
+        topology,
+        settings={"sharding_types": ["table_wise", "column_wise"], "time_budget_s": None},
+    )
     of = {
         name: sharding_type_of(t, [s for s in every.shards if s.table == name])
         for name, t in [(t.name, t) for t in tables]
