@@ -64,6 +64,12 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
         ("tables: {cat_0: {types: [diagonal]}}", [], "constraints file"),
         ("tables: {cat_0: {devices: [0], types: [row_wise]}}", [], "constraints leave table 'cat_0' no sharding type"),
         ("groups: [[cat_0, cat_1], [cat_1, cat_2]]", [], "table 'cat_1' is in two constraints groups"),
+        ("groups: [[cat_0, cat_0]]", [], "constraints group ['cat_0', 'cat_0'] names a table twice"),
+        (
+            "tables: {cat_0: {not_types: [table_wise, column_wise, row_wise, data_parallel]}}",
+            [],
+            "types any, not_types",
+        ),
         ("tables: {cat_0: {devices: [0]}}", ["--algo", "random"], "'random' does not take a constraints file"),
         ("[1, 2]", [], "expected an object with 'tables' and/or 'groups'"),
     ],
@@ -97,3 +103,29 @@ def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(tmp_path)
         "table 'huge' needs 24.2 GB" in result.stderr and "constraints allow (table_wise, column_wise)" in result.stderr
     )
     assert "row-wise over all devices would need 6.05 GB a device" in result.stderr
+
+
+def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
+    """--measure under --constraints: the baselines that do not honour them stay out of the race, and
+    whichever plan wins keeps the constraints, which the plan file records."""
+    tables = tmp_path / "tables.json"
+    tables.write_text(
+        json.dumps(
+            {"tables": [{"name": n, "rows": 2000, "dim": 16, "pooling_factor": 2} for n in ("a", "b", "c", "d")]}
+        )
+    )
+    constraints = tmp_path / "constraints.yaml"
+    constraints.write_text("tables:\n  a: {devices: [1]}\n  b: {types: [row_wise]}\n")
+    out = tmp_path / "plan.json"
+    result = shard_ray(
+        "plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search",
+        "--constraints", str(constraints), "--measure", "--measure-budget", "15", "--store", str(tmp_path / "m.db"),
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "left out of the race (they do not honour constraints): random, round_robin, torchrec" in result.stdout
+    plan = load_plan(out)
+    specs = {t.name: t for t in load_tables(str(tables))}
+    assert {s.device for s in plan.shards if s.table == "a"} == {1}
+    assert sharding_type_of(specs["b"], [s for s in plan.shards if s.table == "b"]) == "row_wise"
+    assert plan.settings.constraints == {"tables": {"a": {"devices": [1]}, "b": {"types": ["row_wise"]}}}

@@ -140,7 +140,7 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
         )
         == 0
     )
-    assert "1 column-wise" in capsys.readouterr().out
+    assert f"(1 column-wise, 1 data-parallel, {len(tables) - 2} table-wise)" in capsys.readouterr().out
     exported = json.loads(export_file.read_text())
     assert exported["tables"][widest.name]["ranks"] == [0, 1, 0]
 

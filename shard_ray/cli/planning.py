@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -173,11 +174,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
             "the models to it",
             file=sys.stderr,
         )
+    if "search_cut_short" in plan.metadata:
+        print(f"warning: {plan.metadata['search_cut_short']}", file=sys.stderr)
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms")
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
     if flags.measure:
-        plan = measured_best(plan, tables, topology, flags, settings_from(SelectionConfig, args))
+        plan = measured_best(plan, tables, topology, flags, settings_from(SelectionConfig, args), constraints)
     save_plan(flags.out, plan)
     print(f"wrote {flags.out}: {plan.algorithm}'s plan" + (", the measured best" if flags.measure else ""))
 
@@ -201,20 +204,31 @@ def explained(
 
 
 def measured_best(
-    plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, config: SelectionConfig
+    plan: Plan,
+    tables: list[TableSpec],
+    topology: Topology,
+    flags: PlanArgs,
+    config: SelectionConfig,
+    constraints: Constraints | None,
 ) -> Plan:
-    """`plan` raced against every baseline's plan on the gang; the measured best, with what the race found."""
+    """`plan` raced against every baseline's plan on the gang; the measured best, with what the race found.
+
+    Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.selection import select_measured
 
-    baselines = [a.name for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
+    racing = [a for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
+    if constraints is not None:
+        left_out = [a.name for a in racing if not a.takes_constraints]
+        print(f"under --constraints, left out of the race (they do not honour constraints): {', '.join(left_out)}")
+        racing = [a for a in racing if a.takes_constraints]
     candidates = [plan]
-    for name in baselines:
+    for name in (a.name for a in racing):
         try:
-            candidates.append(place(name, tables, topology, seed=flags.seed))
+            candidates.append(place(name, tables, topology, seed=flags.seed, constraints=constraints))
         except InfeasibleError as err:
             print(f"{name}: no plan ({err})")
     with DeviceGang(topology.num_devices) as gang, MeasurementStore(flags.store) as store:
@@ -269,10 +283,11 @@ def cmd_export(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     exported = export_plan(load_plan(flags.plan), tables, module_path=flags.module_path, device_type=flags.device)
     save_export(flags.out, exported)
-    column_wise = sum(t.sharding_type == "column_wise" for t in exported.tables.values())
+    kinds = Counter(t.sharding_type.replace("_", "-") for t in exported.tables.values())
+    counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
     print(
-        f"wrote {flags.out}: {len(exported.tables)} tables on {exported.world_size} ranks "
-        f"({len(exported.tables) - column_wise} table-wise, {column_wise} column-wise) for module {flags.module_path!r}"
+        f"wrote {flags.out}: {len(exported.tables)} tables on {exported.world_size} ranks ({counts}) "
+        f"for module {flags.module_path!r}"
     )
     print(
         f"use: plan = shard_ray.interop.torchrec.load_sharding_plan({str(flags.out)!r}); "

@@ -89,8 +89,9 @@ def meta_collection(tables: list[TableSpec]) -> Any:
 
 @contextmanager
 def _quiet_torchrec() -> Iterator[None]:
-    """TorchRec's planner logs warnings about dry runs and hand-made topologies on every call."""
-    loggers = [logging.getLogger(name) for name in ("torchrec", "torchrec.distributed.planner")]
+    """TorchRec's planner logs warnings about dry runs and hand-made topologies on every call, some on
+    the root logger ("Sharding spec not found" for every data-parallel table)."""
+    loggers = [logging.getLogger(name) for name in ("torchrec", "torchrec.distributed.planner", "")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)

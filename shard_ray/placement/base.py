@@ -173,6 +173,7 @@ def place(
         seed=seed,
         algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=settings_source,
+        constraints=constraints.model_dump(mode="json", exclude_defaults=True) if constraints is not None else None,
     )
     plan = plan.model_copy(
         update={

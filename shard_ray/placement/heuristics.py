@@ -15,7 +15,7 @@ import numpy as np
 from shard_ray.errors import InfeasibleError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.plan import Plan, pieces_to_place
+from shard_ray.plan.plan import Plan, TablePiece, pieces_to_place
 from shard_ray.plan.topology import MemoryLedger, Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -45,10 +45,10 @@ def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) ->
         for piece in ordered:
             if piece.group in group_device:
                 device = group_device[piece.group]
-                if device not in ledger.devices_with_room(piece):
+                if device not in _room(ledger, piece):
                     raise InfeasibleError(f"{piece.describe()} does not fit beside its group on device {device}")
             else:
-                room = ledger.devices_with_room(piece)
+                room = _room(ledger, piece)
                 if piece.group is not None:  # the group's first table: room for the whole group
                     group_need = sum(ledger.need(p) for p in pieces if p.group == piece.group)
                     room = [d for d in room if ledger.free[d] >= group_need] or room
@@ -61,6 +61,14 @@ def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) ->
         return Plan.from_assignment(ordered, devices, topology.num_devices, name)
 
     return placer
+
+
+def _room(ledger: MemoryLedger, piece: TablePiece) -> list[int]:
+    """The ledger's devices with room for the piece; when none, its error and what would help."""
+    try:
+        return ledger.devices_with_room(piece)
+    except InfeasibleError as err:
+        raise InfeasibleError(f"{err}; cost_search also splits tables row-wise to fit them together") from None
 
 
 for _name, (_proxy, _what) in PROXIES.items():
@@ -77,7 +85,7 @@ def random_placement(context: PlacementContext) -> Placer:
         pieces = sorted(pieces_to_place(tables, topology), key=lambda p: not p.restricted)
         devices = []
         for piece in pieces:
-            device = int(rng.choice(ledger.devices_with_room(piece)))
+            device = int(rng.choice(_room(ledger, piece)))
             ledger.take(device, ledger.need(piece))
             devices.append(device)
         return Plan.from_assignment(pieces, devices, topology.num_devices, "random")
@@ -93,7 +101,7 @@ def round_robin(context: PlacementContext) -> Placer:
         devices = []
         d = topology.num_devices
         for i, piece in enumerate(pieces):
-            room = set(ledger.devices_with_room(piece))
+            room = set(_room(ledger, piece))
             device = next((i + k) % d for k in range(d) if (i + k) % d in room)
             ledger.take(device, ledger.need(piece))
             devices.append(device)

@@ -119,8 +119,9 @@ def explain(
 def format_explanation(cost_ms: float, choices: list[TableChoice]) -> str:
     lines = [
         f"why each table is sharded as it is: the predicted plan cost ({cost_ms:.3f} ms as planned) with that "
-        "table switched to its next-best sharding type, every other table kept",
-        f"{'table':<24} {'type':<14} {'devices':<16} {'next best':<14} {'plan ms':>9} {'vs chosen':>10}",
+        "table switched to its best other sharding type, every other table kept (below 0%: switching would "
+        "have been cheaper under the models, as for plans made without them or cut short by a time budget)",
+        f"{'table':<24} {'type':<14} {'devices':<16} {'best other':<14} {'plan ms':>9} {'vs chosen':>10}",
     ]
     for choice in choices:
         devices = _ranges(choice.devices)

@@ -241,11 +241,12 @@ def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
 
 def beam_search(
     pricer: Pricer, tables: list[TableSpec], config: SearchConfig, constraints: Constraints | None = None
-) -> Candidate:
+) -> tuple[Candidate, bool]:
     """Column-wise split search: each level splits one of the costliest items of each beam state.
 
     With local search configured, it refines the final beam's states and keeps the best; then each
-    table's sharding type is chosen among `config.sharding_types` on the simulated cost.
+    table's sharding type is chosen among `config.sharding_types` on the simulated cost. Returns the
+    best plan and whether the time budget cut the search short (a busy machine reaches less).
     """
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
@@ -253,6 +254,7 @@ def beam_search(
     start = packed_start(pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
+    cut_short = False
     for _ in range(config.beam_depth):
         splits = []
         for state in beam:
@@ -269,6 +271,7 @@ def beam_search(
         children = []
         for items in splits:
             if time.perf_counter() > expand_until:
+                cut_short = True
                 break
             children.append(greedy_grid(pricer, items, config.scales))
         if not children:
@@ -284,7 +287,7 @@ def beam_search(
         if typed is not best and config.local_search_steps:
             typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
         best = typed
-    return best
+    return best, cut_short or time.perf_counter() >= deadline
 
 
 def packed_start(
@@ -321,8 +324,14 @@ def search_placer(
     name: str, config: SearchConfig, models: CostModels, constraints: Constraints | None = None
 ) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        best = beam_search(Pricer(models, topology), tables, config, constraints)
-        return best.plan(topology.num_devices, name)
+        best, cut_short = beam_search(Pricer(models, topology), tables, config, constraints)
+        plan = best.plan(topology.num_devices, name)
+        if cut_short:
+            plan.metadata["search_cut_short"] = (
+                f"the {config.time_budget_s} s time budget ended the search before it finished; a busy machine "
+                "reaches less within it, and `--set time_budget_s=...` gives it more"
+            )
+        return plan
 
     return placer
 

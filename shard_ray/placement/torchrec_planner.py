@@ -10,7 +10,9 @@ from shard_ray.placement.base import PlacementContext, Placer, register
 
 
 @register(
-    "torchrec", "planner", "TorchRec's EmbeddingShardingPlanner (analytic bandwidth model), table-wise and column-wise"
+    "torchrec",
+    "planner",
+    "TorchRec's EmbeddingShardingPlanner (analytic bandwidth model), free to choose any sharding type",
 )
 def torchrec_planner(context: PlacementContext) -> Placer:
     import torchrec.distributed.planner  # noqa: F401  (imported here, so placement time leaves the import out)

@@ -73,12 +73,14 @@ class Constraints(BaseModel):
                 )
             if not self.allowed_types(name):
                 raise ShardRayError(
-                    f"constraints leave table {name!r} no sharding type: types {rule.types}, not_types "
+                    f"constraints leave table {name!r} no sharding type: types {rule.types or 'any'}, not_types "
                     f"{rule.not_types}"
                     + (" (row_wise and data_parallel need every device, not 'devices')" if rule.devices else "")
                 )
         seen: dict[str, int] = {}
         for g, members in enumerate(self.groups):
+            if len(set(members)) < len(members):
+                raise ShardRayError(f"constraints group {members} names a table twice")
             for name in members:
                 if name not in names:
                     raise ShardRayError(

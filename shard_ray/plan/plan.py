@@ -315,6 +315,7 @@ class PlanSettings(BaseModel):
     seed: int = 0
     algorithm: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own settings, as it used them
     source: str | None = None  # the file they were read from (a tuned-config file), if any
+    constraints: dict[str, Any] | None = None  # the constraints file's content the plan was made under, if any
 
 
 class PlanEstimate(BaseModel):

@@ -61,8 +61,8 @@ def policy_placer(
         done = [s for s in finished if s is not None]
         if not done:
             raise InfeasibleError(
-                f"the policy found no table-wise placement within {topology.memory_gb:.3f} GB per device "
-                f"({tries} tries); give more memory or use a column-wise algorithm such as cost_search"
+                f"the policy found no placement within {topology.memory_gb:.3f} GB per device ({tries} tries); "
+                "give more memory, or use cost_search, which also splits tables to fit them together"
             )
         return min(done, key=lambda s: s.cost).plan("dreamshard")
 
