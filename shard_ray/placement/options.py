@@ -2,10 +2,10 @@
 
 A table may go table-wise (whole, on a device the search picks), column-wise (halves, each
 placed), row-wise (TorchRec's blocks, block k on device k) or data-parallel (a replica on every
-device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each option for one table with
-every other table left where it is (its free pieces put on the device the simulated plan cost
-likes best), which is how `cost_search` chooses a table's type and how `plan --explain` says
-what the next-best option would have cost.
+device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each
+option for one table with every other table left where it is (its free pieces put on the device
+the simulated plan cost likes best), which is how `cost_search` chooses a table's type and how
+`plan --explain` says what the best other type would have cost.
 """
 
 from __future__ import annotations
