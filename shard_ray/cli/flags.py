@@ -126,7 +126,7 @@ def add_settings(
         meta = f.metadata
         default = (defaults or {}).get(f.name, f.default if f.default is not MISSING else None)
         text = meta["help"]
-        if default is not None and default != () and not meta.get("required") and hints[f.name] is not bool:
+        if default not in (None, (), "") and not meta.get("required") and hints[f.name] is not bool:
             text += f" (default {_shown(default)})"
         names = [flag_name(f.name, meta)]
         if hints[f.name] is bool:

@@ -58,7 +58,8 @@ class EvaluateArgs:
     task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
     rounds: int = setting(
         7,
-        "rounds of --repeats steps on fresh batches; the result is the median round, with a 95 percent interval",
+        "rounds of --repeats steps on fresh batches; the result is the median round, with a distribution-free "
+        "interval of at least 95 percent coverage (the coverage reached is printed)",
         min=1,
     )
 

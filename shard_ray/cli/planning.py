@@ -32,7 +32,9 @@ class TopologyArgs:
 
     memory_gb: float | None = setting(None, "memory cap per device in GiB (weights + optimizer state)", min=1e-9)
     batch_size: int | None = setting(
-        None, f"global batch size (default {Topology.model_fields['batch_size'].default})", min=1
+        None,
+        f"global batch size (default: the one a plan file records, else {Topology.model_fields['batch_size'].default})",
+        min=1,
     )
     optimizer: Optimizer | None = setting(
         None, f"optimizer whose state counts towards memory (default {Topology.model_fields['optimizer'].default})"
@@ -124,7 +126,8 @@ class ExportArgs:
     format: Literal["torchrec"] = setting("torchrec", "export format")
     module_path: str = setting(
         "",
-        "the EmbeddingBagCollection's path in the model, e.g. sparse_arch.embedding_bag_collection (default: the model is the collection)",
+        "the EmbeddingBagCollection's path in the model, e.g. sparse_arch.embedding_bag_collection; empty: the "
+        "model is the collection",
     )
     device: Literal["cuda", "cpu"] = setting("cuda", "device type of the ranks")
 
