@@ -100,8 +100,7 @@ def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> floa
     The cost models have not seen either; this keeps their price growing with the table, as it does."""
     if not piece.replicated:
         return 0.0
-    rows = piece.row_count if rows_cap is None else min(piece.row_count, rows_cap)
-    return 3.0 * rows * piece.width / batch_size
+    return 3.0 * piece.allocated_rows(rows_cap) * piece.width / batch_size
 
 
 @dataclass

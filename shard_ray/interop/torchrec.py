@@ -228,15 +228,15 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
 
 
 def _row_wise_export(table: TableSpec, shards: list[Shard], world_size: int) -> ExportedTable:
-    layout = [(p.row_range, p.devices[0]) for p in row_wise(table, world_size)]
-    if sorted((s.rows or (0, table.rows), s.device) for s in shards) != layout:
-        block = -(-table.rows // world_size)
+    blocks = row_wise(table, world_size)
+    if sorted((s.rows or (0, table.rows), s.device) for s in shards) != [(p.row_range, p.devices[0]) for p in blocks]:
         raise ShardRayError(
-            f"table {table.name!r}'s row shards are not TorchRec's row-wise layout (blocks of {block} rows, block k on "
-            "rank k), the only one its input distribution runs; plan it with shard-ray, which cuts rows that way"
+            f"table {table.name!r}'s row shards are not TorchRec's row-wise layout (blocks of {blocks[0].row_count} "
+            "rows, block k on rank k), the only one its input distribution runs; plan it with shard-ray, which cuts "
+            "rows that way"
         )
-    block = -(-table.rows // world_size)
-    sizes = [min(max(table.rows - k * block, 0), block) for k in range(world_size)]
+    # TorchRec gives the ranks past the table's rows an empty block, at the end of the rows.
+    sizes = [p.row_count for p in blocks] + [0] * (world_size - len(blocks))
     offsets = [sum(sizes[:k]) for k in range(world_size)]
     return ExportedTable(
         sharding_type="row_wise",

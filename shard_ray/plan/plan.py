@@ -89,6 +89,10 @@ class TablePiece(BaseModel):
     def row_count(self) -> int:
         return self.row_range[1] - self.row_range[0]
 
+    def allocated_rows(self, cap: int | None) -> int:
+        """Rows a kernel allocates for the piece when at most `cap` rows are allocated per table (profiling on CPU)."""
+        return self.row_count if cap is None else min(self.row_count, cap)
+
     @property
     def replicated(self) -> bool:
         return self.replicas > 1

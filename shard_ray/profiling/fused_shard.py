@@ -86,10 +86,6 @@ def table_batch(table: TableSpec, config: MeasureConfig, batch: int) -> TableBat
     return generate_table_batch(table, config.batch_size, rng)
 
 
-def allocated_rows(piece: TablePiece, cap: int | None) -> int:
-    return piece.row_count if cap is None else min(piece.row_count, cap)
-
-
 def piece_lookups(piece: TablePiece, batch: TableBatch, samples: tuple[int, int], cap: int | None) -> TableBatch:
     """What `piece` looks up for samples [start, end) of `batch`: the lookups in its row range, bucketized
     as TorchRec's row-wise input distribution does, as ids of its allocated rows."""
@@ -102,14 +98,14 @@ def piece_lookups(piece: TablePiece, batch: TableBatch, samples: tuple[int, int]
         sample_of = np.repeat(np.arange(len(lengths)), lengths)
         lengths = np.bincount(sample_of[inside], minlength=len(lengths)).astype(np.int64)
         indices = indices[inside] - start
-    return fold_rows(TableBatch(indices=indices, lengths=lengths), allocated_rows(piece, cap))
+    return fold_rows(TableBatch(indices=indices, lengths=lengths), piece.allocated_rows(cap))
 
 
 def initial_weights(piece: TablePiece, cap: int | None) -> torch.Tensor:
     """Weights that are a function of the table and the global (row, column) only, so that every
     sharding of a table starts from the same numbers (used to check sharded steps against one table)."""
     start = piece.row_range[0]
-    rows = torch.arange(start, start + allocated_rows(piece, cap), dtype=torch.float64)[:, None]
+    rows = torch.arange(start, start + piece.allocated_rows(cap), dtype=torch.float64)[:, None]
     columns = torch.arange(*piece.columns, dtype=torch.float64)[None, :]
     phase = int(content_digest(piece.table.name)[:6], 16) / 2**24
     return (0.1 * torch.sin(0.731 * rows + 1.37 * columns + 6.28 * phase)).float()
@@ -168,7 +164,7 @@ class FusedShard:
         for precision in ("fp32", "fp16"):
             members = [i for i in self.sharded if parts[i].table.precision == precision]
             if members:
-                specs = [(allocated_rows(parts[i], self.cap), parts[i].width, location, compute) for i in members]
+                specs = [(parts[i].allocated_rows(self.cap), parts[i].width, location, compute) for i in members]
                 module = SplitTableBatchedEmbeddingBagsCodegen(
                     embedding_specs=specs,
                     optimizer=getattr(EmbOptimType, _OPTIMIZERS[config.optimizer]),
@@ -183,13 +179,13 @@ class FusedShard:
             members = [i for i in self.replicated if parts[i].table.precision == precision]
             if members:
                 module = DenseTableBatchedEmbeddingBagsCodegen(
-                    [(allocated_rows(parts[i], self.cap), parts[i].width) for i in members],
+                    [(parts[i].allocated_rows(self.cap), parts[i].width) for i in members],
                     weights_precision=getattr(SparseType, _PRECISIONS[precision]),
                     use_cpu=not on_gpu,
                 ).to(self.device)
                 self.replica_groups.append((members, module))
         self._adagrad_state = [
-            torch.zeros(sum(allocated_rows(parts[i], self.cap) for i in members), device=self.device)
+            torch.zeros(sum(parts[i].allocated_rows(self.cap) for i in members), device=self.device)
             for members, _ in self.replica_groups
         ]
         self.batches = [self._own_inputs(b) for b in range(config.num_batches)]
@@ -265,7 +261,7 @@ class FusedShard:
                 # Row-wise state: the mean squared gradient of each row, per table of its own width.
                 step, offset, row = torch.empty_like(grad), 0, 0
                 for i in members:
-                    width, rows = self.parts[i].width, allocated_rows(self.parts[i], self.cap)
+                    width, rows = self.parts[i].width, self.parts[i].allocated_rows(self.cap)
                     g = grad[offset : offset + rows * width].view(rows, width)
                     s = state[row : row + rows]
                     s += g.pow(2).mean(dim=1)

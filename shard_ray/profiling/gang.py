@@ -45,6 +45,9 @@ from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, piece_loo
 from shard_ray.profiling.hardware import hardware_id, measurement_device
 from shard_ray.workload.tables import TableSpec
 
+# Runs one phase of a step: (its ms, its result).
+Phase = Callable[[Callable[[], Any]], tuple[float, Any]]
+
 
 def upstream_gradient(batch_size: int, width: int, seed: int) -> torch.Tensor:
     """The dense part's gradient for every sample's pooled embeddings [batch, sum of table dims]: a step's input."""
@@ -169,6 +172,24 @@ class PlanStep:
         for grad in self.shard.replica_gradients():
             dist.all_reduce(grad)
 
+    def train_step(self, step: int, timed: Phase, timed_compute: Phase) -> tuple[tuple[float, ...], torch.Tensor]:
+        """One training step, each phase run through `timed` (collectives) or `timed_compute` (kernels),
+        which return (ms, result): the ms of the STEP_PARTS and my samples' pooled embeddings."""
+        input_ms, inputs = timed(lambda: self.input_dist(step))
+        fwd_ms, pooled = timed_compute(lambda: self.shard.forward_on(inputs))
+        fwd_comm_ms, embeddings = timed(lambda: self.output_dist(pooled))
+        bwd_comm_ms, grads = timed(self.grad_dist)
+        bwd_ms, _ = timed_compute(lambda: self.shard.backward(pooled, grads))
+        if self.shard.replicated:
+            sync_ms, _ = timed(self.sync_replicas)
+            update_ms, _ = timed_compute(self.shard.update_replicas)
+            bwd_comm_ms, bwd_ms = bwd_comm_ms + sync_ms, bwd_ms + update_ms
+        return (input_ms, fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms), embeddings
+
+
+def _untimed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    return 0.0, fn()
+
 
 @dataclass(frozen=True)
 class _InputSend:
@@ -250,17 +271,9 @@ class GangMember:
             return elapsed, result
 
         for i in range(config.warmup + config.repeats):
-            input_ms, inputs = timed(lambda: step.input_dist(i))
-            fwd_ms, pooled = timed_compute(lambda: shard.forward_on(inputs))
-            fwd_comm_ms, _ = timed(lambda: step.output_dist(pooled))
-            bwd_comm_ms, grads = timed(step.grad_dist)
-            bwd_ms, _ = timed_compute(lambda: shard.backward(pooled, grads))
-            if shard.replicated:
-                sync_ms, _ = timed(step.sync_replicas)
-                update_ms, _ = timed_compute(shard.update_replicas)
-                bwd_comm_ms, bwd_ms = bwd_comm_ms + sync_ms, bwd_ms + update_ms
+            step_ms, _ = step.train_step(i, timed, timed_compute)
             if i >= config.warmup:
-                for name, value in zip(STEP_PARTS, (input_ms, fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms)):
+                for name, value in zip(STEP_PARTS, step_ms):
                     parts_ms[name].append(value)
         return {"device": self.rank, **{name: statistics.median(values) for name, values in parts_ms.items()}}
 
@@ -268,14 +281,9 @@ class GangMember:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
         `tables` order) and my pieces' updated weights."""
         step = PlanStep(plan_parts, tables, self.rank, config, self.device)
-        shard = step.shard
-        shard.load_initial_weights()
-        pooled = shard.forward_on(step.input_dist(0))
-        embeddings = step.output_dist(pooled)
-        shard.backward(pooled, step.grad_dist())
-        step.sync_replicas()
-        shard.update_replicas()
-        weights = [w.detach().float().cpu().clone() for w in shard.part_weights()]
+        step.shard.load_initial_weights()
+        _, embeddings = step.train_step(0, _untimed, _untimed)
+        weights = [w.detach().float().cpu().clone() for w in step.shard.part_weights()]
         return {"device": self.rank, "embeddings": embeddings.cpu(), "weights": weights}
 
 
