@@ -300,17 +300,17 @@ def packed_start(
         try:
             return greedy_grid(pricer, items, config.scales)
         except InfeasibleError:
+            if topology.num_devices == 1 or "row_wise" not in config.sharding_types:
+                raise
+            # Tables still whole whose constraints allow row-wise (a group's allow only table-wise).
             whole = [
                 p
                 for p in items
                 if p.row_count == p.table.rows
                 and not p.replicated
-                and p.group is None
-                and "row_wise" in config.sharding_types
-                and (constraints is None or "row_wise" in constraints.allowed_types(p.table.name))
                 and table_options(p.table, topology, constraints, ("row_wise",))
             ]
-            if topology.num_devices == 1 or not whole:
+            if not whole:
                 raise
             largest = max(whole, key=lambda p: p.memory_bytes(topology.optimizer)).table
             items = [p for p in items if p.table.name != largest.name] + row_wise(largest, topology.num_devices)
