@@ -27,7 +27,7 @@ from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.plan import MeasuredSelection, Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def select_measured(
         measure = MeasureConfig.for_topology(topology, warmup=config.warmup, repeats=config.repeats, seed=round_index)
         costs = gang.evaluate_rounds([plans[n] for n in active], tables, measure, progress=False)
         for name, cost in zip(active, costs):
-            key = plan_key(plans[name], tables, measure, gang.hardware)
+            key = gang.plan_key(plans[name], tables, measure)
             store.put_plan(PlanMeasurement(key=key, plan=plans[name], tables=tables, cost=cost))
             rounds[name].append(cost.cost_ms)
         round_index += 1

@@ -12,16 +12,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ["SHARD_RAY_HOME"] = tempfile.mkdtemp(prefix="shard-ray-home-")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_session():
-    """One small local Ray for the whole session; 4 logical CPUs so a pool and a gang can overlap."""
+    """A small local Ray, started once and kept for the tests after; 4 logical CPUs so a pool and a
+    gang can overlap. (The multi-node tests shut it down and bring up their cluster instead.)"""
     import ray
 
-    ray.init(
-        address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False
-    )
-    yield ray
-    ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False
+        )
+    return ray
 
 
 @pytest.fixture

@@ -136,7 +136,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     )
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=plan.num_devices)
-    with DeviceGang(plan.num_devices) as gang:
+    with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host) as gang:
         cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
     write_json(flags.out, cost.model_dump(mode="json"))
     print(format_plan_summary(plan, tables, topology, cost))

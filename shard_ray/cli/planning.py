@@ -39,6 +39,12 @@ class TopologyArgs:
     optimizer: Optimizer | None = setting(
         None, f"optimizer whose state counts towards memory (default {Topology.model_fields['optimizer'].default})"
     )
+    devices_per_host: int | None = setting(
+        None,
+        "devices on each host (GPUs per node), ranks numbered host by host; --devices must be a multiple "
+        "(default: the plan file's, else one host holds every device)",
+        min=1,
+    )
 
     def topology(self, num_devices: int, recorded: PlanSettings | None = None) -> Topology:
         """The topology these flags give, a plan's `recorded` settings filling what is not given."""
@@ -49,7 +55,14 @@ class TopologyArgs:
         values = {
             "batch_size": self.batch_size or recorded_values.get("batch_size"),
             "optimizer": self.optimizer or recorded_values.get("optimizer"),
+            "devices_per_host": self.devices_per_host or recorded_values.get("devices_per_host"),
         }
+        per_host = values["devices_per_host"]
+        if per_host and num_devices % per_host:
+            raise ShardRayError(
+                f"--devices-per-host {per_host} does not divide {num_devices} devices: give a device count that "
+                "fills whole hosts"
+            )
         return Topology(
             num_devices=num_devices, memory_bytes=int(memory_gb * GB), **{k: v for k, v in values.items() if v}
         )
@@ -234,7 +247,10 @@ def measured_best(
             candidates.append(place(name, tables, topology, seed=flags.seed, constraints=constraints))
         except InfeasibleError as err:
             print(f"{name}: no plan ({err})")
-    with DeviceGang(topology.num_devices) as gang, MeasurementStore(flags.store) as store:
+    with (
+        DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang,
+        MeasurementStore(flags.store) as store,
+    ):
         chosen, selection = select_measured(candidates, tables, topology, gang, config, store)
     print(format_selection(selection, {a.name for a in algorithms() if a.family == "heuristic"}))
     return chosen

@@ -52,7 +52,7 @@ from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest, shard_key
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.sampling import draw_shards
-from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.tables import TableSpec
 
 # Families whose plans are the candidates: the baselines and the model-based searches (the RL
@@ -183,9 +183,9 @@ def calibrate(
     # 3. communication data on the gang
     if topology.num_devices > 1:
         plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
-        with DeviceGang(topology.num_devices) as gang:
+        with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
             for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
-                key = plan_key(plan, tables, measure, gang.hardware)
+                key = gang.plan_key(plan, tables, measure)
                 if store.known_keys([key], table="plan_measurements"):
                     continue
                 if time.monotonic() > measuring_ends:

@@ -20,7 +20,7 @@ from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.sampling import augment_table, draw_augmented_shards
-from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.tables import TableSpec
 
 COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -89,7 +89,7 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
                     repeats=config.repeats,
                     seed=config.seed,
                 )
-                todo.append((plan_key(plan, tables, measure, gang.hardware), plan, tables, measure))
+                todo.append((gang.plan_key(plan, tables, measure), plan, tables, measure))
             known = store.known_keys([k for k, *_ in todo], table="plan_measurements")
             for key, plan, tables, measure in tqdm(
                 [t for t in todo if t[0] not in known], desc=f"measuring {num_devices}-device plans", unit="plan"

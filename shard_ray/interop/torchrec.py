@@ -183,6 +183,7 @@ class ExportedPlan(BaseModel):
     format: Literal["shard-ray-torchrec-plan/1"] = EXPORT_FORMAT
     module_path: str = ""
     world_size: int = Field(ge=1)
+    local_world_size: int | None = Field(default=None, ge=1)  # ranks per host; None: every rank on one host
     device_type: Literal["cuda", "cpu"] = "cuda"
     tables: dict[str, ExportedTable]
 
@@ -224,7 +225,13 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
                     ExportedShard(offsets=(0, s.columns[0]), sizes=(table.rows, s.width), rank=s.device) for s in shards
                 ],
             )
-    return ExportedPlan(module_path=module_path, world_size=plan.num_devices, device_type=device_type, tables=exported)
+    return ExportedPlan(
+        module_path=module_path,
+        world_size=plan.num_devices,
+        local_world_size=plan.settings.devices_per_host if plan.settings is not None else None,
+        device_type=device_type,
+        tables=exported,
+    )
 
 
 def _row_wise_export(table: TableSpec, shards: list[Shard], world_size: int) -> ExportedTable:
@@ -260,11 +267,15 @@ def load_export(path: str | Path) -> ExportedPlan:
 
 
 def sharding_plan(exported: ExportedPlan, local_world_size: int | None = None) -> Any:
-    """The TorchRec `ShardingPlan` for `DistributedModelParallel(..., plan=...)`."""
+    """The TorchRec `ShardingPlan` for `DistributedModelParallel(..., plan=...)`.
+
+    Rank r's device is cuda:(r mod local_world_size): `local_world_size` given here, else the
+    plan's hosts (`plan --devices-per-host`), else one host for every rank.
+    """
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-    local = local_world_size or exported.world_size
+    local = local_world_size or exported.local_world_size or exported.world_size
 
     def placement(rank: int) -> str:
         return f"rank:{rank}/cpu" if exported.device_type == "cpu" else f"rank:{rank}/cuda:{rank % local}"

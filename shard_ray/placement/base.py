@@ -170,6 +170,7 @@ def place(
         memory_gb=topology.memory_gb,
         batch_size=topology.batch_size,
         optimizer=topology.optimizer,
+        devices_per_host=topology.devices_per_host,
         seed=seed,
         algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=settings_source,

@@ -94,6 +94,9 @@ class PlanCost(BaseModel):
     devices: list[DeviceCost] = Field(min_length=1)
     hardware: str = "unknown"
     batch_size: int | None = None
+    # Each device's host, numbered in device order of first appearance (which devices share a
+    # host); None where it was not recorded (predictions, measurements before hosts were).
+    hosts: list[int] | None = None
     warnings: list[str] = Field(default_factory=list)
     rounds: RoundsSummary | None = None  # measured in rounds: these devices are the median round's
 

@@ -33,8 +33,9 @@ def format_plan_summary(
     header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GB':>10} {'mem %':>6}"
     if cost is not None:
         header += f" {'input':>8} {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
+    hosts = f" on {topology.num_hosts} hosts of {topology.local_world_size}" if topology.num_hosts > 1 else ""
     lines = [
-        f"plan '{plan.algorithm}' on {plan.num_devices} devices "
+        f"plan '{plan.algorithm}' on {plan.num_devices} devices{hosts} "
         f"({topology.memory_gb:.2f} GB each, batch {topology.batch_size}, {topology.optimizer})",
         header,
     ]
@@ -56,6 +57,11 @@ def format_plan_summary(
     if cost is not None:
         source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
         lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step{source})")
+        if cost.hosts is not None and len(set(cost.hosts)) > 1:
+            layout = ", ".join(
+                f"host {h}: devices {[d for d, x in enumerate(cost.hosts) if x == h]}" for h in sorted(set(cost.hosts))
+            )
+            lines.append(f"the gang spanned {len(set(cost.hosts))} Ray nodes ({layout})")
         if lower_bound_ms is not None:
             lines.append(
                 f"lower bound on the simulated cost: {lower_bound_ms:.3f} ms (no placement of these tables simulates below it)"

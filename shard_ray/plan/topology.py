@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shard_ray.errors import InfeasibleError
 from shard_ray.workload.tables import TableSpec
@@ -23,7 +23,11 @@ def format_gb(nbytes: float) -> str:
 
 
 class Topology(BaseModel):
-    """`memory_bytes` is each device's cap for embedding weights plus optimizer state."""
+    """`memory_bytes` is each device's cap for embedding weights plus optimizer state.
+
+    Devices are numbered host by host, as torch.distributed ranks are: device d is on host
+    d // devices_per_host. `devices_per_host` None means one host holds them all.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,10 +35,32 @@ class Topology(BaseModel):
     memory_bytes: int = Field(gt=0)
     batch_size: int = Field(default=1024, ge=1)
     optimizer: Optimizer = "rowwise_adagrad"
+    devices_per_host: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _whole_hosts(self) -> Topology:
+        if self.devices_per_host is not None and self.num_devices % self.devices_per_host:
+            raise ValueError(
+                f"{self.num_devices} devices do not fill hosts of {self.devices_per_host}: "
+                "the device count must be a multiple of the devices per host"
+            )
+        return self
 
     @property
     def memory_gb(self) -> float:
         return self.memory_bytes / GB
+
+    @property
+    def local_world_size(self) -> int:
+        """Devices per host, as torch.distributed calls it."""
+        return self.devices_per_host or self.num_devices
+
+    @property
+    def num_hosts(self) -> int:
+        return self.num_devices // self.local_world_size
+
+    def host_of(self, device: int) -> int:
+        return device // self.local_world_size
 
 
 def shard_bytes(table: TableSpec, width: int, optimizer: Optimizer, rows: int | None = None) -> int:

@@ -44,7 +44,7 @@ from shard_ray.policy.ppo import (
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.profiling.store import MeasurementStore, PlanMeasurement, plan_key
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.tables import TableSpec
 
@@ -96,7 +96,7 @@ def measure_policy_plans(
             continue
         config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
         profiler.measure([parts for parts in plan.pieces(tables) if parts], config, store, progress=False)
-        key = plan_key(plan, tables, config, gang.hardware)
+        key = gang.plan_key(plan, tables, config)
         stored = store.get_plan(key)
         if stored is not None:
             cost = stored.cost

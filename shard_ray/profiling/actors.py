@@ -42,6 +42,10 @@ class ProfilingActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> str:
+        """The Ray node the actor runs on (it moves when its node is lost and Ray restarts it)."""
+        return ray.get_runtime_context().get_node_id()
+
     def measure(self, parts: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
         return measure_fused_shard(parts, config, self._hardware)
 
@@ -61,7 +65,8 @@ class ProfilingPool:
         if num_actors < 1:
             raise ValueError("a profiling pool needs at least one actor")
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
-        options = resources_per_device(self.use_gpus)
+        # Spread over the nodes: on a cluster, every node's devices profile.
+        options = {**resources_per_device(self.use_gpus), "scheduling_strategy": "SPREAD"}
         self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
         try:
             hardware = set(ray.get([a.hardware.remote() for a in self.actors]))

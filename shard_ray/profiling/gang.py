@@ -43,6 +43,7 @@ from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, piece_lookups, sample_ranges, table_batch
 from shard_ray.profiling.hardware import hardware_id, measurement_device
+from shard_ray.profiling.store import plan_key
 from shard_ray.workload.tables import TableSpec
 
 # Runs one phase of a step: (its ms, its result).
@@ -300,11 +301,15 @@ class DeviceGang:
         num_devices: int,
         use_gpus: bool | None = None,
         threads: int = 1,
+        devices_per_host: int | None = None,
         reserve_timeout_s: float = 60.0,
         collective_timeout_s: float = 300.0,
         max_retries: int = 3,
     ) -> None:
+        if devices_per_host is not None and num_devices % devices_per_host:
+            raise ShardRayError(f"{num_devices} devices do not fill hosts of {devices_per_host}")
         self.num_devices = num_devices
+        self.devices_per_host = devices_per_host
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
         self.threads = threads
         self.reserve_timeout_s = reserve_timeout_s
@@ -312,6 +317,7 @@ class DeviceGang:
         self.max_retries = max_retries
         self.restarts = 0
         self.members: list[Any] = []
+        self.hosts: list[int] = []
         self._group: PlacementGroup | None = None
         self._start()
         for warning in self.warnings:
@@ -327,18 +333,42 @@ class DeviceGang:
         else:
             self._stop()
 
+    def _bundles(self) -> tuple[list[dict[str, float]], str]:
+        """The placement group's bundles and strategy: one bundle per device packed onto as few
+        nodes as hold them, or, for a gang of hosts, one bundle per host, each on its own node."""
+        device = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}
+        if self.devices_per_host is None:
+            return [device] * self.num_devices, "PACK"
+        host = {name: amount * self.devices_per_host for name, amount in device.items()}
+        return [host] * (self.num_devices // self.devices_per_host), "STRICT_SPREAD"
+
+    def _check_hosts(self, host_bundle: dict[str, float]) -> None:
+        """Refuse, before reserving, a gang of hosts the cluster has too few nodes for (it would wait forever)."""
+        hosts = self.num_devices // (self.devices_per_host or self.num_devices)
+        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        fitting = sum(all(node.get(k, 0) >= v for k, v in host_bundle.items()) for node in nodes)
+        if fitting < hosts:
+            raise ShardRayError(
+                f"a gang of {hosts} hosts with {self.devices_per_host} devices each needs {hosts} Ray nodes with "
+                f"{host_bundle} free, but the cluster has {fitting} such nodes ({len(nodes)} nodes in all); join a "
+                "cluster with more nodes (--address) or give fewer --devices-per-host"
+            )
+
     def _start(self) -> None:
         """Reserve the devices, start the members and join them; on any failure nothing is left running."""
-        bundle = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}
-        self._group = placement_group([bundle] * self.num_devices, strategy="PACK")
+        bundles, strategy = self._bundles()
+        if strategy == "STRICT_SPREAD":
+            self._check_hosts(bundles[0])
+        self._group = placement_group(bundles, strategy=strategy)
         try:
             try:
                 ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
             except ray.exceptions.GetTimeoutError as err:
                 available = ray.available_resources()
                 raise ShardRayError(
-                    f"cannot reserve {self.num_devices} devices ({bundle} each) within {self.reserve_timeout_s:.0f}s; "
-                    f"the cluster has {available.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} GPUs free"
+                    f"cannot reserve {len(bundles)} bundles of {bundles[0]} ({strategy}) within "
+                    f"{self.reserve_timeout_s:.0f}s; the cluster has {available.get('CPU', 0):.0f} CPUs and "
+                    f"{available.get('GPU', 0):.0f} GPUs free"
                 ) from err
             self._start_members()
         except BaseException:
@@ -347,15 +377,21 @@ class DeviceGang:
 
     def _start_members(self) -> None:
         options = resources_per_device(self.use_gpus)
+        per_bundle = self.devices_per_host or 1
         self.members = [
             GangMember.options(
                 **options,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=rank // per_bundle
+                ),
             ).remote(rank, self.num_devices, self.threads)
             for rank in range(self.num_devices)
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
         self.hardware = hosts[0]["hardware"]
+        # Which devices share a host: nodes numbered in rank order of first appearance.
+        numbering: dict[str, int] = {}
+        self.hosts = [numbering.setdefault(h["node"], len(numbering)) for h in hosts]
         self.warnings = self._oversubscription(hosts)
         self.take_turns = bool(self.warnings)
         address = ray.get(self.members[0].rendezvous_address.remote())
@@ -406,8 +442,13 @@ class DeviceGang:
             devices=[DeviceCost(**r) for r in sorted(results, key=lambda r: r["device"])],
             hardware=self.hardware,
             batch_size=config.batch_size,
+            hosts=self.hosts,
             warnings=self.warnings,
         )
+
+    def plan_key(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> str:
+        """The store key of the plan measured on this gang: its hardware and, across hosts, its host layout."""
+        return plan_key(plan, tables, config, self.hardware, self.hosts)
 
     def step_values(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> list[dict]:
         """One step of the plan from `initial_weights`, per device: its samples' pooled embeddings

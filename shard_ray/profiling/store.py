@@ -61,7 +61,11 @@ class PlanMeasurement(BaseModel):
         return self.cost.hardware
 
 
-def plan_key(plan: Plan, tables: list[TableSpec], config: MeasureConfig, hardware: str) -> str:
+def plan_key(
+    plan: Plan, tables: list[TableSpec], config: MeasureConfig, hardware: str, hosts: list[int] | None = None
+) -> str:
+    """The plan's measurement key; `hosts` (each device's host) counts only when the devices span several,
+    so one-host measurements keep the keys they had."""
     by_name = {t.name: t for t in tables}
     # A shard's dump less its defaults: table- and column-wise plans keep the keys they had.
     shards = sorted(
@@ -69,9 +73,10 @@ def plan_key(plan: Plan, tables: list[TableSpec], config: MeasureConfig, hardwar
         + tuple((k, v) for k, v in sorted(s.model_dump(mode="json").items()) if k in ("rows", "replicated"))
         for s in plan.shards
     )
-    return content_digest(
-        {"shards": shards, "devices": plan.num_devices, "config": config.model_dump(mode="json"), "hardware": hardware}
-    )
+    identity = {"shards": shards, "devices": plan.num_devices, "config": config.model_dump(mode="json")}
+    if hosts is not None and len(set(hosts)) > 1:
+        identity["hosts"] = hosts
+    return content_digest({**identity, "hardware": hardware})
 
 
 class MeasurementStore:

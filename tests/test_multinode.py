@@ -1,0 +1,170 @@
+"""Several Ray nodes on this machine, each with its own raylet and resources (Ray's own
+`ray.cluster_utils.Cluster`): the profiling pool spreads over them, a gang spans hosts, and
+losing a node mid-run loses no measurement."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shard_ray.placement import place
+from shard_ray.plan.topology import GB, Topology
+from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
+from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.store import MeasurementStore, plan_key
+
+SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
+NODE_CPUS = 2
+# Shards of about half a second, so a node removed after the first results lands mid-run.
+SLOW = MeasureConfig(batch_size=4096, warmup=2, repeats=30)
+
+
+def _add_worker(cluster):
+    return cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=80 * 1024**2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head with no CPUs (nothing runs where the cluster's state lives) and three worker nodes of two CPUs."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()  # the suite's local Ray, if a test before this module started one
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": 80 * 1024**2,
+            "include_dashboard": False,
+            # A lost node is declared dead after 3 missed half-second health checks (Ray's default: 5 of 3 s).
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+        },
+    )
+    try:
+        for _ in range(3):
+            _add_worker(cluster)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _node_of(actor) -> str:
+    import ray
+
+    if hasattr(actor, "host"):  # a gang member
+        return ray.get(actor.host.remote())["node"]
+    return ray.get(actor.node.remote())
+
+
+def _remove_node_of(cluster, node_id: str) -> None:
+    """Kill the raylet (and every worker process) of the node with this id, as a lost host; returns once
+    the cluster has marked it dead."""
+    import ray
+
+    node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    cluster.remove_node(node, allow_graceful=False)
+    deadline = time.time() + 60
+    while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        assert time.time() < deadline, "the removed node is still alive after 60 s"
+        time.sleep(0.2)
+
+
+def test_profiling_spreads_over_nodes_and_survives_losing_one(cluster, tmp_path, small_tables):
+    from shard_ray.profiling.actors import ProfilingPool
+
+    shards = draw_shards(small_tables, count=12, max_tables=4, seed=5)
+    distinct = {shard_key(s, SLOW, "") for s in shards}
+    db = tmp_path / "store.db"
+    removed: list[int] = []  # shards stored when the node went
+    with ProfilingPool(num_actors=3) as pool:
+        nodes = [_node_of(a) for a in pool.actors]
+        assert len(set(nodes)) == 3, nodes  # one actor per node
+
+        def remove_a_node() -> None:
+            with MeasurementStore(db) as watcher:
+                while watcher.count() < 2:
+                    time.sleep(0.05)
+                removed.append(watcher.count())
+                _remove_node_of(cluster, nodes[0])
+
+        killer = threading.Thread(target=remove_a_node, daemon=True)
+        with MeasurementStore(db) as store:
+            killer.start()
+            results = pool.measure(shards, SLOW, store, progress=False)
+            killer.join(timeout=60)
+            assert removed and removed[0] < len(distinct), removed  # the node went while shards were left
+            assert all(r is not None and r.status == "ok" for r in results)
+            assert store.count() == len(distinct)  # every distinct shard, exactly once
+        survivors = {_node_of(a) for a in pool.actors}
+        assert nodes[0] not in survivors
+    _add_worker(cluster)
+    cluster.wait_for_nodes()
+
+
+def test_gang_spans_hosts_records_them_and_survives_losing_a_node(cluster, small_tables):
+    from shard_ray.profiling.gang import DeviceGang
+
+    topology = Topology(num_devices=4, memory_bytes=GB, devices_per_host=2)
+    plans = [place(name, small_tables, topology) for name in ("size_greedy", "lookup_greedy", "round_robin")]
+    config = MeasureConfig(batch_size=1024, warmup=1, repeats=3)
+    with DeviceGang(4, devices_per_host=2) as gang:
+        assert gang.hosts == [0, 0, 1, 1]
+        nodes = [_node_of(m) for m in gang.members]
+        assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+        cost = gang.evaluate(plans[0], small_tables, config)
+        assert cost.hosts == [0, 0, 1, 1]
+        # A plan measured across hosts is not the same measurement as on one host.
+        assert gang.plan_key(plans[0], small_tables, config) != plan_key(plans[0], small_tables, config, gang.hardware)
+
+        _remove_node_of(cluster, nodes[0])
+        costs = [gang.evaluate(plan, small_tables, config) for plan in plans]
+        assert gang.restarts >= 1
+        assert all(c.hosts == [0, 0, 1, 1] for c in costs)
+        assert nodes[0] not in {_node_of(m) for m in gang.members}
+        assert all(d.fwd_compute_ms > 0 and d.fwd_comm_ms > 0 for c in costs for d in c.devices)
+    _add_worker(cluster)
+    cluster.wait_for_nodes()
+
+
+def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, table_file):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+    def shard_ray(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([SHARD_RAY, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    planned = shard_ray(
+        *("plan", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2"),
+        *("--memory-gb", "1", "--algo", "size_greedy", "--out", "plan.json"),
+    )
+    assert planned.returncode == 0, planned.stderr
+    assert "on 4 devices on 2 hosts of 2" in planned.stdout
+    assert json.loads((tmp_path / "plan.json").read_text())["settings"]["devices_per_host"] == 2
+
+    evaluated = shard_ray(
+        *("evaluate", "--plan", "plan.json", "--tables", str(table_file), "--address", cluster.address),
+        *("--rounds", "1", "--repeats", "3", "--warmup", "1", "--no-mlflow", "--out", "cost.json"),
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads((tmp_path / "cost.json").read_text())["hosts"] == [0, 0, 1, 1]
+    assert "the gang spanned 2 Ray nodes" in evaluated.stdout
+
+    exported = shard_ray("export", "--plan", "plan.json", "--tables", str(table_file), "--out", "torchrec.json")
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((tmp_path / "torchrec.json").read_text())["local_world_size"] == 2
+
+    # Four hosts of one device on three nodes: refused before anything starts, in one line.
+    refused = shard_ray(
+        *("evaluate", "--plan", "plan.json", "--tables", str(table_file), "--address", cluster.address),
+        *("--devices-per-host", "1", "--rounds", "1", "--no-mlflow", "--out", "never.json"),
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "needs 4 Ray nodes" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "never.json").exists()
