@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.plan.plan import TablePiece, data_parallel, pieces_to_place, row_wise
+from shard_ray.plan.plan import TablePiece, pieces_to_place, replica, row_block
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -65,9 +65,12 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
             if table.dim % (4 * ways) == 0:
                 options.append([(TablePiece(table=table, columns=(0, table.dim // ways)), ways)])
         if d > 1:
-            blocks = row_wise(table, d)
-            options.append([(blocks[0], len(blocks) - 1), (blocks[-1], 1)] if len(blocks) > 1 else [(blocks[0], 1)])
-            options.append([(data_parallel(table, d)[0], d)])
+            block = row_block(table, d)
+            blocks = -(-table.rows // block)
+            last = TablePiece(table=table, columns=(0, table.dim), rows=((blocks - 1) * block, table.rows))
+            full = last.model_copy(update={"rows": (0, block)})
+            options.append([(full, blocks - 1), (last, 1)] if blocks > 1 else [(last, 1)])
+            options.append([(replica(table, d, 0), d)])
         for option in options:
             for piece, weight in option:
                 pieces.append(piece)

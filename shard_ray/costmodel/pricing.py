@@ -16,6 +16,10 @@ from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.plan.topology import Topology
 
+# A placement step over many devices prices a piece on this many of them, those cheapest so far:
+# the cheapest device with the piece is one of the least loaded, and the step stays linear in devices.
+CANDIDATE_DEVICES = 16
+
 
 class Pricer:
     """Prices devices and plans of items with the cost models, reusing item encodings."""
@@ -127,6 +131,10 @@ class ItemSizes:
     allowed: np.ndarray
     group: np.ndarray
 
+    def take(self, index: slice | np.ndarray) -> ItemSizes:
+        """The sizes of the items at `index`."""
+        return ItemSizes(*(getattr(self, f.name)[index] for f in fields(self)))
+
     @property
     def restricted(self) -> np.ndarray:
         """Items whose device is (partly) decided already: placed first, never moved alone."""
@@ -139,11 +147,18 @@ def item_sizes(items: list[TablePiece], topology: Topology, rows_cap: int | None
         inputs=np.array([input_width(p) for p in items], dtype=np.float64),
         syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in items], dtype=np.float64),
         need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
-        allowed=np.array([[p.may_go(d) for d in range(topology.num_devices)] for p in items], dtype=bool).reshape(
-            len(items), topology.num_devices
-        ),
+        allowed=_allowed_devices(items, topology.num_devices),
         group=np.array([-1 if p.group is None else p.group for p in items], dtype=np.int64),
     )
+
+
+def _allowed_devices(items: list[TablePiece], num_devices: int) -> np.ndarray:
+    allowed = np.ones((len(items), num_devices), dtype=bool)
+    for k, piece in enumerate(items):
+        if piece.devices is not None:
+            allowed[k] = False
+            allowed[k, list(piece.devices)] = True
+    return allowed
 
 
 def single_costs(pricer: Pricer, items: list[TablePiece]) -> np.ndarray:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
+from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, sharding_type_of, table_options, table_wise
 from shard_ray.plan.topology import MemoryLedger
@@ -26,23 +26,28 @@ from shard_ray.workload.tables import TableSpec
 
 def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiece]) -> Candidate | None:
     """`placed` with `table`'s pieces replaced by `pieces`: pinned ones on their device, others each
-    on the device that prices the plan lowest; None when they do not fit beside the rest."""
-    topology = pricer.topology
+    on the device that prices the plan lowest (among the `CANDIDATE_DEVICES` cheapest so far, where
+    more have room); None when they do not fit beside the rest."""
     keep = [i for i, p in enumerate(placed.items) if p.table.name != table]
-    items = [placed.items[i] for i in keep]
-    assign = placed.assign[keep]
-    ledger = MemoryLedger.of_assignment(topology, assign, pricer.sizes(items).need if items else np.zeros(0))
-    for piece in sorted(pieces, key=lambda p: not p.restricted):
-        need = ledger.need(piece)
-        devices = [int(d) for d in np.flatnonzero(ledger.room(need)) if piece.may_go(int(d))]
-        if not devices:
+    items = [placed.items[i] for i in keep] + sorted(pieces, key=lambda p: not p.restricted)
+    enc, sizes = pricer.encodings(items), pricer.sizes(items)
+    assign = np.append(placed.assign[keep], np.zeros(len(pieces), dtype=np.int64))
+    ledger = MemoryLedger.of_assignment(pricer.topology, assign[: len(keep)], sizes.need[: len(keep)])
+    for k in range(len(keep), len(items)):
+        devices = np.flatnonzero(ledger.room(sizes.need[k]) & sizes.allowed[k])
+        if not len(devices):
             return None
-        trial = [*items, piece]
-        costs = [pricer.plan_cost(trial, np.append(assign, d)) for d in devices]
-        device = devices[int(np.argmin(costs))]
-        items, assign = trial, np.append(assign, device)
-        ledger.take(device, need)
-    return Candidate(items, assign, pricer.plan_cost(items, assign))
+        if len(devices) > 1:
+            before = sizes.take(slice(0, k))
+            if len(devices) > CANDIDATE_DEVICES:
+                now = pricer.device_costs(enc[:k], before, assign[:k])
+                devices = np.sort(devices[np.argsort(now[devices], kind="stable")[:CANDIDATE_DEVICES]])
+            with_it = sizes.take(slice(0, k + 1))
+            costs = [pricer.device_costs(enc[: k + 1], with_it, np.append(assign[:k], d)).max() for d in devices]
+            devices = devices[[int(np.argmin(costs))]]
+        assign[k] = devices[0]
+        ledger.take(int(devices[0]), sizes.need[k])
+    return Candidate(items, assign, float(pricer.device_costs(enc, sizes, assign).max()))
 
 
 def option_costs(

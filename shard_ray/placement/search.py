@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
+from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.options import choose_types
@@ -47,8 +47,9 @@ class SearchConfig:
     # default: the shipped models price its all-reduce from an all-to-all of as many bytes, and on the
     # reference CPU its plans measured slower than they predicted (README: Sharding types, measured).
     sharding_types: tuple[str, ...] = ("table_wise", "column_wise", "row_wise")
-    # Anytime search: beam expansion stops at 50% of the budget, local search of the beam at 70%,
-    # the sharding types' choice (and a last local search) at 100%.
+    # Anytime search: the greedy start prices by single costs if it would take over 30% of the budget,
+    # beam expansion stops at 50%, local search of the beam at 70%, the sharding types' choice (and a
+    # last local search) at 100%; a phase the settings leave out gives its share to the one before.
     time_budget_s: float | None = 3.0
 
     def check(self) -> None:
@@ -70,25 +71,39 @@ class SearchConfig:
             raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
 
 
-# As published: table- and column-wise only.
+# As published: table- and column-wise only. The budget, which the paper's search does not have,
+# only bites on thousands of tables.
 NEUROSHARD = SearchConfig(
-    split_ways=(2,), local_search_steps=0, sharding_types=("table_wise", "column_wise"), time_budget_s=None
+    split_ways=(2,), local_search_steps=0, sharding_types=("table_wise", "column_wise"), time_budget_s=10.0
 )
 COST_SEARCH = SearchConfig()
 
 
-def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...]) -> Candidate:
+def greedy_grid(
+    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], deadline: float = float("inf")
+) -> Candidate:
     """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
 
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
-    way, the passes are rerun largest memory first, as a memory-first packer would.
+    way, the passes are rerun largest memory first, as a memory-first packer would. Passes that
+    would run past `deadline` (projected from their first items) give way to the same passes
+    pricing a device as the sum of its tables' single costs: no model call per table, so the
+    start of a search over thousands of tables and devices stays within its budget.
     """
     sizes = pricer.sizes(items)
+    single = single_costs(pricer, items)
     # Groups first, then other items with fixed devices: where they go is (partly) not a choice.
     first = (~sizes.restricted, sizes.group < 0)
-    found, _ = _greedy_passes(pricer, items, scales, np.lexsort((-single_costs(pricer, items), *first)))
+
+    def passes(order: np.ndarray) -> tuple[Candidate | None, int | None]:
+        try:
+            return _greedy_passes(pricer, items, scales, order, deadline=deadline)
+        except _OutOfTime:
+            return _greedy_passes(pricer, items, scales, order, additive=single)
+
+    found, _ = passes(np.lexsort((-single, *first)))
     if found is None:
-        found, stuck = _greedy_passes(pricer, items, scales, np.lexsort((-sizes.need, *first)))
+        found, stuck = passes(np.lexsort((-sizes.need, *first)))
         if found is None:
             raise InfeasibleError(
                 f"the search found no placement within {format_gb(pricer.topology.memory_bytes)} per device: "
@@ -98,13 +113,26 @@ def greedy_grid(pricer: Pricer, items: list[TablePiece], scales: tuple[float, ..
     return found
 
 
+class _OutOfTime(Exception):
+    """Greedy passes projected to end past their deadline."""
+
+
 def _greedy_passes(
-    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], order: np.ndarray
+    pricer: Pricer,
+    items: list[TablePiece],
+    scales: tuple[float, ...],
+    order: np.ndarray,
+    deadline: float = float("inf"),
+    additive: np.ndarray | None = None,
 ) -> tuple[Candidate | None, int | None]:
-    """One greedy pass per scale, side by side: one model call per table prices it everywhere.
+    """One greedy pass per scale, side by side: one model call per table prices it on every pass.
 
     None and the first item that fit nowhere when no pass finds room for every item. A constraints
-    group goes where its first table goes, which needs room for the whole group."""
+    group goes where its first table goes, which needs room for the whole group. With `additive`
+    (each item's single cost) a device is priced as the sum of its items' single costs instead.
+    Raises _OutOfTime when, after its first items, the passes project to end past `deadline`."""
+    began = time.perf_counter()
+    probe = min(len(order), max(32, len(order) // 50))
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
@@ -113,16 +141,20 @@ def _greedy_passes(
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     sums = torch.zeros(s, d, enc.shape[1])
     counts = torch.zeros(s, d)
+    current = np.zeros((s, d))  # each device's predicted compute as it fills
     dim_sum = np.zeros((s, d))
     ledger = MemoryLedger(topology, copies=s)
     assign = np.zeros((s, len(items)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
+    every_device = np.tile(np.arange(d), (s, 1))
     groups = int(sizes.group.max()) + 1
     group_device = np.full((s, groups), -1)
     group_need = np.bincount(sizes.group[sizes.group >= 0], weights=need[sizes.group >= 0], minlength=groups)
     stuck = None
-    for i in order:
+    for n, i in enumerate(order):
+        if n == probe and additive is None and began + (time.perf_counter() - began) * len(order) / n > deadline:
+            raise _OutOfTime
         fits = ledger.room(need[i]) & sizes.allowed[i]
         g = sizes.group[i]
         if g >= 0:
@@ -134,8 +166,24 @@ def _greedy_passes(
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
         allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
-        priced = pricer.compute((sums + enc[i]).reshape(s * d, -1), (counts + 1).reshape(-1)).reshape(s, d)
-        device = np.argmin(np.where(allowed, priced, np.inf), axis=1)
+        # The item is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
+        # on smaller topologies): the cheapest device with it is one of the least loaded, and one
+        # model call of passes x candidates rows per item keeps the pass linear in the devices.
+        if d <= CANDIDATE_DEVICES:
+            candidates = every_device
+        else:
+            keyed = np.where(allowed, current, np.inf)
+            candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
+        picked = rows[:, None], candidates
+        if additive is None:
+            priced = pricer.compute(
+                (sums[picked] + enc[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
+            ).reshape(candidates.shape)
+        else:
+            priced = current[picked] + additive[i]
+        best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
+        device = candidates[rows, best]
+        current[rows, device] = priced[rows, best]
         sums[rows, device] += enc[i]
         counts[rows, device] += 1
         dim_sum[rows, device] += widths[i]
@@ -151,13 +199,20 @@ def _greedy_passes(
 
 
 def local_search(
-    pricer: Pricer, candidate: Candidate, steps: int, targets: int = 8, deadline: float = float("inf")
+    pricer: Pricer,
+    candidate: Candidate,
+    steps: int,
+    targets: int = 8,
+    deadline: float = float("inf"),
+    items_per_device: int = 32,
 ) -> Candidate:
     """Moves and swaps of items between the slowest device and the `targets` fastest ones.
 
     A candidate move is priced by the two devices it changes (their fused compute and their
     all-to-alls); the best one is then priced on the whole plan and kept only if the simulated
-    plan cost drops.
+    plan cost drops. Of a device holding more than `items_per_device` movable items, that many
+    spread evenly over its items' predicted costs take part, so a step prices at most
+    targets x items_per_device x (items_per_device + 1) moves however many tables a device holds.
     """
     topology = pricer.topology
     d = topology.num_devices
@@ -168,6 +223,7 @@ def local_search(
     sizes = pricer.sizes(items)
     widths, need = sizes.widths, sizes.need
     movable = (sizes.group < 0) & (sizes.allowed.sum(axis=1) > 1)
+    by_cost = np.argsort(single_costs(pricer, items), kind="stable")
     total_width = widths.sum()
     for _ in range(steps):
         if time.perf_counter() > deadline:
@@ -179,32 +235,30 @@ def local_search(
         device_widths = np.bincount(assign, weights=widths, minlength=d)
         sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
         counts = np.bincount(assign, minlength=d)
-        on_slowest = np.flatnonzero((assign == slowest) & movable)
-        moves = []  # (item leaving the slowest device, item coming back or -1, target device)
+        leaving = _spread(by_cost[(assign[by_cost] == slowest) & movable[by_cost]], items_per_device)
+        moves = []  # [i leaving the slowest device, j coming back or -1, target t] per row
         for t in order[::-1][:targets]:
             if t == slowest:
                 continue
-            for i in on_slowest:
-                if not sizes.allowed[i, t]:
-                    continue
-                if free[t] >= need[i]:
-                    moves.append((i, -1, t))
-                for j in np.flatnonzero((assign == t) & movable & sizes.allowed[:, slowest]):
-                    if free[t] + need[j] >= need[i] and free[slowest] + need[i] >= need[j]:
-                        moves.append((i, j, t))
-        if not moves:
+            i = leaving[sizes.allowed[leaving, t]]
+            mask = (assign[by_cost] == t) & movable[by_cost] & sizes.allowed[by_cost, slowest]
+            j = np.concatenate([[-1], _spread(by_cost[mask], items_per_device)])
+            ii, jj = np.repeat(i, len(j)), np.tile(j, len(i))
+            back = np.where(jj >= 0, need[np.maximum(jj, 0)], 0)
+            fits = (free[t] + back >= need[ii]) & (free[slowest] + need[ii] >= back)
+            moves.append(np.stack([ii[fits], jj[fits], np.full(fits.sum(), t)], axis=1))
+        moves = np.concatenate(moves) if moves else np.zeros((0, 3), dtype=np.int64)
+        if not len(moves):
             break
-        i_idx = np.array([m[0] for m in moves])
-        j_idx = np.array([m[1] for m in moves])
-        t_idx = np.array([m[2] for m in moves])
+        i_idx, j_idx, t_idx = moves[:, 0], moves[:, 1], moves[:, 2]
         back = torch.from_numpy(np.where(j_idx >= 0, j_idx, 0))
         has_back = torch.from_numpy((j_idx >= 0).astype(np.float32))[:, None]
-        leaving, returning = enc[torch.from_numpy(i_idx)], enc[back] * has_back
+        going, returning = enc[torch.from_numpy(i_idx)], enc[back] * has_back
         new_slowest = pricer.compute(
-            sums[slowest] - leaving + returning, torch.from_numpy(counts[slowest] - 1 + (j_idx >= 0)).float()
+            sums[slowest] - going + returning, torch.from_numpy(counts[slowest] - 1 + (j_idx >= 0)).float()
         )
         new_target = pricer.compute(
-            sums[torch.from_numpy(t_idx)] + leaving - returning,
+            sums[torch.from_numpy(t_idx)] + going - returning,
             torch.from_numpy(counts[t_idx] + 1 - (j_idx >= 0)).float(),
         )
         width_moved = widths[i_idx] - np.where(j_idx >= 0, widths[np.maximum(j_idx, 0)], 0.0)
@@ -229,6 +283,13 @@ def local_search(
     return Candidate(items, assign, cost)
 
 
+def _spread(ordered: np.ndarray, most: int) -> np.ndarray:
+    """At most `most` of the `ordered` items, evenly spaced from the first to the last."""
+    if len(ordered) <= most:
+        return ordered
+    return ordered[np.unique(np.linspace(0, len(ordered) - 1, most).round().astype(np.int64))]
+
+
 def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
     """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
     the item is a row-wise block, a replica or in a constraints group."""
@@ -250,8 +311,13 @@ def beam_search(
     """
     began = time.perf_counter()
     budget = float("inf") if config.time_budget_s is None else config.time_budget_s
-    expand_until, refine_until, deadline = began + 0.5 * budget, began + 0.7 * budget, began + budget
-    start = packed_start(pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints)
+    choosing_types = bool(set(config.sharding_types) - {"table_wise", "column_wise"})
+    # Phases with nothing to do leave their share to the beam.
+    expand_share = 0.5 if config.local_search_steps or choosing_types else 1.0
+    start_until, expand_until = began + 0.3 * budget, began + expand_share * budget
+    refine_until, deadline = began + (0.7 if choosing_types else 1.0) * budget, began + budget
+    pieces = pieces_to_place(tables, pricer.topology, constraints)
+    start = packed_start(pricer, pieces, config, constraints, start_until)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
     cut_short = False
@@ -273,7 +339,7 @@ def beam_search(
             if time.perf_counter() > expand_until:
                 cut_short = True
                 break
-            children.append(greedy_grid(pricer, items, config.scales))
+            children.append(greedy_grid(pricer, items, config.scales, expand_until))
         if not children:
             break
         beam = sorted(children, key=lambda c: c.cost)[: config.beam_width]
@@ -282,7 +348,7 @@ def beam_search(
     if config.local_search_steps:
         finalists = [local_search(pricer, c, config.local_search_steps, deadline=refine_until) for c in finalists]
     best = min(finalists, key=lambda c: c.cost)
-    if set(config.sharding_types) - {"table_wise", "column_wise"}:
+    if choosing_types:
         typed = choose_types(pricer, best, tables, config.sharding_types, deadline, constraints)
         if typed is not best and config.local_search_steps:
             typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
@@ -291,14 +357,19 @@ def beam_search(
 
 
 def packed_start(
-    pricer: Pricer, items: list[TablePiece], config: SearchConfig, constraints: Constraints | None
+    pricer: Pricer,
+    items: list[TablePiece],
+    config: SearchConfig,
+    constraints: Constraints | None,
+    deadline: float = float("inf"),
 ) -> Candidate:
-    """The greedy grid's plan; when the whole tables do not pack, the largest goes row-wise (split to
-    fit the packing, as TorchRec would), then the next, while the search and constraints allow it."""
+    """The greedy grid's plan (priced by single costs should the model-priced passes not end by
+    `deadline`); when the whole tables do not pack, the largest goes row-wise (split to fit the
+    packing, as TorchRec would), then the next, while the search and constraints allow it."""
     topology = pricer.topology
     while True:
         try:
-            return greedy_grid(pricer, items, config.scales)
+            return greedy_grid(pricer, items, config.scales, deadline)
         except InfeasibleError:
             if topology.num_devices == 1 or "row_wise" not in config.sharding_types:
                 raise

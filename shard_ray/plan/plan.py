@@ -65,9 +65,6 @@ class TablePiece(BaseModel):
     devices: tuple[int, ...] | None = None
     group: int | None = None  # a constraints file's group: its tables go whole on one device
 
-    def may_go(self, device: int) -> bool:
-        return self.devices is None or device in self.devices
-
     @property
     def restricted(self) -> bool:
         """Where it goes is (partly) decided already: such pieces are placed first."""
@@ -149,6 +146,8 @@ class TablePiece(BaseModel):
 # The sharding types of TorchRec a plan expresses (table-row-wise is row-wise within a host).
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+# The type a table takes to be placed at all, first that fits: whole, else as TorchRec splits to fit.
+PREFERENCE = ("table_wise", "row_wise", "column_wise", "data_parallel")
 
 
 def sharding_type_of(table: TableSpec, shards: Sequence[Shard]) -> str:
@@ -167,10 +166,15 @@ def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
     return [TablePiece.whole(t) for t in tables]
 
 
+def row_block(table: TableSpec, num_devices: int) -> int:
+    """TorchRec's row-wise block: ceil(rows / D) rows; the last block holds the rest."""
+    return -(-table.rows // num_devices)
+
+
 def row_wise(table: TableSpec, num_devices: int, columns: tuple[int, int] | None = None) -> list[TablePiece]:
     """The table (or a column range of it) row-wise over the devices, as TorchRec cuts and places it:
-    blocks of ceil(rows / D) rows, block k pinned to device k (devices past the rows get none)."""
-    block = -(-table.rows // num_devices)
+    blocks of `row_block` rows, block k pinned to device k (devices past the rows get none)."""
+    block = row_block(table, num_devices)
     columns = columns or (0, table.dim)
     return [
         TablePiece(table=table, columns=columns, rows=(start, min(start + block, table.rows)), devices=(k,))
@@ -178,11 +182,14 @@ def row_wise(table: TableSpec, num_devices: int, columns: tuple[int, int] | None
     ]
 
 
+def replica(table: TableSpec, num_devices: int, device: int) -> TablePiece:
+    """The table's data-parallel replica on `device`, of one on each of `num_devices`."""
+    return TablePiece(table=table, columns=(0, table.dim), replicas=num_devices, devices=(device,))
+
+
 def data_parallel(table: TableSpec, num_devices: int) -> list[TablePiece]:
     """The table replicated on every device, replica k pinned to device k."""
-    return [
-        TablePiece(table=table, columns=(0, table.dim), replicas=num_devices, devices=(k,)) for k in range(num_devices)
-    ]
+    return [replica(table, num_devices, k) for k in range(num_devices)]
 
 
 def table_options(
@@ -203,18 +210,34 @@ def table_options(
     group = constraints.group_of(table.name) if constraints else None
     whole = TablePiece(table=table, columns=(0, table.dim), devices=devices, group=group)
     half = table.dim // 2
-    options = {
-        "table_wise": [whole],
-        "row_wise": row_wise(table, d) if d > 1 else [],
-        "column_wise": [whole.model_copy(update={"columns": (k * half, (k + 1) * half)}) for k in range(2)]
-        if table.dim % 8 == 0
-        else [],
-        "data_parallel": data_parallel(table, d) if d > 1 else [],
+    # Each type's first piece is its largest (the last row block holds the rest): it alone is checked
+    # against the cap, and only types that fit are cut, so a table over many devices costs little.
+    largest = {
+        "table_wise": lambda: whole,
+        "row_wise": lambda: TablePiece(
+            table=table, columns=(0, table.dim), rows=(0, min(row_block(table, d), table.rows))
+        ),
+        "column_wise": lambda: whole.model_copy(update={"columns": (0, half)}),
+        "data_parallel": lambda: replica(table, d, 0),
+    }
+    cut = {
+        "table_wise": lambda: [whole],
+        "row_wise": lambda: row_wise(table, d),
+        "column_wise": lambda: [whole.model_copy(update={"columns": (k * half, (k + 1) * half)}) for k in range(2)],
+        "data_parallel": lambda: data_parallel(table, d),
+    }
+    possible = {
+        "table_wise": True,
+        "row_wise": d > 1,
+        "column_wise": table.dim % 8 == 0,
+        "data_parallel": d > 1,
     }
     return {
-        kind: pieces
-        for kind, pieces in options.items()
-        if kind in kinds and pieces and max(p.memory_bytes(topology.optimizer) for p in pieces) <= topology.memory_bytes
+        kind: cut[kind]()
+        for kind in PREFERENCE
+        if kind in kinds
+        and possible[kind]
+        and largest[kind]().memory_bytes(topology.optimizer) <= topology.memory_bytes
     }
 
 
@@ -230,9 +253,9 @@ def pieces_to_place(
     """
     pieces = []
     for table in tables:
-        options = table_options(table, topology, constraints)
-        if options:
-            pieces.extend(next(iter(options.values())))
+        chosen = next((o for kind in PREFERENCE if (o := table_options(table, topology, constraints, (kind,)))), None)
+        if chosen:
+            pieces.extend(next(iter(chosen.values())))
             continue
         need = TablePiece.whole(table).memory_bytes(topology.optimizer)
         allowed = constraints.allowed_types(table.name) if constraints else SHARDING_TYPES
@@ -418,7 +441,10 @@ class Plan(BaseModel):
     def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
         """What every device holds, in plan order: its fused shard."""
         by_name = {t.name: t for t in tables}
-        return [[self._piece(s, by_name) for s in self.shards_on(d)] for d in range(self.num_devices)]
+        held: list[list[TablePiece]] = [[] for _ in range(self.num_devices)]
+        for shard in self.shards:
+            held[shard.device].append(self._piece(shard, by_name))
+        return held
 
     def _piece(self, shard: Shard, by_name: dict[str, TableSpec]) -> TablePiece:
         table = by_name[shard.table]

@@ -125,7 +125,10 @@ class MemoryLedger:
     def devices_with_room(self, piece: TablePiece) -> list[int]:
         """Devices with room for the piece, among those it may go to; InfeasibleError naming it when none."""
         need = self.need(piece)
-        devices = [int(d) for d in np.flatnonzero(self.room(need)) if piece.may_go(int(d))]
+        room = self.room(need)
+        if piece.devices is not None:
+            room &= np.isin(np.arange(len(room)), piece.devices)
+        devices = np.flatnonzero(room).tolist()
         if not devices:
             raise InfeasibleError(
                 f"{piece.describe()} needs {format_gb(need)} "
