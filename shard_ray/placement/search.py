@@ -166,26 +166,27 @@ def _greedy_passes(
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
         allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
-        # The item is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
-        # on smaller topologies): the cheapest device with it is one of the least loaded, and one
-        # model call of passes x candidates rows per item keeps the pass linear in the devices.
-        if d <= CANDIDATE_DEVICES:
-            candidates = every_device
+        if additive is not None:  # every device's price goes up by the item's: the cheapest now wins
+            device = np.argmin(np.where(allowed, current, np.inf), axis=1)
+            current[rows, device] += additive[i]
         else:
-            keyed = np.where(allowed, current, np.inf)
-            candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
-        picked = rows[:, None], candidates
-        if additive is None:
+            # The item is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
+            # on smaller topologies): the cheapest device with it is one of the least loaded, and one
+            # model call of passes x candidates rows per item keeps the pass linear in the devices.
+            if d <= CANDIDATE_DEVICES:
+                candidates = every_device
+            else:
+                keyed = np.where(allowed, current, np.inf)
+                candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
+            picked = rows[:, None], candidates
             priced = pricer.compute(
                 (sums[picked] + enc[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
             ).reshape(candidates.shape)
-        else:
-            priced = current[picked] + additive[i]
-        best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
-        device = candidates[rows, best]
-        current[rows, device] = priced[rows, best]
-        sums[rows, device] += enc[i]
-        counts[rows, device] += 1
+            best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
+            device = candidates[rows, best]
+            current[rows, device] = priced[rows, best]
+            sums[rows, device] += enc[i]
+            counts[rows, device] += 1
         dim_sum[rows, device] += widths[i]
         ledger.take(device, need[i], rows)
         assign[:, i] = device
