@@ -192,7 +192,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         )
     if "search_cut_short" in plan.metadata:
         print(f"warning: {plan.metadata['search_cut_short']}", file=sys.stderr)
-    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms")
+    budget = plan.settings.algorithm.get("time_budget_s") if plan.settings else None
+    within = f" (time budget {budget} s{', all of it used' if 'search_cut_short' in plan.metadata else ''})"
+    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms" + (within if budget else ""))
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
     if flags.measure:

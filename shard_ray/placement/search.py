@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
@@ -77,6 +78,8 @@ NEUROSHARD = SearchConfig(
     split_ways=(2,), local_search_steps=0, sharding_types=("table_wise", "column_wise"), time_budget_s=10.0
 )
 COST_SEARCH = SearchConfig()
+# Searches given this long or longer show a progress bar.
+LONG_SEARCH_S = 10.0
 
 
 def greedy_grid(
@@ -319,6 +322,8 @@ def beam_search(
     refine_until, deadline = began + (0.7 if choosing_types else 1.0) * budget, began + budget
     pieces = pieces_to_place(tables, pricer.topology, constraints)
     start = packed_start(pricer, pieces, config, constraints, start_until)
+    progress = _Progress(budget, began)
+    progress.show("greedy start", start.cost)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
     cut_short = False
@@ -341,6 +346,7 @@ def beam_search(
                 cut_short = True
                 break
             children.append(greedy_grid(pricer, items, config.scales, expand_until))
+            progress.show("column splits", min(c.cost for c in everything + children))
         if not children:
             break
         beam = sorted(children, key=lambda c: c.cost)[: config.beam_width]
@@ -349,12 +355,39 @@ def beam_search(
     if config.local_search_steps:
         finalists = [local_search(pricer, c, config.local_search_steps, deadline=refine_until) for c in finalists]
     best = min(finalists, key=lambda c: c.cost)
+    progress.show("local search", best.cost)
     if choosing_types:
         typed = choose_types(pricer, best, tables, config.sharding_types, deadline, constraints)
         if typed is not best and config.local_search_steps:
             typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
         best = typed
+        progress.show("sharding types", best.cost)
+    progress.close()
     return best, cut_short or time.perf_counter() >= deadline
+
+
+class _Progress:
+    """A bar over the time budget, with the phase and the best simulated cost so far, for searches given
+    `LONG_SEARCH_S` or more (shorter ones end before a bar would tell anything)."""
+
+    def __init__(self, budget: float, began: float) -> None:
+        self.began = began
+        self.bar = tqdm(
+            total=round(budget) if budget < float("inf") else None,
+            desc="cost search",
+            unit="s",
+            disable=budget < LONG_SEARCH_S,
+            bar_format="{desc}: {bar} {n:.0f}/{total_fmt} s {postfix}",
+        )
+
+    def show(self, phase: str, cost_ms: float) -> None:
+        if self.bar.disable:
+            return
+        self.bar.n = min(time.perf_counter() - self.began, self.bar.total or float("inf"))
+        self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def packed_start(

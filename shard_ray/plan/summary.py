@@ -63,8 +63,10 @@ def format_plan_summary(
             )
             lines.append(f"the gang spanned {len(set(cost.hosts))} Ray nodes ({layout})")
         if lower_bound_ms is not None:
+            gap = f"; this plan is {cost.cost_ms / lower_bound_ms - 1:.1%} above it" if lower_bound_ms > 0 else ""
             lines.append(
-                f"lower bound on the simulated cost: {lower_bound_ms:.3f} ms (no placement of these tables simulates below it)"
+                f"lower bound on the simulated cost: {lower_bound_ms:.3f} ms (no placement of these tables "
+                f"simulates below it{gap})"
             )
         lines.append(LEGEND)
     return "\n".join(lines)

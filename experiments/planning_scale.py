@@ -1,0 +1,128 @@
+"""Benchmark: planning at production scale, thousands of tables on up to a thousand devices.
+
+    OMP_NUM_THREADS=1 python experiments/planning_scale.py
+    OMP_NUM_THREADS=1 python experiments/planning_scale.py --sizes 5000x8,10000x1024 --algorithms cost_search
+
+Each (tables x devices) size is a synthetic pool of that many tables (`generate_pool`, seed 0)
+on devices with 1.5 times an even share of its memory. Every algorithm plans each size in a
+fresh process (so the peak resident memory is its own), killed after `--timeout` seconds; the
+process reports the placement time (`place`'s, the search alone), the wall time of `place`
+(with the estimate: simulated cost, lower bound, model warnings), its peak RSS, and, under
+the shipped models, the plan's simulated cost and the task's lower bound. Writes Markdown and JSON to `--out`; the last printed line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shard_ray.io import write_atomic, write_json
+
+ALGORITHMS = ("cost_search", "neuroshard", "dreamshard", "size_lookup_greedy", "torchrec")
+SIZES = "5000x8,5000x64,5000x512,10000x1024"
+
+
+def plan_once(algorithm: str, num_tables: int, num_devices: int) -> dict:
+    """Plan one size in this process; what `main` reads back from the child."""
+    import resource
+
+    from shard_ray.costmodel.bounds import lower_bound_ms
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.simulator import Simulator
+    from shard_ray.placement import place
+    from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+
+    tables = generate_pool(PoolConfig(num_tables=num_tables))
+    topology = Topology(
+        num_devices=num_devices, memory_bytes=memory_cap_with_headroom(tables, num_devices, 1.5), batch_size=1024
+    )
+    began = time.perf_counter()
+    plan = place(algorithm, tables, topology)
+    wall = time.perf_counter() - began
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    # Every plan priced by the shipped models, whether its algorithm used them or not.
+    models = CostModels.load(default_cost_model_path())
+    return {
+        "placement_seconds": plan.placement_seconds,
+        "wall_seconds": wall,
+        "peak_rss_gb": peak,
+        "simulated_cost_ms": Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms,
+        "lower_bound_ms": lower_bound_ms(models, tables, topology),
+        "cut_short": "search_cut_short" in plan.metadata,
+    }
+
+
+def run_child(algorithm: str, num_tables: int, num_devices: int, timeout: float) -> dict:
+    command = [sys.executable, __file__, "--one", f"{algorithm}:{num_tables}x{num_devices}"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"failed": f"no plan within {timeout:.0f} s"}
+    if done.returncode != 0:
+        return {"failed": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:200]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def markdown(results: dict[str, dict[str, dict]]) -> list[str]:
+    sizes = list(next(iter(results.values())))
+    lines = [
+        "| algorithm | " + " | ".join(f"{s.replace('x', ' tables, ')} devices" for s in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for algorithm, by_size in results.items():
+        cells = []
+        for size in sizes:
+            r = by_size[size]
+            if "failed" in r:
+                cells.append(r["failed"])
+                continue
+            gap = r["simulated_cost_ms"] / r["lower_bound_ms"] - 1
+            cells.append(
+                f"{r['placement_seconds']:.1f} s ({r['wall_seconds']:.1f} s), {r['peak_rss_gb']:.2f} GB, "
+                f"{r['simulated_cost_ms']:.1f} ms (+{gap:.0%})"
+            )
+        lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=SIZES, help="TABLESxDEVICES, comma-separated (default %(default)s)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per plan (default %(default)s)")
+    parser.add_argument("--out", default="experiments/results/planning_scale")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # ALGORITHM:TABLESxDEVICES, in the child process
+    args = parser.parse_args()
+    if args.one:
+        algorithm, size = args.one.split(":")
+        tables, devices = map(int, size.split("x"))
+        print(json.dumps(plan_once(algorithm, tables, devices)))
+        return
+    sizes = args.sizes.split(",")
+    results: dict[str, dict[str, dict]] = {}
+    for algorithm in args.algorithms.split(","):
+        results[algorithm] = {}
+        for size in sizes:
+            tables, devices = map(int, size.split("x"))
+            results[algorithm][size] = run_child(algorithm, tables, devices, args.timeout)
+            print(f"{algorithm:<20} {size:>10}  {results[algorithm][size]}", flush=True)
+    out = Path(args.out)
+    write_json(out / "planning_scale.json", results)
+    lines = [
+        "Placement time (the search alone), in parentheses with the estimate `plan` prints; peak memory of "
+        "the planning process; simulated cost under the shipped models, and how far above the lower bound. "
+        "One core (OMP_NUM_THREADS=1), a fresh process per plan.",
+        "",
+        *markdown(results),
+    ]
+    write_atomic(out / "planning_scale.md", "\n".join(lines) + "\n")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
