@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 import ray
 
@@ -14,6 +15,22 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 # CPU devices a local instance may put on one core: a few share a core faithfully enough for
 # tests and demos (the gang takes turns); hundreds would stall the machine.
 LOCAL_DEVICES_PER_CORE = 4
+# How long a cluster's head may take to accept a connection before the address is refused.
+REACH_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a HOST:PORT nobody answers on at once: ray.init would retry for minutes."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # "auto", ray:// clients and the like: left to Ray
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as err:
+        raise ShardRayError(
+            f"nothing answers at the Ray address {address} ({err.strerror or err}); start the cluster there "
+            "(`ray start --head --port PORT`) or give the head's HOST:PORT in --address or RAY_ADDRESS"
+        ) from None
 
 
 def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
@@ -29,6 +46,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
         return "ray: already initialised"
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        _check_reachable(address)
         ray.init(address=address, logging_level=logging.WARNING)
         resources = ray.cluster_resources()
         devices = int(resources.get("GPU", 0) or resources.get("CPU", 0))

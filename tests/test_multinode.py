@@ -168,3 +168,12 @@ def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, ta
     assert refused.returncode == 2, refused.stderr
     assert "needs 4 Ray nodes" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "never.json").exists()
+
+
+def test_doctor_reports_every_node(cluster, tmp_path):
+    done = subprocess.run(
+        [SHARD_RAY, "doctor", "--address", cluster.address], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Ray: 4 Ray nodes, 6 CPUs and 0 GPUs in all" in done.stdout  # the head and three workers
+    assert done.stdout.count("fused kernels: a fused shard trained on cpu") == 5  # this machine, then each node

@@ -29,6 +29,9 @@ COMMANDS: dict[str, Command] = {
     "bench": Command(
         "bench", "the benchmark report: every algorithm on test tasks and table files, every plan measured"
     ),
+    "doctor": Command(
+        "doctor", "what this machine and the Ray cluster offer shard-ray (GPUs, torch, fbgemm, NCCL, MLflow, models)"
+    ),
     "demo": Command("bench", "the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow"),
 }
 

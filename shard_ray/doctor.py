@@ -1,0 +1,282 @@
+"""`shard-ray doctor`: what this machine, or each node of a Ray cluster, offers shard-ray, and the fix
+for every problem found.
+
+Per node (`node_report`, run on the node itself): Python, torch and the CUDA it was built for,
+the GPUs, the fbgemm package and whether a real fused shard runs on the node's device (fbgemm's
+CUDA kernels load only when its build matches torch's), NCCL, and the hardware id measurements
+and models are keyed by. Then the cluster (nodes, CPUs, GPUs), MLflow's tracking store, and the
+cost models available for each hardware. `Finding`s are `ok`, a `note` (works, with a caveat) or
+a `problem` (something shard-ray needs is missing or broken), each problem with its fix.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+# FBGEMM's compatibility table (pytorch.org/FBGEMM/general/Releases.html): release 1.N goes with
+# PyTorch 2.(N + 5) (1.0 with 2.5 through 1.5 with 2.10, and on: 1.6 with 2.11, 1.8 with 2.13).
+FBGEMM_TORCH_OFFSET = 5
+FBGEMM_PACKAGES = ("fbgemm-gpu", "fbgemm-gpu-cpu", "fbgemm-gpu-genai", "fbgemm-gpu-nightly", "fbgemm-gpu-nightly-cpu")
+
+
+@dataclass(frozen=True)
+class Finding:
+    what: str
+    level: Literal["ok", "note", "problem"]
+    detail: str
+    fix: str = ""
+
+
+def expected_fbgemm(torch_version: str) -> str | None:
+    """The fbgemm-gpu release (major.minor) made for a torch version; None for torch before 2.5."""
+    match = re.match(r"2\.(\d+)", torch_version)
+    if match is None or int(match.group(1)) < FBGEMM_TORCH_OFFSET:
+        return None
+    return f"1.{int(match.group(1)) - FBGEMM_TORCH_OFFSET}"
+
+
+def cuda_tag(cuda_version: str) -> str:
+    """PyTorch's wheel-index name of a CUDA version: '13.0' -> 'cu130', '12.8' -> 'cu128'."""
+    major, minor = cuda_version.split(".")[:2]
+    return f"cu{major}{minor}"
+
+
+def node_report() -> dict:
+    """What this process's node offers: run it on the node (a Ray task pinned there) or here."""
+    import torch
+
+    from shard_ray.errors import first_line
+
+    report: dict = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count() or 1,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "nccl": None,
+        "fbgemm": None,
+        "fused_shard": None,
+        "hardware": None,
+    }
+    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
+        report["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    for package in FBGEMM_PACKAGES:
+        try:
+            report["fbgemm"] = {"package": package, "version": importlib.metadata.version(package)}
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    try:
+        report["fused_shard"], report["hardware"] = _run_fused_shard()
+    except Exception as err:  # noqa: BLE001  a broken install can fail anywhere in the import or the kernel
+        report["fused_shard"] = {"error": f"{type(err).__name__}: {first_line(err)}"}
+    return report
+
+
+def _run_fused_shard() -> tuple[dict, str]:
+    """A small fused shard, forward and backward with the optimizer, on the node's device, as profiling runs it."""
+    from shard_ray.plan.plan import TablePiece
+    from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+    from shard_ray.profiling.hardware import hardware_id, measurement_device
+    from shard_ray.workload.tables import TableSpec
+
+    hardware = hardware_id(threads=1)
+    tables = [
+        TableSpec(name="doctor_a", rows=1000, dim=32, pooling_factor=4.0),
+        TableSpec(name="doctor_b", rows=500, dim=16, pooling_factor=2.0, precision="fp16"),
+    ]
+    measured = measure_fused_shard(
+        [TablePiece.whole(t) for t in tables], MeasureConfig(batch_size=256, warmup=1, repeats=2), hardware
+    )
+    if measured.status != "ok":
+        return {"error": measured.reason}, hardware
+    return {"device": measurement_device().type, "fwd_ms": measured.fwd_ms, "bwd_ms": measured.bwd_ms}, hardware
+
+
+def node_findings(report: dict) -> list[Finding]:
+    """What is right and wrong with one node's report, each problem with its fix."""
+    findings = []
+    torch_version, torch_cuda, gpus = report["torch"], report["torch_cuda"], report["gpus"]
+    cuda_index = f"https://download.pytorch.org/whl/{cuda_tag(torch_cuda)}" if torch_cuda else None
+    release = torch_version.split("+")[0]
+    if gpus and torch_cuda:
+        findings.append(Finding("torch", "ok", f"torch {torch_version} built for CUDA {torch_cuda}, {len(gpus)} GPUs"))
+    elif gpus or report.get("gpus_declared"):  # torch sees none of the GPUs Ray counts on the node
+        findings.append(
+            Finding(
+                "torch",
+                "problem",
+                f"torch {torch_version} has no CUDA, but the node has GPUs",
+                f"install torch's CUDA build: pip install torch=={release} --index-url "
+                "https://download.pytorch.org/whl/cu130 (the cuXYZ of your driver's CUDA)",
+            )
+        )
+    else:
+        findings.append(Finding("torch", "ok", f"torch {torch_version} on CPU (no GPU on this node)"))
+
+    fbgemm = report["fbgemm"]
+    wanted = expected_fbgemm(torch_version)
+    cpu_package = fbgemm is not None and fbgemm["package"].endswith("cpu")
+    fbgemm_fix = (
+        f"pip uninstall -y fbgemm-gpu-cpu fbgemm-gpu; pip install fbgemm-gpu=={wanted}.* --index-url {cuda_index}"
+        if torch_cuda
+        else f"pip install fbgemm-gpu-cpu=={wanted}.*"
+    )
+    if fbgemm is None:
+        findings.append(Finding("fbgemm", "problem", "no fbgemm-gpu package is installed", fbgemm_fix))
+    else:
+        name = f"{fbgemm['package']} {fbgemm['version']}"
+        have = ".".join(fbgemm["version"].split("+")[0].split(".")[:2])
+        local = fbgemm["version"].partition("+")[2]
+        if wanted is not None and have != wanted:
+            findings.append(
+                Finding("fbgemm", "problem", f"{name} is not the release for torch {release} ({wanted})", fbgemm_fix)
+            )
+        elif torch_cuda and cpu_package:
+            findings.append(
+                Finding("fbgemm", "problem", f"{name} has no CUDA kernels, and torch is built for CUDA", fbgemm_fix)
+            )
+        elif torch_cuda and local.startswith("cu") and local != cuda_tag(torch_cuda):
+            findings.append(
+                Finding(
+                    "fbgemm",
+                    "problem",
+                    f"{name} is built for {local}, torch for {cuda_tag(torch_cuda)}",
+                    fbgemm_fix,
+                )
+            )
+        else:
+            findings.append(Finding("fbgemm", "ok", f"{name}, the release for torch {release}"))
+
+    shard = report["fused_shard"]
+    if shard is not None and "error" not in shard:
+        findings.append(
+            Finding(
+                "fused kernels",
+                "ok",
+                f"a fused shard trained on {shard['device']}: forward {shard['fwd_ms']:.3f} ms, "
+                f"backward {shard['bwd_ms']:.3f} ms",
+            )
+        )
+    else:
+        findings.append(
+            Finding(
+                "fused kernels",
+                "problem",
+                f"a fused shard does not run: {shard['error'] if shard else 'not tried'}",
+                fbgemm_fix,
+            )
+        )
+    if gpus:
+        if report["nccl"]:
+            findings.append(Finding("NCCL", "ok", f"NCCL {report['nccl']} for the gang's collectives"))
+        else:
+            findings.append(
+                Finding(
+                    "NCCL",
+                    "problem",
+                    "torch.distributed has no NCCL: a GPU gang cannot run its all-to-alls",
+                    f"install torch's CUDA build with NCCL: pip install torch=={release} --index-url {cuda_index}",
+                )
+            )
+    return findings
+
+
+def mlflow_finding(tracking_uri: str) -> Finding:
+    """Whether runs can be logged at `tracking_uri`, without writing anything there."""
+    if tracking_uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=5) as response:
+                healthy = response.status == 200
+        except (urllib.error.URLError, OSError) as err:
+            return Finding(
+                "MLflow",
+                "problem",
+                f"the tracking server at {tracking_uri} does not answer ({err})",
+                "start it (`mlflow server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000`) "
+                "or give --no-mlflow to the commands",
+            )
+        return Finding("MLflow", "ok" if healthy else "problem", f"tracking server at {tracking_uri} is up")
+    if tracking_uri.startswith("sqlite:///"):
+        path = Path(tracking_uri.removeprefix("sqlite:///"))
+        folder = path.parent if path.parent.exists() else Path.cwd()
+        if not os.access(folder, os.W_OK):
+            return Finding(
+                "MLflow",
+                "problem",
+                f"{path} cannot be written here",
+                "set MLFLOW_TRACKING_URI (or --tracking-uri) to a writable place",
+            )
+        state = "exists" if path.exists() else "is created by the first logged run"
+        return Finding("MLflow", "ok", f"local store {path} ({state})")
+    return Finding("MLflow", "note", f"tracking URI {tracking_uri} is not checked by doctor")
+
+
+def models_finding(hardware: str) -> Finding:
+    """Which cost models `plan` uses for `hardware`: calibrated ones, the shipped ones, or extrapolated ones."""
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path, hardware_models_path
+
+    calibrated = hardware_models_path(hardware)
+    if calibrated.is_file():
+        return Finding("cost models", "ok", f"{hardware}: calibrated models {calibrated}")
+    shipped = CostModels.load(default_cost_model_path())
+    if shipped.hardware == hardware:
+        return Finding("cost models", "ok", f"{hardware}: the shipped models were trained on this hardware")
+    return Finding(
+        "cost models",
+        "note",
+        f"{hardware}: no models calibrated here; plans use the shipped models of {shipped.hardware}, extrapolated",
+        "shard-ray calibrate --tables YOUR_TABLES.json --devices N (on this hardware; minutes)",
+    )
+
+
+def cluster_reports() -> tuple[str, list[tuple[str, dict]]]:
+    """Every alive node's `node_report`, run on that node (a GPU node's with one of its GPUs); a summary line."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    probe = ray.remote(node_report)
+    refs = []
+    for node in nodes:
+        gpus = node["Resources"].get("GPU", 0)
+        options = {"num_cpus": 0, "num_gpus": 1 if gpus else 0}
+        strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        refs.append(probe.options(scheduling_strategy=strategy, **options).remote())
+    reports = ray.get(refs, timeout=600)
+    for node, report in zip(nodes, reports):
+        report["gpus_declared"] = int(node["Resources"].get("GPU", 0))
+    total = ray.cluster_resources()
+    summary = f"{len(nodes)} Ray nodes, {total.get('CPU', 0):.0f} CPUs and {total.get('GPU', 0):.0f} GPUs in all"
+    return summary, [(n["NodeManagerAddress"], r) for n, r in zip(nodes, reports)]
+
+
+def task_pid() -> int:
+    """A trivial task: that Ray runs it at all."""
+    return os.getpid()
+
+
+def format_findings(findings: list[Finding], indent: str = "  ") -> list[str]:
+    lines = []
+    for f in findings:
+        lines.append(f"{indent}{f.level:<8} {f.what}: {f.detail}")
+        if f.fix and f.level != "ok":
+            lines.append(f"{indent}{'':<8} fix: {f.fix}")
+    return lines
+
+
+def describe_node(report: dict) -> str:
+    gpus = f"{len(report['gpus'])} x {report['gpus'][0]}" if report["gpus"] else "no GPU"
+    return (
+        f"{report['host']}: {report['cpus']} cores, {gpus}; Python {report['python']}; "
+        f"hardware id {report['hardware'] or 'unknown'}"
+    )

@@ -1,0 +1,117 @@
+"""`shard-ray doctor` as a user types it, its verdicts on nodes it cannot meet here, and the GPU install
+route of the launcher files checked against fbgemm's release rule."""
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from shard_ray.doctor import cuda_tag, expected_fbgemm, node_findings
+
+REPO = Path(__file__).resolve().parent.parent
+SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SHARD_RAY, "doctor", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_doctor_on_this_machine(tmp_path):
+    done = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert re.search(r"ok +fbgemm: fbgemm-gpu-cpu 1\.8\.\d+, the release for torch 2\.13", out), out
+    assert re.search(r"ok +fused kernels: a fused shard trained on cpu: forward [0-9.]+ ms", out), out
+    assert "ok       Ray: a local Ray starts and runs tasks" in out
+    assert f"local store {tmp_path / 'mlflow.db'}" in out and not (tmp_path / "mlflow.db").exists()
+    assert out.rstrip().endswith("no problems found")
+
+
+def test_doctor_names_what_is_unreachable_and_exits_1_at_once(tmp_path):
+    port = _free_port()
+    done = doctor(tmp_path, "--address", f"127.0.0.1:{port}", "--tracking-uri", f"http://127.0.0.1:{port}")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"problem  Ray: nothing answers at the Ray address 127.0.0.1:{port}" in done.stdout
+    assert f"problem  MLflow: the tracking server at http://127.0.0.1:{port} does not answer" in done.stdout
+    assert "fix: start it (`mlflow server" in done.stdout
+    assert "2 problems found: Ray; MLflow" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_this_machine_only_starts_no_ray(tmp_path):
+    done = doctor(tmp_path, "--this-machine")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Ray:" not in done.stdout and "fused kernels" in done.stdout
+
+
+def _gpu_node(**changes) -> dict:
+    report = {
+        "host": "gpu-node",
+        "python": "3.12.3",
+        "cpus": 64,
+        "torch": "2.13.0+cu130",
+        "torch_cuda": "13.0",
+        "gpus": ["NVIDIA H100 80GB HBM3"] * 8,
+        "nccl": "2.27.5",
+        "fbgemm": {"package": "fbgemm-gpu", "version": "1.8.0+cu130"},
+        "fused_shard": {"device": "cuda", "fwd_ms": 0.05, "bwd_ms": 0.1},
+        "hardware": "cuda:NVIDIA H100 80GB HBM3",
+    }
+    return {**report, **changes}
+
+
+def _problems(report: dict) -> dict[str, str]:
+    return {f.what: f"{f.detail} | {f.fix}" for f in node_findings(report) if f.level == "problem"}
+
+
+def test_verdicts_on_gpu_nodes():
+    assert _problems(_gpu_node()) == {}
+    # The CPU fbgemm left in place on a CUDA node (the route's uninstall skipped): its fix installs the CUDA build.
+    cpu_fbgemm = _problems(_gpu_node(fbgemm={"package": "fbgemm-gpu-cpu", "version": "1.8.0"}))
+    assert "no CUDA kernels" in cpu_fbgemm["fbgemm"]
+    assert "pip install fbgemm-gpu==1.8.* --index-url https://download.pytorch.org/whl/cu130" in cpu_fbgemm["fbgemm"]
+    # fbgemm of another torch release, and of another CUDA build.
+    assert (
+        "not the release for torch 2.13.0 (1.8)"
+        in _problems(_gpu_node(fbgemm={"package": "fbgemm-gpu", "version": "1.6.0"}))["fbgemm"]
+    )
+    other_cuda = _problems(_gpu_node(fbgemm={"package": "fbgemm-gpu", "version": "1.8.0+cu128"}))
+    assert "built for cu128, torch for cu130" in other_cuda["fbgemm"]
+    # torch's CPU build on a node whose GPUs Ray counts; kernels that do not load; no NCCL.
+    cpu_torch = _problems(_gpu_node(torch="2.13.0+cpu", torch_cuda=None, gpus=[], nccl=None, gpus_declared=8))
+    assert "has no CUDA, but the node has GPUs" in cpu_torch["torch"]
+    broken = _problems(_gpu_node(fused_shard={"error": "RuntimeError: no kernel image is available"}))
+    assert "no kernel image" in broken["fused kernels"]
+    assert "NCCL" in _problems(_gpu_node(nccl=None))
+
+
+def test_the_gpu_install_route_pairs_fbgemm_with_torch_and_its_cuda():
+    """Every place that installs the CUDA stack (the AWS launcher file, the KubeRay image recipe, the
+    README) installs the fbgemm-gpu release made for its torch, from the index of the same CUDA build."""
+    setup = "\n".join(yaml.safe_load((REPO / "cluster" / "gpu-cloud.yaml").read_text())["setup_commands"])
+    routes = {
+        "gpu-cloud.yaml": setup,
+        "cluster/README.md": (REPO / "cluster" / "README.md").read_text(),
+        "README.md": (REPO / "README.md").read_text(),
+    }
+    for where, text in routes.items():
+        torch = re.findall(r"torch==([\d.]+) --index-url https://download\.pytorch\.org/whl/(cu\d+)", text)
+        fbgemm = re.findall(r"fbgemm-gpu==([\d.]+) --index-url https://download\.pytorch\.org/whl/(cu\d+)", text)
+        assert torch and fbgemm, f"{where}: no CUDA install route found"
+        for (torch_version, torch_cuda), (fbgemm_version, fbgemm_cuda) in zip(torch, fbgemm, strict=True):
+            assert fbgemm_version.startswith(expected_fbgemm(torch_version) + "."), (
+                where,
+                torch_version,
+                fbgemm_version,
+            )
+            assert fbgemm_cuda == torch_cuda, where
+    assert expected_fbgemm("2.11.0") == "1.6" and expected_fbgemm("2.4.1") is None and cuda_tag("12.8") == "cu128"
