@@ -322,3 +322,38 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     assert f"models of {shipped.hardware}, evaluated on measurements of {other}" in printed
     result = json.loads(printed.strip().splitlines()[-1])
     assert result["hardware"] == {"models": shipped.hardware, "measurements": other} and result["n"] == 4
+
+
+def test_hosts_price_inter_host_traffic_apart(shipped, pool):
+    """Over hosts the comm model prices the intra-host share and each device's inter-host traffic is
+    priced at the stated bandwidth: the same plan costs more over slower links, the simulator and the
+    searches' pricer agree, one host prices as before, and the bound stays below."""
+    from shard_ray.costmodel.pricing import over_hosts
+
+    models = shipped
+    tables = pool[:24]
+    widths = np.array([300.0, 100.0, 50.0, 50.0, 0.0, 0.0, 0.0, 0.0])
+    predicted = models.predict_comm(widths, 1024)
+    assert np.array_equal(over_hosts(predicted, widths, 1024, None, 12.5), predicted)
+    assert np.array_equal(over_hosts(predicted, widths, 1024, 8, 12.5), predicted)
+    # Hosts of 4 at 1 GB/s: device 0 sends 300 x 4/8 floats a sample to the other host; device 4
+    # holds nothing and receives host 0's 500 columns' 1/8 share; 4 bytes a float, batch 1024.
+    priced = over_hosts(predicted, widths, 1024, 4, 1.0)
+    ms_per_float = 1024 * 4 / 1e9 * 1e3
+    assert priced[0] == pytest.approx(predicted[0] * 3 / 7 + 150 * ms_per_float, rel=1e-6)
+    assert priced[4] == pytest.approx(predicted[4] * 3 / 7 + 62.5 * ms_per_float, rel=1e-6)
+
+    costs = {}
+    for per_host, gbps in ((None, 12.5), (2, 12.5), (2, 0.5)):
+        topology = Topology(num_devices=8, memory_bytes=4 * GB, devices_per_host=per_host, inter_host_gbps=gbps)
+        plan = place("size_lookup_greedy", tables, topology)  # one plan, whatever the hosts
+        simulated = Simulator(models).plan_cost(plan, tables, 1024).cost_ms
+        pieces = [p for shard in plan.pieces(tables) for p in shard]
+        assign = np.array([d for d, shard in enumerate(plan.pieces(tables)) for _ in shard])
+        assert Pricer(models, topology).plan_cost(pieces, assign) == pytest.approx(simulated, rel=1e-6)
+        assert lower_bound_ms(models, tables, topology) <= simulated
+        costs[(per_host, gbps)] = simulated
+    assert costs[(2, 0.5)] > costs[(2, 12.5)]
+    searched = place("cost_search", tables, Topology(num_devices=8, memory_bytes=4 * GB, devices_per_host=2))
+    assert searched.settings.devices_per_host == 2 and searched.settings.inter_host_gbps == 12.5
+    assert searched.estimate.predicted.cost_ms >= searched.estimate.lower_bound_ms

@@ -45,6 +45,12 @@ class TopologyArgs:
         "(default: the plan file's, else one host holds every device)",
         min=1,
     )
+    inter_host_gbps: float | None = setting(
+        None,
+        "each device's bandwidth to other hosts in GB/s, priced when --devices-per-host splits the devices "
+        f"(default: the plan file's, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's)",
+        min=1e-9,
+    )
 
     def topology(self, num_devices: int, recorded: PlanSettings | None = None) -> Topology:
         """The topology these flags give, a plan's `recorded` settings filling what is not given."""
@@ -56,6 +62,7 @@ class TopologyArgs:
             "batch_size": self.batch_size or recorded_values.get("batch_size"),
             "optimizer": self.optimizer or recorded_values.get("optimizer"),
             "devices_per_host": self.devices_per_host or recorded_values.get("devices_per_host"),
+            "inter_host_gbps": self.inter_host_gbps or recorded_values.get("inter_host_gbps"),
         }
         per_host = values["devices_per_host"]
         if per_host and num_devices % per_host:

@@ -55,8 +55,14 @@ class Pricer:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
         return self.models.compute_from_sums(sums, counts).sum(axis=1)
 
+    def collectives(self, widths: np.ndarray) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart."""
+        topology = self.topology
+        predicted = self.models.predict_comm(widths, topology.batch_size)
+        return over_hosts(predicted, widths, topology.batch_size, topology.devices_per_host, topology.inter_host_gbps)
+
     def comm(self, widths: np.ndarray) -> np.ndarray:
-        return self.models.predict_comm(widths, self.topology.batch_size).sum(axis=1)
+        return self.collectives(widths).sum(axis=1)
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
@@ -70,7 +76,7 @@ class Pricer:
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample."""
-        return self.models.predict_comm(inputs, self.topology.batch_size)[:, 0]
+        return self.collectives(inputs)[:, 0]
 
     def device_costs(self, encodings: torch.Tensor, sizes: ItemSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the items on `assign`."""
@@ -82,8 +88,44 @@ class Pricer:
         costs = self.compute(sums, counts) + self.comm(device_widths) + self.input_dist(device_inputs)
         if sizes.syncs.any():
             device_syncs = np.bincount(assign, weights=sizes.syncs, minlength=d)
-            costs += self.models.predict_comm(device_syncs, self.topology.batch_size)[:, 1]
+            costs += self.collectives(device_syncs)[:, 1]
         return costs
+
+
+def over_hosts(
+    predicted: np.ndarray, widths: np.ndarray, batch_size: int, devices_per_host: int | None, inter_host_gbps: float
+) -> np.ndarray:
+    """All-to-all ms [D, k] of devices on hosts of `devices_per_host`, from the comm model's `predicted`
+    ms of the same devices on one host: the intra-host share of each device's peers at the model's
+    price, plus its inter-host traffic at `inter_host_gbps`.
+
+    With the batch split evenly, device d sends width_d x B/D floats to each peer, (D - L) of them
+    on other hosts, and receives width_j x B/D from each peer j on another host; the slower of the
+    two directions sets its inter-host time. The widest device's sending bounds every device's
+    receiving, so for table- and column-wise plans hosts raise the price without changing which
+    layout is cheapest; they change it for traffic a layout can keep inside a host (row-wise
+    partial sums, replicas' all-reduce), which is priced as one host still. The comm model has not
+    measured inter-host links (on one machine there are none); calibration on a cluster of hosts
+    is to learn them.
+    """
+    d = len(widths)
+    if devices_per_host is None or devices_per_host >= d:
+        return predicted
+    widths = np.asarray(widths, dtype=np.float64)
+    local = devices_per_host
+    hosts = np.arange(d) // local
+    own_host = np.bincount(hosts, weights=widths)[hosts]
+    sent = widths * (d - local) / d
+    received = (widths.sum() - own_host) / d
+    inter_ms = np.maximum(sent, received) * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
+    return predicted * intra_host_share(d, local) + inter_ms[:, None]
+
+
+def intra_host_share(num_devices: int, devices_per_host: int | None) -> float:
+    """The share of a device's all-to-all peers on its own host."""
+    if devices_per_host is None or devices_per_host >= num_devices:
+        return 1.0
+    return (devices_per_host - 1) / (num_devices - 1)
 
 
 def input_width(piece: TablePiece) -> float:

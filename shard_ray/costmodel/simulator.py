@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import input_width, output_width, sync_width
+from shard_ray.costmodel.pricing import input_width, output_width, over_hosts, sync_width
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 
@@ -23,12 +24,23 @@ class Simulator:
         self.models = models
 
     def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
+        """The plan's predicted costs; over the hosts its settings record (`plan --devices-per-host`), if any."""
         shards = plan.pieces(tables)
+        settings = plan.settings
+        per_host = settings.devices_per_host if settings is not None else None
+        inter_gbps = (settings.inter_host_gbps if settings is not None else None) or Topology.model_fields[
+            "inter_host_gbps"
+        ].default
+
+        def collectives(widths: list[float]) -> np.ndarray:
+            widths = np.asarray(widths, dtype=np.float64)
+            return over_hosts(self.models.predict_comm(widths, batch_size), widths, batch_size, per_host, inter_gbps)
+
         compute = self.models.predict_shards(shards, batch_size)
-        comm = self.models.predict_comm([sum(output_width(p) for p in shard) for shard in shards], batch_size)
-        inputs = self.models.predict_comm([sum(input_width(p) for p in shard) for shard in shards], batch_size)
+        comm = collectives([sum(output_width(p) for p in shard) for shard in shards])
+        inputs = collectives([sum(input_width(p) for p in shard) for shard in shards])
         syncs = [sum(sync_width(p, batch_size, self.models.rows_cap) for p in shard) for shard in shards]
-        sync = self.models.predict_comm(syncs, batch_size)[:, 1] if any(syncs) else np.zeros(len(shards))
+        sync = collectives(syncs)[:, 1] if any(syncs) else np.zeros(len(shards))
         return PlanCost(
             devices=[
                 DeviceCost(

@@ -171,6 +171,7 @@ def place(
         batch_size=topology.batch_size,
         optimizer=topology.optimizer,
         devices_per_host=topology.devices_per_host,
+        inter_host_gbps=topology.inter_host_gbps if topology.num_hosts > 1 else None,
         seed=seed,
         algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=settings_source,
@@ -179,11 +180,12 @@ def place(
     plan = plan.model_copy(
         update={
             "placement_seconds": elapsed,
-            "settings": recorded,
+            "settings": recorded,  # the hosts the estimate prices come with the settings
             "memory_bytes": plan.device_memory_bytes(tables, topology),
-            "estimate": _estimate(plan, tables, topology, context) if context.used_models else None,
         }
     )
+    if context.used_models:
+        plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
     return plan
 
 

@@ -340,6 +340,7 @@ class PlanSettings(BaseModel):
     batch_size: int = Field(ge=1)
     optimizer: Optimizer
     devices_per_host: int | None = None  # None: one host holds every device
+    inter_host_gbps: float | None = None  # each device's bandwidth to other hosts; recorded for plans over hosts
     seed: int = 0
     algorithm: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own settings, as it used them
     source: str | None = None  # the file they were read from (a tuned-config file), if any

@@ -27,6 +27,8 @@ class Topology(BaseModel):
 
     Devices are numbered host by host, as torch.distributed ranks are: device d is on host
     d // devices_per_host. `devices_per_host` None means one host holds them all.
+    `inter_host_gbps` is each device's bandwidth to other hosts in GB/s (a NIC per GPU, as with
+    GPUDirect RDMA; TorchRec's planner assumes 12.5), priced only when the devices span hosts.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -36,6 +38,7 @@ class Topology(BaseModel):
     batch_size: int = Field(default=1024, ge=1)
     optimizer: Optimizer = "rowwise_adagrad"
     devices_per_host: int | None = Field(default=None, ge=1)
+    inter_host_gbps: float = Field(default=12.5, gt=0)
 
     @model_validator(mode="after")
     def _whole_hosts(self) -> Topology:
