@@ -349,6 +349,7 @@ def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ra
         (["--algo", "dreamshard", "--set", "samples=abc"], "samples"),
         (["--algo", "cost_search", "--set", "beam_width"], "NAME=VALUE"),
         (["--algo", "random", "--device", "2"], "--devices"),
+        (["--algo", "random", "--devices-per-host", "3"], "does not divide 2 devices"),
     ],
 )
 def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsys, table_file, flags, message):
@@ -357,3 +358,9 @@ def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsy
     if "--device" not in flags:
         argv += ["--devices", "2"]
     assert_refused(capsys, argv, message, out)
+
+
+def test_calibrate_refuses_hosts(tmp_path, capsys, table_file):
+    out = tmp_path / "models.pt"
+    argv = ["calibrate", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--out", str(out)]
+    assert_refused(capsys, argv, "calibrate measures the devices of one host", out)

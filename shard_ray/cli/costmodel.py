@@ -159,6 +159,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         whole_task = memory_cap_with_headroom(tables, flags.devices, float(flags.devices))
         topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
     topology = topology_flags.topology(flags.devices)
+    if topology.num_hosts > 1:
+        # Its comm model would learn inter-host time as one host's, which planning over hosts then
+        # prices a second time (README: Hosts, Roadmap).
+        raise ShardRayError(
+            "calibrate measures the devices of one host: the comm model has no inter-host share to learn yet, and "
+            "plans over hosts price inter-host traffic at --inter-host-gbps; give --devices up to one node's count "
+            "without --devices-per-host"
+        )
     tracking_uri, experiment = tracking(args)
     start_path = str(flags.cost_model or models_for(hardware_id(threads=1)))
     start = CostModels.load(start_path)
