@@ -17,6 +17,7 @@ comma-separated values, `true` a bare flag; `false` and `null` leave the flag ou
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from dataclasses import field
 from pathlib import Path
@@ -78,6 +79,10 @@ def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if typing.get_origin(hints[name]) is tuple and not isinstance(value, (list, tuple)):
+            raise ShardRayError(f"{what}: {name} takes a list, e.g. {name}=[{value}], got {value!r}")
     try:
         config = TypeAdapter(cls).validate_python(values)
     except ValidationError as err:
