@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -291,3 +292,17 @@ def test_cost_search_chooses_a_sharding_type_per_table():
     assert every.estimate.predicted.cost_ms <= limited.estimate.predicted.cost_ms
     with pytest.raises(ShardRayError, match="sharding_types must include table_wise"):
         place("cost_search", tables, topology, settings={"sharding_types": ["row_wise"]})
+
+
+def test_cost_search_never_leaves_two_column_slices_of_a_table_on_one_device():
+    """The MLPerf DLRM shapes on 4 devices: before slices were joined, four tables had two of their
+    column slices on one device (lookups run twice in one kernel)."""
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(Path(__file__).resolve().parent.parent / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
+    plan = place("cost_search", tables, Topology(num_devices=4, memory_bytes=64 * GB), settings={"time_budget_s": None})
+    by_table: dict[str, list[int]] = {}
+    for shard in plan.shards:
+        by_table.setdefault(shard.table, []).append(shard.device)
+    assert all(len(devices) == len(set(devices)) for devices in by_table.values()), by_table
+    plan.check(tables)

@@ -16,6 +16,7 @@ Pricing is incremental (`shard_ray.costmodel.pricing`).
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -363,7 +364,42 @@ def beam_search(
         best = typed
         progress.show("sharding types", best.cost)
     progress.close()
-    return best, cut_short or time.perf_counter() >= deadline
+    return joined_columns(pricer, best), cut_short or time.perf_counter() >= deadline
+
+
+def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
+    """The candidate with each device's column slices of a table joined into one range.
+
+    Two slices on one device run the table's lookups twice in the same kernel and send its ids
+    twice; the models, which price a slice as a table of its share of the columns, can find that
+    cheaper, but no real kernel is, and TorchRec never plans it. Which columns a slice holds does
+    not change its price, so a table's slices are laid out device by device and each device's
+    become one."""
+    by_table: dict[str, list[int]] = defaultdict(list)
+    for i, piece in enumerate(candidate.items):
+        by_table[piece.table.name].append(i)
+    items: list[TablePiece] = []
+    assign: list[int] = []
+    for indices in by_table.values():
+        pieces = [candidate.items[i] for i in indices]
+        devices = [int(candidate.assign[i]) for i in indices]
+        free_slices = all(p.rows is None and not p.replicated and p.devices is None and p.group is None for p in pieces)
+        if len(set(devices)) == len(devices) or not free_slices:
+            items += pieces
+            assign += devices
+            continue
+        width_on: dict[int, int] = defaultdict(int)
+        for piece, device in zip(pieces, devices):
+            width_on[device] += piece.width
+        start = 0
+        for device, width in width_on.items():
+            items.append(pieces[0].model_copy(update={"columns": (start, start + width)}))
+            assign.append(device)
+            start += width
+    if len(items) == len(candidate.items):
+        return candidate
+    joined = np.array(assign, dtype=np.int64)
+    return Candidate(items, joined, pricer.plan_cost(items, joined))
 
 
 class _Progress:
