@@ -1,6 +1,7 @@
 """`shard-ray doctor` as a user types it, its verdicts on nodes it cannot meet here, and the GPU install
 route of the launcher files checked against fbgemm's release rule."""
 
+import os
 import re
 import socket
 import subprocess
@@ -22,7 +23,11 @@ def _free_port() -> int:
 
 
 def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SHARD_RAY, "doctor", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # As in a fresh shell: the suite's own Ray exports RAY_ADDRESS, which doctor would join.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
+        [SHARD_RAY, "doctor", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_doctor_on_this_machine(tmp_path):
