@@ -23,8 +23,8 @@ def _free_port() -> int:
 
 
 def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    # As in a fresh shell: the suite's own Ray exports RAY_ADDRESS, which doctor would join.
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # As in a fresh shell: tests before may have exported a Ray address or an MLflow URI (mlflow does).
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     return subprocess.run(
         [SHARD_RAY, "doctor", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
