@@ -205,7 +205,9 @@ def mlflow_finding(tracking_uri: str) -> Finding:
                 "start it (`mlflow server --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000`) "
                 "or give --no-mlflow to the commands",
             )
-        return Finding("MLflow", "ok" if healthy else "problem", f"tracking server at {tracking_uri} is up")
+        if not healthy:
+            return Finding("MLflow", "problem", f"the tracking server at {tracking_uri} answers /health with an error")
+        return Finding("MLflow", "ok", f"tracking server at {tracking_uri} is up")
     if tracking_uri.startswith("sqlite:///"):
         path = Path(tracking_uri.removeprefix("sqlite:///"))
         folder = path.parent if path.parent.exists() else Path.cwd()

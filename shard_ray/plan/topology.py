@@ -62,9 +62,6 @@ class Topology(BaseModel):
     def num_hosts(self) -> int:
         return self.num_devices // self.local_world_size
 
-    def host_of(self, device: int) -> int:
-        return device // self.local_world_size
-
 
 def shard_bytes(table: TableSpec, width: int, optimizer: Optimizer, rows: int | None = None) -> int:
     """Bytes `width` columns of `rows` rows (all, by default) of a table take: weights at their precision plus optimizer state.

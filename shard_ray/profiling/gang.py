@@ -349,9 +349,9 @@ class DeviceGang:
         fitting = sum(all(node.get(k, 0) >= v for k, v in host_bundle.items()) for node in nodes)
         if fitting < hosts:
             raise ShardRayError(
-                f"a gang of {hosts} hosts with {self.devices_per_host} devices each needs {hosts} Ray nodes with "
-                f"{host_bundle} free, but the cluster has {fitting} such nodes ({len(nodes)} nodes in all); join a "
-                "cluster with more nodes (--address) or give fewer --devices-per-host"
+                f"a gang of {hosts} hosts with {self.devices_per_host} devices each needs {hosts} Ray nodes of "
+                f"{host_bundle} or more, but the cluster has {fitting} such nodes ({len(nodes)} nodes in all); join a "
+                "cluster with more nodes (--address), or plan for fewer hosts (a larger --devices-per-host)"
             )
 
     def _start(self) -> None:
