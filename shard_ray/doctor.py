@@ -126,10 +126,11 @@ def node_findings(report: dict) -> list[Finding]:
     fbgemm = report["fbgemm"]
     wanted = expected_fbgemm(torch_version)
     cpu_package = fbgemm is not None and fbgemm["package"].endswith("cpu")
+    pin = f"=={wanted}.*" if wanted else ""  # torch before 2.5: FBGEMM's table has no rule to pin by
     fbgemm_fix = (
-        f"pip uninstall -y fbgemm-gpu-cpu fbgemm-gpu; pip install fbgemm-gpu=={wanted}.* --index-url {cuda_index}"
+        f"pip uninstall -y fbgemm-gpu-cpu fbgemm-gpu; pip install fbgemm-gpu{pin} --index-url {cuda_index}"
         if torch_cuda
-        else f"pip install fbgemm-gpu-cpu=={wanted}.*"
+        else f"pip install fbgemm-gpu-cpu{pin}"
     )
     if fbgemm is None:
         findings.append(Finding("fbgemm", "problem", "no fbgemm-gpu package is installed", fbgemm_fix))
