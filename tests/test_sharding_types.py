@@ -68,7 +68,7 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
         (
             "tables: {cat_0: {not_types: [table_wise, column_wise, row_wise, data_parallel]}}",
             [],
-            "types any, not_types",
+            "(table_row_wise needs several hosts (--devices-per-host))",
         ),
         ("tables: {cat_0: {devices: [0]}}", ["--algo", "random"], "'random' does not take a constraints file"),
         ("[1, 2]", [], "expected an object with 'tables' and/or 'groups'"),
@@ -129,3 +129,61 @@ def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     assert {s.device for s in plan.shards if s.table == "a"} == {1}
     assert sharding_type_of(specs["b"], [s for s in plan.shards if s.table == "b"]) == "row_wise"
     assert plan.settings.constraints == {"tables": {"a": {"devices": [1]}, "b": {"types": ["row_wise"]}}}
+
+
+def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
+    """Over hosts, a table too large for a device goes row-wise over one host's devices when the link
+    between hosts is slow: its partial sums are added up inside the host and 1/4 of them cross. The
+    plan file, the explanation and the TorchRec export say so; the pricer and the simulator agree."""
+    import numpy as np
+
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer, host_reduce
+    from shard_ray.costmodel.simulator import Simulator
+    from shard_ray.plan.plan import table_options
+    from shard_ray.plan.topology import GB, Topology
+
+    # 40M x 128 fp32 is 20.5 GB: no 8 GB device holds it whole or in column halves; a host's quarter does.
+    document = {"tables": [{"name": "big", "rows": 40_000_000, "dim": 128, "pooling_factor": 20.0}]}
+    document["tables"] += [{"name": f"s{i}", "rows": 100_000, "dim": 64, "pooling_factor": 10.0} for i in range(12)]
+    tables_file, plan_file, export_file = tmp_path / "tables.json", tmp_path / "plan.json", tmp_path / "torchrec.json"
+    tables_file.write_text(json.dumps(document))
+    hosts = ["--devices", "8", "--devices-per-host", "4", "--memory-gb", "8", "--inter-host-gbps", "1"]
+    result = shard_ray(
+        "plan", "--tables", str(tables_file), *hosts, "--algo", "cost_search", "--explain", "--out", str(plan_file)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "table_row_wise" in result.stdout
+    plan, tables = load_plan(plan_file), load_tables(tables_file)
+    big = [s for s in plan.shards if s.table == "big"]
+    assert sharding_type_of(tables[0], big, 4) == "table_row_wise"
+    assert sharding_type_of(tables[0], big) == "row_wise"  # the same shards without hosts
+    assert len({s.device // 4 for s in big}) == 1 and len(big) == 4
+    assert all(p.within_host == 4 for pieces in plan.pieces(tables) for p in pieces if p.table.name == "big")
+
+    models = CostModels.load(default_cost_model_path())
+    topology = Topology(num_devices=8, memory_bytes=8 * GB, devices_per_host=4, inter_host_gbps=1.0)
+    pieces = plan.pieces(tables)
+    items = [p for shard in pieces for p in shard]
+    assign = np.array([d for d, shard in enumerate(pieces) for _ in shard])
+    simulated = Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms
+    assert Pricer(models, topology).plan_cost(items, assign) == pytest.approx(simulated, rel=1e-6)
+    assert plan.estimate.predicted.cost_ms == pytest.approx(simulated, rel=1e-6)
+    # The intra-host sums are each host's all-to-all of those widths as the comm model prices it on 4 devices.
+    sums = np.array([128.0, 128.0, 64.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    reduced = host_reduce(models, sums, 1024, 4)
+    assert np.allclose(reduced[:3], models.predict_comm(sums[:4], 1024)[:3]) and not reduced[3:].any()
+    # Row-wise over all devices was the other type that fits, and the explanation priced it higher.
+    explained = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith("big ")}
+    assert explained["big"][1] == "table_row_wise" and explained["big"][3] == "row_wise"
+    assert float(explained["big"][4]) > simulated
+    # On one host it is no option.
+    assert "table_row_wise" not in table_options(tables[0], Topology(num_devices=8, memory_bytes=8 * GB))
+
+    result = shard_ray("export", "--plan", str(plan_file), "--tables", str(tables_file), "--out", str(export_file))
+    assert result.returncode == 0, result.stderr
+    exported = json.loads(export_file.read_text())
+    host = big[0].device // 4
+    assert exported["local_world_size"] == 4
+    assert exported["tables"]["big"]["sharding_type"] == "table_row_wise"
+    assert exported["tables"]["big"]["ranks"] == [4 * host + k for k in range(4)]

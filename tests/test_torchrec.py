@@ -13,7 +13,7 @@ from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import embedding_bag_configs, export_plan, load_sharding_plan, sharding_plan
 from shard_ray.placement import place
-from shard_ray.plan.plan import Plan, Shard, load_plan, row_wise
+from shard_ray.plan.plan import Plan, PlanSettings, Shard, load_plan, row_wise, table_row_wise
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables, save_tables
@@ -188,6 +188,20 @@ def test_row_wise_export_is_torchrec_own_layout(tmp_path):
     ])  # fmt: skip
     with pytest.raises(ShardRayError, match="table 'few''s row shards are not TorchRec's row-wise layout"):
         export_plan(uneven, tables)
+    # Table-row-wise over host 1 of two hosts of 4: TorchRec's blocks over the local world, on that host's ranks.
+    pieces = [p for t in tables for p in table_row_wise(t, 4, 1)]
+    plan = Plan.from_assignment(pieces, [p.devices[0] for p in pieces], 8, "twrw")
+    plan.settings = PlanSettings(memory_gb=1, batch_size=512, optimizer="sgd", devices_per_host=4)
+    exported = export_plan(plan, tables)
+    for table in tables:
+        sizes, offsets = calculate_shard_sizes_and_offsets(
+            torch.empty(table.rows, table.dim, device="meta"), 8, 4, "table_row_wise"
+        )
+        mine = exported.tables[table.name]
+        assert mine.sharding_type == "table_row_wise" and mine.ranks == [4, 5, 6, 7]
+        assert [list(s.sizes) for s in mine.shards] == sizes and [list(s.offsets) for s in mine.shards] == offsets
+    sharding = sharding_plan(exported).plan[""]["few"]
+    assert [m.placement.device().index for m in sharding.sharding_spec.shards] == [0, 1, 2, 3]
 
 
 def test_torchrec_planner_plans_every_type_shard_ray_runs():

@@ -57,7 +57,7 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
 
     A plan's encodings add up to at least the sum of these, so, the compute model being monotone in
     every coordinate, they price every plan from below. The types are every one the searches make
-    (whole, column halves and quarters, row-wise over the devices, data-parallel), fitting or not:
+    (whole, column halves and quarters, row-wise over the devices or a host's, data-parallel), fitting or not:
     more options only lower the bound. Identical pieces (equal row blocks, replicas, equal column
     slices) are encoded once and counted.
     """
@@ -69,12 +69,10 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
             if table.dim % (4 * ways) == 0:
                 options.append([(TablePiece(table=table, columns=(0, table.dim // ways)), ways)])
         if d > 1:
-            block = row_block(table, d)
-            blocks = -(-table.rows // block)
-            last = TablePiece(table=table, columns=(0, table.dim), rows=((blocks - 1) * block, table.rows))
-            full = last.model_copy(update={"rows": (0, block)})
-            options.append([(full, blocks - 1), (last, 1)] if blocks > 1 else [(last, 1)])
+            options.append(_row_blocks(table, d))
             options.append([(replica(table, d, 0), d)])
+        if topology.num_hosts > 1 and topology.local_world_size > 1:
+            options.append(_row_blocks(table, topology.local_world_size))
         for option in options:
             for piece, weight in option:
                 pieces.append(piece)
@@ -85,3 +83,12 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
     sums = torch.zeros(len(table_of), encodings.shape[1]).index_add_(0, torch.tensor(option_of), encodings)
     index = torch.tensor(table_of)[:, None].expand_as(sums)
     return torch.zeros(len(tables), sums.shape[1]).scatter_reduce_(0, index, sums, reduce="amin", include_self=False)
+
+
+def _row_blocks(table: TableSpec, ways: int) -> list[tuple[TablePiece, int]]:
+    """The table's row blocks over `ways` devices, as (piece, how many alike): all full but the last."""
+    block = row_block(table, ways)
+    blocks = -(-table.rows // block)
+    last = TablePiece(table=table, columns=(0, table.dim), rows=((blocks - 1) * block, table.rows))
+    full = last.model_copy(update={"rows": (0, block)})
+    return [(full, blocks - 1), (last, 1)] if blocks > 1 else [(last, 1)]

@@ -141,19 +141,20 @@ class CommCostNet(nn.Module):
 
 
 def comm_feature_rows(
-    width: np.ndarray, total: float, max_width: np.ndarray | float, batch_size: int, devices: int
+    width: np.ndarray, total: np.ndarray | float, max_width: np.ndarray | float, batch_size: int, devices: int
 ) -> np.ndarray:
     """[n, len(COMM_FEATURES)] for devices of `width` columns in plans of `total` columns."""
     width = np.asarray(width, dtype=np.float64)
     n = len(width)
+    total = np.broadcast_to(np.asarray(total, dtype=np.float64), (n,))
     return np.stack(
         [
             np.log2(1.0 + width),
-            np.full(n, math.log2(1.0 + total)),
+            np.log2(1.0 + total),
             np.log2(1.0 + np.broadcast_to(max_width, (n,))),
             np.full(n, batch_context(batch_size)),
             np.full(n, math.log2(devices)),
-            width / total if total > 0 else np.zeros(n),
+            np.divide(width, total, out=np.zeros(n), where=total > 0),
         ],
         axis=1,
     ).astype(np.float32)

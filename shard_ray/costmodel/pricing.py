@@ -89,7 +89,30 @@ class Pricer:
         if sizes.syncs.any():
             device_syncs = np.bincount(assign, weights=sizes.syncs, minlength=d)
             costs += self.collectives(device_syncs)[:, 1]
+        if sizes.host_sums.any():
+            device_sums = np.bincount(assign, weights=sizes.host_sums, minlength=d)
+            costs += host_reduce(
+                self.models, device_sums, self.topology.batch_size, self.topology.local_world_size
+            ).sum(axis=1)
         return costs
+
+
+def host_reduce(models: CostModels, host_sums: np.ndarray, batch_size: int, devices_per_host: int) -> np.ndarray:
+    """Each device's (fwd, bwd) ms [D, 2] adding up table-row-wise partial sums inside its host and sending the
+    gradients back (TorchRec's intra-host reduce-scatter and all-gather), from its `host_sums` columns
+    of partial sums per sample: each host's devices priced by the comm model as an all-to-all of
+    those widths among them, which moves the same bytes (each device sends (L-1)/L of its sums)."""
+    sums = np.asarray(host_sums, dtype=np.float64).reshape(-1, devices_per_host)
+    totals = sums.sum(axis=1, keepdims=True)
+    widest = sums.max(axis=1, keepdims=True)
+    features = comm_feature_rows(
+        sums.ravel(),
+        np.broadcast_to(totals, sums.shape).ravel(),
+        np.broadcast_to(widest, sums.shape).ravel(),
+        batch_size,
+        devices_per_host,
+    )
+    return np.where(sums.ravel()[:, None] > 0, models.comm_ms(features), 0.0)
 
 
 def over_hosts(
@@ -134,9 +157,15 @@ def input_width(piece: TablePiece) -> float:
     return 0.0 if piece.replicated else 2.0 * (piece.behaves_as().pooling_factor + 1.0)
 
 
-def output_width(piece: TablePiece) -> int:
-    """A piece's columns in the pooled embeddings' all-to-all; a replica's stay on its device."""
-    return 0 if piece.replicated else piece.width
+def output_width(piece: TablePiece) -> float:
+    """A piece's columns in the pooled embeddings' all-to-all; a replica's stay on its device, and a
+    table-row-wise block sends its share of its host's summed output (its partial sums: `host_sum_width`)."""
+    return 0 if piece.replicated else piece.width / piece.within_host
+
+
+def host_sum_width(piece: TablePiece) -> int:
+    """A table-row-wise block's partial-sum columns, added up inside its host (`host_reduce`)."""
+    return piece.width if piece.within_host > 1 else 0
 
 
 def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> float:
@@ -163,12 +192,14 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ItemSizes:
-    """Per item: output all-to-all, input all-to-all and gradient all-reduce widths (float columns),
-    memory need (bytes), the devices it may go to ([n, D] bools) and its constraints group (-1: none)."""
+    """Per item: output all-to-all, input all-to-all, gradient all-reduce and intra-host partial-sum
+    widths (float columns), memory need (bytes), the devices it may go to ([n, D] bools) and its
+    constraints group (-1: none)."""
 
     widths: np.ndarray
     inputs: np.ndarray
     syncs: np.ndarray
+    host_sums: np.ndarray
     need: np.ndarray
     allowed: np.ndarray
     group: np.ndarray
@@ -188,6 +219,7 @@ def item_sizes(items: list[TablePiece], topology: Topology, rows_cap: int | None
         widths=np.array([output_width(p) for p in items], dtype=np.float64),
         inputs=np.array([input_width(p) for p in items], dtype=np.float64),
         syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in items], dtype=np.float64),
+        host_sums=np.array([host_sum_width(p) for p in items], dtype=np.float64),
         need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
         allowed=_allowed_devices(items, topology.num_devices),
         group=np.array([-1 if p.group is None else p.group for p in items], dtype=np.int64),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import input_width, output_width, over_hosts, sync_width
+from shard_ray.costmodel.pricing import host_reduce, host_sum_width, input_width, output_width, over_hosts, sync_width
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
@@ -41,6 +41,9 @@ class Simulator:
         inputs = collectives([sum(input_width(p) for p in shard) for shard in shards])
         syncs = [sum(sync_width(p, batch_size, self.models.rows_cap) for p in shard) for shard in shards]
         sync = collectives(syncs)[:, 1] if any(syncs) else np.zeros(len(shards))
+        sums = [sum(host_sum_width(p) for p in shard) for shard in shards]
+        if any(sums):  # table-row-wise partial sums, added up inside each host (forward) and sent back (backward)
+            comm += host_reduce(self.models, np.asarray(sums), batch_size, plan.devices_per_host or plan.num_devices)
         return PlanCost(
             devices=[
                 DeviceCost(

@@ -32,7 +32,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_document, write_json
-from shard_ray.plan.plan import Plan, Shard, row_wise, sharding_type_of
+from shard_ray.plan.plan import (
+    Plan,
+    Shard,
+    TablePiece,
+    host_of_row_blocks,
+    row_wise,
+    sharding_type_of,
+    table_row_wise,
+)
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -60,7 +68,6 @@ def _adam() -> type:
 # shard-ray's optimizer names and the classes TorchRec's storage estimate knows
 _OPTIMIZERS = {"rowwise_adagrad": _row_wise_adagrad, "sgd": _sgd, "adam": _adam}
 # TorchRec's sharding types a shard-ray plan expresses, its planner may choose, and the export writes.
-# Table-row-wise is row-wise within a host: on one host it comes back as row shards.
 TORCHREC_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 
 
@@ -123,7 +130,11 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
         warnings.simplefilter("ignore")
         planner = EmbeddingShardingPlanner(
             topology=TorchRecTopology(
-                world_size=topology.num_devices, compute_device="cuda", hbm_cap=topology.memory_bytes
+                world_size=topology.num_devices,
+                compute_device="cuda",
+                hbm_cap=topology.memory_bytes,
+                local_world_size=topology.local_world_size,
+                inter_host_bw=topology.inter_host_gbps * 1024**3 / 1000,  # TorchRec's unit: bytes per ms
             ),
             batch_size=max(1, topology.batch_size // topology.num_devices),  # TorchRec's batch is per rank
             storage_reservation=HeuristicalStorageReservation(percentage=0.0, dense_tensor_estimate=0),
@@ -171,7 +182,7 @@ class ExportedShard(BaseModel):
 class ExportedTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sharding_type: Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+    sharding_type: Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
     compute_kernel: str = "fused"
     ranks: list[int] = Field(min_length=1)
     shards: list[ExportedShard] = []  # none for data-parallel: every rank holds the whole table
@@ -194,7 +205,8 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
     Table- and column-wise shards go as they are (column ranges in order); a data-parallel table is
     dense on every rank; a row-wise table must be in TorchRec's layout (blocks of ceil(rows / D)
     rows, block k on rank k, as `row_wise` cuts it), because TorchRec's input distribution
-    bucketizes ids that way, and goes with TorchRec's empty blocks for ranks past its rows.
+    bucketizes ids that way, and goes with TorchRec's empty blocks for ranks past its rows; a
+    table-row-wise table likewise over its host's ranks (blocks of ceil(rows / local world size)).
     """
     plan.check(tables)
     by_name = {t.name: t for t in tables}
@@ -204,13 +216,19 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
     exported = {}
     for name, shards in by_table.items():
         table = by_name[name]
-        kind = sharding_type_of(table, shards)
+        kind = sharding_type_of(table, shards, plan.devices_per_host)
         if kind == "data_parallel":
             exported[name] = ExportedTable(
                 sharding_type=kind, compute_kernel="dense", ranks=list(range(plan.num_devices))
             )
         elif kind == "row_wise":
             exported[name] = _row_wise_export(table, shards, plan.num_devices)
+        elif kind == "table_row_wise":
+            per_host = plan.devices_per_host
+            host = host_of_row_blocks(table, shards, per_host)
+            exported[name] = _row_blocks_export(
+                table, kind, table_row_wise(table, per_host, host), host * per_host, per_host
+            )
         elif kind == "grid":
             raise ShardRayError(
                 f"table {name!r} is split by rows and by columns (a grid), which the export does not write; "
@@ -239,17 +257,25 @@ def _row_wise_export(table: TableSpec, shards: list[Shard], world_size: int) -> 
     if sorted((s.rows or (0, table.rows), s.device) for s in shards) != [(p.row_range, p.devices[0]) for p in blocks]:
         raise ShardRayError(
             f"table {table.name!r}'s row shards are not TorchRec's row-wise layout (blocks of {blocks[0].row_count} "
-            "rows, block k on rank k), the only one its input distribution runs; plan it with shard-ray, which cuts "
-            "rows that way"
+            "rows, block k on rank k) nor, over hosts, its table-row-wise layout, the only ones its input "
+            "distribution runs; plan it with shard-ray, which cuts rows that way"
         )
-    # TorchRec gives the ranks past the table's rows an empty block, at the end of the rows.
-    sizes = [p.row_count for p in blocks] + [0] * (world_size - len(blocks))
-    offsets = [sum(sizes[:k]) for k in range(world_size)]
+    return _row_blocks_export(table, "row_wise", blocks, 0, world_size)
+
+
+def _row_blocks_export(
+    table: TableSpec, kind: str, blocks: list[TablePiece], first_rank: int, ranks: int
+) -> ExportedTable:
+    """Row blocks on `ranks` ranks from `first_rank`; TorchRec gives the ranks past the table's rows an
+    empty block, at the end of the rows."""
+    sizes = [p.row_count for p in blocks] + [0] * (ranks - len(blocks))
+    offsets = [sum(sizes[:k]) for k in range(ranks)]
     return ExportedTable(
-        sharding_type="row_wise",
-        ranks=list(range(world_size)),
+        sharding_type=kind,
+        ranks=list(range(first_rank, first_rank + ranks)),
         shards=[
-            ExportedShard(offsets=(o, 0), sizes=(z, table.dim), rank=k) for k, (o, z) in enumerate(zip(offsets, sizes))
+            ExportedShard(offsets=(o, 0), sizes=(z, table.dim), rank=first_rank + k)
+            for k, (o, z) in enumerate(zip(offsets, sizes))
         ],
     )
 

@@ -1,8 +1,8 @@
 """Sharding types per table, as TorchRec's enumerator lists them, chosen and explained with the cost models.
 
 A table may go table-wise (whole, on a device the search picks), column-wise (halves, each
-placed), row-wise (TorchRec's blocks, block k on device k) or data-parallel (a replica on every
-device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each
+placed), row-wise (TorchRec's blocks, block k on device k), table-row-wise (over hosts: blocks on
+the devices of one host, the host the search picks) or data-parallel (a replica on every device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each
 option for one table with every other table left where it is (its free pieces put on the device
 the simulated plan cost likes best), which is how `cost_search` chooses a table's type and how
 `plan --explain` says what the best other type would have cost.
@@ -19,22 +19,36 @@ from tqdm import tqdm
 
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, sharding_type_of, table_options, table_wise
+from shard_ray.plan.plan import (
+    SHARDING_TYPES,
+    Plan,
+    TablePiece,
+    sharding_type_of,
+    table_options,
+    table_row_wise,
+    table_wise,
+)
 from shard_ray.plan.topology import MemoryLedger
 from shard_ray.workload.tables import TableSpec
+
+# A table goes table-row-wise on the host, of this many least loaded, that prices the plan lowest.
+CANDIDATE_HOSTS = 4
 
 
 def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiece]) -> Candidate | None:
     """`placed` with `table`'s pieces replaced by `pieces`: pinned ones on their device, others each
     on the device that prices the plan lowest (among the `CANDIDATE_DEVICES` cheapest so far, where
-    more have room); None when they do not fit beside the rest."""
+    more have room) of those holding none of the table yet; None when they do not fit beside the rest."""
     keep = [i for i, p in enumerate(placed.items) if p.table.name != table]
     items = [placed.items[i] for i in keep] + sorted(pieces, key=lambda p: not p.restricted)
     enc, sizes = pricer.encodings(items), pricer.sizes(items)
     assign = np.append(placed.assign[keep], np.zeros(len(pieces), dtype=np.int64))
     ledger = MemoryLedger.of_assignment(pricer.topology, assign[: len(keep)], sizes.need[: len(keep)])
+    # Two column slices of the table on one device would run its lookups twice; the models can price
+    # that cheaper, no kernel is (see `shard_ray.placement.search.joined_columns`).
+    free = np.ones(pricer.topology.num_devices, dtype=bool)
     for k in range(len(keep), len(items)):
-        devices = np.flatnonzero(ledger.room(sizes.need[k]) & sizes.allowed[k])
+        devices = np.flatnonzero(ledger.room(sizes.need[k]) & sizes.allowed[k] & free)
         if not len(devices):
             return None
         if len(devices) > 1:
@@ -46,6 +60,7 @@ def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiec
             costs = [pricer.device_costs(enc[: k + 1], with_it, np.append(assign[:k], d)).max() for d in devices]
             devices = devices[[int(np.argmin(costs))]]
         assign[k] = devices[0]
+        free[devices[0]] = False
         ledger.take(int(devices[0]), sizes.need[k])
     return Candidate(items, assign, float(pricer.device_costs(enc, sizes, assign).max()))
 
@@ -59,7 +74,24 @@ def option_costs(
 ) -> dict[str, Candidate | None]:
     """Each sharding type of `table` with the rest of `placed` kept: the plan it makes (None: it does not fit)."""
     options = table_options(table, pricer.topology, constraints, allowed)
-    return {kind: switch(pricer, placed, table.name, pieces) for kind, pieces in options.items()}
+    made = {
+        kind: switch(pricer, placed, table.name, pieces) for kind, pieces in options.items() if kind != "table_row_wise"
+    }
+    if "table_row_wise" in options:
+        made["table_row_wise"] = _on_best_host(pricer, placed, table)
+    return made
+
+
+def _on_best_host(pricer: Pricer, placed: Candidate, table: TableSpec) -> Candidate | None:
+    """The table table-row-wise on the host that prices the plan lowest, of the `CANDIDATE_HOSTS`
+    least loaded (their slowest device the fastest) without it; None when it fits on none."""
+    topology = pricer.topology
+    others = [i for i, p in enumerate(placed.items) if p.table.name != table.name]
+    items = [placed.items[i] for i in others]
+    now = pricer.device_costs(pricer.encodings(items), pricer.sizes(items), placed.assign[others])
+    hosts = np.argsort(now.reshape(topology.num_hosts, -1).max(axis=1), kind="stable")[:CANDIDATE_HOSTS]
+    made = [switch(pricer, placed, table.name, table_row_wise(table, topology.local_world_size, int(h))) for h in hosts]
+    return min((c for c in made if c is not None), key=lambda c: c.cost, default=None)
 
 
 def choose_types(
@@ -114,7 +146,7 @@ def explain(
     choices = []
     for table in tqdm(tables, desc="explaining", unit="table", disable=not progress or len(tables) < 50):
         shards = [s for s in plan.shards if s.table == table.name]
-        kind = sharding_type_of(table, shards)
+        kind = sharding_type_of(table, shards, plan.devices_per_host)
         options = option_costs(pricer, placed, table, constraints)
         alternatives = {k: (c.cost if c is not None else None) for k, c in options.items() if k != kind}
         choices.append(TableChoice(table.name, kind, sorted({s.device for s in shards}), alternatives))

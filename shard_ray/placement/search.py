@@ -48,7 +48,8 @@ class SearchConfig:
     # column-wise are the beam's own); see `shard_ray.placement.options`. Data-parallel is left out by
     # default: the shipped models price its all-reduce from an all-to-all of as many bytes, and on the
     # reference CPU its plans measured slower than they predicted (README: Sharding types, measured).
-    sharding_types: tuple[str, ...] = ("table_wise", "column_wise", "row_wise")
+    # Table-row-wise is a choice only on topologies of several hosts.
+    sharding_types: tuple[str, ...] = ("table_wise", "column_wise", "row_wise", "table_row_wise")
     # Anytime search: the greedy start prices by single costs if it would take over 30% of the budget,
     # beam expansion stops at 50%, local search of the beam at 70%, the sharding types' choice (and a
     # last local search) at 100%; a phase the settings leave out gives its share to the one before.

@@ -6,8 +6,9 @@
      "groups": [["t1", "t2"]]}                                   # whole, together on one device
 
 JSON or YAML. Sharding types are TorchRec's names: table_wise, column_wise, row_wise,
-data_parallel. Row-wise and data-parallel tables live on every device, so they do not combine
-with `devices`; a group's tables go table-wise. Every error names the table and the constraint.
+table_row_wise (on topologies of several hosts), data_parallel. Row-wise, table-row-wise and
+data-parallel tables live on every device or every device of a host, so they do not combine with
+`devices`; a group's tables go table-wise. Every error names the table and the constraint.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from shard_ray.plan.plan import SHARDING_TYPES, Plan, ShardingType, sharding_typ
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
-# Types whose shards cover every device: a table limited to some devices cannot take them.
-_ON_EVERY_DEVICE = ("row_wise", "data_parallel")
+# Types whose shards cover every device (of a host): a table limited to some devices cannot take them.
+_ON_EVERY_DEVICE = ("row_wise", "table_row_wise", "data_parallel")
 
 
 class TableConstraint(BaseModel):
@@ -71,11 +72,18 @@ class Constraints(BaseModel):
                 raise ShardRayError(
                     f"constraints put table {name!r} on devices {beyond}, beyond the {topology.num_devices} devices"
                 )
-            if not self.allowed_types(name):
+            usable = [t for t in self.allowed_types(name) if t != "table_row_wise" or topology.num_hosts > 1]
+            if not usable:
+                why = []
+                if rule.devices:
+                    why.append(
+                        "row_wise, table_row_wise and data_parallel take every device or a host's, not 'devices'"
+                    )
+                if topology.num_hosts == 1 and "table_row_wise" in (rule.types or SHARDING_TYPES):
+                    why.append("table_row_wise needs several hosts (--devices-per-host)")
                 raise ShardRayError(
                     f"constraints leave table {name!r} no sharding type: types {rule.types or 'any'}, not_types "
-                    f"{rule.not_types}"
-                    + (" (row_wise and data_parallel need every device, not 'devices')" if rule.devices else "")
+                    f"{rule.not_types}" + (f" ({'; '.join(why)})" if why else "")
                 )
         seen: dict[str, int] = {}
         for g, members in enumerate(self.groups):
@@ -110,7 +118,7 @@ class Constraints(BaseModel):
         problems = []
         for name, table in by_name.items():
             shards = [s for s in plan.shards if s.table == name]
-            kind = sharding_type_of(table, shards)
+            kind = sharding_type_of(table, shards, plan.devices_per_host)
             if kind not in self.allowed_types(name):
                 problems.append(
                     f"table {name!r} is {kind}, which its constraints do not allow ({', '.join(self.allowed_types(name))})"

@@ -64,6 +64,10 @@ class TablePiece(BaseModel):
     # k likewise, and a constraints file may name a table's devices. Not part of its cost.
     devices: tuple[int, ...] | None = None
     group: int | None = None  # a constraints file's group: its tables go whole on one device
+    # > 1: a table-row-wise block, one of a table's row blocks on the `within_host` devices of one host,
+    # whose partial sums are added up inside the host before its share of them crosses to other hosts.
+    # How its output travels, not what its lookups cost.
+    within_host: int = Field(default=1, ge=1)
 
     @property
     def restricted(self) -> bool:
@@ -97,7 +101,15 @@ class TablePiece(BaseModel):
     @property
     def key(self) -> tuple:
         """What tells this piece apart from the other pieces of a plan."""
-        return (self.table.name, self.columns, self.row_range, self.replicas, self.devices, self.group)
+        return (
+            self.table.name,
+            self.columns,
+            self.row_range,
+            self.replicas,
+            self.devices,
+            self.group,
+            self.within_host,
+        )
 
     def describe(self) -> str:
         """The piece for a message: 'table 't0'', 'rows [0, 500) of table 't0'', ..."""
@@ -143,22 +155,37 @@ class TablePiece(BaseModel):
         return stored
 
 
-# The sharding types of TorchRec a plan expresses (table-row-wise is row-wise within a host).
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "data_parallel")
-ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+# The sharding types of TorchRec a plan expresses (table-row-wise only on topologies of several hosts).
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
 # The type a table takes to be placed at all, first that fits: whole, else as TorchRec splits to fit.
-PREFERENCE = ("table_wise", "row_wise", "column_wise", "data_parallel")
+PREFERENCE = ("table_wise", "row_wise", "table_row_wise", "column_wise", "data_parallel")
 
 
-def sharding_type_of(table: TableSpec, shards: Sequence[Shard]) -> str:
-    """A table's sharding type in a plan: one of SHARDING_TYPES, or 'grid' for rows and columns both split."""
+def sharding_type_of(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None = None) -> str:
+    """A table's sharding type in a plan: one of SHARDING_TYPES, or 'grid' for rows and columns both split.
+
+    In a plan over hosts of `devices_per_host` (None: one host), row shards all on one host's devices
+    in TorchRec's table-row-wise layout are table-row-wise."""
     if any(s.replicated for s in shards):
         return "data_parallel"
     rows_split = any(s.rows not in (None, (0, table.rows)) for s in shards)
     columns_split = any(s.columns != (0, table.dim) for s in shards)
+    if rows_split and columns_split:
+        return "grid"
     if rows_split:
-        return "grid" if columns_split else "row_wise"
+        return "table_row_wise" if host_of_row_blocks(table, shards, devices_per_host) is not None else "row_wise"
     return "column_wise" if columns_split else "table_wise"
+
+
+def host_of_row_blocks(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None) -> int | None:
+    """The host whose devices hold the table's row shards in table-row-wise layout, if they do."""
+    if devices_per_host is None:
+        return None
+    host = shards[0].device // devices_per_host
+    blocks = table_row_wise(table, devices_per_host, host)
+    laid_out = sorted((s.rows or (0, table.rows), s.device) for s in shards)
+    return host if laid_out == [(p.row_range, p.devices[0]) for p in blocks] else None
 
 
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
@@ -179,6 +206,16 @@ def row_wise(table: TableSpec, num_devices: int, columns: tuple[int, int] | None
     return [
         TablePiece(table=table, columns=columns, rows=(start, min(start + block, table.rows)), devices=(k,))
         for k, start in enumerate(range(0, table.rows, block))
+    ]
+
+
+def table_row_wise(table: TableSpec, devices_per_host: int, host: int) -> list[TablePiece]:
+    """The table row-wise over one host's devices, as TorchRec's table-row-wise cuts it: blocks of
+    ceil(rows / devices_per_host) rows, block k pinned to the host's k-th device."""
+    first = host * devices_per_host
+    return [
+        p.model_copy(update={"devices": (first + p.devices[0],), "within_host": devices_per_host})
+        for p in row_wise(table, devices_per_host)
     ]
 
 
@@ -210,6 +247,7 @@ def table_options(
     group = constraints.group_of(table.name) if constraints else None
     whole = TablePiece(table=table, columns=(0, table.dim), devices=devices, group=group)
     half = table.dim // 2
+    local = topology.local_world_size
     # Each type's first piece is its largest (the last row block holds the rest): it alone is checked
     # against the cap, and only types that fit are cut, so a table over many devices costs little.
     largest = {
@@ -217,19 +255,25 @@ def table_options(
         "row_wise": lambda: TablePiece(
             table=table, columns=(0, table.dim), rows=(0, min(row_block(table, d), table.rows))
         ),
+        "table_row_wise": lambda: TablePiece(
+            table=table, columns=(0, table.dim), rows=(0, min(row_block(table, local), table.rows))
+        ),
         "column_wise": lambda: whole.model_copy(update={"columns": (0, half)}),
         "data_parallel": lambda: replica(table, d, 0),
     }
     cut = {
         "table_wise": lambda: [whole],
         "row_wise": lambda: row_wise(table, d),
+        # host 0's blocks; the search tries the table on other hosts (`shard_ray.placement.options`)
+        "table_row_wise": lambda: table_row_wise(table, local, 0),
         "column_wise": lambda: [whole.model_copy(update={"columns": (k * half, (k + 1) * half)}) for k in range(2)],
         "data_parallel": lambda: data_parallel(table, d),
     }
     possible = {
         "table_wise": True,
         "row_wise": d > 1,
-        "column_wise": table.dim % 8 == 0,
+        "table_row_wise": topology.num_hosts > 1 and local > 1,
+        "column_wise": table.dim % 8 == 0 and d > 1,
         "data_parallel": d > 1,
     }
     return {
@@ -439,19 +483,41 @@ class Plan(BaseModel):
         ]
         return cls(num_devices=num_devices, algorithm=algorithm, shards=shards)
 
+    @property
+    def devices_per_host(self) -> int | None:
+        """The devices per host of a plan made over several hosts (`plan --devices-per-host`); None: one host."""
+        per_host = self.settings.devices_per_host if self.settings is not None else None
+        return per_host if per_host is not None and per_host < self.num_devices else None
+
     def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
         """What every device holds, in plan order: its fused shard."""
         by_name = {t.name: t for t in tables}
+        within_host = self._table_row_wise(by_name)
         held: list[list[TablePiece]] = [[] for _ in range(self.num_devices)]
         for shard in self.shards:
-            held[shard.device].append(self._piece(shard, by_name))
+            held[shard.device].append(self._piece(shard, by_name, within_host.get(shard.table, 1)))
         return held
 
-    def _piece(self, shard: Shard, by_name: dict[str, TableSpec]) -> TablePiece:
+    def _table_row_wise(self, by_name: dict[str, TableSpec]) -> dict[str, int]:
+        """The plan's table-row-wise tables, each with its blocks' `within_host`."""
+        per_host = self.devices_per_host
+        if per_host is None:
+            return {}
+        row_shards: dict[str, list[Shard]] = defaultdict(list)
+        for shard in self.shards:
+            if shard.rows is not None and not shard.replicated:
+                row_shards[shard.table].append(shard)
+        return {
+            name: per_host
+            for name, shards in row_shards.items()
+            if sharding_type_of(by_name[name], shards, per_host) == "table_row_wise"
+        }
+
+    def _piece(self, shard: Shard, by_name: dict[str, TableSpec], within_host: int = 1) -> TablePiece:
         table = by_name[shard.table]
         rows = None if shard.rows is None or shard.rows == (0, table.rows) else shard.rows
         replicas = self.num_devices if shard.replicated else 1
-        return TablePiece(table=table, columns=shard.columns, rows=rows, replicas=replicas)
+        return TablePiece(table=table, columns=shard.columns, rows=rows, replicas=replicas, within_host=within_host)
 
     def shards_on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]

@@ -11,7 +11,7 @@ from shard_ray.workload.tables import TableSpec
 LEGEND = (
     "input: all-to-all of the batch's lookups to their devices; "
     "fwd/bwd ms: the fused embedding kernel, forward / backward with the optimizer update; "
-    "fwd/bwd a2a: all-to-all of pooled embeddings (and data-parallel gradients' all-reduce); total: their sum"
+    "fwd/bwd a2a: all-to-all of pooled embeddings (and data-parallel gradients' all-reduce, table-row-wise sums inside a host); total: their sum"
 )
 # Where the costs come from, by `cost_label`.
 SOURCES = {"measured": "timed on the device gang", "simulated": "priced by the cost models"}
