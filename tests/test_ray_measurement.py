@@ -9,7 +9,7 @@ from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.plan import PlanSettings, TablePiece, sharding_type_of
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, initial_weights, sample_ranges, shard_key
 from shard_ray.profiling.gang import DeviceGang, upstream_gradient
@@ -254,3 +254,48 @@ def _dies_within(handle, seconds: float) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+def test_table_row_wise_sums_inside_hosts_and_trains_as_one_unsharded_table(ray_session, small_tables):
+    """On a 4-device gang of 2 hosts, table-row-wise tables (on both hosts, two on one) are added up
+    inside their host and sent on in column slices, beside row-wise, column-wise and table-wise
+    tables: the pooled embeddings and updated weights are one unsharded table's for the same batch."""
+    tables = [*small_tables, TableSpec(name="few", rows=3, dim=12, pooling_factor=3.0)]
+    shards = [
+        Shard(table="a", device=2, columns=(0, 32), rows=(0, 2500)),  # table-row-wise on host 1
+        Shard(table="a", device=3, columns=(0, 32), rows=(2500, 5000)),
+        Shard(table="b", device=0, columns=(0, 32)),
+        Shard(table="b", device=3, columns=(32, 64)),
+        Shard(table="c", device=0, columns=(0, 16), rows=(0, 400)),  # fp16, table-row-wise on host 0
+        Shard(table="c", device=1, columns=(0, 16), rows=(400, 800)),
+        *[Shard(table="d", device=k, columns=(0, 32), rows=(k * 25000, (k + 1) * 25000)) for k in range(4)],  # row-wise
+        Shard(table="e", device=1, columns=(0, 8)),
+        Shard(table="few", device=2, columns=(0, 12), rows=(0, 2)),  # table-row-wise on host 1, slices of 6 columns
+        Shard(table="few", device=3, columns=(0, 12), rows=(2, 3)),
+    ]
+    plan = Plan(num_devices=4, algorithm="twrw", shards=shards)
+    plan.settings = PlanSettings(memory_gb=1, batch_size=96, optimizer="sgd", devices_per_host=2)
+    kinds = {t.name: sharding_type_of(t, [s for s in shards if s.table == t.name], 2) for t in tables}
+    assert kinds == {
+        "a": "table_row_wise", "b": "column_wise", "c": "table_row_wise", "d": "row_wise", "e": "table_wise",
+        "few": "table_row_wise",
+    }  # fmt: skip
+    config = MeasureConfig(batch_size=96, optimizer="sgd", max_rows=10**6, seed=5)
+    reference = FusedShard([TablePiece.whole(t) for t in tables], config, torch.device("cpu"))
+    reference.load_initial_weights()
+    pooled = reference.forward(0)
+    reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=5), torch.zeros(0, 0)))
+    trained = dict(zip((t.name for t in tables), reference.part_weights()))
+
+    with DeviceGang(4) as gang:
+        values = gang.step_values(plan, tables, config)
+        measured = gang.evaluate(plan, tables, MeasureConfig(batch_size=96, optimizer="sgd", repeats=2, warmup=1))
+    assert measured.cost_ms > 0
+    embeddings = torch.cat([v["embeddings"] for v in values])
+    assert torch.allclose(embeddings, pooled[0].detach(), atol=1e-4)
+    for pieces, value in zip(plan.pieces(tables), values):
+        for piece, weights in zip(pieces, value["weights"]):
+            rows, columns = piece.row_range, piece.columns
+            expected = trained[piece.table.name][rows[0] : rows[1], columns[0] : columns[1]].float()
+            tolerance = 2e-3 if piece.table.precision == "fp16" else 1e-5
+            assert torch.allclose(weights, expected, atol=tolerance), piece.key

@@ -3,8 +3,9 @@
 Each step runs as TorchRec runs it (`PlanStep`): the input all-to-all sends every device the
 lookups of its pieces, each device runs its fused shard forward over the global batch, an
 all-to-all hands device j the j-th slice of the batch with every device's pooled embeddings
-(row-wise partial sums added up there), the backward all-to-all returns the gradients,
-data-parallel replicas all-reduce theirs, and the fused backward applies the update. A
+(row-wise partial sums added up there; table-row-wise ones inside their host first), the
+backward all-to-all returns the gradients, data-parallel replicas all-reduce theirs, and the
+fused backward applies the update. A
 barrier before each phase keeps one device's wait for a slower one out of its own numbers,
 so the five parts are what the device itself spends; the plan's cost is the slowest
 device's sum (see `shard_ray.plan.cost`).
@@ -69,7 +70,8 @@ class PlanStep:
       (bucketized by row range for row-wise pieces), and each assembles its kernels' inputs.
     forward: the fused kernels over the global batch; replicas over the device's own samples.
     output_dist: an all-to-all hands each device its samples' columns of every piece, and row-wise
-      partial sums of a table are added up there (gloo has no reduce-scatter; this is one).
+      partial sums of a table are added up there (gloo has no reduce-scatter; this is one);
+      table-row-wise partial sums are first added up inside their host (`HostSums`).
     grad_dist: the dense part's gradients go back the same way (every row-wise owner gets its
       table's); data-parallel replicas all-reduce their dense gradients.
     backward: the fused backward with the optimizer update; the replicas' optimizer step.
@@ -92,15 +94,22 @@ class PlanStep:
         self.table_start = dict(zip((t.name for t in tables), starts))
         self.total_width = starts[-1]
         sharded = [[p for p in parts if not p.replicated] for parts in plan_parts]
-        self.widths = [sum(p.width for p in parts) for parts in sharded]
         self.my_pieces = len(sharded[rank])
+        table_row_wise = any(p.within_host > 1 for parts in sharded for p in parts)
+        self.host_sums = HostSums(sharded, rank, self.table_start, device) if table_row_wise else None
+        # What each device j sends every device: its pieces' columns, or, with table-row-wise tables, its
+        # other pieces' and its slices of its host's summed tables (`HostSums`).
+        sent = (
+            self.host_sums.sent_columns
+            if self.host_sums is not None
+            else [_columns(parts, self.table_start) for parts in sharded]
+        )
+        self.widths = [len(columns) for columns in sent]
         replicas = [plan_parts[rank][i] for i in self.shard.replicated]
         # Output dist: the blocks [my samples, width_j] from every device j, then my replicas' own columns.
         self.replica_columns = _columns(replicas, self.table_start).to(device)
-        self.received_columns = torch.cat(
-            [_columns([p for parts in sharded for p in parts], self.table_start).to(device), self.replica_columns]
-        )
-        self.grad_columns = torch.cat([_columns(parts, self.table_start) for parts in sharded]).to(device)
+        self.received_columns = torch.cat([torch.cat(sent).to(device), self.replica_columns])
+        self.grad_columns = torch.cat(sent).to(device)
         # Input dist, prepared per batch: my samples' lookups for every device's sharded pieces.
         self.sends = []
         for batch in range(config.num_batches):
@@ -149,7 +158,8 @@ class PlanStep:
         """My samples' pooled embeddings of every table [my samples, sum of dims], partial sums added up."""
         mine = self.sizes[self.rank]
         received = torch.empty(mine * sum(self.widths), device=self.device)
-        send = pooled[0].detach().reshape(-1)
+        outgoing = pooled[0].detach() if self.host_sums is None else self.host_sums.reduce(pooled[0].detach())
+        send = outgoing.reshape(-1)
         dist.all_to_all_single(
             received, send, [mine * w for w in self.widths], [n * self.widths[self.rank] for n in self.sizes]
         )
@@ -166,7 +176,10 @@ class PlanStep:
         width = self.widths[self.rank]
         received = torch.empty(self.config.batch_size * width, device=self.device)
         dist.all_to_all_single(received, send, [n * width for n in self.sizes], [mine * w for w in self.widths])
-        return received.view(self.config.batch_size, width), self.upstream.index_select(1, self.replica_columns)
+        grads = received.view(self.config.batch_size, width)
+        if self.host_sums is not None:
+            grads = self.host_sums.gather(grads)
+        return grads, self.upstream.index_select(1, self.replica_columns)
 
     def sync_replicas(self) -> None:
         """DistributedDataParallel's all-reduce of the replicas' dense gradients (summed over samples, as one table's)."""
@@ -186,6 +199,118 @@ class PlanStep:
             update_ms, _ = timed_compute(self.shard.update_replicas)
             bwd_comm_ms, bwd_ms = bwd_comm_ms + sync_ms, bwd_ms + update_ms
         return (input_ms, fwd_ms, fwd_comm_ms, bwd_comm_ms, bwd_ms), embeddings
+
+
+# Each process group's hosts' groups, made once: a gang measures many plans in one process group.
+_HOST_GROUPS: dict[tuple[int, int, int], list[Any]] = {}
+
+
+def _host_groups(world: int, local: int) -> list[Any]:
+    """A process group per host of `local` ranks; every rank makes every one, in one order, as torch.distributed requires."""
+    key = (id(dist.group.WORLD), world, local)
+    if key not in _HOST_GROUPS:
+        _HOST_GROUPS[key] = [dist.new_group(list(range(first, first + local))) for first in range(0, world, local)]
+    return _HOST_GROUPS[key]
+
+
+class HostSums:
+    """Table-row-wise output, as TorchRec's hierarchical collectives run it: each host's devices add up
+    the partial sums of its tables' row blocks among themselves (a reduce-scatter, over the host's
+    own process group), device k of the host keeping the k-th slice of each table's columns, which
+    then goes out in the all-to-all as a column piece would; backward, the slices' gradients are
+    gathered back inside the host (an all-gather), so every block gets its table's whole gradient.
+    Gloo has neither collective over uneven slices, so both are all-to-alls of the same bytes."""
+
+    def __init__(
+        self, sharded: list[list[TablePiece]], rank: int, table_start: dict[str, int], device: torch.device
+    ) -> None:
+        local = next(p.within_host for parts in sharded for p in parts if p.within_host > 1)
+        world = len(sharded)
+        self.rank, self.local, self.device = rank, local, device
+        self.group = _host_groups(world, local)[rank // local]
+        # Per host, its table-row-wise tables (name, dim), in table order.
+        self.tables = []
+        for first in range(0, world, local):
+            on_host = {
+                p.table.name: p.table.dim
+                for parts in sharded[first : first + local]
+                for p in parts
+                if p.within_host > 1
+            }
+            self.tables.append(sorted(on_host.items(), key=lambda item: table_start[item[0]]))
+        # Per device j: its other pieces' columns, then its slice of each of its host's summed tables.
+        self.sent_columns = []
+        for j, parts in enumerate(sharded):
+            slices = [
+                np.arange(*self._slice(dim, j % local)) + table_start[name] for name, dim in self.tables[j // local]
+            ]
+            other = [np.arange(*p.columns) + table_start[p.table.name] for p in parts if p.within_host == 1]
+            self.sent_columns.append(torch.from_numpy(np.concatenate([*other, *slices, np.zeros(0, dtype=np.int64)])))
+        mine = sharded[rank]
+        starts = np.cumsum([0] + [p.width for p in mine])
+        self.other_positions = torch.from_numpy(
+            np.concatenate(
+                [np.arange(starts[i], starts[i + 1]) for i, p in enumerate(mine) if p.within_host == 1]
+                + [np.zeros(0, dtype=np.int64)]
+            )
+        ).to(device)
+        # Where my blocks of each of my host's tables sit in my output (None: no block of it here).
+        held = {p.table.name: starts[i] for i, p in enumerate(mine) if p.within_host > 1}
+        self.block_start = [held.get(name) for name, _ in self.tables[rank // local]]
+        self.width = int(starts[-1])
+
+    def _slice(self, dim: int, k: int) -> tuple[int, int]:
+        """The columns [start, end) of a table the host's device k adds up and sends on."""
+        return dim * k // self.local, dim * (k + 1) // self.local
+
+    def reduce(self, pooled: torch.Tensor) -> torch.Tensor:
+        """My output to send [batch, my sent width]: my other pieces' columns, then my slices of my host's
+        tables summed over the host's blocks."""
+        batch = pooled.shape[0]
+        tables = self.tables[self.rank // self.local]
+        partial = [
+            pooled[:, s : s + dim] if s is not None else torch.zeros(batch, dim, device=self.device)
+            for s, (_, dim) in zip(self.block_start, tables)
+        ]
+        to_peer = [
+            torch.cat(
+                [p[:, slice(*self._slice(dim, k))] for p, (_, dim) in zip(partial, tables)] + [pooled[:, :0]], dim=1
+            )
+            for k in range(self.local)
+        ]
+        mine = to_peer[self.rank % self.local].shape[1]
+        received = torch.empty(self.local * batch * mine, device=self.device)
+        dist.all_to_all_single(
+            received,
+            torch.cat([t.reshape(-1) for t in to_peer]),
+            [batch * mine] * self.local,
+            [t.numel() for t in to_peer],
+            group=self.group,
+        )
+        summed = received.view(self.local, batch, mine).sum(dim=0)
+        return torch.cat([pooled.index_select(1, self.other_positions), summed], dim=1)
+
+    def gather(self, grads: torch.Tensor) -> torch.Tensor:
+        """My pieces' gradients [batch, my width] from those of what I sent: my slices' gathered from the host."""
+        batch, others = grads.shape[0], len(self.other_positions)
+        tables = self.tables[self.rank // self.local]
+        # Device k of the host sent its slices of the host's tables side by side: where each begins.
+        slices = [[self._slice(dim, k) for _, dim in tables] for k in range(self.local)]
+        widths = [sum(end - start for start, end in row) for row in slices]
+        offsets = [np.cumsum([0] + [end - start for start, end in row]) for row in slices]
+        mine = grads[:, others:].contiguous().reshape(-1)
+        received = torch.empty(batch * sum(widths), device=self.device)
+        dist.all_to_all_single(
+            received, mine.repeat(self.local), [batch * w for w in widths], [len(mine)] * self.local, group=self.group
+        )
+        from_peer = [b.view(batch, w) for b, w in zip(received.split([batch * w for w in widths]), widths)]
+        out = torch.zeros(batch, self.width, device=self.device)
+        out[:, self.other_positions] = grads[:, :others]
+        for t, start in enumerate(self.block_start):
+            if start is not None:
+                whole = [from_peer[k][:, offsets[k][t] : offsets[k][t + 1]] for k in range(self.local)]
+                out[:, start : start + tables[t][1]] = torch.cat(whole, dim=1)
+        return out
 
 
 def _untimed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -234,6 +359,7 @@ class GangMember:
         )
 
     def leave(self) -> None:
+        _HOST_GROUPS.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
 
