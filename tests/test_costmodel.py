@@ -357,3 +357,42 @@ def test_hosts_price_inter_host_traffic_apart(shipped, pool):
     searched = place("cost_search", tables, Topology(num_devices=8, memory_bytes=4 * GB, devices_per_host=2))
     assert searched.settings.devices_per_host == 2 and searched.settings.inter_host_gbps == 12.5
     assert searched.estimate.predicted.cost_ms >= searched.estimate.lower_bound_ms
+
+
+def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped, pool, tmp_path, monkeypatch):
+    """Models whose comm model was fit over hosts of 2 (`calibrate --devices-per-host 2`) price plans
+    over such hosts as they predict, with no stated inter-host bandwidth on top; over other hosts, the
+    analytic share is added and the plan says the prices carry inter-host time measured elsewhere.
+    `plan` picks such models for their hosts only."""
+    from shard_ray.costmodel.models import hardware_models_path, models_for
+    from shard_ray.costmodel.pricing import over_hosts
+
+    tables = pool[:24]
+    learned = CostModels(shipped.compute, shipped.comm, shipped.hardware, {**shipped.info, "comm_hosts": 2})
+    learned_file = tmp_path / "learned.pt"
+    learned.save(learned_file)
+    for per_host, analytic in ((2, False), (4, True)):
+        topology = Topology(num_devices=8, memory_bytes=4 * GB, devices_per_host=per_host, inter_host_gbps=0.5)
+        plan = place(
+            "cost_search", tables, topology, cost_model=str(learned_file), settings={"sharding_types": ["table_wise"]}
+        )
+        widths = np.array([sum(s.width for s in plan.shards_on(d)) for d in range(8)], dtype=np.float64)
+        flat = shipped.predict_comm(widths, 1024)
+        expected = over_hosts(flat, widths, 1024, per_host, 0.5) if analytic else flat
+        predicted = plan.estimate.predicted
+        assert np.allclose([[d.fwd_comm_ms, d.bwd_comm_ms] for d in predicted.devices], expected, rtol=1e-5)
+        pieces = plan.pieces(tables)
+        assign = np.array([d for d, shard in enumerate(pieces) for _ in shard])
+        items = [p for shard in pieces for p in shard]
+        assert Pricer(learned, topology).plan_cost(items, assign) == pytest.approx(predicted.cost_ms, rel=1e-6)
+        assert any("calibrated over hosts of 2" in w for w in plan.estimate.warnings) == analytic
+    # The hosts' own file first, then the hardware's one-host file, then the shipped models.
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
+    hardware = "cpu:Test CPU:1thread"
+    hosts_file, one_host_file = hardware_models_path(hardware, 2), hardware_models_path(hardware)
+    hosts_file.parent.mkdir(parents=True)
+    learned.save(hosts_file)
+    assert models_for(hardware, 2) == hosts_file
+    assert models_for(hardware) == models_for(hardware, 4) == default_cost_model_path()
+    shipped.save(one_host_file)
+    assert models_for(hardware, 4) == models_for(hardware) == one_host_file and models_for(hardware, 2) == hosts_file

@@ -177,3 +177,46 @@ def test_doctor_reports_every_node(cluster, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ray: 4 Ray nodes, 6 CPUs and 0 GPUs in all" in done.stdout  # the head and three workers
     assert done.stdout.count("fused kernels: a fused shard trained on cpu") == 5  # this machine, then each node
+
+
+def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, tmp_path):
+    """`calibrate --devices-per-host 2`, as a user types it against a cluster: the gang spans two nodes,
+    the comm model is fit to the all-to-alls measured across them, and the models are saved for hosts
+    of 2, which `plan --devices-per-host 2` picks and a one-host plan does not."""
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.plan.plan import load_plan
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SHARD_RAY_HOME", "MLFLOW_TRACKING_URI")}
+    env["HOME"] = str(tmp_path)
+
+    def shard_ray(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([SHARD_RAY, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    (tmp_path / "tables.json").write_text(
+        '{"tables": [{"name": "user_id", "rows": 200000, "dim": 64, "pooling_factor": 1},\n'
+        '  {"name": "ad_id", "rows": 50000, "dim": 32, "pooling_factor": 4},\n'
+        '  {"name": "category", "rows": 300, "dim": 16, "pooling_factor": 2},\n'
+        '  {"name": "history", "rows": 10000, "dim": 32, "pooling_factor": 30}]}\n'
+    )
+    calibrated = shard_ray(
+        *("calibrate", "--tables", "tables.json", "--devices", "4", "--devices-per-host", "2"),
+        *("--address", cluster.address, "--budget-minutes", "2", "--shards", "4", "--plans", "12"),
+        *("--warmup", "1", "--repeats", "3", "--epochs", "40", "--no-mlflow"),
+        *("--cost-model", str(default_cost_model_path())),
+    )
+    assert calibrated.returncode == 0, calibrated.stderr
+    report = json.loads(calibrated.stdout.strip().splitlines()[-1])
+    assert sum(report["plans"].values()) >= 8  # plans measured over the two hosts, and only those
+    saved = list((tmp_path / ".shard-ray" / "models").glob("*.pt"))
+    assert len(saved) == 1 and saved[0].name.endswith("-hosts-of-2.pt")
+    assert "`shard-ray plan` picks it for" in calibrated.stdout and "with --devices-per-host 2" in calibrated.stdout
+    tuned_comm = report["chosen"] == "fine-tuned" and report["plans"]["fit"] and report["plans"]["val"]
+    assert CostModels.load(saved[0]).comm_hosts == (2 if tuned_comm else None)
+
+    for hosts, picked in ((["--devices-per-host", "2"], True), ([], False)):
+        planned = shard_ray(
+            *("plan", "--tables", "tables.json", "--devices", "4", *hosts, "--memory-gb", "4"),
+            *("--algo", "neuroshard", "--out", "plan.json"),
+        )
+        assert planned.returncode == 0, planned.stderr
+        assert (load_plan(tmp_path / "plan.json").estimate.cost_model == str(saved[0])) == picked

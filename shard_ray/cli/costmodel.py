@@ -159,23 +159,16 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         whole_task = memory_cap_with_headroom(tables, flags.devices, float(flags.devices))
         topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
     topology = topology_flags.topology(flags.devices)
-    if topology.num_hosts > 1:
-        # Its comm model would learn inter-host time as one host's, which planning over hosts then
-        # prices a second time (README: Hosts, Roadmap).
-        raise ShardRayError(
-            "calibrate measures the devices of one host: the comm model has no inter-host share to learn yet, and "
-            "plans over hosts price inter-host traffic at --inter-host-gbps; give --devices up to one node's count "
-            "without --devices-per-host"
-        )
+    hosts = topology.devices_per_host if topology.num_hosts > 1 else None
     tracking_uri, experiment = tracking(args)
-    start_path = str(flags.cost_model or models_for(hardware_id(threads=1)))
+    start_path = str(flags.cost_model or models_for(hardware_id(threads=1), hosts))
     start = CostModels.load(start_path)
     connect(args, min_cpus=max(config.actors, flags.devices))
     print(f"calibrating {len(tables)} tables on {flags.devices} devices from {start_path} (models of {start.hardware})")
     with MeasurementStore(flags.store) as store:
         result = calibrate(tables, topology, start, start_path, config, store)
     report = result.report
-    out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"])
+    out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"], hosts)
     result.models.save(out)
     print(
         f"calibrated on {report['hardware']} in {report['seconds']:.0f} s ({report['measuring_seconds']:.0f} s measuring)"
@@ -195,8 +188,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     if tracking_uri is not None:
         run_id = log_calibration(report, str(out), tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")
+    over_hosts = f" with --devices-per-host {hosts}" if hosts else ""
     print(
-        f"wrote {out}; `shard-ray plan` picks it for {report['hardware']}"
+        f"wrote {out}; `shard-ray plan` picks it for {report['hardware']}{over_hosts}"
         + ("" if not flags.out else " when given --cost-model")
     )
     print(json.dumps(report))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.costmodel.pricing import intra_host_share
+from shard_ray.costmodel.pricing import analytic_hosts, intra_host_share
 from shard_ray.plan.plan import TablePiece, pieces_to_place, replica, row_block
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
@@ -48,7 +48,7 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
     # Over hosts the model prices the intra-host share of the peers (`over_hosts`); the inter-host
     # time is left out: it only adds.
-    share = intra_host_share(d, topology.devices_per_host)
+    share = intra_host_share(d, analytic_hosts(models, topology.devices_per_host))
     return compute + share * float(models.comm_ms(features).sum(axis=1).min())
 
 

@@ -6,7 +6,9 @@
    fused shards of the candidate plans, then random shards of the task's tables of up to as
    many tables as a candidate puts on one device.
 3. Communication data, on the device gang: the candidate plans, then plans of random balance
-   of the task's tables, at the task's device count.
+   of the task's tables, at the task's device count. Over hosts (`--devices-per-host`), the gang
+   spans them and the comm model is fit to what crossed them: it learns the inter-host share of
+   this cluster instead of pricing it at a stated bandwidth.
 4. Held-out accuracy: measurements are split by their key's hash into fit (with a validation
    part) and held out; the starting models are fine-tuned on the fit part (their weights are
    the prior), and whichever of the starting and the fine-tuned models is more accurate on
@@ -50,7 +52,7 @@ from shard_ray.plan.plan import Plan, TablePiece, table_wise
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest, shard_key
-from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.gang import DeviceGang, check_hosts
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.tables import TableSpec
@@ -122,9 +124,14 @@ def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
 
 
 def task_measurements(
-    store: MeasurementStore, tables: list[TableSpec], hardware: str, measure: MeasureConfig
+    store: MeasurementStore,
+    tables: list[TableSpec],
+    hardware: str,
+    measure: MeasureConfig,
+    devices_per_host: int | None = None,
 ) -> tuple[list[ShardMeasurement], list[PlanMeasurement]]:
-    """Every measurement in the store of shards and plans of these tables, on this hardware, at these settings."""
+    """Every measurement in the store of shards and plans of these tables, on this hardware, at these
+    settings; plans only as measured over hosts of `devices_per_host` (None: on one host)."""
     specs = {t.name: t for t in tables}
     shards = [
         m
@@ -136,6 +143,7 @@ def task_measurements(
         for p in store.plan_measurements(hardware)
         if p.plan.num_devices > 1
         and p.cost.batch_size == measure.batch_size
+        and p.cost.devices_per_host == devices_per_host
         and all(specs.get(t.name) == t for t in p.tables)
     ]
     return shards, plans
@@ -154,6 +162,8 @@ def calibrate(
     began = time.monotonic()
     measuring_ends = began + 60 * config.budget_minutes * (1 - config.fit_share)
     measure = MeasureConfig.for_topology(topology, warmup=config.warmup, repeats=config.repeats, seed=config.seed)
+    if topology.num_hosts > 1:
+        check_hosts(topology.num_devices, topology.devices_per_host)  # before minutes of measuring, not after
 
     # 1. candidate plans
     candidates = candidate_plans(tables, topology, start_path, config.seed)
@@ -195,7 +205,10 @@ def calibrate(
     measuring_seconds = time.monotonic() - began
 
     # 4. fit and compare on held-out data
-    shards, plans = task_measurements(store, tables, hardware, measure)
+    # Over hosts, the comm model is fit to all-to-alls measured over them: it learns their inter-host
+    # share, and prices it itself thereafter (`comm_hosts`, `shard_ray.costmodel.pricing.analytic_hosts`).
+    hosts = topology.devices_per_host if topology.num_hosts > 1 else None
+    shards, plans = task_measurements(store, tables, hardware, measure, hosts)
     by_split = {
         name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
@@ -212,12 +225,14 @@ def calibrate(
     start = replace(start, info={**start.info, "rows_cap": measure.rows_cap_on(hardware)})
     fit_data = compute_data(by_split["fit"])
     compute = train_compute_model(fit_data, compute_data(by_split["val"]), train, init=start.compute)
-    comm = start.comm
+    comm, info = start.comm, copy.deepcopy(start.info)
     if plan_split["fit"] and plan_split["val"]:
         comm = train_comm_model(
             comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
         )
-    tuned = CostModels(compute=compute, comm=comm, hardware=hardware, info=copy.deepcopy(start.info))
+        info.pop("comm_hosts", None)
+        info.update({"comm_hosts": hosts} if hosts else {})
+    tuned = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
 
     def scores(models: CostModels, split: str) -> dict[str, Any]:
         return {

@@ -72,14 +72,25 @@ def _describe(name: str, value: float, low: float, high: float) -> str:
 
 
 def model_warnings(
-    models: CostModels, tables: list[TableSpec], hardware: str | None = None, shard_tables: int = 1
+    models: CostModels,
+    tables: list[TableSpec],
+    hardware: str | None = None,
+    shard_tables: int = 1,
+    devices_per_host: int | None = None,
 ) -> list[str]:
-    """What a user should know before trusting the models' prices of `tables` on `hardware`, one line each."""
+    """What a user should know before trusting the models' prices of `tables` on `hardware` over hosts
+    of `devices_per_host` (None: one host), one line each."""
     lines = []
     if hardware is not None and models.hardware != hardware:
         lines.append(
             f"the cost models are of {models.hardware}, not of {hardware} that this plan is for; "
             "run `shard-ray calibrate` there for models of that hardware"
+        )
+    if models.comm_hosts is not None and models.comm_hosts != devices_per_host:
+        planned = f"hosts of {devices_per_host}" if devices_per_host else "one host"
+        lines.append(
+            f"the comm model was calibrated over hosts of {models.comm_hosts} devices, inter-host time included, "
+            f"and this plan is for {planned}: its all-to-all prices carry that inter-host time"
         )
     return lines + coverage_problems(models, tables, shard_tables)
 

@@ -53,15 +53,20 @@ def models_home() -> Path:
     return Path(os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray") / "models"
 
 
-def hardware_models_path(hardware: str) -> Path:
-    """The model file of `hardware` (a hardware id such as `cpu:AMD EPYC:1thread`) in `models_home()`."""
-    return models_home() / (re.sub(r"[^A-Za-z0-9_.-]+", "-", hardware).strip("-") + ".pt")
+def hardware_models_path(hardware: str, devices_per_host: int | None = None) -> Path:
+    """The model file of `hardware` (a hardware id such as `cpu:AMD EPYC:1thread`) in `models_home()`;
+    models calibrated over hosts of `devices_per_host` devices have their own."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", hardware).strip("-")
+    return models_home() / (name + (f"-hosts-of-{devices_per_host}" if devices_per_host else "") + ".pt")
 
 
-def models_for(hardware: str | None) -> Path:
-    """The models to plan for `hardware` with: those calibrated for it if any, else the shipped ones."""
-    if hardware is not None and hardware_models_path(hardware).is_file():
-        return hardware_models_path(hardware)
+def models_for(hardware: str | None, devices_per_host: int | None = None) -> Path:
+    """The models to plan for `hardware` with: those calibrated for it over hosts of `devices_per_host`
+    if any, else those calibrated for it on one host, else the shipped ones."""
+    if hardware is not None:
+        for path in (hardware_models_path(hardware, devices_per_host), hardware_models_path(hardware)):
+            if path.is_file():
+                return path
     return default_cost_model_path()
 
 
@@ -222,6 +227,12 @@ class CostModels:
         if self.comm is None:
             return np.zeros((len(features), 2))
         return torch.exp(self.comm(torch.as_tensor(features))).numpy()
+
+    @property
+    def comm_hosts(self) -> int | None:
+        """The devices per host of the all-to-alls the comm model was fit to, when they ran over several
+        hosts (`calibrate --devices-per-host`): it then prices their inter-host traffic itself."""
+        return self.info.get("comm_hosts")
 
     def predict_comm(self, widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths of one plan; zeros on one device."""

@@ -59,7 +59,8 @@ class Pricer:
         """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart."""
         topology = self.topology
         predicted = self.models.predict_comm(widths, topology.batch_size)
-        return over_hosts(predicted, widths, topology.batch_size, topology.devices_per_host, topology.inter_host_gbps)
+        hosts = analytic_hosts(self.models, topology.devices_per_host)
+        return over_hosts(predicted, widths, topology.batch_size, hosts, topology.inter_host_gbps)
 
     def comm(self, widths: np.ndarray) -> np.ndarray:
         return self.collectives(widths).sum(axis=1)
@@ -127,9 +128,9 @@ def over_hosts(
     two directions sets its inter-host time. The widest device's sending bounds every device's
     receiving, so for table- and column-wise plans hosts raise the price without changing which
     layout is cheapest; they change it for traffic a layout can keep inside a host (row-wise
-    partial sums, replicas' all-reduce), which is priced as one host still. The comm model has not
-    measured inter-host links (on one machine there are none); calibration on a cluster of hosts
-    is to learn them.
+    partial sums, replicas' all-reduce), which is priced as one host still. The shipped comm model
+    has not measured inter-host links (on one machine there are none); one calibrated over hosts
+    has, and is priced as it is (`analytic_hosts`).
     """
     d = len(widths)
     if devices_per_host is None or devices_per_host >= d:
@@ -142,6 +143,12 @@ def over_hosts(
     received = (widths.sum() - own_host) / d
     inter_ms = np.maximum(sent, received) * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
     return predicted * intra_host_share(d, local) + inter_ms[:, None]
+
+
+def analytic_hosts(models: CostModels, devices_per_host: int | None) -> int | None:
+    """The devices per host whose inter-host traffic `over_hosts` prices: none where the comm model was
+    fit to all-to-alls over hosts of that size (`calibrate --devices-per-host`), which priced it already."""
+    return None if devices_per_host is not None and models.comm_hosts == devices_per_host else devices_per_host
 
 
 def intra_host_share(num_devices: int, devices_per_host: int | None) -> float:

@@ -12,10 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import host_reduce, host_sum_width, input_width, output_width, over_hosts, sync_width
+from shard_ray.costmodel.pricing import (
+    analytic_hosts,
+    host_reduce,
+    host_sum_width,
+    input_width,
+    output_width,
+    over_hosts,
+    sync_width,
+)
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
-from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 
@@ -27,10 +34,8 @@ class Simulator:
         """The plan's predicted costs; over the hosts its settings record (`plan --devices-per-host`), if any."""
         shards = plan.pieces(tables)
         settings = plan.settings
-        per_host = settings.devices_per_host if settings is not None else None
-        inter_gbps = (settings.inter_host_gbps if settings is not None else None) or Topology.model_fields[
-            "inter_host_gbps"
-        ].default
+        per_host = analytic_hosts(self.models, settings.devices_per_host if settings is not None else None)
+        inter_gbps = plan.inter_host_gbps
 
         def collectives(widths: list[float]) -> np.ndarray:
             widths = np.asarray(widths, dtype=np.float64)

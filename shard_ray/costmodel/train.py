@@ -26,6 +26,7 @@ from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
 from shard_ray.costmodel.features import batch_context, parts_features
 from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
+from shard_ray.costmodel.pricing import analytic_hosts, over_hosts
 from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.profiling.fused_shard import ShardMeasurement
 from shard_ray.profiling.sampling import base_table_name
@@ -127,14 +128,25 @@ def split_compute_measurements(
     return splits
 
 
+def comm_widths(pm: PlanMeasurement) -> np.ndarray | None:
+    """Each device's pooled-embedding all-to-all width in a measured multi-device plan; None where its
+    comm holds more than that all-to-all (a replica's gradient all-reduce, table-row-wise sums inside
+    a host), which the comm model does not describe alone."""
+    if pm.plan.num_devices < 2:
+        return None
+    pieces = pm.plan.pieces(pm.tables)
+    if any(p.replicated or p.within_host > 1 for shard in pieces for p in shard):
+        return None
+    return np.array([sum(p.width for p in shard) for shard in pieces], dtype=np.float64)
+
+
 def comm_samples(plans: list[PlanMeasurement]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-device comm features [N, C] and log (fwd, bwd) all-to-all ms [N, 2] of multi-device plans."""
     features, targets = [], []
     for pm in plans:
-        # A replicated table's gradient all-reduce is in its bwd comm, which this model does not describe.
-        if pm.plan.num_devices < 2 or any(s.replicated for s in pm.plan.shards):
+        widths = comm_widths(pm)
+        if widths is None:
             continue
-        widths = [sum(s.width for s in pm.plan.shards_on(d)) for d in range(pm.plan.num_devices)]
         features.append(comm_features(widths, pm.cost.batch_size or 1))
         targets.append([[d.fwd_comm_ms, d.bwd_comm_ms] for d in pm.cost.devices])
     if not features:
@@ -295,10 +307,21 @@ def evaluate_compute(models: CostModels, measurements: list[ShardMeasurement]) -
 
 
 def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
-    x, y = comm_samples(plans)
-    if models.comm is None or len(x) == 0:
+    """Predicted against measured fwd + bwd all-to-all ms per device, priced as the simulator prices
+    them: over the hosts each plan was measured on, inter-host traffic as `analytic_hosts` says."""
+    predicted, measured = [], []
+    for pm in plans:
+        widths = comm_widths(pm)
+        if models.comm is None or widths is None:
+            continue
+        batch = pm.cost.batch_size or 1
+        hosts = analytic_hosts(models, pm.cost.devices_per_host)
+        priced = over_hosts(models.predict_comm(widths, batch), widths, batch, hosts, pm.plan.inter_host_gbps)
+        predicted.append(priced.sum(axis=1))
+        measured.append([d.fwd_comm_ms + d.bwd_comm_ms for d in pm.cost.devices])
+    if not predicted:
         return accuracy(np.zeros(0), np.zeros(0))
-    return accuracy(models.comm_ms(x).sum(axis=1), torch.exp(y).numpy().sum(axis=1))
+    return accuracy(np.concatenate(predicted), np.concatenate(measured))
 
 
 # ---------------------------------------------------------------- the whole job

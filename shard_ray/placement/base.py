@@ -39,6 +39,7 @@ class PlacementContext:
     seed: int = 0
     cost_model: str | None = None  # a model file; None: those calibrated for `hardware`, else the shipped ones
     hardware: str | None = None  # the hardware the plan is for (a hardware id), if known
+    devices_per_host: int | None = None  # of the topology planned for: picks models calibrated over such hosts
     settings: Any = None  # an instance of the algorithm's settings class, or None when it has none
     constraints: Constraints | None = None  # for algorithms registered as taking them
     proven_optimal: bool | None = None  # set by exact solvers: whether the plan is proven optimal
@@ -49,7 +50,7 @@ class PlacementContext:
         if self._models is None:
             from shard_ray.costmodel.models import CostModels, models_for
 
-            self.cost_model = self.cost_model or str(models_for(self.hardware))
+            self.cost_model = self.cost_model or str(models_for(self.hardware, self.devices_per_host))
             self._models = CostModels.load(self.cost_model)
         return self._models
 
@@ -154,6 +155,7 @@ def place(
         seed=seed,
         cost_model=cost_model,
         hardware=hardware,
+        devices_per_host=topology.devices_per_host if topology.num_hosts > 1 else None,
         settings=parse_settings(info, settings),
         constraints=constraints,
     )
@@ -202,5 +204,5 @@ def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: 
         cost_model=context.cost_model,
         hardware=models.hardware,
         proven_optimal=context.proven_optimal,
-        warnings=model_warnings(models, tables, context.hardware, most_tables),
+        warnings=model_warnings(models, tables, context.hardware, most_tables, context.devices_per_host),
     )

@@ -114,6 +114,16 @@ class PlanCost(BaseModel):
     def bottleneck_device(self) -> int:
         return max(self.devices, key=lambda d: d.total_ms).device
 
+    @property
+    def devices_per_host(self) -> int | None:
+        """The devices per host the measurement ran over, when it spanned hosts of equal runs of devices
+        (host 0 the first L, host 1 the next, ...); None on one host or where not recorded."""
+        if not self.hosts or len(set(self.hosts)) == 1:
+            return None
+        local = self.hosts.count(self.hosts[0])
+        even = len(self.hosts) % local == 0 and self.hosts == [d // local for d in range(len(self.hosts))]
+        return local if even else None
+
 
 def median_round(costs: list[PlanCost], confidence: float = 0.95) -> PlanCost:
     """One plan's rounds as one cost: the median round's (the lower middle one for an even count) with their summary."""

@@ -489,6 +489,12 @@ class Plan(BaseModel):
         per_host = self.settings.devices_per_host if self.settings is not None else None
         return per_host if per_host is not None and per_host < self.num_devices else None
 
+    @property
+    def inter_host_gbps(self) -> float:
+        """The bandwidth between hosts the plan was made for: its settings', else Topology's default."""
+        recorded = self.settings.inter_host_gbps if self.settings is not None else None
+        return recorded or Topology.model_fields["inter_host_gbps"].default
+
     def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
         """What every device holds, in plan order: its fused shard."""
         by_name = {t.name: t for t in tables}

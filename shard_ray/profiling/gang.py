@@ -414,6 +414,33 @@ class GangMember:
         return {"device": self.rank, "embeddings": embeddings.cpu(), "weights": weights}
 
 
+def gang_bundles(num_devices: int, devices_per_host: int | None, use_gpus: bool) -> tuple[list[dict[str, float]], str]:
+    """A gang's placement-group bundles and strategy: one bundle per device packed onto as few nodes as
+    hold them, or, for a gang of hosts, one bundle per host, each on its own node."""
+    device = {"CPU": 1.0, **({"GPU": 1.0} if use_gpus else {})}
+    if devices_per_host is None:
+        return [device] * num_devices, "PACK"
+    host = {name: amount * devices_per_host for name, amount in device.items()}
+    return [host] * (num_devices // devices_per_host), "STRICT_SPREAD"
+
+
+def check_hosts(num_devices: int, devices_per_host: int | None, use_gpus: bool | None = None) -> None:
+    """Refuse, before anything is reserved, a gang of hosts that the connected cluster has too few
+    nodes for (its placement group would wait forever)."""
+    if devices_per_host is None:
+        return
+    use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
+    bundles, _ = gang_bundles(num_devices, devices_per_host, use_gpus)
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+    fitting = sum(all(node.get(k, 0) >= v for k, v in bundles[0].items()) for node in nodes)
+    if fitting < len(bundles):
+        raise ShardRayError(
+            f"a gang of {len(bundles)} hosts with {devices_per_host} devices each needs {len(bundles)} Ray nodes of "
+            f"{bundles[0]} or more, but the cluster has {fitting} such nodes ({len(nodes)} nodes in all); join a "
+            "cluster with more nodes (--address), or plan for fewer hosts (a larger --devices-per-host)"
+        )
+
+
 class DeviceGang:
     """D actors, one per device, reserved together in a placement group and joined in one process group.
 
@@ -459,32 +486,10 @@ class DeviceGang:
         else:
             self._stop()
 
-    def _bundles(self) -> tuple[list[dict[str, float]], str]:
-        """The placement group's bundles and strategy: one bundle per device packed onto as few
-        nodes as hold them, or, for a gang of hosts, one bundle per host, each on its own node."""
-        device = {"CPU": 1.0, **({"GPU": 1.0} if self.use_gpus else {})}
-        if self.devices_per_host is None:
-            return [device] * self.num_devices, "PACK"
-        host = {name: amount * self.devices_per_host for name, amount in device.items()}
-        return [host] * (self.num_devices // self.devices_per_host), "STRICT_SPREAD"
-
-    def _check_hosts(self, host_bundle: dict[str, float]) -> None:
-        """Refuse, before reserving, a gang of hosts the cluster has too few nodes for (it would wait forever)."""
-        hosts = self.num_devices // (self.devices_per_host or self.num_devices)
-        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-        fitting = sum(all(node.get(k, 0) >= v for k, v in host_bundle.items()) for node in nodes)
-        if fitting < hosts:
-            raise ShardRayError(
-                f"a gang of {hosts} hosts with {self.devices_per_host} devices each needs {hosts} Ray nodes of "
-                f"{host_bundle} or more, but the cluster has {fitting} such nodes ({len(nodes)} nodes in all); join a "
-                "cluster with more nodes (--address), or plan for fewer hosts (a larger --devices-per-host)"
-            )
-
     def _start(self) -> None:
         """Reserve the devices, start the members and join them; on any failure nothing is left running."""
-        bundles, strategy = self._bundles()
-        if strategy == "STRICT_SPREAD":
-            self._check_hosts(bundles[0])
+        bundles, strategy = gang_bundles(self.num_devices, self.devices_per_host, self.use_gpus)
+        check_hosts(self.num_devices, self.devices_per_host, self.use_gpus)
         self._group = placement_group(bundles, strategy=strategy)
         try:
             try:
