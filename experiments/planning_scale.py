@@ -2,9 +2,12 @@
 
     OMP_NUM_THREADS=1 python experiments/planning_scale.py
     OMP_NUM_THREADS=1 python experiments/planning_scale.py --sizes 5000x8,10000x1024 --algorithms cost_search
+    OMP_NUM_THREADS=1 python experiments/planning_scale.py --sizes 5000x64,10000x1024 --devices-per-host 8 \
+        --algorithms cost_search,neuroshard --out experiments/results/planning_scale_hosts
 
 Each (tables x devices) size is a synthetic pool of that many tables (`generate_pool`, seed 0)
-on devices with 1.5 times an even share of its memory. Every algorithm plans each size in a
+on devices with 1.5 times an even share of its memory, on one host or, with `--devices-per-host`,
+on hosts of that many devices (where table-row-wise is one of cost_search's types). Every algorithm plans each size in a
 fresh process (so the peak resident memory is its own), killed after `--timeout` seconds; the
 process reports the placement time (`place`'s, the search alone), the wall time of `place`
 (with the estimate: simulated cost, lower bound, model warnings), its peak RSS, and, under
@@ -18,6 +21,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from shard_ray.io import write_atomic, write_json
@@ -26,7 +30,7 @@ ALGORITHMS = ("cost_search", "neuroshard", "dreamshard", "size_lookup_greedy", "
 SIZES = "5000x8,5000x64,5000x512,10000x1024"
 
 
-def plan_once(algorithm: str, num_tables: int, num_devices: int) -> dict:
+def plan_once(algorithm: str, num_tables: int, num_devices: int, devices_per_host: int | None = None) -> dict:
     """Plan one size in this process; what `main` reads back from the child."""
     import resource
 
@@ -34,17 +38,24 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int) -> dict:
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.simulator import Simulator
     from shard_ray.placement import place
+    from shard_ray.plan.plan import sharding_type_of
     from shard_ray.plan.topology import Topology, memory_cap_with_headroom
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
     tables = generate_pool(PoolConfig(num_tables=num_tables))
     topology = Topology(
-        num_devices=num_devices, memory_bytes=memory_cap_with_headroom(tables, num_devices, 1.5), batch_size=1024
+        num_devices=num_devices,
+        memory_bytes=memory_cap_with_headroom(tables, num_devices, 1.5),
+        batch_size=1024,
+        devices_per_host=devices_per_host,
     )
     began = time.perf_counter()
     plan = place(algorithm, tables, topology)
     wall = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    by_table = defaultdict(list)
+    for shard in plan.shards:
+        by_table[shard.table].append(shard)
     # Every plan priced by the shipped models, whether its algorithm used them or not.
     models = CostModels.load(default_cost_model_path())
     return {
@@ -54,11 +65,15 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int) -> dict:
         "simulated_cost_ms": Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms,
         "lower_bound_ms": lower_bound_ms(models, tables, topology),
         "cut_short": "search_cut_short" in plan.metadata,
+        "sharding_types": dict(Counter(sharding_type_of(t, by_table[t.name], devices_per_host) for t in tables)),
     }
 
 
-def run_child(algorithm: str, num_tables: int, num_devices: int, timeout: float) -> dict:
+def run_child(
+    algorithm: str, num_tables: int, num_devices: int, timeout: float, devices_per_host: int | None = None
+) -> dict:
     command = [sys.executable, __file__, "--one", f"{algorithm}:{num_tables}x{num_devices}"]
+    command += ["--devices-per-host", str(devices_per_host)] if devices_per_host else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -95,13 +110,14 @@ def main() -> None:
     parser.add_argument("--sizes", default=SIZES, help="TABLESxDEVICES, comma-separated (default %(default)s)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per plan (default %(default)s)")
+    parser.add_argument("--devices-per-host", type=int, help="devices on each host (default: one host)")
     parser.add_argument("--out", default="experiments/results/planning_scale")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # ALGORITHM:TABLESxDEVICES, in the child process
     args = parser.parse_args()
     if args.one:
         algorithm, size = args.one.split(":")
         tables, devices = map(int, size.split("x"))
-        print(json.dumps(plan_once(algorithm, tables, devices)))
+        print(json.dumps(plan_once(algorithm, tables, devices, args.devices_per_host)))
         return
     sizes = args.sizes.split(",")
     results: dict[str, dict[str, dict]] = {}
@@ -109,14 +125,15 @@ def main() -> None:
         results[algorithm] = {}
         for size in sizes:
             tables, devices = map(int, size.split("x"))
-            results[algorithm][size] = run_child(algorithm, tables, devices, args.timeout)
+            results[algorithm][size] = run_child(algorithm, tables, devices, args.timeout, args.devices_per_host)
             print(f"{algorithm:<20} {size:>10}  {results[algorithm][size]}", flush=True)
     out = Path(args.out)
     write_json(out / "planning_scale.json", results)
     lines = [
         "Placement time (the search alone), in parentheses with the estimate `plan` prints; peak memory of "
         "the planning process; simulated cost under the shipped models, and how far above the lower bound. "
-        "One core (OMP_NUM_THREADS=1), a fresh process per plan.",
+        "One core (OMP_NUM_THREADS=1), a fresh process per plan"
+        + (f"; hosts of {args.devices_per_host} devices." if args.devices_per_host else "."),
         "",
         *markdown(results),
     ]

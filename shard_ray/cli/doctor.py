@@ -62,7 +62,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         findings += general
     problems = [f for f in findings if f.level == "problem"]
     if problems:
-        print(f"{len(problems)} problems found: " + "; ".join(f.what for f in problems))
+        count = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+        print(f"{count} found: " + "; ".join(f.what for f in problems))
         raise SystemExit(1)
     print("no problems found")
 
@@ -78,7 +79,11 @@ def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]],
     try:
         connected = connect_ray(address)
     except Exception as err:  # noqa: BLE001  any failure to join is what doctor reports (its message says the fix)
-        return "cannot connect", [], Finding("Ray", "problem", first_line(err))
+        fix = (
+            "start the cluster (`ray start --head` on its head node) or give its address: --address HOST:PORT, "
+            "or leave --address and RAY_ADDRESS out to check a local Ray"
+        )
+        return "cannot connect", [], Finding("Ray", "problem", first_line(err), fix)
     try:
         if connected.startswith("ray: started"):
             ray.get(ray.remote(num_cpus=0)(task_pid).remote(), timeout=120)

@@ -160,7 +160,8 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from shard_ray.placement import place
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.placement import algorithm, algorithms, place
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
     from shard_ray.plan.summary import format_plan_summary
@@ -171,6 +172,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
     constraints = load_constraints(flags.constraints) if flags.constraints else None
+    if flags.cost_model is not None:
+        info = algorithm(flags.algo)
+        if not info.uses_models and not flags.explain:
+            users = ", ".join(i.name for i in algorithms() if i.uses_models)
+            raise ShardRayError(
+                f"{flags.algo!r} does not use cost models; --cost-model is for {users}, or for --explain's prices"
+            )
+        CostModels.load(flags.cost_model)  # a bad file is refused before planning
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     plan = place(
@@ -200,7 +209,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if "search_cut_short" in plan.metadata:
         print(f"warning: {plan.metadata['search_cut_short']}", file=sys.stderr)
     budget = plan.settings.algorithm.get("time_budget_s") if plan.settings else None
-    within = f" (time budget {budget} s{', all of it used' if 'search_cut_short' in plan.metadata else ''})"
+    if "search_cut_short" not in plan.metadata:
+        reached = ""
+    elif plan.placement_seconds >= 0.99 * budget:
+        reached = ", all of it used"
+    else:  # a phase's share of the budget ended it (the column splits stop at half of it)
+        reached = ", a phase of it cut short"
+    within = f" (time budget {budget} s{reached})"
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms" + (within if budget else ""))
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)

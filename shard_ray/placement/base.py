@@ -75,8 +75,15 @@ class AlgorithmInfo:
     def handles(self, num_tables: int) -> bool:
         return self.max_tables is None or num_tables <= self.max_tables
 
+    @property
+    def uses_models(self) -> bool:
+        """Whether it places by the cost models' prices (and so takes a `--cost-model`)."""
+        return self.family in MODEL_FAMILIES
+
 
 _REGISTRY: dict[str, AlgorithmInfo] = {}
+# The algorithm families that place by the cost models' prices.
+MODEL_FAMILIES = ("search", "exact", "rl")
 
 
 def register(

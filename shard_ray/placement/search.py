@@ -307,7 +307,11 @@ def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
 
 
 def beam_search(
-    pricer: Pricer, tables: list[TableSpec], config: SearchConfig, constraints: Constraints | None = None
+    pricer: Pricer,
+    tables: list[TableSpec],
+    config: SearchConfig,
+    constraints: Constraints | None = None,
+    name: str = "cost_search",
 ) -> tuple[Candidate, bool]:
     """Column-wise split search: each level splits one of the costliest items of each beam state.
 
@@ -324,7 +328,7 @@ def beam_search(
     refine_until, deadline = began + (0.7 if choosing_types else 1.0) * budget, began + budget
     pieces = pieces_to_place(tables, pricer.topology, constraints)
     start = packed_start(pricer, pieces, config, constraints, start_until)
-    progress = _Progress(budget, began)
+    progress = _Progress(budget, began, name)
     progress.show("greedy start", start.cost)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
@@ -357,7 +361,8 @@ def beam_search(
     if config.local_search_steps:
         finalists = [local_search(pricer, c, config.local_search_steps, deadline=refine_until) for c in finalists]
     best = min(finalists, key=lambda c: c.cost)
-    progress.show("local search", best.cost)
+    if config.local_search_steps:
+        progress.show("local search", best.cost)
     if choosing_types:
         typed = choose_types(pricer, best, tables, config.sharding_types, deadline, constraints)
         if typed is not best and config.local_search_steps:
@@ -407,11 +412,11 @@ class _Progress:
     """A bar over the time budget, with the phase and the best simulated cost so far, for searches given
     `LONG_SEARCH_S` or more (shorter ones end before a bar would tell anything)."""
 
-    def __init__(self, budget: float, began: float) -> None:
+    def __init__(self, budget: float, began: float, name: str) -> None:
         self.began = began
         self.bar = tqdm(
             total=round(budget) if budget < float("inf") else None,
-            desc="cost search",
+            desc=name,
             unit="s",
             disable=budget < LONG_SEARCH_S,
             bar_format="{desc}: {bar} {n:.0f}/{total_fmt} s {postfix}",
@@ -466,7 +471,7 @@ def search_placer(
     name: str, config: SearchConfig, models: CostModels, constraints: Constraints | None = None
 ) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        best, cut_short = beam_search(Pricer(models, topology), tables, config, constraints)
+        best, cut_short = beam_search(Pricer(models, topology), tables, config, constraints, name)
         plan = best.plan(topology.num_devices, name)
         if cut_short:
             plan.metadata["search_cut_short"] = (

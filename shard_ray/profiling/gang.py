@@ -436,7 +436,7 @@ def check_hosts(num_devices: int, devices_per_host: int | None, use_gpus: bool |
     if fitting < len(bundles):
         raise ShardRayError(
             f"a gang of {len(bundles)} hosts with {devices_per_host} devices each needs {len(bundles)} Ray nodes of "
-            f"{bundles[0]} or more, but the cluster has {fitting} such nodes ({len(nodes)} nodes in all); join a "
+            f"{bundles[0]} or more, but the cluster has {fitting} of them ({len(nodes)} nodes in all); join a "
             "cluster with more nodes (--address), or plan for fewer hosts (a larger --devices-per-host)"
         )
 
@@ -609,7 +609,12 @@ class DeviceGang:
         """
         order = np.random.default_rng(config.seed)
         per_plan: list[list[PlanCost]] = [[] for _ in plans]
-        with tqdm(total=rounds * len(plans), desc="measuring plans", unit="plan", disable=not progress) as bar:
+        with tqdm(
+            total=rounds * len(plans),
+            desc=f"measuring {len(plans)} plans x {rounds} rounds",
+            unit="run",
+            disable=not progress,
+        ) as bar:
             for r in range(rounds):
                 measure = config.model_copy(update={"seed": config.seed + r})
                 for i in order.permutation(len(plans)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -56,10 +56,11 @@ class TableSpec(BaseModel):
             raise ValueError(f"dim must be a multiple of 4 (fbgemm's requirement), got {dim}")
         return dim
 
-    @field_validator("pooling_factor", "zipf_exponent")
+    @field_validator("pooling_factor", "zipf_exponent", mode="before")
     @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
+    def _finite(cls, value: Any) -> Any:
+        # before the range checks, which NaN fails with a message about the range
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 
