@@ -180,6 +180,21 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     # On one host it is no option.
     assert "table_row_wise" not in table_options(tables[0], Topology(num_devices=8, memory_bytes=8 * GB))
 
+    # A constraints file may ask for it by name; every algorithm that takes one honours it.
+    constraints = tmp_path / "constraints.yaml"
+    constraints.write_text("tables:\n  big: {types: [table_row_wise]}\n  s0: {types: [table_row_wise]}\n")
+    pinned = tmp_path / "pinned.json"
+    for algo in ("size_greedy", "cost_search"):
+        result = shard_ray(
+            "plan", "--tables", str(tables_file), *hosts, "--algo", algo, "--constraints", str(constraints),
+            "--out", str(pinned),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        shards = load_plan(pinned).shards
+        for name in ("big", "s0"):
+            table = next(t for t in tables if t.name == name)
+            assert sharding_type_of(table, [s for s in shards if s.table == name], 4) == "table_row_wise"
+
     result = shard_ray("export", "--plan", str(plan_file), "--tables", str(tables_file), "--out", str(export_file))
     assert result.returncode == 0, result.stderr
     exported = json.loads(export_file.read_text())

@@ -40,10 +40,12 @@ class Pricer:
 
     def sizes(self, items: list[TablePiece]) -> ItemSizes:
         """`item_sizes` of the items, each item's computed once."""
-        for p in items:
-            if p.key not in self._sizes:
-                one = item_sizes([p], self.topology, self.models.rows_cap)
-                self._sizes[p.key] = tuple(getattr(one, f.name)[0] for f in fields(ItemSizes))
+        missing = list({p.key: p for p in items if p.key not in self._sizes}.values())
+        if missing:
+            computed = item_sizes(missing, self.topology, self.models.rows_cap)
+            columns = [getattr(computed, f.name) for f in fields(ItemSizes)]
+            for k, p in enumerate(missing):
+                self._sizes[p.key] = tuple(column[k] for column in columns)
         rows = [self._sizes[p.key] for p in items]
         return ItemSizes(*(np.array([row[k] for row in rows]) for k in range(len(fields(ItemSizes)))))
 

@@ -172,9 +172,6 @@ def place(
     elapsed = time.perf_counter() - start
     plan.check(tables)
     plan.check_memory(tables, topology)
-    broken = constraints.violations(plan, tables) if constraints is not None else []
-    if broken:
-        raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
     recorded = PlanSettings(
         memory_gb=topology.memory_gb,
         batch_size=topology.batch_size,
@@ -193,6 +190,10 @@ def place(
             "memory_bytes": plan.device_memory_bytes(tables, topology),
         }
     )
+    # With the settings in place: they say which row shards are table-row-wise (the hosts).
+    broken = constraints.violations(plan, tables) if constraints is not None else []
+    if broken:
+        raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
     if context.used_models:
         plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
     return plan

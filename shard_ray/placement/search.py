@@ -137,7 +137,7 @@ def _greedy_passes(
     (each item's single cost) a device is priced as the sum of its items' single costs instead.
     Raises _OutOfTime when, after its first items, the passes project to end past `deadline`."""
     began = time.perf_counter()
-    probe = min(len(order), max(32, len(order) // 50))
+    probe = min(len(order), 32)  # items priced before projecting the passes' end
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
     enc = pricer.encodings(items)
@@ -222,7 +222,7 @@ def local_search(
     """
     topology = pricer.topology
     d = topology.num_devices
-    if d == 1:
+    if d == 1 or time.perf_counter() > deadline:
         return candidate
     items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
     enc = pricer.encodings(items)
