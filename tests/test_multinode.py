@@ -156,6 +156,16 @@ def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, ta
     assert json.loads((tmp_path / "cost.json").read_text())["hosts"] == [0, 0, 1, 1]
     assert "the gang spanned 2 Ray nodes" in evaluated.stdout
 
+    # The measured race over hosts: the search's plan against the heuristics' and TorchRec's (told the hosts).
+    raced = shard_ray(
+        *("plan", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--memory-gb", "1"),
+        *("--algo", "cost_search", "--measure", "--measure-budget", "8", "--address", cluster.address),
+        "--out", "raced.json",
+    )
+    assert raced.returncode == 0, raced.stderr
+    measured = json.loads((tmp_path / "raced.json").read_text())["measured"]
+    assert "torchrec" in "=".join(measured["candidates"]) and "the gang spanned 2 Ray nodes" in raced.stdout
+
     exported = shard_ray("export", "--plan", "plan.json", "--tables", str(table_file), "--out", "torchrec.json")
     assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "torchrec.json").read_text())["local_world_size"] == 2

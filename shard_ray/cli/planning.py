@@ -256,6 +256,7 @@ def measured_best(
     Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
+    from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.selection import select_measured
@@ -276,7 +277,10 @@ def measured_best(
         MeasurementStore(flags.store) as store,
     ):
         chosen, selection = select_measured(candidates, tables, topology, gang, config, store)
+        spanned = gang_layout(gang.hosts) if len(set(gang.hosts)) > 1 else None
     print(format_selection(selection, {a.name for a in algorithms() if a.family == "heuristic"}))
+    if spanned:
+        print(spanned)
     return chosen
 
 

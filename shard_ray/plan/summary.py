@@ -58,10 +58,7 @@ def format_plan_summary(
         source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
         lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step{source})")
         if cost.hosts is not None and len(set(cost.hosts)) > 1:
-            layout = ", ".join(
-                f"host {h}: devices {[d for d, x in enumerate(cost.hosts) if x == h]}" for h in sorted(set(cost.hosts))
-            )
-            lines.append(f"the gang spanned {len(set(cost.hosts))} Ray nodes ({layout})")
+            lines.append(gang_layout(cost.hosts))
         if lower_bound_ms is not None:
             gap = f"; this plan is {cost.cost_ms / lower_bound_ms - 1:.1%} above it" if lower_bound_ms > 0 else ""
             lines.append(
@@ -70,3 +67,9 @@ def format_plan_summary(
             )
         lines.append(LEGEND)
     return "\n".join(lines)
+
+
+def gang_layout(hosts: list[int]) -> str:
+    """Which devices shared a Ray node in a measurement, from each device's host index."""
+    layout = ", ".join(f"host {h}: devices {[d for d, x in enumerate(hosts) if x == h]}" for h in sorted(set(hosts)))
+    return f"the gang spanned {len(set(hosts))} Ray nodes ({layout})"
