@@ -160,7 +160,8 @@ def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, ta
     raced = shard_ray(
         *("plan", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--memory-gb", "1"),
         *("--algo", "cost_search", "--measure", "--measure-budget", "8", "--address", cluster.address),
-        "--out", "raced.json",
+        "--out",
+        "raced.json",
     )
     assert raced.returncode == 0, raced.stderr
     measured = json.loads((tmp_path / "raced.json").read_text())["measured"]
