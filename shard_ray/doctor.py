@@ -229,15 +229,20 @@ def models_finding(hardware: str) -> Finding:
     from shard_ray.costmodel.models import CostModels, default_cost_model_path, hardware_models_path
 
     calibrated = hardware_models_path(hardware)
+    # models calibrated over hosts: the one-host file's name, then -hosts-of-L
+    over_hosts = sorted(calibrated.parent.glob(calibrated.stem + "-hosts-of-*.pt"))
+    hosts = f"; over hosts: {', '.join(str(p) for p in over_hosts)}" if over_hosts else ""
     if calibrated.is_file():
-        return Finding("cost models", "ok", f"{hardware}: calibrated models {calibrated}")
+        return Finding("cost models", "ok", f"{hardware}: calibrated models {calibrated}{hosts}")
     shipped = CostModels.load(default_cost_model_path())
     if shipped.hardware == hardware:
-        return Finding("cost models", "ok", f"{hardware}: the shipped models were trained on this hardware")
+        return Finding("cost models", "ok", f"{hardware}: the shipped models were trained on this hardware{hosts}")
     return Finding(
         "cost models",
         "note",
-        f"{hardware}: no models calibrated here; plans use the shipped models of {shipped.hardware}, extrapolated",
+        f"{hardware}: no models calibrated here"
+        + (" for one host" if over_hosts else "")
+        + f"; plans use the shipped models of {shipped.hardware}, extrapolated{hosts}",
         "shard-ray calibrate --tables YOUR_TABLES.json --devices N (on this hardware; minutes)",
     )
 

@@ -120,3 +120,20 @@ def test_the_gpu_install_route_pairs_fbgemm_with_torch_and_its_cuda():
             )
             assert fbgemm_cuda == torch_cuda, where
     assert expected_fbgemm("2.11.0") == "1.6" and expected_fbgemm("2.4.1") is None and cuda_tag("12.8") == "cu128"
+
+
+def test_models_finding_names_the_models_each_host_layout_gets(tmp_path, monkeypatch):
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path, hardware_models_path
+    from shard_ray.doctor import models_finding
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path))
+    hardware = "cuda:NVIDIA H100 80GB HBM3"
+    assert "no models calibrated here;" in models_finding(hardware).detail
+    over_hosts = hardware_models_path(hardware, 8)
+    over_hosts.parent.mkdir(parents=True)
+    CostModels.load(default_cost_model_path()).save(over_hosts)
+    finding = models_finding(hardware)
+    assert "no models calibrated here for one host" in finding.detail and str(over_hosts) in finding.detail
+    CostModels.load(default_cost_model_path()).save(hardware_models_path(hardware))
+    finding = models_finding(hardware)
+    assert finding.level == "ok" and str(over_hosts) in finding.detail

@@ -197,8 +197,9 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.plan.plan import load_plan
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SHARD_RAY_HOME", "MLFLOW_TRACKING_URI")}
-    env["HOME"] = str(tmp_path)
+    # The models go to a home of the test's own; HOME stays, where a cluster's token (~/.ray) is.
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env["SHARD_RAY_HOME"] = str(tmp_path / ".shard-ray")
 
     def shard_ray(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([SHARD_RAY, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

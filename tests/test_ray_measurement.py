@@ -107,15 +107,21 @@ def test_every_sharding_type_trains_as_one_unsharded_table(ray_session, small_ta
             Shard(table="g", device=1, columns=(16, 32)),
         ],
     )
-    config = MeasureConfig(batch_size=96, optimizer="sgd", max_rows=10**6, seed=3)
+    with DeviceGang(2) as gang:
+        assert_trains_as_one_unsharded_table(gang, plan, tables, seed=3)
+
+
+def assert_trains_as_one_unsharded_table(gang: DeviceGang, plan: Plan, tables: list[TableSpec], seed: int) -> None:
+    """One step of `plan` on `gang` gives the pooled embeddings and updated weights one unsharded table
+    gives for the same batch, and every piece trained."""
+    config = MeasureConfig(batch_size=96, optimizer="sgd", max_rows=10**6, seed=seed)
     reference = FusedShard([TablePiece.whole(t) for t in tables], config, torch.device("cpu"))
     reference.load_initial_weights()
     pooled = reference.forward(0)
-    reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=3), torch.zeros(0, 0)))
+    reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=seed), torch.zeros(0, 0)))
     trained = dict(zip((t.name for t in tables), reference.part_weights()))
 
-    with DeviceGang(2) as gang:
-        values = gang.step_values(plan, tables, config)
+    values = gang.step_values(plan, tables, config)
     embeddings = torch.cat([v["embeddings"] for v in values])
     assert torch.allclose(embeddings, pooled[0].detach(), atol=1e-4)
     for pieces, value in zip(plan.pieces(tables), values):
@@ -280,22 +286,7 @@ def test_table_row_wise_sums_inside_hosts_and_trains_as_one_unsharded_table(ray_
         "a": "table_row_wise", "b": "column_wise", "c": "table_row_wise", "d": "row_wise", "e": "table_wise",
         "few": "table_row_wise",
     }  # fmt: skip
-    config = MeasureConfig(batch_size=96, optimizer="sgd", max_rows=10**6, seed=5)
-    reference = FusedShard([TablePiece.whole(t) for t in tables], config, torch.device("cpu"))
-    reference.load_initial_weights()
-    pooled = reference.forward(0)
-    reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=5), torch.zeros(0, 0)))
-    trained = dict(zip((t.name for t in tables), reference.part_weights()))
-
     with DeviceGang(4) as gang:
-        values = gang.step_values(plan, tables, config)
+        assert_trains_as_one_unsharded_table(gang, plan, tables, seed=5)
         measured = gang.evaluate(plan, tables, MeasureConfig(batch_size=96, optimizer="sgd", repeats=2, warmup=1))
     assert measured.cost_ms > 0
-    embeddings = torch.cat([v["embeddings"] for v in values])
-    assert torch.allclose(embeddings, pooled[0].detach(), atol=1e-4)
-    for pieces, value in zip(plan.pieces(tables), values):
-        for piece, weights in zip(pieces, value["weights"]):
-            rows, columns = piece.row_range, piece.columns
-            expected = trained[piece.table.name][rows[0] : rows[1], columns[0] : columns[1]].float()
-            tolerance = 2e-3 if piece.table.precision == "fp16" else 1e-5
-            assert torch.allclose(weights, expected, atol=tolerance), piece.key

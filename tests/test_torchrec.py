@@ -169,18 +169,28 @@ def test_row_wise_export_is_torchrec_own_layout(tmp_path):
         TableSpec(name="big", rows=1_000_003, dim=16, pooling_factor=2.0),
         TableSpec(name="few", rows=5, dim=8, pooling_factor=1.0),
     ]
-    pieces = [p for t in tables for p in row_wise(t, 4)]
-    plan = Plan.from_assignment(pieces, [p.devices[0] for p in pieces], 4, "rw")
-    exported = export_plan(plan, tables, device_type="cpu")
-    for table in tables:
-        sizes, offsets = calculate_shard_sizes_and_offsets(
-            torch.empty(table.rows, table.dim, device="meta"), 4, 4, "row_wise"
-        )
-        mine = exported.tables[table.name]
-        assert mine.sharding_type == "row_wise" and mine.ranks == [0, 1, 2, 3]
-        assert [list(s.sizes) for s in mine.shards] == sizes and [list(s.offsets) for s in mine.shards] == offsets
-    sharding = sharding_plan(exported).plan[""]["few"]
-    assert [m.shard_sizes for m in sharding.sharding_spec.shards] == [[2, 8], [2, 8], [1, 8], [0, 8]]
+    # Row-wise over 4 ranks, and table-row-wise over host 1 of two hosts of 4: TorchRec's blocks over
+    # the (local) world, on its ranks.
+    layouts = [
+        ("row_wise", 4, 4, [p for t in tables for p in row_wise(t, 4)], [0, 1, 2, 3]),
+        ("table_row_wise", 8, 4, [p for t in tables for p in table_row_wise(t, 4, 1)], [4, 5, 6, 7]),
+    ]
+    exported = {}
+    for kind, world, local, pieces, ranks in layouts:
+        plan = Plan.from_assignment(pieces, [p.devices[0] for p in pieces], world, kind)
+        plan.settings = PlanSettings(memory_gb=1, batch_size=512, optimizer="sgd", devices_per_host=local)
+        exported[kind] = export_plan(plan, tables)
+        for table in tables:
+            sizes, offsets = calculate_shard_sizes_and_offsets(
+                torch.empty(table.rows, table.dim, device="meta"), world, local, kind
+            )
+            mine = exported[kind].tables[table.name]
+            assert mine.sharding_type == kind and mine.ranks == ranks
+            assert [list(s.sizes) for s in mine.shards] == sizes and [list(s.offsets) for s in mine.shards] == offsets
+    few = sharding_plan(exported["row_wise"]).plan[""]["few"]
+    assert [m.shard_sizes for m in few.sharding_spec.shards] == [[2, 8], [2, 8], [1, 8], [0, 8]]
+    few = sharding_plan(exported["table_row_wise"]).plan[""]["few"]
+    assert [m.placement.device().index for m in few.sharding_spec.shards] == [0, 1, 2, 3]  # rank r on cuda:(r mod 4)
     # Row ranges TorchRec's input distribution cannot run are refused by name.
     uneven = Plan(num_devices=2, algorithm="x", shards=[
         Shard(table="few", device=0, columns=(0, 8), rows=(0, 1)), Shard(table="few", device=1, columns=(0, 8), rows=(1, 5)),
@@ -188,20 +198,6 @@ def test_row_wise_export_is_torchrec_own_layout(tmp_path):
     ])  # fmt: skip
     with pytest.raises(ShardRayError, match="table 'few''s row shards are not TorchRec's row-wise layout"):
         export_plan(uneven, tables)
-    # Table-row-wise over host 1 of two hosts of 4: TorchRec's blocks over the local world, on that host's ranks.
-    pieces = [p for t in tables for p in table_row_wise(t, 4, 1)]
-    plan = Plan.from_assignment(pieces, [p.devices[0] for p in pieces], 8, "twrw")
-    plan.settings = PlanSettings(memory_gb=1, batch_size=512, optimizer="sgd", devices_per_host=4)
-    exported = export_plan(plan, tables)
-    for table in tables:
-        sizes, offsets = calculate_shard_sizes_and_offsets(
-            torch.empty(table.rows, table.dim, device="meta"), 8, 4, "table_row_wise"
-        )
-        mine = exported.tables[table.name]
-        assert mine.sharding_type == "table_row_wise" and mine.ranks == [4, 5, 6, 7]
-        assert [list(s.sizes) for s in mine.shards] == sizes and [list(s.offsets) for s in mine.shards] == offsets
-    sharding = sharding_plan(exported).plan[""]["few"]
-    assert [m.placement.device().index for m in sharding.sharding_spec.shards] == [0, 1, 2, 3]
 
 
 def test_torchrec_planner_plans_every_type_shard_ray_runs():
