@@ -129,8 +129,8 @@ def over_hosts(
     on other hosts, and receives width_j x B/D from each peer j on another host; the slower of the
     two directions sets its inter-host time. The widest device's sending bounds every device's
     receiving, so for table- and column-wise plans hosts raise the price without changing which
-    layout is cheapest; they change it for traffic a layout can keep inside a host (row-wise
-    partial sums, replicas' all-reduce), which is priced as one host still. The shipped comm model
+    layout is cheapest; they change it for traffic a layout keeps inside a host: table-row-wise
+    partial sums (`host_reduce`; replicas' all-reduce is priced flat still). The shipped comm model
     has not measured inter-host links (on one machine there are none); one calibrated over hosts
     has, and is priced as it is (`analytic_hosts`).
     """

@@ -2,7 +2,8 @@
 
 A table may go table-wise (whole, on a device the search picks), column-wise (halves, each
 placed), row-wise (TorchRec's blocks, block k on device k), table-row-wise (over hosts: blocks on
-the devices of one host, the host the search picks) or data-parallel (a replica on every device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each
+the devices of one host, the host the search picks) or data-parallel (a replica on every
+device). `table_options` (shard_ray.plan.plan) lists what fits; `option_costs` prices each
 option for one table with every other table left where it is (its free pieces put on the device
 the simulated plan cost likes best), which is how `cost_search` chooses a table's type and how
 `plan --explain` says what the best other type would have cost.
