@@ -37,6 +37,7 @@ from shard_ray.plan.plan import (
     Shard,
     TablePiece,
     host_of_row_blocks,
+    laid_out_as,
     row_wise,
     sharding_type_of,
     table_row_wise,
@@ -254,7 +255,7 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
 
 def _row_wise_export(table: TableSpec, shards: list[Shard], world_size: int) -> ExportedTable:
     blocks = row_wise(table, world_size)
-    if sorted((s.rows or (0, table.rows), s.device) for s in shards) != [(p.row_range, p.devices[0]) for p in blocks]:
+    if not laid_out_as(table, shards, blocks):
         raise ShardRayError(
             f"table {table.name!r}'s row shards are not TorchRec's row-wise layout (blocks of {blocks[0].row_count} "
             "rows, block k on rank k) nor, over hosts, its table-row-wise layout, the only ones its input "

@@ -183,9 +183,13 @@ def host_of_row_blocks(table: TableSpec, shards: Sequence[Shard], devices_per_ho
     if devices_per_host is None:
         return None
     host = shards[0].device // devices_per_host
-    blocks = table_row_wise(table, devices_per_host, host)
+    return host if laid_out_as(table, shards, table_row_wise(table, devices_per_host, host)) else None
+
+
+def laid_out_as(table: TableSpec, shards: Sequence[Shard], blocks: list[TablePiece]) -> bool:
+    """Whether the table's shards are exactly these pinned row blocks, each on its device."""
     laid_out = sorted((s.rows or (0, table.rows), s.device) for s in shards)
-    return host if laid_out == [(p.row_range, p.devices[0]) for p in blocks] else None
+    return laid_out == [(p.row_range, p.devices[0]) for p in blocks]
 
 
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
