@@ -159,7 +159,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         whole_task = memory_cap_with_headroom(tables, flags.devices, float(flags.devices))
         topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
     topology = topology_flags.topology(flags.devices)
-    hosts = topology.devices_per_host if topology.num_hosts > 1 else None
+    hosts = topology.hosts_of
     tracking_uri, experiment = tracking(args)
     start_path = str(flags.cost_model or models_for(hardware_id(threads=1), hosts))
     start = CostModels.load(start_path)

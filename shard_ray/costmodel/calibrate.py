@@ -207,7 +207,7 @@ def calibrate(
     # 4. fit and compare on held-out data
     # Over hosts, the comm model is fit to all-to-alls measured over them: it learns their inter-host
     # share, and prices it itself thereafter (`comm_hosts`, `shard_ray.costmodel.pricing.analytic_hosts`).
-    hosts = topology.devices_per_host if topology.num_hosts > 1 else None
+    hosts = topology.hosts_of
     shards, plans = task_measurements(store, tables, hardware, measure, hosts)
     by_split = {
         name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
@@ -231,7 +231,8 @@ def calibrate(
             comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
         )
         info.pop("comm_hosts", None)
-        info.update({"comm_hosts": hosts} if hosts else {})
+        if hosts:
+            info["comm_hosts"] = hosts
     tuned = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
 
     def scores(models: CostModels, split: str) -> dict[str, Any]:

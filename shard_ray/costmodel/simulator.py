@@ -33,8 +33,7 @@ class Simulator:
     def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
         """The plan's predicted costs; over the hosts its settings record (`plan --devices-per-host`), if any."""
         shards = plan.pieces(tables)
-        settings = plan.settings
-        per_host = analytic_hosts(self.models, settings.devices_per_host if settings is not None else None)
+        per_host = analytic_hosts(self.models, plan.devices_per_host)
         inter_gbps = plan.inter_host_gbps
 
         def collectives(widths: list[float]) -> np.ndarray:

@@ -309,10 +309,12 @@ def evaluate_compute(models: CostModels, measurements: list[ShardMeasurement]) -
 def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
     """Predicted against measured fwd + bwd all-to-all ms per device, priced as the simulator prices
     them: over the hosts each plan was measured on, inter-host traffic as `analytic_hosts` says."""
+    if models.comm is None:
+        return accuracy(np.zeros(0), np.zeros(0))
     predicted, measured = [], []
     for pm in plans:
         widths = comm_widths(pm)
-        if models.comm is None or widths is None:
+        if widths is None:
             continue
         batch = pm.cost.batch_size or 1
         hosts = analytic_hosts(models, pm.cost.devices_per_host)

@@ -162,7 +162,7 @@ def place(
         seed=seed,
         cost_model=cost_model,
         hardware=hardware,
-        devices_per_host=topology.devices_per_host if topology.num_hosts > 1 else None,
+        devices_per_host=topology.hosts_of,
         settings=parse_settings(info, settings),
         constraints=constraints,
     )

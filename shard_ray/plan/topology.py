@@ -62,6 +62,11 @@ class Topology(BaseModel):
     def num_hosts(self) -> int:
         return self.num_devices // self.local_world_size
 
+    @property
+    def hosts_of(self) -> int | None:
+        """The devices per host when the devices span several hosts; None on one host."""
+        return self.devices_per_host if self.num_hosts > 1 else None
+
 
 def shard_bytes(table: TableSpec, width: int, optimizer: Optimizer, rows: int | None = None) -> int:
     """Bytes `width` columns of `rows` rows (all, by default) of a table take: weights at their precision plus optimizer state.
