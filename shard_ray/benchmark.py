@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from shard_ray.comparison import compare_algorithms
+from shard_ray.comparison import CompareConfig, compare_algorithms, format_comparison
 from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, models_for
@@ -37,8 +37,8 @@ from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
+from shard_ray.plan.plan import PlanRatio
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables
@@ -51,6 +51,7 @@ COLUMNS = (
     ("mean_over_lower_bound", "over lower bound"),
     ("median_placement_ms", "placement (ms, median)"),
     ("mean_simulation_error", "simulated vs measured error"),
+    ("best_or_tied", "tasks best or tied for best"),
     ("failed_tasks", "tasks failed"),
 )
 
@@ -70,10 +71,11 @@ class BenchmarkConfig:
     batch_size: int = setting(1024, "global batch size", min=1)
     repeats: int = setting(10, "timed steps per plan and round; medians are reported", min=1)
     rounds: int = setting(
-        7,
-        "interleaved rounds per task (every plan once a round, fresh batches); medians with 95 percent intervals",
-        min=1,
+        12,
+        "most interleaved rounds per task (every plan once a round, fresh batches); the comparison stops once it decides",
+        min=3,
     )
+    budget_seconds: float = setting(120.0, "seconds of measuring per task", min=1)
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
     cost_model: str | None = setting(
         None, "cost model file (default: the models calibrated for the gang's hardware, else the shipped CPU models)"
@@ -151,55 +153,71 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 memory_bytes=memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
                 batch_size=config.batch_size,
             )
-            measure = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
+            compare = CompareConfig(
+                rounds=config.rounds,
+                budget_seconds=config.budget_seconds,
+                min_rounds=min(6, config.rounds),
+                repeats=config.repeats,
+            )
             comparison = compare_algorithms(
                 tables,
                 topology,
                 gang,
-                measure,
+                compare,
                 name,
                 tracking_uri=config.tracking_uri,
                 experiment=config.experiment,
-                progress=False,
                 cost_model=cost_model,
                 settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
                 names=list(config.algorithms) or None,
-                rounds=config.rounds,
+                log=lambda line, task=name: print(f"{task}: {line}", flush=True),
             )
-            model_warnings = sorted({w for r in comparison.rows if r.plan.estimate for w in r.plan.estimate.warnings})
+            model_warnings = sorted({w for p in comparison.plans.values() if p.estimate for w in p.estimate.warnings})
             for line in model_warnings:
                 print(f"{name}: warning: {line}", flush=True)
             for algorithm, why in comparison.failures.items():
                 failures.setdefault(algorithm, []).append(why)
                 print(f"{name}: {algorithm} failed: {why}", flush=True)
-            rows = comparison.rows
             bound = lower_bound_ms(models, tables, topology, column_wise=True)
-            measured_heuristics = [r.cost.cost_ms for r in rows if r.plan.algorithm in heuristics]
+            costs = comparison.costs
+            measured_heuristics = [costs[a].cost_ms for a in costs if a in heuristics]
             best_heuristic = min(measured_heuristics) if measured_heuristics else float("nan")
+            result = comparison.result
             records = {}
-            for r in rows:
-                simulated = simulator.plan_cost(r.plan, tables, topology.batch_size).cost_ms
-                spread = r.cost.rounds
-                records[r.plan.algorithm] = {
-                    "cost_ms": r.cost.cost_ms,
+            for algorithm, plan in comparison.plans.items():
+                cost = costs[algorithm]
+                simulated = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
+                spread = cost.rounds
+                joined = next((n for n in result.candidates if algorithm in n.split("=")), None) if result else None
+                ratio = result.ratios.get(joined) if result else None
+                records[algorithm] = {
+                    "cost_ms": cost.cost_ms,
                     "ci_ms": [spread.ci_low_ms, spread.ci_high_ms] if spread else None,
                     "ci_coverage": spread.coverage if spread else None,
-                    "improvement": 1.0 - r.cost.cost_ms / best_heuristic,
-                    "over_bound": r.cost.cost_ms / bound - 1.0,
-                    "placement_ms": r.plan.placement_seconds * 1e3,
-                    "sim_error": mape([simulated], [r.cost.cost_ms]),
+                    "ratio_to_chosen": [ratio.ratio, ratio.low, ratio.high] if ratio else [1.0, 1.0, 1.0],
+                    "verdict": verdict_of(ratio),
+                    "improvement": 1.0 - cost.cost_ms / best_heuristic,
+                    "over_bound": cost.cost_ms / bound - 1.0,
+                    "placement_ms": plan.placement_seconds * 1e3,
+                    "sim_error": mape([simulated], [cost.cost_ms]),
                 }
+            if result is not None:
+                print(f"{name} ({len(tables)} tables, bound {bound:.1f} ms):\n{format_comparison(result)}", flush=True)
             per_task[name] = records
             write_json(done_file, {"records": records, "failures": comparison.failures})
-            print(
-                f"{name} ({len(tables)} tables, bound {bound:.1f} ms): "
-                + ", ".join(f"{r.plan.algorithm} {r.cost.cost_ms:.1f}" for r in rows),
-                flush=True,
-            )
     report = summarise(per_task, failures, heuristics)
     report.update({"settings": settings, "hardware": gang.hardware, "warnings": gang.warnings, "tasks": len(tasks)})
     write_report(report, out, config)
     return report
+
+
+def verdict_of(ratio: PlanRatio | None) -> str:
+    """A plan's verdict in its task's comparison, from its ratio to the chosen plan (None: it is the chosen one)."""
+    if ratio is None:
+        return "chosen"
+    if not ratio.separated:
+        return "tied"
+    return "slower" if ratio.ratio > 1 else "faster"
 
 
 def summarise(
@@ -226,6 +244,8 @@ def summarise(
             else None,
             "mean_over_lower_bound": statistics.mean(x["over_bound"] for x in rs),
             "median_placement_ms": statistics.median(x["placement_ms"] for x in rs),
+            # tasks where the comparison found no plan faster (older records carry no verdict)
+            "best_or_tied": sum(x.get("verdict", "tied") != "slower" for x in rs),
             "mean_simulation_error": statistics.mean(x["sim_error"] for x in rs),
             "tasks": len(rs),
             "failed_tasks": len(failures.get(name, [])),
@@ -248,7 +268,7 @@ def _cell(key: str, value: Any) -> str:
         return f"{value:.2f}"
     if key == "median_placement_ms":
         return f"{value:.1f}"
-    if key == "failed_tasks":
+    if key in ("failed_tasks", "best_or_tied"):
         return str(value)
     if key == "mean_simulation_error":
         return f"{100 * value:.1f}%"

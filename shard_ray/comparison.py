@@ -1,65 +1,345 @@
-"""Plan one task with several algorithms, measure every plan on the gang, log each to MLflow.
+"""Comparing plans on the hardware: the one procedure behind `compare`, `plan --measure`, `bench` and `demo`.
 
-Used by the demo and the benchmarks, so every comparison is produced the same way.
+Rounds. Each round measures every plan once, in a fresh random order, all on the same fresh
+batches, so drift on the machine and the luck of a batch fall on every plan alike.
+
+Ratios. For plans a and b, round r gives log(a_r / b_r). Their 20%-trimmed mean m and its standard
+error s (from the winsorized variance: Tukey and McLaughlin's trimmed t) give the ratio exp(m) and
+its interval exp(m -+ t s). Pairing by round cancels what a round shares; logs make a ratio and its
+inverse symmetric; trimming keeps a round disturbed on one plan from deciding or swamping the
+ratio. Unlike a rank test it is not floored at p = 2^-n, so a few rounds of a large difference suffice.
+
+Many plans, many looks. Intervals are simultaneous: over every pair of plans (Bonferroni over the
+k(k-1)/2 pairs, since the chosen plan is itself picked by the data) and over every look (the race
+looks after each round from `min_rounds` on, and the look after round n spends Lan and DeMets'
+Pocock-type share alpha ln(1 + (e - 1) n / N) of alpha = 1 - confidence, N the most rounds; the
+look that ends the race spends what is left). By the union bound, the chance that a race makes
+any false claim is at most alpha, however many plans and wherever it stops. "Separated" means the
+chosen plan's interval with every other plan excludes 1. A/A races (a plan against its twin with
+devices swapped) check that this holds on the hardware (`experiments/measurement_noise.py`).
+
+The chosen plan. The plan with the lowest trimmed ratio to the others; once it is separated
+from every other the race ends. At the end, if it is not separated, the plans tied with it (their
+interval includes 1) are equally good as far as the hardware can tell, and the first of them in
+the caller's order of preference is chosen (`plan --measure`: the models' ranking; `compare`:
+the order the plans were given), which the result's `rule` says.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import io
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from shard_ray.errors import InfeasibleError
-from shard_ray.io import write_json
-from shard_ray.placement import algorithms, place
-from shard_ray.plan.cost import PlanCost
-from shard_ray.plan.plan import Plan, save_plan
+import numpy as np
+from scipy.stats import t as student_t
+
+from shard_ray.configfile import setting
+from shard_ray.errors import InfeasibleError, ShardRayError
+from shard_ray.io import write_atomic, write_json
+from shard_ray.plan.cost import PlanCost, RoundsSummary, median_round
+from shard_ray.plan.plan import MeasuredComparison, Plan, PlanRatio
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import DeviceGang
-from shard_ray.tracking.mlflow_runs import log_plan_evaluation
 from shard_ray.workload.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.store import MeasurementStore
 
 
 @dataclass(frozen=True)
-class MeasuredPlan:
-    plan: Plan
-    cost: PlanCost
+class CompareConfig:
+    rounds: int = setting(40, "most interleaved rounds (every plan measured once a round)", min=2)
+    budget_seconds: float = setting(120.0, "seconds of measuring: the race ends at the last round that fits", min=1)
+    min_rounds: int = 6  # the first look: fewer paired rounds leave t a handful of degrees of freedom
+    confidence: float = 0.95
+    warmup: int = 3
+    repeats: int = 10
+
+
+def alpha_spent(rounds: int, most_rounds: int, alpha: float) -> float:
+    """Alpha spent by the looks up to `rounds` of at most `most_rounds`: Lan-DeMets' Pocock-type function."""
+    return alpha * math.log(1 + (math.e - 1) * min(rounds / most_rounds, 1.0))
+
+
+# The share of rounds trimmed from each end of the per-round log ratios (Tukey and McLaughlin's trimmed t):
+# a round disturbed on one plan moves neither the ratio nor, beyond its share, the interval.
+TRIM = 0.2
+
+
+def ratio_interval(costs: Sequence[float], reference: Sequence[float], level: float) -> PlanRatio:
+    """`costs` over `reference`, paired by round: the trimmed-mean ratio with its two-sided `level` interval.
+
+    The interval is the trimmed t interval of the per-round log ratios (mean of the middle rounds,
+    standard error from their winsorized variance, n - 2g - 1 degrees of freedom)."""
+    logs = np.sort(np.log(np.asarray(costs, dtype=np.float64)) - np.log(np.asarray(reference, dtype=np.float64)))
+    n = len(logs)
+    g = int(TRIM * n)
+    mean = float(logs[g : n - g].mean())
+    if n - 2 * g < 2:
+        half = math.inf
+    else:
+        winsorized = np.clip(logs, logs[g], logs[n - g - 1])
+        se = float(winsorized.std(ddof=1)) / ((1 - 2 * g / n) * math.sqrt(n))
+        half = float(student_t.ppf(1 - level / 2, n - 2 * g - 1)) * se
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    return PlanRatio(ratio=math.exp(mean), low=low, high=high, separated=low > 1 or high < 1)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    chosen: str
+    separated: bool  # the chosen plan's interval with every other excludes 1
+    ratios: dict[str, PlanRatio]  # every other plan's cost over the chosen one's
+    pair_level: float
+    rule: str
+
+
+class Race:
+    """The procedure's state: the rounds so far and the alpha the looks have spent (see the module's doc)."""
+
+    def __init__(self, names: Sequence[str], most_rounds: int, min_rounds: int = 6, confidence: float = 0.95) -> None:
+        if len(names) < 2:
+            raise ShardRayError("a comparison needs two plans or more")
+        self.names = list(names)
+        self.most_rounds, self.min_rounds, self.alpha = most_rounds, min(min_rounds, most_rounds), 1 - confidence
+        self.rounds: dict[str, list[float]] = {name: [] for name in names}
+        self.spent = 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self.rounds[self.names[0]])
+
+    def record(self, costs: Mapping[str, float]) -> None:
+        for name in self.names:
+            self.rounds[name].append(costs[name])
+
+    def look(
+        self, final: bool, preference: Sequence[str] | None = None, reason: str = "the order given"
+    ) -> Verdict | None:
+        """After a round: the verdict when the best plan is separated or `final` says the race ends, else None.
+
+        Among plans tied at the end, the first in `preference` (default: the order of `names`) is chosen."""
+        if self.count < self.min_rounds and not final:
+            return None
+        total = self.alpha if final else alpha_spent(self.count, self.most_rounds, self.alpha)
+        pairs = len(self.names) * (len(self.names) - 1) // 2
+        level = (total - self.spent) / pairs
+        self.spent = total
+        best = self.fastest()
+        ratios = self._ratios(best, level)
+        if all(r.separated for r in ratios.values()):
+            return Verdict(best, True, ratios, level, f"{best} is separated from every other plan")
+        if not final:
+            return None
+        tied = [best] + [name for name, r in ratios.items() if not r.separated]
+        chosen = next(name for name in [*(preference or []), *self.names] if name in tied)
+        if chosen != best:
+            ratios = self._ratios(chosen, level)
+        rule = (
+            f"no plan is separated from every other: {len(tied)} are tied with the measured best ({best}); "
+            f"{chosen} is chosen, the first of them in {reason}"
+        )
+        return Verdict(chosen, False, ratios, level, rule)
+
+    def fastest(self) -> str:
+        """The plan with the lowest trimmed ratio to the first plan (the first such, on ties)."""
+        anchor = self.names[0]
+        ratios = {name: ratio_interval(self.rounds[name], self.rounds[anchor], 1.0).ratio for name in self.names}
+        return min(self.names, key=ratios.__getitem__)
+
+    def _ratios(self, chosen: str, level: float) -> dict[str, PlanRatio]:
+        return {
+            name: ratio_interval(self.rounds[name], self.rounds[chosen], level) for name in self.names if name != chosen
+        }
+
+
+def distinct(named: Sequence[tuple[str, Plan]]) -> list[tuple[str, Plan]]:
+    """Candidates with identical placements merged: (names joined by '=', the first such plan)."""
+    merged: dict[tuple, tuple[list[str], Plan]] = {}
+    for name, plan in named:
+        placement = tuple(sorted((s.table, s.device, s.columns, s.rows or (), s.replicated) for s in plan.shards))
+        merged.setdefault(placement, ([], plan))[0].append(name)
+    return [("=".join(names), plan) for names, plan in merged.values()]
 
 
 @dataclass
-class Comparison:
-    """Measured plans in the order asked for, and the algorithms that could not plan the task, with why."""
+class ComparedPlans:
+    """A comparison's verdict, and per plan (by its name in the verdict) the plan and its median round."""
 
-    rows: list[MeasuredPlan]
-    failures: dict[str, str]
+    result: MeasuredComparison
+    plans: dict[str, Plan]
+    costs: dict[str, PlanCost]
 
 
-def compare_algorithms(
+def compare_plans(
+    named: Sequence[tuple[str, Plan]],
     tables: list[TableSpec],
     topology: Topology,
     gang: DeviceGang,
-    config: MeasureConfig,
-    task: str,
-    names: list[str] | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = "shard-ray",
-    out_dir: Path | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    cost_model: str | None = None,
-    settings: Mapping[str, Mapping[str, Any]] | None = None,
-    rounds: int = 1,
-) -> Comparison:
-    """Every named algorithm's plan (all registered ones that handle the task by default), measured.
+    config: CompareConfig = CompareConfig(),
+    store: MeasurementStore | None = None,
+    preference: Sequence[str] | None = None,
+    reason: str = "the order given",
+    log: Callable[[str], None] = print,
+) -> ComparedPlans:
+    """Measure the named plans side by side on `gang` in rounds until the procedure decides; its verdict.
 
-    With `rounds` > 1 the plans are measured in interleaved rounds (`DeviceGang.evaluate_rounds`)
-    and each cost carries the median of its rounds with a confidence interval.
+    Plans with identical placements are measured once under their joined names. `preference`
+    orders the names for the tie rule (default: the order given). With a `store`, every round's
+    measurement is kept there for the next calibration."""
+    from shard_ray.profiling.store import PlanMeasurement
+
+    entries = distinct(named)
+    if len(entries) < 2:
+        raise ShardRayError(
+            f"{' and '.join(n for n, _ in named)} place the tables identically: nothing to compare"
+            if len(named) > 1
+            else "a comparison needs two plans or more"
+        )
+    plans = dict(entries)
+    names = list(plans)
+    ranked = [joined for name in (preference or names) for joined in names if name in joined.split("=")]
+    race = Race(names, config.rounds, config.min_rounds, config.confidence)
+    log(
+        f"measuring {len(names)} distinct plans side by side on a {topology.num_devices}-device gang: "
+        f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s"
+    )
+    order = np.random.default_rng(0)
+    per_plan: dict[str, list[PlanCost]] = {name: [] for name in names}
+    began = time.monotonic()
+    while True:
+        round_start = time.monotonic()
+        measure = MeasureConfig.for_topology(topology, warmup=config.warmup, repeats=config.repeats, seed=race.count)
+        costs = gang.measure_round([plans[n] for n in names], tables, measure, order)
+        for name, cost in zip(names, costs):
+            per_plan[name].append(cost)
+            if store is not None:
+                key = gang.plan_key(plans[name], tables, measure)
+                store.put_plan(PlanMeasurement(key=key, plan=plans[name], tables=tables, cost=cost))
+        race.record({name: cost.cost_ms for name, cost in zip(names, costs)})
+        spent = time.monotonic() - began
+        final = race.count >= config.rounds or spent + (time.monotonic() - round_start) > config.budget_seconds
+        verdict = race.look(final, ranked, reason)
+        leader = race.fastest()
+        log(
+            f"round {race.count}: fastest so far {leader} ({np.median(race.rounds[leader]):.2f} ms median); "
+            f"{spent:.0f} s" + (f"; {verdict.rule}" if verdict else "")
+        )
+        if verdict is not None:
+            break
+    result = MeasuredComparison(
+        hardware=gang.hardware,
+        chosen=verdict.chosen,
+        confidence=config.confidence,
+        separated=verdict.separated,
+        rule=verdict.rule,
+        steps_per_round=config.repeats,
+        rounds=race.count,
+        pair_level=verdict.pair_level,
+        candidates={name: RoundsSummary.of(values, config.confidence) for name, values in race.rounds.items()},
+        ratios=verdict.ratios,
+        priced_parts=gang.priced_parts,
+    )
+    return ComparedPlans(result, plans, {name: median_round(costs) for name, costs in per_plan.items()})
+
+
+def claim(result: MeasuredComparison, name: str, label: str) -> str:
+    """What the comparison lets one say of the chosen plan against `name` (called `label`): a separated
+    margin with its interval, or 'within noise' with the ratio's interval."""
+    if name == result.chosen:
+        return f"the chosen plan is {label} ({name})"
+    r = result.ratios[name]
+    if not r.separated:
+        return f"within noise of {label} ({name}): its cost over the chosen plan's is {r.describe()}"
+    faster = 1 - 1 / r.ratio
+    low, high = sorted((1 - 1 / r.low, 1 - 1 / r.high))
+    word = "faster" if faster > 0 else "slower"
+    return (
+        f"{abs(faster):.1%} {word} than {label} ({name}), measured: the saving's interval "
+        f"[{low:+.1%}, {high:+.1%}] (cost ratio {r.describe()})"
+    )
+
+
+def format_comparison(result: MeasuredComparison) -> str:
+    """The comparison's table: per plan its median with an interval, its ratio to the chosen plan, the verdict."""
+    percent = int(round(result.confidence * 100))
+    pairs = len(result.candidates) * (len(result.candidates) - 1) // 2
+    priced = f"; {', '.join(result.priced_parts)} priced by the comm model" if result.priced_parts else ""
+    lines = [
+        f"measured side by side on {result.hardware}: {result.rounds} interleaved rounds of {result.steps_per_round} "
+        f"steps{priced}",
+        f"ratios to the chosen plan with intervals simultaneous over {pairs} pair(s) and every look "
+        f"({percent}% confidence in all of them together)",
+        f"{'plan':<36} {'median ms':>10}  {'median CI':>18}  {'ratio to chosen':>28}  verdict",
+    ]
+    for name, c in sorted(result.candidates.items(), key=lambda item: item[1].median_ms):
+        interval = f"[{c.ci_low_ms:>7.2f}, {c.ci_high_ms:>7.2f}]"
+        if name == result.chosen:
+            ratio, verdict = "1", "<- chosen"
+        else:
+            r = result.ratios[name]
+            ratio = r.describe()
+            verdict = ("slower" if r.ratio > 1 else "faster") if r.separated else "within noise"
+        lines.append(f"{name:<36} {c.median_ms:>10.2f}  {interval:>18}  {ratio:>28}  {verdict}")
+    lines.append(result.rule)
+    return "\n".join(lines)
+
+
+def ratio_chart(result: MeasuredComparison, path: Path) -> None:
+    """Every plan's cost ratio to the chosen plan with its interval, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(result.candidates, key=lambda n: result.candidates[n].median_ms)
+    ratio = [result.ratios[n].ratio if n in result.ratios else 1.0 for n in names]
+    low = [r - result.ratios[n].low if n in result.ratios else 0.0 for n, r in zip(names, ratio)]
+    high = [result.ratios[n].high - r if n in result.ratios else 0.0 for n, r in zip(names, ratio)]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
+    ax.errorbar(ratio, range(len(names)), xerr=[low, high], fmt="o", capsize=4)
+    ax.axvline(1.0, color="grey", linestyle="--")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"measured cost / the chosen plan's ({result.chosen}); simultaneous intervals")
+    ax.set_title(f"{result.rounds} interleaved rounds on {result.hardware}")
+    fig.tight_layout()
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, image.getvalue())
+
+
+@dataclass
+class AlgorithmPlans:
+    """Every named algorithm's plan of a task, and those that could not plan it, with why."""
+
+    plans: list[Plan]
+    failures: dict[str, str]
+
+
+def plan_with_algorithms(
+    tables: list[TableSpec],
+    topology: Topology,
+    hardware: str | None,
+    names: list[str] | None = None,
+    seed: int = 0,
+    cost_model: str | None = None,
+    settings: Mapping[str, Mapping[str, object]] | None = None,
+) -> AlgorithmPlans:
+    """Every named algorithm's plan (all registered ones that handle the task by default).
 
     `settings` gives algorithms their own settings by name. An algorithm that finds no placement
     within memory is recorded in `failures` and the others go on; any other error stops the run.
     """
+    from shard_ray.placement import algorithms, place
+
     names = names or [info.name for info in algorithms() if info.handles(len(tables))]
     plans, failures = [], {}
     for name in names:
@@ -71,31 +351,87 @@ def compare_algorithms(
                     topology,
                     seed=seed,
                     cost_model=cost_model,
-                    hardware=gang.hardware,  # picks its calibrated models, or warns that the models are another's
+                    hardware=hardware,  # picks its calibrated models, or warns that the models are another's
                     settings=(settings or {}).get(name),
                 )
             )
         except InfeasibleError as err:
             failures[name] = str(err)
-    costs = gang.evaluate_rounds(plans, tables, config, rounds, progress=progress)
-    rows = [MeasuredPlan(plan, cost) for plan, cost in zip(plans, costs)]
-    for row in rows:
-        if out_dir is not None:
-            save_plan(out_dir / "plans" / f"{row.plan.algorithm}.json", row.plan)
-            write_json(out_dir / "results" / f"{row.plan.algorithm}.json", row.cost.model_dump(mode="json"))
-        if tracking_uri is not None:
-            log_plan_evaluation(row.plan, row.cost, topology, task, tables, tracking_uri, experiment)
-    return Comparison(rows, failures)
+    return AlgorithmPlans(plans, failures)
 
 
-def comparison_table(rows: list[MeasuredPlan]) -> str:
-    """Algorithms by measured cost, with the ratio to the best and each device's total."""
-    best = min(r.cost.cost_ms for r in rows)
-    lines = [f"{'algorithm':<20} {'cost ms':>9} {'vs best':>8}  {'per-device total ms':<28} {'placement ms':>12}"]
-    for row in sorted(rows, key=lambda r: r.cost.cost_ms):
-        per_device = " / ".join(f"{d.total_ms:.1f}" for d in row.cost.devices)
-        lines.append(
-            f"{row.plan.algorithm:<20} {row.cost.cost_ms:>9.2f} {row.cost.cost_ms / best:>7.2f}x  {per_device:<28} "
-            f"{row.plan.placement_seconds * 1e3:>12.2f}"
+@dataclass
+class AlgorithmComparison:
+    """Algorithms' plans of one task compared on the gang: per algorithm its plan and its median round (plans
+    that agree share one measurement), the comparison (None when every algorithm made the same plan), and
+    the algorithms that could not plan the task, with why."""
+
+    plans: dict[str, Plan]
+    costs: dict[str, PlanCost]
+    result: MeasuredComparison | None
+    failures: dict[str, str]
+
+
+def compare_algorithms(
+    tables: list[TableSpec],
+    topology: Topology,
+    gang: DeviceGang,
+    config: CompareConfig,
+    task: str,
+    names: list[str] | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = "shard-ray",
+    out_dir: Path | None = None,
+    seed: int = 0,
+    cost_model: str | None = None,
+    settings: Mapping[str, Mapping[str, object]] | None = None,
+    log: Callable[[str], None] = print,
+) -> AlgorithmComparison:
+    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure; ties go
+    to the models' cheapest. Each plan and result is written under `out_dir` and logged to MLflow."""
+    from shard_ray.costmodel.models import models_for
+    from shard_ray.plan.plan import save_plan
+    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+
+    cost_model = cost_model or str(models_for(gang.hardware, topology.devices_per_host))
+    planned = plan_with_algorithms(tables, topology, gang.hardware, names, seed, cost_model, settings)
+    plans = {p.algorithm: p for p in planned.plans}
+    result = None
+    if len(distinct(list(plans.items()))) > 1:
+        preference = model_preference(planned.plans, tables, topology.batch_size, cost_model)
+        compared = compare_plans(
+            list(plans.items()),
+            tables,
+            topology,
+            gang,
+            config,
+            preference=preference,
+            reason="the models' ranking",
+            log=log,
         )
-    return "\n".join(lines)
+        result = compared.result
+        costs = {algorithm: cost for joined, cost in compared.costs.items() for algorithm in joined.split("=")}
+    elif plans:
+        (cost,) = gang.evaluate_rounds(
+            planned.plans[:1], tables, MeasureConfig.for_topology(topology), config.min_rounds
+        )
+        costs = dict.fromkeys(plans, cost)
+    else:
+        costs = {}
+    for algorithm, plan in plans.items():
+        if out_dir is not None:
+            save_plan(out_dir / "plans" / f"{algorithm}.json", plan)
+            write_json(out_dir / "results" / f"{algorithm}.json", costs[algorithm].model_dump(mode="json"))
+        if tracking_uri is not None:
+            log_plan_evaluation(plan, costs[algorithm], topology, task, tables, tracking_uri, experiment)
+    return AlgorithmComparison(plans, costs, result, planned.failures)
+
+
+def model_preference(plans: Sequence[Plan], tables: list[TableSpec], batch_size: int, cost_model: str) -> list[str]:
+    """The plans' algorithms ordered by the models' simulated cost, cheapest first (the tie rule's order)."""
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.costmodel.simulator import Simulator
+
+    simulator = Simulator(CostModels.load(cost_model))
+    priced = sorted(plans, key=lambda p: simulator.plan_cost(p, tables, batch_size).cost_ms)
+    return [p.algorithm for p in priced]

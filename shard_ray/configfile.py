@@ -36,8 +36,9 @@ def setting(default: Any, help: str, **flag: Any) -> Any:
     """A settings-dataclass field that is also a command-line flag (see `shard_ray.cli.flags`).
 
     `flag` may name the flag (`flag="--epochs"`), its old names (`old_names=("--pool",)`), a
-    minimum (`min=1`), `choices`, `required=True`, `repeat=True` for a flag given once per value, or
-    `whole=True` for a list flag whose values are not split at commas.
+    minimum (`min=1`), `choices`, `required=True`, `repeat=True` for a flag given once per value,
+    `many=True` for a flag followed by its values (`--plans a.json b.json`), or `whole=True` for a list
+    flag whose values are not split at commas.
     """
     return field(default=default, metadata={"help": help, **flag})
 

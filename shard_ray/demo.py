@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shard_ray.comparison import MeasuredPlan, compare_algorithms, comparison_table
+from shard_ray.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
 from shard_ray.configfile import setting
 from shard_ray.io import write_json
 from shard_ray.plan.summary import format_plan_summary
@@ -42,6 +42,8 @@ class DemoConfig:
     memory_headroom: float = 1.5  # cap = headroom x (all tables' bytes / devices)
     batch_size: int = 1024
     repeats: int = 10
+    rounds: int = setting(12, "most interleaved rounds of every plan (the comparison stops once it decides)", min=3)
+    budget_seconds: float = setting(60.0, "seconds of measuring plans", min=1)
     seed: int = setting(0, "random seed")
     tracking_uri: str | None = None
     experiment: str = "shard-ray"
@@ -63,7 +65,7 @@ def fused_vs_singles(measurements: list[ShardMeasurement]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
+def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     workdir = config.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     tracking_uri = config.tracking_uri or default_tracking_uri()
@@ -101,34 +103,38 @@ def run_demo(config: DemoConfig = DemoConfig()) -> list[MeasuredPlan]:
         print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")
 
     print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
+    compare = CompareConfig(rounds=config.rounds, budget_seconds=config.budget_seconds, repeats=config.repeats)
     with DeviceGang(config.num_devices) as gang:
         comparison = compare_algorithms(
             tables,
             topology,
             gang,
-            measure_config,
+            compare,
             "demo",
             tracking_uri=tracking_uri,
             experiment=config.experiment,
             out_dir=workdir,
             seed=config.seed,
         )
-    rows = comparison.rows
     for name, why in comparison.failures.items():
         print(f"{name} could not plan the task: {why}")
-    best = min(rows, key=lambda r: r.cost.cost_ms)
-    print(format_plan_summary(best.plan, tables, topology, best.cost))
+    result = comparison.result
+    chosen = result.chosen.split("=")[0] if result else next(iter(comparison.plans))
+    print(format_plan_summary(comparison.plans[chosen], tables, topology, comparison.costs[chosen]))
 
     print(f"\n== 4. comparison (measured on {gang.hardware})")
-    print(comparison_table(rows))
+    print(format_comparison(result) if result else "every algorithm made the same plan")
     write_json(
         workdir / "comparison.json",
-        [
-            {"algorithm": r.plan.algorithm, "cost_ms": r.cost.cost_ms, "placement_seconds": r.plan.placement_seconds}
-            for r in rows
-        ],
+        {
+            "comparison": result.model_dump(mode="json") if result else None,
+            "plans": [
+                {"algorithm": name, "cost_ms": comparison.costs[name].cost_ms, "placement_seconds": p.placement_seconds}
+                for name, p in comparison.plans.items()
+            ],
+        },
     )
     print(f"\nplans, results and comparison.json are in {workdir}")
     print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
     print(f"open the MLflow UI with:\n  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
-    return rows
+    return comparison

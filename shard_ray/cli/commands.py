@@ -20,6 +20,9 @@ COMMANDS: dict[str, Command] = {
     "profile": Command("measure", "measure fused shards of a table file on Ray profiling actors"),
     "collect": Command("measure", "measure cost-model training data: random fused shards (compute) or plans (comm)"),
     "evaluate": Command("measure", "run a plan's real embedding step on a gang of Ray actors"),
+    "compare": Command(
+        "measure", "measure plans side by side on the gang and say which is faster, with intervals that hold"
+    ),
     "costmodel": Command("costmodel", "train or evaluate the neural cost models"),
     "calibrate": Command(
         "costmodel", "measure a task on this cluster and fit the cost models to this hardware, in minutes"

@@ -87,6 +87,8 @@ def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
     if origin is tuple:
         item = typing.get_args(annotation)[0]
         parse = _number(item, minimum) if item in (int, float) else item
+        if metadata.get("many"):
+            return {"type": parse, "nargs": "+"}
         return {"type": parse if metadata.get("whole") else _listed(parse)}
     if annotation in (int, float):
         return {"type": _number(annotation, minimum)}
@@ -154,6 +156,8 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
             continue
         if f.metadata.get("repeat"):
             value = tuple(item for group in value for item in (group if isinstance(group, tuple) else (group,)))
+        elif f.metadata.get("many"):
+            value = tuple(value)
         values[f.name] = value
     return values
 

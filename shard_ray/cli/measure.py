@@ -12,8 +12,10 @@ from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.planning import TopologyArgs
+from shard_ray.comparison import CompareConfig
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import CollectConfig
+from shard_ray.errors import ShardRayError
 from shard_ray.profiling.fused_shard import MeasureConfig
 
 _MEASURE = MeasureConfig.model_fields
@@ -23,7 +25,11 @@ _MEASURE = MeasureConfig.model_fields
 class MeasureArgs:
     """How each shard or plan is timed; the defaults are MeasureConfig's."""
 
-    warmup: int = setting(_MEASURE["warmup"].default, "untimed steps first", min=0)
+    warmup: int = setting(
+        _MEASURE["warmup"].default,
+        "untimed steps first, at least; warm-up goes on until the step times settle (0: none)",
+        min=0,
+    )
     repeats: int = setting(_MEASURE["repeats"].default, "timed steps; medians are reported", min=1)
     max_rows: int | None = setting(None, "rows allocated per table (default: 200000 on CPU, all on GPU)", min=1)
 
@@ -62,6 +68,80 @@ class EvaluateArgs:
         "interval of at least 95 percent coverage (the coverage reached is printed)",
         min=1,
     )
+
+
+@dataclass(frozen=True)
+class CompareArgs:
+    tables: str = setting(None, "the table file the plans place", required=True)
+    plans: tuple[str, ...] = setting(
+        (), "two or more plan files (any: shard-ray's, TorchRec's planner's, written by hand)", required=True, many=True
+    )
+    out: str = setting(
+        "shard-ray-out/compare", "folder for comparison.json, comparison.md and comparison.png (created if missing)"
+    )
+    task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    from shard_ray.comparison import CompareConfig, compare_plans, format_comparison, ratio_chart
+    from shard_ray.io import write_atomic, write_json
+    from shard_ray.plan.plan import load_plan
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.tracking.mlflow_runs import log_comparison
+    from shard_ray.workload.tables import load_tables
+
+    flags = settings_from(CompareArgs, args)
+    timing = settings_from(MeasureArgs, args)
+    config = settings_from(CompareConfig, args, warmup=timing.warmup, repeats=timing.repeats)
+    if len(flags.plans) < 2:
+        raise ShardRayError(f"compare needs two plan files or more, got {len(flags.plans)}")
+    tables = load_tables(flags.tables)
+    stems = [Path(p).stem for p in flags.plans]
+    names = stems if len(set(stems)) == len(stems) else list(flags.plans)
+    if len(set(names)) < len(names):
+        raise ShardRayError("a plan file is given twice")
+    plans = [load_plan(p) for p in flags.plans]
+    for path, plan in zip(flags.plans, plans):
+        try:
+            plan.check(tables)
+        except ShardRayError as err:
+            raise ShardRayError(f"{path} is not a plan of {flags.tables}: {err}") from None
+    devices = {p.num_devices for p in plans}
+    if len(devices) > 1:
+        raise ShardRayError(f"the plans are for different device counts ({sorted(devices)}): compare plans of one gang")
+    hosts = {p.devices_per_host for p in plans}
+    if len(hosts) > 1:
+        raise ShardRayError(f"the plans are for different hosts (devices per host {sorted(hosts, key=str)})")
+    topology = settings_from(TopologyArgs, args).topology(plans[0].num_devices, plans[0].settings)
+    for path, plan in zip(flags.plans, plans):
+        try:
+            plan.check_memory(tables, topology)
+        except ShardRayError as err:
+            raise ShardRayError(f"{path}: {err}") from None
+    tracking_uri, experiment = tracking(args)
+    connect(args, min_cpus=topology.num_devices)
+    with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
+        compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config)
+    result = compared.result
+    table = format_comparison(result)
+    print(table)
+    out = Path(flags.out)
+    write_json(
+        out / "comparison.json",
+        {
+            "tables": flags.tables,
+            "plans": dict(zip(names, flags.plans)),
+            "comparison": result.model_dump(mode="json"),
+            "costs": {name: cost.model_dump(mode="json") for name, cost in compared.costs.items()},
+        },
+    )
+    write_atomic(out / "comparison.md", "```\n" + table + "\n```\n")
+    ratio_chart(result, out / "comparison.png")
+    if tracking_uri is not None:
+        task = flags.task or Path(flags.tables).stem
+        run_id = log_comparison(result, compared.costs, task, tables, out, tracking_uri, experiment)
+        print(f"logged MLflow run {run_id} to {tracking_uri}")
+    print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -163,6 +243,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_settings(p, CollectConfig)
     add_ray(p)
     p.set_defaults(run=cmd_collect)
+
+    p = add_command(sub, "compare")
+    add_settings(p, CompareArgs)
+    add_settings(p, CompareConfig)
+    add_settings(p, TopologyArgs, exclude=("devices_per_host", "inter_host_gbps"))
+    add_settings(p, MeasureArgs, exclude=("max_rows",))
+    add_ray(p)
+    add_tracking(p)
+    p.set_defaults(run=cmd_compare)
 
     p = add_command(sub, "evaluate")
     add_settings(p, EvaluateArgs)

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, connect
 from shard_ray.cli.flags import add_settings, settings_from
+from shard_ray.comparison import CompareConfig
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import MeasuredSelection, Plan, PlanSettings
+from shard_ray.plan.plan import MeasuredComparison, Plan, PlanSettings
 from shard_ray.plan.topology import GB, Optimizer, Topology
-from shard_ray.selection import SelectionConfig
 
 if TYPE_CHECKING:
     from shard_ray.plan.constraints import Constraints
@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 
 # Whose plans `plan --measure` races the chosen algorithm's plan against.
 BASELINE_FAMILIES = ("heuristic", "planner")
+
+
+@dataclass(frozen=True)
+class MeasureRaceArgs:
+    """`plan --measure`: the comparison's limits (the procedure is `shard_ray.comparison`'s)."""
+
+    measure_budget: float = setting(120.0, "plan --measure: seconds of measuring to separate the best candidate", min=1)
+    measure_rounds: int = setting(40, "plan --measure: most interleaved rounds", min=2)
+
+    def config(self) -> CompareConfig:
+        return CompareConfig(rounds=self.measure_rounds, budget_seconds=self.measure_budget)
 
 
 @dataclass(frozen=True)
@@ -220,7 +231,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
     if flags.measure:
-        plan = measured_best(plan, tables, topology, flags, settings_from(SelectionConfig, args), constraints)
+        plan = measured_best(plan, tables, topology, flags, settings_from(MeasureRaceArgs, args).config(), constraints)
     save_plan(flags.out, plan)
     print(f"wrote {flags.out}: {plan.algorithm}'s plan" + (", the measured best" if flags.measure else ""))
 
@@ -248,18 +259,20 @@ def measured_best(
     tables: list[TableSpec],
     topology: Topology,
     flags: PlanArgs,
-    config: SelectionConfig,
+    config: CompareConfig,
     constraints: Constraints | None,
 ) -> Plan:
-    """`plan` raced against every baseline's plan on the gang; the measured best, with what the race found.
+    """`plan` compared with every baseline's plan on the gang (`shard_ray.comparison`); the chosen plan, with
+    the comparison. Among plans the hardware cannot tell apart, the models' cheapest is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
+    from shard_ray.comparison import compare_plans, model_preference
+    from shard_ray.costmodel.models import models_for
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.selection import select_measured
 
     racing = [a for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
     if constraints is not None:
@@ -276,48 +289,38 @@ def measured_best(
         DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang,
         MeasurementStore(flags.store) as store,
     ):
-        chosen, selection = select_measured(candidates, tables, topology, gang, config, store)
+        models = plan.estimate.cost_model if plan.estimate and plan.estimate.cost_model else None
+        models = models or flags.cost_model or str(models_for(gang.hardware, topology.devices_per_host))
+        preference = model_preference(candidates, tables, topology.batch_size, models)
+        compared = compare_plans(
+            [(p.algorithm, p) for p in candidates],
+            tables,
+            topology,
+            gang,
+            config,
+            store,
+            preference=preference,
+            reason="the models' ranking",
+        )
         spanned = gang_layout(gang.hosts) if len(set(gang.hosts)) > 1 else None
-    print(format_selection(selection, {a.name for a in algorithms() if a.family == "heuristic"}))
+    result = compared.result
+    print(format_measured_choice(result, {a.name for a in algorithms() if a.family == "heuristic"}))
     if spanned:
         print(spanned)
-    return chosen
+    return compared.plans[result.chosen].model_copy(update={"measured": result})
 
 
-def format_selection(selection: MeasuredSelection, heuristics: set[str]) -> str:
-    """The race's table and the chosen plan's measured margin over TorchRec's plan and the best heuristic."""
-    percent = int(round(selection.confidence * 100))
-    coverage = min(c.coverage for c in selection.candidates.values())
-    lines = [
-        f"measured side by side on {selection.hardware}: rounds of {selection.steps_per_round} steps, interleaved; "
-        f"medians of the rounds with intervals covering them with {coverage:.0%} or more",
-        f"{'plan of':<40} {'median ms':>10}  {'CI':>18}  {'rounds':>6}  {'p slower':>8}",
-    ]
-    for name, c in sorted(selection.candidates.items(), key=lambda item: item[1].median_ms):
-        p = f"{selection.p_slower[name]:.3f}" if name in selection.p_slower else ""
-        mark = "  <- chosen" if name == selection.chosen else ""
-        lines.append(
-            f"{name:<40} {c.median_ms:>10.2f}  [{c.ci_low_ms:>7.2f}, {c.ci_high_ms:>7.2f}]  {len(c.rounds_ms):>6}  {p:>8}{mark}"
-        )
-    best = selection.cost
+def format_measured_choice(result: MeasuredComparison, heuristics: set[str]) -> str:
+    """The comparison's table and what it lets one say against TorchRec's plan and the best heuristic."""
+    from shard_ray.comparison import claim, format_comparison
+
+    lines = [format_comparison(result)]
     for label, found in (
-        ("TorchRec's plan", selection.best_of({"torchrec"})),
-        ("the best heuristic", selection.best_of(heuristics)),
+        ("TorchRec's plan", result.best_of({"torchrec"})),
+        ("the best heuristic", result.best_of(heuristics)),
     ):
-        if found is None:
-            continue
-        name, other = found
-        if name == selection.chosen:
-            lines.append(f"the chosen plan is {label} ({name})")
-            continue
-        gain = 1 - best.median_ms / other.median_ms
-        lines.append(f"{gain:+.1%} faster than {label} ({name}, {other.median_ms:.2f} ms), measured")
-    lines.append(
-        f"the chosen plan is separated from every other at {percent}% confidence"
-        if selection.separated
-        else f"not separated from every other at {percent}% confidence within --measure-budget: "
-        "the plans left in the race are within the noise of each other so far"
-    )
+        if found is not None:
+            lines.append(claim(result, found, label))
     return "\n".join(lines)
 
 
@@ -349,7 +352,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "plan")
     add_settings(p, PlanArgs)
     add_settings(p, TopologyArgs)
-    add_settings(p, SelectionConfig)
+    add_settings(p, MeasureRaceArgs)
     add_ray(p)
     p.set_defaults(run=cmd_plan)
 

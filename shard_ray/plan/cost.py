@@ -21,6 +21,9 @@ def _without(data: Any, derived: str) -> Any:
 
 # The parts of a device's step, in the order it runs them.
 STEP_PARTS = ("input_dist_ms", "fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
+# The collectives: measured on a gang whose devices have cores of their own, priced by the comm model
+# where more devices than cores share a node (they would measure the contention for cores).
+PRICED_WHEN_SHARED = ("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms")
 
 
 class DeviceCost(BaseModel):
@@ -99,6 +102,8 @@ class PlanCost(BaseModel):
     hosts: list[int] | None = None
     warnings: list[str] = Field(default_factory=list)
     rounds: RoundsSummary | None = None  # measured in rounds: these devices are the median round's
+    priced_parts: list[str] = Field(default_factory=list)  # parts priced by `priced_by`'s comm model, not measured
+    priced_by: str | None = None
 
     @model_validator(mode="before")
     @classmethod

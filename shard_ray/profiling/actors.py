@@ -23,7 +23,7 @@ from tqdm import tqdm
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import TablePiece
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard, shard_key
-from shard_ray.profiling.hardware import hardware_id
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, pin_to
 from shard_ray.profiling.store import MeasurementStore
 
 MAX_RESTARTS = 8
@@ -45,6 +45,12 @@ class ProfilingActor:
     def node(self) -> str:
         """The Ray node the actor runs on (it moves when its node is lost and Ray restarts it)."""
         return ray.get_runtime_context().get_node_id()
+
+    def cores(self) -> list[int]:
+        return free_cores()
+
+    def pin(self, core: int) -> None:
+        pin_to({core})
 
     def measure(self, parts: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
         return measure_fused_shard(parts, config, self._hardware)
@@ -72,10 +78,21 @@ class ProfilingPool:
             hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
             if len(hardware) != 1:
                 raise ShardRayError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+            if not self.use_gpus:
+                self._pin()
         except BaseException:  # Ctrl-C or a dead actor while starting: no actor is left running
             self.shutdown()
             raise
         self.hardware = hardware.pop()
+
+    def _pin(self) -> None:
+        """Each actor on a core of its own where its node has enough (the last cores, as the gang's members)."""
+        nodes = ray.get([a.node.remote() for a in self.actors])
+        for node in set(nodes):
+            actors = [a for a, n in zip(self.actors, nodes) if n == node]
+            cores = cores_for(len(actors), ray.get(actors[0].cores.remote()))
+            if cores is not None:
+                ray.get([a.pin.remote(core) for a, core in zip(actors, cores)])
 
     def __enter__(self) -> ProfilingPool:
         return self

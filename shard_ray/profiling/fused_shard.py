@@ -293,20 +293,38 @@ class FusedShard:
             torch.cuda.synchronize(self.device)
 
 
+# Warm-up runs until the timings settle: the mean of the last two steps within this of the two before.
+SETTLE_TOLERANCE = 0.05
+MAX_WARMUP_STEPS = 25
+
+
+def warmed_up(step_ms: list[float], minimum: int) -> bool:
+    """Whether warm-up is over after steps taking `step_ms`: at least `minimum` steps (none when 0), at least
+    four, and the last two steps' mean within SETTLE_TOLERANCE of the two before (caches, the allocator and
+    page faults settled); or MAX_WARMUP_STEPS steps, whatever they do."""
+    if minimum == 0 or len(step_ms) >= MAX_WARMUP_STEPS:
+        return True
+    if len(step_ms) < max(minimum, 4):
+        return False
+    return abs(sum(step_ms[-2:]) / sum(step_ms[-4:-2]) - 1) <= SETTLE_TOLERANCE
+
+
 class ShardTiming(BaseModel):
     fwd_ms: float
     bwd_ms: float
 
 
 def time_fused_shard(shard: FusedShard) -> ShardTiming:
-    """Median forward and backward ms of a fused shard over `repeats` steps after `warmup`."""
+    """Median forward and backward ms of a fused shard over `repeats` steps after warm-up (`warmed_up`)."""
     config = shard.config
     grads = (
         torch.randn(config.batch_size, shard.width, device=shard.device),
         torch.randn(shard.samples[1] - shard.samples[0], shard.replicated_width, device=shard.device),
     )
+    warmup: list[float] = []
     fwd, bwd = [], []
-    for step in range(config.warmup + config.repeats):
+    step = 0
+    while len(fwd) < config.repeats:
         shard.synchronize()
         start = time.perf_counter()
         pooled = shard.forward(step)
@@ -316,9 +334,12 @@ def time_fused_shard(shard: FusedShard) -> ShardTiming:
         shard.update_replicas()
         shard.synchronize()
         end = time.perf_counter()
-        if step >= config.warmup:
+        step += 1
+        if warmed_up(warmup, config.warmup):
             fwd.append((mid - start) * 1e3)
             bwd.append((end - mid) * 1e3)
+        else:
+            warmup.append((end - start) * 1e3)
     return ShardTiming(fwd_ms=statistics.median(fwd), bwd_ms=statistics.median(bwd))
 
 

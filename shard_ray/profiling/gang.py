@@ -39,11 +39,18 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.plan.cost import STEP_PARTS, DeviceCost, PlanCost, median_round
+from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
 from shard_ray.plan.plan import Plan, TablePiece
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, piece_lookups, sample_ranges, table_batch
-from shard_ray.profiling.hardware import hardware_id, measurement_device
+from shard_ray.profiling.fused_shard import (
+    FusedShard,
+    MeasureConfig,
+    piece_lookups,
+    sample_ranges,
+    table_batch,
+    warmed_up,
+)
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, measurement_device, pin_to
 from shard_ray.profiling.store import plan_key
 from shard_ray.workload.tables import TableSpec
 
@@ -337,9 +344,13 @@ class GangMember:
     def host(self) -> dict:
         return {
             "node": ray.get_runtime_context().get_node_id(),
-            "cores": os.cpu_count() or 1,
+            "cores": free_cores(),
             "hardware": self.hardware,
+            "pid": os.getpid(),
         }
+
+    def pin(self, core: int) -> None:
+        pin_to({core})
 
     def rendezvous_address(self) -> str:
         ip = ray.util.get_node_ip_address()
@@ -370,7 +381,7 @@ class GangMember:
         config: MeasureConfig,
         take_turns: bool = False,
     ) -> dict:
-        """Time the real training step of this device's share of a plan; returns median ms per part.
+        """Time the real training step of this device's share of a plan: every timed step's ms per part.
 
         With `take_turns` the devices run their compute phases one after another.
         """
@@ -397,12 +408,24 @@ class GangMember:
                     dist.barrier()
             return elapsed, result
 
-        for i in range(config.warmup + config.repeats):
-            step_ms, _ = step.train_step(i, timed, timed_compute)
-            if i >= config.warmup:
+        # Warm-up until every device's timings settle (`warmed_up`): the steps are collective, so the
+        # devices agree on when to start timing.
+        warmup: list[float] | None = []
+        settling = torch.zeros(1, device=self.device)
+        step_index = 0
+        while len(parts_ms[STEP_PARTS[0]]) < config.repeats:
+            step_ms, _ = step.train_step(step_index, timed, timed_compute)
+            step_index += 1
+            if warmup is None:
                 for name, value in zip(STEP_PARTS, step_ms):
                     parts_ms[name].append(value)
-        return {"device": self.rank, **{name: statistics.median(values) for name, values in parts_ms.items()}}
+                continue
+            warmup.append(sum(step_ms))
+            settling.fill_(0.0 if warmed_up(warmup, config.warmup) else 1.0)
+            dist.all_reduce(settling)
+            if settling.item() == 0:
+                warmup = None
+        return {"device": self.rank, "warmup_steps": step_index - config.repeats, "steps": parts_ms}
 
     def step_values(self, plan_parts: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
@@ -458,6 +481,7 @@ class DeviceGang:
         reserve_timeout_s: float = 60.0,
         collective_timeout_s: float = 300.0,
         max_retries: int = 3,
+        pin_cores: bool = True,
     ) -> None:
         if devices_per_host is not None and num_devices % devices_per_host:
             raise ShardRayError(f"{num_devices} devices do not fill hosts of {devices_per_host}")
@@ -471,6 +495,8 @@ class DeviceGang:
         self.restarts = 0
         self.members: list[Any] = []
         self.hosts: list[int] = []
+        self.pin_cores = pin_cores
+        self._driver_cores: list[int] | None = None  # the driver's cores before the gang kept it off its members'
         self._group: PlacementGroup | None = None
         self._start()
         for warning in self.warnings:
@@ -525,10 +551,31 @@ class DeviceGang:
         self.hosts = [numbering.setdefault(h["node"], len(numbering)) for h in hosts]
         self.warnings = self._oversubscription(hosts)
         self.take_turns = bool(self.warnings)
+        self.priced_parts = list(PRICED_WHEN_SHARED) if self.take_turns else []
+        if self.pin_cores and not self.use_gpus:
+            self._pin(hosts)
         address = ray.get(self.members[0].rendezvous_address.remote())
         ray.get([m.join.remote(address, self.collective_timeout_s) for m in self.members])
 
+    def _pin(self, hosts: list[dict]) -> None:
+        """Each member on a core of its own where its node has enough, the last cores; this driver, where it
+        shares a node with members and cores are left, on the others."""
+        driver_node = ray.get_runtime_context().get_node_id()
+        for node in {h["node"] for h in hosts}:
+            ranks = [r for r, h in enumerate(hosts) if h["node"] == node]
+            cores = cores_for(len(ranks), hosts[ranks[0]]["cores"])
+            if cores is None:
+                continue
+            ray.get([self.members[r].pin.remote(core) for r, core in zip(ranks, cores)])
+            spare = set(hosts[ranks[0]]["cores"]) - set(cores)
+            if node == driver_node and spare and set(free_cores()) >= spare:
+                self._driver_cores = free_cores()
+                pin_to(spare)
+
     def _stop(self) -> None:
+        if self._driver_cores is not None:
+            pin_to(set(self._driver_cores))
+            self._driver_cores = None
         for member in self.members:
             ray.kill(member)
         self.members = []
@@ -543,14 +590,16 @@ class DeviceGang:
         for host in hosts:
             per_node.setdefault(host["node"], []).append(host)
         return [
-            f"{len(members)} CPU devices share a node with {members[0]['cores']} cores: their compute phases "
-            "take turns, but their all-to-alls compete for cores, so communication is not faithful to separate devices"
+            f"{len(members)} CPU devices share a node with {len(members[0]['cores'])} cores: their compute phases "
+            "take turns and are measured; their all-to-alls would compete for cores, so they are priced by the "
+            "comm model instead of measured"
             for members in per_node.values()
-            if len(members) > members[0]["cores"]
+            if len(members) > len(members[0]["cores"])
         ]
 
-    def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> PlanCost:
-        """Run the plan's real embedding step on the gang; per-device medians and the plan cost."""
+    def run_steps(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> list[dict]:
+        """Run the plan's real embedding step on the gang; per device (in device order) every timed step's
+        ms per part (`steps`) and the warm-up steps it took."""
         if plan.num_devices != self.num_devices:
             raise ShardRayError(f"plan is for {plan.num_devices} devices but the gang has {self.num_devices}")
         plan.check(tables)
@@ -560,8 +609,7 @@ class DeviceGang:
                 if not self.members:
                     self._start()
                 refs = [m.run_plan.remote(parts, tables, config, self.take_turns) for m in self.members]
-                results = self._gather(refs)
-                break
+                return sorted(self._gather(refs), key=lambda r: r["device"])
             except ray.exceptions.RayActorError as err:
                 if attempt == self.max_retries:
                     raise ShardRayError(
@@ -569,13 +617,51 @@ class DeviceGang:
                     ) from err
                 self._stop()
                 self.restarts += 1
+        raise AssertionError("unreachable")
+
+    def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> PlanCost:
+        """The plan's per-device medians of its timed steps and the plan cost; with more devices than cores
+        on a node, the all-to-alls priced by the comm model (`priced_parts`)."""
+        results = self.run_steps(plan, tables, config)
+        devices = [
+            DeviceCost(device=r["device"], **{name: statistics.median(values) for name, values in r["steps"].items()})
+            for r in results
+        ]
+        priced_by = None
+        if self.priced_parts:
+            priced_by, devices = self._priced_comm(plan, tables, config.batch_size, devices)
         return PlanCost(
-            devices=[DeviceCost(**r) for r in sorted(results, key=lambda r: r["device"])],
+            devices=devices,
             hardware=self.hardware,
             batch_size=config.batch_size,
             hosts=self.hosts,
             warnings=self.warnings,
+            priced_parts=self.priced_parts,
+            priced_by=priced_by,
         )
+
+    def _priced_comm(
+        self, plan: Plan, tables: list[TableSpec], batch_size: int, devices: list[DeviceCost]
+    ) -> tuple[str, list[DeviceCost]]:
+        """`devices` with their all-to-alls as the comm model for this hardware prices them (the calibrated one
+        where there is one), and that model's file."""
+        from shard_ray.costmodel.models import CostModels, models_for
+        from shard_ray.costmodel.simulator import Simulator
+
+        path = models_for(self.hardware, self.devices_per_host)
+        priced = Simulator(CostModels.load(path)).plan_cost(plan, tables, batch_size).devices
+        return str(path), [
+            d.model_copy(update={part: getattr(p, part) for part in self.priced_parts}) for d, p in zip(devices, priced)
+        ]
+
+    def measure_round(
+        self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, order: np.random.Generator
+    ) -> list[PlanCost]:
+        """One round: every plan measured once, in an order drawn from `order`, all with `config`'s batches."""
+        costs: list[PlanCost | None] = [None] * len(plans)
+        for i in order.permutation(len(plans)):
+            costs[i] = self.evaluate(plans[i], tables, config)
+        return costs  # type: ignore[return-value]
 
     def plan_key(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> str:
         """The store key of the plan measured on this gang: its hardware and, across hosts, its host layout."""
@@ -617,9 +703,9 @@ class DeviceGang:
         ) as bar:
             for r in range(rounds):
                 measure = config.model_copy(update={"seed": config.seed + r})
-                for i in order.permutation(len(plans)):
-                    per_plan[i].append(self.evaluate(plans[i], tables, measure))
-                    bar.update(1)
+                for costs, cost in zip(per_plan, self.measure_round(plans, tables, measure, order)):
+                    costs.append(cost)
+                bar.update(len(plans))
         return [median_round(costs) for costs in per_plan]
 
     def shutdown(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import cache
 
@@ -31,3 +32,20 @@ def hardware_id(threads: int | None = None) -> str:
         return f"cuda:{torch.cuda.get_device_name(device)}"
     threads = torch.get_num_threads() if threads is None else threads
     return f"cpu:{_cpu_model()}:{threads}thread"
+
+
+def free_cores() -> list[int]:
+    """The cores this process may run on (its CPU affinity), in order."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def pin_to(cores: set[int], pid: int = 0) -> None:
+    """Keep process `pid` (0: this one) on `cores`, where the platform allows it."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(pid, cores)
+
+
+def cores_for(members: int, cores: list[int]) -> list[int] | None:
+    """One core of its own for each of `members` measuring processes on a node with `cores`: the last
+    ones, leaving the first to the driver and Ray's own processes; None when the node has too few."""
+    return cores[len(cores) - members :][::-1] if members <= len(cores) else None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shard_ray.plan.cost import STEP_PARTS, PlanCost
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import MeasuredComparison, Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import content_digest
 from shard_ray.workload.tables import TableSpec
@@ -246,4 +246,48 @@ def log_calibration(
         metrics.update({f"plans_{k}": v for k, v in report["plans"].items()})
         mlflow.log_metrics(metrics)
         mlflow.log_dict(report, "calibration.json")
+        return run.info.run_id
+
+
+def log_comparison(
+    result: MeasuredComparison,
+    costs: dict[str, PlanCost],
+    task: str,
+    tables: list[TableSpec],
+    out: Path,
+    tracking_uri: str,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> str:
+    """An MLflow run of one comparison: the verdict, each plan's median and ratio interval, the files in `out`."""
+    import re
+
+    import mlflow
+
+    use_experiment(tracking_uri, experiment)
+    tags = {"kind": "comparison", "task": task, "task_id": task_id(tables), "hardware": result.hardware}
+    with mlflow.start_run(run_name=f"{task}/compare", tags=tags) as run:
+        mlflow.log_params(
+            {
+                "task": task,
+                "plans": ",".join(result.candidates),
+                "chosen": result.chosen,
+                "separated": result.separated,
+                "rounds": result.rounds,
+                "confidence": result.confidence,
+                "hardware": result.hardware,
+                "priced_parts": ",".join(result.priced_parts) or "none",
+            }
+        )
+        metrics = {}
+        for name, summary in result.candidates.items():
+            key = re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", name)  # MLflow's allowed metric-name characters
+            metrics[f"median_ms.{key}"] = summary.median_ms
+            metrics[f"cost_ms.{key}"] = costs[name].cost_ms
+            if name in result.ratios:
+                r = result.ratios[name]
+                metrics.update({f"ratio.{key}": r.ratio, f"ratio_low.{key}": r.low, f"ratio_high.{key}": r.high})
+        mlflow.log_metrics(metrics)
+        for name in ("comparison.json", "comparison.md", "comparison.png"):
+            if (out / name).is_file():
+                mlflow.log_artifact(str(out / name))
         return run.info.run_id
