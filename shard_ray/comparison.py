@@ -10,10 +10,11 @@ inverse symmetric; trimming keeps a round disturbed on one plan from deciding or
 ratio. Unlike a rank test it is not floored at p = 2^-n, so a few rounds of a large difference suffice.
 
 Many plans, many looks. Intervals are simultaneous: over every pair of plans (Bonferroni over the
-k(k-1)/2 pairs, since the chosen plan is itself picked by the data) and over every look (the race
-looks after each round from `min_rounds` on, and the look after round n spends Lan and DeMets'
-Pocock-type share alpha ln(1 + (e - 1) n / N) of alpha = 1 - confidence, N the most rounds; the
-look that ends the race spends what is left). By the union bound, the chance that a race makes
+k(k-1)/2 pairs, since the chosen plan is itself picked by the data) and over every look. The race
+looks after six rounds growing geometrically from `min_rounds` to the most rounds N (6, 9, 13, 19,
+27, 40 by default); the looks up to round n have spent Lan and DeMets' Pocock-type share
+alpha ln(1 + (e - 1) n / N) of alpha = 1 - confidence, and a look that ends the race (the budget
+spent) spends what is left. By the union bound, the chance that a race makes
 any false claim is at most alpha, however many plans and wherever it stops. "Separated" means the
 chosen plan's interval with every other plan excludes 1. A/A races (a plan against its twin with
 devices swapped) check that this holds on the hardware (`experiments/measurement_noise.py`).
@@ -62,6 +63,18 @@ class CompareConfig:
     repeats: int = 10
 
 
+LOOKS = 6  # looks a full-length race takes, the last at its most rounds
+
+
+def look_schedule(first: int, most_rounds: int) -> list[int]:
+    """The rounds after which the race looks: LOOKS rounds growing geometrically from `first` to `most_rounds`.
+
+    Few looks leave each a larger share of alpha than a look after every round would, and a
+    difference that needs n rounds to show is seen by round 1.5 n at the latest."""
+    growth = (most_rounds / first) ** (1 / (LOOKS - 1))
+    return sorted({min(most_rounds, round(first * growth**k)) for k in range(LOOKS)})
+
+
 def alpha_spent(rounds: int, most_rounds: int, alpha: float) -> float:
     """Alpha spent by the looks up to `rounds` of at most `most_rounds`: Lan-DeMets' Pocock-type function."""
     return alpha * math.log(1 + (math.e - 1) * min(rounds / most_rounds, 1.0))
@@ -107,7 +120,8 @@ class Race:
         if len(names) < 2:
             raise ShardRayError("a comparison needs two plans or more")
         self.names = list(names)
-        self.most_rounds, self.min_rounds, self.alpha = most_rounds, min(min_rounds, most_rounds), 1 - confidence
+        self.most_rounds, self.alpha = most_rounds, 1 - confidence
+        self.looks = look_schedule(min(min_rounds, most_rounds), most_rounds)
         self.rounds: dict[str, list[float]] = {name: [] for name in names}
         self.spent = 0.0
 
@@ -125,7 +139,7 @@ class Race:
         """After a round: the verdict when the best plan is separated or `final` says the race ends, else None.
 
         Among plans tied at the end, the first in `preference` (default: the order of `names`) is chosen."""
-        if self.count < self.min_rounds and not final:
+        if self.count not in self.looks and not final:
             return None
         total = self.alpha if final else alpha_spent(self.count, self.most_rounds, self.alpha)
         pairs = len(self.names) * (len(self.names) - 1) // 2
@@ -314,6 +328,71 @@ def ratio_chart(result: MeasuredComparison, path: Path) -> None:
     fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
     write_atomic(path, image.getvalue())
+
+
+def twin(plan: Plan) -> Plan:
+    """The plan with every device's shards moved to the next device: the same cost on a gang of like devices,
+    so a comparison of the two is an A/A case."""
+    rotated = [s.model_copy(update={"device": (s.device + 1) % plan.num_devices}) for s in plan.shards]
+    return plan.model_copy(update={"shards": rotated, "algorithm": f"{plan.algorithm}_twin", "memory_bytes": None})
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """A plan measured against its twin in interleaved rounds: how far apart equal plans come out here."""
+
+    rounds: int
+    round_spread: float  # median over rounds of |twin / plan - 1|
+    resolvable: float  # the smallest ratio - 1 a default two-plan comparison separates with this noise
+
+    def describe(self) -> str:
+        return (
+            f"a plan against its twin ({self.rounds} rounds): rounds differ by {self.round_spread:.1%} (median); "
+            f"a comparison of two plans (up to {CompareConfig().rounds} rounds) separates differences of about "
+            f"{self.resolvable:.1%} or more"
+        )
+
+
+def noise_floor(
+    plan: Plan, tables: list[TableSpec], topology: Topology, gang: DeviceGang, measure: MeasureConfig, rounds: int = 8
+) -> NoiseFloor:
+    """This machine's noise floor: `plan` and its `twin` in `rounds` interleaved rounds, and what that noise
+    lets a default comparison of two plans resolve (`resolvable`)."""
+    plans = [plan, twin(plan)]
+    order = np.random.default_rng(0)
+    costs = [
+        gang.measure_round(plans, tables, measure.model_copy(update={"seed": measure.seed + r}), order)
+        for r in range(rounds)
+    ]
+    a, b = [c[0].cost_ms for c in costs], [c[1].cost_ms for c in costs]
+    return NoiseFloor(
+        rounds=rounds,
+        round_spread=float(np.median(np.abs(np.asarray(b) / np.asarray(a) - 1))),
+        resolvable=resolvable(trimmed_sd(np.log(b) - np.log(a)), CompareConfig()),
+    )
+
+
+def trimmed_sd(logs: Sequence[float]) -> float:
+    """The winsorized standard deviation of per-round log ratios, as `ratio_interval` uses it."""
+    x = np.sort(np.asarray(logs, dtype=np.float64))
+    g = int(TRIM * len(x))
+    return float(np.clip(x, x[g], x[len(x) - g - 1]).std(ddof=1))
+
+
+def resolvable(sd: float, config: CompareConfig, plans: int = 2) -> float:
+    """The smallest ratio - 1 that a full-length race of `plans` plans separates at one of its looks, for
+    per-round log ratios of winsorized standard deviation `sd`."""
+    alpha, spent, smallest = 1 - config.confidence, 0.0, math.inf
+    pairs = plans * (plans - 1) // 2
+    for n in look_schedule(min(config.min_rounds, config.rounds), config.rounds):
+        total = alpha_spent(n, config.rounds, alpha)
+        level, spent = (total - spent) / pairs, total
+        g = int(TRIM * n)
+        if n - 2 * g < 2:
+            continue
+        crit = float(student_t.ppf(1 - level / 2, n - 2 * g - 1))
+        smallest = min(smallest, crit * sd / ((1 - 2 * g / n) * math.sqrt(n)))
+    return math.exp(smallest) - 1
 
 
 @dataclass

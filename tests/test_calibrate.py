@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from shard_ray.comparison import CompareConfig, compare_plans
 from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.plan import Plan, load_plan, table_wise
 from shard_ray.plan.topology import GB, Topology
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.selection import SelectionConfig, select_measured
 from shard_ray.workload.tables import TableSpec
 
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
@@ -131,16 +131,17 @@ def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_
     same = balanced.model_copy(update={"algorithm": "same_as_balanced"})
     piled = Plan.from_assignment(pieces, [0] * 7 + [1], 2, "piled")  # 7 tables against 4: far slower
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=512)
-    config = SelectionConfig(budget_seconds=120, min_rounds=6, max_rounds=10, warmup=1, repeats=3)
+    config = CompareConfig(budget_seconds=120, rounds=10, warmup=1, repeats=3)
     with DeviceGang(2) as gang, MeasurementStore(tmp_path / "store.db") as store:
-        chosen, selection = select_measured(
-            [piled, balanced, same], race_tables, topology, gang, config, store, log=print
+        compared = compare_plans(
+            [(p.algorithm, p) for p in (piled, balanced, same)], race_tables, topology, gang, config, store
         )
+        selection = compared.result
         assert store.count("plan_measurements") == sum(len(c.rounds_ms) for c in selection.candidates.values())
-    assert selection.chosen == "balanced=same_as_balanced" and chosen.algorithm == "balanced"
-    assert selection.separated and selection.p_slower["piled"] < 0.05
+    assert selection.chosen == "balanced=same_as_balanced"
+    assert compared.plans[selection.chosen].algorithm == "balanced"
+    assert selection.separated and selection.ratios["piled"].low > 1
     best = selection.cost
     assert (
         best.ci_low_ms <= best.median_ms <= best.ci_high_ms and best.median_ms < selection.candidates["piled"].median_ms
     )
-    assert chosen.measured == selection

@@ -190,23 +190,27 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     from shard_ray.demo import DemoConfig, run_demo
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rows = run_demo(
+    comparison = run_demo(
         DemoConfig(
             workdir=tmp_path / "demo",
             num_tables=6,
             profile_shards=2,
             repeats=2,
+            rounds=3,
             batch_size=128,
             tracking_uri=uri,
         )
     )
     out = capsys.readouterr().out
     assert "== 4. comparison" in out and "mlflow ui --backend-store-uri" in out
-    assert {r.plan.algorithm for r in rows} >= {"random", "size_lookup_greedy"}
-    comparison = json.loads((tmp_path / "demo" / "comparison.json").read_text())
-    assert len(comparison) == len(rows)
+    assert set(comparison.plans) >= {"random", "size_lookup_greedy"}
+    # at least 3 interleaved rounds per plan, each with its interval, and a verdict that says how it chose
+    assert comparison.result is not None and comparison.result.rounds >= 3
+    assert comparison.result.rule in out and "ratio to chosen" in out
+    written = json.loads((tmp_path / "demo" / "comparison.json").read_text())
+    assert len(written["plans"]) == len(comparison.plans)
     mlflow.set_tracking_uri(uri)
-    assert len(mlflow.search_runs(experiment_names=["shard-ray"])) == len(rows)
+    assert len(mlflow.search_runs(experiment_names=["shard-ray"])) == len(comparison.plans)
 
 
 def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_tables):

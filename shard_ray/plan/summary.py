@@ -57,6 +57,8 @@ def format_plan_summary(
     if cost is not None:
         source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
         lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step{source})")
+        if cost.priced_parts:
+            lines.append(priced_note(cost))
         if cost.hosts is not None and len(set(cost.hosts)) > 1:
             lines.append(gang_layout(cost.hosts))
         if lower_bound_ms is not None:
@@ -73,3 +75,23 @@ def gang_layout(hosts: list[int]) -> str:
     """Which devices shared a Ray node in a measurement, from each device's host index."""
     layout = ", ".join(f"host {h}: devices {[d for d, x in enumerate(hosts) if x == h]}" for h in sorted(set(hosts)))
     return f"the gang spanned {len(set(hosts))} Ray nodes ({layout})"
+
+
+# The summary's column names of the step parts.
+PART_COLUMNS = {
+    "input_dist_ms": "input",
+    "fwd_compute_ms": "fwd ms",
+    "fwd_comm_ms": "fwd a2a",
+    "bwd_comm_ms": "bwd a2a",
+    "bwd_compute_ms": "bwd ms",
+}
+
+
+def priced_note(cost: PlanCost) -> str:
+    """Which parts of a measured cost were priced by the comm model rather than measured, and why."""
+    priced = ", ".join(PART_COLUMNS[p] for p in cost.priced_parts)
+    measured = ", ".join(column for part, column in PART_COLUMNS.items() if part not in cost.priced_parts)
+    return (
+        f"measured: {measured}; priced by the comm model {cost.priced_by}: {priced} (more devices than cores on a "
+        "node: all-to-alls there would measure the contention for cores, not the plan)"
+    )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from shard_ray.profiling.fused_shard import (
     MeasureConfig,
     piece_lookups,
     sample_ranges,
+    step_estimate,
     table_batch,
     warmed_up,
 )
@@ -620,11 +620,11 @@ class DeviceGang:
         raise AssertionError("unreachable")
 
     def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> PlanCost:
-        """The plan's per-device medians of its timed steps and the plan cost; with more devices than cores
+        """The plan's per-device `step_estimate` of its timed steps and the plan cost; with more devices than cores
         on a node, the all-to-alls priced by the comm model (`priced_parts`)."""
         results = self.run_steps(plan, tables, config)
         devices = [
-            DeviceCost(device=r["device"], **{name: statistics.median(values) for name, values in r["steps"].items()})
+            DeviceCost(device=r["device"], **{name: step_estimate(values) for name, values in r["steps"].items()})
             for r in results
         ]
         priced_by = None

@@ -1,0 +1,241 @@
+"""How far shard-ray's measurements and comparisons can be trusted on this machine.
+
+    OMP_NUM_THREADS=1 python experiments/measurement_noise.py --out experiments/results/measurement_noise
+
+On the 2-device gang, with the public-model table files (Criteo Kaggle and MLPerf DLRM-DCNv2
+cardinalities) planned by the heuristics and cost_search:
+
+- Repeatability: every distinct plan of 2 ms or more measured as `evaluate` measures it (rounds on
+  fresh batches, the median round), in two passes run one after the other; per plan |pass 2 /
+  pass 1 - 1|. Each round keeps every timed step, so the per-round estimators (median, mean,
+  20%-trimmed mean, minimum of the steps) are compared on the same data.
+- A/A: real comparisons (`compare_plans`, default settings) of a plan against its twin with the
+  devices swapped, which costs the same; then seeded races replayed from their recorded rounds.
+- A/B: the replayed A/A rounds with one side made 5% slower: how often, and after how many rounds,
+  the procedure separates them within the default budget; and a real pair of plans from the pool
+  whose long-run ratio is nearest 1.05, compared with the defaults.
+- Coverage: every real comparison is run twice; how often the second run's ratio falls inside
+  the interval the first reported, and each plan's second-pass median inside the first pass's
+  interval.
+
+Writes `noise.json` (every number and the recorded A/A rounds) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shard_ray.comparison import CompareConfig, Race, compare_plans, distinct, twin
+from shard_ray.io import write_json
+from shard_ray.placement import place
+from shard_ray.plan.cost import RoundsSummary
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import GB, Topology
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.runtime import connect_ray
+from shard_ray.workload.tables import load_tables
+
+ALGORITHMS = (
+    "size_greedy",
+    "dim_greedy",
+    "lookup_greedy",
+    "size_lookup_greedy",
+    "round_robin",
+    "random",
+    "cost_search",
+)
+TABLE_FILES = {
+    "criteo_kaggle": ("experiments/tables/criteo_kaggle.json", 4.0),
+    "mlperf_dlrm_dcnv2": ("experiments/tables/mlperf_dlrm_dcnv2.json", 74.0),
+}
+
+
+def trimmed(values: list[float], share: float = 0.2) -> float:
+    x = sorted(values)
+    g = int(share * len(x))
+    return statistics.fmean(x[g : len(x) - g])
+
+
+ESTIMATORS = {"median": statistics.median, "mean": statistics.fmean, "trimmed": trimmed, "min": min}
+
+
+def round_cost(devices: list[dict], estimator: str) -> float:
+    """A round's plan cost from every device's timed steps: the slowest device's sum of its parts' estimates
+    (`min_step`: the device's fastest whole step instead)."""
+    if estimator == "min_step":
+        return max(min(map(sum, zip(*d["steps"].values()))) for d in devices)
+    estimate = ESTIMATORS[estimator]
+    return max(sum(estimate(values) for values in d["steps"].values()) for d in devices)
+
+
+def measure_pass(gang: DeviceGang, plans: list[tuple[str, Plan, list]], rounds: int, batch: int) -> dict:
+    """Every plan as `evaluate` measures it: `rounds` rounds on fresh batches; every estimator's round costs."""
+    out = {}
+    for name, plan, tables in plans:
+        per_round = []
+        for r in range(rounds):
+            per_round.append(gang.run_steps(plan, tables, MeasureConfig(batch_size=batch, seed=r)))
+        out[name] = {e: [round_cost(devices, e) for devices in per_round] for e in [*ESTIMATORS, "min_step"]}
+    return out
+
+
+def replay(rounds: list[tuple[float, float]], slower: float, races: int, config: CompareConfig, seed: int) -> dict:
+    """Seeded races drawn (with replacement) from recorded A/A round pairs; the second plan made `slower`."""
+    rng = np.random.default_rng(seed)
+    separated, needed = 0, []
+    for _ in range(races):
+        race = Race(["a", "b"], config.rounds, config.min_rounds, config.confidence)
+        while True:
+            a, b = rounds[rng.integers(len(rounds))]
+            race.record({"a": a, "b": b * slower})
+            verdict = race.look(race.count >= config.rounds)
+            if verdict is not None:
+                break
+        if verdict.separated:
+            separated += 1
+            needed.append(race.count)
+    return {
+        "races": races,
+        "separated": separated,
+        "rate": separated / races,
+        "median_rounds_to_separate": statistics.median(needed) if needed else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="experiments/results/measurement_noise")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per plan and pass, as evaluate's default")
+    parser.add_argument("--aa-races", type=int, default=3, help="real A/A comparisons (each run twice)")
+    parser.add_argument("--replays", type=int, default=400, help="seeded races replayed from recorded rounds")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    began = time.monotonic()
+    print(connect_ray(min_cpus=2))
+    plans: list[tuple[str, Plan, list]] = []
+    topologies = {}
+    for task, (path, memory_gb) in TABLE_FILES.items():
+        tables = load_tables(path)
+        topology = Topology(num_devices=2, memory_bytes=int(memory_gb * GB), batch_size=args.batch_size)
+        topologies[task] = (tables, topology)
+        made = [(a, place(a, tables, topology, seed=0)) for a in ALGORITHMS]
+        plans += [(f"{task}/{name}", plan, tables) for name, plan in distinct(made)]
+    report: dict = {"plans": [name for name, _, _ in plans]}
+    with DeviceGang(2) as gang:
+        report["hardware"] = gang.hardware
+        print(f"{len(plans)} distinct plans on {gang.hardware}; pass 1")
+        first = measure_pass(gang, plans, args.rounds, args.batch_size)
+        print("pass 2")
+        second = measure_pass(gang, plans, args.rounds, args.batch_size)
+        repeat = {}
+        for estimator in [*ESTIMATORS, "min_step"]:
+            deviations = []
+            for name, _, _ in plans:
+                a = statistics.median(first[name][estimator])
+                b = statistics.median(second[name][estimator])
+                if statistics.median(first[name]["median"]) >= 2.0:
+                    deviations.append(abs(b / a - 1))
+            repeat[estimator] = {"plans": len(deviations), "median_abs_deviation": statistics.median(deviations)}
+        covered = [
+            RoundsSummary.of(first[name]["min"]).ci_low_ms
+            <= statistics.median(second[name]["min"])
+            <= RoundsSummary.of(first[name]["min"]).ci_high_ms
+            for name, _, _ in plans
+        ]
+        report["repeatability"] = repeat
+        report["median_interval_coverage"] = {"checks": len(covered), "covered": sum(covered)}
+        report["passes"] = {"first": first, "second": second}
+        print("repeatability:", repeat)
+
+        # Real A/A comparisons, each run twice (coverage of the reported ratio interval), rounds recorded.
+        config = CompareConfig()
+        aa_rounds: list[tuple[float, float]] = []
+        real_aa = []
+        coverage_checks = []
+        by_cost = sorted(plans, key=lambda p: statistics.median(first[p[0]]["min"]))
+        chosen = [by_cost[int(i)] for i in np.linspace(len(by_cost) // 3, len(by_cost) - 1, args.aa_races)]
+        for name, plan, tables in chosen:
+            task = name.split("/")[0]
+            twins = [("a", plan), ("b", twin(plan))]
+            runs = []
+            for _ in range(2):
+                compared = compare_plans(twins, tables, topologies[task][1], gang, config, log=lambda _line: None)
+                runs.append(compared.result)
+                aa_rounds += list(
+                    zip(compared.result.candidates["a"].rounds_ms, compared.result.candidates["b"].rounds_ms)
+                )
+            other = "b" if runs[0].chosen == "a" else "a"
+            second_ratio = runs[1].ratios.get(other)
+            point = second_ratio.ratio if second_ratio else 1 / runs[1].ratios[runs[0].chosen].ratio
+            first_ratio = runs[0].ratios[other]
+            coverage_checks.append(first_ratio.low <= point <= first_ratio.high)
+            real_aa += [
+                {
+                    "plan": name,
+                    "separated": r.separated,
+                    "rounds": r.rounds,
+                    "ratio": next(iter(r.ratios.values())).model_dump(),
+                }
+                for r in runs
+            ]
+            print(f"A/A {name}: separated {[r.separated for r in runs]}, rounds {[r.rounds for r in runs]}")
+        report["real_aa"] = real_aa
+        report["aa_rounds"] = aa_rounds
+
+        # A real A/B: the pair of one task's plans whose long-run ratio is nearest 1.05.
+        pairs = []
+        for i, (name_i, plan_i, tables_i) in enumerate(plans):
+            for name_j, plan_j, _ in plans[i + 1 :]:
+                if name_i.split("/")[0] != name_j.split("/")[0]:
+                    continue
+                ratio = statistics.median(first[name_j]["min"] + second[name_j]["min"]) / statistics.median(
+                    first[name_i]["min"] + second[name_i]["min"]
+                )
+                ratio = max(ratio, 1 / ratio)
+                pairs.append((abs(ratio - 1.05), ratio, name_i, plan_i, name_j, plan_j, tables_i))
+        _, long_ratio, name_i, plan_i, name_j, plan_j, tables = min(pairs, key=lambda p: p[0])
+        task = name_i.split("/")[0]
+        ab = []
+        for _ in range(2):
+            compared = compare_plans(
+                [(name_i, plan_i), (name_j, plan_j)], tables, topologies[task][1], gang, config, log=lambda _line: None
+            )
+            r = compared.result
+            ab.append(
+                {
+                    "separated": r.separated,
+                    "rounds": r.rounds,
+                    "chosen": r.chosen,
+                    "ratio": next(iter(r.ratios.values())).model_dump(),
+                }
+            )
+        first_ab, second_ab = ab
+        other_point = (
+            second_ab["ratio"]["ratio"]
+            if second_ab["chosen"] == first_ab["chosen"]
+            else 1 / second_ab["ratio"]["ratio"]
+        )
+        coverage_checks.append(first_ab["ratio"]["low"] <= other_point <= first_ab["ratio"]["high"])
+        report["real_ab"] = {"pair": [name_i, name_j], "long_run_ratio": long_ratio, "runs": ab}
+        report["ratio_interval_coverage"] = {"checks": len(coverage_checks), "covered": sum(coverage_checks)}
+        print("A/B:", report["real_ab"])
+
+    report["replayed_aa"] = replay(aa_rounds, 1.0, args.replays, config, seed=0)
+    report["replayed_ab_5pct"] = replay(aa_rounds, 1.05, args.replays, config, seed=1)
+    report["seconds"] = time.monotonic() - began
+    print("replayed A/A:", report["replayed_aa"])
+    print("replayed A/B 5%:", report["replayed_ab_5pct"])
+    write_json(Path(args.out) / "noise.json", report)
+    print(f"wrote {Path(args.out) / 'noise.json'} in {report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
