@@ -247,6 +247,40 @@ def models_finding(hardware: str) -> Finding:
     )
 
 
+def noise_finding() -> Finding:
+    """The connected cluster's noise floor: a small plan against its twin on a 2-device gang (one device where
+    the cluster has one CPU or GPU), so the user knows the smallest difference a comparison can see there."""
+    import ray
+
+    from shard_ray.comparison import noise_floor
+    from shard_ray.errors import first_line
+    from shard_ray.placement import place
+    from shard_ray.plan.topology import GB, Topology
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+
+    resources = ray.cluster_resources()
+    devices = int(resources.get("GPU", 0) or resources.get("CPU", 0))
+    if devices < 2:
+        return Finding("noise floor", "note", f"not measured: the cluster has {devices} device(s), a gang needs 2")
+    tables = generate_pool(PoolConfig(num_tables=8, seed=0))
+    topology = Topology(num_devices=2, memory_bytes=8 * GB)
+    plan = place("size_greedy", tables, topology)
+    try:
+        with DeviceGang(2) as gang:
+            floor = noise_floor(plan, tables, topology, gang, MeasureConfig.for_topology(topology))
+            hardware = gang.hardware
+    except Exception as err:  # noqa: BLE001  a gang that cannot measure is what doctor reports
+        return Finding(
+            "noise floor",
+            "problem",
+            f"a 2-device gang could not measure a plan: {first_line(err)}",
+            "see the Ray line above; `shard-ray evaluate` shows the same error in full",
+        )
+    return Finding("noise floor", "ok", f"{hardware}, 2-device gang: {floor.describe()}")
+
+
 def cluster_reports() -> tuple[str, list[tuple[str, dict]]]:
     """Every alive node's `node_report`, run on that node (a GPU node's with one of its GPUs); a summary line."""
     import ray

@@ -45,10 +45,10 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     print("\n".join(format_findings(findings)))
     hardware = {here["hardware"]} - {None}
     if not flags.this_machine:
-        summary, nodes, ray_finding = _cluster_findings(address)
+        summary, nodes, ray_findings = _cluster_findings(address)
         print(f"Ray: {summary}")
-        print("\n".join(format_findings([ray_finding])))
-        findings.append(ray_finding)
+        print("\n".join(format_findings(ray_findings)))
+        findings += ray_findings
         for name, report in nodes:
             print(f"node {name}, {describe_node(report)}")
             found = node_findings(report)
@@ -68,12 +68,12 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     print("no problems found")
 
 
-def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]], Finding]:
-    """The cluster's summary, its nodes' reports and a finding on Ray itself. With no cluster named, a
-    local Ray is started and runs a task (its one node is this machine, reported already)."""
+def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]], list[Finding]]:
+    """The cluster's summary, its nodes' reports and findings on Ray itself and its noise floor. With no
+    cluster named, a local Ray is started and runs a task (its one node is this machine, reported already)."""
     import ray
 
-    from shard_ray.doctor import Finding, cluster_reports, task_pid
+    from shard_ray.doctor import Finding, cluster_reports, noise_finding, task_pid
     from shard_ray.runtime import connect_ray
 
     try:
@@ -83,13 +83,16 @@ def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]],
             "start the cluster (`ray start --head` on its head node) or give its address: --address HOST:PORT, "
             "or leave --address and RAY_ADDRESS out to check a local Ray"
         )
-        return "cannot connect", [], Finding("Ray", "problem", first_line(err), fix)
+        return "cannot connect", [], [Finding("Ray", "problem", first_line(err), fix)]
     try:
         if connected.startswith("ray: started"):
             ray.get(ray.remote(num_cpus=0)(task_pid).remote(), timeout=120)
-            return "a local instance on this machine", [], Finding("Ray", "ok", "a local Ray starts and runs tasks")
-        summary, nodes = cluster_reports()
-        return summary, nodes, Finding("Ray", "ok", connected.removeprefix("ray: "))
+            summary, nodes = "a local instance on this machine", []
+            found = Finding("Ray", "ok", "a local Ray starts and runs tasks")
+        else:
+            summary, nodes = cluster_reports()
+            found = Finding("Ray", "ok", connected.removeprefix("ray: "))
+        return summary, nodes, [found, noise_finding()]
     finally:
         ray.shutdown()
 

@@ -8,7 +8,8 @@
 3. Communication data, on the device gang: the candidate plans, then plans of random balance
    of the task's tables, at the task's device count. Over hosts (`--devices-per-host`), the gang
    spans them and the comm model is fit to what crossed them: it learns the inter-host share of
-   this cluster instead of pricing it at a stated bandwidth.
+   this cluster instead of pricing it at a stated bandwidth. First, the noise floor: the first
+   candidate against its twin (devices rotated), so the report says how far equal plans measure apart.
 4. Held-out accuracy: measurements are split by their key's hash into fit (with a validation
    part) and held out; the starting models are fine-tuned on the fit part (their weights are
    the prior), and whichever of the starting and the fine-tuned models is more accurate on
@@ -25,12 +26,13 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from shard_ray.comparison import noise_floor
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.models import CostModels
@@ -194,6 +196,8 @@ def calibrate(
     if topology.num_devices > 1:
         plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
         with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
+            floor = noise_floor(candidates[0], tables, topology, gang, measure)
+            log(f"noise floor: {floor.describe()}")
             for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
                 key = gang.plan_key(plan, tables, measure)
                 if store.known_keys([key], table="plan_measurements"):
@@ -202,6 +206,8 @@ def calibrate(
                     break
                 cost = gang.evaluate(plan, tables, measure)
                 store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+    else:
+        floor = None
     measuring_seconds = time.monotonic() - began
 
     # 4. fit and compare on held-out data
@@ -257,6 +263,7 @@ def calibrate(
         "plans": {k: len(v) for k, v in plan_split.items()},
         "measuring_seconds": measuring_seconds,
         "seconds": time.monotonic() - began,
+        "noise_floor": asdict(floor) if floor else None,
     }
     kept.info.update(
         {

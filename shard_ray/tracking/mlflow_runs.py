@@ -244,6 +244,8 @@ def log_calibration(
                 metrics.update({f"{when}_{part}_{k}": v for k, v in scores.items() if v is not None and k != "n"})
         metrics.update({f"shards_{k}": v for k, v in report["shards"].items()})
         metrics.update({f"plans_{k}": v for k, v in report["plans"].items()})
+        if report.get("noise_floor"):
+            metrics.update({f"noise_floor_{k}": v for k, v in report["noise_floor"].items()})
         mlflow.log_metrics(metrics)
         mlflow.log_dict(report, "calibration.json")
         return run.info.run_id
