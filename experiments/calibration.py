@@ -87,8 +87,13 @@ def run_task(name: str, tables_file: Path, config: CalibrationBenchmark, out: Pa
     for label, names in (("best_heuristic", heuristics), ("torchrec", {"torchrec"})):
         found = selection.best_of(names)
         if found:
-            record[label] = {"name": found[0], **found[1].model_dump()}
-            record[f"gain_over_{label}"] = 1 - selection.candidates[searched].median_ms / found[1].median_ms
+            ratio = selection.ratios.get(found)
+            record[label] = {
+                "name": found,
+                **selection.candidates[found].model_dump(),
+                "ratio_to_chosen": ratio.model_dump() if ratio else None,
+            }
+            record[f"gain_over_{label}"] = 1 - selection.candidates[searched].median_ms / record[label]["median_ms"]
     return record
 
 

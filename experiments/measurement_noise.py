@@ -24,6 +24,7 @@ Writes `noise.json` (every number and the recorded A/A rounds) to --out.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -109,6 +110,67 @@ def replay(rounds: list[tuple[float, float]], slower: float, races: int, config:
     }
 
 
+def earlier_race_separates(rounds: dict[str, list[float]]) -> bool:
+    """The race before this procedure (kept here to measure it): from round 6 on, after every round, a plan is
+    dropped when a one-sided Wilcoxon test at 5% says it is slower than the leader; 'separated' when one is left."""
+    from scipy.stats import wilcoxon
+
+    active = list(rounds)
+    for n in range(6, len(next(iter(rounds.values()))) + 1):
+        leader = min(active, key=lambda k: np.median(rounds[k][:n]))
+        for name in [k for k in active if k != leader]:
+            diffs = np.log(rounds[name][:n]) - np.log(rounds[leader][:n])
+            if np.any(diffs) and wilcoxon(diffs, alternative="greater").pvalue < 0.05:
+                active.remove(name)
+        if len(active) == 1:
+            return True
+    return False
+
+
+def replay_many(rounds: list[tuple[float, float]], plans: int, races: int, config: CompareConfig, seed: int) -> dict:
+    """A/A races of `plans` equal plans, each round built from recorded pairs (plans 2k and 2k+1 from one
+    recorded round): how often this procedure, and the earlier race, call one of them separated."""
+    rng = np.random.default_rng(seed)
+    names = [f"p{i}" for i in range(plans)]
+    now = earlier = 0
+    for _ in range(races):
+        race = Race(names, config.rounds, config.min_rounds, config.confidence)
+        while True:
+            drawn = [v for _ in range((plans + 1) // 2) for v in rounds[rng.integers(len(rounds))]][:plans]
+            race.record(dict(zip(names, drawn)))
+            verdict = race.look(race.count >= config.rounds)
+            if verdict is not None:
+                break
+        now += verdict.separated
+        full = dict(race.rounds)
+        while len(full[names[0]]) < config.rounds:  # the earlier race ran to its 40 rounds unless it separated
+            drawn = [v for _ in range((plans + 1) // 2) for v in rounds[rng.integers(len(rounds))]][:plans]
+            for name, value in zip(names, drawn):
+                full[name] = [*full[name], value]
+        earlier += earlier_race_separates(full)
+    return {
+        "plans": plans,
+        "races": races,
+        "separated_now": now / races,
+        "separated_by_the_earlier_race": earlier / races,
+    }
+
+
+def replays(aa_rounds: list, races: int) -> dict:
+    """Every replayed figure from recorded A/A rounds, printed as they come."""
+    config = CompareConfig()
+    pairs = [tuple(p) for p in aa_rounds]
+    found = {
+        "replayed_aa": replay(pairs, 1.0, races, config, seed=0),
+        "replayed_ab_5pct": replay(pairs, 1.05, races, config, seed=1),
+        "replayed_aa_2_plans": replay_many(pairs, 2, races, config, seed=2),
+        "replayed_aa_8_plans": replay_many(pairs, 8, races // 2, config, seed=3),
+    }
+    for name, value in found.items():
+        print(f"{name}: {value}")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/results/measurement_noise")
@@ -116,7 +178,14 @@ def main() -> None:
     parser.add_argument("--aa-races", type=int, default=3, help="real A/A comparisons (each run twice)")
     parser.add_argument("--replays", type=int, default=400, help="seeded races replayed from recorded rounds")
     parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument(
+        "--replay-from", help="an earlier run's noise.json: replay its recorded rounds, measure nothing"
+    )
     args = parser.parse_args()
+    if args.replay_from:
+        report = json.loads(Path(args.replay_from).read_text())
+        write_json(Path(args.out) / "noise.json", {**report, **replays(report["aa_rounds"], args.replays)})
+        return
     torch.set_num_threads(1)
     began = time.monotonic()
     print(connect_ray(min_cpus=2))
@@ -154,6 +223,7 @@ def main() -> None:
         report["median_interval_coverage"] = {"checks": len(covered), "covered": sum(covered)}
         report["passes"] = {"first": first, "second": second}
         print("repeatability:", repeat)
+        write_json(Path(args.out) / "noise.json", report)
 
         # Real A/A comparisons, each run twice (coverage of the reported ratio interval), rounds recorded.
         config = CompareConfig()
@@ -165,10 +235,11 @@ def main() -> None:
         for name, plan, tables in chosen:
             task = name.split("/")[0]
             twins = [("a", plan), ("b", twin(plan))]
-            runs = []
+            runs, devices = [], []
             for _ in range(2):
                 compared = compare_plans(twins, tables, topologies[task][1], gang, config, log=lambda _line: None)
                 runs.append(compared.result)
+                devices.append({n: [d.total_ms for d in c.devices] for n, c in compared.costs.items()})
                 aa_rounds += list(
                     zip(compared.result.candidates["a"].rounds_ms, compared.result.candidates["b"].rounds_ms)
                 )
@@ -183,9 +254,12 @@ def main() -> None:
                     "separated": r.separated,
                     "rounds": r.rounds,
                     "ratio": next(iter(r.ratios.values())).model_dump(),
+                    "rounds_ms": {n: c.rounds_ms for n, c in r.candidates.items()},
+                    "device_totals_ms": d,
                 }
-                for r in runs
+                for r, d in zip(runs, devices)
             ]
+            write_json(Path(args.out) / "noise.json", {**report, "real_aa": real_aa, "aa_rounds": aa_rounds})
             print(f"A/A {name}: separated {[r.separated for r in runs]}, rounds {[r.rounds for r in runs]}")
         report["real_aa"] = real_aa
         report["aa_rounds"] = aa_rounds
@@ -228,11 +302,8 @@ def main() -> None:
         report["ratio_interval_coverage"] = {"checks": len(coverage_checks), "covered": sum(coverage_checks)}
         print("A/B:", report["real_ab"])
 
-    report["replayed_aa"] = replay(aa_rounds, 1.0, args.replays, config, seed=0)
-    report["replayed_ab_5pct"] = replay(aa_rounds, 1.05, args.replays, config, seed=1)
+    report.update(replays(aa_rounds, args.replays))
     report["seconds"] = time.monotonic() - began
-    print("replayed A/A:", report["replayed_aa"])
-    print("replayed A/B 5%:", report["replayed_ab_5pct"])
     write_json(Path(args.out) / "noise.json", report)
     print(f"wrote {Path(args.out) / 'noise.json'} in {report['seconds']:.0f} s")
 

@@ -69,7 +69,7 @@ class BenchmarkConfig:
     )
     devices: int = setting(2, "devices of the gang", min=1)
     batch_size: int = setting(1024, "global batch size", min=1)
-    repeats: int = setting(10, "timed steps per plan and round; medians are reported", min=1)
+    repeats: int = setting(10, "timed steps per plan and round; each part costs the fastest of them", min=1)
     rounds: int = setting(
         12,
         "most interleaved rounds per task (every plan once a round, fresh batches); the comparison stops once it decides",

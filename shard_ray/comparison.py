@@ -156,8 +156,8 @@ class Race:
         if chosen != best:
             ratios = self._ratios(chosen, level)
         rule = (
-            f"no plan is separated from every other: {len(tied)} are tied with the measured best ({best}); "
-            f"{chosen} is chosen, the first of them in {reason}"
+            f"no plan is separated from every other: {len(tied) - 1} within noise of the measured best ({best}); "
+            f"{chosen} is chosen, the first of these {len(tied)} in {reason}"
         )
         return Verdict(chosen, False, ratios, level, rule)
 

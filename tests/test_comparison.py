@@ -143,26 +143,37 @@ def shard_ray(cwd: Path, *args: str, timeout: float = 600) -> subprocess.Complet
     return subprocess.run([SHARD_RAY, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def two_plans(tmp_path, table_file) -> tuple[Path, Path]:
-    """A plan made as the README makes one, and its twin with devices 0 and 1 swapped (the same cost)."""
+@pytest.fixture(scope="module")
+def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """A table file in the README's minimal format, a plan of it made as the README makes one, and the
+    plan's twin with devices 0 and 1 swapped (the same cost), both written by hand."""
+    folder = tmp_path_factory.mktemp("plans")
+    (folder / "tables.json").write_text(
+        '{"tables": [\n'
+        '  {"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1},\n'
+        '  {"name": "ad_id", "rows": 500000, "dim": 32, "pooling_factor": 4},\n'
+        '  {"name": "category", "rows": 300, "dim": 16, "pooling_factor": 2},\n'
+        '  {"name": "history", "rows": 100000, "dim": 32, "pooling_factor": 30}\n'
+        "]}\n"
+    )
     made = shard_ray(
-        tmp_path, "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1",
+        folder, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4",
         "--algo", "size_lookup_greedy", "--out", "a.json",
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    document = json.loads((tmp_path / "a.json").read_text())
+    document = json.loads((folder / "a.json").read_text())
     for shard in document["shards"]:
         shard["device"] = 1 - shard["device"]
     document.pop("memory_bytes", None)
-    (tmp_path / "twin.json").write_text(json.dumps(document))
-    return tmp_path / "a.json", tmp_path / "twin.json"
+    (folder / "twin.json").write_text(json.dumps(document))
+    return folder / "tables.json", folder / "a.json", folder / "twin.json"
 
 
-def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, table_file, two_plans):
+def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, two_plans):
     """A real A/A comparison on the 2-device gang, as a user types it; its files and MLflow run."""
+    table_file, plan, twin = two_plans
     result = shard_ray(
-        tmp_path, "compare", "--tables", str(table_file), "--plans", "a.json", "twin.json",
+        tmp_path, "compare", "--tables", str(table_file), "--plans", str(plan), str(twin),
         "--rounds", "10", "--repeats", "5", "--warmup", "1", "--out", "cmp",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -189,14 +200,15 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, table_fi
         ("twice", "given twice"),
     ],
 )
-def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, table_file, two_plans, case, message):
+def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, two_plans, case, message):
+    table_file, plan, _ = two_plans
     plans = {
-        "missing": ["a.json", "missing.json"],
-        "other_tables": ["a.json", "other.json"],
-        "one_plan": ["a.json"],
-        "twice": ["a.json", "a.json"],
+        "missing": [str(plan), "missing.json"],
+        "other_tables": [str(plan), "other.json"],
+        "one_plan": [str(plan)],
+        "twice": [str(plan), str(plan)],
     }[case]
-    other = load_plan(two_plans[0])
+    other = load_plan(plan)
     other = other.model_copy(update={"shards": [s.model_copy(update={"table": f"x_{s.table}"}) for s in other.shards]})
     save_plan(tmp_path / "other.json", other)
     result = shard_ray(tmp_path, "compare", "--tables", str(table_file), "--plans", *plans, "--out", "cmp", timeout=120)

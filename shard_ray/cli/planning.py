@@ -266,7 +266,7 @@ def measured_best(
     the comparison. Among plans the hardware cannot tell apart, the models' cheapest is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
-    from shard_ray.comparison import compare_plans, model_preference
+    from shard_ray.comparison import compare_plans, distinct, model_preference
     from shard_ray.costmodel.models import models_for
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
@@ -285,6 +285,9 @@ def measured_best(
             candidates.append(place(name, tables, topology, seed=flags.seed, constraints=constraints))
         except InfeasibleError as err:
             print(f"{name}: no plan ({err})")
+    if len(distinct([(p.algorithm, p) for p in candidates])) < 2:
+        print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
+        return plan
     with (
         DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang,
         MeasurementStore(flags.store) as store,

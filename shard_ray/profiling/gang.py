@@ -410,7 +410,7 @@ class GangMember:
 
         # Warm-up until every device's timings settle (`warmed_up`): the steps are collective, so the
         # devices agree on when to start timing.
-        warmup: list[float] | None = []
+        warmup: list[float] | None = [] if config.warmup else None
         settling = torch.zeros(1, device=self.device)
         step_index = 0
         while len(parts_ms[STEP_PARTS[0]]) < config.repeats:
