@@ -82,6 +82,7 @@ def measure_pass(gang: DeviceGang, plans: list[tuple[str, Plan, list]], rounds: 
     for name, plan, tables in plans:
         per_round = []
         for r in range(rounds):
+            gang.rotate_cores(r)  # as a comparison's rounds do
             per_round.append(gang.run_steps(plan, tables, MeasureConfig(batch_size=batch, seed=r)))
         out[name] = {e: [round_cost(devices, e) for devices in per_round] for e in [*ESTIMATORS, "min_step"]}
     return out

@@ -30,7 +30,11 @@ class MeasureArgs:
         "untimed steps first, at least; warm-up goes on until the step times settle (0: none)",
         min=0,
     )
-    repeats: int = setting(_MEASURE["repeats"].default, "timed steps a round; each part costs the fastest of them (see the README, How measurement works)", min=1)
+    repeats: int = setting(
+        _MEASURE["repeats"].default,
+        "timed steps a round; each part costs the fastest of them (see the README, How measurement works)",
+        min=1,
+    )
     max_rows: int | None = setting(None, "rows allocated per table (default: 200000 on CPU, all on GPU)", min=1)
 
 
