@@ -9,8 +9,10 @@ cardinalities) planned by the heuristics and cost_search:
   fresh batches, the median round), in two passes run one after the other; per plan |pass 2 /
   pass 1 - 1|. Each round keeps every timed step, so the per-round estimators (median, mean,
   20%-trimmed mean, minimum of the steps) are compared on the same data.
-- A/A: real comparisons (`compare_plans`, default settings) of a plan against its twin with the
-  devices swapped, which costs the same; then seeded races replayed from their recorded rounds.
+- A/A: real comparisons (`compare_plans`, default settings) of a plan against a copy of itself,
+  measured as a second plan; then seeded races replayed from their recorded rounds.
+- Ranks: each of those plans against its twin with the devices swapped, which would cost the same
+  were the gang's ranks alike.
 - A/B: the replayed A/A rounds with one side made 5% slower: how often, and after how many rounds,
   the procedure separates them within the default budget; and a real pair of plans from the pool
   whose long-run ratio is nearest 1.05, compared with the defaults.
@@ -226,19 +228,22 @@ def main() -> None:
         print("repeatability:", repeat)
         write_json(Path(args.out) / "noise.json", report)
 
-        # Real A/A comparisons, each run twice (coverage of the reported ratio interval), rounds recorded.
+        # Real A/A comparisons (a plan against a copy), each run twice (coverage of the reported ratio interval),
+        # rounds recorded; then the plan against its twin (devices swapped): are the ranks alike?
         config = CompareConfig()
         aa_rounds: list[tuple[float, float]] = []
-        real_aa = []
+        real_aa, rank_swap = [], []
         coverage_checks = []
         by_cost = sorted(plans, key=lambda p: statistics.median(first[p[0]]["min"]))
         chosen = [by_cost[int(i)] for i in np.linspace(len(by_cost) // 3, len(by_cost) - 1, args.aa_races)]
         for name, plan, tables in chosen:
             task = name.split("/")[0]
-            twins = [("a", plan), ("b", twin(plan))]
             runs, devices = [], []
             for _ in range(2):
-                compared = compare_plans(twins, tables, topologies[task][1], gang, config, log=lambda _line: None)
+                compared = compare_plans(
+                    [("a", plan), ("b", plan)], tables, topologies[task][1], gang, config,
+                    log=lambda _line: None, merge_identical=False,
+                )  # fmt: skip
                 runs.append(compared.result)
                 devices.append({n: [d.total_ms for d in c.devices] for n, c in compared.costs.items()})
                 aa_rounds += list(
@@ -260,10 +265,33 @@ def main() -> None:
                 }
                 for r, d in zip(runs, devices)
             ]
-            write_json(Path(args.out) / "noise.json", {**report, "real_aa": real_aa, "aa_rounds": aa_rounds})
             print(f"A/A {name}: separated {[r.separated for r in runs]}, rounds {[r.rounds for r in runs]}")
+            swapped = compare_plans(
+                [("plan", plan), ("twin", twin(plan))],
+                tables,
+                topologies[task][1],
+                gang,
+                config,
+                log=lambda _line: None,
+            )
+            rank_swap.append(
+                {
+                    "plan": name,
+                    "separated": swapped.result.separated,
+                    "rounds": swapped.result.rounds,
+                    "chosen": swapped.result.chosen,
+                    "other_over_chosen": next(iter(swapped.result.ratios.values())).model_dump(),
+                    "device_totals_ms": {n: [d.total_ms for d in c.devices] for n, c in swapped.costs.items()},
+                }
+            )
+            print(f"ranks {name}: {rank_swap[-1]}")
+            write_json(
+                Path(args.out) / "noise.json",
+                {**report, "real_aa": real_aa, "aa_rounds": aa_rounds, "rank_swap": rank_swap},
+            )
         report["real_aa"] = real_aa
         report["aa_rounds"] = aa_rounds
+        report["rank_swap"] = rank_swap
 
         # A real A/B: the pair of one task's plans whose long-run ratio is nearest 1.05.
         pairs = []

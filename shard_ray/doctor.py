@@ -248,7 +248,7 @@ def models_finding(hardware: str) -> Finding:
 
 
 def noise_finding() -> Finding:
-    """The connected cluster's noise floor: a small plan against its twin on a 2-device gang (one device where
+    """The connected cluster's noise floor: a small plan against a copy of itself on a 2-device gang (one device where
     the cluster has one CPU or GPU), so the user knows the smallest difference a comparison can see there."""
     import ray
 

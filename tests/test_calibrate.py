@@ -51,6 +51,9 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     assert len(saved) == 1 and report["hardware"].split(":")[0] in saved[0].name
     assert report["before"]["compute"]["n"] >= 1 and report["after"]["compute"]["mape"] is not None
     assert "0 of " in first.stdout  # nothing was in the store yet
+    # the noise floor: the first candidate against a copy of itself on the gang
+    assert report["noise_floor"]["rounds"] == 8 and 0 <= report["noise_floor"]["round_spread"] < 0.5
+    assert "noise floor: a plan against a copy of itself (8 rounds)" in first.stdout
 
     # again, with MLflow in the default ./mlflow.db as a user gets it
     again = shard_ray(tmp_path, *[flag for flag in calibrate if flag != "--no-mlflow"])
@@ -59,6 +62,7 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     mlflow_run = _calibration_run(tmp_path / "mlflow.db")
     assert mlflow_run["tags.kind"] == "calibration" and mlflow_run["params.chosen"] in ("fine-tuned", "starting")
     assert mlflow_run["metrics.after_compute_mape"] >= 0 and mlflow_run["metrics.shards_held_out"] >= 1
+    assert mlflow_run["metrics.noise_floor_resolvable"] > 0
     known, wanted = map(int, re.search(r"(\d+) of (\d+) shards already measured", again.stdout).groups())
     assert known == wanted > len(json.loads(MINIMAL_TABLES)["tables"])
 

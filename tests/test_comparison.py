@@ -46,14 +46,14 @@ def test_equal_plans_are_rarely_separated(plans):
 
 
 def test_equal_plans_replayed_from_recorded_rounds_are_rarely_separated():
-    """A/A on this project's recorded gang rounds (a plan against its device-swapped twin, 2-core CPU)."""
+    """A/A on this project's recorded gang rounds (a plan against a copy of itself, 2-core CPU)."""
     recorded = json.loads(RECORDED_AA.read_text())
     pairs = [tuple(p) for p in recorded["aa_rounds"]]
     assert len(pairs) >= 40
 
     def replayed(rng, costs):
         a, b = pairs[rng.integers(len(pairs))]
-        return [a, b] if rng.random() < 0.5 else [b, a]  # which twin is which is arbitrary
+        return [a, b] if rng.random() < 0.5 else [b, a]  # which copy is which is arbitrary
 
     rng = np.random.default_rng(7)
     separated = sum(race([1.0, 1.0], rng, replayed)[0].separated for _ in range(200))

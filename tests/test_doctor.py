@@ -37,6 +37,11 @@ def test_doctor_on_this_machine(tmp_path):
     assert re.search(r"ok +fbgemm: fbgemm-gpu-cpu 1\.8\.\d+, the release for torch 2\.13", out), out
     assert re.search(r"ok +fused kernels: a fused shard trained on cpu: forward [0-9.]+ ms", out), out
     assert "ok       Ray: a local Ray starts and runs tasks" in out
+    # the noise floor: a plan against a copy of itself on a 2-device gang, and the smallest difference a comparison sees
+    assert re.search(
+        r"ok +noise floor: .*2-device gang: a plan against a copy of itself \(8 rounds\): rounds differ by", out
+    )
+    assert re.search(r"separates differences of about [0-9.]+% or more", out), out
     assert f"local store {tmp_path / 'mlflow.db'}" in out and not (tmp_path / "mlflow.db").exists()
     assert out.rstrip().endswith("no problems found")
 

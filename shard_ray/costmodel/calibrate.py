@@ -9,7 +9,7 @@
    of the task's tables, at the task's device count. Over hosts (`--devices-per-host`), the gang
    spans them and the comm model is fit to what crossed them: it learns the inter-host share of
    this cluster instead of pricing it at a stated bandwidth. First, the noise floor: the first
-   candidate against its twin (devices rotated), so the report says how far equal plans measure apart.
+   candidate against a copy of itself, so the report says how far equal plans measure apart.
 4. Held-out accuracy: measurements are split by their key's hash into fit (with a validation
    part) and held out; the starting models are fine-tuned on the fit part (their weights are
    the prior), and whichever of the starting and the fine-tuned models is more accurate on
