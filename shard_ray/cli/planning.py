@@ -233,7 +233,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if flags.measure:
         plan = measured_best(plan, tables, topology, flags, settings_from(MeasureRaceArgs, args).config(), constraints)
     save_plan(flags.out, plan)
-    print(f"wrote {flags.out}: {plan.algorithm}'s plan" + (", the measured best" if flags.measure else ""))
+    if plan.measured is None:  # not measured, or every candidate placed the tables alike
+        chosen = ""
+    elif plan.measured.separated:
+        chosen = ", measured faster than every other"
+    else:
+        chosen = ", within noise of the measured fastest and first among those in the models' ranking"
+    print(f"wrote {flags.out}: {plan.algorithm}'s plan{chosen}")
 
 
 def explained(
