@@ -1,4 +1,5 @@
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -10,6 +11,21 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # Models a developer calibrated on this machine (~/.shard-ray/models) would change what `plan`
 # picks in every test: the suite plans from the shipped models unless a test says otherwise.
 os.environ["SHARD_RAY_HOME"] = tempfile.mkdtemp(prefix="shard-ray-home-")
+
+
+@pytest.fixture(autouse=True)
+def mlflow_uri_left_as_found():
+    """`mlflow.set_tracking_uri` also exports MLFLOW_TRACKING_URI, so a test that reads a store in-process
+    would send every later test's `shard-ray` subprocess to that store: a user's shell has no such
+    variable, and the suite keeps it that way."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if "mlflow" in sys.modules:
+        sys.modules["mlflow"].set_tracking_uri(before)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 @pytest.fixture

@@ -184,11 +184,11 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, two_plan
     ratio = comparison.ratios["twin"]
     assert ratio.low < 1 < ratio.high
     assert set(written["costs"]) == {"a", "twin"} and (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
-    import mlflow
+    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["shard-ray"])
-    assert list(runs["tags.kind"]) == ["comparison"] and runs.iloc[0]["params.separated"] == "False"
+    store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = store.search_runs([store.get_experiment_by_name("shard-ray").experiment_id])
+    assert [run.data.tags["kind"] for run in runs] == ["comparison"] and runs[0].data.params["separated"] == "False"
 
 
 @pytest.mark.parametrize(
