@@ -499,6 +499,7 @@ class DeviceGang:
         self._driver_cores: list[int] | None = None  # the driver's cores before the gang kept it off its members'
         self._pinned: list[tuple[list[int], list[int]]] = []  # per node: its members' ranks, their cores
         self._rounds = 0
+        self._settled = False  # whether the members have run a plan (see `run_steps`)
         self._group: PlacementGroup | None = None
         self._start()
         for warning in self.warnings:
@@ -591,6 +592,7 @@ class DeviceGang:
         for member in self.members:
             ray.kill(member)
         self.members = []
+        self._settled = False
         if self._group is not None:
             remove_placement_group(self._group)
             self._group = None
@@ -620,6 +622,12 @@ class DeviceGang:
             try:
                 if not self.members:
                     self._start()
+                if not self._settled:
+                    # A new gang's first plan is slow in every part, whatever its warm-up steps (its
+                    # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
+                    # it runs once untimed.
+                    self._gather([m.run_plan.remote(parts, tables, config, self.take_turns) for m in self.members])
+                    self._settled = True
                 refs = [m.run_plan.remote(parts, tables, config, self.take_turns) for m in self.members]
                 return sorted(self._gather(refs), key=lambda r: r["device"])
             except ray.exceptions.RayActorError as err:
