@@ -5,10 +5,11 @@
 On the 2-device gang, with the public-model table files (Criteo Kaggle and MLPerf DLRM-DCNv2
 cardinalities) planned by the heuristics and cost_search:
 
-- Repeatability: every distinct plan of 2 ms or more measured as `evaluate` measures it (rounds on
-  fresh batches, the median round), in two passes run one after the other; per plan |pass 2 /
-  pass 1 - 1|. Each round keeps every timed step, so the per-round estimators (median, mean,
-  20%-trimmed mean, minimum of the steps) are compared on the same data.
+- Repeatability: every distinct plan of 2 ms or more measured by two separate `shard-ray evaluate`
+  runs, as a user types it (a fresh Ray and gang each; every plan once, then every plan again);
+  per plan |run 2 / run 1 - 1|, and whether run 1's interval holds run 2's median. Then, on one
+  gang, two passes of every plan keeping every timed step, so that the estimators of a part's
+  steps (median, mean, 20%-trimmed mean, minimum) are compared on the same data.
 - A/A: real comparisons (`compare_plans`, default settings) of a plan against a copy of itself,
   measured as a second plan; then seeded races replayed from their recorded rounds.
 - Ranks: each of those plans against its twin with the devices swapped, which would cost the same
@@ -28,6 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +42,7 @@ from shard_ray.comparison import CompareConfig, Race, compare_plans, distinct, t
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.cost import RoundsSummary
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, save_plan
 from shard_ray.plan.topology import GB, Topology
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
@@ -88,6 +92,27 @@ def measure_pass(gang: DeviceGang, plans: list[tuple[str, Plan, list]], rounds: 
             per_round.append(gang.run_steps(plan, tables, MeasureConfig(batch_size=batch, seed=r)))
         out[name] = {e: [round_cost(devices, e) for devices in per_round] for e in [*ESTIMATORS, "min_step"]}
     return out
+
+
+def evaluate_runs(plans: list[tuple[str, Plan, list]], runs: int) -> dict[str, list[dict]]:
+    """Every plan measured by `runs` separate `shard-ray evaluate` runs (every plan once, then again): per plan
+    each run's median round and interval."""
+    shard_ray = str(Path(sys.executable).with_name("shard-ray"))
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in plans}
+    with tempfile.TemporaryDirectory() as folder:
+        for run in range(runs):
+            for name, plan, _ in plans:
+                task = name.split("/")[0]
+                plan_file, out = Path(folder, "plan.json"), Path(folder, "cost.json")
+                save_plan(plan_file, plan)
+                subprocess.run(
+                    [shard_ray, "evaluate", "--tables", TABLE_FILES[task][0], "--plan", str(plan_file),
+                     "--out", str(out), "--no-mlflow"],
+                    check=True, capture_output=True,
+                )  # fmt: skip
+                results[name].append(json.loads(out.read_text())["rounds"])
+                print(f"evaluate run {run + 1} {name}: {results[name][-1]['median_ms']:.2f} ms", flush=True)
+    return results
 
 
 def replay(rounds: list[tuple[float, float]], slower: float, races: int, config: CompareConfig, seed: int) -> dict:
@@ -191,7 +216,6 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     began = time.monotonic()
-    print(connect_ray(min_cpus=2))
     plans: list[tuple[str, Plan, list]] = []
     topologies = {}
     for task, (path, memory_gb) in TABLE_FILES.items():
@@ -201,6 +225,22 @@ def main() -> None:
         made = [(a, place(a, tables, topology, seed=0)) for a in ALGORITHMS]
         plans += [(f"{task}/{name}", plan, tables) for name, plan in distinct(made)]
     report: dict = {"plans": [name for name, _, _ in plans]}
+
+    # Separate evaluate runs, before this process starts a Ray of its own.
+    evaluated = evaluate_runs(plans, runs=2)
+    deviations = [abs(b["median_ms"] / a["median_ms"] - 1) for a, b in evaluated.values() if a["median_ms"] >= 2.0]
+    held = [a["ci_low_ms"] <= b["median_ms"] <= a["ci_high_ms"] for a, b in evaluated.values()]
+    report["evaluate_runs"] = {
+        "plans": len(deviations),
+        "median_abs_deviation": statistics.median(deviations),
+        "max_abs_deviation": max(deviations),
+        "interval_holds_next_median": {"checks": len(held), "covered": sum(held)},
+        "runs": evaluated,
+    }
+    print("separate evaluate runs:", {k: v for k, v in report["evaluate_runs"].items() if k != "runs"})
+    write_json(Path(args.out) / "noise.json", report)
+
+    print(connect_ray(min_cpus=2))
     with DeviceGang(2) as gang:
         report["hardware"] = gang.hardware
         print(f"{len(plans)} distinct plans on {gang.hardware}; pass 1")
