@@ -59,17 +59,16 @@ class ProfilingActor:
 
 # Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises
 # allocations of 2 MB and more when THP_MEM_ALLOC_ENABLE is set; the kernel's default mode is madvise).
-# With 4 KB pages a table's random lookups miss the TLB, and how often depends on where a fresh
-# allocation lands: on the AMD EPYC the same plan measured in separate `evaluate` runs moved by 6.8%
-# (median over 4 MLPerf plans, 3 runs each) with 4 KB pages and by 4.1% with huge pages, and a run's
-# rounds by 10-20% against 1-2%. GPU memory is not affected.
-MEASURING_ENV = {"env_vars": {"THP_MEM_ALLOC_ENABLE": "1"}}
-
-
+# With 4 KB pages a table's random lookups miss the TLB, and how often depends on where each fresh
+# allocation lands: on the AMD EPYC a run's rounds of one plan spread by 22% with 4 KB pages and by
+# 11% with huge pages (median over 4 MLPerf plans, 3 `evaluate` runs each; experiments/huge_pages.py).
+# Whole runs still differ by more than that. GPU memory is not affected. THP_MEM_ALLOC_ENABLE=0 in
+# the driver's environment turns it off.
 def resources_per_device(use_gpus: bool) -> dict[str, Any]:
     """Ray options of an actor that holds one device: its resources and the measuring environment."""
     resources = {"num_cpus": 1, "num_gpus": 1} if use_gpus else {"num_cpus": 1}
-    return {**resources, "runtime_env": MEASURING_ENV}
+    huge_pages = os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
+    return {**resources, "runtime_env": {"env_vars": {"THP_MEM_ALLOC_ENABLE": huge_pages}}}
 
 
 def cluster_has_gpus() -> bool:
