@@ -1,8 +1,10 @@
 """End to end on Ray: profiling actors, the measurement store, and a 2-device gang with real all-to-all."""
 
 import json
+from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from shard_ray.cli import main
@@ -10,7 +12,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
 from shard_ray.plan.plan import PlanSettings, TablePiece, sharding_type_of
-from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.actors import ProfilingPool, resources_per_device
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, initial_weights, sample_ranges, shard_key
 from shard_ray.profiling.gang import DeviceGang, upstream_gradient
 from shard_ray.profiling.sampling import draw_shards
@@ -78,6 +80,28 @@ def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
             gang.evaluate(Plan(num_devices=3, algorithm="x", shards=plan.shards), small_tables, CONFIG)
     finally:
         gang.shutdown()
+
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP_MODE_SET = THP_MODE.read_text().split("[")[1].split("]")[0] if THP_MODE.exists() else "never"
+
+
+@ray.remote
+def huge_page_kb_of_a_table() -> int:
+    """A 64 MB table allocated in this process; the kB of its memory on transparent huge pages."""
+    table = torch.ones(16 * 2**20)
+    rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    del table
+    return next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages"))
+
+
+@pytest.mark.skipif(THP_MODE_SET == "never", reason="the kernel has transparent huge pages off")
+def test_a_devices_tables_are_on_huge_pages_unless_turned_off(ray_session, monkeypatch):
+    measuring = resources_per_device(use_gpus=False)
+    assert ray.get(huge_page_kb_of_a_table.options(**measuring).remote()) >= 32 * 1024
+    if THP_MODE_SET == "madvise":  # with "always" every process gets them
+        monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+        assert ray.get(huge_page_kb_of_a_table.options(**resources_per_device(use_gpus=False)).remote()) == 0
 
 
 def test_sample_ranges_cover_the_batch():
