@@ -228,6 +228,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         print(f"warning: {line}", file=sys.stderr)
     if cost.rounds is not None:
         print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")
+        print(
+            "the interval is this run's: separate runs can differ by more (on a shared or virtual machine, by"
+            " several percent); compare plans side by side in one run with `shard-ray compare`"
+        )
     if tracking_uri is not None:
         task = flags.task or Path(flags.tables).stem
         run_id = log_plan_evaluation(plan, cost, topology, task, tables, tracking_uri, experiment)
