@@ -43,7 +43,7 @@ def main() -> None:
     pricer = Pricer(CostModels.load(default_cost_model_path()), topology)
     join = search.joined_columns
     search.joined_columns = lambda _pricer, candidate: candidate  # the search as it ran before
-    separate, _ = search.beam_search(pricer, tables, search.SearchConfig(time_budget_s=None))
+    separate, _ = search.beam_search(pricer, tables, search.SearchConfig(max_evaluations=None))
     search.joined_columns = join
     candidates = {"slices as searched": separate, "joined": join(pricer, separate)}
     for name, c in candidates.items():

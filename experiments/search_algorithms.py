@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--min-tables", type=int, default=20)
     parser.add_argument("--max-tables", type=int, default=40)
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--time-budget", type=float, default=2.0)
+    parser.add_argument("--max-evaluations", type=int, default=300_000)
     parser.add_argument("--out", default="experiments/results/search_algorithms", help="the report")
     parser.add_argument("--work", default="shard-ray-out/search_algorithms", help="the sweeps' folders")
     args = parser.parse_args()
@@ -76,8 +76,8 @@ def main() -> int:
                     str(args.max_tables),
                     "--devices",
                     str(args.devices),
-                    "--time-budget",
-                    str(args.time_budget),
+                    "--max-evaluations",
+                    str(args.max_evaluations),
                     "--measure-top",
                     "0",
                     "--no-mlflow",
@@ -90,7 +90,7 @@ def main() -> int:
     checkpoints = sorted({n for n in (4, 8, 16, 32, args.samples) if n <= args.samples})
     lines = [
         f"Best simulated cost over the lower bound after n trials; {args.tasks} validation tasks of {args.min_tables}-{args.max_tables} "
-        f"tables on {args.devices} devices, {args.time_budget} s budget. The seed draws both the validation tasks and the search's "
+        f"tables on {args.devices} devices, a budget of {args.max_evaluations:,} model evaluations. The seed draws both the validation tasks and the search's "
         "choices, so compare rows of one seed.",
         "",
         "| seed | search | " + " | ".join(f"n={n}" for n in checkpoints) + " | shipped cost_search settings |",

@@ -79,7 +79,9 @@ def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}")
+        retired = getattr(cls, "RETIRED", {})  # settings of earlier releases: what replaced them
+        why = "".join(f" ({name}: {retired[name]})" for name in unknown if name in retired)
+        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}{why}")
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
         if typing.get_origin(hints[name]) is tuple and not isinstance(value, (list, tuple)):

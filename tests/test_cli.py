@@ -364,3 +364,68 @@ def test_calibrate_over_more_hosts_than_nodes_is_refused_before_measuring(tmp_pa
     out = tmp_path / "models.pt"
     argv = ["calibrate", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--out", str(out)]
     assert_refused(capsys, argv, "a gang of 2 hosts with 2 devices each needs 2 Ray nodes", out)
+
+
+SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
+
+
+def plan_with(tables: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    command = [SHARD_RAY, "plan", "--tables", str(tables), "--out", str(out), *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_a_search_cut_by_its_budget_plans_alike_beside_a_busy_process(tmp_path):
+    """Budgets count model evaluations: the same plan on an idle machine and beside processes
+    keeping every core busy, where a wall-clock budget reached less (and planned otherwise)."""
+    import os
+
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+    from shard_ray.workload.tables import save_tables
+
+    tables = tmp_path / "pool.json"
+    save_tables(tables, generate_pool(PoolConfig(num_tables=120, seed=3)))
+    flags = (
+        "--devices",
+        "8",
+        "--memory-gb",
+        "12",
+        "--algo",
+        "cost_search",
+        "--seed",
+        "4",
+        "--set",
+        "max_evaluations=60000",
+    )
+    idle = plan_with(tables, tmp_path / "idle.json", *flags)
+    assert idle.returncode == 0, idle.stderr[-2000:]
+    assert "the budget of 60,000 model evaluations ended the search" in idle.stderr  # the budget binds
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        busy = plan_with(tables, tmp_path / "busy.json", *flags)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    assert busy.returncode == 0, busy.stderr[-2000:]
+    first, second = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("idle", "busy"))
+    assert first.pop("placement_seconds") > 0 and second.pop("placement_seconds") > 0
+    assert first == second
+
+
+def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(tmp_path):
+    """NeuroShard runs as published with no budget; a budget or time limit a user sets ends it with a
+    warning, the plan written and no traceback."""
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+    from shard_ray.workload.tables import save_tables
+
+    tables = tmp_path / "pool.json"
+    save_tables(tables, generate_pool(PoolConfig(num_tables=1500, seed=1)))
+    for setting, told in (
+        ("max_evaluations=5000", "the budget of 5,000 model evaluations ended the search"),
+        ("time_limit_s=0.05", "the 0.05 s time limit ended the search"),
+    ):
+        out = tmp_path / "plan.json"
+        done = plan_with(tables, out, "--devices", "128", "--memory-gb", "24", "--algo", "neuroshard", "--set", setting)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert told in done.stderr
+        assert json.loads(out.read_text())["algorithm"] == "neuroshard"
+        out.unlink()

@@ -251,7 +251,7 @@ SMALL_CONFIGS = {
         "tasks": 1,
         "min_tables": 4,
         "max_tables": 6,
-        "time_budget": 0.2,
+        "max_evaluations": 15000,
         "measure_top": 1,
         "measure_tasks": 1,
         "repeats": 2,

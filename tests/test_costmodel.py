@@ -205,7 +205,7 @@ def test_cost_search_is_no_worse_than_neuroshard_under_the_models(pool):
     tables = pool[:20]
     topology = Topology(num_devices=4, memory_bytes=GB)
     # Without a time budget, so that the comparison does not depend on how busy the machine is.
-    ours = place("cost_search", tables, topology, settings={"time_budget_s": None})
+    ours = place("cost_search", tables, topology, settings={"max_evaluations": None})
     theirs = place("neuroshard", tables, topology)
     assert ours.estimate.predicted.cost_ms <= theirs.estimate.predicted.cost_ms + 1e-6
 

@@ -193,7 +193,7 @@ def test_a_table_larger_than_a_device_is_split_to_fit_by_every_algorithm(small_t
     tables = [*small_tables, big]
     topology = Topology(num_devices=4, memory_bytes=int(0.5 * GB))
     for name in ["size_greedy", "lookup_greedy", "random", "round_robin", "neuroshard", "cost_search", "dreamshard"]:
-        plan = place(name, tables, topology, settings={"time_budget_s": 1.0} if name == "cost_search" else None)
+        plan = place(name, tables, topology, settings={"max_evaluations": 50_000} if name == "cost_search" else None)
         rows = sorted(s.rows for s in plan.shards if s.table == "big")
         assert len(rows) >= 2 and rows[0][0] == 0 and rows[-1][1] == big.rows, name
         assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes, name
@@ -276,13 +276,13 @@ def test_cost_search_chooses_a_sharding_type_per_table():
     topology = Topology(num_devices=4, memory_bytes=8 * GB)
     # Without a time budget, so that what the search reaches does not depend on how busy the machine is.
     every = place(
-        "cost_search", tables, topology, settings={"sharding_types": list(SHARDING_TYPES), "time_budget_s": None}
+        "cost_search", tables, topology, settings={"sharding_types": list(SHARDING_TYPES), "max_evaluations": None}
     )
     limited = place(
         "cost_search",
         tables,
         topology,
-        settings={"sharding_types": ["table_wise", "column_wise"], "time_budget_s": None},
+        settings={"sharding_types": ["table_wise", "column_wise"], "max_evaluations": None},
     )
     of = {
         name: sharding_type_of(t, [s for s in every.shards if s.table == name])
@@ -300,7 +300,9 @@ def test_cost_search_never_leaves_two_column_slices_of_a_table_on_one_device():
     from shard_ray.workload.tables import load_tables
 
     tables = load_tables(Path(__file__).resolve().parent.parent / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
-    plan = place("cost_search", tables, Topology(num_devices=4, memory_bytes=64 * GB), settings={"time_budget_s": None})
+    plan = place(
+        "cost_search", tables, Topology(num_devices=4, memory_bytes=64 * GB), settings={"max_evaluations": None}
+    )
     by_table: dict[str, list[int]] = {}
     for shard in plan.shards:
         by_table.setdefault(shard.table, []).append(shard.device)

@@ -219,15 +219,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         )
     if "search_cut_short" in plan.metadata:
         print(f"warning: {plan.metadata['search_cut_short']}", file=sys.stderr)
-    budget = plan.settings.algorithm.get("time_budget_s") if plan.settings else None
-    if "search_cut_short" not in plan.metadata:
-        reached = ""
-    elif plan.placement_seconds >= 0.99 * budget:
-        reached = ", all of it used"
-    else:  # a phase's share of the budget ended it (the column splits stop at half of it)
-        reached = ", a phase of it cut short"
-    within = f" (time budget {budget} s{reached})"
-    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms" + (within if budget else ""))
+    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
     if flags.measure:
@@ -240,6 +232,17 @@ def cmd_plan(args: argparse.Namespace) -> None:
     else:
         chosen = ", within noise of the measured fastest and first among those in the models' ranking"
     print(f"wrote {flags.out}: {plan.algorithm}'s plan{chosen}")
+
+
+def search_work(plan: Plan) -> str:
+    """How much of its budget a cost-model search used, for the `placed ...` line: work, not seconds,
+    is what decides the plan (`shard_ray.placement.budget`)."""
+    used = plan.metadata.get("search_evaluations")
+    if used is None:
+        return ""
+    budget = plan.settings.algorithm.get("max_evaluations") if plan.settings else None
+    limit = f" of its {budget:,}" if budget is not None else " (no budget)"
+    return f", {used:,} model evaluations{limit}"
 
 
 def explained(

@@ -11,7 +11,6 @@ the simulated plan cost likes best), which is how `cost_search` chooses a table'
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
+from shard_ray.placement.budget import PhaseEnd
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import (
     SHARDING_TYPES,
@@ -100,18 +100,18 @@ def choose_types(
     placed: Candidate,
     tables: list[TableSpec],
     allowed: Sequence[str],
-    deadline: float,
+    until: PhaseEnd,
     constraints: Constraints | None = None,
 ) -> Candidate:
     """Tables in turn, costliest first, each switched to the sharding type that lowers the simulated
-    plan cost most, until a pass changes nothing or the deadline passes."""
+    plan cost most, until a pass changes nothing or the phase's budget is spent."""
     order = np.argsort(-single_costs(pricer, table_wise(tables)), kind="stable")
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved:
         improved = False
         for i in order:
-            if time.perf_counter() > deadline:
-                break
+            if until.reached():
+                return placed
             if constraints is not None and constraints.group_of(tables[i].name) is not None:
                 continue  # a group's tables stay together, table-wise
             options = [c for c in option_costs(pricer, placed, tables[i], constraints, allowed).values() if c]
@@ -158,7 +158,7 @@ def format_explanation(cost_ms: float, choices: list[TableChoice]) -> str:
     lines = [
         f"why each table is sharded as it is: the predicted plan cost ({cost_ms:.3f} ms as planned) with that "
         "table switched to its best other sharding type, every other table kept (below 0%: switching would "
-        "have been cheaper under the models, as for plans made without them or cut short by a time budget)",
+        "have been cheaper under the models, as for plans made without them or cut short by a budget)",
         f"{'table':<24} {'type':<14} {'devices':<16} {'best other':<14} {'plan ms':>9} {'vs chosen':>10}",
     ]
     for choice in choices:

@@ -8,16 +8,16 @@ costliest tables reruns the greedy for each candidate split and keeps the best `
 
 `cost_search` (ours) adds what the published search leaves out: splits into halves and
 quarters, and local search (moves and swaps off the slowest device, judged by the simulated
-cost of the whole plan) on the final beam's states, all within an anytime time budget.
+cost of the whole plan) on the final beam's states, all within a budget of model evaluations
+(`shard_ray.placement.budget`), so that a plan is the same on an idle or a busy machine.
 
 Pricing is incremental (`shard_ray.costmodel.pricing`).
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,15 +27,19 @@ from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.placement.budget import PhaseEnd, SearchBudget, Spending
 from shard_ray.placement.options import choose_types
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, pieces_to_place, row_wise, table_options
 from shard_ray.plan.topology import MemoryLedger, Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
+# cost_search's budget: about what the earlier 3 s wall-clock budget priced on an idle core.
+MAX_EVALUATIONS = 300_000
+
 
 @dataclass(frozen=True)
-class SearchConfig:
+class SearchConfig(SearchBudget):
     """cost_search's settings (its defaults are cost_search's); NeuroShard's are `NEUROSHARD`."""
 
     scales: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
@@ -53,9 +57,10 @@ class SearchConfig:
     # Anytime search: the greedy start prices by single costs if it would take over 30% of the budget,
     # beam expansion stops at 50%, local search of the beam at 70%, the sharding types' choice (and a
     # last local search) at 100%; a phase the settings leave out gives its share to the one before.
-    time_budget_s: float | None = 3.0
+    max_evaluations: int | None = MAX_EVALUATIONS
 
     def check(self) -> None:
+        super().check()
         if not self.scales or any(not s > 0 for s in self.scales):
             raise ShardRayError(f"scales must be positive numbers, got {list(self.scales)}")
         if self.beam_width < 1 or self.branching < 1:
@@ -70,28 +75,25 @@ class SearchConfig:
                 f"sharding_types must include table_wise and be among {', '.join(SHARDING_TYPES)}; "
                 f"got {list(self.sharding_types)}"
             )
-        if self.time_budget_s is not None and not self.time_budget_s > 0:
-            raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
 
 
-# As published: table- and column-wise only. The budget, which the paper's search does not have,
-# only bites on thousands of tables.
+# As published: table- and column-wise only, and no budget (a user may set one: `SearchBudget`).
 NEUROSHARD = SearchConfig(
-    split_ways=(2,), local_search_steps=0, sharding_types=("table_wise", "column_wise"), time_budget_s=10.0
+    split_ways=(2,), local_search_steps=0, sharding_types=("table_wise", "column_wise"), max_evaluations=None
 )
 COST_SEARCH = SearchConfig()
-# Searches given this long or longer show a progress bar.
+# Searches still running after this many seconds show a progress bar.
 LONG_SEARCH_S = 10.0
 
 
 def greedy_grid(
-    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], deadline: float = float("inf")
+    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], until: PhaseEnd | None = None
 ) -> Candidate:
     """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
 
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
     way, the passes are rerun largest memory first, as a memory-first packer would. Passes that
-    would run past `deadline` (projected from their first items) give way to the same passes
+    would run past `until` (projected from their first items) give way to the same passes
     pricing a device as the sum of its tables' single costs: no model call per table, so the
     start of a search over thousands of tables and devices stays within its budget.
     """
@@ -102,8 +104,8 @@ def greedy_grid(
 
     def passes(order: np.ndarray) -> tuple[Candidate | None, int | None]:
         try:
-            return _greedy_passes(pricer, items, scales, order, deadline=deadline)
-        except _OutOfTime:
+            return _greedy_passes(pricer, items, scales, order, until=until)
+        except _OutOfBudget:
             return _greedy_passes(pricer, items, scales, order, additive=single)
 
     found, _ = passes(np.lexsort((-single, *first)))
@@ -118,8 +120,8 @@ def greedy_grid(
     return found
 
 
-class _OutOfTime(Exception):
-    """Greedy passes projected to end past their deadline."""
+class _OutOfBudget(Exception):
+    """Greedy passes projected to end past their phase of the budget."""
 
 
 def _greedy_passes(
@@ -127,7 +129,7 @@ def _greedy_passes(
     items: list[TablePiece],
     scales: tuple[float, ...],
     order: np.ndarray,
-    deadline: float = float("inf"),
+    until: PhaseEnd | None = None,
     additive: np.ndarray | None = None,
 ) -> tuple[Candidate | None, int | None]:
     """One greedy pass per scale, side by side: one model call per table prices it on every pass.
@@ -135,8 +137,8 @@ def _greedy_passes(
     None and the first item that fit nowhere when no pass finds room for every item. A constraints
     group goes where its first table goes, which needs room for the whole group. With `additive`
     (each item's single cost) a device is priced as the sum of its items' single costs instead.
-    Raises _OutOfTime when, after its first items, the passes project to end past `deadline`."""
-    began = time.perf_counter()
+    Raises _OutOfBudget when, after its first items, the passes project to end past `until`."""
+    began = until.mark() if until is not None else None
     probe = min(len(order), 32)  # items priced before projecting the passes' end
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
@@ -158,8 +160,8 @@ def _greedy_passes(
     group_need = np.bincount(sizes.group[sizes.group >= 0], weights=need[sizes.group >= 0], minlength=groups)
     stuck = None
     for n, i in enumerate(order):
-        if n == probe and additive is None and began + (time.perf_counter() - began) * len(order) / n > deadline:
-            raise _OutOfTime
+        if n == probe and began is not None and additive is None and until.would_pass(began, n / len(order)):
+            raise _OutOfBudget
         fits = ledger.room(need[i]) & sizes.allowed[i]
         g = sizes.group[i]
         if g >= 0:
@@ -209,7 +211,7 @@ def local_search(
     candidate: Candidate,
     steps: int,
     targets: int = 8,
-    deadline: float = float("inf"),
+    until: PhaseEnd | None = None,
     items_per_device: int = 32,
 ) -> Candidate:
     """Moves and swaps of items between the slowest device and the `targets` fastest ones.
@@ -222,7 +224,7 @@ def local_search(
     """
     topology = pricer.topology
     d = topology.num_devices
-    if d == 1 or time.perf_counter() > deadline:
+    if d == 1 or (until is not None and until.reached()):
         return candidate
     items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
     enc = pricer.encodings(items)
@@ -232,7 +234,7 @@ def local_search(
     by_cost = np.argsort(single_costs(pricer, items), kind="stable")
     total_width = widths.sum()
     for _ in range(steps):
-        if time.perf_counter() > deadline:
+        if until is not None and until.reached():
             break
         costs = pricer.device_costs(enc, sizes, assign)
         order = np.argsort(-costs)
@@ -312,27 +314,25 @@ def beam_search(
     config: SearchConfig,
     constraints: Constraints | None = None,
     name: str = "cost_search",
-) -> tuple[Candidate, bool]:
+) -> tuple[Candidate, str | None]:
     """Column-wise split search: each level splits one of the costliest items of each beam state.
 
     With local search configured, it refines the final beam's states and keeps the best; then each
     table's sharding type is chosen among `config.sharding_types` on the simulated cost. Returns the
-    best plan and whether the time budget cut the search short (a busy machine reaches less).
+    best plan and why the budget cut the search short (None when it finished).
     """
-    began = time.perf_counter()
-    budget = float("inf") if config.time_budget_s is None else config.time_budget_s
+    spending = Spending(pricer, config)
     choosing_types = bool(set(config.sharding_types) - {"table_wise", "column_wise"})
     # Phases with nothing to do leave their share to the beam.
     expand_share = 0.5 if config.local_search_steps or choosing_types else 1.0
-    start_until, expand_until = began + 0.3 * budget, began + expand_share * budget
-    refine_until, deadline = began + (0.7 if choosing_types else 1.0) * budget, began + budget
+    start_until, expand_until = spending.until(0.3), spending.until(expand_share)
+    refine_until, last = spending.until(0.7 if choosing_types else 1.0), spending.until(1.0)
     pieces = pieces_to_place(tables, pricer.topology, constraints)
     start = packed_start(pricer, pieces, config, constraints, start_until)
-    progress = _Progress(budget, began, name)
+    progress = _Progress(spending, name)
     progress.show("greedy start", start.cost)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = [start], [start], {_signature(start.items)}
-    cut_short = False
     for _ in range(config.beam_depth):
         splits = []
         for state in beam:
@@ -348,8 +348,7 @@ def beam_search(
                         splits.append(items)
         children = []
         for items in splits:
-            if time.perf_counter() > expand_until:
-                cut_short = True
+            if expand_until.reached():
                 break
             children.append(greedy_grid(pricer, items, config.scales, expand_until))
             progress.show("column splits", min(c.cost for c in everything + children))
@@ -359,18 +358,18 @@ def beam_search(
         everything += beam
     finalists = sorted(everything, key=lambda c: c.cost)[: config.beam_width]
     if config.local_search_steps:
-        finalists = [local_search(pricer, c, config.local_search_steps, deadline=refine_until) for c in finalists]
+        finalists = [local_search(pricer, c, config.local_search_steps, until=refine_until) for c in finalists]
     best = min(finalists, key=lambda c: c.cost)
     if config.local_search_steps:
         progress.show("local search", best.cost)
     if choosing_types:
-        typed = choose_types(pricer, best, tables, config.sharding_types, deadline, constraints)
+        typed = choose_types(pricer, best, tables, config.sharding_types, last, constraints)
         if typed is not best and config.local_search_steps:
-            typed = local_search(pricer, typed, config.local_search_steps, deadline=deadline)
+            typed = local_search(pricer, typed, config.local_search_steps, until=last)
         best = typed
         progress.show("sharding types", best.cost)
     progress.close()
-    return joined_columns(pricer, best), cut_short or time.perf_counter() >= deadline
+    return joined_columns(pricer, best), spending.cut_short()
 
 
 def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
@@ -409,23 +408,21 @@ def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
 
 
 class _Progress:
-    """A bar over the time budget, with the phase and the best simulated cost so far, for searches given
-    `LONG_SEARCH_S` or more (shorter ones end before a bar would tell anything)."""
+    """A bar over the budget's evaluations, with the phase and the best simulated cost so far, shown
+    once a search has run `LONG_SEARCH_S` (shorter ones end before a bar would tell anything)."""
 
-    def __init__(self, budget: float, began: float, name: str) -> None:
-        self.began = began
+    def __init__(self, spending: Spending, name: str) -> None:
+        self.spending = spending
         self.bar = tqdm(
-            total=round(budget) if budget < float("inf") else None,
+            total=spending.budget.max_evaluations,
             desc=name,
-            unit="s",
-            disable=budget < LONG_SEARCH_S,
-            bar_format="{desc}: {bar} {n:.0f}/{total_fmt} s {postfix}",
+            unit=" evaluations",
+            delay=LONG_SEARCH_S,
+            bar_format="{desc}: {bar} {n:,}/{total_fmt} model evaluations {postfix}",
         )
 
     def show(self, phase: str, cost_ms: float) -> None:
-        if self.bar.disable:
-            return
-        self.bar.n = min(time.perf_counter() - self.began, self.bar.total or float("inf"))
+        self.bar.n = min(self.spending.used(), self.bar.total or float("inf"))
         self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms")
 
     def close(self) -> None:
@@ -437,15 +434,15 @@ def packed_start(
     items: list[TablePiece],
     config: SearchConfig,
     constraints: Constraints | None,
-    deadline: float = float("inf"),
+    until: PhaseEnd | None = None,
 ) -> Candidate:
     """The greedy grid's plan (priced by single costs should the model-priced passes not end by
-    `deadline`); when the whole tables do not pack, the largest goes row-wise (split to fit the
+    `until`); when the whole tables do not pack, the largest goes row-wise (split to fit the
     packing, as TorchRec would), then the next, while the search and constraints allow it."""
     topology = pricer.topology
     while True:
         try:
-            return greedy_grid(pricer, items, config.scales, deadline)
+            return greedy_grid(pricer, items, config.scales, until)
         except InfeasibleError:
             if topology.num_devices == 1 or "row_wise" not in config.sharding_types:
                 raise
@@ -471,13 +468,12 @@ def search_placer(
     name: str, config: SearchConfig, models: CostModels, constraints: Constraints | None = None
 ) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        best, cut_short = beam_search(Pricer(models, topology), tables, config, constraints, name)
+        pricer = Pricer(models, topology)
+        best, cut_short = beam_search(pricer, tables, config, constraints, name)
         plan = best.plan(topology.num_devices, name)
+        plan.metadata["search_evaluations"] = pricer.evaluations
         if cut_short:
-            plan.metadata["search_cut_short"] = (
-                f"the {config.time_budget_s} s time budget ended the search before it finished; a busy machine "
-                "reaches less within it, and `--set time_budget_s=...` gives it more"
-            )
+            plan.metadata["search_cut_short"] = cut_short
         return plan
 
     return placer
@@ -487,10 +483,13 @@ def search_placer(
     "neuroshard",
     "search",
     "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings",
+    settings=SearchBudget,
     takes_constraints=True,
 )
 def neuroshard(context: PlacementContext) -> Placer:
-    return search_placer("neuroshard", NEUROSHARD, context.models, context.constraints)
+    budget = context.settings
+    config = replace(NEUROSHARD, max_evaluations=budget.max_evaluations, time_limit_s=budget.time_limit_s)
+    return search_placer("neuroshard", config, context.models, context.constraints)
 
 
 @register(

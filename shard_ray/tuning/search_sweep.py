@@ -2,7 +2,7 @@
 
 Space: the dim-sum cap grid (its largest scale and how many steps from 1.0), beam width and
 depth, branching, the column splits tried, and the local-search budget in steps, all inside
-the anytime time budget the user sets (which is not swept: more time never hurts).
+the budget of model evaluations the user sets (which is not swept: more never hurts).
 Objective: over validation tasks drawn from the pool, the mean of each plan's simulated cost
 over the task's lower bound (column-wise, so 1.0 is unbeatable). Simulation ranks, the
 hardware decides: the `measure_top` best configurations and the shipped `cost_search`
@@ -23,7 +23,7 @@ from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
-from shard_ray.placement.search import COST_SEARCH, SearchConfig, search_placer
+from shard_ray.placement.search import COST_SEARCH, MAX_EVALUATIONS, SearchConfig, search_placer
 from shard_ray.plan.topology import Topology
 from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
@@ -41,7 +41,7 @@ class SearchSweepConfig:
     devices: int = setting(2, "devices of the tasks and the measuring gang", min=1)
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
     batch_size: int = setting(1024, "global batch size", min=1)
-    time_budget_s: float = setting(3.0, "anytime budget of each plan, seconds", flag="--time-budget", min=1e-3)
+    max_evaluations: int = setting(MAX_EVALUATIONS, "model evaluations each plan's search may spend", min=1)
     measure_top: int = setting(2, "best simulated settings measured on the gang; 0: none", min=0)
     measure_tasks: int = setting(3, "validation tasks measured", min=1)
     repeats: int = setting(5, "timed steps per measured plan", min=1)
@@ -57,8 +57,8 @@ class SearchSweepConfig:
             raise ShardRayError(f"measure_top must be 0 or more, got {self.measure_top}")
         if not self.memory_headroom >= 1.0:
             raise ShardRayError(f"memory_headroom must be at least 1, got {self.memory_headroom}")
-        if not self.time_budget_s > 0:
-            raise ShardRayError(f"time_budget_s must be positive, got {self.time_budget_s}")
+        if self.max_evaluations < 1:
+            raise ShardRayError(f"max_evaluations must be at least 1, got {self.max_evaluations}")
 
 
 def search_space() -> dict[str, Any]:
@@ -75,7 +75,7 @@ def search_space() -> dict[str, Any]:
     }
 
 
-def search_config_from(trial: dict[str, Any], time_budget_s: float) -> SearchConfig:
+def search_config_from(trial: dict[str, Any], max_evaluations: int) -> SearchConfig:
     steps, top = int(trial["scale_steps"]), float(trial["scale_max"])
     scales = tuple(round(1.0 + (top - 1.0) * k / (steps - 1), 3) for k in range(steps)) if steps > 1 else (1.0,)
     values = {
@@ -85,7 +85,7 @@ def search_config_from(trial: dict[str, Any], time_budget_s: float) -> SearchCon
         "branching": int(trial["branching"]),
         "split_ways": SPLITS[trial["split_ways"]],
         "local_search_steps": int(trial["local_search_steps"]),
-        "time_budget_s": time_budget_s,
+        "max_evaluations": max_evaluations,
     }
     return dataclass_from(SearchConfig, values, "search trial")
 
@@ -124,7 +124,7 @@ def search_trial(trial: dict[str, Any], tasks: list[Task], models_bytes: bytes, 
     from ray import tune
 
     ratio, seconds = simulated_score(
-        search_config_from(trial, settings.time_budget_s), tasks, CostModels.from_bytes(models_bytes)
+        search_config_from(trial, settings.max_evaluations), tasks, CostModels.from_bytes(models_bytes)
     )
     tune.report({METRIC: ratio, "placement_seconds": seconds})
 
@@ -199,13 +199,13 @@ def tune_search(
         {"hardware": models.hardware},
     )
     finished = ranked_trials(results, METRIC, out_dir)
-    shipped = replace(COST_SEARCH, time_budget_s=settings.time_budget_s)
+    shipped = replace(COST_SEARCH, max_evaluations=settings.max_evaluations)
     shipped_ratio, _ = simulated_score(shipped, tasks, models)
     print(f"simulated cost over the lower bound: shipped cost_search settings {shipped_ratio:.4f}")
     for r in finished[:5]:
         print(f"  {r.metrics['trial_id']}: {r.metrics[METRIC]:.4f}, {r.metrics['placement_seconds']:.2f} s a plan")
     finalists = {
-        r.metrics["trial_id"]: search_config_from(r.config, settings.time_budget_s)
+        r.metrics["trial_id"]: search_config_from(r.config, settings.max_evaluations)
         for r in finished[: settings.measure_top]
     }
     notes: dict[str, Any] = {"hardware": models.hardware, "shipped_simulated_over_bound": shipped_ratio}
@@ -232,7 +232,7 @@ def tune_search(
         )
     else:
         config, value, notes["chosen_by"] = (
-            search_config_from(finished[0].config, settings.time_budget_s),
+            search_config_from(finished[0].config, settings.max_evaluations),
             finished[0].metrics[METRIC],
             "simulated",
         )
