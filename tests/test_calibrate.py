@@ -149,3 +149,23 @@ def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_
     assert (
         best.ci_low_ms <= best.median_ms <= best.ci_high_ms and best.median_ms < selection.candidates["piled"].median_ms
     )
+
+
+def test_calibration_keeps_the_fine_tuned_models_only_when_they_price_held_out_plans_no_worse():
+    """A fit better on validation that ranks the held-out plans worse (Spearman 0.90 -> 0.70, as a
+    calibration once did and kept) keeps the starting models, and says why."""
+    from shard_ray.costmodel.calibrate import choose_models
+
+    def held_out(mape, spearman):
+        return {"plan": {"mape": mape, "spearman": spearman, "n": 5}}
+
+    chosen, why = choose_models(0.30, 0.12, held_out(0.40, 0.90), held_out(0.20, 0.70))
+    assert chosen == "starting" and "ranked the held-out plans worse (Spearman 0.900 -> 0.700)" in why
+    chosen, why = choose_models(0.30, 0.12, held_out(0.40, 0.90), held_out(0.45, 0.95))
+    assert chosen == "starting" and "MAPE 0.400 -> 0.450" in why
+    chosen, why = choose_models(0.30, 0.31, held_out(0.40, 0.90), held_out(0.20, 0.95))
+    assert chosen == "starting" and "no more accurate on validation" in why
+    chosen, why = choose_models(0.30, 0.12, held_out(0.40, 0.90), held_out(0.20, 0.90))
+    assert chosen == "fine-tuned" and "no worse on the held-out plans" in why
+    chosen, why = choose_models(0.30, 0.12, held_out(None, None), held_out(None, None))
+    assert chosen == "fine-tuned" and "no held-out plans" in why

@@ -179,7 +179,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     for part in ("compute", "comm", "plan"):
         print(f"  {describe_accuracy(part + ' before', report['before'][part])}")
         print(f"  {describe_accuracy(part + ' after', report['after'][part])}")
-    print(f"kept the {result.chosen} models (the more accurate on validation measurements)")
+    print(f"kept the {result.chosen} models: {report['reason']}")
     if min(report["shards"]["held_out"], report["shards"]["val"]) < 10:
         print(
             f"note: {report['shards']['val']} validation and {report['shards']['held_out']} held-out shards: "

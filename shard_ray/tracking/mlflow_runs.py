@@ -235,11 +235,12 @@ def log_calibration(
                 "started_from": report["started_from"]["path"],
                 "started_from_hardware": report["started_from"]["hardware"],
                 "chosen": report["chosen"],
+                "reason": report["reason"],
                 "model": model_path,
             }
         )
         metrics = {"seconds": report["seconds"], "measuring_seconds": report["measuring_seconds"]}
-        for when in ("before", "after"):
+        for when in ("before", "after", "fine_tuned"):
             for part, scores in report[when].items():
                 metrics.update({f"{when}_{part}_{k}": v for k, v in scores.items() if v is not None and k != "n"})
         metrics.update({f"shards_{k}": v for k, v in report["shards"].items()})
