@@ -47,8 +47,10 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     first = shard_ray(tmp_path, *calibrate)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout.strip().splitlines()[-1])
-    saved = list((tmp_path / ".shard-ray" / "models").glob("*.pt"))
-    assert len(saved) == 1 and report["hardware"].split(":")[0] in saved[0].name
+    # the task's own models, and (the first calibration on this hardware) the hardware-wide ones
+    saved = sorted((p.name for p in (tmp_path / ".shard-ray" / "models").glob("*.pt")), key=len)
+    assert len(saved) == 2 and all(report["hardware"].split(":")[0] in name for name in saved)
+    assert "-tables-" not in saved[0] and saved[1] == saved[0][: -len(".pt")] + f"-tables-{_task(tmp_path)}.pt"
     assert report["before"]["compute"]["n"] >= 1 and report["after"]["compute"]["mape"] is not None
     assert "0 of " in first.stdout  # nothing was in the store yet
     # the noise floor: the first candidate against a copy of itself on the gang
@@ -72,7 +74,9 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
     plan = load_plan(tmp_path / "plan.json")
-    assert plan.estimate.cost_model == str(saved[0]) and plan.estimate.hardware == report["hardware"]
+    task_models = tmp_path / ".shard-ray" / "models" / saved[1]  # these tables' own models
+    assert plan.estimate.cost_model == str(task_models) and plan.estimate.hardware == report["hardware"]
+    assert f"priced by {task_models}" in planned.stdout and "calibrated on these 4 tables" in planned.stdout
     assert "cost models are of" not in planned.stderr
     # calibrated on these tables: none of them is outside the models' training data any more
     assert not plan.estimate.warnings
@@ -169,3 +173,10 @@ def test_calibration_keeps_the_fine_tuned_models_only_when_they_price_held_out_p
     assert chosen == "fine-tuned" and "no worse on the held-out plans" in why
     chosen, why = choose_models(0.30, 0.12, held_out(None, None), held_out(None, None))
     assert chosen == "fine-tuned" and "no held-out plans" in why
+
+
+def _task(folder) -> str:
+    from shard_ray.costmodel.models import task_digest
+    from shard_ray.workload.tables import load_tables
+
+    return task_digest(load_tables(folder / "tables.json"))

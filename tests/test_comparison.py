@@ -1,6 +1,7 @@
 """The comparison procedure on replayed rounds, and `shard-ray compare` on the gang as a user types it."""
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -198,6 +199,7 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, two_plan
         ("other_tables", "is not a plan of"),
         ("one_plan", "two plan files or more"),
         ("twice", "given twice"),
+        ("copy", "place the tables identically: nothing to compare"),
     ],
 )
 def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, two_plans, case, message):
@@ -207,7 +209,9 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, two_
         "other_tables": [str(plan), "other.json"],
         "one_plan": [str(plan)],
         "twice": [str(plan), str(plan)],
+        "copy": [str(plan), "copy.json"],
     }[case]
+    shutil.copy(plan, tmp_path / "copy.json")
     other = load_plan(plan)
     other = other.model_copy(update={"shards": [s.model_copy(update={"table": f"x_{s.table}"}) for s in other.shards]})
     save_plan(tmp_path / "other.json", other)
@@ -234,4 +238,7 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(tmp_p
     assert cost["priced_parts"] == ["input_dist_ms", "fwd_comm_ms", "bwd_comm_ms"]
     assert cost["priced_by"].endswith(".pt")
     assert "priced by the comm model" in result.stdout and "measured: fwd ms, bwd ms" in result.stdout
+    assert "compute timed on the device gang, all-to-alls priced by the comm model" in result.stdout
+    # the shipped comm model measured 2-device gangs only: its 4-device prices are said to be extrapolated
+    assert "all-to-alls were measured at 2 devices, so its prices at 4 are extrapolated" in result.stderr
     assert all(d["fwd_compute_ms"] > 0 and d["fwd_comm_ms"] > 0 for d in cost["devices"])

@@ -396,3 +396,34 @@ def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped,
     assert models_for(hardware) == models_for(hardware, 4) == default_cost_model_path()
     shipped.save(one_host_file)
     assert models_for(hardware, 4) == models_for(hardware) == one_host_file and models_for(hardware, 2) == hosts_file
+
+
+def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shipped, pool, tmp_path, monkeypatch):
+    """A calibration on one task does not reprice another: the task's own file first, then the
+    hardware-wide one, with a warning when the models were calibrated on other tables."""
+    from shard_ray.costmodel.models import hardware_models_path, models_for, task_digest
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
+    hardware = "cpu:Test CPU:1thread"
+    task, other = pool[:12], pool[12:24]
+    assert task_digest(task) == task_digest(list(reversed(task))) != task_digest(other)
+    info = {**shipped.info, "calibrated": {"tables": [t.name for t in task], "task": task_digest(task), "at": "today"}}
+    calibrated = CostModels(shipped.compute, shipped.comm, hardware, info)
+    task_file, hardware_wide = hardware_models_path(hardware, tables=task), hardware_models_path(hardware)
+    task_file.parent.mkdir(parents=True)
+    calibrated.save(task_file)
+    assert models_for(hardware, tables=task) == task_file
+    assert models_for(hardware, tables=other) == default_cost_model_path()
+    calibrated.save(hardware_wide)
+    assert models_for(hardware, tables=other) == hardware_wide and models_for(hardware, 2, task) == task_file
+    topology = Topology(num_devices=2, memory_bytes=4 * GB)
+    own = place("size_greedy", task, topology, hardware=hardware, cost_model=None)
+    assert own.estimate is None  # a heuristic loads no models
+    own = place("cost_search", task, topology, hardware=hardware)
+    assert own.estimate.cost_model == str(task_file)
+    assert "calibrated on these 12 tables on today" in own.estimate.provenance
+    assert not any("calibrated on other tables" in w for w in own.estimate.warnings)
+    elsewhere = place("cost_search", other, topology, hardware=hardware)
+    assert elsewhere.estimate.cost_model == str(hardware_wide)
+    assert "calibrated on other tables (12: " in elsewhere.estimate.provenance
+    assert any("calibrated on other tables than these" in w for w in elsewhere.estimate.warnings)

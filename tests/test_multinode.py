@@ -219,8 +219,8 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     assert calibrated.returncode == 0, calibrated.stderr
     report = json.loads(calibrated.stdout.strip().splitlines()[-1])
     assert sum(report["plans"].values()) >= 8  # plans measured over the two hosts, and only those
-    saved = list((tmp_path / ".shard-ray" / "models").glob("*.pt"))
-    assert len(saved) == 1 and saved[0].name.endswith("-hosts-of-2.pt")
+    saved = sorted((tmp_path / ".shard-ray" / "models").glob("*.pt"), key=lambda p: len(p.name))  # hardware-wide first
+    assert len(saved) == 2 and saved[0].name.endswith("-hosts-of-2.pt") and "-hosts-of-2-tables-" in saved[1].name
     assert "`shard-ray plan` picks it for" in calibrated.stdout and "with --devices-per-host 2" in calibrated.stdout
     tuned_comm = report["chosen"] == "fine-tuned" and report["plans"]["fit"] and report["plans"]["val"]
     assert CostModels.load(saved[0]).comm_hosts == (2 if tuned_comm else None)

@@ -168,8 +168,12 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     with MeasurementStore(flags.store) as store:
         result = calibrate(tables, topology, start, start_path, config, store)
     report = result.report
-    out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"], hosts)
+    out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"], hosts, tables)
     result.models.save(out)
+    hardware_wide = hardware_models_path(report["hardware"], hosts)
+    if not flags.out and not hardware_wide.is_file():
+        result.models.save(hardware_wide)
+        print(f"wrote {hardware_wide} too: the first calibration here prices other tables on {report['hardware']}")
     print(
         f"calibrated on {report['hardware']} in {report['seconds']:.0f} s ({report['measuring_seconds']:.0f} s measuring)"
     )
@@ -190,7 +194,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     over_hosts = f" with --devices-per-host {hosts}" if hosts else ""
     print(
-        f"wrote {out}; `shard-ray plan` picks it for {report['hardware']}{over_hosts}"
+        f"wrote {out}; `shard-ray plan` picks it for these tables on {report['hardware']}{over_hosts}"
         + ("" if not flags.out else " when given --cost-model")
     )
     print(json.dumps(report))

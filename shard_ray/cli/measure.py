@@ -87,7 +87,7 @@ class CompareArgs:
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from shard_ray.comparison import CompareConfig, compare_plans, format_comparison, ratio_chart
+    from shard_ray.comparison import CompareConfig, compare_plans, distinct, format_comparison, ratio_chart
     from shard_ray.io import write_atomic, write_json
     from shard_ray.plan.plan import load_plan
     from shard_ray.profiling.gang import DeviceGang
@@ -122,6 +122,12 @@ def cmd_compare(args: argparse.Namespace) -> None:
             plan.check_memory(tables, topology)
         except ShardRayError as err:
             raise ShardRayError(f"{path}: {err}") from None
+    merged = [name for name, _ in distinct(list(zip(names, plans)))]
+    if len(merged) < 2:
+        raise ShardRayError(f"{' and '.join(names)} place the tables identically: nothing to compare")
+    for name in merged:
+        if "=" in name:
+            print(f"{name.replace('=', ' and ')} place the tables identically: measured once, as {name}")
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=topology.num_devices)
     with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
@@ -224,7 +230,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
     write_json(flags.out, cost.model_dump(mode="json"))
     print(format_plan_summary(plan, tables, topology, cost))
-    for line in plan.estimate.warnings if plan.estimate else ():
+    told = set(gang.warnings)  # the gang says its own when it starts
+    for line in [*(plan.estimate.warnings if plan.estimate else ()), *(w for w in cost.warnings if w not in told)]:
         print(f"warning: {line}", file=sys.stderr)
     if cost.rounds is not None:
         print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")

@@ -207,6 +207,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     estimate = plan.estimate
     predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
     print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
+    if estimate and estimate.provenance:
+        print(estimate.provenance)
     warnings = estimate.warnings if estimate else []
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
@@ -302,7 +304,7 @@ def measured_best(
         MeasurementStore(flags.store) as store,
     ):
         models = plan.estimate.cost_model if plan.estimate and plan.estimate.cost_model else None
-        models = models or flags.cost_model or str(models_for(gang.hardware, topology.devices_per_host))
+        models = models or flags.cost_model or str(models_for(gang.hardware, topology.devices_per_host, tables))
         preference = model_preference(candidates, tables, topology.batch_size, models)
         compared = compare_plans(
             [(p.algorithm, p) for p in candidates],

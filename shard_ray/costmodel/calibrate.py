@@ -28,6 +28,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ from tqdm import tqdm
 from shard_ray.comparison import noise_floor
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
-from shard_ray.costmodel.models import CostModels
+from shard_ray.costmodel.models import CostModels, task_digest
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import (
     TrainConfig,
@@ -271,7 +272,12 @@ def calibrate(
     kept.info.update(
         {
             "calibrated": {k: v for k, v in report.items() if k not in ("before", "after")}
-            | {"held_out": report["after"], "tables": [t.name for t in tables]},
+            | {
+                "held_out": report["after"],
+                "tables": [t.name for t in tables],
+                "task": task_digest(tables),
+                "at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            },
             "coverage": data_coverage(fit_data, start.info.get("coverage")),
         }
     )

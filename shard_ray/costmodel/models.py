@@ -21,7 +21,9 @@ Both train on log ms, so the loss is relative error, not raw-ms MSE dominated by
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import math
 import os
 import re
@@ -37,6 +39,7 @@ from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, part
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file, write_atomic
 from shard_ray.plan.plan import TablePiece
+from shard_ray.workload.tables import TableSpec
 
 FORMAT = "shard-ray-costmodels/1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -53,21 +56,58 @@ def models_home() -> Path:
     return Path(os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray") / "models"
 
 
-def hardware_models_path(hardware: str, devices_per_host: int | None = None) -> Path:
+def task_digest(tables: list[TableSpec]) -> str:
+    """Which tables models were calibrated on: a digest of their specs, whatever their order."""
+    specs = sorted(json.dumps(t.model_dump(mode="json"), sort_keys=True) for t in tables)
+    return hashlib.sha256(json.dumps(specs).encode()).hexdigest()[:12]
+
+
+def hardware_models_path(
+    hardware: str, devices_per_host: int | None = None, tables: list[TableSpec] | None = None
+) -> Path:
     """The model file of `hardware` (a hardware id such as `cpu:AMD EPYC:1thread`) in `models_home()`;
-    models calibrated over hosts of `devices_per_host` devices have their own."""
+    models calibrated over hosts of `devices_per_host` devices have their own, and so do models
+    calibrated on `tables` (`-tables-DIGEST`), so that a calibration on one task does not reprice others."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", hardware).strip("-")
-    return models_home() / (name + (f"-hosts-of-{devices_per_host}" if devices_per_host else "") + ".pt")
+    hosts = f"-hosts-of-{devices_per_host}" if devices_per_host else ""
+    task = f"-tables-{task_digest(tables)}" if tables else ""
+    return models_home() / (name + hosts + task + ".pt")
 
 
-def models_for(hardware: str | None, devices_per_host: int | None = None) -> Path:
-    """The models to plan for `hardware` with: those calibrated for it over hosts of `devices_per_host`
-    if any, else those calibrated for it on one host, else the shipped ones."""
+def models_for(
+    hardware: str | None, devices_per_host: int | None = None, tables: list[TableSpec] | None = None
+) -> Path:
+    """The models to plan for `hardware` with: those calibrated for it on these `tables` (over hosts of
+    `devices_per_host`, then on one host), else its hardware-wide ones (likewise), else the shipped ones."""
     if hardware is not None:
-        for path in (hardware_models_path(hardware, devices_per_host), hardware_models_path(hardware)):
-            if path.is_file():
-                return path
+        for task in ([tables] if tables else []) + [None]:
+            for hosts in dict.fromkeys((devices_per_host, None)):
+                path = hardware_models_path(hardware, hosts, task)
+                if path.is_file():
+                    return path
     return default_cost_model_path()
+
+
+def describe_models(
+    path: str | os.PathLike[str], models: CostModels, tables: list[TableSpec]
+) -> tuple[str, str | None]:
+    """Where the prices come from, one line: the model file, its hardware and what it was calibrated
+    on; and a warning when that was other tables than `tables` (None otherwise)."""
+    calibrated = models.info.get("calibrated")
+    if not calibrated:
+        shipped = "the shipped models " if Path(path) == default_cost_model_path() else ""
+        return f"priced by {shipped}{path} (models of {models.hardware}, not calibrated on a task)", None
+    names = calibrated.get("tables", [])
+    when = f" on {calibrated['at']}" if calibrated.get("at") else ""
+    if calibrated.get("task") == task_digest(tables):
+        return f"priced by {path}: models of {models.hardware}, calibrated on these {len(names)} tables{when}", None
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    line = f"priced by {path}: models of {models.hardware}, calibrated on other tables ({len(names)}: {shown}){when}"
+    warning = (
+        f"the cost models were calibrated on other tables than these ({len(names)}: {shown}); "
+        "`shard-ray calibrate --tables` with this table file fits models to them"
+    )
+    return line, warning
 
 
 COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")

@@ -40,6 +40,7 @@ class PlacementContext:
     cost_model: str | None = None  # a model file; None: those calibrated for `hardware`, else the shipped ones
     hardware: str | None = None  # the hardware the plan is for (a hardware id), if known
     devices_per_host: int | None = None  # of the topology planned for: picks models calibrated over such hosts
+    tables: list[TableSpec] | None = None  # the task: picks models calibrated on these tables
     settings: Any = None  # an instance of the algorithm's settings class, or None when it has none
     constraints: Constraints | None = None  # for algorithms registered as taking them
     proven_optimal: bool | None = None  # set by exact solvers: whether the plan is proven optimal
@@ -50,7 +51,7 @@ class PlacementContext:
         if self._models is None:
             from shard_ray.costmodel.models import CostModels, models_for
 
-            self.cost_model = self.cost_model or str(models_for(self.hardware, self.devices_per_host))
+            self.cost_model = self.cost_model or str(models_for(self.hardware, self.devices_per_host, self.tables))
             self._models = CostModels.load(self.cost_model)
         return self._models
 
@@ -163,6 +164,7 @@ def place(
         cost_model=cost_model,
         hardware=hardware,
         devices_per_host=topology.hosts_of,
+        tables=tables,
         settings=parse_settings(info, settings),
         constraints=constraints,
     )
@@ -202,15 +204,19 @@ def place(
 def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: PlacementContext) -> PlanEstimate:
     from shard_ray.costmodel.bounds import lower_bound_ms
     from shard_ray.costmodel.coverage import model_warnings
+    from shard_ray.costmodel.models import describe_models
     from shard_ray.costmodel.simulator import Simulator
 
     models = context.models
     most_tables = max(len(shard) for shard in plan.pieces(tables))
+    provenance, other_tables = describe_models(context.cost_model, models, tables)
     return PlanEstimate(
         predicted=Simulator(models).plan_cost(plan, tables, topology.batch_size),
         lower_bound_ms=lower_bound_ms(models, tables, topology, column_wise=True),
         cost_model=context.cost_model,
         hardware=models.hardware,
         proven_optimal=context.proven_optimal,
-        warnings=model_warnings(models, tables, context.hardware, most_tables, context.devices_per_host),
+        provenance=provenance,
+        warnings=model_warnings(models, tables, context.hardware, most_tables, context.devices_per_host)
+        + ([other_tables] if other_tables else []),
     )

@@ -16,6 +16,7 @@ Pricing is incremental (`shard_ray.costmodel.pricing`).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -409,24 +410,28 @@ def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
 
 class _Progress:
     """A bar over the budget's evaluations, with the phase and the best simulated cost so far, shown
-    once a search has run `LONG_SEARCH_S` (shorter ones end before a bar would tell anything)."""
+    once a search has run `LONG_SEARCH_S` (shorter ones end before a bar would tell anything; the
+    clock decides only what is shown, never what the search does)."""
 
     def __init__(self, spending: Spending, name: str) -> None:
-        self.spending = spending
-        self.bar = tqdm(
-            total=spending.budget.max_evaluations,
-            desc=name,
-            unit=" evaluations",
-            delay=LONG_SEARCH_S,
-            bar_format="{desc}: {bar} {n:,}/{total_fmt} model evaluations {postfix}",
-        )
+        self.spending, self.name = spending, name
+        self.bar: tqdm | None = None
 
     def show(self, phase: str, cost_ms: float) -> None:
+        if self.bar is None:
+            if time.perf_counter() - self.spending.began < LONG_SEARCH_S:
+                return
+            total = self.spending.budget.max_evaluations
+            of_total = f"/{total:,}" if total else ""
+            self.bar = tqdm(
+                total=total, desc=self.name, bar_format="{desc}: {bar} {n:,}" + of_total + " model evaluations{postfix}"
+            )
         self.bar.n = min(self.spending.used(), self.bar.total or float("inf"))
         self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms")
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def packed_start(

@@ -404,6 +404,7 @@ class PlanEstimate(BaseModel):
     lower_bound_ms: float | None = None
     cost_model: str | None = None  # the model file
     hardware: str | None = None  # the hardware the models were trained on
+    provenance: str | None = None  # the model file, its hardware and what it was calibrated on, one line
     proven_optimal: bool | None = None  # exact solvers: whether the search finished within its budget
     warnings: list[str] = []  # why the models' prices may be off: other hardware, tables outside their training data
 

@@ -56,6 +56,8 @@ def format_plan_summary(
         lines.append(line)
     if cost is not None:
         source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
+        if cost.priced_parts:  # not all of it was timed: say which
+            source = ", compute timed on the device gang, all-to-alls priced by the comm model"
         lines.append(f"{cost_label} plan cost: {cost.cost_ms:.3f} ms (slowest device's step{source})")
         if cost.priced_parts:
             lines.append(priced_note(cost))

@@ -647,32 +647,47 @@ class DeviceGang:
             DeviceCost(device=r["device"], **{name: step_estimate(values) for name, values in r["steps"].items()})
             for r in results
         ]
-        priced_by = None
+        priced_by, warnings = None, list(self.warnings)
         if self.priced_parts:
-            priced_by, devices = self._priced_comm(plan, tables, config.batch_size, devices)
+            priced_by, devices, extrapolated = self._priced_comm(plan, tables, config.batch_size, devices)
+            warnings += extrapolated
         return PlanCost(
             devices=devices,
             hardware=self.hardware,
             batch_size=config.batch_size,
             hosts=self.hosts,
-            warnings=self.warnings,
+            warnings=warnings,
             priced_parts=self.priced_parts,
             priced_by=priced_by,
         )
 
     def _priced_comm(
         self, plan: Plan, tables: list[TableSpec], batch_size: int, devices: list[DeviceCost]
-    ) -> tuple[str, list[DeviceCost]]:
+    ) -> tuple[str, list[DeviceCost], list[str]]:
         """`devices` with their all-to-alls as the comm model for this hardware prices them (the calibrated one
-        where there is one), and that model's file."""
+        where there is one), that model's file, and a warning when it never measured this many devices."""
         from shard_ray.costmodel.models import CostModels, models_for
         from shard_ray.costmodel.simulator import Simulator
 
-        path = models_for(self.hardware, self.devices_per_host)
-        priced = Simulator(CostModels.load(path)).plan_cost(plan, tables, batch_size).devices
-        return str(path), [
-            d.model_copy(update={part: getattr(p, part) for part in self.priced_parts}) for d, p in zip(devices, priced)
-        ]
+        path = models_for(self.hardware, self.devices_per_host, tables)
+        models = CostModels.load(path)
+        priced = Simulator(models).plan_cost(plan, tables, batch_size).devices
+        measured_counts = models.info.get("device_counts")
+        warnings = []
+        if measured_counts and self.num_devices not in measured_counts:
+            warnings.append(
+                f"the comm model's all-to-alls were measured at {', '.join(map(str, measured_counts))} devices, "
+                f"so its prices at {self.num_devices} are extrapolated; a cluster with a core or GPU per device "
+                "measures them"
+            )
+        return (
+            str(path),
+            [
+                d.model_copy(update={part: getattr(p, part) for part in self.priced_parts})
+                for d, p in zip(devices, priced)
+            ],
+            warnings,
+        )
 
     def measure_round(
         self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, order: np.random.Generator
