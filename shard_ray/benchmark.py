@@ -31,7 +31,7 @@ import numpy as np
 from shard_ray.comparison import CompareConfig, compare_algorithms, format_comparison
 from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.models import CostModels, models_for
+from shard_ray.costmodel.models import CostModels, describe_models, models_for
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError
@@ -139,6 +139,8 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
         cost_model = config.cost_model or str(models_for(gang.hardware))
         models = CostModels.load(cost_model)
         simulator = Simulator(models)
+        provenance, _ = describe_models(cost_model, models, [])  # the tasks are many: no task is its own
+        print(provenance, flush=True)
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():

@@ -48,7 +48,9 @@ class TopologyArgs:
         min=1,
     )
     optimizer: Optimizer | None = setting(
-        None, f"optimizer whose state counts towards memory (default {Topology.model_fields['optimizer'].default})"
+        None,
+        "optimizer whose state counts towards memory (default: the one a plan file records, else "
+        f"{Topology.model_fields['optimizer'].default})",
     )
     devices_per_host: int | None = setting(
         None,

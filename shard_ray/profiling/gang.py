@@ -735,7 +735,7 @@ class DeviceGang:
         per_plan: list[list[PlanCost]] = [[] for _ in plans]
         with tqdm(
             total=rounds * len(plans),
-            desc=f"measuring {len(plans)} plans x {rounds} rounds",
+            desc=f"measuring {len(plans)} plan{'s' if len(plans) > 1 else ''} x {rounds} rounds",
             unit="run",
             disable=not progress,
         ) as bar:
