@@ -1,0 +1,217 @@
+"""Hardware-in-the-loop refinement: the models propose moves, the hardware judges them.
+
+After `plan --measure`'s race, the plan it chose is refined step by step, top to bottom:
+
+1. Each device's fused shard is measured on the profiling actors (in parallel; every measurement
+   goes to the store and is looked up there first, so a refinement run again measures only what
+   is new). A device's cost is its measured forward + backward plus its all-to-alls as the models
+   price them (profiling actors time kernels, not collectives): the measured plan cost is the
+   slowest device's.
+2. From the slowest device, the models propose moves: each of its movable pieces moved to one of
+   the `targets` devices measured fastest, swapped with one of theirs, or split in two by columns
+   with one half moved. The models rank the moves by the simulated plan cost, and the best
+   `proposals` that fit in memory are kept.
+3. The devices each proposal changes are measured, all proposals' at once and beside the plan as
+   it stands, measured again with the same batches (so a move is judged against the same minutes'
+   measurement). The proposal with the lowest measured plan cost is taken when it gains more than
+   `min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
+   next step starts from it; otherwise refinement stops.
+
+The refined plan is then confirmed against the race's choice on the device gang with the one
+comparison procedure (`shard_ray.comparison`), by the caller: a kernel measured alone is not a
+plan measured whole. The models' errors do not decide anything here; they only order what the
+hardware is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shard_ray.configfile import setting
+from shard_ray.costmodel.models import CostModels
+from shard_ray.costmodel.pricing import Candidate, Pricer
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import ShardRayError
+from shard_ray.placement.search import split_item
+from shard_ray.plan.plan import Plan, TablePiece
+from shard_ray.plan.topology import MemoryLedger, Topology
+from shard_ray.profiling.actors import ProfilingPool
+from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
+from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workload.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class RefineConfig:
+    steps: int = setting(6, "refinement: most moves kept (each one step of measuring)", min=1)
+    proposals: int = setting(4, "refinement: moves measured per step, the models' best", min=1)
+    targets: int = setting(3, "refinement: devices a piece may move to, those measured fastest", min=1)
+    min_gain: float = setting(
+        0.03, "refinement: measured gain a move must make, a fraction of the plan cost (above the noise floor)", min=0
+    )
+
+
+@dataclass
+class Refinement:
+    """The refined plan, its measured cost before and after, and each kept move in words."""
+
+    plan: Plan
+    before_ms: float
+    after_ms: float
+    moves: list[str] = field(default_factory=list)
+    measured_shards: int = 0
+
+
+def refine(
+    plan: Plan,
+    tables: list[TableSpec],
+    topology: Topology,
+    models: CostModels,
+    pool: ProfilingPool,
+    store: MeasurementStore,
+    measure: MeasureConfig,
+    config: RefineConfig = RefineConfig(),
+    log: Callable[[str], None] = print,
+) -> Refinement:
+    """`plan` refined by measured moves (module docstring); unchanged when no move gains enough."""
+    pricer = Pricer(models, topology)
+    simulator = Simulator(models)
+    by_device = plan.pieces(tables)
+    items = [p for pieces in by_device for p in pieces]
+    assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
+    every_device = list(range(topology.num_devices))
+    measured_shards = 0
+
+    def measure_devices(
+        layouts: list[tuple[list[TablePiece], np.ndarray, list[int]]], seed: int
+    ) -> list[dict[int, float]]:
+        """Measured forward + backward ms of each layout's `devices`' fused shards, all layouts' shards
+        at once on the actors (those in the store looked up there), with the batches of `seed`."""
+        nonlocal measured_shards
+        config = measure.model_copy(update={"seed": seed})
+        shards = [
+            [[items[i] for i in np.flatnonzero(assign == d)] for d in devices] for items, assign, devices in layouts
+        ]
+        flat = [shard for per_layout in shards for shard in per_layout if shard]
+        keys = {shard_key(shard, config, pool.hardware) for shard in flat}
+        measured_shards += len(keys - store.known_keys(list(keys)))
+        results = iter(pool.measure(flat, config, store, progress=False))
+        computes = []
+        for (_, _, devices), per_layout in zip(layouts, shards):
+            compute = {}
+            for d, shard in zip(devices, per_layout):
+                m = next(results) if shard else None
+                if m is not None and m.status != "ok":
+                    raise ShardRayError(f"refinement: device {d}'s shard could not be measured: {m.reason}")
+                compute[d] = m.fwd_ms + m.bwd_ms if m is not None else 0.0
+            computes.append(compute)
+        return computes
+
+    def plan_cost(items: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
+        """Each device's measured compute plus its all-to-alls as the models price them."""
+        priced = simulator.plan_cost(
+            Plan.from_assignment(items, assign, topology.num_devices, plan.algorithm), tables, topology.batch_size
+        )
+        comm = np.array([d.input_dist_ms + d.fwd_comm_ms + d.bwd_comm_ms for d in priced.devices])
+        return comm + np.array([compute[d] for d in every_device])
+
+    (compute,) = measure_devices([(items, assign, every_device)], measure.seed)
+    costs = plan_cost(items, assign, compute)
+    before = float(costs.max())
+    log(f"refinement: measured plan cost {before:.2f} ms (compute measured per device, all-to-alls priced)")
+    moves: list[str] = []
+    for step in range(1, config.steps + 1):
+        proposals = propose(pricer, items, assign, costs, config)
+        if not proposals:
+            log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
+            break
+        # The plan as it stands is measured again beside the proposals, with the same batches: a move
+        # is judged against a measurement of the same minutes, not against one taken a step ago.
+        changed = [
+            changed_devices(items, assign, p_items, p_assign, topology.num_devices)
+            for p_items, p_assign, _ in proposals
+        ]
+        now, *proposed = measure_devices(
+            [(items, assign, every_device)] + [(p[0], p[1], c) for p, c in zip(proposals, changed)], measure.seed + step
+        )
+        costs = plan_cost(items, assign, now)
+        current = float(costs.max())
+        measured = [
+            (float(plan_cost(p_items, p_assign, {**now, **new}).max()), {**now, **new}, p_items, p_assign, words)
+            for (p_items, p_assign, words), new in zip(proposals, proposed)
+        ]
+        best_ms, best_compute, best_items, best_assign, words = min(measured, key=lambda m: m[0])
+        gain = 1 - best_ms / current
+        if gain <= config.min_gain:
+            log(
+                f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
+                f"not more than {config.min_gain:.0%}; stopping"
+            )
+            break
+        items, assign, compute = best_items, best_assign, best_compute
+        costs = plan_cost(items, assign, compute)
+        moves.append(words)
+        log(f"refinement step {step}: {words}: measured {current:.2f} -> {best_ms:.2f} ms ({gain:.1%} faster)")
+    refined = Candidate(items, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
+    refined.check(tables)
+    refined.check_memory(tables, topology)
+    return Refinement(refined, before, float(costs.max()), moves, measured_shards)
+
+
+def propose(
+    pricer: Pricer, items: list[TablePiece], assign: np.ndarray, costs: np.ndarray, config: RefineConfig
+) -> list[tuple[list[TablePiece], np.ndarray, str]]:
+    """The models' best `config.proposals` moves off the measured slowest device that fit in memory:
+    (items, assignment, the move in words), cheapest simulated plan first."""
+    topology = pricer.topology
+    sizes = pricer.sizes(items)
+    slowest = int(np.argmax(costs))
+    targets = [int(d) for d in np.argsort(costs, kind="stable") if d != slowest][: config.targets]
+    movable = [
+        i
+        for i in np.flatnonzero(assign == slowest)
+        if items[i].rows is None and not items[i].replicated and items[i].devices is None and items[i].group is None
+    ]
+    candidates: list[tuple[list[TablePiece], np.ndarray, str]] = []
+    for i in movable:
+        name = items[i].describe()
+        for t in targets:
+            if sizes.allowed[i, t]:
+                moved = assign.copy()
+                moved[i] = t
+                candidates.append((items, moved, f"{name} moved from device {slowest} to {t}"))
+            for j in np.flatnonzero(assign == t):
+                if sizes.allowed[i, t] and sizes.allowed[j, slowest] and sizes.group[j] < 0:
+                    swapped = assign.copy()
+                    swapped[i], swapped[j] = t, slowest
+                    candidates.append(
+                        (items, swapped, f"{name} on device {slowest} swapped with {items[j].describe()}")
+                    )
+            halves = split_item(items[i], 2)
+            if halves is not None and sizes.allowed[i, t]:
+                split_items = items[:i] + halves + items[i + 1 :]
+                split_assign = np.concatenate([assign[:i], [slowest, t], assign[i + 1 :]])
+                candidates.append((split_items, split_assign, f"{name} split by columns, one half to device {t}"))
+    fitting = [
+        (c, pricer.plan_cost(c[0], c[1]))
+        for c in candidates
+        if (MemoryLedger.of_assignment(topology, c[1], pricer.sizes(c[0]).need).free >= 0).all()
+    ]
+    fitting.sort(key=lambda pair: pair[1])
+    return [c for c, _ in fitting[: config.proposals]]
+
+
+def changed_devices(
+    items: list[TablePiece], assign: np.ndarray, new_items: list[TablePiece], new_assign: np.ndarray, num_devices: int
+) -> list[int]:
+    """The devices whose pieces differ between the two assignments (a device left empty included)."""
+
+    def holdings(items: list[TablePiece], assign: np.ndarray) -> list[frozenset]:
+        return [frozenset(p.key for p, d in zip(items, assign) if d == device) for device in range(num_devices)]
+
+    return [
+        d for d, (old, new) in enumerate(zip(holdings(items, assign), holdings(new_items, new_assign))) if old != new
+    ]
