@@ -8,13 +8,13 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    price them (profiling actors time kernels, not collectives): the measured plan cost is the
    slowest device's.
 2. From the slowest device, the models propose moves: each of its movable pieces moved to one of
-   the `targets` devices measured fastest, swapped with one of theirs, or split in two by columns
+   the `refine_targets` devices measured fastest, swapped with one of theirs, or split in two by columns
    with one half moved. The models rank the moves by the simulated plan cost, and the best
-   `proposals` that fit in memory are kept.
+   `refine_proposals` that fit in memory are kept.
 3. The devices each proposal changes are measured, all proposals' at once and beside the plan as
    it stands, measured again with the same batches (so a move is judged against the same minutes'
    measurement). The proposal with the lowest measured plan cost is taken when it gains more than
-   `min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
+   `refine_min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
    next step starts from it; otherwise refinement stops.
 
 The refined plan is then confirmed against the race's choice on the device gang with the one
@@ -46,10 +46,13 @@ from shard_ray.workload.tables import TableSpec
 
 @dataclass(frozen=True)
 class RefineConfig:
-    steps: int = setting(6, "refinement: most moves kept (each one step of measuring)", min=1)
-    proposals: int = setting(4, "refinement: moves measured per step, the models' best", min=1)
-    targets: int = setting(3, "refinement: devices a piece may move to, those measured fastest", min=1)
-    min_gain: float = setting(
+    refine: bool = setting(
+        False, "plan --measure: refine the race's choice with moves measured on the profiling actors"
+    )
+    refine_steps: int = setting(6, "refinement: most moves kept (each one step of measuring)", min=1)
+    refine_proposals: int = setting(4, "refinement: moves measured per step, the models' best", min=1)
+    refine_targets: int = setting(3, "refinement: devices a piece may move to, those measured fastest", min=1)
+    refine_min_gain: float = setting(
         0.03, "refinement: measured gain a move must make, a fraction of the plan cost (above the noise floor)", min=0
     )
 
@@ -123,7 +126,7 @@ def refine(
     before = float(costs.max())
     log(f"refinement: measured plan cost {before:.2f} ms (compute measured per device, all-to-alls priced)")
     moves: list[str] = []
-    for step in range(1, config.steps + 1):
+    for step in range(1, config.refine_steps + 1):
         proposals = propose(pricer, items, assign, costs, config)
         if not proposals:
             log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
@@ -145,10 +148,10 @@ def refine(
         ]
         best_ms, best_compute, best_items, best_assign, words = min(measured, key=lambda m: m[0])
         gain = 1 - best_ms / current
-        if gain <= config.min_gain:
+        if gain <= config.refine_min_gain:
             log(
                 f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
-                f"not more than {config.min_gain:.0%}; stopping"
+                f"not more than {config.refine_min_gain:.0%}; stopping"
             )
             break
         items, assign, compute = best_items, best_assign, best_compute
@@ -164,17 +167,15 @@ def refine(
 def propose(
     pricer: Pricer, items: list[TablePiece], assign: np.ndarray, costs: np.ndarray, config: RefineConfig
 ) -> list[tuple[list[TablePiece], np.ndarray, str]]:
-    """The models' best `config.proposals` moves off the measured slowest device that fit in memory:
+    """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory:
     (items, assignment, the move in words), cheapest simulated plan first."""
     topology = pricer.topology
     sizes = pricer.sizes(items)
     slowest = int(np.argmax(costs))
-    targets = [int(d) for d in np.argsort(costs, kind="stable") if d != slowest][: config.targets]
-    movable = [
-        i
-        for i in np.flatnonzero(assign == slowest)
-        if items[i].rows is None and not items[i].replicated and items[i].devices is None and items[i].group is None
-    ]
+    targets = [int(d) for d in np.argsort(costs, kind="stable") if d != slowest][: config.refine_targets]
+    # Row blocks, replicas and pieces pinned or grouped by constraints stay where they are.
+    free = [p.rows is None and not p.replicated and p.devices is None and p.group is None for p in items]
+    movable = [i for i in np.flatnonzero(assign == slowest) if free[i]]
     candidates: list[tuple[list[TablePiece], np.ndarray, str]] = []
     for i in movable:
         name = items[i].describe()
@@ -184,7 +185,7 @@ def propose(
                 moved[i] = t
                 candidates.append((items, moved, f"{name} moved from device {slowest} to {t}"))
             for j in np.flatnonzero(assign == t):
-                if sizes.allowed[i, t] and sizes.allowed[j, slowest] and sizes.group[j] < 0:
+                if free[j] and sizes.allowed[i, t] and sizes.allowed[j, slowest]:
                     swapped = assign.copy()
                     swapped[i], swapped[j] = t, slowest
                     candidates.append(
@@ -201,7 +202,7 @@ def propose(
         if (MemoryLedger.of_assignment(topology, c[1], pricer.sizes(c[0]).need).free >= 0).all()
     ]
     fitting.sort(key=lambda pair: pair[1])
-    return [c for c, _ in fitting[: config.proposals]]
+    return [c for c, _ in fitting[: config.refine_proposals]]
 
 
 def changed_devices(

@@ -83,10 +83,14 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
 
     raced = shard_ray(
         tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
-        "--out", "raced.json", "--measure", "--measure-budget", "20",
+        "--out", "raced.json", "--measure", "--measure-budget", "20", "--refine", "--refine-steps", "2",
     )  # fmt: skip
     assert raced.returncode == 0, raced.stderr
-    measured = load_plan(tmp_path / "raced.json").measured
+    # the race's choice refined with measured moves; a refined plan is written only when the gang confirms it
+    assert "refinement: measured plan cost" in raced.stdout and "shard(s) measured" in raced.stdout
+    written = load_plan(tmp_path / "raced.json")
+    assert not written.algorithm.endswith("+refined") or "confirming the refined plan" in raced.stdout
+    measured = written.measured
     assert measured is not None and "cost_search" in "=".join(measured.candidates)
     assert {"torchrec", "size_greedy"} <= set("=".join(measured.candidates).split("="))
     assert "measured side by side on" in raced.stdout and "TorchRec's plan" in raced.stdout

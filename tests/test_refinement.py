@@ -24,8 +24,12 @@ def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_
     models = CostModels.load(default_cost_model_path())
     lines: list[str] = []
     with MeasurementStore(tmp_path / "m.db") as store, ProfilingPool(2) as pool:
-        refined = refine(planted, tables, topology, models, pool, store, measure, RefineConfig(steps=4), lines.append)
-        again = refine(planted, tables, topology, models, pool, store, measure, RefineConfig(steps=4), lambda _: None)
+        refined = refine(
+            planted, tables, topology, models, pool, store, measure, RefineConfig(refine_steps=4), lines.append
+        )
+        again = refine(
+            planted, tables, topology, models, pool, store, measure, RefineConfig(refine_steps=4), lambda _: None
+        )
     assert refined.moves and refined.after_ms < 0.85 * refined.before_ms, lines
     assert sorted(np.bincount([s.device for s in refined.plan.shards], minlength=2)) in ([2, 4], [3, 3])
     assert refined.measured_shards >= 3 and again.measured_shards == 0

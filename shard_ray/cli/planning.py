@@ -16,6 +16,7 @@ from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import MeasuredComparison, Plan, PlanSettings
 from shard_ray.plan.topology import GB, Optimizer, Topology
+from shard_ray.refinement import RefineConfig
 
 if TYPE_CHECKING:
     from shard_ray.plan.constraints import Constraints
@@ -182,6 +183,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(PlanArgs, args)
+    if settings_from(RefineConfig, args).refine and not flags.measure:
+        raise ShardRayError("--refine refines the plan --measure chooses: give --measure too")
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
     constraints = load_constraints(flags.constraints) if flags.constraints else None
@@ -227,7 +230,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
     if flags.measure:
-        plan = measured_best(plan, tables, topology, flags, settings_from(MeasureRaceArgs, args).config(), constraints)
+        race = settings_from(MeasureRaceArgs, args).config()
+        plan = measured_best(plan, tables, topology, flags, race, constraints)
+        refine_config = settings_from(RefineConfig, args)
+        if refine_config.refine:
+            plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
     save_plan(flags.out, plan)
     if plan.measured is None:  # not measured, or every candidate placed the tables alike
         chosen = ""
@@ -326,6 +333,47 @@ def measured_best(
     return compared.plans[result.chosen].model_copy(update={"measured": result})
 
 
+def refined_and_confirmed(
+    plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, race: CompareConfig, config: RefineConfig
+) -> Plan:
+    """The race's choice refined by measured moves (`shard_ray.refinement`), then compared with it on the
+    gang by the one procedure: the refined plan is written only when that comparison separates it faster."""
+    import ray
+
+    from shard_ray.comparison import compare_plans
+    from shard_ray.costmodel.models import CostModels, models_for
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.refinement import refine
+
+    actors = max(1, min(topology.num_devices, int(ray.cluster_resources().get("CPU", 1))))
+    measure = MeasureConfig.for_topology(topology, warmup=race.warmup, repeats=race.repeats)
+    with MeasurementStore(flags.store) as store:
+        with ProfilingPool(actors) as pool:
+            path = (plan.estimate.cost_model if plan.estimate else None) or flags.cost_model
+            path = path or str(models_for(pool.hardware, topology.devices_per_host, tables))
+            refined = refine(plan, tables, topology, CostModels.load(path), pool, store, measure, config)
+        print(
+            f"refinement: {len(refined.moves)} move(s) kept, {refined.measured_shards} shard(s) measured "
+            f"(the rest from {flags.store})"
+        )
+        if not refined.moves:
+            return plan
+        print(f"confirming the refined plan against {plan.algorithm}'s on the gang")
+        with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
+            compared = compare_plans(
+                [(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)], tables, topology, gang, race, store
+            )
+    result = compared.result
+    print(format_measured_choice(result, set()))
+    if result.chosen == refined.plan.algorithm and result.separated:
+        return refined.plan.model_copy(update={"measured": result, "estimate": None})
+    print(f"the refined plan is not measured faster on the gang: {plan.algorithm}'s plan is written")
+    return plan
+
+
 def format_measured_choice(result: MeasuredComparison, heuristics: set[str]) -> str:
     """The comparison's table and what it lets one say against TorchRec's plan and the best heuristic."""
     from shard_ray.comparison import claim, format_comparison
@@ -369,6 +417,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_settings(p, PlanArgs)
     add_settings(p, TopologyArgs)
     add_settings(p, MeasureRaceArgs)
+    add_settings(p, RefineConfig)
     add_ray(p)
     p.set_defaults(run=cmd_plan)
 
