@@ -1,0 +1,111 @@
+"""Refinement on the hardware against every baseline, confirmed by a separate comparison.
+
+    OMP_NUM_THREADS=1 python experiments/refinement.py --out experiments/results/refinement
+
+For each public-shape table file (Criteo Kaggle and MLPerf DLRM-DCNv2 cardinalities, minimal
+format) on the 2-device gang, from the shipped models, as a user types it:
+
+1. `shard-ray plan --algo cost_search --measure --refine`: the searched plan raced against every
+   baseline, the race's choice refined with measured moves and written only if the gang separates
+   the refined plan from it;
+2. every baseline's plan (`plan --algo NAME`), then `shard-ray compare` of the written plan against
+   TorchRec's and every heuristic's: the separate run that confirms (or not) what step 1 wrote.
+
+Writes `refinement.json` and `refinement.md` (the figures the README quotes) to `--out`; the
+measurements go to one store there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibration import PUBLIC_SHAPES, shard_ray
+
+from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.configfile import setting
+from shard_ray.io import write_json
+from shard_ray.plan.plan import load_plan
+from shard_ray.plan.topology import GB, memory_cap_with_headroom
+from shard_ray.workload.tables import load_tables
+
+BASELINES = ("torchrec", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "round_robin", "random")
+
+
+@dataclass(frozen=True)
+class RefinementBenchmark:
+    out: str = setting("experiments/results/refinement", "folder of the results, the plans and the store")
+    tables: tuple[str, ...] = setting(PUBLIC_SHAPES, "table files, comma-separated", repeat=True)
+    devices: int = setting(2, "devices of the gang", min=2)
+    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
+    measure_budget: float = setting(150.0, "plan --measure-budget and compare --budget-seconds", min=1)
+
+
+def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[str, Any]:
+    name = tables_file.stem
+    memory_gb = memory_cap_with_headroom(load_tables(tables_file), config.devices, config.memory_headroom) / GB
+    store, plans = str(out / "measurements.db"), out / "plans" / name
+    common = ["--tables", str(tables_file), "--devices", str(config.devices), "--memory-gb", f"{memory_gb:.4f}"]
+    written = plans / "written.json"
+    printed = shard_ray(
+        "plan", *common, "--algo", "cost_search", "--out", str(written), "--measure", "--refine",
+        "--measure-budget", str(config.measure_budget), "--store", store,
+    )  # fmt: skip
+    refinement = [line for line in printed.splitlines() if line.startswith("refinement")]
+    for baseline in BASELINES:
+        shard_ray("plan", *common, "--algo", baseline, "--out", str(plans / f"{baseline}.json"))
+    shard_ray(
+        "compare", "--tables", str(tables_file), "--plans", str(written),
+        *(str(plans / f"{b}.json") for b in BASELINES), "--budget-seconds", str(config.measure_budget),
+        "--out", str(out / "compare" / name), "--no-mlflow",
+    )  # fmt: skip
+    confirm = json.loads((out / "compare" / name / "comparison.json").read_text())["comparison"]
+    chosen_in_race = load_plan(written)
+    mine = next(n for n in confirm["candidates"] if "written" in n.split("="))
+    return {
+        "memory_gb": memory_gb,
+        "written_plan": chosen_in_race.algorithm,
+        "race_separated": chosen_in_race.measured.separated if chosen_in_race.measured else None,
+        "refinement": refinement,
+        "confirm": confirm,
+        "written_name": mine,
+    }
+
+
+def markdown(results: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| task | plan written by `plan --measure --refine` | refinement | separate `compare`: chosen | "
+        "written plan's ratio to the chosen [95% CI] | separated |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        confirm, mine = r["confirm"], r["written_name"]
+        ratio = confirm["ratios"].get(mine)
+        shown = "1 (chosen)" if ratio is None else f"{ratio['ratio']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
+        kept = next((line for line in r["refinement"] if "move(s) kept" in line), "")
+        lines.append(
+            f"| {name} | {r['written_plan']} | {kept.removeprefix('refinement: ')} | {confirm['chosen']} | {shown} | "
+            f"{confirm['separated']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(prog="refinement.py", description=__doc__.split("\n\n")[0])
+    add_settings(parser, RefinementBenchmark)
+    config = settings_from(RefinementBenchmark, parser.parse_args(argv))
+    out = Path(config.out)
+    results = {}
+    for path in config.tables:
+        results[Path(path).stem] = run_task(Path(path), config, out)
+        write_json(out / "refinement.json", results)
+    (out / "refinement.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
