@@ -231,4 +231,5 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
             *("--algo", "neuroshard", "--out", "plan.json"),
         )
         assert planned.returncode == 0, planned.stderr
-        assert (load_plan(tmp_path / "plan.json").estimate.cost_model == str(saved[0])) == picked
+        # the models of these tables over these hosts; on one host, no models calibrated here fit
+        assert (load_plan(tmp_path / "plan.json").estimate.cost_model == str(saved[1])) == picked

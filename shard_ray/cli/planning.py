@@ -139,6 +139,11 @@ class PlanArgs:
 
         from shard_ray.configfile import load_tuned
 
+        if self.search_config and self.algo != "cost_search":
+            raise ShardRayError(
+                f"--search-config holds the settings a `tune search` sweep found for cost_search; {self.algo!r} "
+                "takes no search settings from it"
+            )
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
         settings.update({k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None})
         for item in self.set:
