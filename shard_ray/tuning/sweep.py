@@ -90,7 +90,9 @@ def run_sweep(
     resourced = tune.with_resources(trainable, {"cpu": 1})
     if tune.Tuner.can_restore(str(path)):
         print(f"resuming the sweep in {path}", flush=True)
-        tuner = tune.Tuner.restore(str(path), trainable=resourced, resume_errored=True)
+        # The search space again: Tune does not keep it with the sweep, and a sweep killed before its
+        # searcher's first checkpoint would resume with a searcher that has none (Optuna then fails).
+        tuner = tune.Tuner.restore(str(path), trainable=resourced, param_space=space, resume_errored=True)
     else:
         if sweep.search == "optuna":
             import optuna
