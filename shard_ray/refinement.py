@@ -94,14 +94,14 @@ def refine(
         """Measured forward + backward ms of each layout's `devices`' fused shards, all layouts' shards
         at once on the actors (those in the store looked up there), with the batches of `seed`."""
         nonlocal measured_shards
-        config = measure.model_copy(update={"seed": seed})
+        seeded = measure.model_copy(update={"seed": seed})
         shards = [
             [[items[i] for i in np.flatnonzero(assign == d)] for d in devices] for items, assign, devices in layouts
         ]
         flat = [shard for per_layout in shards for shard in per_layout if shard]
-        keys = {shard_key(shard, config, pool.hardware) for shard in flat}
+        keys = {shard_key(shard, seeded, pool.hardware) for shard in flat}
         measured_shards += len(keys - store.known_keys(list(keys)))
-        results = iter(pool.measure(flat, config, store, progress=False))
+        results = iter(pool.measure(flat, seeded, store, progress=False))
         computes = []
         for (_, _, devices), per_layout in zip(layouts, shards):
             compute = {}
