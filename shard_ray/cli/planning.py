@@ -188,7 +188,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(PlanArgs, args)
-    if settings_from(RefineConfig, args).refine and not flags.measure:
+    refine_config = settings_from(RefineConfig, args)
+    if refine_config.refine and not flags.measure:
         raise ShardRayError("--refine refines the plan --measure chooses: give --measure too")
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
@@ -237,7 +238,6 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if flags.measure:
         race = settings_from(MeasureRaceArgs, args).config()
         plan = measured_best(plan, tables, topology, flags, race, constraints)
-        refine_config = settings_from(RefineConfig, args)
         if refine_config.refine:
             plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
     save_plan(flags.out, plan)
@@ -292,7 +292,6 @@ def measured_best(
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.comparison import compare_plans, distinct, model_preference
-    from shard_ray.costmodel.models import models_for
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
     from shard_ray.plan.summary import gang_layout
@@ -317,8 +316,7 @@ def measured_best(
         DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang,
         MeasurementStore(flags.store) as store,
     ):
-        models = plan.estimate.cost_model if plan.estimate and plan.estimate.cost_model else None
-        models = models or flags.cost_model or str(models_for(gang.hardware, topology.devices_per_host, tables))
+        models = pricing_models(plan, tables, topology, flags, gang.hardware)
         preference = model_preference(candidates, tables, topology.batch_size, models)
         compared = compare_plans(
             [(p.algorithm, p) for p in candidates],
@@ -338,6 +336,15 @@ def measured_best(
     return compared.plans[result.chosen].model_copy(update={"measured": result})
 
 
+def pricing_models(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, hardware: str) -> str:
+    """The model file to rank a measured plan's alternatives with: the one that priced it, else
+    `--cost-model`, else those calibrated for these tables on `hardware` (`models_for`)."""
+    from shard_ray.costmodel.models import models_for
+
+    recorded = plan.estimate.cost_model if plan.estimate else None
+    return recorded or flags.cost_model or str(models_for(hardware, topology.devices_per_host, tables))
+
+
 def refined_and_confirmed(
     plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, race: CompareConfig, config: RefineConfig
 ) -> Plan:
@@ -346,7 +353,7 @@ def refined_and_confirmed(
     import ray
 
     from shard_ray.comparison import compare_plans
-    from shard_ray.costmodel.models import CostModels, models_for
+    from shard_ray.costmodel.models import CostModels
     from shard_ray.profiling.actors import ProfilingPool
     from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
@@ -357,9 +364,8 @@ def refined_and_confirmed(
     measure = MeasureConfig.for_topology(topology, warmup=race.warmup, repeats=race.repeats)
     with MeasurementStore(flags.store) as store:
         with ProfilingPool(actors) as pool:
-            path = (plan.estimate.cost_model if plan.estimate else None) or flags.cost_model
-            path = path or str(models_for(pool.hardware, topology.devices_per_host, tables))
-            refined = refine(plan, tables, topology, CostModels.load(path), pool, store, measure, config)
+            models = CostModels.load(pricing_models(plan, tables, topology, flags, pool.hardware))
+            refined = refine(plan, tables, topology, models, pool, store, measure, config)
         print(
             f"refinement: {len(refined.moves)} move(s) kept, {refined.measured_shards} shard(s) measured "
             f"(the rest from {flags.store})"
