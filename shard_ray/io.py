@@ -49,8 +49,11 @@ def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected
         raise ShardRayError(describe_validation_error(err, f"{what} file {path}")) from err
 
 
-def read_torch_file(data: bytes, source: str, what: str, holding: str, file_format: str, written_by: str) -> dict:
-    """The dict in a shard-ray `.pt` file's content, read with torch.load(weights_only=True) and checked for `file_format`.
+def read_torch_file(
+    data: bytes, source: str, what: str, holding: str, file_format: str, written_by: str, *older_formats: str
+) -> dict:
+    """The dict in a shard-ray `.pt` file's content, read with torch.load(weights_only=True) and checked
+    for `file_format` (or one of the `older_formats` the caller still reads).
 
     `source` names the file in errors, `what` its kind ("cost model"), `holding` what it holds
     ("shard-ray cost models") and `written_by` the command that writes it.
@@ -67,7 +70,7 @@ def read_torch_file(data: bytes, source: str, what: str, holding: str, file_form
             f"cannot read {what} file {source}: not a PyTorch file of {holding} "
             f"(format {file_format}, as {written_by}; read with torch.load(weights_only=True))"
         ) from err
-    if not isinstance(blob, dict) or blob.get("format") != file_format:
+    if not isinstance(blob, dict) or blob.get("format") not in (file_format, *older_formats):
         raise ShardRayError(f"{source} is not a shard-ray {what} file ({file_format})")
     return blob
 

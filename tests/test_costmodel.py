@@ -1,5 +1,6 @@
 """Cost models, training, the simulator, the bound, and the searches that use them."""
 
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -260,6 +261,66 @@ def test_lower_bound_is_below_plans_of_every_sharding_type(shipped, pool, device
                 assign.append(piece.devices[0] if piece.devices else int(rng.integers(devices)))
         plan = Plan.from_assignment(pieces, assign, devices, "random-types")
         assert Simulator(shipped).plan_cost(plan, tables, topology.batch_size).cost_ms >= bound - 1e-6
+
+
+@pytest.fixture(scope="module")
+def contending(shipped, tmp_path_factory) -> tuple[CostModels, str]:
+    """The shipped models with a strong superadditive (convex) term, saved: fused tables cost more than apart."""
+    models = CostModels(copy.deepcopy(shipped.compute), shipped.comm, shipped.hardware, dict(shipped.info))
+    with torch.no_grad():
+        models.compute.contention.w2.fill_(0.5)
+    path = tmp_path_factory.mktemp("contending") / "models.pt"
+    models.save(path)
+    return CostModels.load(path), str(path)
+
+
+def test_the_compute_model_can_price_fusion_above_and_below_running_apart(shipped, contending, pool):
+    """Subadditive (the shipped models' learned fusion) and superadditive (a convex term) both fit the
+    one model form, and either way adding a table never lowers a shard's price."""
+    pieces = [TablePiece.whole(t) for t in pool[:20]]
+    for models, fused_costs_more in ((shipped, False), (contending[0], True)):
+        fused = models.predict_shards([pieces], 512).sum()
+        apart = models.predict_shards([[p] for p in pieces], 512).sum()
+        assert (fused > apart) == fused_costs_more
+        growing = models.predict_shards([pieces[:k] for k in range(1, 21)], 512).sum(axis=1)
+        assert np.all(np.diff(growing) >= -1e-6)
+
+
+def test_a_first_format_model_file_loads_without_contention(shipped, tmp_path):
+    """Files `costmodel train` wrote before the convex term load and price as they did."""
+    blob = torch.load(default_cost_model_path(), weights_only=True)
+    blob["format"] = "shard-ray-costmodels/1"
+    blob["compute"]["state"] = {k: v for k, v in blob["compute"]["state"].items() if not k.startswith("contention.")}
+    torch.save(blob, tmp_path / "old.pt")
+    old = CostModels.load(tmp_path / "old.pt")
+    shard = [[TablePiece.whole(t) for t in generate_pool(PoolConfig(num_tables=8, seed=1))]]
+    with torch.no_grad():
+        assert float(old.compute.contention(torch.full((1, old.compute.hidden), 50.0)).max()) < 1e-9
+    assert old.predict_shards(shard, 1024) == pytest.approx(shipped.predict_shards(shard, 1024), rel=1e-3)
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_no_plan_the_searches_make_is_priced_below_the_bound_when_fusion_costs(contending, pool, devices):
+    """With superadditive models the bound is still below every algorithm's plan and the proven optimum,
+    and branch and bound still finds the brute-force optimum (its pruning needs only monotone prices)."""
+    models, path = contending
+    topology = Topology(num_devices=devices, memory_bytes=1000 * GB)
+    tables = pool[:12]
+    bound = lower_bound_ms(models, tables, topology)
+    for name in ("cost_search", "neuroshard", "dreamshard", "size_lookup_greedy", "random"):
+        plan = place(name, tables, topology, cost_model=path)
+        assert Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms >= bound - 1e-6, name
+    small = tables[:6]
+    pricer = Pricer(models, topology)
+    candidate, proven = branch_and_bound(pricer, small)
+    enc, sizes = pricer.encodings(table_wise(small)), pricer.sizes(table_wise(small))
+    brute = min(
+        float(pricer.device_costs(enc, sizes, np.array(assign)).max())
+        for assign in itertools.product(range(devices), repeat=len(small))
+    )
+    assert proven and candidate.cost == pytest.approx(brute, rel=1e-5)
+    assert lower_bound_ms(models, small, topology, column_wise=False) <= brute + 1e-6
+    assert lower_bound_ms(models, small, topology, column_wise=True) <= brute + 1e-6
 
 
 def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):

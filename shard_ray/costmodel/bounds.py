@@ -1,15 +1,17 @@
 """A lower bound on the simulated cost of any plan of a task.
 
-Compute: fusing never costs more than running tables apart (subadditivity), so the devices'
-fused costs add up to at least the fused cost of all tables, and the slowest device carries at
-least a 1/D share of it; each table counts at the least its sharding types can encode it as
-(`least_encodings`). In a table-wise plan the slowest device also carries at least the costliest
-single piece. Input all-to-alls and data-parallel all-reduces are left out: they only add. Communication: the slowest device's all-to-alls cost at least the cheapest the comm
-model predicts for any device of any plan of the task (the minimum over a grid of the device's
-own width and the widest device's width). Both terms are evaluated with the cost models, whose compute model is subadditive and
-monotone by construction (see `shard_ray.costmodel.models`), so the compute term bounds the
-simulated compute exactly; the communication term is a minimum over the model's whole range
-for the task, up to the grid's resolution.
+Compute: the slowest device carries at least a 1/D share of what the devices' fused costs add
+up to, and the compute model bounds that sum from its form alone, whatever fusion it learned
+(`ComputeCostNet.least_total`: own costs add, the concave term over the devices adds up to at
+least its value at the sum of all tables, the convex term to at least D times its value at the
+mean). Each table counts at the least its sharding types can encode it as (`least_encodings`),
+and every term is monotone, so this holds for every plan. In a table-wise plan the slowest device
+also carries at least the costliest single piece. Input all-to-alls and data-parallel all-reduces
+are left out: they only add.
+
+Communication: the slowest device's all-to-alls cost at least the cheapest the comm model
+predicts for any device of any plan of the task (the minimum over a grid of the device's own
+width and the widest device's width), up to the grid's resolution.
 """
 
 from __future__ import annotations
@@ -30,14 +32,12 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     d = topology.num_devices
     if column_wise:
         least = least_encodings(models, tables, topology)
-        count = torch.tensor([float(len(tables))])  # non-zero: the count only marks a shard as non-empty
-        compute = float(models.compute_from_sums(least.sum(dim=0, keepdim=True), count).sum()) / d
+        compute = models.least_compute(least.sum(dim=0), d) / d
     else:
         pieces = pieces_to_place(tables, topology)
         encodings = models.encode_tables(pieces, topology.batch_size)
-        everything = models.compute_from_sums(encodings.sum(dim=0, keepdim=True), torch.tensor([float(len(pieces))]))
         single = models.compute_from_sums(encodings, torch.ones(len(pieces))).sum(axis=1)
-        compute = max(float(everything.sum()) / d, float(single.max()))
+        compute = max(models.least_compute(encodings.sum(dim=0), d) / d, float(single.max()))
     if d == 1 or models.comm is None:
         return compute
     total = float(sum(t.dim for t in tables))

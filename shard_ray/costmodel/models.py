@@ -1,16 +1,23 @@
 """Neural cost models of fused compute and all-to-all communication, and their file format.
 
 Compute: a per-table network on the shared log-scaled features and the batch size gives each
-table its own forward and backward ms c_t >= 0 and an encoding e_t >= 0; a shard S costs
+table its own forward and backward ms c_t >= 0 and an encoding e_t >= 0; a shard S costs, per
+phase,
 
-    sum of c_t over S  +  g(sum of e_t over S)
+    sum of c_t over S  +  shared(E)  +  contention(E),    E = sum of e_t over S
 
-with g non-decreasing and concave (non-negative weights, concave activations) and g(0) >= 0,
-the fixed cost of a kernel. So, by construction and as fused kernels on the hardware are, the
-predicted cost never drops when a table is added (monotone), and fusing never costs more than
-running apart (subadditive: g(a + b) <= g(a) + g(b)). The lower bound and the exact search
-rely on both. Sums make it permutation-invariant, able to take any number of tables, and
-cheap to search with: a device's running sum plus one table's row prices the device with it.
+with both terms non-decreasing in every coordinate of E (non-negative weights, monotone
+activations): `shared` is concave with shared(0) >= 0, the fixed cost of a kernel and what fused
+tables save together (subadditive: shared(a + b) <= shared(a) + shared(b)); `contention` is
+convex with contention(0) = 0, what fused tables cost each other beyond running apart
+(superadditive). So the model is free to learn fusion that saves (the forward on CPU, launches
+on GPUs) or costs (the backward on these CPU kernels, measured 1.4x to 2.3x its tables apart),
+separately per phase, and the predicted cost still never drops when a table is added
+(monotone), which the exact search's pruning relies on. The lower bound (`shard_ray.costmodel.bounds`)
+uses the two curvatures: the concave term over devices adds up to at least its value at the sum,
+the convex term to at least D times its value at the mean. Sums make the model
+permutation-invariant, able to take any number of tables, and cheap to search with: a device's
+running sum plus one table's row prices the device with it.
 
 Communication: per device, an MLP over what its all-to-alls move (its own width, the total and
 largest widths, batch size, device count) predicting log forward and log backward all-to-all
@@ -41,7 +48,9 @@ from shard_ray.io import read_torch_file, write_atomic
 from shard_ray.plan.plan import TablePiece
 from shard_ray.workload.tables import TableSpec
 
-FORMAT = "shard-ray-costmodels/1"
+FORMAT = "shard-ray-costmodels/2"
+# Files of the first format have no `contention` term: they load with it off (subadditive models).
+SUBADDITIVE_FORMAT = "shard-ray-costmodels/1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DEFAULT_PRETRAINED = "cpu-reference.pt"
 
@@ -124,23 +133,32 @@ def mlp(inputs: int, hidden: int, depth: int, outputs: int | None = None) -> nn.
     return nn.Sequential(*layers)
 
 
-class MonotoneConcave(nn.Module):
-    """g: R+^H -> R+^2, non-decreasing and concave in every input, g(0) = softplus(bias) >= 0."""
+class Monotone(nn.Module):
+    """g: R+^H -> R+^2, non-decreasing in every input; concave with g(0) = softplus(bias) >= 0, or
+    convex with g(0) = 0. Non-negative weights keep the curvature and the monotonicity of the
+    activation: log-sigmoid is concave and non-decreasing, softplus convex and non-decreasing."""
 
-    def __init__(self, inputs: int, hidden: int, outputs: int = 2) -> None:
+    def __init__(self, inputs: int, hidden: int, convex: bool, outputs: int = 2) -> None:
         super().__init__()
+        self.convex = convex
         self.w1 = nn.Parameter(torch.randn(inputs, hidden) / math.sqrt(inputs) - 1.0)
         self.b1 = nn.Parameter(torch.zeros(hidden))
         self.w2 = nn.Parameter(torch.randn(hidden, outputs) / math.sqrt(hidden) - 1.0)
-        self.b2 = nn.Parameter(torch.full((outputs,), -2.0))
+        if not convex:
+            self.b2 = nn.Parameter(torch.full((outputs,), -2.0))
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
-        # log-sigmoid is concave and non-decreasing; non-negative weights keep both properties
-        return nn.functional.logsigmoid(x @ nn.functional.softplus(self.w1) + self.b1)
+        pre = x @ nn.functional.softplus(self.w1) + self.b1
+        return nn.functional.softplus(pre) if self.convex else nn.functional.logsigmoid(pre)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rise = self._inner(x) - self._inner(torch.zeros_like(x))
-        return rise @ nn.functional.softplus(self.w2) + nn.functional.softplus(self.b2)
+        rise = (self._inner(x) - self._inner(torch.zeros_like(x))) @ nn.functional.softplus(self.w2)
+        return rise if self.convex else rise + nn.functional.softplus(self.b2)
+
+    def switch_off(self) -> None:
+        """Make the term (close to) zero everywhere: a first-format model has no contention."""
+        with torch.no_grad():
+            self.w2.fill_(-40.0)  # softplus(-40) = 4e-18
 
 
 class ComputeCostNet(nn.Module):
@@ -150,7 +168,8 @@ class ComputeCostNet(nn.Module):
         super().__init__()
         self.hidden, self.depth = hidden, depth
         self.encoder = mlp(NUM_TABLE_FEATURES + 1, hidden, depth, outputs=hidden + 2)
-        self.interaction = MonotoneConcave(hidden, hidden)
+        self.interaction = Monotone(hidden, hidden, convex=False)  # `shared` in the module's docstring
+        self.contention = Monotone(hidden, hidden, convex=True)
         self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
         self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
 
@@ -167,7 +186,16 @@ class ComputeCostNet(nn.Module):
 
     def from_sums(self, sums: torch.Tensor) -> torch.Tensor:
         """Log (fwd, bwd) ms of shards from their summed rows [B, 2 + H]."""
-        return torch.log(sums[..., :2] + self.interaction(sums[..., 2:]))
+        encoding = sums[..., 2:]
+        return torch.log(sums[..., :2] + self.interaction(encoding) + self.contention(encoding))
+
+    def least_total(self, sums: torch.Tensor, devices: int) -> torch.Tensor:
+        """A lower bound on the total (fwd, bwd) ms [..., 2] of `devices` shards whose rows add up to
+        at least `sums` [..., 2 + H]: own ms add; the concave term over the non-empty shards adds up
+        to at least its value at the sum (subadditive, as it is >= 0 at 0); the convex term, 0 at 0,
+        to at least `devices` times its value at the mean (Jensen); all terms are monotone."""
+        encoding = sums[..., 2:]
+        return sums[..., :2] + self.interaction(encoding) + devices * self.contention(encoding / devices)
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
         """Padded shards [B, T, F] with mask [B, T] -> log (fwd, bwd) ms [B, 2]."""
@@ -262,6 +290,12 @@ class CostModels:
         return ms
 
     @torch.no_grad()
+    def least_compute(self, sums: torch.Tensor, devices: int) -> float:
+        """A lower bound on the step compute ms (forward + backward) that `devices` shards whose
+        summed rows are at least `sums` [2 + H] add up to (see `ComputeCostNet.least_total`)."""
+        return float(self.compute.least_total(sums, devices).sum())
+
+    @torch.no_grad()
     def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
         """Predicted (fwd, bwd) all-to-all ms [n, 2] of devices given by comm feature rows; zeros without a comm model."""
         if self.comm is None:
@@ -314,10 +348,16 @@ class CostModels:
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> CostModels:
         """Models from a model file's content (`source` names it in errors)."""
-        blob = read_torch_file(data, source, "cost model", "shard-ray cost models", FORMAT, "`costmodel train` writes")
+        blob = read_torch_file(
+            data, source, "cost model", "shard-ray cost models", FORMAT, "`costmodel train` writes", SUBADDITIVE_FORMAT
+        )
         try:
             compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"])
-            compute.load_state_dict(blob["compute"]["state"])
+            state = blob["compute"]["state"]
+            if blob["format"] == SUBADDITIVE_FORMAT:
+                compute.contention.switch_off()
+                state = {**{f"contention.{k}": v for k, v in compute.contention.state_dict().items()}, **state}
+            compute.load_state_dict(state)
             comm = None
             if blob["comm"] is not None:
                 comm = CommCostNet(blob["comm"]["hidden"], blob["comm"]["depth"])
