@@ -187,3 +187,26 @@ def _task(folder) -> str:
     from shard_ray.workload.tables import load_tables
 
     return task_digest(load_tables(folder / "tables.json"))
+
+
+def test_calibration_measures_every_candidates_slowest_device_first():
+    """Under a short budget the shards that decide between the candidates come first: each candidate's
+    devices from the slowest predicted down, the candidates taking turns."""
+    from shard_ray.costmodel.calibrate import decisive_shards
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.costmodel.simulator import Simulator
+    from shard_ray.placement import place
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+
+    tables = generate_pool(PoolConfig(num_tables=24, seed=2))
+    topology = Topology(num_devices=4, memory_bytes=GB)
+    simulator = Simulator(CostModels.load(default_cost_model_path()))
+    candidates = [place(name, tables, topology) for name in ("cost_search", "size_greedy", "random")]
+    shards = decisive_shards(candidates, tables, simulator, topology.batch_size)
+    assert len(shards) == 12
+    for turn, plan in enumerate(candidates):
+        devices = simulator.plan_cost(plan, tables, topology.batch_size).devices
+        by_cost = sorted(devices, key=lambda d: -d.total_ms)
+        pieces = plan.pieces(tables)
+        assert shards[turn] == pieces[by_cost[0].device]  # first round: every candidate's bottleneck
+        assert shards[len(candidates) * 3 + turn] == pieces[by_cost[-1].device]  # last: its fastest

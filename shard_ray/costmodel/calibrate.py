@@ -2,10 +2,11 @@
 
 1. Candidate plans: every heuristic and model-based search plans the task with the starting
    models, so calibration measures what the decision between plans hinges on.
-2. Compute data, on the profiling actors in parallel, most useful first: every table alone, the
-   fused shards of the candidate plans, then random shards of the task's tables of up to as
-   many tables as a candidate puts on one device.
-3. Communication data, on the device gang: the candidate plans, then plans of random balance
+2. Compute data, on the profiling actors in parallel, most useful first: the shards the choice
+   between candidates hinges on (`decisive_shards`: each candidate's devices from the slowest
+   predicted, the candidates taking turns from the cheapest predicted), every table alone, then
+   random shards of the task's tables of up to as many tables as a candidate puts on one device.
+3. Communication data, on the device gang: the candidate plans, cheapest predicted first, then plans of random balance
    of the task's tables, at the task's device count. Over hosts (`--devices-per-host`), the gang
    spans them and the comm model is fit to what crossed them: it learns the inter-host share of
    this cluster instead of pricing it at a stated bandwidth. First, the noise floor: the first
@@ -117,6 +118,21 @@ def random_plans(tables: list[TableSpec], num_devices: int, count: int, seed: in
     ]
 
 
+def decisive_shards(
+    candidates: list[Plan], tables: list[TableSpec], simulator: Simulator, batch_size: int
+) -> list[list[TablePiece]]:
+    """The candidates' fused shards in the order their measurements decide between the plans: a
+    plan costs its slowest device, so each candidate's devices go from the slowest predicted down,
+    and the candidates (given cheapest predicted first) take turns, so that a short budget still
+    measures every candidate's bottleneck before any candidate's fastest device."""
+    ranked = []
+    for plan in candidates:
+        shards = plan.pieces(tables)
+        devices = simulator.plan_cost(plan, tables, batch_size).devices
+        ranked.append([shards[d.device] for d in sorted(devices, key=lambda d: -d.total_ms)])
+    return [turn[i] for i in range(max(map(len, ranked), default=0)) for turn in ranked if i < len(turn)]
+
+
 def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
     seen, unique = set(), []
     for parts in shards:
@@ -169,16 +185,20 @@ def calibrate(
     if topology.num_hosts > 1:
         check_hosts(topology.num_devices, topology.devices_per_host)  # before minutes of measuring, not after
 
-    # 1. candidate plans
-    candidates = candidate_plans(tables, topology, start_path, config.seed)
+    # 1. candidate plans, cheapest predicted first
+    simulator = Simulator(start)
+    candidates = sorted(
+        candidate_plans(tables, topology, start_path, config.seed),
+        key=lambda plan: simulator.plan_cost(plan, tables, topology.batch_size).cost_ms,
+    )
     log(f"{len(candidates)} candidate plans: {', '.join(p.algorithm for p in candidates)}")
 
     # 2. compute data, most useful first, until the measuring time is spent
-    candidate_shards = [parts for plan in candidates for parts in plan.pieces(tables)]
-    most_tables = max(len(parts) for parts in candidate_shards)
+    decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
+    most_tables = max(len(parts) for parts in decisive)
     wanted = unique_shards(
-        [[p] for p in table_wise(tables)]
-        + candidate_shards
+        decisive
+        + [[p] for p in table_wise(tables)]
         + draw_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
     with ProfilingPool(config.actors) as pool:
