@@ -2,9 +2,9 @@
 
     python experiments/fusion_measurements.py [--out tests/data/fusion_shards.json] [--shards 48] [--seed 0]
 
-Sixteen of the synthetic pool's tables in fp16 (where the CPU kernels' fused backward costs most
+Twenty of the synthetic pool's tables in fp16 (where the CPU kernels' fused backward costs most
 over running its tables apart, README: Cost-model accuracy) are measured on one profiling actor,
-each alone and in random fused shards of 2 to 16 of them, plus all 16 together, at batch 512.
+each alone and in random fused shards of 2 to 20 of them, plus all 20 together, at batch 512.
 The measurements (`ShardMeasurement`s, as the store keeps them) are written as JSON: the test
 suite fits the compute model to them (`tests/test_costmodel.py`), so it checks the model learns
 the fusion this hardware measured, with no hardware of its own. The run prints the fused against
@@ -27,11 +27,11 @@ from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
-NUM_TABLES = 16
+NUM_TABLES = 20
 
 
 def fusion_shards(num_shards: int, seed: int) -> list[list[TablePiece]]:
-    """Every table alone, `num_shards` random shards of 2 to 16 of them, and all of them together."""
+    """Every table alone, `num_shards` random shards of 2 to 20 of them, and all of them together."""
     tables = [
         t.model_copy(update={"precision": "fp16"}) for t in generate_pool(PoolConfig(num_tables=NUM_TABLES, seed=seed))
     ]

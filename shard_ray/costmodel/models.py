@@ -144,7 +144,16 @@ class Monotone(nn.Module):
         self.w1 = nn.Parameter(torch.randn(inputs, hidden) / math.sqrt(inputs) - 1.0)
         self.b1 = nn.Parameter(torch.zeros(hidden))
         self.w2 = nn.Parameter(torch.randn(hidden, outputs) / math.sqrt(hidden) - 1.0)
-        if not convex:
+        if convex:
+            # Softplus bends only near its knee and is linear beyond, so a convex term whose units all
+            # start past their knees is additive and stays so. Its units start flat for one table's
+            # encoding (weights about 1/inputs, encodings about 0.7 each), with knees spread over
+            # the sums of about 1 to 25 tables, and small, so that training grows what the data shows.
+            with torch.no_grad():
+                self.w1.sub_(math.log(inputs))
+                self.b1.uniform_(-6.0, -0.3)
+                self.w2.sub_(3.0)
+        else:
             self.b2 = nn.Parameter(torch.full((outputs,), -2.0))
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
