@@ -5,6 +5,8 @@
 For each public-shape table file (Criteo Kaggle and MLPerf DLRM-DCNv2 cardinalities, minimal
 format) on the 2-device gang, from the shipped models, as a user types it:
 
+0. `shard-ray calibrate --budget-minutes 5` from the shipped models: held-out accuracy before and
+   after, and the models the next steps plan with;
 1. `shard-ray plan --algo cost_search --measure --refine`: the searched plan raced against every
    baseline, the race's choice refined with measured moves and written only if the gang separates
    the refined plan from it;
@@ -27,6 +29,7 @@ from calibration import PUBLIC_SHAPES, shard_ray
 
 from shard_ray.cli.flags import Parser, add_settings, settings_from
 from shard_ray.configfile import setting
+from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.io import write_json
 from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, memory_cap_with_headroom
@@ -42,6 +45,7 @@ class RefinementBenchmark:
     devices: int = setting(2, "devices of the gang", min=2)
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
     measure_budget: float = setting(150.0, "plan --measure-budget and compare --budget-seconds", min=1)
+    budget_minutes: float = setting(5.0, "calibrate --budget-minutes", min=0.1)
 
 
 def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[str, Any]:
@@ -49,10 +53,16 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     memory_gb = memory_cap_with_headroom(load_tables(tables_file), config.devices, config.memory_headroom) / GB
     store, plans = str(out / "measurements.db"), out / "plans" / name
     common = ["--tables", str(tables_file), "--devices", str(config.devices), "--memory-gb", f"{memory_gb:.4f}"]
-    written = plans / "written.json"
+    written, models = plans / "written.json", out / "models" / f"{name}.pt"
+    calibration = json.loads(
+        shard_ray(
+            "calibrate", *common, "--cost-model", str(default_cost_model_path()), "--store", store,
+            "--out", str(models), "--budget-minutes", str(config.budget_minutes), "--no-mlflow",
+        ).strip().splitlines()[-1]
+    )  # fmt: skip
     printed = shard_ray(
-        "plan", *common, "--algo", "cost_search", "--out", str(written), "--measure", "--refine",
-        "--measure-budget", str(config.measure_budget), "--store", store,
+        "plan", *common, "--algo", "cost_search", "--cost-model", str(models), "--out", str(written), "--measure",
+        "--refine", "--measure-budget", str(config.measure_budget), "--store", store,
     )  # fmt: skip
     refinement = [line for line in printed.splitlines() if line.startswith("refinement")]
     for baseline in BASELINES:
@@ -66,6 +76,7 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     chosen_in_race = load_plan(written)
     mine = next(n for n in confirm["candidates"] if "written" in n.split("="))
     return {
+        "calibration": calibration,
         "memory_gb": memory_gb,
         "written_plan": chosen_in_race.algorithm,
         "race_separated": chosen_in_race.measured.separated if chosen_in_race.measured else None,
@@ -76,7 +87,23 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
+    def pct(value: float | None) -> str:
+        return "—" if value is None else f"{100 * value:.1f}%"
+
     lines = [
+        "| task | compute MAPE before → after | Spearman after | plan sim error before → after | kept |",
+        "|---|---|---:|---|---|",
+    ]
+    for name, r in results.items():
+        report = r["calibration"]
+        before, after = report["before"], report["after"]
+        lines.append(
+            f"| {name} | {pct(before['compute']['mape'])} → {pct(after['compute']['mape'])} | "
+            f"{after['compute']['spearman'] or 0:.3f} | {pct(before['plan']['mape'])} → {pct(after['plan']['mape'])} | "
+            f"{report['chosen']} |"
+        )
+    lines += [
+        "",
         "| task | plan written by `plan --measure --refine` | refinement | separate `compare`: chosen | "
         "written plan's ratio to the chosen [95% CI] | separated |",
         "|---|---|---|---|---|---|",
