@@ -49,8 +49,11 @@ from shard_ray.plan.plan import TablePiece
 from shard_ray.workload.tables import TableSpec
 
 FORMAT = "shard-ray-costmodels/2"
-# Files of the first format have no `contention` term: they load with it off (subadditive models).
+# Files of the first format have no `contention` term: they load as subadditive models.
 SUBADDITIVE_FORMAT = "shard-ray-costmodels/1"
+# What fusion the compute model may learn: "free" (saving or costing, both terms) or "subadditive"
+# (the concave term only: fusing never costs more than running apart, and the bound is tighter).
+FUSIONS = ("free", "subadditive")
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DEFAULT_PRETRAINED = "cpu-reference.pt"
 
@@ -165,20 +168,25 @@ class Monotone(nn.Module):
         return rise if self.convex else rise + nn.functional.softplus(self.b2)
 
     def switch_off(self) -> None:
-        """Make the term (close to) zero everywhere: a first-format model has no contention."""
+        """Make the term (close to) zero everywhere and keep it there through training."""
         with torch.no_grad():
             self.w2.fill_(-40.0)  # softplus(-40) = 4e-18
+        self.requires_grad_(False)
 
 
 class ComputeCostNet(nn.Module):
     """Rows of `encode` are [fwd ms, bwd ms, encoding...] per table; `from_sums` prices their sums."""
 
-    def __init__(self, hidden: int = 128, depth: int = 2) -> None:
+    def __init__(self, hidden: int = 128, depth: int = 2, fusion: str = "free") -> None:
         super().__init__()
-        self.hidden, self.depth = hidden, depth
+        if fusion not in FUSIONS:
+            raise ShardRayError(f"unknown fusion {fusion!r}; known: {', '.join(FUSIONS)}")
+        self.hidden, self.depth, self.fusion = hidden, depth, fusion
         self.encoder = mlp(NUM_TABLE_FEATURES + 1, hidden, depth, outputs=hidden + 2)
         self.interaction = Monotone(hidden, hidden, convex=False)  # `shared` in the module's docstring
         self.contention = Monotone(hidden, hidden, convex=True)
+        if fusion == "subadditive":
+            self.contention.switch_off()
         self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
         self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
 
@@ -332,6 +340,7 @@ class CostModels:
                 "compute": {
                     "hidden": self.compute.hidden,
                     "depth": self.compute.depth,
+                    "fusion": self.compute.fusion,
                     "state": self.compute.state_dict(),
                 },
                 "comm": None
@@ -361,10 +370,11 @@ class CostModels:
             data, source, "cost model", "shard-ray cost models", FORMAT, "`costmodel train` writes", SUBADDITIVE_FORMAT
         )
         try:
-            compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"])
+            old = blob["format"] == SUBADDITIVE_FORMAT
+            fusion = "subadditive" if old else blob["compute"]["fusion"]
+            compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"], fusion)
             state = blob["compute"]["state"]
-            if blob["format"] == SUBADDITIVE_FORMAT:
-                compute.contention.switch_off()
+            if old:
                 state = {**{f"contention.{k}": v for k, v in compute.contention.state_dict().items()}, **state}
             compute.load_state_dict(state)
             comm = None

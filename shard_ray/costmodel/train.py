@@ -25,7 +25,15 @@ from tqdm import tqdm
 from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
 from shard_ray.costmodel.features import batch_context, parts_features
-from shard_ray.costmodel.models import COMM_FEATURES, CommCostNet, ComputeCostNet, CostModels, comm_features, pad_shards
+from shard_ray.costmodel.models import (
+    COMM_FEATURES,
+    FUSIONS,
+    CommCostNet,
+    ComputeCostNet,
+    CostModels,
+    comm_features,
+    pad_shards,
+)
 from shard_ray.costmodel.pricing import analytic_hosts, over_hosts
 from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.profiling.fused_shard import ShardMeasurement
@@ -45,6 +53,12 @@ FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table 
 class TrainConfig:
     hidden: int = setting(128, "encoder width", min=1)
     depth: int = setting(2, "encoder layers", min=1)
+    fusion: str = setting(
+        "free",
+        "what fusing tables may do to a shard's compute: 'free' (save or cost, per phase) or 'subadditive' "
+        "(never cost more than the tables apart; a tighter lower bound)",
+        choices=FUSIONS,
+    )
     comm_hidden: int = 64
     comm_depth: int = 2
     lr: float = setting(2e-3, "learning rate", min=0)
@@ -64,6 +78,8 @@ class TrainConfig:
             raise ShardRayError(f"the learning rate must be between 0 and 1, got {self.lr}")
         if not 0 <= self.weight_decay < 1:
             raise ShardRayError(f"weight_decay must be in [0, 1), got {self.weight_decay}")
+        if self.fusion not in FUSIONS:
+            raise ShardRayError(f"unknown fusion {self.fusion!r}; known: {', '.join(FUSIONS)}")
         if self.loss not in LOSSES:
             raise ShardRayError(f"unknown loss {self.loss!r}; known: {', '.join(LOSSES)}")
         if self.feature_scaling not in FEATURE_SCALINGS:
@@ -226,7 +242,7 @@ def train_compute_model(
     if init is not None:
         model = copy.deepcopy(init)
     else:
-        model = ComputeCostNet(config.hidden, config.depth)
+        model = ComputeCostNet(config.hidden, config.depth, config.fusion)
         offset, scale = feature_scaling(train.features[train.mask.bool()], config.feature_scaling)
         model.feature_mean.copy_(offset)
         model.feature_std.copy_(scale)
