@@ -123,16 +123,22 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_synthetic_tasks(synthetic: BenchmarkConfig, folder: Path) -> list[Path]:
+    """The benchmark's synthetic test tasks as table files in `folder`, as a user would hand them over."""
+    paths = []
+    for name, tables in benchmark_tasks(synthetic) if synthetic.tasks else []:
+        save_tables(folder / f"{name}.json", tables)
+        paths.append(folder / f"{name}.json")
+    return paths
+
+
 def main(argv: list[str]) -> int:
     parser = Parser(prog="calibration.py", description=__doc__.split("\n\n")[0])
     add_settings(parser, CalibrationBenchmark)
     config = settings_from(CalibrationBenchmark, parser.parse_args(argv))
     out = Path(config.out)
-    tasks = []
     synthetic = BenchmarkConfig(tasks=config.tasks, min_tables=config.min_tables, max_tables=config.max_tables)
-    for name, tables in benchmark_tasks(synthetic) if config.tasks else []:
-        save_tables(out / "tasks" / f"{name}.json", tables)
-        tasks.append((name, out / "tasks" / f"{name}.json"))
+    tasks = [(path.stem, path) for path in write_synthetic_tasks(synthetic, out / "tasks")]
     tasks += [(Path(path).stem, Path(path)) for path in config.tables]
     results = {}
     for name, path in tasks:
