@@ -275,9 +275,11 @@ def test_lower_bound_is_below_plans_of_every_sharding_type(shipped, pool, device
 
 @pytest.fixture(scope="module")
 def contending(shipped, tmp_path_factory) -> tuple[CostModels, str]:
-    """The shipped models with a strong superadditive (convex) term, saved: fused tables cost more than apart."""
+    """The shipped models with a strong superadditive (convex) term, saved: fused tables cost more than apart.
+    Every unit of the term weighs every table's encoding alike and heavily, whatever the shipped term learned."""
     models = CostModels(copy.deepcopy(shipped.compute), shipped.comm, shipped.hardware, dict(shipped.info))
     with torch.no_grad():
+        models.compute.contention.w1.fill_(0.0)
         models.compute.contention.w2.fill_(0.5)
     path = tmp_path_factory.mktemp("contending") / "models.pt"
     models.save(path)
