@@ -12,7 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shard_ray.cli import main
+from shard_ray.costmodel.models import FORMAT as COSTMODELS_FORMAT
 from shard_ray.plan.plan import load_plan
+from shard_ray.policy.network import FORMAT as POLICY_FORMAT
 from shard_ray.workload.tables import load_tables
 
 FIELDS = {
@@ -139,7 +141,7 @@ def test_damaged_model_and_policy_files_are_refused(table_file_path, blob, which
         )
         assert_refused_cleanly(code, err, out)
         assert "weights_only=False" not in err  # torch's advice to load untrusted pickles is not ours to give
-        assert "shard-ray-costmodels/1" in err or "shard-ray-policy/1" in err, err
+        assert COSTMODELS_FORMAT in err or POLICY_FORMAT in err, err
 
 
 @pytest.fixture(scope="module")
