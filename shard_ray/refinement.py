@@ -124,7 +124,10 @@ def refine(
     (compute,) = measure_devices([(items, assign, every_device)], measure.seed)
     costs = plan_cost(items, assign, compute)
     before = float(costs.max())
-    log(f"refinement: measured plan cost {before:.2f} ms (compute measured per device, all-to-alls priced)")
+    log(
+        f"refinement: measured plan cost {before:.2f} ms (compute measured per device, all-to-alls priced; each step "
+        "measures the plan again beside its moves, with new batches)"
+    )
     moves: list[str] = []
     for step in range(1, config.refine_steps + 1):
         proposals = propose(pricer, items, assign, costs, config)
@@ -157,7 +160,10 @@ def refine(
         items, assign, compute = best_items, best_assign, best_compute
         costs = plan_cost(items, assign, compute)
         moves.append(words)
-        log(f"refinement step {step}: {words}: measured {current:.2f} -> {best_ms:.2f} ms ({gain:.1%} faster)")
+        log(
+            f"refinement step {step}: {words}: {best_ms:.2f} ms against {current:.2f} ms for the plan as it stood, "
+            f"measured beside it with this step's batches ({gain:.1%} faster)"
+        )
     refined = Candidate(items, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
     refined.check(tables)
     refined.check_memory(tables, topology)

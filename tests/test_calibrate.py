@@ -210,3 +210,20 @@ def test_calibration_measures_every_candidates_slowest_device_first():
         pieces = plan.pieces(tables)
         assert shards[turn] == pieces[by_cost[0].device]  # first round: every candidate's bottleneck
         assert shards[len(candidates) * 3 + turn] == pieces[by_cost[-1].device]  # last: its fastest
+
+
+def test_calibrate_with_too_few_shards_is_refused_before_the_gang_starts(tmp_path):
+    """Too few shards to fit and check models on (one table has one shard) ends in one line and exit 2
+    before the plans' measurements (the noise floor and the comm data could not save it), and no models
+    are written."""
+    (tmp_path / "tables.json").write_text(
+        '{"tables": [{"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1}]}'
+    )
+    out = tmp_path / "models.pt"
+    result = shard_ray(
+        tmp_path, "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "0.1",
+        "--store", "m.db", "--out", str(out), "--no-mlflow",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "too few measurements to calibrate" in result.stderr and "Traceback" not in result.stderr
+    assert "noise floor" not in result.stdout and not out.exists()

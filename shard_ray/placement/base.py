@@ -11,7 +11,8 @@ estimate (predicted per-device costs and the task's lower bound).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -170,7 +171,8 @@ def place(
     )
     placer = info.factory(context)
     start = time.perf_counter()
-    plan = placer(tables, topology)
+    with _one_torch_thread():
+        plan = placer(tables, topology)
     elapsed = time.perf_counter() - start
     plan.check(tables)
     plan.check_memory(tables, topology)
@@ -199,6 +201,21 @@ def place(
     if context.used_models:
         plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
     return plan
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Torch on one thread while an algorithm plans. The models price a few shards a call, where one
+    thread is faster than several, and beside a busy process torch's threads spin against the load:
+    Criteo Kaggle's cost_search took 1.7 s on one thread and 29 s on two beside a running test suite."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: PlacementContext) -> PlanEstimate:
