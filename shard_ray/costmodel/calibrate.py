@@ -215,12 +215,16 @@ def calibrate(
                 bar.update(len(chunk))
 
     # Before the gang starts: with too few shards, the plans' measurements could not save the calibration.
-    early, _ = task_measurements(store, tables, hardware, measure, topology.hosts_of)
-    _refuse_too_few(
-        {name: [m for m in early if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")},
-        len(early),
-        hardware,
-    )
+    # The gang adds plans only, so these are the shards the fit uses.
+    shards, _ = task_measurements(store, tables, hardware, measure, topology.hosts_of)
+    by_split = {
+        name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
+    }
+    if len(by_split["fit"]) < 4 or not by_split["val"] or not by_split["held_out"]:
+        raise ShardRayError(
+            f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
+            "give a larger --budget-minutes"
+        )
 
     # 3. communication data on the gang
     if topology.num_devices > 1:
@@ -244,11 +248,7 @@ def calibrate(
     # Over hosts, the comm model is fit to all-to-alls measured over them: it learns their inter-host
     # share, and prices it itself thereafter (`comm_hosts`, `shard_ray.costmodel.pricing.analytic_hosts`).
     hosts = topology.hosts_of
-    shards, plans = task_measurements(store, tables, hardware, measure, hosts)
-    by_split = {
-        name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
-    }
-    _refuse_too_few(by_split, len(shards), hardware)
+    _, plans = task_measurements(store, tables, hardware, measure, hosts)
     plan_split = {
         name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
@@ -315,14 +315,6 @@ def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int
     simulator = Simulator(models)
     simulated = [simulator.plan_cost(p.plan, p.tables, batch_size).cost_ms for p in plans]
     return accuracy(np.asarray(simulated), np.asarray([p.cost.cost_ms for p in plans]))
-
-
-def _refuse_too_few(by_split: dict[str, list[Any]], count: int, hardware: str) -> None:
-    if len(by_split["fit"]) < 4 or not by_split["val"] or not by_split["held_out"]:
-        raise ShardRayError(
-            f"too few measurements to calibrate ({count} shards of these tables on {hardware}); "
-            "give a larger --budget-minutes"
-        )
 
 
 def choose_models(
