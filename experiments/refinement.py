@@ -4,15 +4,17 @@
 
 For a synthetic test task (26-40 tables, drawn as `experiments/calibration.py` draws them) and each
 public-shape table file (Criteo Kaggle and MLPerf DLRM-DCNv2 cardinalities, minimal format) on the
-2-device gang, from the shipped models, as a user types it:
+device gang (`--devices`; with more devices than cores, compute measured per device and all-to-alls
+priced), from the shipped models, as a user types it:
 
 0. `shard-ray calibrate --budget-minutes 5` from the shipped models: held-out accuracy before and
    after, and the models the next steps plan with;
 1. `shard-ray plan --algo cost_search --measure --refine`: the searched plan raced against every
    baseline, the race's choice refined with measured moves and written only if the gang separates
    the refined plan from it;
-2. every baseline's plan (`plan --algo NAME`), then `shard-ray compare` of the written plan against
-   TorchRec's and every heuristic's: the separate run that confirms (or not) what step 1 wrote.
+2. every baseline's plan (`plan --algo NAME`) and the shipped DreamShard policy's (with the calibrated
+   models), then `shard-ray compare` of the written plan against TorchRec's, every heuristic's and the
+   policy's: the separate run that confirms (or not) what step 1 wrote, and where the policy stands.
 
 Writes `refinement.json` and `refinement.md` (the figures the README quotes) to `--out`; the
 measurements go to one store there.
@@ -30,6 +32,7 @@ from calibration import PUBLIC_SHAPES, shard_ray, write_synthetic_tasks
 
 from shard_ray.benchmark import BenchmarkConfig
 from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.comparison import ratio_interval
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.io import write_json
@@ -37,6 +40,7 @@ from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, memory_cap_with_headroom
 from shard_ray.workload.tables import load_tables
 
+POLICY = "dreamshard"  # the shipped policy, planning with the calibrated models
 BASELINES = ("torchrec", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "round_robin", "random")
 
 
@@ -70,14 +74,16 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     refinement = [line for line in printed.splitlines() if line.startswith("refinement")]
     for baseline in BASELINES:
         shard_ray("plan", *common, "--algo", baseline, "--out", str(plans / f"{baseline}.json"))
+    shard_ray("plan", *common, "--algo", POLICY, "--cost-model", str(models), "--out", str(plans / f"{POLICY}.json"))
     shard_ray(
         "compare", "--tables", str(tables_file), "--plans", str(written),
-        *(str(plans / f"{b}.json") for b in BASELINES), "--budget-seconds", str(config.measure_budget),
+        *(str(plans / f"{b}.json") for b in (*BASELINES, POLICY)), "--budget-seconds", str(config.measure_budget),
         "--out", str(out / "compare" / name), "--no-mlflow",
     )  # fmt: skip
     confirm = json.loads((out / "compare" / name / "comparison.json").read_text())["comparison"]
     chosen_in_race = load_plan(written)
     mine = next(n for n in confirm["candidates"] if "written" in n.split("="))
+    policy = next(n for n in confirm["candidates"] if POLICY in n.split("="))
     return {
         "calibration": calibration,
         "memory_gb": memory_gb,
@@ -86,19 +92,18 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
         "refinement": refinement,
         "confirm": confirm,
         "written_name": mine,
+        "policy_name": policy,
     }
 
 
-def written_over_best_baseline(confirm: dict[str, Any], written: str) -> str:
-    """The written plan's cost over the fastest baseline's in the separate comparison, with its interval:
-    the comparison states every ratio against its chosen plan, which is either the written one (then
-    the best baseline is the lowest of the others, inverted) or a baseline (then it is the best)."""
-    ratios = confirm["ratios"]
-    if written in ratios:
-        r = ratios[written]
-        return f"{r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}] (vs {confirm['chosen']})"
-    best, r = min(ratios.items(), key=lambda item: item[1]["ratio"])
-    return f"{1 / r['ratio']:.3f} [{1 / r['high']:.3f}, {1 / r['low']:.3f}] (vs {best})"
+def over_best_baseline(confirm: dict[str, Any], name: str) -> str:
+    """Candidate `name`'s cost over the fastest baseline's in the separate comparison, with the interval
+    the comparison's procedure gives a pair (its level corrected for many plans and looks)."""
+    rounds = {n: c["rounds_ms"] for n, c in confirm["candidates"].items()}
+    baselines = [n for n in rounds if n != name and set(n.split("=")) & set(BASELINES)]
+    best = min(baselines, key=lambda n: ratio_interval(rounds[n], rounds[name], 1.0).ratio)
+    r = ratio_interval(rounds[name], rounds[best], confirm["pair_level"])
+    return f"{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}] (vs {best})"
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -120,15 +125,16 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     lines += [
         "",
         "| task | plan written by `plan --measure --refine` | refinement | separate `compare`: chosen | "
-        "written plan over the best baseline [CI] | separated |",
-        "|---|---|---|---|---|---|",
+        "written plan over the best baseline [CI] | dreamshard over the best baseline [CI] | separated |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         confirm, mine = r["confirm"], r["written_name"]
-        shown = written_over_best_baseline(confirm, mine)
+        shown = over_best_baseline(confirm, mine)
         kept = next((line for line in r["refinement"] if "move(s) kept" in line), "")
         lines.append(
             f"| {name} | {r['written_plan']} | {kept.removeprefix('refinement: ')} | {confirm['chosen']} | {shown} | "
+            f"{over_best_baseline(confirm, r['policy_name'])} | "
             f"{confirm['separated']} |"
         )
     return "\n".join(lines) + "\n"

@@ -52,13 +52,9 @@ class DemoConfig:
 
 def fused_vs_singles(measurements: list[ShardMeasurement]) -> float | None:
     """Median of (fused step ms) / (sum of the tables' single-table step ms) over multi-table shards."""
-    by_table = {
-        m.tables[0].table.name: m.fwd_ms + m.bwd_ms  # type: ignore[operator]
-        for m in measurements
-        if m.status == "ok" and len(m.tables) == 1
-    }
+    by_table = {m.tables[0].table.name: m.compute_ms for m in measurements if m.status == "ok" and len(m.tables) == 1}
     ratios = [
-        (m.fwd_ms + m.bwd_ms) / sum(by_table[p.table.name] for p in m.tables)  # type: ignore[operator]
+        m.compute_ms / sum(by_table[p.table.name] for p in m.tables)
         for m in measurements
         if m.status == "ok" and len(m.tables) > 1 and all(p.table.name in by_table for p in m.tables)
     ]

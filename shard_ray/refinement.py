@@ -25,7 +25,7 @@ hardware is asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,17 +109,13 @@ def refine(
                 m = next(results) if shard else None
                 if m is not None and m.status != "ok":
                     raise ShardRayError(f"refinement: device {d}'s shard could not be measured: {m.reason}")
-                compute[d] = m.fwd_ms + m.bwd_ms if m is not None else 0.0
+                compute[d] = m.compute_ms if m is not None else 0.0
             computes.append(compute)
         return computes
 
     def plan_cost(items: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
-        """Each device's measured compute plus its all-to-alls as the models price them."""
-        priced = simulator.plan_cost(
-            Plan.from_assignment(items, assign, topology.num_devices, plan.algorithm), tables, topology.batch_size
-        )
-        comm = np.array([d.input_dist_ms + d.fwd_comm_ms + d.bwd_comm_ms for d in priced.devices])
-        return comm + np.array([compute[d] for d in every_device])
+        layout = Plan.from_assignment(items, assign, topology.num_devices, plan.algorithm)
+        return measured_device_costs(simulator, layout, tables, topology.batch_size, compute)
 
     (compute,) = measure_devices([(items, assign, every_device)], measure.seed)
     costs = plan_cost(items, assign, compute)
@@ -168,6 +164,16 @@ def refine(
     refined.check(tables)
     refined.check_memory(tables, topology)
     return Refinement(refined, before, float(costs.max()), moves, measured_shards)
+
+
+def measured_device_costs(
+    simulator: Simulator, plan: Plan, tables: list[TableSpec], batch_size: int, compute: Mapping[int, float]
+) -> np.ndarray:
+    """Each device's measured compute (forward + backward ms, by device) plus its all-to-alls as the models
+    price them: the plan cost refinement judges by, the slowest device's."""
+    priced = simulator.plan_cost(plan, tables, batch_size)
+    comm = np.array([d.input_dist_ms + d.fwd_comm_ms + d.bwd_comm_ms for d in priced.devices])
+    return comm + np.array([compute[d] for d in range(plan.num_devices)])
 
 
 def propose(

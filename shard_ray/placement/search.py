@@ -7,7 +7,9 @@ it; the best pass by simulated plan cost wins. A beam search over column-wise ha
 costliest tables reruns the greedy for each candidate split and keeps the best `beam_width`.
 
 `cost_search` (ours) adds what the published search leaves out: splits into halves and
-quarters, and local search (moves and swaps off the slowest device, judged by the simulated
+quarters, splits by rows (a table row-wise over every device, the rest re-packed as the greedy
+start packs, so several large tables can go row-wise together where one alone would not fit beside
+the others whole), and local search (moves and swaps off the slowest device, judged by the simulated
 cost of the whole plan) on the final beam's states, all within a budget of model evaluations
 (`shard_ray.placement.budget`), so that a plan is the same on an idle or a busy machine.
 
@@ -300,6 +302,24 @@ def _spread(ordered: np.ndarray, most: int) -> np.ndarray:
     return ordered[np.unique(np.linspace(0, len(ordered) - 1, most).round().astype(np.int64))]
 
 
+def rows_split(
+    item: TablePiece, topology: Topology, config: SearchConfig, constraints: Constraints | None
+) -> list[TablePiece] | None:
+    """The whole table of `item` row-wise over every device, as TorchRec cuts it, where the search and
+    the constraints allow it; None otherwise (a piece, a replica, one device)."""
+    table = item.table
+    if (
+        topology.num_devices == 1
+        or "row_wise" not in config.sharding_types
+        or item.width != table.dim
+        or item.row_count != table.rows
+        or item.replicated
+        or not table_options(table, topology, constraints, ("row_wise",))
+    ):
+        return None
+    return row_wise(table, topology.num_devices)
+
+
 def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
     """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
     the item is a row-wise block, a replica or in a constraints group."""
@@ -317,7 +337,8 @@ def beam_search(
     constraints: Constraints | None = None,
     name: str = "cost_search",
 ) -> tuple[Candidate, str | None]:
-    """Column-wise split search: each level splits one of the costliest items of each beam state.
+    """Split search: each level splits one of the costliest items of each beam state by columns (or,
+    where `config.sharding_types` has row-wise, a whole table by rows) and re-packs the rest.
 
     With local search configured, it refines the final beam's states and keeps the best; then each
     table's sharding type is chosen among `config.sharding_types` on the simulated cost. Returns the
@@ -340,8 +361,9 @@ def beam_search(
         for state in beam:
             costs = single_costs(pricer, state.items)
             for i in np.argsort(-costs)[: config.branching]:
-                for ways in config.split_ways:
-                    pieces = split_item(state.items[i], ways) if state.items[i].table.name in splittable else None
+                item = state.items[i]
+                ways = [split_item(item, w) if item.table.name in splittable else None for w in config.split_ways]
+                for pieces in [*ways, rows_split(item, pricer.topology, config, constraints)]:
                     if pieces is None:
                         continue
                     items = state.items[:i] + pieces + state.items[i + 1 :]
@@ -352,8 +374,11 @@ def beam_search(
         for items in splits:
             if expand_until.reached():
                 break
-            children.append(greedy_grid(pricer, items, config.scales, expand_until))
-            progress.show("column splits", min(c.cost for c in everything + children))
+            try:
+                children.append(packed_start(pricer, items, config, constraints, expand_until))
+            except InfeasibleError:
+                continue  # a split whose row blocks leave the rest no packing, even with more tables row-wise
+            progress.show("splits", min(c.cost for c in everything + children))
         if not children:
             break
         beam = sorted(children, key=lambda c: c.cost)[: config.beam_width]

@@ -366,6 +366,13 @@ class ShardMeasurement(BaseModel):
     bwd_ms: float | None = None
     reason: str | None = None
 
+    @property
+    def compute_ms(self) -> float:
+        """Forward + backward ms of a measured shard."""
+        if self.fwd_ms is None or self.bwd_ms is None:
+            raise ShardRayError(f"a shard of {len(self.tables)} tables could not be measured: {self.reason}")
+        return self.fwd_ms + self.bwd_ms
+
 
 def measure_fused_shard(parts: list[TablePiece], config: MeasureConfig, hardware: str) -> ShardMeasurement:
     """Build and time one fused shard; out-of-memory and kernel errors are recorded, not raised."""
