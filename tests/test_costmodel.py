@@ -134,6 +134,16 @@ def test_comm_model_takes_any_device_count(devices):
     assert features[:, -1].sum().item() == pytest.approx(1.0)
 
 
+def test_plans_say_when_the_comm_model_never_measured_their_device_count(pool):
+    """The shipped comm model measured 2-device gangs only; past them its prices fall toward 0 ms, and a
+    plan for 8 devices says they are extrapolated (one for 2 does not)."""
+    for devices, warned in ((2, False), (8, True)):
+        plan = place("cost_search", pool[:12], Topology(num_devices=devices, memory_bytes=4 * GB))
+        lines = [w for w in plan.estimate.warnings if "all-to-alls were measured at 2 devices" in w]
+        assert bool(lines) == warned, plan.estimate.warnings
+        assert not lines or f"prices at {devices} are extrapolated" in lines[0]
+
+
 def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
     path = tmp_path / "m.pt"
     shipped.save(path)

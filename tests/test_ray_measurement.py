@@ -22,6 +22,19 @@ from shard_ray.workload.tables import TableSpec
 CONFIG = MeasureConfig(batch_size=128, warmup=1, repeats=3)
 
 
+def test_a_profiling_pool_keeps_one_actor_a_core(ray_session, tmp_path, small_tables):
+    """Actors sharing a core would time each other's contention: a pool asked for 4 on a node of fewer
+    cores keeps one a core, each pinned to its own, and measures with them."""
+    from shard_ray.profiling.hardware import free_cores
+
+    with ProfilingPool(num_actors=4) as pool, MeasurementStore(tmp_path / "m.db") as store:
+        assert len(pool.actors) == min(4, len(free_cores()))
+        pinned = ray_session.get([a.cores.remote() for a in pool.actors])
+        assert all(len(c) == 1 for c in pinned) and len({c[0] for c in pinned}) == len(pool.actors)
+        shards = draw_shards(small_tables, count=3, max_tables=2, seed=0)
+        assert all(m.status == "ok" for m in pool.measure(shards, CONFIG, store, progress=False))
+
+
 def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session, tmp_path, small_tables):
     shards = draw_shards(small_tables, count=4, max_tables=3, seed=0)
     pool = ProfilingPool(num_actors=2)

@@ -77,10 +77,11 @@ def model_warnings(
     hardware: str | None = None,
     shard_tables: int = 1,
     devices_per_host: int | None = None,
+    num_devices: int = 1,
 ) -> list[str]:
-    """What a user should know before trusting the models' prices of `tables` on `hardware` over hosts
-    of `devices_per_host` (None: one host), one line each."""
-    lines = []
+    """What a user should know before trusting the models' prices of `tables` on `hardware` for
+    `num_devices` devices over hosts of `devices_per_host` (None: one host), one line each."""
+    lines = comm_extrapolation(models, num_devices)
     if hardware is not None and models.hardware != hardware:
         lines.append(
             f"the cost models are of {models.hardware}, not of {hardware} that this plan is for; "
@@ -93,6 +94,18 @@ def model_warnings(
             f"and this plan is for {planned}: its all-to-all prices carry that inter-host time"
         )
     return lines + coverage_problems(models, tables, shard_tables)
+
+
+def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:
+    """A line when the comm model never measured all-to-alls of `num_devices` devices."""
+    measured = models.info.get("device_counts")
+    if models.comm is None or num_devices == 1 or not measured or num_devices in measured:
+        return []
+    return [
+        f"the comm model's all-to-alls were measured at {', '.join(map(str, measured))} devices, so its prices at "
+        f"{num_devices} are extrapolated (the shipped model's fall toward 0 ms past 2 devices); `calibrate` on a "
+        "cluster with a core or GPU per device measures them"
+    ]
 
 
 def coverage_problems(models: CostModels, tables: list[TableSpec], shard_tables: int = 1) -> list[str]:

@@ -234,6 +234,8 @@ def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: 
         hardware=models.hardware,
         proven_optimal=context.proven_optimal,
         provenance=provenance,
-        warnings=model_warnings(models, tables, context.hardware, most_tables, context.devices_per_host)
+        warnings=model_warnings(
+            models, tables, context.hardware, most_tables, context.devices_per_host, topology.num_devices
+        )
         + ([other_tables] if other_tables else []),
     )

@@ -666,27 +666,20 @@ class DeviceGang:
     ) -> tuple[str, list[DeviceCost], list[str]]:
         """`devices` with their all-to-alls as the comm model for this hardware prices them (the calibrated one
         where there is one), that model's file, and a warning when it never measured this many devices."""
+        from shard_ray.costmodel.coverage import comm_extrapolation
         from shard_ray.costmodel.models import CostModels, models_for
         from shard_ray.costmodel.simulator import Simulator
 
         path = models_for(self.hardware, self.devices_per_host, tables)
         models = CostModels.load(path)
         priced = Simulator(models).plan_cost(plan, tables, batch_size).devices
-        measured_counts = models.info.get("device_counts")
-        warnings = []
-        if measured_counts and self.num_devices not in measured_counts:
-            warnings.append(
-                f"the comm model's all-to-alls were measured at {', '.join(map(str, measured_counts))} devices, "
-                f"so its prices at {self.num_devices} are extrapolated; a cluster with a core or GPU per device "
-                "measures them"
-            )
         return (
             str(path),
             [
                 d.model_copy(update={part: getattr(p, part) for part in self.priced_parts})
                 for d, p in zip(devices, priced)
             ],
-            warnings,
+            comm_extrapolation(models, self.num_devices),
         )
 
     def measure_round(
