@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 # pip prints a warning for every package its local mirrors lack; they are noise here.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test lint format clean
+.PHONY: setup demo test lint format docs clean
 
 setup: $(STAMP)
 
@@ -36,5 +36,10 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The documentation site (docs/, mkdocs.yml) in site/; --strict fails on a broken link or a page missing from the nav.
+# NO_MKDOCS_2_WARNING quiets Material's banner about its successor, printed on every build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) shard-ray-out mlflow.db mlartifacts mlruns .pytest_cache
+	rm -rf $(VENV) shard-ray-out mlflow.db mlartifacts mlruns .pytest_cache site

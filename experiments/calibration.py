@@ -3,13 +3,13 @@
     python experiments/calibration.py --out shard-ray-out/calibration
 
 For each task (synthetic test tasks of 26-40 tables, and the public-shape table files in
-`experiments/tables/`, written in the README's minimal format), as a user types it:
+`experiments/tables/`, written in the minimal table format), as a user types it:
 
 1. `shard-ray calibrate --cost-model SHIPPED`: held-out accuracy before and after, its time;
 2. `shard-ray plan --algo cost_search --measure` with the calibrated models: the searched plan
    raced on the gang against every baseline (the heuristics, TorchRec's planner).
 
-Writes `calibration.json` and `calibration.md` (the figures the README quotes) to `--out`.
+Writes `calibration.json` and `calibration.md` (the figures docs/results.md quotes) to `--out`.
 Every step's measurements go to one store in `--out`, so a run started again measures only
 what is missing.
 """

@@ -3,7 +3,7 @@
     python experiments/fusion_measurements.py [--out tests/data/fusion_shards.json] [--shards 48] [--seed 0]
 
 Twenty of the synthetic pool's tables in fp16 (where the CPU kernels' fused backward costs most
-over running its tables apart, README: Cost-model accuracy) are measured on one profiling actor,
+over running its tables apart, docs/results.md: Cost-model accuracy) are measured on one profiling actor,
 each alone and in random fused shards of 2 to 20 of them, plus all 20 together, at batch 512.
 The measurements (`ShardMeasurement`s, as the store keeps them) are written as JSON: the test
 suite fits the compute model to them (`tests/test_costmodel.py`), so it checks the model learns

@@ -16,7 +16,7 @@ priced), from the shipped models, as a user types it:
    models), then `shard-ray compare` of the written plan against TorchRec's, every heuristic's and the
    policy's: the separate run that confirms (or not) what step 1 wrote, and where the policy stands.
 
-Writes `refinement.json` and `refinement.md` (the figures the README quotes) to `--out`; the
+Writes `refinement.json` and `refinement.md` (the figures docs/results.md quotes) to `--out`; the
 measurements go to one store there.
 """
 

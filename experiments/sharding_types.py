@@ -2,7 +2,7 @@
 
     python experiments/sharding_types.py --out shard-ray-out/sharding_types
 
-Tasks, public shapes in the README's minimal format (`experiments/tables/`), sized so that a few
+Tasks, public shapes in the minimal table format (`experiments/tables/`), sized so that a few
 tables dominate:
 
 - criteo_100m: Criteo Kaggle's 26 cardinalities at dim 64, its largest (cat_2) grown to 100M rows

@@ -20,7 +20,7 @@ from shard_ray.workload.tables import TableSpec
 
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
 
-# The README's minimal table format, written by hand
+# The minimal table format (README.md, docs/file-formats.md), written by hand
 MINIMAL_TABLES = """{"tables": [
   {"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1},
   {"name": "ad_id", "rows": 500000, "dim": 32, "pooling_factor": 4},
@@ -31,7 +31,7 @@ MINIMAL_TABLES = """{"tables": [
 
 
 def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    # HOME is the test's own and SHARD_RAY_HOME unset, so the models go where the README says, in a home of the test's
+    # HOME is the test's own and SHARD_RAY_HOME unset, so the models go where docs/commands.md says, in a home of the test's
     env = {**{k: v for k, v in os.environ.items() if k != "SHARD_RAY_HOME"}, "HOME": str(cwd)}
     return subprocess.run([SHARD_RAY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 

@@ -16,6 +16,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# The docs page that gives the cluster route's commands; the tests run them as a user pastes them.
+CLUSTERS_PAGE = REPO / "docs" / "clusters.md"
 
 
 def _free_port() -> int:
@@ -152,17 +154,17 @@ def test_comparison_logged_to_a_tracking_server_lines_up_in_the_ui(tmp_path, mlf
     assert {m["key"] for m in summary["data"]["metrics"]} >= {"mean_cost_ms.lookup_greedy", "mean_cost_ms.size_greedy"}
 
 
-def _readme_line(startswith: str) -> str:
-    """The README's command line that starts with `startswith`, without its comment."""
-    for line in (REPO / "README.md").read_text().splitlines():
+def _clusters_page_line(startswith: str) -> str:
+    """The clusters page's command line that starts with `startswith`, without its comment."""
+    for line in CLUSTERS_PAGE.read_text().splitlines():
         if line.strip().startswith(startswith):
             return line.split("  #")[0].strip()
-    raise AssertionError(f"the README has no line starting with {startswith!r}")
+    raise AssertionError(f"docs/clusters.md has no line starting with {startswith!r}")
 
 
-def _readme_block(containing: str) -> str:
-    """The README's indented code block holding `containing`, as a shell script."""
-    blocks = (REPO / "README.md").read_text().split("\n\n")
+def _clusters_page_block(containing: str) -> str:
+    """The clusters page's indented code block holding `containing`, as a shell script."""
+    blocks = CLUSTERS_PAGE.read_text().split("\n\n")
     block = next(b for b in blocks if containing in b and b.startswith("    "))
     return "\n".join(line[4:] for line in block.splitlines())
 
@@ -187,16 +189,16 @@ def _user_env(home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A Ray head started as the README says: in bash, the environment activated, token authentication on.
+    """A Ray head started as docs/clusters.md says: in bash, the environment activated, token authentication on.
 
-    The README's `ray start --head` line runs with free ports and `--block`, so that the test stops its own
+    The page's `ray start --head` line runs with free ports and `--block`, so that the test stops its own
     head by signal instead of `ray stop`, which would end every Ray process of this user on the machine.
     """
     # Not under pytest's basetemp: a pytest run started meanwhile by the same user prunes old ones, token and all.
     home = tempfile.TemporaryDirectory(prefix="shard-ray-home-")
     env = _user_env(Path(home.name))
     dashboard, port = _free_port(), _free_port()
-    start = _readme_line("ray start --head").replace("--port 6379", f"--port {port}")
+    start = _clusters_page_line("ray start --head").replace("--port 6379", f"--port {port}")
     # Other heads on this machine (other checkouts' tests) may hold Ray's default agent ports.
     agent_ports = " ".join(
         f"--{name}-port {_free_port()}"
@@ -210,9 +212,9 @@ def ray_head():
     )
     script = "\n".join(
         [
-            _readme_line("source .venv/bin/activate"),
-            _readme_line("ray get-auth-token --generate"),
-            _readme_line("export RAY_AUTH_MODE="),
+            _clusters_page_line("source .venv/bin/activate"),
+            _clusters_page_line("ray get-auth-token --generate"),
+            _clusters_page_line("export RAY_AUTH_MODE="),
             f"exec {start} --dashboard-port {dashboard} {agent_ports} --block --disable-usage-stats",
         ]
     )
@@ -225,7 +227,7 @@ def ray_head():
         start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
-    env = {**env, "RAY_AUTH_MODE": "token"}  # as the README's shells have it
+    env = {**env, "RAY_AUTH_MODE": "token"}  # as docs/clusters.md's shells have it
     # Ready once it takes a job: its job agent comes up some seconds after the dashboard answers.
     ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
     try:
@@ -236,7 +238,7 @@ def ray_head():
         home.cleanup()
 
 
-# The README's configs cut to a few samples each: the same keys and paths, small work.
+# The configs of docs/clusters.md's jobs cut to a few samples each: the same keys and paths, small work.
 SMALL_CONFIGS = {
     "pretrain_costmodels.yaml": {
         "generate": {"num_tables": 40, "seed": 0},
@@ -271,7 +273,7 @@ SMALL_CONFIGS = {
 
 
 def test_the_readmes_ray_jobs_run_as_pasted(tmp_path, ray_head, mlflow_server):
-    """Step 3 of the README's Run on a cluster, pasted into bash after its activation line, on the README's head."""
+    """Step 3 of docs/clusters.md's Run on a cluster, pasted into bash after its activation line, on its head."""
     address, env = ray_head
     configs = tmp_path / "configs"
     configs.mkdir()
@@ -279,14 +281,14 @@ def test_the_readmes_ray_jobs_run_as_pasted(tmp_path, ray_head, mlflow_server):
         small = {**yaml.safe_load(config.read_text()), **SMALL_CONFIGS.get(config.name, {})}
         (configs / config.name).write_text(yaml.safe_dump(small))
     jobs = (
-        _readme_block("ray job submit")
+        _clusters_page_block("ray job submit")
         .replace("http://127.0.0.1:8265", address)
         .replace("http://127.0.0.1:5000", mlflow_server)
         .replace("experiments/configs/", f"{configs}/")
     )
     assert jobs.count("ray job submit") == 6
     script = "\n".join(
-        ["set -eo pipefail", _readme_line("source .venv/bin/activate"), "export RAY_AUTH_MODE=token", jobs]
+        ["set -eo pipefail", _clusters_page_line("source .venv/bin/activate"), "export RAY_AUTH_MODE=token", jobs]
     )
     done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -146,7 +146,7 @@ def shard_ray(cwd: Path, *args: str, timeout: float = 600) -> subprocess.Complet
 
 @pytest.fixture(scope="module")
 def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """A table file in the README's minimal format, a plan of it made as the README makes one, and the
+    """A table file in the minimal table format, a plan of it made as docs/commands.md makes one, and the
     plan's twin with devices 0 and 1 swapped (the same cost), both written by hand."""
     folder = tmp_path_factory.mktemp("plans")
     (folder / "tables.json").write_text(

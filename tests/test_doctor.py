@@ -106,12 +106,12 @@ def test_verdicts_on_gpu_nodes():
 
 def test_the_gpu_install_route_pairs_fbgemm_with_torch_and_its_cuda():
     """Every place that installs the CUDA stack (the AWS launcher file, the KubeRay image recipe, the
-    README) installs the fbgemm-gpu release made for its torch, from the index of the same CUDA build."""
+    docs' install page) installs the fbgemm-gpu release made for its torch, from the index of the same CUDA build."""
     setup = "\n".join(yaml.safe_load((REPO / "cluster" / "gpu-cloud.yaml").read_text())["setup_commands"])
     routes = {
         "gpu-cloud.yaml": setup,
         "cluster/README.md": (REPO / "cluster" / "README.md").read_text(),
-        "README.md": (REPO / "README.md").read_text(),
+        "docs/install.md": (REPO / "docs" / "install.md").read_text(),
     }
     for where, text in routes.items():
         torch = re.findall(r"torch==([\d.]+) --index-url https://download\.pytorch\.org/whl/(cu\d+)", text)

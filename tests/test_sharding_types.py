@@ -14,7 +14,7 @@ SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
 CRITEO = str(Path(__file__).parent.parent / "experiments" / "tables" / "criteo_kaggle.json")
 MLPERF = str(Path(__file__).parent.parent / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
 
-# Written by hand, as the README's Constraints section shows it.
+# Written by hand, as docs/file-formats.md's constraints file shows it.
 CONSTRAINTS = """\
 tables:
   cat_2: {devices: [0, 1]}

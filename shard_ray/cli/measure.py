@@ -32,7 +32,7 @@ class MeasureArgs:
     )
     repeats: int = setting(
         _MEASURE["repeats"].default,
-        "timed steps a round; each part costs the fastest of them (see the README, How measurement works)",
+        "timed steps a round; each part costs the fastest of them (docs: How measurement works)",
         min=1,
     )
     max_rows: int | None = setting(None, "rows allocated per table (default: 200000 on CPU, all on GPU)", min=1)

@@ -112,7 +112,7 @@ class PlanArgs:
     constraints: str | None = setting(
         None,
         "constraints file (JSON/YAML): pin tables to devices, keep groups of tables on one device, allow or forbid "
-        "sharding types per table (README: File formats, Constraints file); taken by cost_search, neuroshard and the greedy heuristics",
+        "sharding types per table (docs: File formats, Constraints file); taken by cost_search, neuroshard and the greedy heuristics",
     )
     explain: bool = setting(
         False,

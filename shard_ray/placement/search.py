@@ -55,7 +55,7 @@ class SearchConfig(SearchBudget):
     # Each table's sharding type is chosen among these after the column-split search (table-wise and
     # column-wise are the beam's own); see `shard_ray.placement.options`. Data-parallel is left out by
     # default: the shipped models price its all-reduce from an all-to-all of as many bytes, and on the
-    # reference CPU its plans measured slower than they predicted (README: Sharding types, measured).
+    # reference CPU its plans measured slower than they predicted (docs/results.md: Sharding types, measured).
     # Table-row-wise is a choice only on topologies of several hosts.
     sharding_types: tuple[str, ...] = ("table_wise", "column_wise", "row_wise", "table_row_wise")
     # Anytime search: the greedy start prices by single costs if it would take over 30% of the budget,

@@ -297,7 +297,7 @@ def step_estimate(step_ms: Sequence[float]) -> float:
     """One number for a part's timed steps: their minimum, the estimator that repeats best here.
 
     The same 11 plans measured in two passes, one after the other, on the 2-device gang
-    (`experiments/measurement_noise.py`, README "Measurement noise") moved by a median 1.0% with the
+    (`experiments/measurement_noise.py`, docs/results.md, "Measurement noise") moved by a median 1.0% with the
     minimum, against 3.3% with a 20%-trimmed mean, 3.4% with the mean and 4.8% with the median: the
     noise on a shared machine only ever adds time, and the minimum is what the kernel costs without it.
     """

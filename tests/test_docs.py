@@ -1,0 +1,69 @@
+"""The documentation: the MkDocs site builds without a warning, and README.md stays a short front page whose links hold."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from pymdownx.slugs import slugify
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+MKDOCS = str(Path(sys.executable).parent / "mkdocs")  # the console script `make setup` installs
+# The site's heading anchors (mkdocs.yml's toc slugify), which are GitHub's too.
+HEADING_SLUG = slugify(case="lower")
+MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# MkDocs serves only docs/, so the figures the docs show are copies of what the experiments wrote.
+FIGURE_COPIES = {
+    "docs/images/benchmark.png": "experiments/results/benchmark/benchmark.png",
+    "docs/images/scaling.png": "experiments/results/scaling/scaling.png",
+}
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    """`--strict` turns every warning into a failure: a broken link or anchor, a page missing from the nav."""
+    # Material prints a banner about its successor on every build; it is no warning about these docs.
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    built = subprocess.run(
+        [MKDOCS, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "WARNING" not in built.stderr, built.stderr
+    assert (tmp_path / "site" / "commands" / "index.html").is_file()
+
+
+def test_the_readme_is_a_front_page():
+    lines = len(README.read_text().splitlines())
+    assert lines <= 260, f"README.md has {lines} lines; the rest belongs under docs/"
+
+
+def _anchors(markdown: Path) -> set[str]:
+    """The anchors of a Markdown file's headings (indented code lines never start with '#')."""
+    headings = re.findall(r"^#+ (.+)$", markdown.read_text(), flags=re.MULTILINE)
+    return {HEADING_SLUG(heading.replace("`", ""), "-") for heading in headings}
+
+
+def test_every_relative_link_in_the_readme_resolves():
+    """On GitHub the README links into docs/ and cluster/: each file must exist, and each anchor be a heading."""
+    broken = []
+    for target in MARKDOWN_LINK.findall(README.read_text()):
+        if re.match(r"[a-z]+:", target):  # https:, mailto: ...
+            continue
+        path, _, anchor = target.partition("#")
+        file = (REPO / path) if path else README
+        if not file.is_file():
+            broken.append(f"{target}: no file {path}")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {path or 'README.md'}")
+    assert not broken, broken
+
+
+def test_the_docs_figures_are_the_experiments_figures():
+    for copy, original in FIGURE_COPIES.items():
+        assert (REPO / copy).read_bytes() == (REPO / original).read_bytes(), f"copy {original} to {copy} again"
