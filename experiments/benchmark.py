@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from shard_ray.configfile import run_command_with_config
+from shard_ray.cli import run_command_with_config
 
 if __name__ == "__main__":
     sys.exit(run_command_with_config(["bench"], sys.argv[1:]))

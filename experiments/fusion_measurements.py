@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shard_ray.costmodel.simulator import price_comm
 from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
@@ -46,7 +47,7 @@ def main() -> None:
     plan = place("lookup_greedy", tables, topology)
     config = MeasureConfig.for_topology(topology, repeats=args.repeats, seed=args.seed)
     print(connect_ray(min_cpus=args.devices))
-    with DeviceGang(args.devices) as gang:
+    with DeviceGang(args.devices, comm_pricer=price_comm) as gang:
         gang.take_turns = True
         in_turn = gang.evaluate(plan, tables, config)
         gang.take_turns = False

@@ -23,7 +23,7 @@ to less than all of them fused on one (`least total over the cheaper extreme` be
 
 Every round measures everything again with new batches (`--rounds`, interleaved: one round's shards
 are timed in the same minutes); ratios are paired by round, with the comparison procedure's trimmed-t
-95% interval (`shard_ray.comparison.ratio_interval`). With more devices than cores this is the
+95% interval (`shard_ray.workflows.comparison.ratio_interval`). With more devices than cores this is the
 accounting `evaluate` reports for such a plan (compute measured, all-to-alls priced). Writes
 `lower_bound.json` and `lower_bound.md` to `--out`, the measurements to a store there.
 """
@@ -38,20 +38,21 @@ from typing import Any
 import numpy as np
 from calibration import PUBLIC_SHAPES, write_synthetic_tasks
 
-from shard_ray.benchmark import BenchmarkConfig
 from shard_ray.cli.flags import Parser, add_settings, settings_from
-from shard_ray.comparison import plan_with_algorithms, ratio_interval
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.io import write_json
-from shard_ray.plan.plan import Plan, TablePiece
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.refinement import measured_device_costs
 from shard_ray.runtime import connect_ray
+from shard_ray.workflows.benchmark import BenchmarkConfig
+from shard_ray.workflows.comparison import plan_with_algorithms, ratio_interval
+from shard_ray.workflows.refinement import measured_device_costs
 from shard_ray.workload.tables import TableSpec, load_tables
 
 SEARCHES = ("cost_search", "dreamshard")

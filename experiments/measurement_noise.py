@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shard_ray.comparison import CompareConfig, Race, compare_plans, distinct, twin
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.cost import RoundsSummary
@@ -47,6 +46,7 @@ from shard_ray.plan.topology import GB, Topology
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.runtime import connect_ray
+from shard_ray.workflows.comparison import CompareConfig, Race, compare_plans, distinct, twin
 from shard_ray.workload.tables import load_tables
 
 ALGORITHMS = (

@@ -32,13 +32,14 @@ from shard_ray.cli.flags import Parser, add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.constraints import Constraints, TableConstraint
 from shard_ray.plan.cost import RoundsSummary
-from shard_ray.plan.plan import SHARDING_TYPES, Plan, sharding_type_of
+from shard_ray.plan.piece import SHARDING_TYPES
+from shard_ray.plan.plan import Plan, sharding_type_of
 from shard_ray.plan.topology import GB, Topology, shard_bytes
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.workload.tables import TableSpec, load_tables
@@ -101,7 +102,7 @@ def measured(name: str, tables: list[TableSpec], memory_gb: float, config: Shard
             continue
         plans.append(plan)
         record["plans"][algorithm] = {"types": types_of(plan, tables)}
-    with DeviceGang(config.devices) as gang:
+    with DeviceGang(config.devices, comm_pricer=price_comm) as gang:
         costs = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=config.rounds)
     rounds = {}
     for plan, cost in zip(plans, costs):

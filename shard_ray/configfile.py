@@ -139,17 +139,3 @@ def expand_config(argv: Sequence[str] | None) -> list[str]:
     if path is None:
         return rest
     return config_to_argv(read_config(path), f"experiment config {path}") + rest
-
-
-def run_command_with_config(command: list[str], argv: Sequence[str]) -> int:
-    """`shard-ray <command> <flags>` with `--config FILE` expanded; the exit status of the command."""
-    import sys
-
-    from shard_ray.cli import main
-
-    try:
-        flags = expand_config(argv)
-    except ShardRayError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return main([*command, *flags])

@@ -84,7 +84,7 @@ def node_report() -> dict:
 
 def _run_fused_shard() -> tuple[dict, str]:
     """A small fused shard, forward and backward with the optimizer, on the node's device, as profiling runs it."""
-    from shard_ray.plan.plan import TablePiece
+    from shard_ray.plan.piece import TablePiece
     from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
     from shard_ray.profiling.hardware import hardware_id, measurement_device
     from shard_ray.workload.tables import TableSpec
@@ -252,12 +252,13 @@ def noise_finding() -> Finding:
     the cluster has one CPU or GPU), so the user knows the smallest difference a comparison can see there."""
     import ray
 
-    from shard_ray.comparison import noise_floor
+    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.errors import first_line
     from shard_ray.placement import place
     from shard_ray.plan.topology import GB, Topology
     from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.workflows.comparison import noise_floor
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
     resources = ray.cluster_resources()
@@ -268,7 +269,7 @@ def noise_finding() -> Finding:
     topology = Topology(num_devices=2, memory_bytes=8 * GB)
     plan = place("size_greedy", tables, topology)
     try:
-        with DeviceGang(2) as gang:
+        with DeviceGang(2, comm_pricer=price_comm) as gang:
             floor = noise_floor(plan, tables, topology, gang, MeasureConfig.for_topology(topology))
             hardware = gang.hardware
     except Exception as err:  # noqa: BLE001  a gang that cannot measure is what doctor reports

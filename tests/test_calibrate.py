@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from shard_ray.comparison import CompareConfig, compare_plans
 from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.plan.cost import RoundsSummary
-from shard_ray.plan.plan import Plan, load_plan, table_wise
+from shard_ray.plan.piece import table_wise
+from shard_ray.plan.plan import Plan, load_plan
 from shard_ray.plan.topology import GB, Topology
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workflows.comparison import CompareConfig, compare_plans
 from shard_ray.workload.tables import TableSpec
 
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
@@ -165,7 +166,7 @@ def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_
 def test_calibration_keeps_the_fine_tuned_models_only_when_they_price_held_out_plans_no_worse():
     """A fit better on validation that ranks the held-out plans worse (Spearman 0.90 -> 0.70, as a
     calibration once did and kept) keeps the starting models, and says why."""
-    from shard_ray.costmodel.calibrate import choose_models
+    from shard_ray.workflows.calibrate import choose_models
 
     def held_out(mape, spearman):
         return {"plan": {"mape": mape, "spearman": spearman, "n": 5}}
@@ -192,10 +193,10 @@ def _task(folder) -> str:
 def test_calibration_measures_every_candidates_slowest_device_first():
     """Under a short budget the shards that decide between the candidates come first: each candidate's
     devices from the slowest predicted down, the candidates taking turns."""
-    from shard_ray.costmodel.calibrate import decisive_shards
     from shard_ray.costmodel.models import CostModels
     from shard_ray.costmodel.simulator import Simulator
     from shard_ray.placement import place
+    from shard_ray.workflows.calibrate import decisive_shards
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
     tables = generate_pool(PoolConfig(num_tables=24, seed=2))

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shard_ray.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
-from shard_ray.plan.cost import RoundsSummary
-from shard_ray.plan.plan import MeasuredComparison, load_plan, save_plan
+from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
+from shard_ray.plan.plan import load_plan, save_plan
+from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
 
 RECORDED_AA = Path(__file__).parent / "data" / "aa_rounds.json"
 SHARD_RAY = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "shard-ray")

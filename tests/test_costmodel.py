@@ -37,7 +37,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
-from shard_ray.plan.plan import TablePiece, table_wise
+from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_shards
 from shard_ray.profiling.store import MeasurementStore
@@ -266,7 +266,7 @@ def test_lower_bound_is_below_the_optimum(shipped, pool):
 def test_lower_bound_is_below_plans_of_every_sharding_type(shipped, pool, devices):
     """Random plans mixing table-, column-, row-wise and data-parallel tables never simulate below the bound."""
     from shard_ray.costmodel.simulator import Simulator
-    from shard_ray.plan.plan import table_options
+    from shard_ray.plan.enumerator import table_options
 
     rng = np.random.default_rng(devices)
     tables = pool[:12]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
     FusedShard,
     MeasureConfig,

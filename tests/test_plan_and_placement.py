@@ -4,12 +4,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from shard_ray.costmodel.features import behaves_as
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import algorithms, place
 from shard_ray.placement.heuristics import PROXIES
 from shard_ray.plan import GB, Plan, Shard, Topology, load_plan, save_plan, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.plan import SHARDING_TYPES, TablePiece, row_wise, sharding_type_of
+from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, row_wise
+from shard_ray.plan.plan import sharding_type_of
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
@@ -114,11 +116,11 @@ def test_every_sharding_type_passes_the_check_and_round_trips(tmp_path):
 def test_a_row_slice_behaves_as_its_share_of_the_table():
     table = TableSpec(name="a", rows=1000, dim=32, pooling_factor=8.0)
     piece = TablePiece(table=table, columns=(0, 16), rows=(0, 250))
-    seen = piece.behaves_as()
+    seen = behaves_as(piece)
     assert (seen.rows, seen.dim, seen.pooling_factor) == (250, 16, 2.0)
     assert seen.reuse_histogram == reuse_histogram_of(table)
-    assert TablePiece.whole(table).behaves_as() == table
-    assert TablePiece(table=table, columns=(0, 32), replicas=4).behaves_as().pooling_factor == 2.0
+    assert behaves_as(TablePiece.whole(table)) == table
+    assert behaves_as(TablePiece(table=table, columns=(0, 32), replicas=4)).pooling_factor == 2.0
     # Table- and column-wise pieces keep the content (and so the measurement keys) they had.
     assert TablePiece(table=table, columns=(0, 32), rows=(0, 1000)).content() == TablePiece.whole(table).content()
 

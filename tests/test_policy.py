@@ -236,8 +236,8 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
 
 
 def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, pool):
-    from shard_ray.policy.outer_loop import OuterLoopConfig, run_outer_loop
     from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.workflows.outer_loop import OuterLoopConfig, run_outer_loop
 
     config = tiny_config(devices=(2,), min_tables=3, max_tables=4)
     loop = OuterLoopConfig(

@@ -8,10 +8,12 @@ import ray
 import torch
 
 from shard_ray.cli import main
+from shard_ray.costmodel.simulator import price_comm
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
-from shard_ray.plan.plan import PlanSettings, TablePiece, sharding_type_of
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import PlanSettings, sharding_type_of
 from shard_ray.profiling.actors import ProfilingPool, resources_per_device
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, initial_weights, sample_ranges, shard_key
 from shard_ray.profiling.gang import DeviceGang, upstream_gradient
@@ -224,7 +226,7 @@ def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, ta
 def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     import mlflow
 
-    from shard_ray.demo import DemoConfig, run_demo
+    from shard_ray.workflows.demo import DemoConfig, run_demo
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     comparison = run_demo(
@@ -327,7 +329,7 @@ def test_table_row_wise_sums_inside_hosts_and_trains_as_one_unsharded_table(ray_
         "a": "table_row_wise", "b": "column_wise", "c": "table_row_wise", "d": "row_wise", "e": "table_wise",
         "few": "table_row_wise",
     }  # fmt: skip
-    with DeviceGang(4) as gang:
+    with DeviceGang(4, comm_pricer=price_comm) as gang:
         assert_trains_as_one_unsharded_table(gang, plan, tables, seed=5)
         measured = gang.evaluate(plan, tables, MeasureConfig(batch_size=96, optimizer="sgd", repeats=2, warmup=1))
     assert measured.cost_ms > 0

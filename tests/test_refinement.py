@@ -2,15 +2,15 @@
 
 import numpy as np
 
-from shard_ray.comparison import CompareConfig, compare_plans
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.plan import GB, Plan, Topology
-from shard_ray.plan.plan import table_wise
+from shard_ray.plan.piece import table_wise
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.refinement import RefineConfig, changed_devices, refine
+from shard_ray.workflows.comparison import CompareConfig, compare_plans
+from shard_ray.workflows.refinement import RefineConfig, changed_devices, refine
 from shard_ray.workload.tables import TableSpec
 
 

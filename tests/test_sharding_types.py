@@ -141,7 +141,7 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.pricing import Pricer, host_reduce
     from shard_ray.costmodel.simulator import Simulator
-    from shard_ray.plan.plan import table_options
+    from shard_ray.plan.enumerator import table_options
     from shard_ray.plan.topology import GB, Topology
 
     # 40M x 128 fp32 is 20.5 GB: no 8 GB device holds it whole or in column halves; a host's quarter does.

@@ -13,7 +13,8 @@ from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import embedding_bag_configs, export_plan, load_sharding_plan, sharding_plan
 from shard_ray.placement import place
-from shard_ray.plan.plan import Plan, PlanSettings, Shard, load_plan, row_wise, table_row_wise
+from shard_ray.plan.piece import row_wise, table_row_wise
+from shard_ray.plan.plan import Plan, PlanSettings, Shard, load_plan
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables, save_tables

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from shard_ray.cli.commands import COMMANDS
 from shard_ray.cli.flags import Parser
+from shard_ray.configfile import expand_config
 from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.quiet import quiet_output
 
@@ -62,3 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("shard-ray: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def run_command_with_config(command: list[str], argv: Sequence[str]) -> int:
+    """`shard-ray <command> <flags>` with `--config FILE` expanded (the experiments' entry points); its exit status."""
+    try:
+        flags = expand_config(argv)
+    except ShardRayError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return main([*command, *flags])

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from shard_ray.benchmark import BenchmarkConfig
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import add_settings, settings_from
-from shard_ray.demo import DemoConfig
+from shard_ray.workflows.benchmark import BenchmarkConfig
+from shard_ray.workflows.demo import DemoConfig
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from shard_ray.benchmark import headline, run_benchmark
+    from shard_ray.workflows.benchmark import headline, run_benchmark
     from shard_ray.workload.tables import load_tables
 
     tracking_uri, experiment = tracking(args)
@@ -27,7 +27,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from shard_ray.demo import run_demo
+    from shard_ray.workflows.demo import run_demo
 
     tracking_uri, experiment = tracking(args)
     run_demo(settings_from(DemoConfig, args, tracking_uri=tracking_uri, experiment=experiment, address=args.address))

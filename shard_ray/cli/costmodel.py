@@ -12,9 +12,9 @@ from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_trackin
 from shard_ray.cli.flags import Parser, add_settings, settings_from
 from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
-from shard_ray.costmodel.calibrate import CalibrateConfig
 from shard_ray.costmodel.train import TrainConfig
 from shard_ray.errors import ShardRayError
+from shard_ray.workflows.calibrate import CalibrateConfig
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,13 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.calibrate import calibrate
     from shard_ray.costmodel.models import CostModels, hardware_models_path, models_for
     from shard_ray.costmodel.train import describe_accuracy
     from shard_ray.plan.topology import GB, memory_cap_with_headroom
     from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.tracking.mlflow_runs import log_calibration
+    from shard_ray.workflows.calibrate import calibrate
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(CalibrateArgs, args)

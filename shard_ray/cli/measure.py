@@ -12,11 +12,11 @@ from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.planning import TopologyArgs
-from shard_ray.comparison import CompareConfig
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import CollectConfig
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.workflows.comparison import CompareConfig
 
 _MEASURE = MeasureConfig.model_fields
 
@@ -87,11 +87,12 @@ class CompareArgs:
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from shard_ray.comparison import CompareConfig, compare_plans, distinct, format_comparison, ratio_chart
+    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_atomic, write_json
     from shard_ray.plan.plan import load_plan
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.tracking.mlflow_runs import log_comparison
+    from shard_ray.workflows.comparison import CompareConfig, compare_plans, distinct, format_comparison, ratio_chart
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(CompareArgs, args)
@@ -130,7 +131,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
             print(f"{name.replace('=', ' and ')} place the tables identically: measured once, as {name}")
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=topology.num_devices)
-    with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
+    with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
         compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config)
     result = compared.result
     table = format_comparison(result)
@@ -207,6 +208,7 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_json
     from shard_ray.plan.plan import load_plan
     from shard_ray.plan.summary import format_plan_summary
@@ -226,7 +228,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     )
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=plan.num_devices)
-    with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host) as gang:
+    with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
         cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
     write_json(flags.out, cost.model_dump(mode="json"))
     print(format_plan_summary(plan, tables, topology, cost))

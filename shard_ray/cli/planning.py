@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, connect
 from shard_ray.cli.flags import add_settings, settings_from
-from shard_ray.comparison import CompareConfig
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import MeasuredComparison, Plan, PlanSettings
+from shard_ray.plan.cost import MeasuredComparison
+from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import GB, Optimizer, Topology
-from shard_ray.refinement import RefineConfig
+from shard_ray.workflows.comparison import CompareConfig
+from shard_ray.workflows.refinement import RefineConfig
 
 if TYPE_CHECKING:
     from shard_ray.plan.constraints import Constraints
@@ -29,7 +30,7 @@ BASELINE_FAMILIES = ("heuristic", "planner")
 
 @dataclass(frozen=True)
 class MeasureRaceArgs:
-    """`plan --measure`: the comparison's limits (the procedure is `shard_ray.comparison`'s)."""
+    """`plan --measure`: the comparison's limits (the procedure is `shard_ray.workflows.comparison`'s)."""
 
     measure_budget: float = setting(120.0, "plan --measure: seconds of measuring to separate the best candidate", min=1)
     measure_rounds: int = setting(40, "plan --measure: most interleaved rounds", min=2)
@@ -287,16 +288,17 @@ def measured_best(
     config: CompareConfig,
     constraints: Constraints | None,
 ) -> Plan:
-    """`plan` compared with every baseline's plan on the gang (`shard_ray.comparison`); the chosen plan, with
+    """`plan` compared with every baseline's plan on the gang (`shard_ray.workflows.comparison`); the chosen plan, with
     the comparison. Among plans the hardware cannot tell apart, the models' cheapest is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
-    from shard_ray.comparison import compare_plans, distinct, model_preference
+    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.workflows.comparison import compare_plans, distinct, model_preference
 
     racing = [a for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
     if constraints is not None:
@@ -313,7 +315,7 @@ def measured_best(
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
         return plan
     with (
-        DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang,
+        DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang,
         MeasurementStore(flags.store) as store,
     ):
         models = pricing_models(plan, tables, topology, flags, gang.hardware)
@@ -348,17 +350,18 @@ def pricing_models(plan: Plan, tables: list[TableSpec], topology: Topology, flag
 def refined_and_confirmed(
     plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, race: CompareConfig, config: RefineConfig
 ) -> Plan:
-    """The race's choice refined by measured moves (`shard_ray.refinement`), then compared with it on the
+    """The race's choice refined by measured moves (`shard_ray.workflows.refinement`), then compared with it on the
     gang by the one procedure: the refined plan is written only when that comparison separates it faster."""
     import ray
 
-    from shard_ray.comparison import compare_plans
     from shard_ray.costmodel.models import CostModels
+    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.profiling.actors import ProfilingPool
     from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.refinement import refine
+    from shard_ray.workflows.comparison import compare_plans
+    from shard_ray.workflows.refinement import refine
 
     actors = max(1, min(topology.num_devices, int(ray.cluster_resources().get("CPU", 1))))
     measure = MeasureConfig.for_topology(topology, warmup=race.warmup, repeats=race.repeats)
@@ -373,7 +376,9 @@ def refined_and_confirmed(
         if not refined.moves:
             return plan
         print(f"confirming the refined plan against {plan.algorithm}'s on the gang")
-        with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
+        with DeviceGang(
+            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
+        ) as gang:
             compared = compare_plans(
                 [(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)], tables, topology, gang, race, store
             )
@@ -387,7 +392,7 @@ def refined_and_confirmed(
 
 def format_measured_choice(result: MeasuredComparison, heuristics: set[str]) -> str:
     """The comparison's table and what it lets one say against TorchRec's plan and the best heuristic."""
-    from shard_ray.comparison import claim, format_comparison
+    from shard_ray.workflows.comparison import claim, format_comparison
 
     lines = [format_comparison(result)]
     for label, found in (

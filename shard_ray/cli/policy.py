@@ -12,9 +12,9 @@ from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import Parser, add_settings, merged_settings, settings_from
 from shard_ray.configfile import dataclass_from, setting
-from shard_ray.policy.outer_loop import OuterLoopConfig
 from shard_ray.policy.ppo import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
+from shard_ray.workflows.outer_loop import OuterLoopConfig
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def cmd_policy_train(args: argparse.Namespace) -> None:
 
 
 def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
-    from shard_ray.policy.outer_loop import run_outer_loop
+    from shard_ray.workflows.outer_loop import run_outer_loop
 
     flags, config, pool = policy_inputs(args, iterations=1)
     loop = settings_from(OuterLoopConfig, args, seed=config.seed)

@@ -21,7 +21,8 @@ import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.costmodel.pricing import analytic_hosts, intra_host_share
-from shard_ray.plan.plan import TablePiece, pieces_to_place, replica, row_block
+from shard_ray.plan.enumerator import pieces_to_place
+from shard_ray.plan.piece import TablePiece, replica, row_block
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 

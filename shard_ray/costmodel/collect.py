@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from shard_ray.configfile import setting
+from shard_ray.costmodel.simulator import price_comm
 from shard_ray.plan.plan import Plan, Shard
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -79,7 +80,7 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
     """Measure `samples` plans per device count on a gang of that size; returns how many were new."""
     before = store.count("plan_measurements")
     for num_devices in config.device_counts:
-        with DeviceGang(num_devices) as gang:
+        with DeviceGang(num_devices, comm_pricer=price_comm) as gang:
             samples = draw_comm_plans(pool, num_devices, config.samples, config, config.seed + num_devices)
             todo = []
             for i, (plan, tables) in enumerate(samples):

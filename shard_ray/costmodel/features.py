@@ -11,10 +11,11 @@ are context, given to the models beside the reduced table encodings.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import REUSE_BINS, TableSpec
 
@@ -58,8 +59,24 @@ def parts_features(parts: list[TablePiece], rows_cap: int | None = None) -> np.n
     """
     if not parts:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
-    return np.stack([table_features(p.behaves_as(), p.width, rows_cap) for p in parts])
+    return np.stack([table_features(behaves_as(p), p.width, rows_cap) for p in parts])
 
 
 def batch_context(batch_size: int) -> float:
     return math.log2(batch_size)
+
+
+def behaves_as(piece: TablePiece) -> TableSpec:
+    """The table whose whole lookups cost what this piece's do, as the cost models see a piece.
+
+    Hot rows are scattered over the row space (`shard_ray.workload.access`), so a range of a
+    table's rows takes its share of the table's lookups and, being a random sample of its rows,
+    keeps its reuse histogram. A data-parallel replica looks up its 1/replicas of the batch.
+    """
+    share = piece.row_count / piece.table.rows / piece.replicas
+    if share == 1 and piece.width == piece.table.dim:
+        return piece.table
+    update: dict[str, Any] = {"dim": piece.width, "pooling_factor": piece.table.pooling_factor * share}
+    if piece.row_count != piece.table.rows:
+        update.update(rows=piece.row_count, zipf_exponent=None, reuse_histogram=reuse_histogram_of(piece.table))
+    return piece.table.model_copy(update=update)

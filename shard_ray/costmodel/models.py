@@ -45,7 +45,7 @@ from torch import nn
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file, write_atomic
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
 
 FORMAT = "shard-ray-costmodels/2"

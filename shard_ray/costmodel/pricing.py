@@ -12,8 +12,10 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
+from shard_ray.costmodel.features import behaves_as
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.plan.plan import Plan, TablePiece
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 
 # A placement step over many devices prices a piece on this many of them, those cheapest so far:
@@ -171,7 +173,7 @@ def intra_host_share(num_devices: int, devices_per_host: int | None) -> float:
 def input_width(piece: TablePiece) -> float:
     """A piece's input all-to-all per sample, in float columns: its lookups' int64 ids and its bag's
     int64 length. A replica looks up its own samples where they are: nothing."""
-    return 0.0 if piece.replicated else 2.0 * (piece.behaves_as().pooling_factor + 1.0)
+    return 0.0 if piece.replicated else 2.0 * (behaves_as(piece).pooling_factor + 1.0)
 
 
 def output_width(piece: TablePiece) -> float:

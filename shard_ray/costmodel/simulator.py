@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shard_ray.costmodel.models import CostModels
+from shard_ray.costmodel.coverage import comm_extrapolation
+from shard_ray.costmodel.models import CostModels, models_for
 from shard_ray.costmodel.pricing import (
     analytic_hosts,
     host_reduce,
@@ -63,3 +64,15 @@ class Simulator:
             hardware=f"simulated:{self.models.hardware}",
             batch_size=batch_size,
         )
+
+
+def price_comm(
+    hardware: str, devices_per_host: int | None, plan: Plan, tables: list[TableSpec], batch_size: int
+) -> tuple[str, list[DeviceCost], list[str]]:
+    """The plan's per-device costs as the models for `hardware` price them (the calibrated ones where there are
+    some), their file, and a warning when the comm model never measured this many devices: the gang's
+    `CommPricer`, for the all-to-alls it cannot time."""
+    path = models_for(hardware, devices_per_host, tables)
+    models = CostModels.load(path)
+    priced = Simulator(models).plan_cost(plan, tables, batch_size).devices
+    return str(path), priced, comm_extrapolation(models, plan.num_devices)

@@ -32,16 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_document, write_json
-from shard_ray.plan.plan import (
-    Plan,
-    Shard,
-    TablePiece,
-    host_of_row_blocks,
-    laid_out_as,
-    row_wise,
-    sharding_type_of,
-    table_row_wise,
-)
+from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
+from shard_ray.plan.plan import Plan, Shard, host_of_row_blocks, laid_out_as, sharding_type_of
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 

@@ -15,8 +15,10 @@ import torch
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.search import NEUROSHARD, greedy_grid
-from shard_ray.plan.plan import Plan, pieces_to_place
-from shard_ray.plan.topology import MemoryLedger, Topology
+from shard_ray.plan.enumerator import pieces_to_place
+from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 MAX_TABLES = 14

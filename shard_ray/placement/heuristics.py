@@ -12,11 +12,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shard_ray.costmodel.features import behaves_as
 from shard_ray.errors import InfeasibleError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.plan import Plan, TablePiece, pieces_to_place
-from shard_ray.plan.topology import MemoryLedger, Topology
+from shard_ray.plan.enumerator import pieces_to_place
+from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 Proxy = Callable[[TableSpec], float]
@@ -39,7 +43,7 @@ def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) ->
         pieces = pieces_to_place(tables, topology, constraints)
         # Groups, then other pieces with fixed devices (row-wise blocks, pins) first: where they go is
         # (partly) not a choice, and they need the room.
-        ordered = sorted(pieces, key=lambda p: (p.group is None, not p.restricted, -proxy(p.behaves_as())))
+        ordered = sorted(pieces, key=lambda p: (p.group is None, not p.restricted, -proxy(behaves_as(p))))
         group_device: dict[int, int] = {}
         devices = []
         for piece in ordered:
@@ -56,7 +60,7 @@ def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) ->
                 if piece.group is not None:
                     group_device[piece.group] = device
             ledger.take(device, ledger.need(piece))
-            load[device] += proxy(piece.behaves_as())
+            load[device] += proxy(behaves_as(piece))
             devices.append(device)
         return Plan.from_assignment(ordered, devices, topology.num_devices, name)
 

@@ -20,16 +20,10 @@ from tqdm import tqdm
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
 from shard_ray.placement.budget import PhaseEnd
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.plan import (
-    SHARDING_TYPES,
-    Plan,
-    TablePiece,
-    sharding_type_of,
-    table_options,
-    table_row_wise,
-    table_wise,
-)
-from shard_ray.plan.topology import MemoryLedger
+from shard_ray.plan.enumerator import table_options
+from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, table_row_wise, table_wise
+from shard_ray.plan.plan import Plan, sharding_type_of
 from shard_ray.workload.tables import TableSpec
 
 # A table goes table-row-wise on the host, of this many least loaded, that prices the plan lowest.

@@ -33,8 +33,11 @@ from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.budget import PhaseEnd, SearchBudget, Spending
 from shard_ray.placement.options import choose_types
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.plan import SHARDING_TYPES, Plan, TablePiece, pieces_to_place, row_wise, table_options
-from shard_ray.plan.topology import MemoryLedger, Topology, format_gb
+from shard_ray.plan.enumerator import pieces_to_place, table_options
+from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, row_wise
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
 # cost_search's budget in model evaluations: the searches of the public model shapes at 2 devices

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shard_ray.errors import ShardRayError
 from shard_ray.io import read_model
-from shard_ray.plan.plan import SHARDING_TYPES, Plan, ShardingType, sharding_type_of
+from shard_ray.plan.piece import SHARDING_TYPES, ShardingType
+from shard_ray.plan.plan import Plan, sharding_type_of
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 

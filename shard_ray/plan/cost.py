@@ -136,3 +136,56 @@ def median_round(costs: list[PlanCost], confidence: float = 0.95) -> PlanCost:
         return costs[0]
     middle = sorted(costs, key=lambda c: c.cost_ms)[(len(costs) - 1) // 2]
     return middle.model_copy(update={"rounds": RoundsSummary.of([c.cost_ms for c in costs], confidence)})
+
+
+class PlanRatio(BaseModel):
+    """One plan's cost over the chosen plan's, from their paired rounds, with the procedure's interval."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratio: float  # geometric mean over the rounds of this plan's cost / the chosen plan's
+    low: float
+    high: float
+    separated: bool  # the interval excludes 1: the procedure tells the two apart
+
+    def describe(self) -> str:
+        return f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}]"
+
+
+class MeasuredComparison(BaseModel):
+    """Plans measured side by side on the gang and compared by `shard_ray.workflows.comparison`'s procedure.
+
+    Candidates are named by algorithm or file ('='-joined where their placements agree). `ratios`
+    holds every other plan's cost over the chosen one's with an interval that is simultaneous over
+    all pairs of plans and every look the race took; `separated` says the chosen plan's interval
+    with every other plan excludes 1, and `rule` says how the chosen plan was picked.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    hardware: str
+    chosen: str
+    confidence: float
+    separated: bool
+    rule: str = ""
+    steps_per_round: int
+    rounds: int = 0
+    pair_level: float = 0.0  # each interval's two-sided level at the look that ended the race
+    candidates: dict[str, RoundsSummary]
+    ratios: dict[str, PlanRatio] = {}
+    priced_parts: list[str] = []  # step parts the comm model priced instead of the gang (more devices than cores)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_legacy(cls, data: Any) -> Any:
+        # Races before the procedure kept one-sided p-values against the leader; they are not verdicts to keep.
+        return {k: v for k, v in data.items() if k != "p_slower"} if isinstance(data, dict) else data
+
+    @property
+    def cost(self) -> RoundsSummary:
+        return self.candidates[self.chosen]
+
+    def best_of(self, algorithms: set[str]) -> str | None:
+        """The measured best candidate (lowest median) made by any of `algorithms` (e.g. the heuristics), if any."""
+        made = [n for n in self.candidates if algorithms & set(n.split("="))]
+        return min(made, key=lambda n: self.candidates[n].median_ms) if made else None

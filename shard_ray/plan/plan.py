@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import (
@@ -36,130 +36,13 @@ from pydantic import (
 
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import read_model, write_json
-from shard_ray.plan.cost import PlanCost, RoundsSummary
-from shard_ray.plan.topology import GB, Optimizer, Topology, format_gb, shard_bytes
-from shard_ray.workload.access import reuse_histogram_of
+from shard_ray.plan.cost import MeasuredComparison, PlanCost
+from shard_ray.plan.piece import TablePiece, table_row_wise
+from shard_ray.plan.topology import GB, Optimizer, Topology
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
-    from shard_ray.plan.constraints import Constraints
-
-
-class TablePiece(BaseModel):
-    """What a device holds of a table, priced, profiled and placed as one.
-
-    A range of the table's columns and (for row-wise sharding) of its rows, or, with `replicas`
-    > 1, one of a data-parallel table's whole replicas, which looks up only its device's share of
-    the batch. The plan file records it as a `Shard` (the table's name, a device, the ranges); the
-    searches, the cost models and the profilers work on pieces, which carry the table's whole spec.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    table: TableSpec
-    columns: tuple[int, int]
-    rows: tuple[int, int] | None = None  # [start, end) of the table's rows; None: all of them
-    replicas: int = Field(default=1, ge=1)  # > 1: a data-parallel replica, one per device of `replicas`
-    # Where the piece may go (None: any device): TorchRec's row-wise block k lives on device k, replica
-    # k likewise, and a constraints file may name a table's devices. Not part of its cost.
-    devices: tuple[int, ...] | None = None
-    group: int | None = None  # a constraints file's group: its tables go whole on one device
-    # > 1: a table-row-wise block, one of a table's row blocks on the `within_host` devices of one host,
-    # whose partial sums are added up inside the host before its share of them crosses to other hosts.
-    # How its output travels, not what its lookups cost.
-    within_host: int = Field(default=1, ge=1)
-
-    @property
-    def restricted(self) -> bool:
-        """Where it goes is (partly) decided already: such pieces are placed first."""
-        return self.devices is not None or self.group is not None
-
-    @classmethod
-    def whole(cls, table: TableSpec) -> TablePiece:
-        return cls(table=table, columns=(0, table.dim))
-
-    @property
-    def width(self) -> int:
-        return self.columns[1] - self.columns[0]
-
-    @property
-    def row_range(self) -> tuple[int, int]:
-        return self.rows if self.rows is not None else (0, self.table.rows)
-
-    @property
-    def row_count(self) -> int:
-        return self.row_range[1] - self.row_range[0]
-
-    def allocated_rows(self, cap: int | None) -> int:
-        """Rows a kernel allocates for the piece when at most `cap` rows are allocated per table (profiling on CPU)."""
-        return self.row_count if cap is None else min(self.row_count, cap)
-
-    @property
-    def replicated(self) -> bool:
-        return self.replicas > 1
-
-    @property
-    def key(self) -> tuple:
-        """What tells this piece apart from the other pieces of a plan."""
-        return (
-            self.table.name,
-            self.columns,
-            self.row_range,
-            self.replicas,
-            self.devices,
-            self.group,
-            self.within_host,
-        )
-
-    def describe(self) -> str:
-        """The piece for a message: 'table 't0'', 'rows [0, 500) of table 't0'', ..."""
-        ranges = []
-        if self.row_count != self.table.rows:
-            ranges.append(f"rows [{self.row_range[0]}, {self.row_range[1]})")
-        if self.width != self.table.dim:
-            ranges.append(f"columns [{self.columns[0]}, {self.columns[1]})")
-        whose = f"table {self.table.name!r}"
-        return f"{', '.join(ranges)} of {whose}" if ranges else whose
-
-    def content(self) -> dict:
-        """What determines this piece's cost: the table's spec less its name, the width, the rows, the replicas."""
-        spec = self.table.model_dump(mode="json", exclude={"name"})
-        spec["dim"] = self.width
-        # Only non-default ranges are recorded, so the keys of table- and column-wise measurements stay as they were.
-        if self.rows is not None and self.row_count != self.table.rows:
-            spec["row_range"] = list(self.rows)
-        if self.replicated:
-            spec["replicas"] = self.replicas
-        return spec
-
-    def behaves_as(self) -> TableSpec:
-        """The table whose whole lookups cost what this piece's do, as the cost models see a piece.
-
-        Hot rows are scattered over the row space (`shard_ray.workload.access`), so a range of a
-        table's rows takes its share of the table's lookups and, being a random sample of its rows,
-        keeps its reuse histogram. A data-parallel replica looks up its 1/replicas of the batch.
-        """
-        share = self.row_count / self.table.rows / self.replicas
-        if share == 1 and self.width == self.table.dim:
-            return self.table
-        update: dict[str, Any] = {"dim": self.width, "pooling_factor": self.table.pooling_factor * share}
-        if self.row_count != self.table.rows:
-            update.update(rows=self.row_count, zipf_exponent=None, reuse_histogram=reuse_histogram_of(self.table))
-        return self.table.model_copy(update=update)
-
-    def memory_bytes(self, optimizer: Optimizer) -> int:
-        """Weights and optimizer state of the piece's rows and columns; a replica adds its dense gradient."""
-        stored = shard_bytes(self.table, self.width, optimizer, self.row_count)
-        if self.replicated:
-            stored += self.row_count * self.width * 4
-        return stored
-
-
-# The sharding types of TorchRec a plan expresses (table-row-wise only on topologies of several hosts).
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
-ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
-# The type a table takes to be placed at all, first that fits: whole, else as TorchRec splits to fit.
-PREFERENCE = ("table_wise", "row_wise", "table_row_wise", "column_wise", "data_parallel")
+    pass
 
 
 def sharding_type_of(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None = None) -> str:
@@ -190,147 +73,6 @@ def laid_out_as(table: TableSpec, shards: Sequence[Shard], blocks: list[TablePie
     """Whether the table's shards are exactly these pinned row blocks, each on its device."""
     laid_out = sorted((s.rows or (0, table.rows), s.device) for s in shards)
     return laid_out == [(p.row_range, p.devices[0]) for p in blocks]
-
-
-def table_wise(tables: list[TableSpec]) -> list[TablePiece]:
-    """Each table whole: the pieces of a table-wise plan."""
-    return [TablePiece.whole(t) for t in tables]
-
-
-def row_block(table: TableSpec, num_devices: int) -> int:
-    """TorchRec's row-wise block: ceil(rows / D) rows; the last block holds the rest."""
-    return -(-table.rows // num_devices)
-
-
-def row_wise(table: TableSpec, num_devices: int, columns: tuple[int, int] | None = None) -> list[TablePiece]:
-    """The table (or a column range of it) row-wise over the devices, as TorchRec cuts and places it:
-    blocks of `row_block` rows, block k pinned to device k (devices past the rows get none)."""
-    block = row_block(table, num_devices)
-    columns = columns or (0, table.dim)
-    return [
-        TablePiece(table=table, columns=columns, rows=(start, min(start + block, table.rows)), devices=(k,))
-        for k, start in enumerate(range(0, table.rows, block))
-    ]
-
-
-def table_row_wise(table: TableSpec, devices_per_host: int, host: int) -> list[TablePiece]:
-    """The table row-wise over one host's devices, as TorchRec's table-row-wise cuts it: blocks of
-    ceil(rows / devices_per_host) rows, block k pinned to the host's k-th device."""
-    first = host * devices_per_host
-    return [
-        p.model_copy(update={"devices": (first + p.devices[0],), "within_host": devices_per_host})
-        for p in row_wise(table, devices_per_host)
-    ]
-
-
-def replica(table: TableSpec, num_devices: int, device: int) -> TablePiece:
-    """The table's data-parallel replica on `device`, of one on each of `num_devices`."""
-    return TablePiece(table=table, columns=(0, table.dim), replicas=num_devices, devices=(device,))
-
-
-def data_parallel(table: TableSpec, num_devices: int) -> list[TablePiece]:
-    """The table replicated on every device, replica k pinned to device k."""
-    return [replica(table, num_devices, k) for k in range(num_devices)]
-
-
-def table_options(
-    table: TableSpec,
-    topology: Topology,
-    constraints: Constraints | None = None,
-    allowed: Sequence[str] = SHARDING_TYPES,
-) -> dict[str, list[TablePiece]]:
-    """The pieces of each sharding type the table may take (in `allowed` and its constraints) that fit
-    a device each, in the order `pieces_to_place` prefers them; pieces carry the constraints' devices and group."""
-    d = topology.num_devices
-    kinds = [
-        k
-        for k in SHARDING_TYPES
-        if k in allowed and (constraints is None or k in constraints.allowed_types(table.name))
-    ]
-    devices = constraints.devices_of(table.name) if constraints else None
-    group = constraints.group_of(table.name) if constraints else None
-    whole = TablePiece(table=table, columns=(0, table.dim), devices=devices, group=group)
-    half = table.dim // 2
-    local = topology.local_world_size
-    # Each type's first piece is its largest (the last row block holds the rest): it alone is checked
-    # against the cap, and only types that fit are cut, so a table over many devices costs little.
-    largest = {
-        "table_wise": lambda: whole,
-        "row_wise": lambda: TablePiece(
-            table=table, columns=(0, table.dim), rows=(0, min(row_block(table, d), table.rows))
-        ),
-        "table_row_wise": lambda: TablePiece(
-            table=table, columns=(0, table.dim), rows=(0, min(row_block(table, local), table.rows))
-        ),
-        "column_wise": lambda: whole.model_copy(update={"columns": (0, half)}),
-        "data_parallel": lambda: replica(table, d, 0),
-    }
-    cut = {
-        "table_wise": lambda: [whole],
-        "row_wise": lambda: row_wise(table, d),
-        # host 0's blocks; the search tries the table on other hosts (`shard_ray.placement.options`)
-        "table_row_wise": lambda: table_row_wise(table, local, 0),
-        "column_wise": lambda: [whole.model_copy(update={"columns": (k * half, (k + 1) * half)}) for k in range(2)],
-        "data_parallel": lambda: data_parallel(table, d),
-    }
-    possible = {
-        "table_wise": True,
-        "row_wise": d > 1,
-        "table_row_wise": topology.num_hosts > 1 and local > 1,
-        "column_wise": table.dim % 8 == 0 and d > 1,
-        "data_parallel": d > 1,
-    }
-    return {
-        kind: cut[kind]()
-        for kind in PREFERENCE
-        if kind in kinds
-        and possible[kind]
-        and largest[kind]().memory_bytes(topology.optimizer) <= topology.memory_bytes
-    }
-
-
-def pieces_to_place(
-    tables: list[TableSpec], topology: Topology, constraints: Constraints | None = None
-) -> list[TablePiece]:
-    """What every algorithm places: each table whole, or split to fit when no device can hold it whole.
-
-    A table larger than a device is sharded row-wise over all devices, as TorchRec would (its pieces
-    pinned). Under constraints, a table takes the first type they allow that fits (table-wise,
-    row-wise, column-wise, data-parallel). A table with no such type is refused, by name, and so
-    are tables that need more than all devices hold.
-    """
-    pieces = []
-    for table in tables:
-        chosen = next((o for kind in PREFERENCE if (o := table_options(table, topology, constraints, (kind,)))), None)
-        if chosen:
-            pieces.extend(next(iter(chosen.values())))
-            continue
-        need = TablePiece.whole(table).memory_bytes(topology.optimizer)
-        allowed = constraints.allowed_types(table.name) if constraints else SHARDING_TYPES
-        largest = max(p.memory_bytes(topology.optimizer) for p in row_wise(table, topology.num_devices))
-        if "row_wise" in allowed:
-            raise InfeasibleError(
-                f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state): even cut "
-                f"row-wise over all {topology.num_devices} devices a piece needs {format_gb(largest)}, over the "
-                f"cap of {format_gb(topology.memory_bytes)} per device"
-            )
-        raise InfeasibleError(
-            f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state) and the "
-            f"sharding types its constraints allow ({', '.join(allowed)}) leave a piece over the cap of "
-            f"{format_gb(topology.memory_bytes)} per device"
-            + (
-                f"; row-wise over all devices would need {format_gb(largest)} a device"
-                if largest <= topology.memory_bytes
-                else ""
-            )
-        )
-    total = sum(p.memory_bytes(topology.optimizer) for p in pieces)
-    if total > topology.num_devices * topology.memory_bytes:
-        raise InfeasibleError(
-            f"the tables need {format_gb(total)} (weights + {topology.optimizer} state), more than the "
-            f"{topology.num_devices} devices' {format_gb(topology.num_devices * topology.memory_bytes)} together"
-        )
-    return pieces
 
 
 def _check_range(kind: str, bounds: tuple[int, int]) -> tuple[int, int]:
@@ -407,59 +149,6 @@ class PlanEstimate(BaseModel):
     provenance: str | None = None  # the model file, its hardware and what it was calibrated on, one line
     proven_optimal: bool | None = None  # exact solvers: whether the search finished within its budget
     warnings: list[str] = []  # why the models' prices may be off: other hardware, tables outside their training data
-
-
-class PlanRatio(BaseModel):
-    """One plan's cost over the chosen plan's, from their paired rounds, with the procedure's interval."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    ratio: float  # geometric mean over the rounds of this plan's cost / the chosen plan's
-    low: float
-    high: float
-    separated: bool  # the interval excludes 1: the procedure tells the two apart
-
-    def describe(self) -> str:
-        return f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}]"
-
-
-class MeasuredComparison(BaseModel):
-    """Plans measured side by side on the gang and compared by `shard_ray.comparison`'s procedure.
-
-    Candidates are named by algorithm or file ('='-joined where their placements agree). `ratios`
-    holds every other plan's cost over the chosen one's with an interval that is simultaneous over
-    all pairs of plans and every look the race took; `separated` says the chosen plan's interval
-    with every other plan excludes 1, and `rule` says how the chosen plan was picked.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    hardware: str
-    chosen: str
-    confidence: float
-    separated: bool
-    rule: str = ""
-    steps_per_round: int
-    rounds: int = 0
-    pair_level: float = 0.0  # each interval's two-sided level at the look that ended the race
-    candidates: dict[str, RoundsSummary]
-    ratios: dict[str, PlanRatio] = {}
-    priced_parts: list[str] = []  # step parts the comm model priced instead of the gang (more devices than cores)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_legacy(cls, data: Any) -> Any:
-        # Races before the procedure kept one-sided p-values against the leader; they are not verdicts to keep.
-        return {k: v for k, v in data.items() if k != "p_slower"} if isinstance(data, dict) else data
-
-    @property
-    def cost(self) -> RoundsSummary:
-        return self.candidates[self.chosen]
-
-    def best_of(self, algorithms: set[str]) -> str | None:
-        """The measured best candidate (lowest median) made by any of `algorithms` (e.g. the heuristics), if any."""
-        made = [n for n in self.candidates if algorithms & set(n.split("="))]
-        return min(made, key=lambda n: self.candidates[n].median_ms) if made else None
 
 
 # Keys plan files kept in `metadata` before settings and estimates were typed, and where they go.

@@ -28,8 +28,10 @@ from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, single_costs
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import Plan, pieces_to_place
-from shard_ray.plan.topology import MemoryLedger, Topology, memory_cap_with_headroom
+from shard_ray.plan.enumerator import pieces_to_place
+from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard, shard_key
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, pin_to
 from shard_ray.profiling.store import MeasurementStore

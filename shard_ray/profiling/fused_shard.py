@@ -20,11 +20,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 from shard_ray.profiling.hardware import measurement_device
-from shard_ray.workload.access import TableBatch, fold_rows, generate_table_batch
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.access import fold_rows, generate_table_batch
+from shard_ray.workload.tables import TableBatch, TableSpec
 
 # On CPU the kernel's cost is set by the rows a batch touches and by cache misses; beyond a
 # few hundred thousand rows a table is far out of cache either way, so CPU profiling

@@ -39,7 +39,8 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
-from shard_ray.plan.plan import Plan, TablePiece
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import (
     FusedShard,
@@ -464,6 +465,13 @@ def check_hosts(num_devices: int, devices_per_host: int | None, use_gpus: bool |
         )
 
 
+# Prices the all-to-alls a gang cannot time, where more devices than cores share a node: given the gang's
+# hardware, its devices per host, a plan, its tables and the batch size, the model file that priced them,
+# the plan's per-device costs and warnings. The cost models provide it (`shard_ray.costmodel.simulator.price_comm`);
+# they sit above profiling, so the gang is handed it.
+CommPricer = Callable[[str, "int | None", Plan, list[TableSpec], int], tuple[str, list[DeviceCost], list[str]]]
+
+
 class DeviceGang:
     """D actors, one per device, reserved together in a placement group and joined in one process group.
 
@@ -482,6 +490,7 @@ class DeviceGang:
         collective_timeout_s: float = 300.0,
         max_retries: int = 3,
         pin_cores: bool = True,
+        comm_pricer: CommPricer | None = None,
     ) -> None:
         if devices_per_host is not None and num_devices % devices_per_host:
             raise ShardRayError(f"{num_devices} devices do not fill hosts of {devices_per_host}")
@@ -496,6 +505,7 @@ class DeviceGang:
         self.members: list[Any] = []
         self.hosts: list[int] = []
         self.pin_cores = pin_cores
+        self.comm_pricer = comm_pricer
         self._driver_cores: list[int] | None = None  # the driver's cores before the gang kept it off its members'
         self._pinned: list[tuple[list[int], list[int]]] = []  # per node: its members' ranks, their cores
         self._rounds = 0
@@ -664,22 +674,20 @@ class DeviceGang:
     def _priced_comm(
         self, plan: Plan, tables: list[TableSpec], batch_size: int, devices: list[DeviceCost]
     ) -> tuple[str, list[DeviceCost], list[str]]:
-        """`devices` with their all-to-alls as the comm model for this hardware prices them (the calibrated one
-        where there is one), that model's file, and a warning when it never measured this many devices."""
-        from shard_ray.costmodel.coverage import comm_extrapolation
-        from shard_ray.costmodel.models import CostModels, models_for
-        from shard_ray.costmodel.simulator import Simulator
-
-        path = models_for(self.hardware, self.devices_per_host, tables)
-        models = CostModels.load(path)
-        priced = Simulator(models).plan_cost(plan, tables, batch_size).devices
+        """`devices` with their all-to-alls as `comm_pricer` prices them, the pricing model's file and its warnings."""
+        if self.comm_pricer is None:
+            raise ShardRayError(
+                f"a gang of {self.num_devices} devices sharing cores cannot time its all-to-alls, and was given no "
+                "comm pricer to price them"
+            )
+        model_file, priced, warnings = self.comm_pricer(self.hardware, self.devices_per_host, plan, tables, batch_size)
         return (
-            str(path),
+            model_file,
             [
                 d.model_copy(update={part: getattr(p, part) for part in self.priced_parts})
                 for d, p in zip(devices, priced)
             ],
-            comm_extrapolation(models, self.num_devices),
+            warnings,
         )
 
     def measure_round(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.plan import TablePiece
+from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
 
 

@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from shard_ray.plan.cost import STEP_PARTS, PlanCost
-from shard_ray.plan.plan import MeasuredComparison, Plan
+from shard_ray.plan.cost import STEP_PARTS, MeasuredComparison, PlanCost
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import content_digest
 from shard_ray.workload.tables import TableSpec

@@ -21,7 +21,7 @@ from typing import Any
 
 from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import COST_SEARCH, MAX_EVALUATIONS, SearchConfig, search_placer
 from shard_ray.plan.topology import Topology
@@ -143,7 +143,7 @@ def measure_candidates(
     from shard_ray.tracking.mlflow_runs import log_plan_evaluation
 
     ratios: dict[str, list[float]] = {label: [] for label in candidates}
-    with DeviceGang(settings.devices) as gang:
+    with DeviceGang(settings.devices, comm_pricer=price_comm) as gang:
         for index, (tables, topology) in enumerate(tasks):
             plans = []
             for label, config in candidates.items():

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import poisson
 
-from shard_ray.workload.tables import REUSE_BINS, TableSpec
+from shard_ray.workload.tables import REUSE_BINS, TableBatch, TableSpec
 
 # The public histogram describes one batch of 65536 samples; other batch sizes scale the
 # access counts of each row with the batch, so hot rows stay hot and cold rows stay single.
@@ -23,12 +22,6 @@ REFERENCE_BATCH = 65536
 # make them look cache-friendly) and every row stays reachable. m < 2^20 keeps r * m inside
 # int64 for tables up to 2^43 rows.
 _SCATTER_PRIMES = (1_000_003, 999_983)
-
-
-@dataclass(frozen=True)
-class TableBatch:
-    indices: np.ndarray  # int64 row ids, sample-major
-    lengths: np.ndarray  # int64 lookups per sample
 
 
 def draw_lengths(pooling_factor: float, batch_size: int, rng: np.random.Generator) -> np.ndarray:

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.workload.access import TableBatch
-from shard_ray.workload.tables import REUSE_BINS, TableSpec, TraceRef
+from shard_ray.workload.tables import REUSE_BINS, TableBatch, TableSpec, TraceRef
 
 MIN_ROWS = 100
 

@@ -9,18 +9,30 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shard_ray.errors import ShardRayError, describe_validation_error
 from shard_ray.io import read_document, write_json
 
+if TYPE_CHECKING:
+    import numpy as np
+
 # Access-count bins of the reuse histogram, as published for Meta's dlrm_datasets:
 # fraction of unique rows accessed k times with k in (0,1], (1,2], (2,4], ..., (16384,32768], more.
 REUSE_BINS = 17
 DEFAULT_ZIPF_EXPONENT = 1.05
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class TableBatch:
+    """One batch of one table's lookups, as the fbgemm kernels take them."""
+
+    indices: np.ndarray  # int64 row ids, sample-major
+    lengths: np.ndarray  # int64 lookups per sample
 
 
 class TraceRef(BaseModel):

@@ -42,8 +42,8 @@ from scipy.stats import t as student_t
 from shard_ray.configfile import setting
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import write_atomic, write_json
-from shard_ray.plan.cost import PlanCost, RoundsSummary, median_round
-from shard_ray.plan.plan import MeasuredComparison, Plan, PlanRatio
+from shard_ray.plan.cost import MeasuredComparison, PlanCost, PlanRatio, RoundsSummary, median_round
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.workload.tables import TableSpec

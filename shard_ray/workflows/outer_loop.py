@@ -24,7 +24,7 @@ from typing import Any
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import TrainConfig, mape, update_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
@@ -149,7 +149,7 @@ def run_outer_loop(
         set_cost_models(algo, models)
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
-        gang = resources.enter_context(DeviceGang(loop.gang_devices))
+        gang = resources.enter_context(DeviceGang(loop.gang_devices, comm_pricer=price_comm))
         profiler = resources.enter_context(ProfilingPool(loop.profiling_actors))
         if profiler.hardware != models.hardware:
             print(

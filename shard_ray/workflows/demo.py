@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shard_ray.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
 from shard_ray.configfile import setting
+from shard_ray.costmodel.simulator import price_comm
 from shard_ray.io import write_json
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -25,6 +25,7 @@ from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.tracking.mlflow_runs import default_tracking_uri, ui_command
+from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, save_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -100,7 +101,7 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
 
     print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
     compare = CompareConfig(rounds=config.rounds, budget_seconds=config.budget_seconds, repeats=config.repeats)
-    with DeviceGang(config.num_devices) as gang:
+    with DeviceGang(config.num_devices, comm_pricer=price_comm) as gang:
         comparison = compare_algorithms(
             tables,
             topology,

@@ -28,18 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from shard_ray.comparison import CompareConfig, compare_algorithms, format_comparison
 from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, describe_models, models_for
-from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
-from shard_ray.plan.plan import PlanRatio
+from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.workflows.comparison import CompareConfig, compare_algorithms, format_comparison
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -134,7 +134,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     write_json(settings_file, settings)
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
-    with DeviceGang(config.devices) as gang:
+    with DeviceGang(config.devices, comm_pricer=price_comm) as gang:
         # the models calibrated for the gang's hardware, if any, as `plan` picks them
         cost_model = config.cost_model or str(models_for(gang.hardware))
         models = CostModels.load(cost_model)

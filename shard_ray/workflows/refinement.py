@@ -18,7 +18,7 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    next step starts from it; otherwise refinement stops.
 
 The refined plan is then confirmed against the race's choice on the device gang with the one
-comparison procedure (`shard_ray.comparison`), by the caller: a kernel measured alone is not a
+comparison procedure (`shard_ray.workflows.comparison`), by the caller: a kernel measured alone is not a
 plan measured whole. The models' errors do not decide anything here; they only order what the
 hardware is asked.
 """
@@ -36,8 +36,10 @@ from shard_ray.costmodel.pricing import Candidate, Pricer
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import split_item
-from shard_ray.plan.plan import Plan, TablePiece
-from shard_ray.plan.topology import MemoryLedger, Topology
+from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
 from shard_ray.profiling.store import MeasurementStore

@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shard_ray.comparison import noise_floor
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.models import CostModels, task_digest
-from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import (
     TrainConfig,
     accuracy,
@@ -53,13 +52,15 @@ from shard_ray.costmodel.train import (
 )
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement import algorithms, place
-from shard_ray.plan.plan import Plan, TablePiece, table_wise
+from shard_ray.plan.piece import TablePiece, table_wise
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest, shard_key
 from shard_ray.profiling.gang import DeviceGang, check_hosts
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
+from shard_ray.workflows.comparison import noise_floor
 from shard_ray.workload.tables import TableSpec
 
 # Families whose plans are the candidates: the baselines and the model-based searches (the RL
@@ -229,7 +230,9 @@ def calibrate(
     # 3. communication data on the gang
     if topology.num_devices > 1:
         plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
-        with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host) as gang:
+        with DeviceGang(
+            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
+        ) as gang:
             floor = noise_floor(candidates[0], tables, topology, gang, measure)
             log(f"noise floor: {floor.describe()}")
             for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
