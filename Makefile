@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 # pip prints a warning for every package its local mirrors lack; they are noise here.
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test lint format docs clean
+.PHONY: setup demo test test-fast lint format docs clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ demo: setup
 
 test: setup lint
 	$(PY) -m pytest
+
+# Everything but the tests marked slow (clusters, jobs, sweeps, training): the loop to run while changing code.
+test-fast: setup lint
+	$(PY) -m pytest -m "not slow"
 
 # ruff's linter and formatter (settings in pyproject.toml); `make format` applies both.
 lint: setup

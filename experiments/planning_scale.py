@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 from shard_ray.io import write_atomic, write_json
@@ -38,7 +38,6 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int, devices_per_hos
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.simulator import Simulator
     from shard_ray.placement import place
-    from shard_ray.plan.plan import sharding_type_of
     from shard_ray.plan.topology import Topology, memory_cap_with_headroom
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
@@ -53,9 +52,6 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int, devices_per_hos
     plan = place(algorithm, tables, topology)
     wall = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    by_table = defaultdict(list)
-    for shard in plan.shards:
-        by_table[shard.table].append(shard)
     # Every plan priced by the shipped models, whether its algorithm used them or not.
     models = CostModels.load(default_cost_model_path())
     return {
@@ -65,7 +61,7 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int, devices_per_hos
         "simulated_cost_ms": Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms,
         "lower_bound_ms": lower_bound_ms(models, tables, topology),
         "cut_short": "search_cut_short" in plan.metadata,
-        "sharding_types": dict(Counter(sharding_type_of(t, by_table[t.name], devices_per_host) for t in tables)),
+        "sharding_types": dict(Counter(sharding.type for sharding in plan.table_shardings(tables).values())),
     }
 
 

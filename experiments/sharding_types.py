@@ -39,7 +39,7 @@ from shard_ray.placement import place
 from shard_ray.plan.constraints import Constraints, TableConstraint
 from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.piece import SHARDING_TYPES
-from shard_ray.plan.plan import Plan, sharding_type_of
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import GB, Topology, shard_bytes
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.workload.tables import TableSpec, load_tables
@@ -80,7 +80,7 @@ def plan_with(algorithm: str, tables: list[TableSpec], topology: Topology) -> Pl
 
 
 def types_of(plan: Plan, tables: list[TableSpec]) -> dict[str, int]:
-    return dict(Counter(sharding_type_of(t, [s for s in plan.shards if s.table == t.name]) for t in tables))
+    return dict(Counter(sharding.type for sharding in plan.table_shardings(tables).values()))
 
 
 def ratio_summary(mine: list[float], other: list[float]) -> RoundsSummary:

@@ -11,7 +11,6 @@ from shard_ray.placement.heuristics import PROXIES
 from shard_ray.plan import GB, Plan, Shard, Topology, load_plan, save_plan, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, row_wise
-from shard_ray.plan.plan import sharding_type_of
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.workload.access import reuse_histogram_of
 from shard_ray.workload.tables import TableSpec
@@ -93,7 +92,7 @@ def test_every_sharding_type_passes_the_check_and_round_trips(tmp_path):
     ]
     plan = Plan(num_devices=2, algorithm="x", shards=shards)
     plan.check(tables)
-    types = [sharding_type_of(t, [s for s in shards if s.table == t.name]) for t in tables]
+    types = [plan.table_shardings(tables)[t.name].type for t in tables]  # a hand-written plan: read off its shards
     assert types == ["table_wise", "column_wise", "row_wise", "data_parallel"]
     path = tmp_path / "plan.json"
     save_plan(path, plan)
@@ -286,10 +285,7 @@ def test_cost_search_chooses_a_sharding_type_per_table():
         topology,
         settings={"sharding_types": ["table_wise", "column_wise"], "max_evaluations": None},
     )
-    of = {
-        name: sharding_type_of(t, [s for s in every.shards if s.table == name])
-        for name, t in [(t.name, t) for t in tables]
-    }
+    of = {name: sharding.type for name, sharding in every.tables.items()}
     assert of["tiny_hot"] == "data_parallel" and of["huge"] == "row_wise"
     assert every.estimate.predicted.cost_ms <= limited.estimate.predicted.cost_ms
     with pytest.raises(ShardRayError, match="sharding_types must include table_wise"):
@@ -310,3 +306,89 @@ def test_cost_search_never_leaves_two_column_slices_of_a_table_on_one_device():
         by_table.setdefault(shard.table, []).append(shard.device)
     assert all(len(devices) == len(set(devices)) for devices in by_table.values()), by_table
     plan.check(tables)
+
+
+def test_pieces_and_plans_round_trip_without_loss(tmp_path):
+    """A plan records each table's sharding as its algorithm chose it: the pieces read back from the plan file are
+    the pieces placed (pinned row blocks and replicas, blocks within a host, a constraints file's devices and group)."""
+    from shard_ray.plan.constraints import Constraints
+    from shard_ray.plan.enumerator import table_options
+    from shard_ray.plan.piece import table_row_wise
+    from shard_ray.plan.plan import PlanSettings
+
+    tables = [TableSpec(name=n, rows=1000, dim=32, pooling_factor=2.0) for n in "abcdef"]
+    topology = Topology(num_devices=4, memory_bytes=GB, devices_per_host=2)
+    constraints = Constraints.model_validate({"tables": {"a": {"devices": [2, 3]}}, "groups": [["b", "c"]]})
+    options = {t.name: table_options(t, topology, constraints) for t in tables}
+    pieces = [
+        *options["a"]["column_wise"],  # halves, each limited to devices 2 and 3
+        *options["b"]["table_wise"],  # b and c whole, in a group
+        *options["c"]["table_wise"],
+        *options["d"]["row_wise"],  # TorchRec's blocks, block k pinned to device k
+        *table_row_wise(tables[4], 2, 1),  # row blocks over host 1's devices
+        *options["f"]["data_parallel"],
+    ]
+    assert {p.within_host for p in pieces if p.table.name == "e"} == {2}
+    devices = [2, 3, 0, 0, 0, 1, 2, 3, 2, 3, 0, 1, 2, 3]
+    plan = Plan.from_assignment(pieces, devices, 4, "x")
+    plan = plan.model_copy(
+        update={"settings": PlanSettings(memory_gb=1, batch_size=512, optimizer="sgd", devices_per_host=2)}
+    )
+    path = tmp_path / "plan.json"
+    save_plan(path, plan)
+    doc = json.loads(path.read_text())
+    assert doc["format_version"] == 2
+    assert doc["tables"]["e"] == {"type": "table_row_wise", "host": 1}
+    assert doc["tables"]["a"] == {"type": "column_wise", "devices": [2, 3]}
+    loaded = load_plan(path)
+    loaded.check(tables)
+    placed = sorted((d, p.key) for d, p in zip(devices, pieces))
+    assert sorted((d, p.key) for d, held in enumerate(loaded.pieces(tables)) for p in held) == placed
+
+
+def test_a_recorded_sharding_settles_what_the_geometry_cannot():
+    """Three rows row-wise over 8 devices, 4 a host, are three blocks on host 0: laid out as table-row-wise would lay
+    them out too. Read off the geometry (a hand-written plan) they are table-row-wise; recorded, they are what the
+    algorithm made, and priced as such (no sums inside a host)."""
+    from shard_ray.plan.piece import row_wise
+    from shard_ray.plan.plan import PlanSettings
+
+    table = TableSpec(name="tiny", rows=3, dim=16, pooling_factor=1.0)
+    settings = PlanSettings(memory_gb=1, batch_size=512, optimizer="sgd", devices_per_host=4)
+    blocks = row_wise(table, 8)
+    recorded = Plan.from_assignment(blocks, [p.devices[0] for p in blocks], 8, "x").model_copy(
+        update={"settings": settings}
+    )
+    recorded.check([table])
+    assert recorded.tables["tiny"].type == "row_wise"
+    assert {p.within_host for held in recorded.pieces([table]) for p in held} == {1}
+    hand_written = Plan.model_validate(recorded.model_dump(mode="json", exclude={"tables", "format_version"}))
+    assert hand_written.format_version == 1 and hand_written.tables is None
+    assert hand_written.table_shardings([table])["tiny"].type == "table_row_wise"
+
+
+@pytest.mark.parametrize(
+    ("tables_field", "message"),
+    [
+        ({"a": {"type": "table_wise"}}, "records table 'a' as table_wise, but its shards are laid out column_wise"),
+        ({"a": {"type": "column_wise"}, "b": {"type": "table_wise"}}, "name different tables: \\['b'\\]"),
+    ],
+)
+def test_a_plan_file_whose_recorded_sharding_contradicts_its_shards_is_refused(tmp_path, tables_field, message):
+    tables = [TableSpec(name="a", rows=10, dim=32, pooling_factor=1.0)]
+    shards = [{"table": "a", "device": 0, "columns": [0, 16]}, {"table": "a", "device": 1, "columns": [16, 32]}]
+    doc = {"format_version": 2, "num_devices": 2, "algorithm": "x", "shards": shards, "tables": tables_field}
+    with pytest.raises(ShardRayError, match=message):
+        Plan.model_validate(doc).check(tables)
+    with pytest.raises(ValueError, match="records each table's sharding in `tables`"):
+        Plan.model_validate({k: v for k, v in doc.items() if k != "tables"})
+
+
+def test_every_plan_file_in_the_repository_still_loads():
+    """Plan files written before format 2 (the experiments' results) load as format 1."""
+    repository = Path(__file__).resolve().parent.parent
+    paths = sorted((repository / "experiments" / "results").rglob("written_plan.json"))
+    assert paths
+    for path in paths:
+        plan = load_plan(path)
+        assert plan.format_version == 1 and plan.tables is None, path

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shard_ray.plan.plan import load_plan, sharding_type_of
+from shard_ray.plan.plan import inferred_sharding, load_plan
 from shard_ray.workload.tables import load_tables
 
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
@@ -43,8 +43,8 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
     plan = load_plan(out)
     shards = {name: [s for s in plan.shards if s.table == name] for name in tables}
     assert {s.device for s in shards["cat_2"]} <= {0, 1}
-    assert sharding_type_of(tables["cat_3"], shards["cat_3"]) == "row_wise"
-    assert sharding_type_of(tables["cat_20"], shards["cat_20"]) in ("table_wise", "row_wise")
+    assert plan.tables["cat_3"].type == "row_wise"
+    assert plan.tables["cat_20"].type in ("table_wise", "row_wise")
     group = [s for name in ("cat_5", "cat_6", "cat_7") for s in shards[name]]
     assert len(group) == 3 and len({s.device for s in group}) == 1
     # --explain: one line per table with its type, devices and next-best type; the same in the plan's metadata.
@@ -53,7 +53,7 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
     assert lines["cat_3"].split()[1] == "row_wise" and "(no other type allowed)" in lines["cat_3"]
     assert "(no other type allowed)" in lines["cat_5"]
     explained = {c["table"]: c for c in plan.metadata["explain"]}
-    assert explained["cat_2"]["sharding_type"] == sharding_type_of(tables["cat_2"], shards["cat_2"])
+    assert explained["cat_2"]["sharding_type"] == plan.tables["cat_2"].type
     assert "row_wise" not in explained["cat_2"]["alternatives_ms"]  # pinned to two devices: not row-wise
 
 
@@ -126,9 +126,8 @@ def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "left out of the race (they do not honour constraints): random, round_robin, torchrec" in result.stdout
     plan = load_plan(out)
-    specs = {t.name: t for t in load_tables(str(tables))}
     assert {s.device for s in plan.shards if s.table == "a"} == {1}
-    assert sharding_type_of(specs["b"], [s for s in plan.shards if s.table == "b"]) == "row_wise"
+    assert plan.tables["b"].type == "row_wise"
     assert plan.settings.constraints == {"tables": {"a": {"devices": [1]}, "b": {"types": ["row_wise"]}}}
 
 
@@ -158,8 +157,8 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     assert "table_row_wise" in result.stdout
     plan, tables = load_plan(plan_file), load_tables(tables_file)
     big = [s for s in plan.shards if s.table == "big"]
-    assert sharding_type_of(tables[0], big, 4) == "table_row_wise"
-    assert sharding_type_of(tables[0], big) == "row_wise"  # the same shards without hosts
+    assert (plan.tables["big"].type, plan.tables["big"].host) == ("table_row_wise", big[0].device // 4)
+    assert inferred_sharding(tables[0], big, None).type == "row_wise"  # the same shards, read without hosts
     assert len({s.device // 4 for s in big}) == 1 and len(big) == 4
     assert all(p.within_host == 4 for pieces in plan.pieces(tables) for p in pieces if p.table.name == "big")
 
@@ -192,10 +191,8 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
             "--out", str(pinned),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        shards = load_plan(pinned).shards
-        for name in ("big", "s0"):
-            table = next(t for t in tables if t.name == name)
-            assert sharding_type_of(table, [s for s in shards if s.table == name], 4) == "table_row_wise"
+        recorded = load_plan(pinned).tables
+        assert recorded["big"].type == recorded["s0"].type == "table_row_wise"
 
     result = shard_ray("export", "--plan", str(plan_file), "--tables", str(tables_file), "--out", str(export_file))
     assert result.returncode == 0, result.stderr

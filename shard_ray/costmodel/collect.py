@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.simulator import price_comm
-from shard_ray.plan.plan import Plan, Shard
+from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
@@ -71,8 +72,8 @@ def draw_comm_plans(
         chosen = rng.choice(len(pool), size=min(size, len(pool)), replace=False)
         tables = [augment_table(pool[j], rng, config.dims, f"c{i}") for j in sorted(chosen)]
         devices = varied_balance(rng, len(tables), num_devices)
-        shards = [Shard(table=t.name, device=int(d), columns=(0, t.dim)) for t, d in zip(tables, devices)]
-        plans.append((Plan(num_devices=num_devices, algorithm="comm_sample", shards=shards), tables))
+        pieces = [TablePiece.whole(t) for t in tables]
+        plans.append((Plan.from_assignment(pieces, devices, num_devices, "comm_sample"), tables))
     return plans
 
 

@@ -22,7 +22,6 @@ runs no code; `load_sharding_plan` turns it into the ShardingPlan objects:
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_document, write_json
 from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
-from shard_ray.plan.plan import Plan, Shard, host_of_row_blocks, laid_out_as, sharding_type_of
+from shard_ray.plan.plan import Plan, Shard, TableSharding, laid_out_as
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -142,12 +141,13 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
         except PlannerError as err:  # no plan within memory (or its partitioner gave up)
             raise InfeasibleError(f"TorchRec's planner found no plan: {first_line(err)}") from None
     by_name = {t.name: t for t in tables}
-    shards = []
+    shards, recorded = [], {}
     for name, sharding in sharding_plan.plan[""].items():
         if sharding.sharding_type not in TORCHREC_TYPES:
             raise ShardRayError(
                 f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"
             )
+        recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology)
         if sharding.sharding_type == "data_parallel":
             shards += [
                 Shard(table=name, device=r, columns=(0, by_name[name].dim), replicated=True) for r in sharding.ranks
@@ -161,7 +161,7 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
             shards.append(
                 Shard(table=name, device=meta.placement.rank(), columns=(start, start + width), rows=row_range)
             )
-    return Plan(num_devices=topology.num_devices, algorithm="torchrec", shards=shards)
+    return Plan(num_devices=topology.num_devices, algorithm="torchrec", shards=shards, tables=recorded)
 
 
 class ExportedShard(BaseModel):
@@ -192,6 +192,18 @@ class ExportedPlan(BaseModel):
     tables: dict[str, ExportedTable]
 
 
+def _recorded_sharding(kind: str, ranks: list[int], topology: Topology) -> TableSharding:
+    """TorchRec's sharding of a table as a plan records it: column-wise in one piece is the table whole on its
+    rank, table-row-wise on one host row-wise over its devices (the same blocks on the same ranks)."""
+    if kind == "column_wise" and len(ranks) == 1:
+        return TableSharding(type="table_wise")
+    if kind != "table_row_wise":
+        return TableSharding(type=kind)
+    if topology.num_hosts == 1:
+        return TableSharding(type="row_wise")
+    return TableSharding(type=kind, host=ranks[0] // topology.local_world_size)
+
+
 def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", device_type: str = "cuda") -> ExportedPlan:
     """A checked shard-ray plan as TorchRec parameter shardings.
 
@@ -203,13 +215,11 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
     """
     plan.check(tables)
     by_name = {t.name: t for t in tables}
-    by_table: dict[str, list[Shard]] = defaultdict(list)
-    for shard in plan.shards:
-        by_table[shard.table].append(shard)
+    shardings = plan.table_shardings(tables)
     exported = {}
-    for name, shards in by_table.items():
+    for name, shards in plan.shards_of().items():
         table = by_name[name]
-        kind = sharding_type_of(table, shards, plan.devices_per_host)
+        kind = shardings[name].type
         if kind == "data_parallel":
             exported[name] = ExportedTable(
                 sharding_type=kind, compute_kernel="dense", ranks=list(range(plan.num_devices))
@@ -217,8 +227,7 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
         elif kind == "row_wise":
             exported[name] = _row_wise_export(table, shards, plan.num_devices)
         elif kind == "table_row_wise":
-            per_host = plan.devices_per_host
-            host = host_of_row_blocks(table, shards, per_host)
+            per_host, host = plan.devices_per_host, shardings[name].host
             exported[name] = _row_blocks_export(
                 table, kind, table_row_wise(table, per_host, host), host * per_host, per_host
             )

@@ -174,33 +174,35 @@ def place(
     with _one_torch_thread():
         plan = placer(tables, topology)
     elapsed = time.perf_counter() - start
+    # The settings first: they say which hosts the plan spans, which its check and the constraints' need.
+    plan = plan.model_copy(update={"settings": _settings(topology, context, settings_source)})
     plan.check(tables)
     plan.check_memory(tables, topology)
-    recorded = PlanSettings(
-        memory_gb=topology.memory_gb,
-        batch_size=topology.batch_size,
-        optimizer=topology.optimizer,
-        devices_per_host=topology.devices_per_host,
-        inter_host_gbps=topology.inter_host_gbps if topology.num_hosts > 1 else None,
-        seed=seed,
-        algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
-        source=settings_source,
-        constraints=constraints.model_dump(mode="json", exclude_defaults=True) if constraints is not None else None,
-    )
     plan = plan.model_copy(
-        update={
-            "placement_seconds": elapsed,
-            "settings": recorded,  # the hosts the estimate prices come with the settings
-            "memory_bytes": plan.device_memory_bytes(tables, topology),
-        }
+        update={"placement_seconds": elapsed, "memory_bytes": plan.device_memory_bytes(tables, topology)}
     )
-    # With the settings in place: they say which row shards are table-row-wise (the hosts).
     broken = constraints.violations(plan, tables) if constraints is not None else []
     if broken:
         raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
     if context.used_models:
         plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
     return plan
+
+
+def _settings(topology: Topology, context: PlacementContext, source: str | None) -> PlanSettings:
+    """What the plan is made for, as its file records it."""
+    constraints = context.constraints
+    return PlanSettings(
+        memory_gb=topology.memory_gb,
+        batch_size=topology.batch_size,
+        optimizer=topology.optimizer,
+        devices_per_host=topology.devices_per_host,
+        inter_host_gbps=topology.inter_host_gbps if topology.num_hosts > 1 else None,
+        seed=context.seed,
+        algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
+        source=source,
+        constraints=constraints.model_dump(mode="json", exclude_defaults=True) if constraints is not None else None,
+    )
 
 
 @contextmanager

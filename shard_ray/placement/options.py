@@ -23,7 +23,7 @@ from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.enumerator import table_options
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, table_row_wise, table_wise
-from shard_ray.plan.plan import Plan, sharding_type_of
+from shard_ray.plan.plan import Plan
 from shard_ray.workload.tables import TableSpec
 
 # A table goes table-row-wise on the host, of this many least loaded, that prices the plan lowest.
@@ -139,9 +139,10 @@ def explain(
     assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
     placed = Candidate(items, assign, pricer.plan_cost(items, assign))
     choices = []
+    shardings = plan.table_shardings(tables)
     for table in tqdm(tables, desc="explaining", unit="table", disable=not progress or len(tables) < 50):
         shards = [s for s in plan.shards if s.table == table.name]
-        kind = sharding_type_of(table, shards, plan.devices_per_host)
+        kind = shardings[table.name].type
         options = option_costs(pricer, placed, table, constraints)
         alternatives = {k: (c.cost if c is not None else None) for k, c in options.items() if k != kind}
         choices.append(TableChoice(table.name, kind, sorted({s.device for s in shards}), alternatives))

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shard_ray.errors import ShardRayError
 from shard_ray.io import read_model
 from shard_ray.plan.piece import SHARDING_TYPES, ShardingType
-from shard_ray.plan.plan import Plan, sharding_type_of
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -115,11 +115,10 @@ class Constraints(BaseModel):
 
     def violations(self, plan: Plan, tables: list[TableSpec]) -> list[str]:
         """What in `plan` breaks these constraints, one line per table and constraint."""
-        by_name = {t.name: t for t in tables}
+        shardings, of_table = plan.table_shardings(tables), plan.shards_of()
         problems = []
-        for name, table in by_name.items():
-            shards = [s for s in plan.shards if s.table == name]
-            kind = sharding_type_of(table, shards, plan.devices_per_host)
+        for name in (t.name for t in tables):
+            shards, kind = of_table[name], shardings[name].type
             if kind not in self.allowed_types(name):
                 problems.append(
                     f"table {name!r} is {kind}, which its constraints do not allow ({', '.join(self.allowed_types(name))})"

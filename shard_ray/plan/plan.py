@@ -1,7 +1,8 @@
 """The plan type and its file format.
 
-    {"num_devices": 4, "algorithm": "size_lookup_greedy", "placement_seconds": 0.01,
+    {"format_version": 2, "num_devices": 4, "algorithm": "size_lookup_greedy", "placement_seconds": 0.01,
      "shards": [{"table": "t0", "device": 2, "columns": [0, 64]}, ...],
+     "tables": {"t0": {"type": "table_wise"}, "t1": {"type": "table_row_wise", "host": 1}, ...},
      "settings": {"memory_gb": 1.5, "batch_size": 1024, "optimizer": "rowwise_adagrad", "seed": 0,
                   "algorithm": {...}, "source": null},
      "memory_bytes": [...], "estimate": {"predicted": {...}, "lower_bound_ms": 3.1, ...}, "metadata": {}}
@@ -11,7 +12,10 @@ A shard is a column range of a table on a device, and for row-wise sharding a ro
 table). A table's shards tile its rows x columns: table-wise is one shard with columns [0, dim),
 column-wise splits the columns, row-wise (and table-row-wise, the rows over one host's devices)
 the rows, a grid both. A data-parallel table has one shard per device, each the whole table, with
-`"replicated": true`. `settings` records what the plan was made for, `estimate` what the
+`"replicated": true`. `tables` records each table's sharding type as the algorithm chose it (and,
+for table-row-wise, the host; for a table a constraints file restricts, its devices or group), so
+nothing reading a plan guesses it from the shards' geometry. Plan files of format 1 (before
+`tables`, or written by hand) have it inferred from the geometry once, on reading. `settings` records what the plan was made for, `estimate` what the
 cost models predicted (for algorithms that plan with them). Plan files written before these
 were typed kept them in `metadata`; reading such a file moves them into place.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import (
@@ -41,27 +45,61 @@ from shard_ray.plan.piece import TablePiece, table_row_wise
 from shard_ray.plan.topology import GB, Optimizer, Topology
 from shard_ray.workload.tables import TableSpec
 
-if TYPE_CHECKING:
-    pass
+PLAN_FORMAT_VERSION = 2
+# The types whose pieces are pinned to their device: TorchRec's row blocks (block k on device k of the table's
+# devices, of the whole table or of a column range in a grid) and the replicas of a data-parallel table.
+PINNED_TYPES = ("row_wise", "table_row_wise", "data_parallel", "grid")
 
 
-def sharding_type_of(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None = None) -> str:
-    """A table's sharding type in a plan: one of SHARDING_TYPES, or 'grid' for rows and columns both split.
+class TableSharding(BaseModel):
+    """How a plan shards one table: its sharding type ('grid' for rows and columns both split), the host of a
+    table-row-wise table's blocks, and the devices or group a constraints file gave it."""
 
-    In a plan over hosts of `devices_per_host` (None: one host), row shards all on one host's devices
-    in TorchRec's table-row-wise layout are table-row-wise."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "grid"]
+    host: int | None = Field(default=None, ge=0)  # table_row_wise: the host whose devices hold its row blocks
+    devices: tuple[int, ...] | None = None  # the devices its constraints allow (None: any)
+    group: int | None = None  # its constraints group: the group's tables go whole on one device
+
+    @model_serializer(mode="wrap")
+    def _leave_out_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k == "type" or v is not None}
+
+    @classmethod
+    def of_pieces(cls, pieces: Sequence[TablePiece], devices: Sequence[int]) -> TableSharding:
+        """The sharding of one table's pieces on `devices`, as the pieces say it (replicas, row and column ranges,
+        blocks within a host)."""
+        first, table = pieces[0], pieces[0].table
+        if first.replicated:
+            kind = "data_parallel"
+        elif first.within_host > 1:
+            return cls(type="table_row_wise", host=int(devices[0]) // first.within_host)
+        else:
+            rows_split = any(p.row_count != table.rows for p in pieces)
+            columns_split = any(p.width != table.dim for p in pieces)
+            kind = ("grid" if columns_split else "row_wise") if rows_split else "column_wise" if columns_split else "table_wise"
+        return cls(type=kind, devices=None if kind in PINNED_TYPES else first.devices, group=first.group)
+
+
+def inferred_sharding(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None) -> TableSharding:
+    """A table's sharding read off its shards' geometry: for plan files of format 1, and to check a recorded one.
+
+    In a plan over hosts of `devices_per_host` (None: one host), row shards on one host's devices in
+    TorchRec's table-row-wise layout are table-row-wise."""
     if any(s.replicated for s in shards):
-        return "data_parallel"
+        return TableSharding(type="data_parallel")
     rows_split = any(s.rows not in (None, (0, table.rows)) for s in shards)
     columns_split = any(s.columns != (0, table.dim) for s in shards)
     if rows_split and columns_split:
-        return "grid"
+        return TableSharding(type="grid")
     if rows_split:
-        return "table_row_wise" if host_of_row_blocks(table, shards, devices_per_host) is not None else "row_wise"
-    return "column_wise" if columns_split else "table_wise"
+        host = _host_of_row_blocks(table, shards, devices_per_host)
+        return TableSharding(type="row_wise") if host is None else TableSharding(type="table_row_wise", host=host)
+    return TableSharding(type="column_wise" if columns_split else "table_wise")
 
 
-def host_of_row_blocks(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None) -> int | None:
+def _host_of_row_blocks(table: TableSpec, shards: Sequence[Shard], devices_per_host: int | None) -> int | None:
     """The host whose devices hold the table's row shards in table-row-wise layout, if they do."""
     if devices_per_host is None:
         return None
@@ -181,10 +219,13 @@ def _lift_legacy_metadata(data: Any) -> Any:
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    format_version: Literal[1, 2] = PLAN_FORMAT_VERSION
     num_devices: int = Field(ge=1)
     algorithm: str
     placement_seconds: float = Field(default=0.0, ge=0)
     shards: list[Shard] = Field(min_length=1)
+    # Each table's sharding; None in format 1 (read off the shards' geometry by `table_shardings`).
+    tables: dict[str, TableSharding] | None = None
     settings: PlanSettings | None = None
     memory_bytes: list[int] | None = None  # per device, weights plus optimizer state
     estimate: PlanEstimate | None = None
@@ -193,19 +234,34 @@ class Plan(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_legacy_metadata(cls, data: Any) -> Any:
+    def _read_older_formats(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "format_version" not in data:
+            data = {**data, "format_version": 1 if data.get("tables") is None else PLAN_FORMAT_VERSION}
         return _lift_legacy_metadata(data)
+
+    @model_validator(mode="after")
+    def _tables_recorded_from_format_2(self) -> Plan:
+        if self.format_version >= 2 and self.tables is None:
+            raise ValueError("a plan of format_version 2 records each table's sharding in `tables`")
+        if self.format_version == 1 and self.tables is not None:
+            raise ValueError("`tables` came with format_version 2; give it, or leave `tables` out")
+        return self
 
     @classmethod
     def from_assignment(
         cls, pieces: list[TablePiece], devices: Sequence[int], num_devices: int, algorithm: str
     ) -> Plan:
-        """The plan putting each piece (a table's column and row range, or a replica) on its device."""
+        """The plan putting each piece (a table's column and row range, or a replica) on its device; it records
+        each table's sharding as the pieces have it."""
         shards = [
             Shard(table=p.table.name, device=int(d), columns=p.columns, rows=p.rows, replicated=p.replicated)
             for p, d in zip(pieces, devices, strict=True)
         ]
-        return cls(num_devices=num_devices, algorithm=algorithm, shards=shards)
+        of_table: dict[str, list[tuple[TablePiece, int]]] = defaultdict(list)
+        for piece, device in zip(pieces, devices):
+            of_table[piece.table.name].append((piece, int(device)))
+        tables = {name: TableSharding.of_pieces(*zip(*placed)) for name, placed in of_table.items()}
+        return cls(num_devices=num_devices, algorithm=algorithm, shards=shards, tables=tables)
 
     @property
     def devices_per_host(self) -> int | None:
@@ -219,35 +275,43 @@ class Plan(BaseModel):
         recorded = self.settings.inter_host_gbps if self.settings is not None else None
         return recorded or Topology.model_fields["inter_host_gbps"].default
 
-    def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
-        """What every device holds, in plan order: its fused shard."""
-        by_name = {t.name: t for t in tables}
-        within_host = self._table_row_wise(by_name)
-        held: list[list[TablePiece]] = [[] for _ in range(self.num_devices)]
+    def shards_of(self) -> dict[str, list[Shard]]:
+        """Each table's shards, in plan order."""
+        of_table: dict[str, list[Shard]] = defaultdict(list)
         for shard in self.shards:
-            held[shard.device].append(self._piece(shard, by_name, within_host.get(shard.table, 1)))
-        return held
+            of_table[shard.table].append(shard)
+        return of_table
 
-    def _table_row_wise(self, by_name: dict[str, TableSpec]) -> dict[str, int]:
-        """The plan's table-row-wise tables, each with its blocks' `within_host`."""
-        per_host = self.devices_per_host
-        if per_host is None:
-            return {}
-        row_shards: dict[str, list[Shard]] = defaultdict(list)
-        for shard in self.shards:
-            if shard.rows is not None and not shard.replicated:
-                row_shards[shard.table].append(shard)
+    def table_shardings(self, tables: list[TableSpec]) -> dict[str, TableSharding]:
+        """Each table's sharding: as recorded, or, for a plan file of format 1, read off its shards."""
+        if self.tables is not None:
+            return self.tables
+        by_name = {t.name: t for t in tables}
         return {
-            name: per_host
-            for name, shards in row_shards.items()
-            if sharding_type_of(by_name[name], shards, per_host) == "table_row_wise"
+            name: inferred_sharding(by_name[name], shards, self.devices_per_host)
+            for name, shards in self.shards_of().items()
         }
 
-    def _piece(self, shard: Shard, by_name: dict[str, TableSpec], within_host: int = 1) -> TablePiece:
-        table = by_name[shard.table]
-        rows = None if shard.rows is None or shard.rows == (0, table.rows) else shard.rows
-        replicas = self.num_devices if shard.replicated else 1
-        return TablePiece(table=table, columns=shard.columns, rows=rows, replicas=replicas, within_host=within_host)
+    def pieces(self, tables: list[TableSpec]) -> list[list[TablePiece]]:
+        """What every device holds, in plan order: its fused shard, each piece as the plan's algorithm placed it
+        (pinned, within a host, in a constraints group)."""
+        by_name = {t.name: t for t in tables}
+        shardings = self.table_shardings(tables)
+        held: list[list[TablePiece]] = [[] for _ in range(self.num_devices)]
+        for shard in self.shards:
+            held[shard.device].append(self._piece(shard, by_name[shard.table], shardings[shard.table]))
+        return held
+
+    def _piece(self, shard: Shard, table: TableSpec, sharding: TableSharding) -> TablePiece:
+        return TablePiece(
+            table=table,
+            columns=shard.columns,
+            rows=None if shard.rows is None or shard.rows == (0, table.rows) else shard.rows,
+            replicas=self.num_devices if shard.replicated else 1,
+            devices=(shard.device,) if sharding.type in PINNED_TYPES else sharding.devices,
+            group=sharding.group,
+            within_host=(self.devices_per_host or 1) if sharding.type == "table_row_wise" else 1,
+        )
 
     def shards_on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
@@ -283,6 +347,26 @@ class Plan(BaseModel):
                 _check_replicated(table, shards, self.num_devices)
             else:
                 _check_tiling(table, shards)
+        if self.tables is not None:
+            self._check_recorded_shardings(by_name, of_table)
+
+    def _check_recorded_shardings(self, by_name: dict[str, TableSpec], of_table: dict[str, list[Shard]]) -> None:
+        """Each table's recorded sharding is one its shards can have: a plan edited by hand may not say
+        table-wise of a table split in two."""
+        if set(self.tables) != set(of_table):
+            named = sorted(set(self.tables) ^ set(of_table))
+            raise ShardRayError(f"plan's `tables` and its shards name different tables: {named}")
+        for name, recorded in self.tables.items():
+            seen = inferred_sharding(by_name[name], of_table[name], self.devices_per_host)
+            # Row blocks that fit on one host's devices are laid out alike row-wise and table-row-wise.
+            alike = recorded.type == "row_wise" and seen.type == "table_row_wise"
+            if (recorded.type, recorded.host) != (seen.type, seen.host) and not alike:
+                raise ShardRayError(
+                    f"plan records table {name!r} as {recorded.type}"
+                    + (f" on host {recorded.host}" if recorded.host is not None else "")
+                    + f", but its shards are laid out {seen.type}"
+                    + (f" on host {seen.host}" if seen.host is not None else "")
+                )
 
     def device_memory_bytes(self, tables: list[TableSpec], topology: Topology) -> list[int]:
         used = [0] * self.num_devices
