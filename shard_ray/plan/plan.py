@@ -78,7 +78,13 @@ class TableSharding(BaseModel):
         else:
             rows_split = any(p.row_count != table.rows for p in pieces)
             columns_split = any(p.width != table.dim for p in pieces)
-            kind = ("grid" if columns_split else "row_wise") if rows_split else "column_wise" if columns_split else "table_wise"
+            kind = (
+                ("grid" if columns_split else "row_wise")
+                if rows_split
+                else "column_wise"
+                if columns_split
+                else "table_wise"
+            )
         return cls(type=kind, devices=None if kind in PINNED_TYPES else first.devices, group=first.group)
 
 
