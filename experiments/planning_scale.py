@@ -60,7 +60,7 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int, devices_per_hos
         "peak_rss_gb": peak,
         "simulated_cost_ms": Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms,
         "lower_bound_ms": lower_bound_ms(models, tables, topology),
-        "cut_short": "search_cut_short" in plan.metadata,
+        "cut_short": plan.search is not None and plan.search.cut_short is not None,
         "sharding_types": dict(Counter(sharding.type for sharding in plan.table_shardings(tables).values())),
     }
 

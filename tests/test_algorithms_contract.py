@@ -85,5 +85,5 @@ def test_old_plan_files_are_read_into_typed_settings_and_estimate():
     assert (plan.settings.memory_gb, plan.settings.batch_size, plan.settings.seed) == (1.0, 512, 2)
     assert plan.settings.source == "best.json" and plan.memory_bytes == [64000, 0]
     assert plan.estimate.predicted.cost_ms == 4.0 and plan.estimate.lower_bound_ms == 3.5
-    assert (plan.estimate.cost_model, plan.estimate.hardware, plan.estimate.proven_optimal) == ("m.pt", "cpu-x", True)
+    assert (plan.estimate.cost_model, plan.estimate.hardware, plan.search.proven_optimal) == ("m.pt", "cpu-x", True)
     assert plan.metadata == {}

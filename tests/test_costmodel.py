@@ -245,7 +245,7 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     )
     assert candidate.cost == pytest.approx(brute, rel=1e-5)
     plan = place("optimal", tables, topology)
-    assert plan.estimate.proven_optimal and plan.estimate.predicted.cost_ms == pytest.approx(brute, rel=1e-4)
+    assert plan.search.proven_optimal and plan.estimate.predicted.cost_ms == pytest.approx(brute, rel=1e-4)
 
 
 def test_optimal_refuses_large_tasks(pool):

@@ -52,9 +52,9 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
     assert set(lines) == set(tables)
     assert lines["cat_3"].split()[1] == "row_wise" and "(no other type allowed)" in lines["cat_3"]
     assert "(no other type allowed)" in lines["cat_5"]
-    explained = {c["table"]: c for c in plan.metadata["explain"]}
-    assert explained["cat_2"]["sharding_type"] == plan.tables["cat_2"].type
-    assert "row_wise" not in explained["cat_2"]["alternatives_ms"]  # pinned to two devices: not row-wise
+    explained = {c.table: c for c in plan.explanation}
+    assert explained["cat_2"].sharding_type == plan.tables["cat_2"].type
+    assert "row_wise" not in explained["cat_2"].alternatives_ms  # pinned to two devices: not row-wise
 
 
 @pytest.mark.parametrize(

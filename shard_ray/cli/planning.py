@@ -231,8 +231,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
             "the models to it",
             file=sys.stderr,
         )
-    if "search_cut_short" in plan.metadata:
-        print(f"warning: {plan.metadata['search_cut_short']}", file=sys.stderr)
+    if plan.search is not None and plan.search.cut_short:
+        print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
@@ -254,7 +254,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
 def search_work(plan: Plan) -> str:
     """How much of its budget a cost-model search used, for the `placed ...` line: work, not seconds,
     is what decides the plan (`shard_ray.placement.budget`)."""
-    used = plan.metadata.get("search_evaluations")
+    used = plan.search.evaluations if plan.search is not None else None
     if used is None:
         return ""
     budget = plan.settings.algorithm.get("max_evaluations") if plan.settings else None
@@ -266,7 +266,6 @@ def explained(
     plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, constraints: Constraints | None
 ) -> Plan:
     """Print why each table is sharded as it is, under the models the plan was made with; record it in the plan."""
-    from dataclasses import asdict
 
     from shard_ray.costmodel.pricing import Pricer
     from shard_ray.placement.base import PlacementContext
@@ -276,8 +275,7 @@ def explained(
     context.hardware = flags.hardware
     cost_ms, choices = explain(Pricer(context.models, topology), plan, tables, constraints)
     print(format_explanation(cost_ms, choices))
-    metadata = {**plan.metadata, "explain": [asdict(c) for c in choices]}
-    return plan.model_copy(update={"metadata": metadata})
+    return plan.model_copy(update={"explanation": choices})
 
 
 def measured_best(

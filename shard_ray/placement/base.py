@@ -44,7 +44,6 @@ class PlacementContext:
     tables: list[TableSpec] | None = None  # the task: picks models calibrated on these tables
     settings: Any = None  # an instance of the algorithm's settings class, or None when it has none
     constraints: Constraints | None = None  # for algorithms registered as taking them
-    proven_optimal: bool | None = None  # set by exact solvers: whether the plan is proven optimal
     _models: CostModels | None = field(default=None, repr=False)
 
     @property
@@ -234,7 +233,6 @@ def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: 
         lower_bound_ms=lower_bound_ms(models, tables, topology, column_wise=True),
         cost_model=context.cost_model,
         hardware=models.hardware,
-        proven_optimal=context.proven_optimal,
         provenance=provenance,
         warnings=model_warnings(
             models, tables, context.hardware, most_tables, context.devices_per_host, topology.num_devices

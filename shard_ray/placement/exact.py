@@ -17,7 +17,7 @@ from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.search import NEUROSHARD, greedy_grid
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.memory import MemoryLedger
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, SearchReport
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -92,7 +92,9 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
 )
 def optimal(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        candidate, context.proven_optimal = branch_and_bound(Pricer(context.models, topology), tables)
-        return candidate.plan(topology.num_devices, "optimal")
+        candidate, proven = branch_and_bound(Pricer(context.models, topology), tables)
+        return candidate.plan(topology.num_devices, "optimal").model_copy(
+            update={"search": SearchReport(proven_optimal=proven)}
+        )
 
     return placer

@@ -12,7 +12,6 @@ the simulated plan cost likes best), which is how `cost_search` chooses a table'
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -23,7 +22,7 @@ from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.enumerator import table_options
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, table_row_wise, table_wise
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, TableChoice
 from shard_ray.workload.tables import TableSpec
 
 # A table goes table-row-wise on the host, of this many least loaded, that prices the plan lowest.
@@ -115,21 +114,6 @@ def choose_types(
     return placed
 
 
-@dataclass(frozen=True)
-class TableChoice:
-    """Why a table is sharded as it is: the plan's predicted cost with it switched to each other type."""
-
-    table: str
-    sharding_type: str
-    devices: list[int]
-    alternatives_ms: dict[str, float | None]  # None: that type does not fit beside the rest
-
-    @property
-    def next_best(self) -> tuple[str, float] | None:
-        fitting = [(kind, ms) for kind, ms in self.alternatives_ms.items() if ms is not None]
-        return min(fitting, key=lambda item: item[1]) if fitting else None
-
-
 def explain(
     pricer: Pricer, plan: Plan, tables: list[TableSpec], constraints: Constraints | None = None, progress: bool = True
 ) -> tuple[float, list[TableChoice]]:
@@ -145,7 +129,8 @@ def explain(
         kind = shardings[table.name].type
         options = option_costs(pricer, placed, table, constraints)
         alternatives = {k: (c.cost if c is not None else None) for k, c in options.items() if k != kind}
-        choices.append(TableChoice(table.name, kind, sorted({s.device for s in shards}), alternatives))
+        devices = sorted({s.device for s in shards})
+        choices.append(TableChoice(table=table.name, sharding_type=kind, devices=devices, alternatives_ms=alternatives))
     return placed.cost, choices
 
 

@@ -36,7 +36,7 @@ from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.enumerator import pieces_to_place, table_options
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, row_wise
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, SearchReport
 from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
@@ -504,11 +504,8 @@ def search_placer(
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         pricer = Pricer(models, topology)
         best, cut_short = beam_search(pricer, tables, config, constraints, name)
-        plan = best.plan(topology.num_devices, name)
-        plan.metadata["search_evaluations"] = pricer.evaluations
-        if cut_short:
-            plan.metadata["search_cut_short"] = cut_short
-        return plan
+        report = SearchReport(evaluations=pricer.evaluations, cut_short=cut_short)
+        return best.plan(topology.num_devices, name).model_copy(update={"search": report})
 
     return placer
 

@@ -191,17 +191,51 @@ class PlanEstimate(BaseModel):
     cost_model: str | None = None  # the model file
     hardware: str | None = None  # the hardware the models were trained on
     provenance: str | None = None  # the model file, its hardware and what it was calibrated on, one line
-    proven_optimal: bool | None = None  # exact solvers: whether the search finished within its budget
     warnings: list[str] = []  # why the models' prices may be off: other hardware, tables outside their training data
 
 
-# Keys plan files kept in `metadata` before settings and estimates were typed, and where they go.
-_LEGACY_ESTIMATE = ("predicted", "lower_bound_ms", "proven_optimal")
+class SearchReport(BaseModel):
+    """What a cost-model search says of the plan it returned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    evaluations: int | None = None  # the plan prices it computed: what its budget counts
+    cut_short: str | None = None  # why its budget ended it before it finished; None: it finished
+    proven_optimal: bool | None = None  # exact solvers: whether it finished, and so proved the plan the best
+
+
+class TableChoice(BaseModel):
+    """Why a table is sharded as it is (`plan --explain`): the plan's predicted cost with it switched to each
+    other type it may take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    table: str
+    sharding_type: str
+    devices: list[int]
+    alternatives_ms: dict[str, float | None]  # None: that type does not fit beside the rest
+
+    @property
+    def next_best(self) -> tuple[str, float] | None:
+        fitting = [(kind, ms) for kind, ms in self.alternatives_ms.items() if ms is not None]
+        return min(fitting, key=lambda item: item[1]) if fitting else None
+
+
+# Keys plan files kept in `metadata` before settings, estimates and search reports were typed, and where they go.
+_LEGACY_ESTIMATE = ("predicted", "lower_bound_ms")
 _LEGACY_SETTINGS = ("memory_gb", "batch_size", "optimizer", "seed")
+_LEGACY_SEARCH = {
+    "search_evaluations": "evaluations",
+    "search_cut_short": "cut_short",
+    "proven_optimal": "proven_optimal",
+}
 
 
 def _lift_legacy_metadata(data: Any) -> Any:
-    if not isinstance(data, dict) or not isinstance(data.get("metadata"), dict):
+    if not isinstance(data, dict):
+        return data
+    data = _lift_search_report(data)
+    if not isinstance(data.get("metadata"), dict):
         return data
     data, metadata = dict(data), dict(data["metadata"])
     metadata.pop("predicted_cost_ms", None)  # the predicted cost's total, recomputed from its devices
@@ -222,6 +256,26 @@ def _lift_legacy_metadata(data: Any) -> Any:
     return data
 
 
+def _lift_search_report(data: dict) -> dict:
+    """A search's report and explanation out of `metadata` (and, for proven optimality, `estimate`), where plan
+    files kept them before they were typed."""
+    metadata = dict(data.get("metadata") or {})
+    estimate = dict(data["estimate"]) if isinstance(data.get("estimate"), dict) else None
+    report = {new: metadata.pop(old) for old, new in _LEGACY_SEARCH.items() if old in metadata}
+    if estimate is not None and "proven_optimal" in estimate:
+        report["proven_optimal"] = estimate.pop("proven_optimal")
+    report = {k: v for k, v in report.items() if v is not None}
+    explanation = metadata.pop("explain", None)
+    if not report and explanation is None and estimate == data.get("estimate"):
+        return data
+    data = {**data, "metadata": metadata, **({"estimate": estimate} if estimate is not None else {})}
+    if report and "search" not in data:
+        data["search"] = report
+    if explanation is not None and "explanation" not in data:
+        data["explanation"] = explanation
+    return data
+
+
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -235,8 +289,10 @@ class Plan(BaseModel):
     settings: PlanSettings | None = None
     memory_bytes: list[int] | None = None  # per device, weights plus optimizer state
     estimate: PlanEstimate | None = None
+    search: SearchReport | None = None  # what the cost-model search that made it says of it
+    explanation: list[TableChoice] | None = None  # plan --explain: why each table is sharded as it is
     measured: MeasuredComparison | None = None  # plan --measure: the comparison this plan won on the hardware
-    metadata: dict[str, Any] = Field(default_factory=dict)  # anything else an algorithm records
+    metadata: dict[str, Any] = Field(default_factory=dict)  # what older files kept that no field holds
 
     @model_validator(mode="before")
     @classmethod
