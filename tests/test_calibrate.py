@@ -37,6 +37,7 @@ def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([SHARD_RAY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_path):
     (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
     calibrate = [
@@ -141,6 +142,7 @@ def race_tables() -> list[TableSpec]:
     return [TableSpec(name=f"t{i}", rows=100_000, dim=128, pooling_factor=40.0) for i in range(8)]
 
 
+@pytest.mark.slow
 def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_session, race_tables, tmp_path):
     pieces = table_wise(race_tables)
     balanced = Plan.from_assignment(pieces, [0, 1] * 4, 2, "balanced")
@@ -213,6 +215,7 @@ def test_calibration_measures_every_candidates_slowest_device_first():
         assert shards[len(candidates) * 3 + turn] == pieces[by_cost[-1].device]  # last: its fastest
 
 
+@pytest.mark.slow
 def test_calibrate_with_too_few_shards_is_refused_before_the_gang_starts(tmp_path):
     """Too few shards to fit and check models on (one table has one shard) ends in one line and exit 2
     before the plans' measurements (the noise floor and the comm data could not save it), and no models

@@ -377,6 +377,7 @@ def plan_with(tables: Path, out: Path, *flags: str) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_search_cut_by_its_budget_plans_alike_beside_a_busy_process(tmp_path):
     """Budgets count model evaluations: the same plan on an idle machine and beside processes
     keeping every core busy, where a wall-clock budget reached less (and planned otherwise)."""
@@ -414,6 +415,7 @@ def test_a_search_cut_by_its_budget_plans_alike_beside_a_busy_process(tmp_path):
     assert first == second
 
 
+@pytest.mark.slow
 def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(tmp_path):
     """NeuroShard runs as published with no budget; a budget or time limit a user sets ends it with a
     warning, the plan written and no traceback."""

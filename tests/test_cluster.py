@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The docs page that gives the cluster route's commands; the tests run them as a user pastes them.

@@ -308,6 +308,7 @@ def test_the_compute_model_can_price_fusion_above_and_below_running_apart(shippe
         assert np.all(np.diff(growing) >= -1e-6)
 
 
+@pytest.mark.slow
 def test_the_compute_model_learns_the_fused_backward_these_cpu_kernels_measured():
     """Recorded real shards (experiments/fusion_measurements.py: 20 fp16 pool tables on this project's
     2-core AMD EPYC, batch 512): fused, their backward took 1.18x what the 20 took apart. Fit to the 20
@@ -346,6 +347,7 @@ def test_a_first_format_model_file_loads_without_contention(shipped, tmp_path):
     assert old.predict_shards(shard, 1024) == pytest.approx(shipped.predict_shards(shard, 1024), rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", [2, 4])
 def test_no_plan_the_searches_make_is_priced_below_the_bound_when_fusion_costs(contending, pool, devices):
     """With superadditive models the bound is still below every algorithm's plan and the proven optimum,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from shard_ray.doctor import cuda_tag, expected_fbgemm, node_findings
@@ -30,6 +31,7 @@ def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_doctor_on_this_machine(tmp_path):
     done = doctor(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

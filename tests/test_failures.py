@@ -17,6 +17,9 @@ from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore
 
+# Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 # Enough timed steps that a shard takes a good fraction of a second, so kills land mid-shard.
 SLOW = MeasureConfig(batch_size=1024, warmup=2, repeats=25)
 

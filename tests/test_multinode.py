@@ -18,6 +18,9 @@ from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore, plan_key
 
+# Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
 NODE_CPUS = 2
 # Shards of about half a second, so a node removed after the first results lands mid-run.

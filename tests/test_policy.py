@@ -163,6 +163,7 @@ def test_rllib_module_shapes(pool):
     assert module.forward_inference(batch)[Columns.ACTION_DIST_INPUTS].shape == (3, 4)
 
 
+@pytest.mark.slow
 def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool):
     from shard_ray.policy.ppo import build_algorithm, policy_network, train_policy
 
@@ -235,6 +236,7 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "policy file" in err
 
 
+@pytest.mark.slow
 def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, pool):
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.outer_loop import OuterLoopConfig, run_outer_loop

@@ -24,6 +24,7 @@ from shard_ray.workload.tables import TableSpec
 CONFIG = MeasureConfig(batch_size=128, warmup=1, repeats=3)
 
 
+@pytest.mark.slow
 def test_a_profiling_pool_keeps_one_actor_a_core(ray_session, tmp_path, small_tables):
     """Actors sharing a core would time each other's contention: a pool asked for 4 on a node of fewer
     cores keeps one a core, each pinned to its own, and measures with them."""
@@ -37,6 +38,7 @@ def test_a_profiling_pool_keeps_one_actor_a_core(ray_session, tmp_path, small_ta
         assert all(m.status == "ok" for m in pool.measure(shards, CONFIG, store, progress=False))
 
 
+@pytest.mark.slow
 def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session, tmp_path, small_tables):
     shards = draw_shards(small_tables, count=4, max_tables=3, seed=0)
     pool = ProfilingPool(num_actors=2)
@@ -60,6 +62,7 @@ def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session,
         pool.shutdown()
 
 
+@pytest.mark.slow
 def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=128)
     gang = DeviceGang(2)
@@ -172,6 +175,7 @@ def assert_trains_as_one_unsharded_table(gang: DeviceGang, plan: Plan, tables: l
             assert not torch.equal(weights, initial_weights(piece, None).to(weights.dtype)), piece.key  # it trained
 
 
+@pytest.mark.slow
 def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, table_file, small_tables):
     import mlflow
 
@@ -223,6 +227,7 @@ def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, ta
     assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     import mlflow
 
@@ -252,6 +257,7 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     assert len(mlflow.search_runs(experiment_names=["shard-ray"])) == len(comparison.plans)
 
 
+@pytest.mark.slow
 def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_tables):
     from shard_ray.costmodel.collect import CollectConfig, collect_comm, collect_compute
 
@@ -305,6 +311,7 @@ def _dies_within(handle, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_table_row_wise_sums_inside_hosts_and_trains_as_one_unsharded_table(ray_session, small_tables):
     """On a 4-device gang of 2 hosts, table-row-wise tables (on both hosts, two on one) are added up
     inside their host and sent on in column slices, beside row-wise, column-wise and table-wise

@@ -1,6 +1,7 @@
 """Hardware-in-the-loop refinement: moves the models propose, measured on the profiling actors."""
 
 import numpy as np
+import pytest
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.plan import GB, Plan, Topology
@@ -14,6 +15,7 @@ from shard_ray.workflows.refinement import RefineConfig, changed_devices, refine
 from shard_ray.workload.tables import TableSpec
 
 
+@pytest.mark.slow
 def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_session, tmp_path):
     """Six like tables on device 0 of 2: measured moves balance them, a second run measures nothing
     new and reaches the same plan, and the gang confirms the refined plan faster."""

@@ -29,6 +29,7 @@ def shard_ray(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([SHARD_RAY, *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["cost_search", "size_lookup_greedy"])
 def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
     constraints = tmp_path / "constraints.yaml"
@@ -57,6 +58,7 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
     assert "row_wise" not in explained["cat_2"].alternatives_ms  # pinned to two devices: not row-wise
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "document, flags, message",
     [
@@ -106,6 +108,7 @@ def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(tmp_path)
     assert "row-wise over all devices would need 6.05 GB a device" in result.stderr
 
 
+@pytest.mark.slow
 def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     """--measure under --constraints: the baselines that do not honour them stay out of the race, and
     whichever plan wins keeps the constraints, which the plan file records."""
@@ -131,6 +134,7 @@ def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     assert plan.settings.constraints == {"tables": {"a": {"devices": [1]}, "b": {"types": ["row_wise"]}}}
 
 
+@pytest.mark.slow
 def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     """Over hosts, a table too large for a device goes row-wise over one host's devices when the link
     between hosts is slow: its partial sums are added up inside the host and 1/4 of them cross. The
@@ -203,6 +207,7 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     assert exported["tables"]["big"]["ranks"] == [4 * host + k for k in range(4)]
 
 
+@pytest.mark.slow
 def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(tmp_path):
     """MLPerf DLRM-DCNv2's shapes on 8 devices: its five 40M-row tables pack whole, one a device, so the
     greedy start keeps them table-wise, and beside them no single one can then go row-wise (its blocks

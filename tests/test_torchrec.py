@@ -101,6 +101,7 @@ def _train_step(rank: int, world: int, port: int, tables_file: str, plan_file: s
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     tables = generate_pool(PoolConfig(num_tables=8, seed=11))
     tables = [
@@ -241,6 +242,7 @@ def test_export_of_a_searched_plan_and_bad_input(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("shard-ray: error:") and not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.slow
 def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
     tables_file = tmp_path / "mine.json"
     save_tables(tables_file, generate_pool(PoolConfig(num_tables=6, seed=8)))

@@ -28,6 +28,7 @@ def _runs(uri: str, experiment: str):
     return mlflow.search_runs(experiment_names=[experiment])
 
 
+@pytest.mark.slow
 def test_evaluation_run_carries_the_estimates_and_keeps_artifacts_beside_the_default_store(
     ray_session, tmp_path, monkeypatch, small_tables
 ):
@@ -95,6 +96,7 @@ def test_tasks_with_the_same_name_get_different_task_ids(tmp_path, small_tables)
     assert a != b and a == c  # the same tables are the same task wherever their file is
 
 
+@pytest.mark.slow
 def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
     """No MLflow/alembic INFO lines, no Ray token-auth notice, no RLlib chatter; the iteration lines stay.
 

@@ -14,6 +14,9 @@ from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import save_tables
 
+# Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def pool_file(tmp_path_factory) -> Path:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
@@ -17,6 +17,11 @@ from shard_ray.costmodel.collect import CollectConfig
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.workflows.comparison import CompareConfig
+
+if TYPE_CHECKING:
+    from shard_ray.plan.plan import Plan
+    from shard_ray.plan.topology import Topology
+    from shard_ray.workload.tables import TableSpec
 
 _MEASURE = MeasureConfig.model_fields
 
@@ -106,23 +111,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if len(set(names)) < len(names):
         raise ShardRayError("a plan file is given twice")
     plans = [load_plan(p) for p in flags.plans]
-    for path, plan in zip(flags.plans, plans):
-        try:
-            plan.check(tables)
-        except ShardRayError as err:
-            raise ShardRayError(f"{path} is not a plan of {flags.tables}: {err}") from None
-    devices = {p.num_devices for p in plans}
-    if len(devices) > 1:
-        raise ShardRayError(f"the plans are for different device counts ({sorted(devices)}): compare plans of one gang")
-    hosts = {p.devices_per_host for p in plans}
-    if len(hosts) > 1:
-        raise ShardRayError(f"the plans are for different hosts (devices per host {sorted(hosts, key=str)})")
-    topology = settings_from(TopologyArgs, args).topology(plans[0].num_devices, plans[0].settings)
-    for path, plan in zip(flags.plans, plans):
-        try:
-            plan.check_memory(tables, topology)
-        except ShardRayError as err:
-            raise ShardRayError(f"{path}: {err}") from None
+    topology = _topology_of_plans(flags, plans, tables, settings_from(TopologyArgs, args))
     merged = [name for name, _ in distinct(list(zip(names, plans)))]
     if len(merged) < 2:
         raise ShardRayError(f"{' and '.join(names)} place the tables identically: nothing to compare")
@@ -153,6 +142,28 @@ def cmd_compare(args: argparse.Namespace) -> None:
         run_id = log_comparison(result, compared.costs, task, tables, out, tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
+
+
+def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[TableSpec], args: TopologyArgs) -> Topology:
+    """The one topology every plan given to `compare` is for, each plan checked against the tables and it."""
+    for path, plan in zip(flags.plans, plans):
+        try:
+            plan.check(tables)
+        except ShardRayError as err:
+            raise ShardRayError(f"{path} is not a plan of {flags.tables}: {err}") from None
+    devices = {p.num_devices for p in plans}
+    if len(devices) > 1:
+        raise ShardRayError(f"the plans are for different device counts ({sorted(devices)}): compare plans of one gang")
+    hosts = {p.devices_per_host for p in plans}
+    if len(hosts) > 1:
+        raise ShardRayError(f"the plans are for different hosts (devices per host {sorted(hosts, key=str)})")
+    topology = args.topology(plans[0].num_devices, plans[0].settings)
+    for path, plan in zip(flags.plans, plans):
+        try:
+            plan.check_memory(tables, topology)
+        except ShardRayError as err:
+            raise ShardRayError(f"{path}: {err}") from None
+    return topology
 
 
 def cmd_profile(args: argparse.Namespace) -> None:

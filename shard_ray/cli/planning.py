@@ -180,11 +180,9 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.models import CostModels
-    from shard_ray.placement import algorithm, algorithms, place
+    from shard_ray.placement import place
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
-    from shard_ray.plan.summary import format_plan_summary
     from shard_ray.profiling.hardware import hardware_id
     from shard_ray.workload.tables import load_tables
 
@@ -195,14 +193,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
     constraints = load_constraints(flags.constraints) if flags.constraints else None
-    if flags.cost_model is not None:
-        info = algorithm(flags.algo)
-        if not info.uses_models and not flags.explain:
-            users = ", ".join(i.name for i in algorithms() if i.uses_models)
-            raise ShardRayError(
-                f"{flags.algo!r} does not use cost models; --cost-model is for {users}, or for --explain's prices"
-            )
-        CostModels.load(flags.cost_model)  # a bad file is refused before planning
+    _check_cost_model_flag(flags)
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     plan = place(
@@ -216,6 +207,43 @@ def cmd_plan(args: argparse.Namespace) -> None:
         settings_source=flags.search_config,
         constraints=constraints,
     )
+    _print_placed(plan, tables, topology, flags)
+    if flags.explain:
+        plan = explained(plan, tables, topology, flags, constraints)
+    if flags.measure:
+        race = settings_from(MeasureRaceArgs, args).config()
+        plan = measured_best(plan, tables, topology, flags, race, constraints)
+        if refine_config.refine:
+            plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
+    save_plan(flags.out, plan)
+    if plan.measured is None:  # not measured, or every candidate placed the tables alike
+        chosen = ""
+    elif plan.measured.separated:
+        chosen = ", measured faster than every other"
+    else:
+        chosen = ", within noise of the measured fastest and first among those in the models' ranking"
+    print(f"wrote {flags.out}: {plan.algorithm}'s plan{chosen}")
+
+
+def _check_cost_model_flag(flags: PlanArgs) -> None:
+    """Refuse --cost-model for an algorithm that prices nothing with it, and a bad model file, before planning."""
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.placement import algorithm, algorithms
+
+    if flags.cost_model is None:
+        return
+    if not algorithm(flags.algo).uses_models and not flags.explain:
+        users = ", ".join(i.name for i in algorithms() if i.uses_models)
+        raise ShardRayError(
+            f"{flags.algo!r} does not use cost models; --cost-model is for {users}, or for --explain's prices"
+        )
+    CostModels.load(flags.cost_model)
+
+
+def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs) -> None:
+    """The plan's summary with the models' prices and where they come from; their warnings on stderr."""
+    from shard_ray.plan.summary import format_plan_summary
+
     estimate = plan.estimate
     predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
     print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
@@ -234,21 +262,6 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if plan.search is not None and plan.search.cut_short:
         print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
-    if flags.explain:
-        plan = explained(plan, tables, topology, flags, constraints)
-    if flags.measure:
-        race = settings_from(MeasureRaceArgs, args).config()
-        plan = measured_best(plan, tables, topology, flags, race, constraints)
-        if refine_config.refine:
-            plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
-    save_plan(flags.out, plan)
-    if plan.measured is None:  # not measured, or every candidate placed the tables alike
-        chosen = ""
-    elif plan.measured.separated:
-        chosen = ", measured faster than every other"
-    else:
-        chosen = ", within noise of the measured fastest and first among those in the models' ranking"
-    print(f"wrote {flags.out}: {plan.algorithm}'s plan{chosen}")
 
 
 def search_work(plan: Plan) -> str:

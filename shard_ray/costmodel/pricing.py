@@ -14,6 +14,7 @@ import torch
 
 from shard_ray.costmodel.features import behaves_as
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
@@ -62,10 +63,18 @@ class Pricer:
         """The simulated cost of the plan putting `items` on `assign`: its slowest device's step."""
         return float(self.device_costs(self.encodings(items), self.sizes(items), assign).max())
 
+    def plan_parts(self, items: list[TablePiece], assign: np.ndarray) -> DeviceParts:
+        """Every device's predicted step, part by part, with `items` on `assign`."""
+        return self.device_parts(self.encodings(items), self.sizes(items), assign)
+
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
+        return self.compute_parts(sums, counts).sum(axis=1)
+
+    def compute_parts(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [n, 2] of shards given by encoding sums and table counts."""
         self.evaluations += max(len(sums), CALL_EVALUATIONS)
-        return self.models.compute_from_sums(sums, counts).sum(axis=1)
+        return self.models.compute_from_sums(sums, counts)
 
     def collectives(self, widths: np.ndarray) -> np.ndarray:
         """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart."""
@@ -73,9 +82,6 @@ class Pricer:
         predicted = self.models.predict_comm(widths, topology.batch_size)
         hosts = analytic_hosts(self.models, topology.devices_per_host)
         return over_hosts(predicted, widths, topology.batch_size, hosts, topology.inter_host_gbps)
-
-    def comm(self, widths: np.ndarray) -> np.ndarray:
-        return self.collectives(widths).sum(axis=1)
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
@@ -93,21 +99,63 @@ class Pricer:
 
     def device_costs(self, encodings: torch.Tensor, sizes: ItemSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the items on `assign`."""
+        return self.device_parts(encodings, sizes, assign).totals()
+
+    def device_parts(self, encodings: torch.Tensor, sizes: ItemSizes, assign: np.ndarray) -> DeviceParts:
+        """Every device's predicted step, part by part, with the items on `assign`: the one place a plan is priced."""
         d = self.topology.num_devices
         sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
         counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
         device_widths = np.bincount(assign, weights=sizes.widths, minlength=d)
         device_inputs = np.bincount(assign, weights=sizes.inputs, minlength=d)
-        costs = self.compute(sums, counts) + self.comm(device_widths) + self.input_dist(device_inputs)
+        sync, host_sums = np.zeros(d), np.zeros((d, 2))
         if sizes.syncs.any():
-            device_syncs = np.bincount(assign, weights=sizes.syncs, minlength=d)
-            costs += self.collectives(device_syncs)[:, 1]
+            sync = self.collectives(np.bincount(assign, weights=sizes.syncs, minlength=d))[:, 1]
         if sizes.host_sums.any():
             device_sums = np.bincount(assign, weights=sizes.host_sums, minlength=d)
-            costs += host_reduce(
-                self.models, device_sums, self.topology.batch_size, self.topology.local_world_size
-            ).sum(axis=1)
-        return costs
+            host_sums = host_reduce(self.models, device_sums, self.topology.batch_size, self.topology.local_world_size)
+        return DeviceParts(
+            compute=self.compute_parts(sums, counts),
+            comm=self.collectives(device_widths),
+            input_dist=self.input_dist(device_inputs),
+            sync=sync,
+            host_sums=host_sums,
+        )
+
+
+@dataclass(frozen=True)
+class DeviceParts:
+    """Each device's predicted step by the one cost definition's parts (`shard_ray.plan.cost`)."""
+
+    compute: np.ndarray  # [D, 2] the fused lookups, forward and backward
+    comm: np.ndarray  # [D, 2] the pooled embeddings' all-to-all, forward and backward
+    input_dist: np.ndarray  # [D] the lookups' input all-to-all
+    sync: np.ndarray  # [D] data-parallel replicas' gradient all-reduce, in the backward pass
+    host_sums: np.ndarray  # [D, 2] table-row-wise partial sums added up inside a host, forward and backward
+
+    def totals(self) -> np.ndarray:
+        """Each device's step ms."""
+        return (
+            self.compute.sum(axis=1) + self.comm.sum(axis=1) + self.input_dist + self.sync + self.host_sums.sum(axis=1)
+        )
+
+    def plan_cost(self, hardware: str, batch_size: int) -> PlanCost:
+        """The parts as a plan's predicted costs."""
+        return PlanCost(
+            devices=[
+                DeviceCost(
+                    device=d,
+                    input_dist_ms=float(self.input_dist[d]),
+                    fwd_compute_ms=float(self.compute[d, 0]),
+                    fwd_comm_ms=float(self.comm[d, 0] + self.host_sums[d, 0]),
+                    bwd_comm_ms=float(self.comm[d, 1] + self.sync[d] + self.host_sums[d, 1]),
+                    bwd_compute_ms=float(self.compute[d, 1]),
+                )
+                for d in range(len(self.input_dist))
+            ],
+            hardware=hardware,
+            batch_size=batch_size,
+        )
 
 
 def host_reduce(models: CostModels, host_sums: np.ndarray, batch_size: int, devices_per_host: int) -> np.ndarray:

@@ -13,57 +13,33 @@ import numpy as np
 
 from shard_ray.costmodel.coverage import comm_extrapolation
 from shard_ray.costmodel.models import CostModels, models_for
-from shard_ray.costmodel.pricing import (
-    analytic_hosts,
-    host_reduce,
-    host_sum_width,
-    input_width,
-    output_width,
-    over_hosts,
-    sync_width,
-)
+from shard_ray.costmodel.pricing import Pricer
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
+from shard_ray.plan.topology import GB, Topology
 from shard_ray.workload.tables import TableSpec
 
 
 class Simulator:
+    """Plans priced by the cost models, as the searches price them (`Pricer.device_parts`)."""
+
     def __init__(self, models: CostModels) -> None:
         self.models = models
 
     def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
         """The plan's predicted costs; over the hosts its settings record (`plan --devices-per-host`), if any."""
-        shards = plan.pieces(tables)
-        per_host = analytic_hosts(self.models, plan.devices_per_host)
-        inter_gbps = plan.inter_host_gbps
-
-        def collectives(widths: list[float]) -> np.ndarray:
-            widths = np.asarray(widths, dtype=np.float64)
-            return over_hosts(self.models.predict_comm(widths, batch_size), widths, batch_size, per_host, inter_gbps)
-
-        compute = self.models.predict_shards(shards, batch_size)
-        comm = collectives([sum(output_width(p) for p in shard) for shard in shards])
-        inputs = collectives([sum(input_width(p) for p in shard) for shard in shards])
-        syncs = [sum(sync_width(p, batch_size, self.models.rows_cap) for p in shard) for shard in shards]
-        sync = collectives(syncs)[:, 1] if any(syncs) else np.zeros(len(shards))
-        sums = [sum(host_sum_width(p) for p in shard) for shard in shards]
-        if any(sums):  # table-row-wise partial sums, added up inside each host (forward) and sent back (backward)
-            comm += host_reduce(self.models, np.asarray(sums), batch_size, plan.devices_per_host or plan.num_devices)
-        return PlanCost(
-            devices=[
-                DeviceCost(
-                    device=d,
-                    input_dist_ms=float(inputs[d, 0]),
-                    fwd_compute_ms=float(compute[d, 0]),
-                    fwd_comm_ms=float(comm[d, 0]),
-                    bwd_comm_ms=float(comm[d, 1] + sync[d]),
-                    bwd_compute_ms=float(compute[d, 1]),
-                )
-                for d in range(plan.num_devices)
-            ],
-            hardware=f"simulated:{self.models.hardware}",
+        topology = Topology(
+            num_devices=plan.num_devices,
+            memory_bytes=GB,  # what memory the plan may use is no part of its price
             batch_size=batch_size,
+            devices_per_host=plan.devices_per_host,
+            inter_host_gbps=plan.inter_host_gbps,
         )
+        by_device = plan.pieces(tables)
+        items = [p for pieces in by_device for p in pieces]
+        assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
+        parts = Pricer(self.models, topology).plan_parts(items, assign)
+        return parts.plan_cost(f"simulated:{self.models.hardware}", batch_size)
 
 
 def price_comm(

@@ -140,9 +140,14 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
             sharding_plan = planner.plan(collection, [EmbeddingBagCollectionSharder()])
         except PlannerError as err:  # no plan within memory (or its partitioner gave up)
             raise InfeasibleError(f"TorchRec's planner found no plan: {first_line(err)}") from None
+    return _as_plan(sharding_plan.plan[""], tables, topology)
+
+
+def _as_plan(module_plan: Any, tables: list[TableSpec], topology: Topology) -> Plan:
+    """TorchRec's parameter shardings of the collection as a shard-ray plan, each table's type recorded."""
     by_name = {t.name: t for t in tables}
     shards, recorded = [], {}
-    for name, sharding in sharding_plan.plan[""].items():
+    for name, sharding in module_plan.items():
         if sharding.sharding_type not in TORCHREC_TYPES:
             raise ShardRayError(
                 f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"

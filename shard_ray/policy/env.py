@@ -170,7 +170,9 @@ class PlacementState:
         self.feature_sums[device] += self.features[i]
         self.compute_ms[device] = row[:2]
         self.device_inputs[device] += self.inputs[i]
-        self.comm_ms = self.pricer.comm(self.device_widths) + self.pricer.input_dist(self.device_inputs)
+        self.comm_ms = self.pricer.collectives(self.device_widths).sum(axis=1) + self.pricer.input_dist(
+            self.device_inputs
+        )
         self.assign.append(device)
         self._what_if = None
         previous, self.cost = self.cost, float(self._device_totals().max())
