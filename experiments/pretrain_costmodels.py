@@ -17,28 +17,30 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shard_ray.cli import main as shard_ray
+from shard_ray.cli import run_experiment
 from shard_ray.configfile import config_to_argv, read_config
 from shard_ray.errors import ShardRayError
 
 SECTIONS = ("generate", "tasks", "collect_compute", "collect_comm", "train", "evaluate")
+USAGE = "usage: pretrain_costmodels.py --config FILE [--out DIR]"
 
 
-def main(argv: list[str]) -> int:
+def out_folder(argv: list[str]) -> Path:
+    """Where everything goes: `--out DIR` after the config, else its `out`."""
+    return Path(argv[3] if len(argv) == 4 else read_config(argv[1]).get("out", "shard-ray-out/pretrain"))
+
+
+def commands(argv: list[str]) -> list[list[str]]:
+    """The steps' `shard-ray` command lines, less those whose output exists already."""
     # `--out DIR` after the config overrides its `out`, as flags after `--config` do for the other entrypoints
     if len(argv) not in (2, 4) or argv[0] != "--config" or (len(argv) == 4 and argv[2] != "--out"):
-        print("usage: pretrain_costmodels.py --config FILE [--out DIR]", file=sys.stderr)
-        return 2
-    try:
-        config = read_config(argv[1])
-        unknown = sorted(set(config) - {"out", *SECTIONS})
-        if unknown:
-            raise ShardRayError(f"unknown section(s) {', '.join(unknown)}; known: out, {', '.join(SECTIONS)}")
-        flags = {name: config_to_argv(config.get(name) or {}, name) for name in SECTIONS}
-    except ShardRayError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = Path(argv[3] if len(argv) == 4 else config.get("out", "shard-ray-out/pretrain"))
+        raise ShardRayError(USAGE)
+    config = read_config(argv[1])
+    unknown = sorted(set(config) - {"out", *SECTIONS})
+    if unknown:
+        raise ShardRayError(f"unknown section(s) {', '.join(unknown)}; known: out, {', '.join(SECTIONS)}")
+    flags = {name: config_to_argv(config.get(name) or {}, name) for name in SECTIONS}
+    out = out_folder(argv)
     pool, tasks, store, models = out / "pool.json", out / "tasks", out / "measurements.db", out / "costmodels.pt"
     steps = [
         (pool, ["generate", "--out", str(pool), *flags["generate"]]),
@@ -88,13 +90,15 @@ def main(argv: list[str]) -> int:
     for output, command in steps:
         if output is not None and output.exists():
             print(f"== shard-ray {command[0]}: {output} exists, skipped", flush=True)
-            continue
-        print(f"== shard-ray {' '.join(command)}", flush=True)
-        code = shard_ray(command)
-        if code:
-            return code
-    print(f"cost models: {models} (plan with: shard-ray plan --cost-model {models} ...)")
-    return 0
+    return [command for output, command in steps if output is None or not output.exists()]
+
+
+def main(argv: list[str]) -> int:
+    code = run_experiment(commands, argv)
+    if code == 0:
+        models = out_folder(argv) / "costmodels.pt"
+        print(f"cost models: {models} (plan with: shard-ray plan --cost-model {models} ...)")
+    return code
 
 
 if __name__ == "__main__":

@@ -11,26 +11,21 @@ from __future__ import annotations
 
 import sys
 
-from shard_ray.cli import main as shard_ray
+from shard_ray.cli import run_experiment
 from shard_ray.configfile import expand_config
 from shard_ray.errors import ShardRayError
 
 KINDS = ("costmodel", "search", "policy")
 
 
-def main(argv: list[str]) -> int:
-    try:
-        flags = expand_config(argv)
-    except ShardRayError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+def commands(argv: list[str]) -> list[list[str]]:
+    """`shard-ray tune <kind>` with the config's other keys as its flags."""
+    flags = expand_config(argv)
     if "--kind" not in flags[:-1] or flags[flags.index("--kind") + 1] not in KINDS:
-        print(f"error: give the sweep's kind ({', '.join(KINDS)}) as `kind:` in the config or --kind", file=sys.stderr)
-        return 2
+        raise ShardRayError(f"give the sweep's kind ({', '.join(KINDS)}) as `kind:` in the config or --kind")
     at = flags.index("--kind")
-    kind = flags[at + 1]
-    return shard_ray(["tune", kind, *flags[:at], *flags[at + 2 :]])
+    return [["tune", flags[at + 1], *flags[:at], *flags[at + 2 :]]]
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_experiment(commands, sys.argv[1:]))

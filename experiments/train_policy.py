@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from shard_ray.cli import run_command_with_config
+from shard_ray.cli import config_command, run_experiment
+
+commands = config_command(["policy", "train"])
 
 if __name__ == "__main__":
-    sys.exit(run_command_with_config(["policy", "train"], sys.argv[1:]))
+    sys.exit(run_experiment(commands, sys.argv[1:]))

@@ -1,11 +1,14 @@
 """The documentation: the MkDocs site builds without a warning, and README.md stays a short front page whose links hold."""
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
+from pages import page_block
 from pymdownx.slugs import slugify
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,3 +70,38 @@ def test_every_relative_link_in_the_readme_resolves():
 def test_the_docs_figures_are_the_experiments_figures():
     for copy, original in FIGURE_COPIES.items():
         assert (REPO / copy).read_bytes() == (REPO / original).read_bytes(), f"copy {original} to {copy} again"
+
+
+def _experiment(script: str) -> ModuleType:
+    """An entry point of experiments/, imported from its file as `python experiments/<name>.py` runs it."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path):
+    """docs/clusters.md's jobs as bash expands them, each made into the `shard-ray` command lines its entry point
+    runs with the shipped configs: every line parses, no flag unknown or missing its value. (One of the jobs runs
+    on a Ray head in tests/test_cluster.py; running all of them there took minutes.)"""
+    from shard_ray.cli import build_parser
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    # `ray` as a bash function writing the arguments it was called with, one per line, a file a call
+    capture = 'n=0; ray() { n=$((n + 1)); printf "%s\\n" "$@" > "$JOBS/$n"; }'
+    script = "\n".join([capture, page_block("clusters.md", "ray job submit")])
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=REPO, env={**os.environ, "JOBS": str(jobs)}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    submitted = [(jobs / name).read_text().splitlines() for name in sorted(os.listdir(jobs), key=int)]
+    assert len(submitted) == 6
+    for arguments in submitted:
+        python, script_path, *argv = arguments[arguments.index("--") + 1 :]
+        assert python == "python" and script_path.startswith("experiments/")
+        for command in _experiment(script_path).commands(argv):
+            try:
+                build_parser(command[0]).parse_args(command)
+            except SystemExit:
+                raise AssertionError(f"{script_path} {' '.join(argv)} makes `shard-ray {' '.join(command)}`") from None

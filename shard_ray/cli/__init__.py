@@ -65,11 +65,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run_command_with_config(command: list[str], argv: Sequence[str]) -> int:
-    """`shard-ray <command> <flags>` with `--config FILE` expanded (the experiments' entry points); its exit status."""
+def run_experiment(commands: Callable[[list[str]], list[list[str]]], argv: Sequence[str]) -> int:
+    """An experiment's entry point: the `shard-ray` command lines `commands` makes of its arguments (a config
+    expanded into flags), run one after the other; the first failing one's exit status, else 0."""
     try:
-        flags = expand_config(argv)
+        lines = commands(list(argv))
     except ShardRayError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"shard-ray: error: {err}", file=sys.stderr)
         return 2
-    return main([*command, *flags])
+    for line in lines:
+        if len(lines) > 1:
+            print(f"== shard-ray {' '.join(line)}", flush=True)
+        code = main(line)
+        if code:
+            return code
+    return 0
+
+
+def config_command(command: list[str]) -> Callable[[list[str]], list[list[str]]]:
+    """The `commands` of an experiment that is one `shard-ray <command>` whose flags its config holds."""
+    return lambda argv: [[*command, *expand_config(argv)]]
