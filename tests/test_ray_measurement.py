@@ -13,7 +13,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
 from shard_ray.plan.piece import TablePiece
-from shard_ray.plan.plan import PlanSettings, sharding_type_of
+from shard_ray.plan.plan import PlanSettings
 from shard_ray.profiling.actors import ProfilingPool, resources_per_device
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, initial_weights, sample_ranges, shard_key
 from shard_ray.profiling.gang import DeviceGang, upstream_gradient
@@ -331,7 +331,7 @@ def test_table_row_wise_sums_inside_hosts_and_trains_as_one_unsharded_table(ray_
     ]
     plan = Plan(num_devices=4, algorithm="twrw", shards=shards)
     plan.settings = PlanSettings(memory_gb=1, batch_size=96, optimizer="sgd", devices_per_host=2)
-    kinds = {t.name: sharding_type_of(t, [s for s in shards if s.table == t.name], 2) for t in tables}
+    kinds = {name: sharding.type for name, sharding in plan.table_shardings(tables).items()}  # a hand-written plan
     assert kinds == {
         "a": "table_row_wise", "b": "column_wise", "c": "table_row_wise", "d": "row_wise", "e": "table_wise",
         "few": "table_row_wise",

@@ -70,6 +70,50 @@ class Refinement:
     measured_shards: int = 0
 
 
+@dataclass
+class _Meter:
+    """Refinement's accounting: layouts' fused shards measured on the profiling actors (those in the store looked
+    up there), their all-to-alls priced by the models."""
+
+    tables: list[TableSpec]
+    topology: Topology
+    simulator: Simulator
+    pool: ProfilingPool
+    store: MeasurementStore
+    measure: MeasureConfig
+    algorithm: str
+    measured_shards: int = 0  # shards measured on the actors, not found in the store
+
+    def compute(
+        self, layouts: list[tuple[list[TablePiece], np.ndarray, list[int]]], seed: int
+    ) -> list[dict[int, float]]:
+        """Measured forward + backward ms of each layout's `devices`' fused shards, all layouts' shards at once,
+        with the batches of `seed`."""
+        seeded = self.measure.model_copy(update={"seed": seed})
+        shards = [
+            [[items[i] for i in np.flatnonzero(assign == d)] for d in devices] for items, assign, devices in layouts
+        ]
+        flat = [shard for per_layout in shards for shard in per_layout if shard]
+        keys = {shard_key(shard, seeded, self.pool.hardware) for shard in flat}
+        self.measured_shards += len(keys - self.store.known_keys(list(keys)))
+        results = iter(self.pool.measure(flat, seeded, self.store, progress=False))
+        computes = []
+        for (_, _, devices), per_layout in zip(layouts, shards):
+            compute = {}
+            for d, shard in zip(devices, per_layout):
+                m = next(results) if shard else None
+                if m is not None and m.status != "ok":
+                    raise ShardRayError(f"refinement: device {d}'s shard could not be measured: {m.reason}")
+                compute[d] = m.compute_ms if m is not None else 0.0
+            computes.append(compute)
+        return computes
+
+    def costs(self, items: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
+        """Each device's measured compute plus its priced all-to-alls."""
+        layout = Plan.from_assignment(items, assign, self.topology.num_devices, self.algorithm)
+        return measured_device_costs(self.simulator, layout, self.tables, self.topology.batch_size, compute)
+
+
 def refine(
     plan: Plan,
     tables: list[TableSpec],
@@ -83,44 +127,12 @@ def refine(
 ) -> Refinement:
     """`plan` refined by measured moves (module docstring); unchanged when no move gains enough."""
     pricer = Pricer(models, topology)
-    simulator = Simulator(models)
+    meter = _Meter(tables, topology, Simulator(models), pool, store, measure, plan.algorithm)
     by_device = plan.pieces(tables)
     items = [p for pieces in by_device for p in pieces]
     assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
-    every_device = list(range(topology.num_devices))
-    measured_shards = 0
-
-    def measure_devices(
-        layouts: list[tuple[list[TablePiece], np.ndarray, list[int]]], seed: int
-    ) -> list[dict[int, float]]:
-        """Measured forward + backward ms of each layout's `devices`' fused shards, all layouts' shards
-        at once on the actors (those in the store looked up there), with the batches of `seed`."""
-        nonlocal measured_shards
-        seeded = measure.model_copy(update={"seed": seed})
-        shards = [
-            [[items[i] for i in np.flatnonzero(assign == d)] for d in devices] for items, assign, devices in layouts
-        ]
-        flat = [shard for per_layout in shards for shard in per_layout if shard]
-        keys = {shard_key(shard, seeded, pool.hardware) for shard in flat}
-        measured_shards += len(keys - store.known_keys(list(keys)))
-        results = iter(pool.measure(flat, seeded, store, progress=False))
-        computes = []
-        for (_, _, devices), per_layout in zip(layouts, shards):
-            compute = {}
-            for d, shard in zip(devices, per_layout):
-                m = next(results) if shard else None
-                if m is not None and m.status != "ok":
-                    raise ShardRayError(f"refinement: device {d}'s shard could not be measured: {m.reason}")
-                compute[d] = m.compute_ms if m is not None else 0.0
-            computes.append(compute)
-        return computes
-
-    def plan_cost(items: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
-        layout = Plan.from_assignment(items, assign, topology.num_devices, plan.algorithm)
-        return measured_device_costs(simulator, layout, tables, topology.batch_size, compute)
-
-    (compute,) = measure_devices([(items, assign, every_device)], measure.seed)
-    costs = plan_cost(items, assign, compute)
+    (compute,) = meter.compute([(items, assign, list(range(topology.num_devices)))], measure.seed)
+    costs = meter.costs(items, assign, compute)
     before = float(costs.max())
     log(
         f"refinement: measured plan cost {before:.2f} ms (compute measured per device, all-to-alls priced; each step "
@@ -128,44 +140,61 @@ def refine(
     )
     moves: list[str] = []
     for step in range(1, config.refine_steps + 1):
-        proposals = propose(pricer, items, assign, costs, config)
-        if not proposals:
-            log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
+        costs, kept = _measured_best_move(meter, pricer, items, assign, costs, config, step, log)
+        if kept is None:
             break
-        # The plan as it stands is measured again beside the proposals, with the same batches: a move
-        # is judged against a measurement of the same minutes, not against one taken a step ago.
-        changed = [
-            changed_devices(items, assign, p_items, p_assign, topology.num_devices)
-            for p_items, p_assign, _ in proposals
-        ]
-        now, *proposed = measure_devices(
-            [(items, assign, every_device)] + [(p[0], p[1], c) for p, c in zip(proposals, changed)], measure.seed + step
-        )
-        costs = plan_cost(items, assign, now)
-        current = float(costs.max())
-        measured = [
-            (float(plan_cost(p_items, p_assign, {**now, **new}).max()), {**now, **new}, p_items, p_assign, words)
-            for (p_items, p_assign, words), new in zip(proposals, proposed)
-        ]
-        best_ms, best_compute, best_items, best_assign, words = min(measured, key=lambda m: m[0])
-        gain = 1 - best_ms / current
-        if gain <= config.refine_min_gain:
-            log(
-                f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
-                f"not more than {config.refine_min_gain:.0%}; stopping"
-            )
-            break
-        items, assign, compute = best_items, best_assign, best_compute
-        costs = plan_cost(items, assign, compute)
+        items, assign, compute, words = kept
+        costs = meter.costs(items, assign, compute)
         moves.append(words)
-        log(
-            f"refinement step {step}: {words}: {best_ms:.2f} ms against {current:.2f} ms for the plan as it stood, "
-            f"measured beside it with this step's batches ({gain:.1%} faster)"
-        )
     refined = Candidate(items, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
     refined.check(tables)
     refined.check_memory(tables, topology)
-    return Refinement(refined, before, float(costs.max()), moves, measured_shards)
+    return Refinement(refined, before, float(costs.max()), moves, meter.measured_shards)
+
+
+def _measured_best_move(
+    meter: _Meter,
+    pricer: Pricer,
+    items: list[TablePiece],
+    assign: np.ndarray,
+    costs: np.ndarray,
+    config: RefineConfig,
+    step: int,
+    log: Callable[[str], None],
+) -> tuple[np.ndarray, tuple[list[TablePiece], np.ndarray, dict[int, float], str] | None]:
+    """The plan's device costs as measured again in this step, and the step's measured best move (its items,
+    assignment, devices' compute and words) when it gains more than `refine_min_gain`; None, said why, otherwise."""
+    proposals = propose(pricer, items, assign, costs, config)
+    if not proposals:
+        log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
+        return costs, None
+    # The plan as it stands is measured again beside the proposals, with the same batches: a move
+    # is judged against a measurement of the same minutes, not against one taken a step ago.
+    num_devices = meter.topology.num_devices
+    changed = [changed_devices(items, assign, p_items, p_assign, num_devices) for p_items, p_assign, _ in proposals]
+    now, *proposed = meter.compute(
+        [(items, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)],
+        meter.measure.seed + step,
+    )
+    costs = meter.costs(items, assign, now)
+    current = float(costs.max())
+    measured = [
+        (float(meter.costs(p_items, p_assign, {**now, **new}).max()), {**now, **new}, p_items, p_assign, words)
+        for (p_items, p_assign, words), new in zip(proposals, proposed)
+    ]
+    best_ms, best_compute, best_items, best_assign, words = min(measured, key=lambda m: m[0])
+    gain = 1 - best_ms / current
+    if gain <= config.refine_min_gain:
+        log(
+            f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
+            f"not more than {config.refine_min_gain:.0%}; stopping"
+        )
+        return costs, None
+    log(
+        f"refinement step {step}: {words}: {best_ms:.2f} ms against {current:.2f} ms for the plan as it stood, "
+        f"measured beside it with this step's batches ({gain:.1%} faster)"
+    )
+    return costs, (best_items, best_assign, best_compute, words)
 
 
 def measured_device_costs(
