@@ -39,7 +39,7 @@ from shard_ray.placement import algorithms
 from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.workflows.comparison import CompareConfig, compare_algorithms, format_comparison
+from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -138,79 +138,104 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
         # the models calibrated for the gang's hardware, if any, as `plan` picks them
         cost_model = config.cost_model or str(models_for(gang.hardware))
         models = CostModels.load(cost_model)
-        simulator = Simulator(models)
         provenance, _ = describe_models(cost_model, models, [])  # the tasks are many: no task is its own
         print(provenance, flush=True)
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
                 done = json.loads(done_file.read_text())
-                per_task[name] = done["records"]
-                for algorithm, why in done["failures"].items():
-                    failures.setdefault(algorithm, []).append(why)
                 print(f"{name}: measured by an earlier run ({done_file})", flush=True)
-                continue
-            topology = Topology(
-                num_devices=config.devices,
-                memory_bytes=memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
-                batch_size=config.batch_size,
-            )
-            compare = CompareConfig(
-                rounds=config.rounds,
-                budget_seconds=config.budget_seconds,
-                min_rounds=min(6, config.rounds),
-                repeats=config.repeats,
-            )
-            comparison = compare_algorithms(
-                tables,
-                topology,
-                gang,
-                compare,
-                name,
-                tracking_uri=config.tracking_uri,
-                experiment=config.experiment,
-                cost_model=cost_model,
-                settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
-                names=list(config.algorithms) or None,
-                log=lambda line, task=name: print(f"{task}: {line}", flush=True),
-            )
-            model_warnings = sorted({w for p in comparison.plans.values() if p.estimate for w in p.estimate.warnings})
-            for line in model_warnings:
-                print(f"{name}: warning: {line}", flush=True)
-            for algorithm, why in comparison.failures.items():
+            else:
+                done = _measure_task(name, tables, config, gang, cost_model, models, heuristics)
+                write_json(done_file, done)
+            per_task[name] = done["records"]
+            for algorithm, why in done["failures"].items():
                 failures.setdefault(algorithm, []).append(why)
-                print(f"{name}: {algorithm} failed: {why}", flush=True)
-            bound = lower_bound_ms(models, tables, topology, column_wise=True)
-            costs = comparison.costs
-            measured_heuristics = [costs[a].cost_ms for a in costs if a in heuristics]
-            best_heuristic = min(measured_heuristics) if measured_heuristics else float("nan")
-            result = comparison.result
-            records = {}
-            for algorithm, plan in comparison.plans.items():
-                cost = costs[algorithm]
-                simulated = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
-                spread = cost.rounds
-                joined = next((n for n in result.candidates if algorithm in n.split("=")), None) if result else None
-                ratio = result.ratios.get(joined) if result else None
-                records[algorithm] = {
-                    "cost_ms": cost.cost_ms,
-                    "ci_ms": [spread.ci_low_ms, spread.ci_high_ms] if spread else None,
-                    "ci_coverage": spread.coverage if spread else None,
-                    "ratio_to_chosen": [ratio.ratio, ratio.low, ratio.high] if ratio else [1.0, 1.0, 1.0],
-                    "verdict": verdict_of(ratio),
-                    "improvement": 1.0 - cost.cost_ms / best_heuristic,
-                    "over_bound": cost.cost_ms / bound - 1.0,
-                    "placement_ms": plan.placement_seconds * 1e3,
-                    "sim_error": mape([simulated], [cost.cost_ms]),
-                }
-            if result is not None:
-                print(f"{name} ({len(tables)} tables, bound {bound:.1f} ms):\n{format_comparison(result)}", flush=True)
-            per_task[name] = records
-            write_json(done_file, {"records": records, "failures": comparison.failures})
     report = summarise(per_task, failures, heuristics)
     report.update({"settings": settings, "hardware": gang.hardware, "warnings": gang.warnings, "tasks": len(tasks)})
     write_report(report, out, config)
     return report
+
+
+def _measure_task(
+    name: str,
+    tables: list[TableSpec],
+    config: BenchmarkConfig,
+    gang: DeviceGang,
+    cost_model: str,
+    models: CostModels,
+    heuristics: set[str],
+) -> dict[str, Any]:
+    """One task planned by every algorithm and raced on the gang: each algorithm's record, and what failed why."""
+    topology = Topology(
+        num_devices=config.devices,
+        memory_bytes=memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
+        batch_size=config.batch_size,
+    )
+    compare = CompareConfig(
+        rounds=config.rounds,
+        budget_seconds=config.budget_seconds,
+        min_rounds=min(6, config.rounds),
+        repeats=config.repeats,
+    )
+    comparison = compare_algorithms(
+        tables,
+        topology,
+        gang,
+        compare,
+        name,
+        tracking_uri=config.tracking_uri,
+        experiment=config.experiment,
+        cost_model=cost_model,
+        settings={"dreamshard": {"policy": config.policy}} if config.policy else None,
+        names=list(config.algorithms) or None,
+        log=lambda line, task=name: print(f"{task}: {line}", flush=True),
+    )
+    model_warnings = sorted({w for p in comparison.plans.values() if p.estimate for w in p.estimate.warnings})
+    for line in model_warnings:
+        print(f"{name}: warning: {line}", flush=True)
+    for algorithm, why in comparison.failures.items():
+        print(f"{name}: {algorithm} failed: {why}", flush=True)
+    bound = lower_bound_ms(models, tables, topology, column_wise=True)
+    records = _records(comparison, tables, topology, Simulator(models), bound, heuristics)
+    if comparison.result is not None:
+        print(
+            f"{name} ({len(tables)} tables, bound {bound:.1f} ms):\n{format_comparison(comparison.result)}", flush=True
+        )
+    return {"records": records, "failures": comparison.failures}
+
+
+def _records(
+    comparison: AlgorithmComparison,
+    tables: list[TableSpec],
+    topology: Topology,
+    simulator: Simulator,
+    bound: float,
+    heuristics: set[str],
+) -> dict[str, dict]:
+    """Each algorithm's measured cost, interval, ratio to the chosen plan and verdict, and how it compares."""
+    costs, result = comparison.costs, comparison.result
+    measured_heuristics = [costs[a].cost_ms for a in costs if a in heuristics]
+    best_heuristic = min(measured_heuristics) if measured_heuristics else float("nan")
+    records = {}
+    for algorithm, plan in comparison.plans.items():
+        cost = costs[algorithm]
+        simulated = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
+        spread = cost.rounds
+        joined = next((n for n in result.candidates if algorithm in n.split("=")), None) if result else None
+        ratio = result.ratios.get(joined) if result else None
+        records[algorithm] = {
+            "cost_ms": cost.cost_ms,
+            "ci_ms": [spread.ci_low_ms, spread.ci_high_ms] if spread else None,
+            "ci_coverage": spread.coverage if spread else None,
+            "ratio_to_chosen": [ratio.ratio, ratio.low, ratio.high] if ratio else [1.0, 1.0, 1.0],
+            "verdict": verdict_of(ratio),
+            "improvement": 1.0 - cost.cost_ms / best_heuristic,
+            "over_bound": cost.cost_ms / bound - 1.0,
+            "placement_ms": plan.placement_seconds * 1e3,
+            "sim_error": mape([simulated], [cost.cost_ms]),
+        }
+    return records
 
 
 def verdict_of(ratio: PlanRatio | None) -> str:

@@ -60,7 +60,7 @@ from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, con
 from shard_ray.profiling.gang import DeviceGang, check_hosts
 from shard_ray.profiling.sampling import draw_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
-from shard_ray.workflows.comparison import noise_floor
+from shard_ray.workflows.comparison import NoiseFloor, noise_floor
 from shard_ray.workload.tables import TableSpec
 
 # Families whose plans are the candidates: the baselines and the model-based searches (the RL
@@ -193,28 +193,8 @@ def calibrate(
         key=lambda plan: simulator.plan_cost(plan, tables, topology.batch_size).cost_ms,
     )
     log(f"{len(candidates)} candidate plans: {', '.join(p.algorithm for p in candidates)}")
-
     # 2. compute data, most useful first, until the measuring time is spent
-    decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
-    most_tables = max(len(parts) for parts in decisive)
-    wanted = unique_shards(
-        decisive
-        + [[p] for p in table_wise(tables)]
-        + draw_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
-    )
-    with ProfilingPool(config.actors) as pool:
-        hardware = pool.hardware
-        known = store.known_keys([shard_key(parts, measure, hardware) for parts in wanted])
-        log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
-        with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
-            for start_index in range(0, len(wanted), 2 * config.actors):
-                if time.monotonic() > measuring_ends:
-                    bar.write(f"measuring time spent: {start_index} of {len(wanted)} shards measured")
-                    break
-                chunk = wanted[start_index : start_index + 2 * config.actors]
-                pool.measure(chunk, measure, store, progress=False)
-                bar.update(len(chunk))
-
+    hardware = _measure_shards(candidates, tables, topology, simulator, config, store, measure, measuring_ends, log)
     # Before the gang starts: with too few shards, the plans' measurements could not save the calibration.
     # The gang adds plans only, so these are the shards the fit uses.
     shards, _ = task_measurements(store, tables, hardware, measure, topology.hosts_of)
@@ -226,40 +206,142 @@ def calibrate(
             f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
             "give a larger --budget-minutes"
         )
-
     # 3. communication data on the gang
-    if topology.num_devices > 1:
-        plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
-        with DeviceGang(
-            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
-        ) as gang:
-            floor = noise_floor(candidates[0], tables, topology, gang, measure)
-            log(f"noise floor: {floor.describe()}")
-            for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
-                key = gang.plan_key(plan, tables, measure)
-                if store.known_keys([key], table="plan_measurements"):
-                    continue
-                if time.monotonic() > measuring_ends:
-                    break
-                cost = gang.evaluate(plan, tables, measure)
-                store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
-    else:
-        floor = None
+    floor = _measure_plans(candidates, tables, topology, config, store, measure, measuring_ends, log)
     measuring_seconds = time.monotonic() - began
-
     # 4. fit and compare on held-out data
-    # Over hosts, the comm model is fit to all-to-alls measured over them: it learns their inter-host
-    # share, and prices it itself thereafter (`comm_hosts`, `shard_ray.costmodel.pricing.analytic_hosts`).
-    hosts = topology.hosts_of
-    _, plans = task_measurements(store, tables, hardware, measure, hosts)
+    _, plans = task_measurements(store, tables, hardware, measure, topology.hosts_of)
     plan_split = {
         name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
-    train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
     # The fit may change the row cap (a GPU allocates whole tables): features follow the measurements.
     start = replace(start, info={**start.info, "rows_cap": measure.rows_cap_on(hardware)})
-    fit_data = compute_data(by_split["fit"])
-    compute = train_compute_model(fit_data, compute_data(by_split["val"]), train, init=start.compute)
+    tuned = _fine_tuned(start, hardware, by_split, plan_split, topology.hosts_of, config)
+    kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
+    report = {
+        "hardware": hardware,
+        "started_from": {"path": start_path, "hardware": start.hardware},
+        **choice,
+        "shards": {k: len(v) for k, v in by_split.items()},
+        "plans": {k: len(v) for k, v in plan_split.items()},
+        "measuring_seconds": measuring_seconds,
+        "seconds": time.monotonic() - began,
+        "noise_floor": asdict(floor) if floor else None,
+    }
+    _record_calibration(kept, report, tables, compute_data(by_split["fit"]), start)
+    return Calibration(models=kept, chosen=report["chosen"], report=report)
+
+
+def _kept_models(
+    start: CostModels,
+    tuned: CostModels,
+    hardware: str,
+    by_split: dict[str, list],
+    plan_split: dict[str, list[PlanMeasurement]],
+    batch_size: int,
+) -> tuple[CostModels, dict[str, Any]]:
+    """The fine-tuned models where they are better on validation and no worse on held-out data, else the starting
+    ones (as models of `hardware`); both's held-out accuracy and the choice, for the report."""
+
+    def scores(models: CostModels, split: str) -> dict[str, Any]:
+        return {
+            "compute": evaluate_compute(models, by_split[split]),
+            "comm": evaluate_comm(models, plan_split[split]),
+            "plan": plan_error(models, plan_split[split], batch_size),
+        }
+
+    before, tuned_held_out = scores(start, "held_out"), scores(tuned, "held_out")
+    chosen, reason = choose_models(_error(scores(start, "val")), _error(scores(tuned, "val")), before, tuned_held_out)
+    kept = (
+        tuned if chosen == "fine-tuned" else CostModels(start.compute, start.comm, hardware, copy.deepcopy(start.info))
+    )
+    return kept, {
+        "before": before,
+        "after": tuned_held_out if chosen == "fine-tuned" else before,
+        "fine_tuned": tuned_held_out,
+        "chosen": chosen,
+        "reason": reason,
+    }
+
+
+def _measure_shards(
+    candidates: list[Plan],
+    tables: list[TableSpec],
+    topology: Topology,
+    simulator: Simulator,
+    config: CalibrateConfig,
+    store: MeasurementStore,
+    measure: MeasureConfig,
+    measuring_ends: float,
+    log: Callable[[str], None],
+) -> str:
+    """The candidates' decisive shards, every table alone and drawn shards measured on the profiling actors, most
+    useful first, until the measuring time is spent; the actors' hardware."""
+    decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
+    most_tables = max(len(parts) for parts in decisive)
+    wanted = unique_shards(
+        decisive
+        + [[p] for p in table_wise(tables)]
+        + draw_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
+    )
+    with ProfilingPool(config.actors) as pool:
+        known = store.known_keys([shard_key(parts, measure, pool.hardware) for parts in wanted])
+        log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
+        with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
+            for start_index in range(0, len(wanted), 2 * config.actors):
+                if time.monotonic() > measuring_ends:
+                    bar.write(f"measuring time spent: {start_index} of {len(wanted)} shards measured")
+                    break
+                chunk = wanted[start_index : start_index + 2 * config.actors]
+                pool.measure(chunk, measure, store, progress=False)
+                bar.update(len(chunk))
+        return pool.hardware
+
+
+def _measure_plans(
+    candidates: list[Plan],
+    tables: list[TableSpec],
+    topology: Topology,
+    config: CalibrateConfig,
+    store: MeasurementStore,
+    measure: MeasureConfig,
+    measuring_ends: float,
+    log: Callable[[str], None],
+) -> NoiseFloor | None:
+    """The candidates and random plans measured on the gang, those not in the store, until the measuring time is
+    spent; the noise floor, a candidate against a copy of itself (None on one device, which has no gang)."""
+    if topology.num_devices == 1:
+        return None
+    plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
+    with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
+        floor = noise_floor(candidates[0], tables, topology, gang, measure)
+        log(f"noise floor: {floor.describe()}")
+        for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
+            key = gang.plan_key(plan, tables, measure)
+            if store.known_keys([key], table="plan_measurements"):
+                continue
+            if time.monotonic() > measuring_ends:
+                break
+            cost = gang.evaluate(plan, tables, measure)
+            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+    return floor
+
+
+def _fine_tuned(
+    start: CostModels,
+    hardware: str,
+    by_split: dict[str, list],
+    plan_split: dict[str, list[PlanMeasurement]],
+    hosts: int | None,
+    config: CalibrateConfig,
+) -> CostModels:
+    """`start` fine-tuned on the fit split, stopped by the validation split. Over hosts, the comm model is fit to
+    all-to-alls measured over them: it learns their inter-host share, and prices it itself thereafter
+    (`comm_hosts`, `shard_ray.costmodel.pricing.analytic_hosts`)."""
+    train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
+    compute = train_compute_model(
+        compute_data(by_split["fit"]), compute_data(by_split["val"]), train, init=start.compute
+    )
     comm, info = start.comm, copy.deepcopy(start.info)
     if plan_split["fit"] and plan_split["val"]:
         comm = train_comm_model(
@@ -268,34 +350,13 @@ def calibrate(
         info.pop("comm_hosts", None)
         if hosts:
             info["comm_hosts"] = hosts
-    tuned = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
+    return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
 
-    def scores(models: CostModels, split: str) -> dict[str, Any]:
-        return {
-            "compute": evaluate_compute(models, by_split[split]),
-            "comm": evaluate_comm(models, plan_split[split]),
-            "plan": plan_error(models, plan_split[split], topology.batch_size),
-        }
 
-    before, tuned_held_out = scores(start, "held_out"), scores(tuned, "held_out")
-    chosen, reason = choose_models(_error(scores(start, "val")), _error(scores(tuned, "val")), before, tuned_held_out)
-    kept = (
-        tuned if chosen == "fine-tuned" else CostModels(start.compute, start.comm, hardware, copy.deepcopy(start.info))
-    )
-    report = {
-        "hardware": hardware,
-        "started_from": {"path": start_path, "hardware": start.hardware},
-        "before": before,
-        "after": tuned_held_out if chosen == "fine-tuned" else before,
-        "fine_tuned": tuned_held_out,
-        "chosen": chosen,
-        "reason": reason,
-        "shards": {k: len(v) for k, v in by_split.items()},
-        "plans": {k: len(v) for k, v in plan_split.items()},
-        "measuring_seconds": measuring_seconds,
-        "seconds": time.monotonic() - began,
-        "noise_floor": asdict(floor) if floor else None,
-    }
+def _record_calibration(
+    kept: CostModels, report: dict[str, Any], tables: list[TableSpec], fit_data: Any, start: CostModels
+) -> None:
+    """What the kept models were calibrated on, and the range of tables they have now seen, in their info."""
     kept.info.update(
         {
             "calibrated": {k: v for k, v in report.items() if k not in ("before", "after")}
@@ -308,7 +369,6 @@ def calibrate(
             "coverage": data_coverage(fit_data, start.info.get("coverage")),
         }
     )
-    return Calibration(models=kept, chosen=chosen, report=report)
 
 
 def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int) -> dict[str, Any]:

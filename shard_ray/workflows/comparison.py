@@ -217,8 +217,6 @@ def compare_plans(
     `merge_identical`: an A/A race measures a plan against a copy of itself). `preference` orders
     the names for the tie rule (default: the order given). With a `store`, every round's
     measurement is kept there for the next calibration."""
-    from shard_ray.profiling.store import PlanMeasurement
-
     entries = distinct(named) if merge_identical else list(named)
     if len(entries) < 2:
         raise ShardRayError(
@@ -234,6 +232,39 @@ def compare_plans(
         f"measuring {len(names)} distinct plans side by side on a {topology.num_devices}-device gang: "
         f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s"
     )
+    verdict, per_plan = _race_in_rounds(race, plans, tables, topology, gang, config, store, ranked, reason, log)
+    result = MeasuredComparison(
+        hardware=gang.hardware,
+        chosen=verdict.chosen,
+        confidence=config.confidence,
+        separated=verdict.separated,
+        rule=verdict.rule,
+        steps_per_round=config.repeats,
+        rounds=race.count,
+        pair_level=verdict.pair_level,
+        candidates={name: RoundsSummary.of(values, config.confidence) for name, values in race.rounds.items()},
+        ratios=verdict.ratios,
+        priced_parts=gang.priced_parts,
+    )
+    return ComparedPlans(result, plans, {name: median_round(costs) for name, costs in per_plan.items()})
+
+
+def _race_in_rounds(
+    race: Race,
+    plans: dict[str, Plan],
+    tables: list[TableSpec],
+    topology: Topology,
+    gang: DeviceGang,
+    config: CompareConfig,
+    store: MeasurementStore | None,
+    ranked: list[str],
+    reason: str,
+    log: Callable[[str], None],
+) -> tuple[Verdict, dict[str, list[PlanCost]]]:
+    """Rounds of every plan measured once, in a drawn order, until the race's verdict; each plan's costs."""
+    from shard_ray.profiling.store import PlanMeasurement
+
+    names = list(plans)
     order = np.random.default_rng(0)
     per_plan: dict[str, list[PlanCost]] = {name: [] for name in names}
     began = time.monotonic()
@@ -257,21 +288,7 @@ def compare_plans(
             f"{spent:.0f} s" + (f"; {verdict.rule}" if verdict else "")
         )
         if verdict is not None:
-            break
-    result = MeasuredComparison(
-        hardware=gang.hardware,
-        chosen=verdict.chosen,
-        confidence=config.confidence,
-        separated=verdict.separated,
-        rule=verdict.rule,
-        steps_per_round=config.repeats,
-        rounds=race.count,
-        pair_level=verdict.pair_level,
-        candidates={name: RoundsSummary.of(values, config.confidence) for name, values in race.rounds.items()},
-        ratios=verdict.ratios,
-        priced_parts=gang.priced_parts,
-    )
-    return ComparedPlans(result, plans, {name: median_round(costs) for name, costs in per_plan.items()})
+            return verdict, per_plan
 
 
 def claim(result: MeasuredComparison, name: str, label: str) -> str:

@@ -66,39 +66,10 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     workdir = config.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     tracking_uri = config.tracking_uri or default_tracking_uri()
-
     print("== 1. workload")
-    pool = generate_pool(PoolConfig(seed=config.seed))
-    save_tables(workdir / "pool.json", pool, source="synthetic", seed=config.seed)
-    task_config = TaskConfig(min_tables=config.num_tables, max_tables=config.num_tables, seed=config.seed)
-    _, test_pool = split_pool(pool, task_config.test_fraction, config.seed)
-    tables: list[TableSpec] = draw_task(test_pool, task_config, np.random.default_rng(config.seed))
-    task_file = workdir / "task.json"
-    save_tables(task_file, tables, task="demo", split="test", seed=config.seed)
-    topology = Topology(
-        num_devices=config.num_devices,
-        memory_bytes=memory_cap_with_headroom(tables, config.num_devices, config.memory_headroom),
-        batch_size=config.batch_size,
-    )
-    print(
-        f"pool of {len(pool)} synthetic tables -> {workdir / 'pool.json'}; task of {len(tables)} test tables -> {task_file}\n"
-        f"{topology.num_devices} devices, {topology.memory_gb:.3f} GB each, batch {topology.batch_size}"
-    )
-
+    tables, topology = _workload(config)
     print("\n== 2. profiling fused shards on Ray actors")
-    print(connect_ray(config.address, min_cpus=config.num_devices))
-    measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
-    shards = draw_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
-    with (
-        ProfilingPool(num_actors=min(2, config.num_devices)) as profiler,
-        MeasurementStore(workdir / "measurements.db") as store,
-    ):
-        measurements = profiler.measure(shards, measure_config, store)
-    ratio = fused_vs_singles(measurements)
-    print(f"{len(measurements)} shards measured on {profiler.hardware} -> {workdir / 'measurements.db'}")
-    if ratio is not None:
-        print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")
-
+    _profile(config, tables, topology)
     print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
     compare = CompareConfig(rounds=config.rounds, budget_seconds=config.budget_seconds, repeats=config.repeats)
     with DeviceGang(config.num_devices, comm_pricer=price_comm) as gang:
@@ -118,7 +89,6 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     result = comparison.result
     chosen = result.chosen.split("=")[0] if result else next(iter(comparison.plans))
     print(format_plan_summary(comparison.plans[chosen], tables, topology, comparison.costs[chosen]))
-
     print(f"\n== 4. comparison (measured on {gang.hardware})")
     print(format_comparison(result) if result else "every algorithm made the same plan")
     write_json(
@@ -135,3 +105,41 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
     print(f"open the MLflow UI with:\n  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
     return comparison
+
+
+def _workload(config: DemoConfig) -> tuple[list[TableSpec], Topology]:
+    """The demo's task, drawn from the test split of a synthetic pool, and its topology; both files written."""
+    workdir = config.workdir
+    pool = generate_pool(PoolConfig(seed=config.seed))
+    save_tables(workdir / "pool.json", pool, source="synthetic", seed=config.seed)
+    task_config = TaskConfig(min_tables=config.num_tables, max_tables=config.num_tables, seed=config.seed)
+    _, test_pool = split_pool(pool, task_config.test_fraction, config.seed)
+    tables: list[TableSpec] = draw_task(test_pool, task_config, np.random.default_rng(config.seed))
+    task_file = workdir / "task.json"
+    save_tables(task_file, tables, task="demo", split="test", seed=config.seed)
+    topology = Topology(
+        num_devices=config.num_devices,
+        memory_bytes=memory_cap_with_headroom(tables, config.num_devices, config.memory_headroom),
+        batch_size=config.batch_size,
+    )
+    print(
+        f"pool of {len(pool)} synthetic tables -> {workdir / 'pool.json'}; task of {len(tables)} test tables -> {task_file}\n"
+        f"{topology.num_devices} devices, {topology.memory_gb:.3f} GB each, batch {topology.batch_size}"
+    )
+    return tables, topology
+
+
+def _profile(config: DemoConfig, tables: list[TableSpec], topology: Topology) -> None:
+    """Fused shards of the task measured on profiling actors, and what fusing saved."""
+    print(connect_ray(config.address, min_cpus=config.num_devices))
+    measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
+    shards = draw_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
+    with (
+        ProfilingPool(num_actors=min(2, config.num_devices)) as profiler,
+        MeasurementStore(config.workdir / "measurements.db") as store,
+    ):
+        measurements = profiler.measure(shards, measure_config, store)
+    ratio = fused_vs_singles(measurements)
+    print(f"{len(measurements)} shards measured on {profiler.hardware} -> {config.workdir / 'measurements.db'}")
+    if ratio is not None:
+        print(f"a fused multi-table shard costs {ratio:.2f}x the sum of its tables measured alone (median)")

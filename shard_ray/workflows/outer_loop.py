@@ -109,6 +109,61 @@ def measure_policy_plans(
     return pairs
 
 
+@dataclass
+class _Rounds:
+    """What every round of the loop works with: the task pool, its settings, RLlib's algorithm, the gang, the
+    profiling actors, the store and the MLflow run."""
+
+    pool: list[TableSpec]
+    measure_tasks: PolicyConfig
+    loop: OuterLoopConfig
+    update_config: TrainConfig
+    algo: Any
+    gang: DeviceGang
+    profiler: ProfilingPool
+    store: MeasurementStore
+    logger: MlflowIterationLogger | None
+    out: Path
+    info: dict[str, Any]
+
+    def play(self, round_index: int, models: CostModels) -> tuple[CostModels, dict[str, Any]]:
+        """Round `round_index`: (a) measure the policy's plans, (b) update the models on the store, (c) PPO on
+        the updated estimated MDP; the updated models and the round's record."""
+        loop = self.loop
+        print(f"== round {round_index + 1}/{loop.rounds}: (a) measuring the policy's plans")
+        tasks = validation_tasks(
+            self.pool, self.measure_tasks, loop.tasks_per_round, loop.seed + 1000 * (round_index + 1)
+        )
+        pairs = measure_policy_plans(
+            policy_network(self.algo), tasks, models, self.gang, self.profiler, self.store, loop.repeats, loop.seed
+        )
+        print("   (b) updating the cost models on the store")
+        models = update_cost_models(models, self.store, self.update_config, hardware=self.profiler.hardware)
+        models.save(self.out / "costmodels.pt")
+        set_cost_models(self.algo, models)
+        print("   (c) PPO on the updated estimated MDP")
+        returns = train_iterations(
+            self.algo,
+            (round_index + 1) * loop.ppo_iterations_per_round,
+            self.out / "checkpoint",
+            self.out / "policy.pt",
+            self.info,
+            loop.ppo_iterations_per_round,
+            on_iteration=self.logger.log_iteration if self.logger else None,
+        )
+        record = {
+            "round": round_index + 1,
+            "plans_measured": len(pairs),
+            "mean_measured_cost_ms": statistics.mean(m for _, m in pairs) if pairs else None,
+            "model_error": mape(*zip(*pairs)) if pairs else None,
+            "policy_episode_return": returns[-1] if returns else None,
+        }
+        if self.logger:
+            self.logger.log_metrics({k: v for k, v in record.items() if isinstance(v, float)}, step=round_index + 1)
+        print(f"   round {round_index + 1}: {json.dumps(record)}")
+        return models, record
+
+
 def run_outer_loop(
     pool: list[TableSpec],
     policy_config: PolicyConfig,
@@ -159,39 +214,9 @@ def run_outer_loop(
         if logger:
             resources.callback(logger.close, policy_file)
         with MeasurementStore(store_path or out / "measurements.db") as store:
+            rounds = _Rounds(pool, measure_tasks, loop, update_config, algo, gang, profiler, store, logger, out, info)
             for round_index in range(len(history), loop.rounds):
-                print(f"== round {round_index + 1}/{loop.rounds}: (a) measuring the policy's plans")
-                tasks = validation_tasks(
-                    pool, measure_tasks, loop.tasks_per_round, loop.seed + 1000 * (round_index + 1)
-                )
-                pairs = measure_policy_plans(
-                    policy_network(algo), tasks, models, gang, profiler, store, loop.repeats, loop.seed
-                )
-                print("   (b) updating the cost models on the store")
-                models = update_cost_models(models, store, update_config, hardware=profiler.hardware)
-                models.save(models_file)
-                set_cost_models(algo, models)
-                print("   (c) PPO on the updated estimated MDP")
-                target = (round_index + 1) * loop.ppo_iterations_per_round
-                returns = train_iterations(
-                    algo,
-                    target,
-                    checkpoint_dir,
-                    policy_file,
-                    info,
-                    loop.ppo_iterations_per_round,
-                    on_iteration=logger.log_iteration if logger else None,
-                )
-                record = {
-                    "round": round_index + 1,
-                    "plans_measured": len(pairs),
-                    "mean_measured_cost_ms": statistics.mean(m for _, m in pairs) if pairs else None,
-                    "model_error": mape(*zip(*pairs)) if pairs else None,
-                    "policy_episode_return": returns[-1] if returns else None,
-                }
+                models, record = rounds.play(round_index, models)
                 history.append(record)
                 write_json(state_file, {"rounds": history})
-                if logger:
-                    logger.log_metrics({k: v for k, v in record.items() if isinstance(v, float)}, step=round_index + 1)
-                print(f"   round {round_index + 1}: {json.dumps(record)}")
     return policy_file
