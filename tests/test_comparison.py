@@ -170,6 +170,7 @@ def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
     return folder / "tables.json", folder / "a.json", folder / "twin.json"
 
 
+@pytest.mark.slow
 def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, two_plans):
     """A real A/A comparison on the 2-device gang, as a user types it; its files and MLflow run."""
     table_file, plan, twin = two_plans
@@ -222,6 +223,7 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, two_
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(tmp_path, table_file):
     """4 devices on this 2-core machine: compute measured (taking turns), all-to-alls priced and labelled."""
     made = shard_ray(

@@ -159,6 +159,7 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
         CostModels.load(tmp_path / "none.pt")
 
 
+@pytest.mark.slow
 def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     """Real fbgemm measurements of tiny shards, then training: the model must learn their order."""
     config = MeasureConfig(batch_size=64, warmup=1, repeats=3)

@@ -278,6 +278,7 @@ def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_ta
         assert len(plans) == 3 and all(p.plan.num_devices == 2 and p.cost.batch_size == 64 for p in plans)
 
 
+@pytest.mark.slow
 def test_pool_and_gang_are_shut_down_when_their_block_raises(ray_session):
     import pytest
     import ray
