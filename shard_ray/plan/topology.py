@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shard_ray.workload.tables import TableSpec
-
-if TYPE_CHECKING:
-    pass
 
 Optimizer = Literal["rowwise_adagrad", "sgd", "adam"]
 GB = 1024**3
