@@ -363,6 +363,7 @@ def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsy
     assert_refused(capsys, argv, message, out)
 
 
+@pytest.mark.slow
 def test_calibrate_over_more_hosts_than_nodes_is_refused_before_measuring(tmp_path, capsys, table_file):
     out = tmp_path / "models.pt"
     argv = ["calibrate", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--out", str(out)]

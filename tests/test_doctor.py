@@ -48,6 +48,7 @@ def test_doctor_on_this_machine(tmp_path):
     assert out.rstrip().endswith("no problems found")
 
 
+@pytest.mark.slow
 def test_doctor_names_what_is_unreachable_and_exits_1_at_once(tmp_path):
     port = _free_port()
     done = doctor(tmp_path, "--address", f"127.0.0.1:{port}", "--tracking-uri", f"http://127.0.0.1:{port}")
@@ -59,6 +60,7 @@ def test_doctor_names_what_is_unreachable_and_exits_1_at_once(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_this_machine_only_starts_no_ray(tmp_path):
     done = doctor(tmp_path, "--this-machine")
     assert done.returncode == 0, done.stdout + done.stderr

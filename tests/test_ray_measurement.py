@@ -113,6 +113,7 @@ def huge_page_kb_of_a_table() -> int:
     return next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(THP_MODE_SET == "never", reason="the kernel has transparent huge pages off")
 def test_a_devices_tables_are_on_huge_pages_unless_turned_off(ray_session, monkeypatch):
     measuring = resources_per_device(use_gpus=False)
