@@ -75,7 +75,7 @@ class CalibrateConfig:
     shards: int = setting(60, "random fused shards of the task's tables, after the candidates' shards", min=0)
     plans: int = setting(16, "random-balance plans measured on the gang, after the candidate plans", min=0)
     warmup: int = setting(2, "untimed steps before each measurement", min=0)
-    repeats: int = setting(7, "timed steps per measurement; medians are used", min=1)
+    repeats: int = setting(7, "timed steps per measurement; each part costs the fastest of them", min=1)
     held_out: float = setting(0.2, "share of the measurements held out for the before/after accuracy", min=0.05)
     lr: float = setting(5e-4, "fine-tuning learning rate", min=0)
     epochs: int = setting(300, "most fine-tuning epochs; early stopping usually ends sooner", min=1)
