@@ -95,7 +95,9 @@ def test_range_check_names_each_table_outside_the_training_data(shipped):
     # models whose training data was pool tables: fp32, dims 16 to 128, reuse histograms near the public one
     trained_on = generate_pool(PoolConfig(num_tables=50, seed=1))
     features = np.stack([table_features(t, t.dim, shipped.rows_cap) for t in trained_on])
-    models = dataclasses.replace(shipped, info={**shipped.info, "coverage": training_coverage(features, 16)})
+    models = dataclasses.replace(
+        shipped, info=shipped.info.model_copy(update={"coverage": training_coverage(features, 16)})
+    )
     inside = trained_on[0].model_copy(update={"name": "inside"})
     wide = inside.model_copy(update={"name": "wide", "dim": 1024, "pooling_factor": 5000.0})
     half = inside.model_copy(update={"name": "half", "precision": "fp16"})
@@ -159,6 +161,30 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
         CostModels.load(tmp_path / "none.pt")
 
 
+def test_model_info_is_typed_and_keeps_what_older_and_newer_files_wrote(tmp_path, shipped):
+    """A file written before the info was typed (a plain mapping, some fields missing) and one with a key this
+    version does not know both load, and saving them again writes back every key they had."""
+    blob = torch.load(default_cost_model_path(), weights_only=False)
+    assert blob["info"] == shipped.info.to_file()  # the shipped file is itself untyped-era
+    assert (
+        shipped.info.coverage.max_tables == blob["info"]["coverage"]["max_tables"] and shipped.info.calibrated is None
+    )
+    for info in (
+        {"rows_cap": 7, "from_a_newer_version": {"x": 1}},
+        {},
+        {**blob["info"], "comm_hosts": 2, "updated_on": {"hardware": "cpu:x", "shards": 3, "plans": 4}},
+    ):
+        path = tmp_path / "m.pt"
+        torch.save({**blob, "info": info}, path)
+        models = CostModels.load(path)
+        assert models.rows_cap == info.get("rows_cap") and models.comm_hosts == info.get("comm_hosts")
+        models.save(tmp_path / "again.pt")
+        assert torch.load(tmp_path / "again.pt", weights_only=False)["info"] == info
+    torch.save({**blob, "info": {"coverage": {"features": ["x"]}}}, tmp_path / "bad.pt")
+    with pytest.raises(ShardRayError, match=r"cost model file .*bad.pt is damaged: .*coverage"):
+        CostModels.load(tmp_path / "bad.pt")
+
+
 @pytest.mark.slow
 def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     """Real fbgemm measurements of tiny shards, then training: the model must learn their order."""
@@ -173,7 +199,7 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
             )
     assert models.hardware == "cpu:test" and models.comm is None
     assert report["compute_seen"]["n"] > 0 and report["compute_unseen"]["n"] == 0
-    assert models.info["num_shards"]["train"] > 40
+    assert models.info.num_shards["train"] > 40
     # a shard of many wide, heavily pooled tables costs more than one narrow table
     big = [TablePiece(table=t.model_copy(update={"pooling_factor": 50.0}), columns=(0, 128)) for t in pool[:4]]
     small = [TablePiece(table=pool[0].model_copy(update={"pooling_factor": 1.0}), columns=(0, 8))]
@@ -288,7 +314,7 @@ def test_lower_bound_is_below_plans_of_every_sharding_type(shipped, pool, device
 def contending(shipped, tmp_path_factory) -> tuple[CostModels, str]:
     """The shipped models with a strong superadditive (convex) term, saved: fused tables cost more than apart.
     Every unit of the term weighs every table's encoding alike and heavily, whatever the shipped term learned."""
-    models = CostModels(copy.deepcopy(shipped.compute), shipped.comm, shipped.hardware, dict(shipped.info))
+    models = CostModels(copy.deepcopy(shipped.compute), shipped.comm, shipped.hardware, shipped.info.model_copy())
     with torch.no_grad():
         models.compute.contention.w1.fill_(0.0)
         models.compute.contention.w2.fill_(0.5)
@@ -479,7 +505,9 @@ def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped,
     from shard_ray.costmodel.pricing import over_hosts
 
     tables = pool[:24]
-    learned = CostModels(shipped.compute, shipped.comm, shipped.hardware, {**shipped.info, "comm_hosts": 2})
+    learned = CostModels(
+        shipped.compute, shipped.comm, shipped.hardware, shipped.info.model_copy(update={"comm_hosts": 2})
+    )
     learned_file = tmp_path / "learned.pt"
     learned.save(learned_file)
     for per_host, analytic in ((2, False), (4, True)):
@@ -512,13 +540,22 @@ def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped,
 def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shipped, pool, tmp_path, monkeypatch):
     """A calibration on one task does not reprice another: the task's own file first, then the
     hardware-wide one, with a warning when the models were calibrated on other tables."""
+    from shard_ray.costmodel.info import Calibrated
     from shard_ray.costmodel.models import hardware_models_path, models_for, task_digest
 
     monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
     hardware = "cpu:Test CPU:1thread"
     task, other = pool[:12], pool[12:24]
     assert task_digest(task) == task_digest(list(reversed(task))) != task_digest(other)
-    info = {**shipped.info, "calibrated": {"tables": [t.name for t in task], "task": task_digest(task), "at": "today"}}
+    record = Calibrated(
+        hardware=hardware,
+        tables=[t.name for t in task],
+        task=task_digest(task),
+        at="today",
+        chosen="starting",
+        reason="",
+    )
+    info = shipped.info.model_copy(update={"calibrated": record})
     calibrated = CostModels(shipped.compute, shipped.comm, hardware, info)
     task_file, hardware_wide = hardware_models_path(hardware, tables=task), hardware_models_path(hardware)
     task_file.parent.mkdir(parents=True)

@@ -255,7 +255,7 @@ def test_outer_loop_measures_updates_trains_and_resumes(ray_session, tmp_path, p
         plans_after_one = store.count("plan_measurements")
         assert plans_after_one >= 1 and store.count() >= 1
     updated = CostModels.load(out / "costmodels.pt")
-    assert updated.info["updated_on"]["plans"] == plans_after_one
+    assert updated.info.updated_on.plans == plans_after_one
     shipped = CostModels.load(default_cost_model_path())
     assert any(
         not torch.equal(a, b)

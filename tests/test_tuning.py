@@ -105,7 +105,7 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
         )
         == 0
     )
-    trained = CostModels.load(model).info["train_config"]
+    trained = CostModels.load(model).info.train_config
     for key in ("hidden", "depth", "lr", "loss", "feature_scaling"):
         assert trained[key] == best["config"][key]
     assert trained["max_epochs"] == 5

@@ -103,9 +103,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         measured_on = store.summary()
         hardware = flags.hardware or (models.hardware if models.hardware in measured_on else None)
         hardware = main_hardware(store, hardware)
-        splits = split_compute_measurements(
-            store.shard_measurements(hardware), set(models.info.get("train_tables", []))
-        )
+        splits = split_compute_measurements(store.shard_measurements(hardware), set(models.info.train_tables))
         plans = store.plan_measurements(hardware)
     if hardware != models.hardware:
         # Another machine's data: every shard is new to the models, so all of it is held out.

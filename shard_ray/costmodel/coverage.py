@@ -10,11 +10,12 @@ is priced by extrapolation: `coverage_problems` names each such table in one lin
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, TABLE_FEATURES, table_features
+from shard_ray.costmodel.info import Coverage
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -27,16 +28,16 @@ _LOG10_SLACK = math.log10(1.25)
 _BIN_SLACK = 0.02
 
 
-def training_coverage(features: np.ndarray, max_tables: int, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+def training_coverage(features: np.ndarray, max_tables: int, previous: Coverage | None = None) -> Coverage:
     """Coverage of training pieces' feature rows [n, F] and shards of up to `max_tables` tables.
 
     With `previous` (the coverage of the models trained further), the union of both.
     """
     low, high = features.min(axis=0), features.max(axis=0)
-    if previous and previous.get("features") == list(TABLE_FEATURES):
-        low, high = np.minimum(low, previous["low"]), np.maximum(high, previous["high"])
-        max_tables = max(max_tables, previous["max_tables"])
-    return {"features": list(TABLE_FEATURES), "low": low.tolist(), "high": high.tolist(), "max_tables": int(max_tables)}
+    if previous is not None and previous.features == list(TABLE_FEATURES):
+        low, high = np.minimum(low, previous.low), np.maximum(high, previous.high)
+        max_tables = max(max_tables, previous.max_tables)
+    return Coverage(features=list(TABLE_FEATURES), low=low.tolist(), high=high.tolist(), max_tables=int(max_tables))
 
 
 def _slack(name: str) -> float:
@@ -98,7 +99,7 @@ def model_warnings(
 
 def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:
     """A line when the comm model never measured all-to-alls of `num_devices` devices."""
-    measured = models.info.get("device_counts")
+    measured = models.info.device_counts
     if models.comm is None or num_devices == 1 or not measured or num_devices in measured:
         return []
     return [
@@ -113,10 +114,10 @@ def coverage_problems(models: CostModels, tables: list[TableSpec], shard_tables:
 
     Models that record no coverage (older model files) give no lines.
     """
-    coverage = models.info.get("coverage")
-    if not coverage or coverage.get("features") != list(TABLE_FEATURES):
+    coverage = models.info.coverage
+    if coverage is None or coverage.features != list(TABLE_FEATURES):
         return []
-    low, high = np.asarray(coverage["low"]), np.asarray(coverage["high"])
+    low, high = np.asarray(coverage.low), np.asarray(coverage.high)
     lines = []
     for table in tables:
         values = table_features(table, table.dim, models.rows_cap)
@@ -132,9 +133,9 @@ def coverage_problems(models: CostModels, tables: list[TableSpec], shard_tables:
                 _describe(TABLE_FEATURES[i], float(values[i]), float(low[i]), float(high[i])) for i in shown
             )
             lines.append(f"table {table.name}: {described}: outside the cost models' training data")
-    if shard_tables > coverage["max_tables"]:
+    if shard_tables > coverage.max_tables:
         lines.append(
             f"devices hold up to {shard_tables} tables; the cost models were trained on shards of up to "
-            f"{coverage['max_tables']}"
+            f"{coverage.max_tables}"
         )
     return lines

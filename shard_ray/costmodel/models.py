@@ -36,14 +36,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from torch import nn
 
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
-from shard_ray.errors import ShardRayError, first_line
+from shard_ray.costmodel.info import ModelInfo
+from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, write_atomic
 from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
@@ -105,13 +106,13 @@ def describe_models(
 ) -> tuple[str, str | None]:
     """Where the prices come from, one line: the model file, its hardware and what it was calibrated
     on; and a warning when that was other tables than `tables` (None otherwise)."""
-    calibrated = models.info.get("calibrated")
-    if not calibrated:
+    calibrated = models.info.calibrated
+    if calibrated is None:
         shipped = "the shipped models " if Path(path) == default_cost_model_path() else ""
         return f"priced by {shipped}{path} (models of {models.hardware}, not calibrated on a task)", None
-    names = calibrated.get("tables", [])
-    when = f" on {calibrated['at']}" if calibrated.get("at") else ""
-    if calibrated.get("task") == task_digest(tables):
+    names = calibrated.tables
+    when = f" on {calibrated.at}" if calibrated.at else ""
+    if calibrated.task == task_digest(tables):
         return f"priced by {path}: models of {models.hardware}, calibrated on these {len(names)} tables{when}", None
     shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
     line = f"priced by {path}: models of {models.hardware}, calibrated on other tables ({len(names)}: {shown}){when}"
@@ -274,7 +275,7 @@ class CostModels:
     compute: ComputeCostNet
     comm: CommCostNet | None
     hardware: str
-    info: dict[str, Any] = field(default_factory=dict)
+    info: ModelInfo = field(default_factory=ModelInfo)
 
     def __post_init__(self) -> None:
         self.compute.eval()
@@ -284,7 +285,7 @@ class CostModels:
     @property
     def rows_cap(self) -> int | None:
         """Rows per table the training measurements allocated (None: whole tables)."""
-        return self.info.get("rows_cap")
+        return self.info.rows_cap
 
     @torch.no_grad()
     def predict_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
@@ -323,7 +324,7 @@ class CostModels:
     def comm_hosts(self) -> int | None:
         """The devices per host of the all-to-alls the comm model was fit to, when they ran over several
         hosts (`calibrate --devices-per-host`): it then prices their inter-host traffic itself."""
-        return self.info.get("comm_hosts")
+        return self.info.comm_hosts
 
     def predict_comm(self, widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths of one plan; zeros on one device."""
@@ -346,7 +347,7 @@ class CostModels:
                 "comm": None
                 if self.comm is None
                 else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": self.comm.state_dict()},
-                "info": self.info,
+                "info": self.info.to_file(),
             },
             buffer,
         )
@@ -383,4 +384,8 @@ class CostModels:
                 comm.load_state_dict(blob["comm"]["state"])
         except (KeyError, RuntimeError, TypeError) as err:
             raise ShardRayError(f"cost model file {source} is damaged: {first_line(err)}") from err
-        return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=blob.get("info", {}))
+        try:
+            info = ModelInfo.model_validate(blob.get("info", {}))
+        except ValidationError as err:
+            raise ShardRayError(describe_validation_error(err, f"cost model file {source} is damaged: info")) from err
+        return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=info)

@@ -14,7 +14,6 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from tqdm import tqdm
 from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
 from shard_ray.costmodel.features import batch_context, parts_features
+from shard_ray.costmodel.info import Coverage, ModelInfo, UpdatedOn
 from shard_ray.costmodel.models import (
     COMM_FEATURES,
     FUSIONS,
@@ -116,7 +116,7 @@ class ComputeData:
         return int(self.log_ms.shape[0])
 
 
-def data_coverage(data: ComputeData, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+def data_coverage(data: ComputeData, previous: Coverage | None = None) -> Coverage:
     """The training range (`shard_ray.costmodel.coverage`) of the shards in `data`, widening `previous`."""
     return training_coverage(data.features[data.mask.bool()].numpy(), int(data.mask.sum(dim=1).max()), previous)
 
@@ -405,23 +405,23 @@ def train_cost_models(
         compute=compute,
         comm=comm,
         hardware=hardware,
-        info={
-            "rows_cap": rows_cap,
-            "train_config": asdict(config),
-            "train_tables": sorted(train_tables),
-            "device_counts": sorted({p.plan.num_devices for p in plans}),
-            "batch_sizes": sorted({m.config.batch_size for m in splits["train"]}),
-            "num_shards": {k: len(v) for k, v in splits.items()},
-            "num_plans": {k: len(v) for k, v in plan_splits.items()},
-            "coverage": data_coverage(train_data),
-        },
+        info=ModelInfo(
+            rows_cap=rows_cap,
+            train_config=asdict(config),
+            train_tables=sorted(train_tables),
+            device_counts=sorted({p.plan.num_devices for p in plans}),
+            batch_sizes=sorted({m.config.batch_size for m in splits["train"]}),
+            num_shards={k: len(v) for k, v in splits.items()},
+            num_plans={k: len(v) for k, v in plan_splits.items()},
+            coverage=data_coverage(train_data),
+        ),
     )
     report = {
         "compute_seen": evaluate_compute(models, splits["test"]),
         "compute_unseen": evaluate_compute(models, splits["unseen"]),
         "comm": evaluate_comm(models, plan_splits["test"]),
     }
-    models.info["held_out"] = report
+    models.info.held_out = report
     return models, report
 
 
@@ -450,5 +450,7 @@ def update_cost_models(
     if plans and comm is not None:
         samples = comm_samples(plans)
         comm = train_comm_model(samples, samples, config, init=comm)
-    info = {**models.info, "updated_on": {"hardware": hardware, "shards": len(measurements), "plans": len(plans)}}
+    info = models.info.model_copy(
+        deep=True, update={"updated_on": UpdatedOn(hardware=hardware, shards=len(measurements), plans=len(plans))}
+    )
     return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)

@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
+from shard_ray.costmodel.info import Calibrated
 from shard_ray.costmodel.models import CostModels, task_digest
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import (
@@ -215,7 +216,7 @@ def calibrate(
         name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
     # The fit may change the row cap (a GPU allocates whole tables): features follow the measurements.
-    start = replace(start, info={**start.info, "rows_cap": measure.rows_cap_on(hardware)})
+    start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.rows_cap_on(hardware)}))
     tuned = _fine_tuned(start, hardware, by_split, plan_split, topology.hosts_of, config)
     kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
     report = {
@@ -253,7 +254,9 @@ def _kept_models(
     before, tuned_held_out = scores(start, "held_out"), scores(tuned, "held_out")
     chosen, reason = choose_models(_error(scores(start, "val")), _error(scores(tuned, "val")), before, tuned_held_out)
     kept = (
-        tuned if chosen == "fine-tuned" else CostModels(start.compute, start.comm, hardware, copy.deepcopy(start.info))
+        tuned
+        if chosen == "fine-tuned"
+        else CostModels(start.compute, start.comm, hardware, start.info.model_copy(deep=True))
     )
     return kept, {
         "before": before,
@@ -342,14 +345,12 @@ def _fine_tuned(
     compute = train_compute_model(
         compute_data(by_split["fit"]), compute_data(by_split["val"]), train, init=start.compute
     )
-    comm, info = start.comm, copy.deepcopy(start.info)
+    comm, info = start.comm, start.info.model_copy(deep=True)
     if plan_split["fit"] and plan_split["val"]:
         comm = train_comm_model(
             comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
         )
-        info.pop("comm_hosts", None)
-        if hosts:
-            info["comm_hosts"] = hosts
+        info.comm_hosts = hosts or None
     return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
 
 
@@ -357,18 +358,14 @@ def _record_calibration(
     kept: CostModels, report: dict[str, Any], tables: list[TableSpec], fit_data: Any, start: CostModels
 ) -> None:
     """What the kept models were calibrated on, and the range of tables they have now seen, in their info."""
-    kept.info.update(
-        {
-            "calibrated": {k: v for k, v in report.items() if k not in ("before", "after")}
-            | {
-                "held_out": report["after"],
-                "tables": [t.name for t in tables],
-                "task": task_digest(tables),
-                "at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            },
-            "coverage": data_coverage(fit_data, start.info.get("coverage")),
-        }
+    kept.info.calibrated = Calibrated(
+        **{k: v for k, v in report.items() if k not in ("before", "after")},
+        held_out=report["after"],
+        tables=[t.name for t in tables],
+        task=task_digest(tables),
+        at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
+    kept.info.coverage = data_coverage(fit_data, start.info.coverage)
 
 
 def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int) -> dict[str, Any]:
