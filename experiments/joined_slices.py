@@ -28,7 +28,7 @@ from shard_ray.workload.tables import load_tables
 def shared_devices(candidate: Candidate) -> int:
     """Tables with two of their slices on one device."""
     seen: dict[str, list[int]] = {}
-    for piece, device in zip(candidate.items, candidate.assign):
+    for piece, device in zip(candidate.pieces, candidate.assign):
         seen.setdefault(piece.table.name, []).append(int(device))
     return sum(len(devices) != len(set(devices)) for devices in seen.values())
 

@@ -25,7 +25,7 @@ def manual_pooled(shard: FusedShard, step: int) -> torch.Tensor:
             w = weights[k].float()
             bags = offsets[k * b : (k + 1) * b + 1]
             columns[i] = torch.stack([w[indices[bags[j] : bags[j + 1]]].sum(0) for j in range(b)])
-    return torch.cat([columns[i] for i in range(len(shard.parts))], dim=1)
+    return torch.cat([columns[i] for i in range(len(shard.pieces))], dim=1)
 
 
 def test_fused_forward_matches_manual_lookup(small_tables):
@@ -130,10 +130,10 @@ def test_row_slices_and_replicas_look_up_their_share(small_tables):
     replica = FusedShard([TablePiece(table=table, columns=(0, 32), replicas=2)], config, torch.device("cpu"), rank=1)
     sharded, replicated = replica.forward(0)
     assert sharded.shape == (64, 0) and replicated.shape == (32, 32) and replica.samples == (32, 64)
-    before = replica.part_weights()[0].clone()
+    before = replica.piece_weights()[0].clone()
     replica.backward((sharded, replicated), (torch.zeros(64, 0), torch.ones(32, 32)))
     replica.update_replicas()
-    assert not torch.equal(before, replica.part_weights()[0])
+    assert not torch.equal(before, replica.piece_weights()[0])
 
 
 def test_dense_kernel_gradient_matches_torch_embedding_bag():
@@ -145,7 +145,7 @@ def test_dense_kernel_gradient_matches_torch_embedding_bag():
         [TablePiece(table=table, columns=(0, 8), replicas=2)], MeasureConfig(batch_size=16), torch.device("cpu")
     )
     indices, offsets = replica.batches[0][0]
-    weights = replica.part_weights()[0].detach().clone().requires_grad_()
+    weights = replica.piece_weights()[0].detach().clone().requires_grad_()
     grad = torch.randn(8, 8)
     _, pooled = replica.forward(0)
     replica.backward((torch.zeros(16, 0), pooled), (torch.zeros(16, 0), grad))

@@ -84,8 +84,8 @@ def test_episode_return_is_minus_simulated_cost_over_lower_bound(models, pool):
         state = env.state
         if not info["feasible"]:
             continue
-        assert steps == len(state.items)
-        tables = [p.table for p in state.items]
+        assert steps == len(state.pieces)
+        tables = [p.table for p in state.pieces]
         simulated = Simulator(models).plan_cost(state.plan("random"), tables, state.topology.batch_size)
         assert total == pytest.approx(-simulated.cost_ms / state.lower_bound, rel=1e-5)
         assert info["cost_over_lower_bound"] == pytest.approx(-total, rel=1e-6)

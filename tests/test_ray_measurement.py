@@ -162,7 +162,7 @@ def assert_trains_as_one_unsharded_table(gang: DeviceGang, plan: Plan, tables: l
     reference.load_initial_weights()
     pooled = reference.forward(0)
     reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=seed), torch.zeros(0, 0)))
-    trained = dict(zip((t.name for t in tables), reference.part_weights()))
+    trained = dict(zip((t.name for t in tables), reference.piece_weights()))
 
     values = gang.step_values(plan, tables, config)
     embeddings = torch.cat([v["embeddings"] for v in values])

@@ -51,15 +51,15 @@ def table_features(table: TableSpec, width: int, rows_cap: int | None = None) ->
     return np.asarray(values, dtype=np.float32)
 
 
-def parts_features(parts: list[TablePiece], rows_cap: int | None = None) -> np.ndarray:
+def pieces_features(pieces: list[TablePiece], rows_cap: int | None = None) -> np.ndarray:
     """[n, NUM_TABLE_FEATURES] for the pieces of a shard; [0, F] for an empty shard.
 
     A row range or a data-parallel replica is described as the table it behaves as (its rows, its
     share of the lookups), so the models price it without having seen one.
     """
-    if not parts:
+    if not pieces:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
-    return np.stack([table_features(behaves_as(p), p.width, rows_cap) for p in parts])
+    return np.stack([table_features(behaves_as(p), p.width, rows_cap) for p in pieces])
 
 
 def batch_context(batch_size: int) -> float:

@@ -42,7 +42,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, parts_features
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, pieces_features
 from shard_ray.costmodel.info import ModelInfo
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, write_atomic
@@ -290,15 +290,15 @@ class CostModels:
     @torch.no_grad()
     def predict_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) ms [n, 2] of fused shards of table pieces; empty shards cost 0."""
-        features, mask = pad_shards([parts_features(s, self.rows_cap) for s in shards])
+        features, mask = pad_shards([pieces_features(s, self.rows_cap) for s in shards])
         log_batch = torch.full((len(shards),), batch_context(batch_size))
         ms = torch.exp(self.compute(features, mask, log_batch)).numpy()
         ms[mask.sum(dim=1).numpy() == 0] = 0.0
         return ms
 
     @torch.no_grad()
-    def encode_tables(self, parts: list[TablePiece], batch_size: int) -> torch.Tensor:
-        return self.compute.encode(torch.from_numpy(parts_features(parts, self.rows_cap)), batch_context(batch_size))
+    def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
+        return self.compute.encode(torch.from_numpy(pieces_features(pieces, self.rows_cap)), batch_context(batch_size))
 
     @torch.no_grad()
     def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:

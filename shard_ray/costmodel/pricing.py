@@ -1,8 +1,8 @@
 """Pricing placements with the cost models: pieces (a table's column range) on devices.
 
 Shared by the searches and the RL environment. The compute model works on sums of per-table
-rows, so a device's running sum plus one item's row prices the device with that item in one
-small model call; encodings are computed once per item.
+rows, so a device's running sum plus one piece's row prices the device with that piece in one
+small model call; encodings are computed once per piece.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ CALL_EVALUATIONS = 64
 
 
 class Pricer:
-    """Prices devices and plans of items with the cost models, reusing item encodings."""
+    """Prices devices and plans of pieces with the cost models, reusing piece encodings."""
 
     def __init__(self, models: CostModels, topology: Topology) -> None:
         self.models = models
@@ -40,32 +40,32 @@ class Pricer:
         # search's budget counts.
         self.evaluations = 0
 
-    def encodings(self, items: list[TablePiece]) -> torch.Tensor:
-        missing = [p for p in items if p.key not in self._encodings]
+    def encodings(self, pieces: list[TablePiece]) -> torch.Tensor:
+        missing = [p for p in pieces if p.key not in self._encodings]
         if missing:
             encoded = self.models.encode_tables(missing, self.topology.batch_size)
             for p, e in zip(missing, encoded):
                 self._encodings[p.key] = e
-        return torch.stack([self._encodings[p.key] for p in items])
+        return torch.stack([self._encodings[p.key] for p in pieces])
 
-    def sizes(self, items: list[TablePiece]) -> ItemSizes:
-        """`item_sizes` of the items, each item's computed once."""
-        missing = list({p.key: p for p in items if p.key not in self._sizes}.values())
+    def sizes(self, pieces: list[TablePiece]) -> PieceSizes:
+        """`piece_sizes` of the pieces, each piece's computed once."""
+        missing = list({p.key: p for p in pieces if p.key not in self._sizes}.values())
         if missing:
-            computed = item_sizes(missing, self.topology, self.models.rows_cap)
-            columns = [getattr(computed, f.name) for f in fields(ItemSizes)]
+            computed = piece_sizes(missing, self.topology, self.models.rows_cap)
+            columns = [getattr(computed, f.name) for f in fields(PieceSizes)]
             for k, p in enumerate(missing):
                 self._sizes[p.key] = tuple(column[k] for column in columns)
-        rows = [self._sizes[p.key] for p in items]
-        return ItemSizes(*(np.array([row[k] for row in rows]) for k in range(len(fields(ItemSizes)))))
+        rows = [self._sizes[p.key] for p in pieces]
+        return PieceSizes(*(np.array([row[k] for row in rows]) for k in range(len(fields(PieceSizes)))))
 
-    def plan_cost(self, items: list[TablePiece], assign: np.ndarray) -> float:
-        """The simulated cost of the plan putting `items` on `assign`: its slowest device's step."""
-        return float(self.device_costs(self.encodings(items), self.sizes(items), assign).max())
+    def plan_cost(self, pieces: list[TablePiece], assign: np.ndarray) -> float:
+        """The simulated cost of the plan putting `pieces` on `assign`: its slowest device's step."""
+        return float(self.device_costs(self.encodings(pieces), self.sizes(pieces), assign).max())
 
-    def plan_parts(self, items: list[TablePiece], assign: np.ndarray) -> DeviceParts:
-        """Every device's predicted step, part by part, with `items` on `assign`."""
-        return self.device_parts(self.encodings(items), self.sizes(items), assign)
+    def plan_parts(self, pieces: list[TablePiece], assign: np.ndarray) -> DeviceParts:
+        """Every device's predicted step, part by part, with `pieces` on `assign`."""
+        return self.device_parts(self.encodings(pieces), self.sizes(pieces), assign)
 
     def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
@@ -97,12 +97,12 @@ class Pricer:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample."""
         return self.collectives(inputs)[:, 0]
 
-    def device_costs(self, encodings: torch.Tensor, sizes: ItemSizes, assign: np.ndarray) -> np.ndarray:
-        """Every device's predicted step (the one cost definition's parts summed) with the items on `assign`."""
+    def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
+        """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
         return self.device_parts(encodings, sizes, assign).totals()
 
-    def device_parts(self, encodings: torch.Tensor, sizes: ItemSizes, assign: np.ndarray) -> DeviceParts:
-        """Every device's predicted step, part by part, with the items on `assign`: the one place a plan is priced."""
+    def device_parts(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> DeviceParts:
+        """Every device's predicted step, part by part, with the pieces on `assign`: the one place a plan is priced."""
         d = self.topology.num_devices
         sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
         counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
@@ -249,17 +249,17 @@ def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> floa
 class Candidate:
     """Pieces on devices with their simulated cost: a plan as the searches hold it."""
 
-    items: list[TablePiece]
+    pieces: list[TablePiece]
     assign: np.ndarray
     cost: float
 
     def plan(self, num_devices: int, algorithm: str) -> Plan:
-        return Plan.from_assignment(self.items, self.assign, num_devices, algorithm)
+        return Plan.from_assignment(self.pieces, self.assign, num_devices, algorithm)
 
 
 @dataclass(frozen=True)
-class ItemSizes:
-    """Per item: output all-to-all, input all-to-all, gradient all-reduce and intra-host partial-sum
+class PieceSizes:
+    """Per piece: output all-to-all, input all-to-all, gradient all-reduce and intra-host partial-sum
     widths (float columns), memory need (bytes), the devices it may go to ([n, D] bools) and its
     constraints group (-1: none)."""
 
@@ -271,37 +271,37 @@ class ItemSizes:
     allowed: np.ndarray
     group: np.ndarray
 
-    def take(self, index: slice | np.ndarray) -> ItemSizes:
-        """The sizes of the items at `index`."""
-        return ItemSizes(*(getattr(self, f.name)[index] for f in fields(self)))
+    def take(self, index: slice | np.ndarray) -> PieceSizes:
+        """The sizes of the pieces at `index`."""
+        return PieceSizes(*(getattr(self, f.name)[index] for f in fields(self)))
 
     @property
     def restricted(self) -> np.ndarray:
-        """Items whose device is (partly) decided already: placed first, never moved alone."""
+        """Pieces whose device is (partly) decided already: placed first, never moved alone."""
         return (~self.allowed).any(axis=1) | (self.group >= 0)
 
 
-def item_sizes(items: list[TablePiece], topology: Topology, rows_cap: int | None = None) -> ItemSizes:
-    return ItemSizes(
-        widths=np.array([output_width(p) for p in items], dtype=np.float64),
-        inputs=np.array([input_width(p) for p in items], dtype=np.float64),
-        syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in items], dtype=np.float64),
-        host_sums=np.array([host_sum_width(p) for p in items], dtype=np.float64),
-        need=np.array([p.memory_bytes(topology.optimizer) for p in items], dtype=np.int64),
-        allowed=_allowed_devices(items, topology.num_devices),
-        group=np.array([-1 if p.group is None else p.group for p in items], dtype=np.int64),
+def piece_sizes(pieces: list[TablePiece], topology: Topology, rows_cap: int | None = None) -> PieceSizes:
+    return PieceSizes(
+        widths=np.array([output_width(p) for p in pieces], dtype=np.float64),
+        inputs=np.array([input_width(p) for p in pieces], dtype=np.float64),
+        syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in pieces], dtype=np.float64),
+        host_sums=np.array([host_sum_width(p) for p in pieces], dtype=np.float64),
+        need=np.array([p.memory_bytes(topology.optimizer) for p in pieces], dtype=np.int64),
+        allowed=_allowed_devices(pieces, topology.num_devices),
+        group=np.array([-1 if p.group is None else p.group for p in pieces], dtype=np.int64),
     )
 
 
-def _allowed_devices(items: list[TablePiece], num_devices: int) -> np.ndarray:
-    allowed = np.ones((len(items), num_devices), dtype=bool)
-    for k, piece in enumerate(items):
+def _allowed_devices(pieces: list[TablePiece], num_devices: int) -> np.ndarray:
+    allowed = np.ones((len(pieces), num_devices), dtype=bool)
+    for k, piece in enumerate(pieces):
         if piece.devices is not None:
             allowed[k] = False
             allowed[k, list(piece.devices)] = True
     return allowed
 
 
-def single_costs(pricer: Pricer, items: list[TablePiece]) -> np.ndarray:
-    enc = pricer.encodings(items)
-    return pricer.compute(enc, torch.ones(len(items)))
+def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
+    enc = pricer.encodings(pieces)
+    return pricer.compute(enc, torch.ones(len(pieces)))

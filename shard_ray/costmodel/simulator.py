@@ -9,8 +9,6 @@ all-to-all moving as many bytes per device (`shard_ray.costmodel.pricing`).
 
 from __future__ import annotations
 
-import numpy as np
-
 from shard_ray.costmodel.coverage import comm_extrapolation
 from shard_ray.costmodel.models import CostModels, models_for
 from shard_ray.costmodel.pricing import Pricer
@@ -35,10 +33,8 @@ class Simulator:
             devices_per_host=plan.devices_per_host,
             inter_host_gbps=plan.inter_host_gbps,
         )
-        by_device = plan.pieces(tables)
-        items = [p for pieces in by_device for p in pieces]
-        assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
-        parts = Pricer(self.models, topology).plan_parts(items, assign)
+        pieces, assign = plan.assignment(tables)
+        parts = Pricer(self.models, topology).plan_parts(pieces, assign)
         return parts.plan_cost(f"simulated:{self.models.hardware}", batch_size)
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
-from shard_ray.costmodel.features import batch_context, parts_features
+from shard_ray.costmodel.features import batch_context, pieces_features
 from shard_ray.costmodel.info import Coverage, ModelInfo, UpdatedOn
 from shard_ray.costmodel.models import (
     COMM_FEATURES,
@@ -122,7 +122,7 @@ def data_coverage(data: ComputeData, previous: Coverage | None = None) -> Covera
 
 
 def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
-    features, mask = pad_shards([parts_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements])
+    features, mask = pad_shards([pieces_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements])
     return ComputeData(
         features=features,
         mask=mask,

@@ -29,24 +29,24 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     """The best table-wise plan by simulated cost, and whether it is proven optimal (budget not hit)."""
     topology = pricer.topology
     d = topology.num_devices
-    items = pieces_to_place(tables, topology)
-    order = np.lexsort((-single_costs(pricer, items), [not p.restricted for p in items]))  # fixed devices first
-    items = [items[i] for i in order]
-    enc = pricer.encodings(items)
-    sizes = pricer.sizes(items)
+    pieces = pieces_to_place(tables, topology)
+    order = np.lexsort((-single_costs(pricer, pieces), [not p.restricted for p in pieces]))  # fixed devices first
+    pieces = [pieces[i] for i in order]
+    enc = pricer.encodings(pieces)
+    sizes = pricer.sizes(pieces)
     need, restricted = sizes.need, bool(sizes.restricted.any())
-    incumbent = greedy_grid(pricer, items, NEUROSHARD.scales)
+    incumbent = greedy_grid(pricer, pieces, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
     sums = torch.zeros(d, enc.shape[1])
     counts = torch.zeros(d)
     compute = np.zeros(d)
     ledger = MemoryLedger(topology)
-    assign = np.zeros(len(items), dtype=np.int64)
+    assign = np.zeros(len(pieces), dtype=np.int64)
     nodes = 0
 
     def visit(k: int) -> None:
         nonlocal nodes
-        if k == len(items):
+        if k == len(pieces):
             cost = float(pricer.device_costs(enc, sizes, assign).max())
             if cost < best["cost"]:
                 best["cost"], best["assign"] = cost, assign.copy()
@@ -81,7 +81,7 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             ledger.give(x, need[k])
 
     visit(0)
-    return Candidate(items, best["assign"], best["cost"]), nodes <= node_budget
+    return Candidate(pieces, best["assign"], best["cost"]), nodes <= node_budget
 
 
 @register(

@@ -33,15 +33,15 @@ def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiec
     """`placed` with `table`'s pieces replaced by `pieces`: pinned ones on their device, others each
     on the device that prices the plan lowest (among the `CANDIDATE_DEVICES` cheapest so far, where
     more have room) of those holding none of the table yet; None when they do not fit beside the rest."""
-    keep = [i for i, p in enumerate(placed.items) if p.table.name != table]
-    items = [placed.items[i] for i in keep] + sorted(pieces, key=lambda p: not p.restricted)
-    enc, sizes = pricer.encodings(items), pricer.sizes(items)
+    keep = [i for i, p in enumerate(placed.pieces) if p.table.name != table]
+    placing = [placed.pieces[i] for i in keep] + sorted(pieces, key=lambda p: not p.restricted)
+    enc, sizes = pricer.encodings(placing), pricer.sizes(placing)
     assign = np.append(placed.assign[keep], np.zeros(len(pieces), dtype=np.int64))
     ledger = MemoryLedger.of_assignment(pricer.topology, assign[: len(keep)], sizes.need[: len(keep)])
     # Two column slices of the table on one device would run its lookups twice; the models can price
     # that cheaper, no kernel is (see `shard_ray.placement.search.joined_columns`).
     free = np.ones(pricer.topology.num_devices, dtype=bool)
-    for k in range(len(keep), len(items)):
+    for k in range(len(keep), len(placing)):
         devices = np.flatnonzero(ledger.room(sizes.need[k]) & sizes.allowed[k] & free)
         if not len(devices):
             return None
@@ -56,7 +56,7 @@ def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiec
         assign[k] = devices[0]
         free[devices[0]] = False
         ledger.take(int(devices[0]), sizes.need[k])
-    return Candidate(items, assign, float(pricer.device_costs(enc, sizes, assign).max()))
+    return Candidate(placing, assign, float(pricer.device_costs(enc, sizes, assign).max()))
 
 
 def option_costs(
@@ -80,9 +80,9 @@ def _on_best_host(pricer: Pricer, placed: Candidate, table: TableSpec) -> Candid
     """The table table-row-wise on the host that prices the plan lowest, of the `CANDIDATE_HOSTS`
     least loaded (their slowest device the fastest) without it; None when it fits on none."""
     topology = pricer.topology
-    others = [i for i, p in enumerate(placed.items) if p.table.name != table.name]
-    items = [placed.items[i] for i in others]
-    now = pricer.device_costs(pricer.encodings(items), pricer.sizes(items), placed.assign[others])
+    others = [i for i, p in enumerate(placed.pieces) if p.table.name != table.name]
+    pieces = [placed.pieces[i] for i in others]
+    now = pricer.device_costs(pricer.encodings(pieces), pricer.sizes(pieces), placed.assign[others])
     hosts = np.argsort(now.reshape(topology.num_hosts, -1).max(axis=1), kind="stable")[:CANDIDATE_HOSTS]
     made = [switch(pricer, placed, table.name, table_row_wise(table, topology.local_world_size, int(h))) for h in hosts]
     return min((c for c in made if c is not None), key=lambda c: c.cost, default=None)
@@ -118,10 +118,8 @@ def explain(
     pricer: Pricer, plan: Plan, tables: list[TableSpec], constraints: Constraints | None = None, progress: bool = True
 ) -> tuple[float, list[TableChoice]]:
     """The plan's simulated cost and, per table, its type, devices and the cost of every other type it may take."""
-    by_device = plan.pieces(tables)
-    items = [p for pieces in by_device for p in pieces]
-    assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
-    placed = Candidate(items, assign, pricer.plan_cost(items, assign))
+    pieces, assign = plan.assignment(tables)
+    placed = Candidate(pieces, assign, pricer.plan_cost(pieces, assign))
     choices = []
     shardings = plan.table_shardings(tables)
     for table in tqdm(tables, desc="explaining", unit="table", disable=not progress or len(tables) < 50):

@@ -52,7 +52,7 @@ class SearchConfig(SearchBudget):
     scales: tuple[float, ...] = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
     beam_width: int = 3
     beam_depth: int = 3
-    branching: int = 3  # costliest items tried as split candidates per beam state
+    branching: int = 3  # costliest pieces tried as split candidates per beam state
     split_ways: tuple[int, ...] = (2, 4)
     local_search_steps: int = 200
     # Each table's sharding type is chosen among these after the column-split search (table-wise and
@@ -94,26 +94,26 @@ LONG_SEARCH_S = 10.0
 
 
 def greedy_grid(
-    pricer: Pricer, items: list[TablePiece], scales: tuple[float, ...], until: PhaseEnd | None = None
+    pricer: Pricer, pieces: list[TablePiece], scales: tuple[float, ...], until: PhaseEnd | None = None
 ) -> Candidate:
     """NeuroShard's greedy pass for every dim-sum cap scale at once; the best by simulated cost.
 
     Tables go largest predicted cost first. When memory is so tight that no pass fits that
     way, the passes are rerun largest memory first, as a memory-first packer would. Passes that
-    would run past `until` (projected from their first items) give way to the same passes
+    would run past `until` (projected from their first pieces) give way to the same passes
     pricing a device as the sum of its tables' single costs: no model call per table, so the
     start of a search over thousands of tables and devices stays within its budget.
     """
-    sizes = pricer.sizes(items)
-    single = single_costs(pricer, items)
-    # Groups first, then other items with fixed devices: where they go is (partly) not a choice.
+    sizes = pricer.sizes(pieces)
+    single = single_costs(pricer, pieces)
+    # Groups first, then other pieces with fixed devices: where they go is (partly) not a choice.
     first = (~sizes.restricted, sizes.group < 0)
 
     def passes(order: np.ndarray) -> tuple[Candidate | None, int | None]:
         try:
-            return _greedy_passes(pricer, items, scales, order, until=until)
+            return _greedy_passes(pricer, pieces, scales, order, until=until)
         except _OutOfBudget:
-            return _greedy_passes(pricer, items, scales, order, additive=single)
+            return _greedy_passes(pricer, pieces, scales, order, additive=single)
 
     found, _ = passes(np.lexsort((-single, *first)))
     if found is None:
@@ -121,7 +121,7 @@ def greedy_grid(
         if found is None:
             raise InfeasibleError(
                 f"the search found no placement within {format_gb(pricer.topology.memory_bytes)} per device: "
-                f"placing the largest first, {items[stuck].describe()} "
+                f"placing the largest first, {pieces[stuck].describe()} "
                 f"({format_gb(sizes.need[stuck])}) fit on no device"
             )
     return found
@@ -133,7 +133,7 @@ class _OutOfBudget(Exception):
 
 def _greedy_passes(
     pricer: Pricer,
-    items: list[TablePiece],
+    pieces: list[TablePiece],
     scales: tuple[float, ...],
     order: np.ndarray,
     until: PhaseEnd | None = None,
@@ -141,16 +141,16 @@ def _greedy_passes(
 ) -> tuple[Candidate | None, int | None]:
     """One greedy pass per scale, side by side: one model call per table prices it on every pass.
 
-    None and the first item that fit nowhere when no pass finds room for every item. A constraints
+    None and the first piece that fit nowhere when no pass finds room for every piece. A constraints
     group goes where its first table goes, which needs room for the whole group. With `additive`
-    (each item's single cost) a device is priced as the sum of its items' single costs instead.
-    Raises _OutOfBudget when, after its first items, the passes project to end past `until`."""
+    (each piece's single cost) a device is priced as the sum of its pieces' single costs instead.
+    Raises _OutOfBudget when, after its first pieces, the passes project to end past `until`."""
     began = until.mark() if until is not None else None
-    probe = min(len(order), 32)  # items priced before projecting the passes' end
+    probe = min(len(order), 32)  # pieces priced before projecting the passes' end
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
-    enc = pricer.encodings(items)
-    sizes = pricer.sizes(items)
+    enc = pricer.encodings(pieces)
+    sizes = pricer.sizes(pieces)
     widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     sums = torch.zeros(s, d, enc.shape[1])
@@ -158,7 +158,7 @@ def _greedy_passes(
     current = np.zeros((s, d))  # each device's predicted compute as it fills
     dim_sum = np.zeros((s, d))
     ledger = MemoryLedger(topology, copies=s)
-    assign = np.zeros((s, len(items)), dtype=np.int64)
+    assign = np.zeros((s, len(pieces)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
     every_device = np.tile(np.arange(d), (s, 1))
@@ -180,13 +180,13 @@ def _greedy_passes(
         feasible &= fits.any(axis=1)
         allowed = fits & (dim_sum + widths[i] <= caps)
         allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
-        if additive is not None:  # every device's price goes up by the item's: the cheapest now wins
+        if additive is not None:  # every device's price goes up by the piece's: the cheapest now wins
             device = np.argmin(np.where(allowed, current, np.inf), axis=1)
             current[rows, device] += additive[i]
         else:
-            # The item is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
+            # The piece is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
             # on smaller topologies): the cheapest device with it is one of the least loaded, and one
-            # model call of passes x candidates rows per item keeps the pass linear in the devices.
+            # model call of passes x candidates rows per piece keeps the pass linear in the devices.
             if d <= CANDIDATE_DEVICES:
                 candidates = every_device
             else:
@@ -210,7 +210,7 @@ def _greedy_passes(
         return None, stuck
     costs = [float(pricer.device_costs(enc, sizes, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
     best = int(np.argmin(costs))
-    return Candidate(items, assign[best], costs[best]), None
+    return Candidate(pieces, assign[best], costs[best]), None
 
 
 def local_search(
@@ -219,26 +219,26 @@ def local_search(
     steps: int,
     targets: int = 8,
     until: PhaseEnd | None = None,
-    items_per_device: int = 32,
+    pieces_per_device: int = 32,
 ) -> Candidate:
-    """Moves and swaps of items between the slowest device and the `targets` fastest ones.
+    """Moves and swaps of pieces between the slowest device and the `targets` fastest ones.
 
     A candidate move is priced by the two devices it changes (their fused compute and their
     all-to-alls); the best one is then priced on the whole plan and kept only if the simulated
-    plan cost drops. Of a device holding more than `items_per_device` movable items, that many
-    spread evenly over its items' predicted costs take part, so a step prices at most
-    targets x items_per_device x (items_per_device + 1) moves however many tables a device holds.
+    plan cost drops. Of a device holding more than `pieces_per_device` movable pieces, that many
+    spread evenly over its pieces' predicted costs take part, so a step prices at most
+    targets x pieces_per_device x (pieces_per_device + 1) moves however many tables a device holds.
     """
     topology = pricer.topology
     d = topology.num_devices
     if d == 1 or (until is not None and until.reached()):
         return candidate
-    items, assign, cost = candidate.items, candidate.assign.copy(), candidate.cost
-    enc = pricer.encodings(items)
-    sizes = pricer.sizes(items)
+    pieces, assign, cost = candidate.pieces, candidate.assign.copy(), candidate.cost
+    enc = pricer.encodings(pieces)
+    sizes = pricer.sizes(pieces)
     widths, need = sizes.widths, sizes.need
     movable = (sizes.group < 0) & (sizes.allowed.sum(axis=1) > 1)
-    by_cost = np.argsort(single_costs(pricer, items), kind="stable")
+    by_cost = np.argsort(single_costs(pricer, pieces), kind="stable")
     total_width = widths.sum()
     for _ in range(steps):
         if until is not None and until.reached():
@@ -250,14 +250,14 @@ def local_search(
         device_widths = np.bincount(assign, weights=widths, minlength=d)
         sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
         counts = np.bincount(assign, minlength=d)
-        leaving = _spread(by_cost[(assign[by_cost] == slowest) & movable[by_cost]], items_per_device)
+        leaving = _spread(by_cost[(assign[by_cost] == slowest) & movable[by_cost]], pieces_per_device)
         moves = []  # [i leaving the slowest device, j coming back or -1, target t] per row
         for t in order[::-1][:targets]:
             if t == slowest:
                 continue
             i = leaving[sizes.allowed[leaving, t]]
             mask = (assign[by_cost] == t) & movable[by_cost] & sizes.allowed[by_cost, slowest]
-            j = np.concatenate([[-1], _spread(by_cost[mask], items_per_device)])
+            j = np.concatenate([[-1], _spread(by_cost[mask], pieces_per_device)])
             ii, jj = np.repeat(i, len(j)), np.tile(j, len(i))
             back = np.where(jj >= 0, need[np.maximum(jj, 0)], 0)
             fits = (free[t] + back >= need[ii]) & (free[slowest] + need[ii] >= back)
@@ -295,42 +295,42 @@ def local_search(
         if trial_cost >= cost - 1e-6:
             break
         assign, cost = trial, trial_cost
-    return Candidate(items, assign, cost)
+    return Candidate(pieces, assign, cost)
 
 
 def _spread(ordered: np.ndarray, most: int) -> np.ndarray:
-    """At most `most` of the `ordered` items, evenly spaced from the first to the last."""
+    """At most `most` of the `ordered` pieces, evenly spaced from the first to the last."""
     if len(ordered) <= most:
         return ordered
     return ordered[np.unique(np.linspace(0, len(ordered) - 1, most).round().astype(np.int64))]
 
 
 def rows_split(
-    item: TablePiece, topology: Topology, config: SearchConfig, constraints: Constraints | None
+    piece: TablePiece, topology: Topology, config: SearchConfig, constraints: Constraints | None
 ) -> list[TablePiece] | None:
-    """The whole table of `item` row-wise over every device, as TorchRec cuts it, where the search and
+    """The whole table of `piece` row-wise over every device, as TorchRec cuts it, where the search and
     the constraints allow it; None otherwise (a piece, a replica, one device)."""
-    table = item.table
+    table = piece.table
     if (
         topology.num_devices == 1
         or "row_wise" not in config.sharding_types
-        or item.width != table.dim
-        or item.row_count != table.rows
-        or item.replicated
+        or piece.width != table.dim
+        or piece.row_count != table.rows
+        or piece.replicated
         or not table_options(table, topology, constraints, ("row_wise",))
     ):
         return None
     return row_wise(table, topology.num_devices)
 
 
-def split_item(item: TablePiece, ways: int) -> list[TablePiece] | None:
-    """The item's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
-    the item is a row-wise block, a replica or in a constraints group."""
-    start, width = item.columns[0], item.width
-    if width % (4 * ways) or item.rows is not None or item.replicated or item.group is not None:
+def split_piece(piece: TablePiece, ways: int) -> list[TablePiece] | None:
+    """The piece's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
+    the piece is a row-wise block, a replica or in a constraints group."""
+    start, width = piece.columns[0], piece.width
+    if width % (4 * ways) or piece.rows is not None or piece.replicated or piece.group is not None:
         return None
     step = width // ways
-    return [item.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]
+    return [piece.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]
 
 
 def beam_search(
@@ -340,7 +340,7 @@ def beam_search(
     constraints: Constraints | None = None,
     name: str = "cost_search",
 ) -> tuple[Candidate, str | None]:
-    """Split search: each level splits one of the costliest items of each beam state by columns (or,
+    """Split search: each level splits one of the costliest pieces of each beam state by columns (or,
     where `config.sharding_types` has row-wise, a whole table by rows) and re-packs the rest.
 
     With local search configured, it refines the final beam's states and keeps the best; then each
@@ -353,32 +353,33 @@ def beam_search(
     expand_share = 0.5 if config.local_search_steps or choosing_types else 1.0
     start_until, expand_until = spending.until(0.3), spending.until(expand_share)
     refine_until, last = spending.until(0.7 if choosing_types else 1.0), spending.until(1.0)
-    pieces = pieces_to_place(tables, pricer.topology, constraints)
-    start = packed_start(pricer, pieces, config, constraints, start_until)
+    start = packed_start(
+        pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints, start_until
+    )
     progress = _Progress(spending, name)
     progress.show("greedy start", start.cost)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
-    beam, everything, seen = [start], [start], {_signature(start.items)}
+    beam, everything, seen = [start], [start], {_signature(start.pieces)}
     for _ in range(config.beam_depth):
         splits = []
         for state in beam:
-            costs = single_costs(pricer, state.items)
+            costs = single_costs(pricer, state.pieces)
             for i in np.argsort(-costs)[: config.branching]:
-                item = state.items[i]
-                ways = [split_item(item, w) if item.table.name in splittable else None for w in config.split_ways]
-                for pieces in [*ways, rows_split(item, pricer.topology, config, constraints)]:
-                    if pieces is None:
+                piece = state.pieces[i]
+                ways = [split_piece(piece, w) if piece.table.name in splittable else None for w in config.split_ways]
+                for split in [*ways, rows_split(piece, pricer.topology, config, constraints)]:
+                    if split is None:
                         continue
-                    items = state.items[:i] + pieces + state.items[i + 1 :]
-                    if _signature(items) not in seen:
-                        seen.add(_signature(items))
-                        splits.append(items)
+                    pieces = state.pieces[:i] + split + state.pieces[i + 1 :]
+                    if _signature(pieces) not in seen:
+                        seen.add(_signature(pieces))
+                        splits.append(pieces)
         children = []
-        for items in splits:
+        for pieces in splits:
             if expand_until.reached():
                 break
             try:
-                children.append(packed_start(pricer, items, config, constraints, expand_until))
+                children.append(packed_start(pricer, pieces, config, constraints, expand_until))
             except InfeasibleError:
                 continue  # a split whose row blocks leave the rest no packing, even with more tables row-wise
             progress.show("splits", min(c.cost for c in everything + children))
@@ -411,30 +412,30 @@ def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
     not change its price, so a table's slices are laid out device by device and each device's
     become one."""
     by_table: dict[str, list[int]] = defaultdict(list)
-    for i, piece in enumerate(candidate.items):
+    for i, piece in enumerate(candidate.pieces):
         by_table[piece.table.name].append(i)
-    items: list[TablePiece] = []
+    pieces: list[TablePiece] = []
     assign: list[int] = []
     for indices in by_table.values():
-        pieces = [candidate.items[i] for i in indices]
+        slices = [candidate.pieces[i] for i in indices]
         devices = [int(candidate.assign[i]) for i in indices]
-        free_slices = all(p.rows is None and not p.replicated and p.devices is None and p.group is None for p in pieces)
+        free_slices = all(p.rows is None and not p.replicated and p.devices is None and p.group is None for p in slices)
         if len(set(devices)) == len(devices) or not free_slices:
-            items += pieces
+            pieces += slices
             assign += devices
             continue
         width_on: dict[int, int] = defaultdict(int)
-        for piece, device in zip(pieces, devices):
+        for piece, device in zip(slices, devices):
             width_on[device] += piece.width
         start = 0
         for device, width in width_on.items():
-            items.append(pieces[0].model_copy(update={"columns": (start, start + width)}))
+            pieces.append(slices[0].model_copy(update={"columns": (start, start + width)}))
             assign.append(device)
             start += width
-    if len(items) == len(candidate.items):
+    if len(pieces) == len(candidate.pieces):
         return candidate
     joined = np.array(assign, dtype=np.int64)
-    return Candidate(items, joined, pricer.plan_cost(items, joined))
+    return Candidate(pieces, joined, pricer.plan_cost(pieces, joined))
 
 
 class _Progress:
@@ -465,7 +466,7 @@ class _Progress:
 
 def packed_start(
     pricer: Pricer,
-    items: list[TablePiece],
+    pieces: list[TablePiece],
     config: SearchConfig,
     constraints: Constraints | None,
     until: PhaseEnd | None = None,
@@ -476,14 +477,14 @@ def packed_start(
     topology = pricer.topology
     while True:
         try:
-            return greedy_grid(pricer, items, config.scales, until)
+            return greedy_grid(pricer, pieces, config.scales, until)
         except InfeasibleError:
             if topology.num_devices == 1 or "row_wise" not in config.sharding_types:
                 raise
             # Tables still whole whose constraints allow row-wise (a group's allow only table-wise).
             whole = [
                 p
-                for p in items
+                for p in pieces
                 if p.row_count == p.table.rows
                 and not p.replicated
                 and table_options(p.table, topology, constraints, ("row_wise",))
@@ -491,11 +492,11 @@ def packed_start(
             if not whole:
                 raise
             largest = max(whole, key=lambda p: p.memory_bytes(topology.optimizer)).table
-            items = [p for p in items if p.table.name != largest.name] + row_wise(largest, topology.num_devices)
+            pieces = [p for p in pieces if p.table.name != largest.name] + row_wise(largest, topology.num_devices)
 
 
-def _signature(items: list[TablePiece]) -> frozenset:
-    return frozenset(p.key for p in items)
+def _signature(pieces: list[TablePiece]) -> frozenset:
+    return frozenset(p.key for p in pieces)
 
 
 def search_placer(

@@ -364,6 +364,13 @@ class Plan(BaseModel):
             held[shard.device].append(self._piece(shard, by_name[shard.table], shardings[shard.table]))
         return held
 
+    def assignment(self, tables: list[TableSpec]) -> tuple[list[TablePiece], np.ndarray]:
+        """Every piece of the plan device by device (`pieces` flattened) and the device each is on, as the searches
+        and the pricer take them."""
+        by_device = self.pieces(tables)
+        devices = [d for d, held in enumerate(by_device) for _ in held]
+        return [p for held in by_device for p in held], np.array(devices, dtype=np.int64)
+
     def _piece(self, shard: Shard, table: TableSpec, sharding: TableSharding) -> TablePiece:
         return TablePiece(
             table=table,

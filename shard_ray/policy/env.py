@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, parts_features
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, pieces_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, single_costs
 from shard_ray.errors import ShardRayError
@@ -66,15 +66,15 @@ class PlacementState:
         self.topology = topology
         self.models = models
         self.pricer = Pricer(models, topology)
-        items = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
-        singles = single_costs(self.pricer, items)
-        order = np.lexsort((-singles, [not p.restricted for p in items]))  # pieces with fixed devices first
+        pieces = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
+        singles = single_costs(self.pricer, pieces)
+        order = np.lexsort((-singles, [not p.restricted for p in pieces]))  # pieces with fixed devices first
         self.singles = singles[order]
-        self.items = [items[i] for i in order]
-        self.encodings = self.pricer.encodings(self.items)
-        sizes = self.pricer.sizes(self.items)
+        self.pieces = [pieces[i] for i in order]
+        self.encodings = self.pricer.encodings(self.pieces)
+        sizes = self.pricer.sizes(self.pieces)
         self.widths, self.inputs, self.need, self.allowed = sizes.widths, sizes.inputs, sizes.need, sizes.allowed
-        self.features = parts_features(self.items, models.rows_cap)
+        self.features = pieces_features(self.pieces, models.rows_cap)
         self.lower_bound = lower_bound_ms(models, tables, topology, column_wise=False)
         d = topology.num_devices
         self.sums = torch.zeros(d, self.encodings.shape[1])
@@ -95,7 +95,7 @@ class PlacementState:
 
     @property
     def done(self) -> bool:
-        return self.step_index == len(self.items)
+        return self.step_index == len(self.pieces)
 
     def action_mask(self) -> np.ndarray:
         """Devices with room for the current table, among those it may go to (one, for a row-wise block)."""
@@ -123,7 +123,7 @@ class PlacementState:
 
     def observation(self) -> dict[str, np.ndarray]:
         """Per-device rows [D, NUM_DEVICE_FEATURES], the current table [NUM_CURRENT_FEATURES], the masks."""
-        i, d, n = self.step_index, self.topology.num_devices, len(self.items)
+        i, d, n = self.step_index, self.topology.num_devices, len(self.pieces)
         scale = self.lower_bound
         totals = self._device_totals()
         with_table = self.what_if().sum(axis=1)
@@ -161,7 +161,7 @@ class PlacementState:
         """Put the current table on `device`; the step's reward."""
         i = self.step_index
         if not self.action_mask()[device]:
-            raise ShardRayError(f"device {device} has no room for {self.items[i].describe()}")
+            raise ShardRayError(f"device {device} has no room for {self.pieces[i].describe()}")
         row = self.what_if()[device]
         self.sums[device] += self.encodings[i]
         self.counts[device] += 1
@@ -184,8 +184,8 @@ class PlacementState:
 
     def plan(self, algorithm: str) -> Plan:
         if not self.done:
-            raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.items)} tables placed")
-        return Plan.from_assignment(self.items, self.assign, self.topology.num_devices, algorithm)
+            raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.pieces)} tables placed")
+        return Plan.from_assignment(self.pieces, self.assign, self.topology.num_devices, algorithm)
 
 
 @dataclass

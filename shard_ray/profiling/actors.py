@@ -53,8 +53,8 @@ class ProfilingActor:
     def pin(self, core: int) -> None:
         pin_to({core})
 
-    def measure(self, parts: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
-        return measure_fused_shard(parts, config, self._hardware)
+    def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
+        return measure_fused_shard(pieces, config, self._hardware)
 
 
 # Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises
@@ -127,7 +127,7 @@ class ProfilingPool:
         progress: bool = True,
     ) -> list[ShardMeasurement]:
         """Measure every shard not yet in `store`; returns all shards' measurements in input order."""
-        keys = [shard_key(parts, config, self.hardware) for parts in shards]
+        keys = [shard_key(pieces, config, self.hardware) for pieces in shards]
         known = store.known_keys(keys)
         todo = [i for i, key in enumerate(keys) if key not in known]
         # Identical shards are measured once.

@@ -64,9 +64,9 @@ def content_digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def shard_key(parts: list[TablePiece], config: MeasureConfig, hardware: str) -> str:
+def shard_key(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> str:
     """Key of a measurement: the shard's content (order-free), the settings and the hardware."""
-    contents = sorted(content_digest(p.content()) for p in parts)
+    contents = sorted(content_digest(p.content()) for p in pieces)
     return content_digest({"parts": contents, "config": config.model_dump(mode="json"), "hardware": hardware})
 
 
@@ -133,7 +133,7 @@ class FusedShard:
     """
 
     def __init__(
-        self, parts: list[TablePiece], config: MeasureConfig, device: torch.device | None = None, rank: int = 0
+        self, pieces: list[TablePiece], config: MeasureConfig, device: torch.device | None = None, rank: int = 0
     ) -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
@@ -145,26 +145,26 @@ class FusedShard:
 
         self.device = device or measurement_device()
         self.config = config
-        self.parts = parts
+        self.pieces = pieces
         on_gpu = self.device.type == "cuda"
         if config.optimizer == "adam" and not on_gpu:
             raise ShardRayError("fbgemm's CPU kernels do not support Adam; profile Adam on a GPU")
         location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
         self.cap = config.rows_cap(self.device)
-        self.sharded = [i for i, p in enumerate(parts) if not p.replicated]
-        self.replicated = [i for i, p in enumerate(parts) if p.replicated]
-        self.width = sum(parts[i].width for i in self.sharded)
-        self.replicated_width = sum(parts[i].width for i in self.replicated)
-        replicas = parts[self.replicated[0]].replicas if self.replicated else 1
+        self.sharded = [i for i, p in enumerate(pieces) if not p.replicated]
+        self.replicated = [i for i, p in enumerate(pieces) if p.replicated]
+        self.width = sum(pieces[i].width for i in self.sharded)
+        self.replicated_width = sum(pieces[i].width for i in self.replicated)
+        replicas = pieces[self.replicated[0]].replicas if self.replicated else 1
         self.samples = sample_ranges(config.batch_size, replicas)[rank] if self.replicated else (0, 0)
-        # One kernel per weight precision, sharded and replicated apart; outputs follow `parts` order.
+        # One kernel per weight precision, sharded and replicated apart; outputs follow `pieces` order.
         self.groups: list[tuple[list[int], torch.nn.Module]] = []
         self.replica_groups: list[tuple[list[int], torch.nn.Module]] = []
         for precision in ("fp32", "fp16"):
-            members = [i for i in self.sharded if parts[i].table.precision == precision]
+            members = [i for i in self.sharded if pieces[i].table.precision == precision]
             if members:
-                specs = [(parts[i].allocated_rows(self.cap), parts[i].width, location, compute) for i in members]
+                specs = [(pieces[i].allocated_rows(self.cap), pieces[i].width, location, compute) for i in members]
                 module = SplitTableBatchedEmbeddingBagsCodegen(
                     embedding_specs=specs,
                     optimizer=getattr(EmbOptimType, _OPTIMIZERS[config.optimizer]),
@@ -176,16 +176,16 @@ class FusedShard:
                     device=self.device,
                 )
                 self.groups.append((members, module))
-            members = [i for i in self.replicated if parts[i].table.precision == precision]
+            members = [i for i in self.replicated if pieces[i].table.precision == precision]
             if members:
                 module = DenseTableBatchedEmbeddingBagsCodegen(
-                    [(parts[i].allocated_rows(self.cap), parts[i].width) for i in members],
+                    [(pieces[i].allocated_rows(self.cap), pieces[i].width) for i in members],
                     weights_precision=getattr(SparseType, _PRECISIONS[precision]),
                     use_cpu=not on_gpu,
                 ).to(self.device)
                 self.replica_groups.append((members, module))
         self._adagrad_state = [
-            torch.zeros(sum(parts[i].allocated_rows(self.cap) for i in members), device=self.device)
+            torch.zeros(sum(pieces[i].allocated_rows(self.cap) for i in members), device=self.device)
             for members, _ in self.replica_groups
         ]
         self.batches = [self._own_inputs(b) for b in range(config.num_batches)]
@@ -194,7 +194,7 @@ class FusedShard:
         """Kernel inputs from the device's own lookups: the whole batch for sharded pieces, its samples for replicas."""
         everything = (0, self.config.batch_size)
         lookups = {}
-        for i, p in enumerate(self.parts):
+        for i, p in enumerate(self.pieces):
             own = piece_lookups(
                 p, table_batch(p.table, self.config, batch), self.samples if p.replicated else everything, self.cap
             )
@@ -204,7 +204,7 @@ class FusedShard:
     def kernel_inputs(
         self, lookups: dict[int, tuple[torch.Tensor, torch.Tensor]], groups: list[tuple[list[int], torch.nn.Module]]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(indices, offsets) for each of `groups`' kernels from its parts' (indices, lengths), by part index."""
+        """(indices, offsets) for each of `groups`' kernels from its pieces' (indices, lengths), by piece index."""
         inputs = []
         for members, _ in groups:
             indices = torch.cat([lookups[i][0] for i in members])
@@ -218,14 +218,14 @@ class FusedShard:
         return self.forward_on(self.batches[step % len(self.batches)])
 
     def forward_on(self, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sharded [batch, width], replicated [own samples, replicated width]), columns in `parts` order."""
+        """(sharded [batch, width], replicated [own samples, replicated width]), columns in `pieces` order."""
         outputs = [module(*args) for (_, module), args in zip(self.groups + self.replica_groups, inputs)]
         split = len(self.groups)
-        sharded = self._in_parts_order(self.groups, outputs[:split], self.config.batch_size)
-        replicated = self._in_parts_order(self.replica_groups, outputs[split:], self.samples[1] - self.samples[0])
+        sharded = self._in_pieces_order(self.groups, outputs[:split], self.config.batch_size)
+        replicated = self._in_pieces_order(self.replica_groups, outputs[split:], self.samples[1] - self.samples[0])
         return sharded, replicated
 
-    def _in_parts_order(
+    def _in_pieces_order(
         self, groups: list[tuple[list[int], torch.nn.Module]], outputs: list[torch.Tensor], samples: int
     ) -> torch.Tensor:
         if not outputs:
@@ -236,8 +236,8 @@ class FusedShard:
         if order == sorted(order):
             return torch.cat(outputs, dim=1)
         columns = torch.cat(outputs, dim=1)
-        starts = np.concatenate([[0], np.cumsum([self.parts[i].width for i in order])])
-        position = {part: k for k, part in enumerate(order)}
+        starts = np.concatenate([[0], np.cumsum([self.pieces[i].width for i in order])])
+        position = {piece: k for k, piece in enumerate(order)}
         return torch.cat([columns[:, starts[position[i]] : starts[position[i] + 1]] for i in sorted(order)], dim=1)
 
     def backward(self, pooled: tuple[torch.Tensor, torch.Tensor], grads: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -261,7 +261,7 @@ class FusedShard:
                 # Row-wise state: the mean squared gradient of each row, per table of its own width.
                 step, offset, row = torch.empty_like(grad), 0, 0
                 for i in members:
-                    width, rows = self.parts[i].width, self.parts[i].allocated_rows(self.cap)
+                    width, rows = self.pieces[i].width, self.pieces[i].allocated_rows(self.cap)
                     g = grad[offset : offset + rows * width].view(rows, width)
                     s = state[row : row + rows]
                     s += g.pow(2).mean(dim=1)
@@ -274,19 +274,19 @@ class FusedShard:
                 module.weights -= (LEARNING_RATE * grad).to(module.weights.dtype)
             module.weights.grad = None
 
-    def part_weights(self) -> list[torch.Tensor]:
-        """Each part's weights [allocated rows, width], in `parts` order (views into the kernels)."""
+    def piece_weights(self) -> list[torch.Tensor]:
+        """Each piece's weights [allocated rows, width], in `pieces` order (views into the kernels)."""
         views: dict[int, torch.Tensor] = {}
         for members, module in self.groups + self.replica_groups:
             for i, w in zip(members, module.split_embedding_weights()):
                 views[i] = w
-        return [views[i] for i in range(len(self.parts))]
+        return [views[i] for i in range(len(self.pieces))]
 
     @torch.no_grad()
     def load_initial_weights(self) -> None:
-        """Set every part's weights to `initial_weights` (and so every sharding of a table alike)."""
-        for part, weights in zip(self.parts, self.part_weights()):
-            weights.copy_(initial_weights(part, self.cap).to(weights.dtype))
+        """Set every piece's weights to `initial_weights` (and so every sharding of a table alike)."""
+        for piece, weights in zip(self.pieces, self.piece_weights()):
+            weights.copy_(initial_weights(piece, self.cap).to(weights.dtype))
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -374,16 +374,16 @@ class ShardMeasurement(BaseModel):
         return self.fwd_ms + self.bwd_ms
 
 
-def measure_fused_shard(parts: list[TablePiece], config: MeasureConfig, hardware: str) -> ShardMeasurement:
+def measure_fused_shard(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> ShardMeasurement:
     """Build and time one fused shard; out-of-memory and kernel errors are recorded, not raised."""
-    key = shard_key(parts, config, hardware)
+    key = shard_key(pieces, config, hardware)
     try:
-        timing = time_fused_shard(FusedShard(parts, config))
+        timing = time_fused_shard(FusedShard(pieces, config))
     except (RuntimeError, MemoryError, ShardRayError) as err:
         reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
         return ShardMeasurement(
-            key=key, hardware=hardware, tables=parts, config=config, status="infeasible", reason=reason
+            key=key, hardware=hardware, tables=pieces, config=config, status="infeasible", reason=reason
         )
     return ShardMeasurement(
-        key=key, hardware=hardware, tables=parts, config=config, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms
+        key=key, hardware=hardware, tables=pieces, config=config, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms
     )

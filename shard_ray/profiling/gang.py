@@ -87,33 +87,33 @@ class PlanStep:
 
     def __init__(
         self,
-        plan_parts: list[list[TablePiece]],
+        by_device: list[list[TablePiece]],
         tables: list[TableSpec],
         rank: int,
         config: MeasureConfig,
         device: torch.device,
     ) -> None:
         self.rank, self.config, self.device = rank, config, device
-        self.world = len(plan_parts)
-        self.shard = FusedShard(plan_parts[rank], config, device, rank=rank)
+        self.world = len(by_device)
+        self.shard = FusedShard(by_device[rank], config, device, rank=rank)
         ranges = sample_ranges(config.batch_size, self.world)
         self.sizes = [end - start for start, end in ranges]
         starts = np.cumsum([0] + [t.dim for t in tables]).tolist()
         self.table_start = dict(zip((t.name for t in tables), starts))
         self.total_width = starts[-1]
-        sharded = [[p for p in parts if not p.replicated] for parts in plan_parts]
+        sharded = [[p for p in held if not p.replicated] for held in by_device]
         self.my_pieces = len(sharded[rank])
-        table_row_wise = any(p.within_host > 1 for parts in sharded for p in parts)
+        table_row_wise = any(p.within_host > 1 for held in sharded for p in held)
         self.host_sums = HostSums(sharded, rank, self.table_start, device) if table_row_wise else None
         # What each device j sends every device: its pieces' columns, or, with table-row-wise tables, its
         # other pieces' and its slices of its host's summed tables (`HostSums`).
         sent = (
             self.host_sums.sent_columns
             if self.host_sums is not None
-            else [_columns(parts, self.table_start) for parts in sharded]
+            else [_columns(held, self.table_start) for held in sharded]
         )
         self.widths = [len(columns) for columns in sent]
-        replicas = [plan_parts[rank][i] for i in self.shard.replicated]
+        replicas = [by_device[rank][i] for i in self.shard.replicated]
         # Output dist: the blocks [my samples, width_j] from every device j, then my replicas' own columns.
         self.replica_columns = _columns(replicas, self.table_start).to(device)
         self.received_columns = torch.cat([torch.cat(sent).to(device), self.replica_columns])
@@ -123,8 +123,8 @@ class PlanStep:
         for batch in range(config.num_batches):
             batches = {t.name: table_batch(t, config, batch) for t in tables}
             lookups = [
-                [piece_lookups(p, batches[p.table.name], ranges[rank], self.shard.cap) for p in parts]
-                for parts in sharded
+                [piece_lookups(p, batches[p.table.name], ranges[rank], self.shard.cap) for p in held]
+                for held in sharded
             ]
             lengths = [np.concatenate([b.lengths for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
             indices = [np.concatenate([b.indices for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
@@ -156,8 +156,8 @@ class PlanStep:
             indices.split(torch.stack([x.sum(dim=1) for x in by_source]).reshape(-1).tolist()) if self.my_pieces else ()
         )
         lookups = {
-            part: (torch.cat(chunks[k :: self.my_pieces]), piece_lengths[k])
-            for k, part in enumerate(self.shard.sharded)
+            piece: (torch.cat(chunks[k :: self.my_pieces]), piece_lengths[k])
+            for k, piece in enumerate(self.shard.sharded)
         }
         own = self.shard.batches[step % len(self.shard.batches)]
         return self.shard.kernel_inputs(lookups, self.shard.groups) + own[len(self.shard.groups) :]
@@ -232,7 +232,7 @@ class HostSums:
     def __init__(
         self, sharded: list[list[TablePiece]], rank: int, table_start: dict[str, int], device: torch.device
     ) -> None:
-        local = next(p.within_host for parts in sharded for p in parts if p.within_host > 1)
+        local = next(p.within_host for held in sharded for p in held if p.within_host > 1)
         world = len(sharded)
         self.rank, self.local, self.device = rank, local, device
         self.group = _host_groups(world, local)[rank // local]
@@ -240,19 +240,16 @@ class HostSums:
         self.tables = []
         for first in range(0, world, local):
             on_host = {
-                p.table.name: p.table.dim
-                for parts in sharded[first : first + local]
-                for p in parts
-                if p.within_host > 1
+                p.table.name: p.table.dim for held in sharded[first : first + local] for p in held if p.within_host > 1
             }
             self.tables.append(sorted(on_host.items(), key=lambda item: table_start[item[0]]))
         # Per device j: its other pieces' columns, then its slice of each of its host's summed tables.
         self.sent_columns = []
-        for j, parts in enumerate(sharded):
+        for j, held in enumerate(sharded):
             slices = [
                 np.arange(*self._slice(dim, j % local)) + table_start[name] for name, dim in self.tables[j // local]
             ]
-            other = [np.arange(*p.columns) + table_start[p.table.name] for p in parts if p.within_host == 1]
+            other = [np.arange(*p.columns) + table_start[p.table.name] for p in held if p.within_host == 1]
             self.sent_columns.append(torch.from_numpy(np.concatenate([*other, *slices, np.zeros(0, dtype=np.int64)])))
         mine = sharded[rank]
         starts = np.cumsum([0] + [p.width for p in mine])
@@ -377,7 +374,7 @@ class GangMember:
 
     def run_plan(
         self,
-        plan_parts: list[list[TablePiece]],
+        by_device: list[list[TablePiece]],
         tables: list[TableSpec],
         config: MeasureConfig,
         take_turns: bool = False,
@@ -386,7 +383,7 @@ class GangMember:
 
         With `take_turns` the devices run their compute phases one after another.
         """
-        step = PlanStep(plan_parts, tables, self.rank, config, self.device)
+        step = PlanStep(by_device, tables, self.rank, config, self.device)
         shard = step.shard
         parts_ms: dict[str, list[float]] = {name: [] for name in STEP_PARTS}
 
@@ -428,13 +425,13 @@ class GangMember:
                 warmup = None
         return {"device": self.rank, "warmup_steps": step_index - config.repeats, "steps": parts_ms}
 
-    def step_values(self, plan_parts: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig) -> dict:
+    def step_values(self, by_device: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
         `tables` order) and my pieces' updated weights."""
-        step = PlanStep(plan_parts, tables, self.rank, config, self.device)
+        step = PlanStep(by_device, tables, self.rank, config, self.device)
         step.shard.load_initial_weights()
         _, embeddings = step.train_step(0, _untimed, _untimed)
-        weights = [w.detach().float().cpu().clone() for w in step.shard.part_weights()]
+        weights = [w.detach().float().cpu().clone() for w in step.shard.piece_weights()]
         return {"device": self.rank, "embeddings": embeddings.cpu(), "weights": weights}
 
 
@@ -627,7 +624,7 @@ class DeviceGang:
         if plan.num_devices != self.num_devices:
             raise ShardRayError(f"plan is for {plan.num_devices} devices but the gang has {self.num_devices}")
         plan.check(tables)
-        parts = plan.pieces(tables)
+        by_device = plan.pieces(tables)
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
@@ -636,9 +633,9 @@ class DeviceGang:
                     # A new gang's first plan is slow in every part, whatever its warm-up steps (its
                     # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
                     # it runs once untimed.
-                    self._gather([m.run_plan.remote(parts, tables, config, self.take_turns) for m in self.members])
+                    self._gather([m.run_plan.remote(by_device, tables, config, self.take_turns) for m in self.members])
                     self._settled = True
-                refs = [m.run_plan.remote(parts, tables, config, self.take_turns) for m in self.members]
+                refs = [m.run_plan.remote(by_device, tables, config, self.take_turns) for m in self.members]
                 return sorted(self._gather(refs), key=lambda r: r["device"])
             except ray.exceptions.RayActorError as err:
                 if attempt == self.max_retries:
@@ -710,9 +707,10 @@ class DeviceGang:
         """One step of the plan from `initial_weights`, per device: its samples' pooled embeddings
         [samples, sum of table dims] and its pieces' updated weights (see `GangMember.step_values`)."""
         plan.check(tables)
-        parts = plan.pieces(tables)
+        by_device = plan.pieces(tables)
         return sorted(
-            self._gather([m.step_values.remote(parts, tables, config) for m in self.members]), key=lambda r: r["device"]
+            self._gather([m.step_values.remote(by_device, tables, config) for m in self.members]),
+            key=lambda r: r["device"],
         )
 
     def _gather(self, refs: list[ray.ObjectRef]) -> list[dict]:

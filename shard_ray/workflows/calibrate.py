@@ -137,11 +137,11 @@ def decisive_shards(
 
 def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
     seen, unique = set(), []
-    for parts in shards:
-        key = content_digest(sorted(p.key for p in parts))
-        if parts and key not in seen:
+    for pieces in shards:
+        key = content_digest(sorted(p.key for p in pieces))
+        if pieces and key not in seen:
             seen.add(key)
-            unique.append(parts)
+            unique.append(pieces)
     return unique
 
 
@@ -281,14 +281,14 @@ def _measure_shards(
     """The candidates' decisive shards, every table alone and drawn shards measured on the profiling actors, most
     useful first, until the measuring time is spent; the actors' hardware."""
     decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
-    most_tables = max(len(parts) for parts in decisive)
+    most_tables = max(len(pieces) for pieces in decisive)
     wanted = unique_shards(
         decisive
         + [[p] for p in table_wise(tables)]
         + draw_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
     with ProfilingPool(config.actors) as pool:
-        known = store.known_keys([shard_key(parts, measure, pool.hardware) for parts in wanted])
+        known = store.known_keys([shard_key(pieces, measure, pool.hardware) for pieces in wanted])
         log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
         with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
             for start_index in range(0, len(wanted), 2 * config.actors):

@@ -95,7 +95,7 @@ def measure_policy_plans(
             print(f"  a task of {len(tables)} tables is skipped: {err}")
             continue
         config = MeasureConfig.for_topology(topology, repeats=repeats, seed=seed)
-        profiler.measure([parts for parts in plan.pieces(tables) if parts], config, store, progress=False)
+        profiler.measure([held for held in plan.pieces(tables) if held], config, store, progress=False)
         key = gang.plan_key(plan, tables, config)
         stored = store.get_plan(key)
         if stored is not None:

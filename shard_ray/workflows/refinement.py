@@ -35,7 +35,7 @@ from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import Candidate, Pricer
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
-from shard_ray.placement.search import split_item
+from shard_ray.placement.search import split_piece
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
@@ -91,7 +91,7 @@ class _Meter:
         with the batches of `seed`."""
         seeded = self.measure.model_copy(update={"seed": seed})
         shards = [
-            [[items[i] for i in np.flatnonzero(assign == d)] for d in devices] for items, assign, devices in layouts
+            [[pieces[i] for i in np.flatnonzero(assign == d)] for d in devices] for pieces, assign, devices in layouts
         ]
         flat = [shard for per_layout in shards for shard in per_layout if shard]
         keys = {shard_key(shard, seeded, self.pool.hardware) for shard in flat}
@@ -108,9 +108,9 @@ class _Meter:
             computes.append(compute)
         return computes
 
-    def costs(self, items: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
+    def costs(self, pieces: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
         """Each device's measured compute plus its priced all-to-alls."""
-        layout = Plan.from_assignment(items, assign, self.topology.num_devices, self.algorithm)
+        layout = Plan.from_assignment(pieces, assign, self.topology.num_devices, self.algorithm)
         return measured_device_costs(self.simulator, layout, self.tables, self.topology.batch_size, compute)
 
 
@@ -128,11 +128,9 @@ def refine(
     """`plan` refined by measured moves (module docstring); unchanged when no move gains enough."""
     pricer = Pricer(models, topology)
     meter = _Meter(tables, topology, Simulator(models), pool, store, measure, plan.algorithm)
-    by_device = plan.pieces(tables)
-    items = [p for pieces in by_device for p in pieces]
-    assign = np.array([d for d, pieces in enumerate(by_device) for _ in pieces], dtype=np.int64)
-    (compute,) = meter.compute([(items, assign, list(range(topology.num_devices)))], measure.seed)
-    costs = meter.costs(items, assign, compute)
+    pieces, assign = plan.assignment(tables)
+    (compute,) = meter.compute([(pieces, assign, list(range(topology.num_devices)))], measure.seed)
+    costs = meter.costs(pieces, assign, compute)
     before = float(costs.max())
     log(
         f"refinement: measured plan cost {before:.2f} ms (compute measured per device, all-to-alls priced; each step "
@@ -140,13 +138,13 @@ def refine(
     )
     moves: list[str] = []
     for step in range(1, config.refine_steps + 1):
-        costs, kept = _measured_best_move(meter, pricer, items, assign, costs, config, step, log)
+        costs, kept = _measured_best_move(meter, pricer, pieces, assign, costs, config, step, log)
         if kept is None:
             break
-        items, assign, compute, words = kept
-        costs = meter.costs(items, assign, compute)
+        pieces, assign, compute, words = kept
+        costs = meter.costs(pieces, assign, compute)
         moves.append(words)
-    refined = Candidate(items, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
+    refined = Candidate(pieces, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
     refined.check(tables)
     refined.check_memory(tables, topology)
     return Refinement(refined, before, float(costs.max()), moves, meter.measured_shards)
@@ -155,34 +153,34 @@ def refine(
 def _measured_best_move(
     meter: _Meter,
     pricer: Pricer,
-    items: list[TablePiece],
+    pieces: list[TablePiece],
     assign: np.ndarray,
     costs: np.ndarray,
     config: RefineConfig,
     step: int,
     log: Callable[[str], None],
 ) -> tuple[np.ndarray, tuple[list[TablePiece], np.ndarray, dict[int, float], str] | None]:
-    """The plan's device costs as measured again in this step, and the step's measured best move (its items,
+    """The plan's device costs as measured again in this step, and the step's measured best move (its pieces,
     assignment, devices' compute and words) when it gains more than `refine_min_gain`; None, said why, otherwise."""
-    proposals = propose(pricer, items, assign, costs, config)
+    proposals = propose(pricer, pieces, assign, costs, config)
     if not proposals:
         log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
         return costs, None
     # The plan as it stands is measured again beside the proposals, with the same batches: a move
     # is judged against a measurement of the same minutes, not against one taken a step ago.
     num_devices = meter.topology.num_devices
-    changed = [changed_devices(items, assign, p_items, p_assign, num_devices) for p_items, p_assign, _ in proposals]
+    changed = [changed_devices(pieces, assign, p_pieces, p_assign, num_devices) for p_pieces, p_assign, _ in proposals]
     now, *proposed = meter.compute(
-        [(items, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)],
+        [(pieces, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)],
         meter.measure.seed + step,
     )
-    costs = meter.costs(items, assign, now)
+    costs = meter.costs(pieces, assign, now)
     current = float(costs.max())
     measured = [
-        (float(meter.costs(p_items, p_assign, {**now, **new}).max()), {**now, **new}, p_items, p_assign, words)
-        for (p_items, p_assign, words), new in zip(proposals, proposed)
+        (float(meter.costs(p_pieces, p_assign, {**now, **new}).max()), {**now, **new}, p_pieces, p_assign, words)
+        for (p_pieces, p_assign, words), new in zip(proposals, proposed)
     ]
-    best_ms, best_compute, best_items, best_assign, words = min(measured, key=lambda m: m[0])
+    best_ms, best_compute, best_pieces, best_assign, words = min(measured, key=lambda m: m[0])
     gain = 1 - best_ms / current
     if gain <= config.refine_min_gain:
         log(
@@ -194,7 +192,7 @@ def _measured_best_move(
         f"refinement step {step}: {words}: {best_ms:.2f} ms against {current:.2f} ms for the plan as it stood, "
         f"measured beside it with this step's batches ({gain:.1%} faster)"
     )
-    return costs, (best_items, best_assign, best_compute, words)
+    return costs, (best_pieces, best_assign, best_compute, words)
 
 
 def measured_device_costs(
@@ -208,37 +206,37 @@ def measured_device_costs(
 
 
 def propose(
-    pricer: Pricer, items: list[TablePiece], assign: np.ndarray, costs: np.ndarray, config: RefineConfig
+    pricer: Pricer, pieces: list[TablePiece], assign: np.ndarray, costs: np.ndarray, config: RefineConfig
 ) -> list[tuple[list[TablePiece], np.ndarray, str]]:
     """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory:
-    (items, assignment, the move in words), cheapest simulated plan first."""
+    (pieces, assignment, the move in words), cheapest simulated plan first."""
     topology = pricer.topology
-    sizes = pricer.sizes(items)
+    sizes = pricer.sizes(pieces)
     slowest = int(np.argmax(costs))
     targets = [int(d) for d in np.argsort(costs, kind="stable") if d != slowest][: config.refine_targets]
     # Row blocks, replicas and pieces pinned or grouped by constraints stay where they are.
-    free = [p.rows is None and not p.replicated and p.devices is None and p.group is None for p in items]
+    free = [p.rows is None and not p.replicated and p.devices is None and p.group is None for p in pieces]
     movable = [i for i in np.flatnonzero(assign == slowest) if free[i]]
     candidates: list[tuple[list[TablePiece], np.ndarray, str]] = []
     for i in movable:
-        name = items[i].describe()
+        name = pieces[i].describe()
         for t in targets:
             if sizes.allowed[i, t]:
                 moved = assign.copy()
                 moved[i] = t
-                candidates.append((items, moved, f"{name} moved from device {slowest} to {t}"))
+                candidates.append((pieces, moved, f"{name} moved from device {slowest} to {t}"))
             for j in np.flatnonzero(assign == t):
                 if free[j] and sizes.allowed[i, t] and sizes.allowed[j, slowest]:
                     swapped = assign.copy()
                     swapped[i], swapped[j] = t, slowest
                     candidates.append(
-                        (items, swapped, f"{name} on device {slowest} swapped with {items[j].describe()}")
+                        (pieces, swapped, f"{name} on device {slowest} swapped with {pieces[j].describe()}")
                     )
-            halves = split_item(items[i], 2)
+            halves = split_piece(pieces[i], 2)
             if halves is not None and sizes.allowed[i, t]:
-                split_items = items[:i] + halves + items[i + 1 :]
+                split_pieces = pieces[:i] + halves + pieces[i + 1 :]
                 split_assign = np.concatenate([assign[:i], [slowest, t], assign[i + 1 :]])
-                candidates.append((split_items, split_assign, f"{name} split by columns, one half to device {t}"))
+                candidates.append((split_pieces, split_assign, f"{name} split by columns, one half to device {t}"))
     fitting = [
         (c, pricer.plan_cost(c[0], c[1]))
         for c in candidates
@@ -249,13 +247,13 @@ def propose(
 
 
 def changed_devices(
-    items: list[TablePiece], assign: np.ndarray, new_items: list[TablePiece], new_assign: np.ndarray, num_devices: int
+    pieces: list[TablePiece], assign: np.ndarray, new_pieces: list[TablePiece], new_assign: np.ndarray, num_devices: int
 ) -> list[int]:
     """The devices whose pieces differ between the two assignments (a device left empty included)."""
 
-    def holdings(items: list[TablePiece], assign: np.ndarray) -> list[frozenset]:
-        return [frozenset(p.key for p, d in zip(items, assign) if d == device) for device in range(num_devices)]
+    def holdings(pieces: list[TablePiece], assign: np.ndarray) -> list[frozenset]:
+        return [frozenset(p.key for p, d in zip(pieces, assign) if d == device) for device in range(num_devices)]
 
     return [
-        d for d, (old, new) in enumerate(zip(holdings(items, assign), holdings(new_items, new_assign))) if old != new
+        d for d, (old, new) in enumerate(zip(holdings(pieces, assign), holdings(new_pieces, new_assign))) if old != new
     ]
