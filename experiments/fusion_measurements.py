@@ -5,7 +5,7 @@
 Twenty of the synthetic pool's tables in fp16 (where the CPU kernels' fused backward costs most
 over running its tables apart, docs/results.md: Cost-model accuracy) are measured on one profiling actor,
 each alone and in random fused shards of 2 to 20 of them, plus all 20 together, at batch 512.
-The measurements (`ShardMeasurement`s, as the store keeps them) are written as JSON: the test
+The measurements (`FusedShardMeasurement`s, as the store keeps them) are written as JSON: the test
 suite fits the compute model to them (`tests/test_costmodel.py`), so it checks the model learns
 the fusion this hardware measured, with no hardware of its own. The run prints the fused against
 the apart cost of the full shard, per phase.

@@ -56,12 +56,12 @@ def placement_times(num_tables: int, devices: int, repeats: int, simulator: Simu
 def profiling_throughput(actor_counts: list[int], shards: int, repeats: int) -> dict[int, float]:
     from shard_ray.profiling.actors import ProfilingPool
     from shard_ray.profiling.fused_shard import MeasureConfig
-    from shard_ray.profiling.sampling import draw_shards
+    from shard_ray.profiling.sampling import draw_fused_shards
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.runtime import connect_ray
 
     print(connect_ray(min_cpus=max(actor_counts)))
-    drawn = draw_shards(generate_pool(PoolConfig(num_tables=200, seed=1)), shards, 6, seed=2, singles=False)
+    drawn = draw_fused_shards(generate_pool(PoolConfig(num_tables=200, seed=1)), shards, 6, seed=2, singles=False)
     throughput = {}
     for actors in actor_counts:
         rates = []

@@ -21,7 +21,7 @@ from shard_ray.costmodel.models import (
     CostModels,
     comm_features,
     default_cost_model_path,
-    pad_shards,
+    pad_fused_shards,
 )
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
@@ -38,8 +38,8 @@ from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.plan.piece import TablePiece, table_wise
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard
-from shard_ray.profiling.sampling import draw_augmented_shards
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard
+from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.access import REFERENCE_BATCH, reuse_histogram_of, zipf_indices, zipf_reuse_histogram
 from shard_ray.workload.dlrm_dataset import reuse_histogram
@@ -77,7 +77,7 @@ def test_zipf_and_histogram_tables_of_one_shape_are_priced_alike(shipped):
     for rows, pooling, exponent in ((1000, 1.0, 1.05), (5_000_000, 20.0, 1.2), (300_000_000, 3.0, 0.9)):
         zipf = TableSpec(name="z", rows=rows, dim=64, pooling_factor=pooling, zipf_exponent=exponent)
         twin = TableSpec(name="h", rows=rows, dim=64, pooling_factor=pooling, reuse_histogram=reuse_histogram_of(zipf))
-        priced = models.predict_shards([[TablePiece.whole(zipf)], [TablePiece.whole(twin)]], 1024)
+        priced = models.predict_fused_shards([[TablePiece.whole(zipf)], [TablePiece.whole(twin)]], 1024)
         assert priced[0] == pytest.approx(priced[1], rel=1e-4)
         # a sane price, not the 38 + 630 ms a Zipf table got when the models read it as out of their world
         assert 0.01 < priced[0].sum() < 100
@@ -114,14 +114,14 @@ def test_compute_model_is_permutation_invariant_and_takes_any_table_count(pool):
     torch.manual_seed(0)
     net = ComputeCostNet(hidden=16, depth=2).eval()
     shard = np.stack([table_features(t, t.dim) for t in pool[:7]])
-    features, mask = pad_shards(
+    features, mask = pad_fused_shards(
         [shard, shard[::-1].copy(), shard[:1], np.stack([table_features(t, t.dim) for t in pool[:40]])]
     )
     out = net(features, mask, torch.full((4,), 10.0))
     assert out.shape == (4, 2)
     assert torch.allclose(out[0], out[1], atol=1e-5)
     # padding rows are ignored
-    padded, pmask = pad_shards([shard])
+    padded, pmask = pad_fused_shards([shard])
     wide = torch.cat([padded, torch.randn(1, 5, NUM_TABLE_FEATURES)], dim=1)
     wmask = torch.cat([pmask, torch.zeros(1, 5)], dim=1)
     assert torch.allclose(net(wide, wmask, torch.tensor([10.0])), out[:1], atol=1e-5)
@@ -151,8 +151,8 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
     shipped.save(path)
     again = CostModels.load(path)
     shards = [[TablePiece.whole(TableSpec(name="a", rows=1000, dim=32, pooling_factor=3.0))], []]
-    assert np.allclose(again.predict_shards(shards, 1024), shipped.predict_shards(shards, 1024))
-    assert again.hardware == shipped.hardware and again.predict_shards(shards, 1024)[1].sum() == 0
+    assert np.allclose(again.predict_fused_shards(shards, 1024), shipped.predict_fused_shards(shards, 1024))
+    assert again.hardware == shipped.hardware and again.predict_fused_shards(shards, 1024)[1].sum() == 0
     junk = tmp_path / "junk.pt"
     torch.save({"hello": torch.zeros(2)}, junk)
     with pytest.raises(ShardRayError, match="not a shard-ray cost model"):
@@ -177,7 +177,7 @@ def test_model_info_is_typed_and_keeps_what_older_and_newer_files_wrote(tmp_path
         path = tmp_path / "m.pt"
         torch.save({**blob, "info": info}, path)
         models = CostModels.load(path)
-        assert models.rows_cap == info.get("rows_cap") and models.comm_hosts == info.get("comm_hosts")
+        assert models.rows_cap == info.get("rows_cap") and models.comm_devices_per_host == info.get("comm_hosts")
         models.save(tmp_path / "again.pt")
         assert torch.load(tmp_path / "again.pt", weights_only=False)["info"] == info
     torch.save({**blob, "info": {"coverage": {"features": ["x"]}}}, tmp_path / "bad.pt")
@@ -189,10 +189,10 @@ def test_model_info_is_typed_and_keeps_what_older_and_newer_files_wrote(tmp_path
 def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     """Real fbgemm measurements of tiny shards, then training: the model must learn their order."""
     config = MeasureConfig(batch_size=64, warmup=1, repeats=3)
-    shards = draw_augmented_shards(pool, 60, 4, (8, 16, 64, 128), seed=1)
+    shards = draw_augmented_fused_shards(pool, 60, 4, (8, 16, 64, 128), seed=1)
     with MeasurementStore(tmp_path / "m.db") as store:
         for parts in shards:
-            store.put_shard(measure_fused_shard(parts, config, "cpu:test"))
+            store.put_fused_shard(measure_fused_shard(parts, config, "cpu:test"))
         with pytest.warns(MissingCommModelWarning, match=r"0 multi-device plan measurements.*collect --kind comm"):
             models, report = train_cost_models(
                 store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
@@ -203,7 +203,7 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     # a shard of many wide, heavily pooled tables costs more than one narrow table
     big = [TablePiece(table=t.model_copy(update={"pooling_factor": 50.0}), columns=(0, 128)) for t in pool[:4]]
     small = [TablePiece(table=pool[0].model_copy(update={"pooling_factor": 1.0}), columns=(0, 8))]
-    predicted = models.predict_shards([big, small], 64).sum(axis=1)
+    predicted = models.predict_fused_shards([big, small], 64).sum(axis=1)
     assert predicted[0] > predicted[1]
 
 
@@ -328,10 +328,10 @@ def test_the_compute_model_can_price_fusion_above_and_below_running_apart(shippe
     one model form, and either way adding a table never lowers a shard's price."""
     pieces = [TablePiece.whole(t) for t in pool[:20]]
     for models, fused_costs_more in ((shipped, False), (contending[0], True)):
-        fused = models.predict_shards([pieces], 512).sum()
-        apart = models.predict_shards([[p] for p in pieces], 512).sum()
+        fused = models.predict_fused_shards([pieces], 512).sum()
+        apart = models.predict_fused_shards([[p] for p in pieces], 512).sum()
         assert (fused > apart) == fused_costs_more
-        growing = models.predict_shards([pieces[:k] for k in range(1, 21)], 512).sum(axis=1)
+        growing = models.predict_fused_shards([pieces[:k] for k in range(1, 21)], 512).sum(axis=1)
         assert np.all(np.diff(growing) >= -1e-6)
 
 
@@ -342,7 +342,7 @@ def test_the_compute_model_learns_the_fused_backward_these_cpu_kernels_measured(
     alone and the 20 together, the model prices the fused backward within 10% and above running apart;
     the subadditive form (the convex term off), which cannot price a shard above its tables apart,
     misses it by more than 15%."""
-    recorded = [ShardMeasurement.model_validate(m) for m in json.loads((DATA / "fusion_shards.json").read_text())]
+    recorded = [FusedShardMeasurement.model_validate(m) for m in json.loads((DATA / "fusion_shards.json").read_text())]
     singles, whole = recorded[:20], recorded[-1]
     assert len(whole.tables) == 20 and whole.bwd_ms > 1.1 * sum(m.bwd_ms for m in singles)
     data = compute_data([*singles, whole])
@@ -371,7 +371,7 @@ def test_a_first_format_model_file_loads_without_contention(shipped, tmp_path):
     with torch.no_grad():
         assert float(old.compute.contention(torch.full((1, old.compute.hidden), 50.0)).max()) < 1e-9
     assert old.compute.fusion == "subadditive"
-    assert old.predict_shards(shard, 1024) == pytest.approx(shipped.predict_shards(shard, 1024), rel=1e-3)
+    assert old.predict_fused_shards(shard, 1024) == pytest.approx(shipped.predict_fused_shards(shard, 1024), rel=1e-3)
 
 
 @pytest.mark.slow
@@ -431,9 +431,9 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     store_path = tmp_path / "held.db"
     unseen = [t.model_copy(update={"name": f"new{t.name}"}) for t in generate_pool(PoolConfig(num_tables=20, seed=9))]
     with MeasurementStore(store_path) as store:
-        for parts in draw_augmented_shards(unseen, 6, 3, (16, 64), seed=2):
+        for parts in draw_augmented_fused_shards(unseen, 6, 3, (16, 64), seed=2):
             # labelled with the model's hardware: this checks the command, not the accuracy
-            store.put_shard(measure_fused_shard(parts, config, shipped.hardware))
+            store.put_fused_shard(measure_fused_shard(parts, config, shipped.hardware))
     code = main(
         [
             "costmodel",
@@ -451,8 +451,8 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     # measurements of another machine: evaluated all the same, and the output says whose data it is
     other = "cpu:Another CPU:1thread"
     with MeasurementStore(store_path) as store:
-        for parts in draw_augmented_shards(unseen, 4, 3, (16, 64), seed=3):
-            store.put_shard(measure_fused_shard(parts, config, other))
+        for parts in draw_augmented_fused_shards(unseen, 4, 3, (16, 64), seed=3):
+            store.put_fused_shard(measure_fused_shard(parts, config, other))
     evaluate = ["costmodel", "evaluate", "--cost-model", str(default_cost_model_path()), "--store", str(store_path)]
     assert main([*evaluate, "--hardware", other, "--no-mlflow"]) == 0
     printed = capsys.readouterr().out
@@ -506,7 +506,7 @@ def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped,
 
     tables = pool[:24]
     learned = CostModels(
-        shipped.compute, shipped.comm, shipped.hardware, shipped.info.model_copy(update={"comm_hosts": 2})
+        shipped.compute, shipped.comm, shipped.hardware, shipped.info.model_copy(update={"comm_devices_per_host": 2})
     )
     learned_file = tmp_path / "learned.pt"
     learned.save(learned_file)

@@ -13,8 +13,8 @@ import pytest
 
 from shard_ray.costmodel.collect import COLLECT_DIMS
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
-from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
+from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 
 # Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
@@ -30,8 +30,8 @@ SLOWER = SLOW.model_copy(update={"batch_size": 4096, "repeats": 40})
 
 
 def test_profiling_survives_killed_actors(ray_session, tmp_path, small_tables):
-    shards = draw_shards(small_tables, count=10, max_tables=4, seed=3)
-    keys = {shard_key(s, SLOWER, "") for s in shards}  # distinct shards (hardware does not change identity here)
+    shards = draw_fused_shards(small_tables, count=10, max_tables=4, seed=3)
+    keys = {fused_shard_key(s, SLOWER, "") for s in shards}  # distinct shards (hardware does not change identity here)
     pool = ProfilingPool(num_actors=2)
     db = tmp_path / "m.db"
     kills: list[int] = []  # shards stored when each kill landed
@@ -56,7 +56,7 @@ def test_profiling_survives_killed_actors(ray_session, tmp_path, small_tables):
             assert len(pool.actors) == 1
             assert all(r is not None and r.status == "ok" for r in results)
             assert store.count() == len(keys)  # every distinct shard, exactly once
-            assert [r.key for r in results] == [shard_key(s, SLOWER, pool.hardware) for s in shards]
+            assert [r.key for r in results] == [fused_shard_key(s, SLOWER, pool.hardware) for s in shards]
     finally:
         pool.shutdown()
 
@@ -120,7 +120,7 @@ def _store_count(db) -> int:
 
 @pytest.mark.parametrize("command_name", ["collect", "profile"])
 def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables, command_name):
-    from shard_ray.profiling.sampling import draw_augmented_shards
+    from shard_ray.profiling.sampling import draw_augmented_fused_shards
     from shard_ray.workload.tables import save_tables
 
     pool_file, db = tmp_path / "pool.json", tmp_path / "m.db"
@@ -148,7 +148,7 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
             str(db),
         ]
         config = MeasureConfig(batch_size=2048, warmup=2, repeats=60, seed=0)
-        drawn = draw_augmented_shards(small_tables, 30, 4, COLLECT_DIMS, 0, 1)
+        drawn = draw_augmented_fused_shards(small_tables, 30, 4, COLLECT_DIMS, 0, 1)
     else:
         command = [
             *cli,
@@ -169,7 +169,7 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
             str(db),
         ]
         config = MeasureConfig(batch_size=2048, warmup=3, repeats=60, seed=0)
-        drawn = draw_shards(small_tables, 25, 4, seed=0, singles=True)
+        drawn = draw_fused_shards(small_tables, 25, 4, seed=0, singles=True)
     for stop in (signal.SIGINT, signal.SIGKILL):
         before = _store_count(db)
         run = subprocess.Popen(
@@ -192,10 +192,10 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with MeasurementStore(db) as store:
-        stored = store.shard_measurements()
+        stored = store.fused_shard_measurements()
         hardware = stored[0].hardware
         assert {m.key for m in stored} == {
-            shard_key(s, config, hardware) for s in drawn
+            fused_shard_key(s, config, hardware) for s in drawn
         }  # the set an unbroken run makes
         assert all(m.status == "ok" for m in stored)
 

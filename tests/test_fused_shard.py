@@ -6,10 +6,10 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
     FusedShard,
     MeasureConfig,
+    fused_shard_key,
     measure_fused_shard,
-    shard_key,
 )
-from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 
 SMALL = MeasureConfig(batch_size=64, warmup=1, repeats=3)
@@ -74,25 +74,25 @@ def test_measure_reports_medians_and_infeasible_shards(small_tables):
 def test_shard_key_is_content_and_order_free(small_tables):
     a, b = small_tables[0], small_tables[1]
     renamed = a.model_copy(update={"name": "other"})
-    key = shard_key([TablePiece.whole(a), TablePiece.whole(b)], SMALL, "hw")
-    assert key == shard_key([TablePiece.whole(b), TablePiece.whole(renamed)], SMALL, "hw")
-    assert key != shard_key([TablePiece.whole(a), TablePiece.whole(b)], SMALL, "other-hw")
-    assert key != shard_key(
+    key = fused_shard_key([TablePiece.whole(a), TablePiece.whole(b)], SMALL, "hw")
+    assert key == fused_shard_key([TablePiece.whole(b), TablePiece.whole(renamed)], SMALL, "hw")
+    assert key != fused_shard_key([TablePiece.whole(a), TablePiece.whole(b)], SMALL, "other-hw")
+    assert key != fused_shard_key(
         [TablePiece.whole(a), TablePiece.whole(b)], SMALL.model_copy(update={"batch_size": 32}), "hw"
     )
-    assert key != shard_key([TablePiece(table=a, columns=(0, 16)), TablePiece.whole(b)], SMALL, "hw")
+    assert key != fused_shard_key([TablePiece(table=a, columns=(0, 16)), TablePiece.whole(b)], SMALL, "hw")
 
 
 def test_store_keeps_each_key_once_and_persists(tmp_path, small_tables):
     m = measure_fused_shard([TablePiece.whole(small_tables[0])], SMALL, "cpu:test")
     path = tmp_path / "store.db"
     with MeasurementStore(path) as store:
-        assert store.put_shard(m) is True
-        assert store.put_shard(m) is False
+        assert store.put_fused_shard(m) is True
+        assert store.put_fused_shard(m) is False
         assert store.known_keys([m.key, "nope"]) == {m.key}
     with MeasurementStore(path) as store:
         assert store.count() == 1
-        assert store.get_shard(m.key) == m
+        assert store.get_fused_shard(m.key) == m
         assert store.summary() == {"cpu:test": {"ok": 1}}
 
 
@@ -106,12 +106,12 @@ def test_store_refuses_a_file_that_is_not_sqlite(tmp_path):
 
 
 def test_draw_shards(small_tables):
-    shards = draw_shards(small_tables, count=10, max_tables=3, seed=0)
+    shards = draw_fused_shards(small_tables, count=10, max_tables=3, seed=0)
     assert len(shards) == len(small_tables) + 10
     assert all(len(s) == 1 for s in shards[: len(small_tables)])
     assert all(2 <= len(s) <= 3 for s in shards[len(small_tables) :])
     assert all(len({p.table.name for p in s}) == len(s) for s in shards)
-    assert np.array_equal([len(s) for s in draw_shards(small_tables, 10, 3, seed=0)], [len(s) for s in shards])
+    assert np.array_equal([len(s) for s in draw_fused_shards(small_tables, 10, 3, seed=0)], [len(s) for s in shards])
 
 
 def test_row_slices_and_replicas_look_up_their_share(small_tables):

@@ -14,8 +14,8 @@ import pytest
 
 from shard_ray.placement import place
 from shard_ray.plan.topology import GB, Topology
-from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
-from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
+from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, plan_key
 
 # Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
@@ -83,8 +83,8 @@ def _remove_node_of(cluster, node_id: str) -> None:
 def test_profiling_spreads_over_nodes_and_survives_losing_one(cluster, tmp_path, small_tables):
     from shard_ray.profiling.actors import ProfilingPool
 
-    shards = draw_shards(small_tables, count=12, max_tables=4, seed=5)
-    distinct = {shard_key(s, SLOW, "") for s in shards}
+    shards = draw_fused_shards(small_tables, count=12, max_tables=4, seed=5)
+    distinct = {fused_shard_key(s, SLOW, "") for s in shards}
     db = tmp_path / "store.db"
     removed: list[int] = []  # shards stored when the node went
     with ProfilingPool(num_actors=3) as pool:
@@ -226,7 +226,7 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     assert len(saved) == 2 and saved[0].name.endswith("-hosts-of-2.pt") and "-hosts-of-2-tables-" in saved[1].name
     assert "`shard-ray plan` picks it for" in calibrated.stdout and "with --devices-per-host 2" in calibrated.stdout
     tuned_comm = report["chosen"] == "fine-tuned" and report["plans"]["fit"] and report["plans"]["val"]
-    assert CostModels.load(saved[0]).comm_hosts == (2 if tuned_comm else None)
+    assert CostModels.load(saved[0]).comm_devices_per_host == (2 if tuned_comm else None)
 
     for hosts, picked in ((["--devices-per-host", "2"], True), ([], False)):
         planned = shard_ray(

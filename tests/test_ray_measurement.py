@@ -15,9 +15,9 @@ from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import PlanSettings
 from shard_ray.profiling.actors import ProfilingPool, resources_per_device
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, initial_weights, sample_ranges, shard_key
+from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, fused_shard_key, initial_weights, sample_ranges
 from shard_ray.profiling.gang import DeviceGang, upstream_gradient
-from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.tables import TableSpec
 
@@ -34,13 +34,13 @@ def test_a_profiling_pool_keeps_one_actor_a_core(ray_session, tmp_path, small_ta
         assert len(pool.actors) == min(4, len(free_cores()))
         pinned = ray_session.get([a.cores.remote() for a in pool.actors])
         assert all(len(c) == 1 for c in pinned) and len({c[0] for c in pinned}) == len(pool.actors)
-        shards = draw_shards(small_tables, count=3, max_tables=2, seed=0)
+        shards = draw_fused_shards(small_tables, count=3, max_tables=2, seed=0)
         assert all(m.status == "ok" for m in pool.measure(shards, CONFIG, store, progress=False))
 
 
 @pytest.mark.slow
 def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session, tmp_path, small_tables):
-    shards = draw_shards(small_tables, count=4, max_tables=3, seed=0)
+    shards = draw_fused_shards(small_tables, count=4, max_tables=3, seed=0)
     pool = ProfilingPool(num_actors=2)
     assert len(set(ray_session.get([a.pid.remote() for a in pool.actors]))) == 2
     try:
@@ -49,12 +49,12 @@ def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session,
             planted_parts = shards[0]
             planted = pool.actors[0].measure.remote(planted_parts, CONFIG)
             record = ray_session.get(planted).model_copy(update={"fwd_ms": 12345.0})
-            store.put_shard(record)
+            store.put_fused_shard(record)
             results = pool.measure(shards, CONFIG, store, progress=False)
             assert len(results) == len(shards)
             assert results[0].fwd_ms == 12345.0
             assert all(r.status == "ok" and r.fwd_ms > 0 and r.bwd_ms > 0 for r in results)
-            assert [r.key for r in results] == [shard_key(s, CONFIG, pool.hardware) for s in shards]
+            assert [r.key for r in results] == [fused_shard_key(s, CONFIG, pool.hardware) for s in shards]
             assert store.count() == len({r.key for r in results})
             again = pool.measure(shards, CONFIG, store, progress=False)
             assert again == results

@@ -9,7 +9,7 @@ from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels
 from shard_ray.policy.network import load_policy
 from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
-from shard_ray.profiling.sampling import draw_augmented_shards
+from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import save_tables
@@ -32,8 +32,10 @@ def store_file(pool_file) -> Path:
 
     path = pool_file.parent / "measurements.db"
     with MeasurementStore(path) as store:
-        for parts in draw_augmented_shards(load_tables(pool_file), 50, 4, (8, 16, 64), seed=1):
-            store.put_shard(measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test"))
+        for parts in draw_augmented_fused_shards(load_tables(pool_file), 50, 4, (8, 16, 64), seed=1):
+            store.put_fused_shard(
+                measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test")
+            )
     return path
 
 

@@ -103,7 +103,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         measured_on = store.summary()
         hardware = flags.hardware or (models.hardware if models.hardware in measured_on else None)
         hardware = main_hardware(store, hardware)
-        splits = split_compute_measurements(store.shard_measurements(hardware), set(models.info.train_tables))
+        splits = split_compute_measurements(store.fused_shard_measurements(hardware), set(models.info.train_tables))
         plans = store.plan_measurements(hardware)
     if hardware != models.hardware:
         # Another machine's data: every shard is new to the models, so all of it is held out.
@@ -157,7 +157,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         whole_task = memory_cap_with_headroom(tables, flags.devices, float(flags.devices))
         topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
     topology = topology_flags.topology(flags.devices)
-    hosts = topology.hosts_of
+    hosts = topology.devices_per_host_if_spanning
     tracking_uri, experiment = tracking(args)
     start_path = str(flags.cost_model or models_for(hardware_id(threads=1), hosts))
     start = CostModels.load(start_path)

@@ -168,7 +168,7 @@ def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[Table
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from shard_ray.profiling.actors import ProfilingPool
-    from shard_ray.profiling.sampling import draw_shards
+    from shard_ray.profiling.sampling import draw_fused_shards
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workload.tables import load_tables
 
@@ -182,7 +182,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         max_rows=timing.max_rows,
         seed=flags.seed,
     )
-    shards = draw_shards(tables, flags.shards, flags.max_tables, seed=flags.seed, singles=not flags.no_singles)
+    shards = draw_fused_shards(tables, flags.shards, flags.max_tables, seed=flags.seed, singles=not flags.no_singles)
     connect(args, min_cpus=flags.actors)
     with ProfilingPool(flags.actors) as pool, MeasurementStore(flags.store) as store:
         before = store.count()

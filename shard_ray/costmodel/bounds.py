@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.costmodel.pricing import analytic_hosts, intra_host_share
+from shard_ray.costmodel.pricing import analytic_devices_per_host, intra_host_share
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, replica, row_block
 from shard_ray.plan.topology import Topology
@@ -49,7 +49,7 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
     # Over hosts the model prices the intra-host share of the peers (`over_hosts`); the inter-host
     # time is left out: it only adds.
-    share = intra_host_share(d, analytic_hosts(models, topology.devices_per_host))
+    share = intra_host_share(d, analytic_devices_per_host(models, topology.devices_per_host))
     return compute + share * float(models.comm_ms(features).sum(axis=1).min())
 
 
@@ -72,8 +72,8 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
         if d > 1:
             options.append(_row_blocks(table, d))
             options.append([(replica(table, d, 0), d)])
-        if topology.num_hosts > 1 and topology.local_world_size > 1:
-            options.append(_row_blocks(table, topology.local_world_size))
+        if topology.num_hosts > 1 and topology.devices_per_host_or_all > 1:
+            options.append(_row_blocks(table, topology.devices_per_host_or_all))
         for option in options:
             for piece, weight in option:
                 pieces.append(piece)

@@ -88,10 +88,10 @@ def model_warnings(
             f"the cost models are of {models.hardware}, not of {hardware} that this plan is for; "
             "run `shard-ray calibrate` there for models of that hardware"
         )
-    if models.comm_hosts is not None and models.comm_hosts != devices_per_host:
+    if models.comm_devices_per_host is not None and models.comm_devices_per_host != devices_per_host:
         planned = f"hosts of {devices_per_host}" if devices_per_host else "one host"
         lines.append(
-            f"the comm model was calibrated over hosts of {models.comm_hosts} devices, inter-host time included, "
+            f"the comm model was calibrated over hosts of {models.comm_devices_per_host} devices, inter-host time included, "
             f"and this plan is for {planned}: its all-to-all prices carry that inter-host time"
         )
     return lines + coverage_problems(models, tables, shard_tables)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 # One accuracy figure (`shard_ray.costmodel.train.accuracy`): mape, spearman and n, the first two None without data.
 Accuracy = dict[str, float | None]
@@ -56,7 +56,7 @@ class UpdatedOn(BaseModel):
 class ModelInfo(BaseModel):
     """What the models were trained on (`costmodel train`), then calibrated on or updated with."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     rows_cap: int | None = None
     train_config: dict[str, Any] = {}
@@ -67,11 +67,12 @@ class ModelInfo(BaseModel):
     num_plans: dict[str, int] = {}
     coverage: Coverage | None = None
     held_out: dict[str, Accuracy] | None = None
-    # The devices per host of the all-to-alls the comm model was last fit to, when they ran over several hosts.
-    comm_hosts: int | None = None
+    # The devices per host of the all-to-alls the comm model was last fit to, when they ran over several hosts
+    # (`comm_hosts` in the file, its name before the one name for devices per host).
+    comm_devices_per_host: int | None = Field(default=None, alias="comm_hosts")
     calibrated: Calibrated | None = None
     updated_on: UpdatedOn | None = None
 
     def to_file(self) -> dict[str, Any]:
         """The mapping a model file stores: the fields that are set, and any keys an older or newer version wrote."""
-        return self.model_dump(exclude_unset=True, exclude_none=True)
+        return self.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)

@@ -257,7 +257,7 @@ def comm_features(widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray
     return comm_feature_rows(widths, float(widths.sum()), float(widths.max()), batch_size, len(widths))
 
 
-def pad_shards(shards: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_fused_shards(shards: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack [n_i, F] shard features into [B, T, F] with a [B, T] mask."""
     longest = max(1, max(len(s) for s in shards))
     features = np.zeros((len(shards), longest, NUM_TABLE_FEATURES), dtype=np.float32)
@@ -288,9 +288,9 @@ class CostModels:
         return self.info.rows_cap
 
     @torch.no_grad()
-    def predict_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
+    def predict_fused_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) ms [n, 2] of fused shards of table pieces; empty shards cost 0."""
-        features, mask = pad_shards([pieces_features(s, self.rows_cap) for s in shards])
+        features, mask = pad_fused_shards([pieces_features(s, self.rows_cap) for s in shards])
         log_batch = torch.full((len(shards),), batch_context(batch_size))
         ms = torch.exp(self.compute(features, mask, log_batch)).numpy()
         ms[mask.sum(dim=1).numpy() == 0] = 0.0
@@ -321,10 +321,10 @@ class CostModels:
         return torch.exp(self.comm(torch.as_tensor(features))).numpy()
 
     @property
-    def comm_hosts(self) -> int | None:
+    def comm_devices_per_host(self) -> int | None:
         """The devices per host of the all-to-alls the comm model was fit to, when they ran over several
         hosts (`calibrate --devices-per-host`): it then prices their inter-host traffic itself."""
-        return self.info.comm_hosts
+        return self.info.comm_devices_per_host
 
     def predict_comm(self, widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) all-to-all ms [D, 2] for per-device widths of one plan; zeros on one device."""

@@ -80,7 +80,7 @@ class Pricer:
         """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart."""
         topology = self.topology
         predicted = self.models.predict_comm(widths, topology.batch_size)
-        hosts = analytic_hosts(self.models, topology.devices_per_host)
+        hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
         return over_hosts(predicted, widths, topology.batch_size, hosts, topology.inter_host_gbps)
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
@@ -113,7 +113,9 @@ class Pricer:
             sync = self.collectives(np.bincount(assign, weights=sizes.syncs, minlength=d))[:, 1]
         if sizes.host_sums.any():
             device_sums = np.bincount(assign, weights=sizes.host_sums, minlength=d)
-            host_sums = host_reduce(self.models, device_sums, self.topology.batch_size, self.topology.local_world_size)
+            host_sums = host_reduce(
+                self.models, device_sums, self.topology.batch_size, self.topology.devices_per_host_or_all
+            )
         return DeviceParts(
             compute=self.compute_parts(sums, counts),
             comm=self.collectives(device_widths),
@@ -190,7 +192,7 @@ def over_hosts(
     layout is cheapest; they change it for traffic a layout keeps inside a host: table-row-wise
     partial sums (`host_reduce`; replicas' all-reduce is priced flat still). The shipped comm model
     has not measured inter-host links (on one machine there are none); one calibrated over hosts
-    has, and is priced as it is (`analytic_hosts`).
+    has, and is priced as it is (`analytic_devices_per_host`).
     """
     d = len(widths)
     if devices_per_host is None or devices_per_host >= d:
@@ -205,10 +207,12 @@ def over_hosts(
     return predicted * intra_host_share(d, local) + inter_ms[:, None]
 
 
-def analytic_hosts(models: CostModels, devices_per_host: int | None) -> int | None:
+def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:
     """The devices per host whose inter-host traffic `over_hosts` prices: none where the comm model was
     fit to all-to-alls over hosts of that size (`calibrate --devices-per-host`), which priced it already."""
-    return None if devices_per_host is not None and models.comm_hosts == devices_per_host else devices_per_host
+    return (
+        None if devices_per_host is not None and models.comm_devices_per_host == devices_per_host else devices_per_host
+    )
 
 
 def intra_host_share(num_devices: int, devices_per_host: int | None) -> float:

@@ -32,11 +32,11 @@ from shard_ray.costmodel.models import (
     ComputeCostNet,
     CostModels,
     comm_features,
-    pad_shards,
+    pad_fused_shards,
 )
-from shard_ray.costmodel.pricing import analytic_hosts, over_hosts
+from shard_ray.costmodel.pricing import analytic_devices_per_host, over_hosts
 from shard_ray.errors import ShardRayError, ShardRayWarning
-from shard_ray.profiling.fused_shard import ShardMeasurement
+from shard_ray.profiling.fused_shard import FusedShardMeasurement
 from shard_ray.profiling.sampling import base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 
@@ -121,8 +121,10 @@ def data_coverage(data: ComputeData, previous: Coverage | None = None) -> Covera
     return training_coverage(data.features[data.mask.bool()].numpy(), int(data.mask.sum(dim=1).max()), previous)
 
 
-def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
-    features, mask = pad_shards([pieces_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements])
+def compute_data(measurements: list[FusedShardMeasurement]) -> ComputeData:
+    features, mask = pad_fused_shards(
+        [pieces_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements]
+    )
     return ComputeData(
         features=features,
         mask=mask,
@@ -132,10 +134,10 @@ def compute_data(measurements: list[ShardMeasurement]) -> ComputeData:
 
 
 def split_compute_measurements(
-    measurements: list[ShardMeasurement], train_tables: set[str]
-) -> dict[str, list[ShardMeasurement]]:
+    measurements: list[FusedShardMeasurement], train_tables: set[str]
+) -> dict[str, list[FusedShardMeasurement]]:
     """train / val / test (held-out shards of seen tables) / unseen (shards with unseen tables)."""
-    splits: dict[str, list[ShardMeasurement]] = {"train": [], "val": [], "test": [], "unseen": []}
+    splits: dict[str, list[FusedShardMeasurement]] = {"train": [], "val": [], "test": [], "unseen": []}
     for m in measurements:
         if m.status != "ok" or not m.fwd_ms or not m.bwd_ms:
             continue
@@ -310,21 +312,23 @@ def step_compute_ms(model: ComputeCostNet, data: ComputeData) -> tuple[np.ndarra
     return predicted.sum(axis=1), torch.exp(data.log_ms).numpy().sum(axis=1)
 
 
-def predicted_and_measured(models: CostModels, measurements: list[ShardMeasurement]) -> tuple[np.ndarray, np.ndarray]:
+def predicted_and_measured(
+    models: CostModels, measurements: list[FusedShardMeasurement]
+) -> tuple[np.ndarray, np.ndarray]:
     """Predicted and measured fused step compute (forward + backward) ms of each shard."""
     if not measurements:
         return np.zeros(0), np.zeros(0)
     return step_compute_ms(models.compute, compute_data(measurements))
 
 
-def evaluate_compute(models: CostModels, measurements: list[ShardMeasurement]) -> dict[str, float]:
+def evaluate_compute(models: CostModels, measurements: list[FusedShardMeasurement]) -> dict[str, float]:
     """Accuracy on the fused step compute (forward + backward)."""
     return accuracy(*predicted_and_measured(models, measurements))
 
 
 def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
     """Predicted against measured fwd + bwd all-to-all ms per device, priced as the simulator prices
-    them: over the hosts each plan was measured on, inter-host traffic as `analytic_hosts` says."""
+    them: over the hosts each plan was measured on, inter-host traffic as `analytic_devices_per_host` says."""
     if models.comm is None:
         return accuracy(np.zeros(0), np.zeros(0))
     predicted, measured = [], []
@@ -333,7 +337,7 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
         if widths is None:
             continue
         batch = pm.cost.batch_size or 1
-        hosts = analytic_hosts(models, pm.cost.devices_per_host)
+        hosts = analytic_devices_per_host(models, pm.cost.devices_per_host)
         priced = over_hosts(models.predict_comm(widths, batch), widths, batch, hosts, pm.plan.inter_host_gbps)
         predicted.append(priced.sum(axis=1))
         measured.append([d.fwd_comm_ms + d.bwd_comm_ms for d in pm.cost.devices])
@@ -346,7 +350,7 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
 
 
 def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
-    counts = Counter(m.hardware for m in store.shard_measurements() if m.status == "ok")
+    counts = Counter(m.hardware for m in store.fused_shard_measurements() if m.status == "ok")
     if hardware is not None:
         if hardware not in counts:
             raise ShardRayError(f"the store has no measurements on {hardware!r}; it has {sorted(counts)}")
@@ -358,10 +362,10 @@ def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
 
 def compute_splits(
     store: MeasurementStore, train_tables: set[str], hardware: str | None = None
-) -> tuple[str, int | None, dict[str, list[ShardMeasurement]]]:
+) -> tuple[str, int | None, dict[str, list[FusedShardMeasurement]]]:
     """One hardware's shard measurements in their splits, with that hardware and their row cap."""
     hardware = main_hardware(store, hardware)
-    measurements = store.shard_measurements(hardware)
+    measurements = store.fused_shard_measurements(hardware)
     caps = {m.config.rows_cap_on(hardware) for m in measurements}
     if len(caps) > 1:
         raise ShardRayError(
@@ -438,7 +442,7 @@ def update_cost_models(
     hardware = hardware or models.hardware
     measurements = [
         m
-        for m in store.shard_measurements(hardware)
+        for m in store.fused_shard_measurements(hardware)
         if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
     ]
     if not measurements:

@@ -125,7 +125,7 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
                 world_size=topology.num_devices,
                 compute_device="cuda",
                 hbm_cap=topology.memory_bytes,
-                local_world_size=topology.local_world_size,
+                local_world_size=topology.devices_per_host_or_all,
                 inter_host_bw=topology.inter_host_gbps * 1024**3 / 1000,  # TorchRec's unit: bytes per ms
             ),
             batch_size=max(1, topology.batch_size // topology.num_devices),  # TorchRec's batch is per rank
@@ -206,7 +206,7 @@ def _recorded_sharding(kind: str, ranks: list[int], topology: Topology) -> Table
         return TableSharding(type=kind)
     if topology.num_hosts == 1:
         return TableSharding(type="row_wise")
-    return TableSharding(type=kind, host=ranks[0] // topology.local_world_size)
+    return TableSharding(type=kind, host=ranks[0] // topology.devices_per_host_or_all)
 
 
 def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", device_type: str = "cuda") -> ExportedPlan:

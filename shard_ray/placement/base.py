@@ -163,7 +163,7 @@ def place(
         seed=seed,
         cost_model=cost_model,
         hardware=hardware,
-        devices_per_host=topology.hosts_of,
+        devices_per_host=topology.devices_per_host_if_spanning,
         tables=tables,
         settings=parse_settings(info, settings),
         constraints=constraints,

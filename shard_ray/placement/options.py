@@ -84,7 +84,10 @@ def _on_best_host(pricer: Pricer, placed: Candidate, table: TableSpec) -> Candid
     pieces = [placed.pieces[i] for i in others]
     now = pricer.device_costs(pricer.encodings(pieces), pricer.sizes(pieces), placed.assign[others])
     hosts = np.argsort(now.reshape(topology.num_hosts, -1).max(axis=1), kind="stable")[:CANDIDATE_HOSTS]
-    made = [switch(pricer, placed, table.name, table_row_wise(table, topology.local_world_size, int(h))) for h in hosts]
+    made = [
+        switch(pricer, placed, table.name, table_row_wise(table, topology.devices_per_host_or_all, int(h)))
+        for h in hosts
+    ]
     return min((c for c in made if c is not None), key=lambda c: c.cost, default=None)
 
 

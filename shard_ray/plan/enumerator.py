@@ -36,7 +36,7 @@ def table_options(
     group = constraints.group_of(table.name) if constraints else None
     whole = TablePiece(table=table, columns=(0, table.dim), devices=devices, group=group)
     half = table.dim // 2
-    local = topology.local_world_size
+    local = topology.devices_per_host_or_all
     # Each type's first piece is its largest (the last row block holds the rest): it alone is checked
     # against the cap, and only types that fit are cut, so a table over many devices costs little.
     largest = {

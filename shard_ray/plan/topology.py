@@ -49,17 +49,18 @@ class Topology(BaseModel):
         return self.memory_bytes / GB
 
     @property
-    def local_world_size(self) -> int:
-        """Devices per host, as torch.distributed calls it."""
+    def devices_per_host_or_all(self) -> int:
+        """The devices per host, every device when one host holds them all (torch.distributed's local world size)."""
         return self.devices_per_host or self.num_devices
 
     @property
     def num_hosts(self) -> int:
-        return self.num_devices // self.local_world_size
+        return self.num_devices // self.devices_per_host_or_all
 
     @property
-    def hosts_of(self) -> int | None:
-        """The devices per host when the devices span several hosts; None on one host."""
+    def devices_per_host_if_spanning(self) -> int | None:
+        """The devices per host when the devices span several hosts; None on one host (as a plan's and a
+        measurement's `devices_per_host` say it), whatever `devices_per_host` was set to."""
         return self.devices_per_host if self.num_hosts > 1 else None
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, measure_fused_shard, shard_key
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, fused_shard_key, measure_fused_shard
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, pin_to
 from shard_ray.profiling.store import MeasurementStore
 
@@ -53,7 +53,7 @@ class ProfilingActor:
     def pin(self, core: int) -> None:
         pin_to({core})
 
-    def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> ShardMeasurement:
+    def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
         return measure_fused_shard(pieces, config, self._hardware)
 
 
@@ -125,9 +125,9 @@ class ProfilingPool:
         config: MeasureConfig,
         store: MeasurementStore,
         progress: bool = True,
-    ) -> list[ShardMeasurement]:
+    ) -> list[FusedShardMeasurement]:
         """Measure every shard not yet in `store`; returns all shards' measurements in input order."""
-        keys = [shard_key(pieces, config, self.hardware) for pieces in shards]
+        keys = [fused_shard_key(pieces, config, self.hardware) for pieces in shards]
         known = store.known_keys(keys)
         todo = [i for i, key in enumerate(keys) if key not in known]
         # Identical shards are measured once.
@@ -156,10 +156,10 @@ class ProfilingPool:
                     bar.write(f"a profiling actor died for good; {len(self.actors)} left")
                     continue
                 idle.append(actor)
-                store.put_shard(measurement)
+                store.put_fused_shard(measurement)
                 bar.update(1)
         bar.close()
-        return [store.get_shard(key) for key in keys]  # type: ignore[misc]
+        return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
 
     def shutdown(self) -> None:
         for actor in self.actors:

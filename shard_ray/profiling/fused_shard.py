@@ -64,7 +64,7 @@ def content_digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
-def shard_key(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> str:
+def fused_shard_key(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> str:
     """Key of a measurement: the shard's content (order-free), the settings and the hardware."""
     contents = sorted(content_digest(p.content()) for p in pieces)
     return content_digest({"parts": contents, "config": config.model_dump(mode="json"), "hardware": hardware})
@@ -354,7 +354,7 @@ def time_fused_shard(shard: FusedShard) -> ShardTiming:
     return ShardTiming(fwd_ms=step_estimate(fwd), bwd_ms=step_estimate(bwd))
 
 
-class ShardMeasurement(BaseModel):
+class FusedShardMeasurement(BaseModel):
     """A measured fused shard, as kept in the store. Infeasible shards carry the reason."""
 
     key: str
@@ -374,16 +374,16 @@ class ShardMeasurement(BaseModel):
         return self.fwd_ms + self.bwd_ms
 
 
-def measure_fused_shard(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> ShardMeasurement:
+def measure_fused_shard(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> FusedShardMeasurement:
     """Build and time one fused shard; out-of-memory and kernel errors are recorded, not raised."""
-    key = shard_key(pieces, config, hardware)
+    key = fused_shard_key(pieces, config, hardware)
     try:
         timing = time_fused_shard(FusedShard(pieces, config))
     except (RuntimeError, MemoryError, ShardRayError) as err:
         reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
-        return ShardMeasurement(
+        return FusedShardMeasurement(
             key=key, hardware=hardware, tables=pieces, config=config, status="infeasible", reason=reason
         )
-    return ShardMeasurement(
+    return FusedShardMeasurement(
         key=key, hardware=hardware, tables=pieces, config=config, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms
     )

@@ -9,7 +9,7 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
 
 
-def draw_shards(
+def draw_fused_shards(
     tables: list[TableSpec], count: int, max_tables: int, seed: int = 0, singles: bool = True
 ) -> list[list[TablePiece]]:
     """`count` random shards of 2..max_tables tables, after one shard per table when `singles`."""
@@ -54,7 +54,7 @@ def base_table_name(name: str) -> str:
     return name.split("~", 1)[0]
 
 
-def draw_augmented_shards(
+def draw_augmented_fused_shards(
     pool: list[TableSpec], count: int, max_tables: int, dims: tuple[int, ...], seed: int = 0, min_tables: int = 1
 ) -> list[list[TablePiece]]:
     """`count` shards of min_tables..max_tables augmented pool tables; the same seed gives the same shards."""

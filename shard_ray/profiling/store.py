@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, content_digest
 from shard_ray.workload.tables import TableSpec
 
 _SCHEMA = """
@@ -138,7 +138,7 @@ class MeasurementStore:
             PlanMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)
         ]
 
-    def put_shard(self, measurement: ShardMeasurement) -> bool:
+    def put_fused_shard(self, measurement: FusedShardMeasurement) -> bool:
         """Store a measurement unless its key is there already; True when it was added."""
         with self._db:
             cursor = self._db.execute(
@@ -157,16 +157,17 @@ class MeasurementStore:
             )
         return cursor.rowcount == 1
 
-    def get_shard(self, key: str) -> ShardMeasurement | None:
+    def get_fused_shard(self, key: str) -> FusedShardMeasurement | None:
         row = self._db.execute("SELECT record FROM shard_measurements WHERE key = ?", (key,)).fetchone()
-        return None if row is None else ShardMeasurement.model_validate_json(row[0])
+        return None if row is None else FusedShardMeasurement.model_validate_json(row[0])
 
-    def shard_measurements(self, hardware: str | None = None) -> list[ShardMeasurement]:
+    def fused_shard_measurements(self, hardware: str | None = None) -> list[FusedShardMeasurement]:
         query, args = "SELECT record FROM shard_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)
         return [
-            ShardMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)
+            FusedShardMeasurement.model_validate_json(row[0])
+            for row in self._db.execute(query + " ORDER BY created", args)
         ]
 
     def count(self, table: str = "shard_measurements") -> int:

@@ -57,9 +57,9 @@ from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement, content_digest, shard_key
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, content_digest, fused_shard_key
 from shard_ray.profiling.gang import DeviceGang, check_hosts
-from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workflows.comparison import NoiseFloor, noise_floor
 from shard_ray.workload.tables import TableSpec
@@ -151,13 +151,13 @@ def task_measurements(
     hardware: str,
     measure: MeasureConfig,
     devices_per_host: int | None = None,
-) -> tuple[list[ShardMeasurement], list[PlanMeasurement]]:
+) -> tuple[list[FusedShardMeasurement], list[PlanMeasurement]]:
     """Every measurement in the store of shards and plans of these tables, on this hardware, at these
     settings; plans only as measured over hosts of `devices_per_host` (None: on one host)."""
     specs = {t.name: t for t in tables}
     shards = [
         m
-        for m in store.shard_measurements(hardware)
+        for m in store.fused_shard_measurements(hardware)
         if m.status == "ok" and m.config == measure and all(specs.get(p.table.name) == p.table for p in m.tables)
     ]
     plans = [
@@ -198,7 +198,7 @@ def calibrate(
     hardware = _measure_shards(candidates, tables, topology, simulator, config, store, measure, measuring_ends, log)
     # Before the gang starts: with too few shards, the plans' measurements could not save the calibration.
     # The gang adds plans only, so these are the shards the fit uses.
-    shards, _ = task_measurements(store, tables, hardware, measure, topology.hosts_of)
+    shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
     by_split = {
         name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
@@ -211,13 +211,13 @@ def calibrate(
     floor = _measure_plans(candidates, tables, topology, config, store, measure, measuring_ends, log)
     measuring_seconds = time.monotonic() - began
     # 4. fit and compare on held-out data
-    _, plans = task_measurements(store, tables, hardware, measure, topology.hosts_of)
+    _, plans = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
     plan_split = {
         name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
     # The fit may change the row cap (a GPU allocates whole tables): features follow the measurements.
     start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.rows_cap_on(hardware)}))
-    tuned = _fine_tuned(start, hardware, by_split, plan_split, topology.hosts_of, config)
+    tuned = _fine_tuned(start, hardware, by_split, plan_split, topology.devices_per_host_if_spanning, config)
     kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
     report = {
         "hardware": hardware,
@@ -285,10 +285,10 @@ def _measure_shards(
     wanted = unique_shards(
         decisive
         + [[p] for p in table_wise(tables)]
-        + draw_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
+        + draw_fused_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
     with ProfilingPool(config.actors) as pool:
-        known = store.known_keys([shard_key(pieces, measure, pool.hardware) for pieces in wanted])
+        known = store.known_keys([fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted])
         log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
         with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
             for start_index in range(0, len(wanted), 2 * config.actors):
@@ -335,12 +335,12 @@ def _fine_tuned(
     hardware: str,
     by_split: dict[str, list],
     plan_split: dict[str, list[PlanMeasurement]],
-    hosts: int | None,
+    devices_per_host: int | None,
     config: CalibrateConfig,
 ) -> CostModels:
     """`start` fine-tuned on the fit split, stopped by the validation split. Over hosts, the comm model is fit to
     all-to-alls measured over them: it learns their inter-host share, and prices it itself thereafter
-    (`comm_hosts`, `shard_ray.costmodel.pricing.analytic_hosts`)."""
+    (`comm_devices_per_host`, `shard_ray.costmodel.pricing.analytic_devices_per_host`)."""
     train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
     compute = train_compute_model(
         compute_data(by_split["fit"]), compute_data(by_split["val"]), train, init=start.compute
@@ -350,7 +350,7 @@ def _fine_tuned(
         comm = train_comm_model(
             comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
         )
-        info.comm_hosts = hosts or None
+        info.comm_devices_per_host = devices_per_host or None
     return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
 
 

@@ -19,9 +19,9 @@ from shard_ray.io import write_json
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, ShardMeasurement
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.profiling.sampling import draw_shards
+from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.tracking.mlflow_runs import default_tracking_uri, ui_command
@@ -51,7 +51,7 @@ class DemoConfig:
     address: str | None = None
 
 
-def fused_vs_singles(measurements: list[ShardMeasurement]) -> float | None:
+def fused_vs_singles(measurements: list[FusedShardMeasurement]) -> float | None:
     """Median of (fused step ms) / (sum of the tables' single-table step ms) over multi-table shards."""
     by_table = {m.tables[0].table.name: m.compute_ms for m in measurements if m.status == "ok" and len(m.tables) == 1}
     ratios = [
@@ -133,7 +133,7 @@ def _profile(config: DemoConfig, tables: list[TableSpec], topology: Topology) ->
     """Fused shards of the task measured on profiling actors, and what fusing saved."""
     print(connect_ray(config.address, min_cpus=config.num_devices))
     measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
-    shards = draw_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
+    shards = draw_fused_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
     with (
         ProfilingPool(num_actors=min(2, config.num_devices)) as profiler,
         MeasurementStore(config.workdir / "measurements.db") as store,

@@ -41,7 +41,7 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, shard_key
+from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.tables import TableSpec
 
@@ -94,7 +94,7 @@ class _Meter:
             [[pieces[i] for i in np.flatnonzero(assign == d)] for d in devices] for pieces, assign, devices in layouts
         ]
         flat = [shard for per_layout in shards for shard in per_layout if shard]
-        keys = {shard_key(shard, seeded, self.pool.hardware) for shard in flat}
+        keys = {fused_shard_key(shard, seeded, self.pool.hardware) for shard in flat}
         self.measured_shards += len(keys - self.store.known_keys(list(keys)))
         results = iter(self.pool.measure(flat, seeded, self.store, progress=False))
         computes = []
