@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import pytest
 
-from shard_ray.costmodel.collect import COLLECT_DIMS
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
 from shard_ray.profiling.sampling import draw_fused_shards
@@ -118,58 +117,20 @@ def _store_count(db) -> int:
             return 0
 
 
-@pytest.mark.parametrize("command_name", ["collect", "profile"])
-def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables, command_name):
-    from shard_ray.profiling.sampling import draw_augmented_fused_shards
+def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables):
+    """`profile` stopped part way by Ctrl-C, then killed outright, keeps what it measured and finishes the same set
+    when run again. (`collect` measures through the same pool and store; its resume is
+    tests/test_ray_measurement.py's `test_collect_resumes_without_measuring_twice`.)"""
     from shard_ray.workload.tables import save_tables
 
     pool_file, db = tmp_path / "pool.json", tmp_path / "m.db"
     save_tables(pool_file, small_tables)
-    cli = [sys.executable, "-m", "shard_ray.cli"]
-    if command_name == "collect":
-        command = [
-            *cli,
-            "collect",
-            "--kind",
-            "compute",
-            "--tables",
-            str(pool_file),
-            "--samples",
-            "30",
-            "--max-tables",
-            "4",
-            "--batch-sizes",
-            "2048",
-            "--repeats",
-            "60",
-            "--actors",
-            "2",
-            "--store",
-            str(db),
-        ]
-        config = MeasureConfig(batch_size=2048, warmup=2, repeats=60, seed=0)
-        drawn = draw_augmented_fused_shards(small_tables, 30, 4, COLLECT_DIMS, 0, 1)
-    else:
-        command = [
-            *cli,
-            "profile",
-            "--tables",
-            str(pool_file),
-            "--shards",
-            "25",
-            "--max-tables",
-            "4",
-            "--batch-size",
-            "2048",
-            "--repeats",
-            "60",
-            "--actors",
-            "2",
-            "--store",
-            str(db),
-        ]
-        config = MeasureConfig(batch_size=2048, warmup=3, repeats=60, seed=0)
-        drawn = draw_fused_shards(small_tables, 25, 4, seed=0, singles=True)
+    command = [
+        sys.executable, "-m", "shard_ray.cli", "profile", "--tables", str(pool_file), "--shards", "12",
+        "--max-tables", "4", "--batch-size", "2048", "--repeats", "60", "--actors", "2", "--store", str(db),
+    ]  # fmt: skip
+    config = MeasureConfig(batch_size=2048, warmup=3, repeats=60, seed=0)
+    drawn = draw_fused_shards(small_tables, 12, 4, seed=0, singles=True)
     for stop in (signal.SIGINT, signal.SIGKILL):
         before = _store_count(db)
         run = subprocess.Popen(
@@ -221,7 +182,7 @@ def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
         "shard_ray.cli",
         "bench",
         "--tasks",
-        "4",
+        "2",
         "--min-tables",
         "4",
         "--max-tables",
@@ -243,8 +204,8 @@ def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "test_000: measured by an earlier run" in done.stdout
     result = json.loads((out / "benchmark.json").read_text())
-    assert len(result["per_task"]) == 4 and result["per_task"]["test_000"] == first["records"]
-    assert json.loads(done.stdout.strip().splitlines()[-1])["tasks"] == 4
+    assert len(result["per_task"]) == 2 and result["per_task"]["test_000"] == first["records"]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["tasks"] == 2
 
 
 def test_outer_loop_killed_mid_round_resumes(tmp_path):
@@ -369,17 +330,17 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
         "--out",
         str(out),
         "--samples",
-        "6",
+        "3",
         "--max-concurrent",
         "1",
         "--tasks",
-        "6",
+        "3",
         "--min-tables",
-        "30",
+        "20",
         "--max-tables",
-        "40",
+        "30",
         "--max-evaluations",
-        "40000",
+        "20000",
         "--measure-top",
         "0",
         "--no-mlflow",
@@ -399,5 +360,5 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
     assert killed_trials and not (out / "best.json").exists()
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "resuming the sweep" in done.stdout and "6 trials, 0 failed" in done.stdout
-    assert json.loads((out / "best.json").read_text())["trials"] == 6
+    assert "resuming the sweep" in done.stdout and "3 trials, 0 failed" in done.stdout
+    assert json.loads((out / "best.json").read_text())["trials"] == 3
