@@ -85,7 +85,7 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
 
     raced = shard_ray(
         tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
-        "--out", "raced.json", "--measure", "--measure-budget", "20", "--refine", "--refine-steps", "2",
+        "--out", "raced.json", "--measure", "--measure-budget", "8", "--refine", "--refine-steps", "2",
     )  # fmt: skip
     assert raced.returncode == 0, raced.stderr
     # the race's choice refined with measured moves; a refined plan is written only when the gang confirms it
