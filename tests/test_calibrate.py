@@ -42,7 +42,7 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
     calibrate = [
         "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "3", "--shards", "6",
-        "--plans", "3", "--warmup", "1", "--repeats", "3", "--epochs", "40", "--no-mlflow",
+        "--plans", "3", "--warmup", "1", "--repeats", "3", "--epochs", "40", "--noise-rounds", "3", "--no-mlflow",
     ]  # fmt: skip
     # from the shipped models both times: a second run starting from the first's models would plan other candidates
     calibrate += ["--cost-model", str(default_cost_model_path())]
@@ -56,8 +56,8 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     assert report["before"]["compute"]["n"] >= 1 and report["after"]["compute"]["mape"] is not None
     assert "0 of " in first.stdout  # nothing was in the store yet
     # the noise floor: the first candidate against a copy of itself on the gang
-    assert report["noise_floor"]["rounds"] == 8 and 0 <= report["noise_floor"]["round_spread"] < 0.5
-    assert "noise floor: a plan against a copy of itself (8 rounds)" in first.stdout
+    assert report["noise_floor"]["rounds"] == 3 and 0 <= report["noise_floor"]["round_spread"] < 0.5
+    assert "noise floor: a plan against a copy of itself (3 rounds)" in first.stdout
 
     # again, with MLflow in the default ./mlflow.db as a user gets it
     again = shard_ray(tmp_path, *[flag for flag in calibrate if flag != "--no-mlflow"])

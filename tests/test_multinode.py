@@ -216,7 +216,7 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     calibrated = shard_ray(
         *("calibrate", "--tables", "tables.json", "--devices", "4", "--devices-per-host", "2"),
         *("--address", cluster.address, "--budget-minutes", "2", "--shards", "10", "--plans", "12"),
-        *("--warmup", "1", "--repeats", "3", "--epochs", "40", "--no-mlflow"),
+        *("--warmup", "1", "--repeats", "3", "--epochs", "40", "--noise-rounds", "3", "--no-mlflow"),
         *("--cost-model", str(default_cost_model_path())),
     )
     assert calibrated.returncode == 0, calibrated.stderr

@@ -78,6 +78,7 @@ class CalibrateConfig:
     warmup: int = setting(2, "untimed steps before each measurement", min=0)
     repeats: int = setting(7, "timed steps per measurement; each part costs the fastest of them", min=1)
     held_out: float = setting(0.2, "share of the measurements held out for the before/after accuracy", min=0.05)
+    noise_rounds: int = setting(8, "rounds of the noise floor, the first candidate against a copy of itself", min=3)
     lr: float = setting(5e-4, "fine-tuning learning rate", min=0)
     epochs: int = setting(300, "most fine-tuning epochs; early stopping usually ends sooner", min=1)
     fit_share: float = 0.2  # of the budget, kept for fitting
@@ -317,7 +318,7 @@ def _measure_plans(
         return None
     plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
     with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
-        floor = noise_floor(candidates[0], tables, topology, gang, measure)
+        floor = noise_floor(candidates[0], tables, topology, gang, measure, config.noise_rounds)
         log(f"noise floor: {floor.describe()}")
         for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
             key = gang.plan_key(plan, tables, measure)
