@@ -16,7 +16,7 @@ Accuracy = dict[str, float | None]
 
 class Coverage(BaseModel):
     """The training range: each table feature's lowest and highest value over the training pieces, and the most
-    tables of a training shard (`shard_ray.costmodel.coverage`)."""
+    tables of a training fused shard (`shard_ray.costmodel.coverage`)."""
 
     features: list[str]
     low: list[float]
