@@ -64,6 +64,8 @@ def run_task(name: str, tables_file: Path, config: CalibrationBenchmark, out: Pa
     memory_gb = memory_cap_with_headroom(tables, config.devices, config.memory_headroom) / GB
     store, models, plan = str(out / "measurements.db"), out / "models" / f"{name}.pt", out / "plans" / f"{name}.json"
     common = ["--tables", str(tables_file), "--devices", str(config.devices), "--memory-gb", f"{memory_gb:.4f}"]
+    for folder in (out / "models", out / "plans"):
+        folder.mkdir(parents=True, exist_ok=True)
     report = json.loads(
         shard_ray(
             "calibrate", *common, "--cost-model", str(default_cost_model_path()), "--store", store,

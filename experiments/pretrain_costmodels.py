@@ -41,6 +41,7 @@ def commands(argv: list[str]) -> list[list[str]]:
         raise ShardRayError(f"unknown section(s) {', '.join(unknown)}; known: out, {', '.join(SECTIONS)}")
     flags = {name: config_to_argv(config.get(name) or {}, name) for name in SECTIONS}
     out = out_folder(argv)
+    out.mkdir(parents=True, exist_ok=True)  # the steps write their files into it, as `--out FILE` needs
     pool, tasks, store, models = out / "pool.json", out / "tasks", out / "measurements.db", out / "costmodels.pt"
     steps = [
         (pool, ["generate", "--out", str(pool), *flags["generate"]]),

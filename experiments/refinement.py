@@ -61,6 +61,8 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     store, plans = str(out / "measurements.db"), out / "plans" / name
     common = ["--tables", str(tables_file), "--devices", str(config.devices), "--memory-gb", f"{memory_gb:.4f}"]
     written, models = plans / "written.json", out / "models" / f"{name}.pt"
+    for folder in (plans, out / "models"):
+        folder.mkdir(parents=True, exist_ok=True)
     calibration = json.loads(
         shard_ray(
             "calibrate", *common, "--cost-model", str(default_cost_model_path()), "--store", store,

@@ -37,8 +37,8 @@ def setting(default: Any, help: str, **flag: Any) -> Any:
 
     `flag` may name the flag (`flag="--epochs"`), its old names (`old_names=("--pool",)`), a
     minimum (`min=1`), `choices`, `required=True`, `repeat=True` for a flag given once per value,
-    `many=True` for a flag followed by its values (`--plans a.json b.json`), or `whole=True` for a list
-    flag whose values are not split at commas.
+    `many=True` for a flag followed by its values (`--plans a.json b.json`), `whole=True` for a list
+    flag whose values are not split at commas, or `new_file=True` for a file to write, whose folder must exist.
     """
     return field(default=default, metadata={"help": help, **flag})
 

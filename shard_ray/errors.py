@@ -6,6 +6,9 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 from pydantic import ValidationError
 
 
@@ -31,9 +34,39 @@ def first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def describe_validation_error(err: ValidationError, what: str) -> str:
-    """One line naming the first invalid field of `what` and why."""
+def describe_validation_error(err: ValidationError, what: str, document: object = None) -> str:
+    """One line naming the first invalid field of `what` and why; given the `document` validated, an entry of
+    a list that has a name is called by it (`table 'C4': rows`, not `tables.3.rows`)."""
     first = err.errors()[0]
     location = ".".join(str(part) for part in first["loc"]) or "(root)"
+    named = _named_entry(document, first["loc"])
+    if named:
+        name, depth = named
+        rest = ".".join(str(part) for part in first["loc"][depth:])
+        location = f"{str(first['loc'][depth - 2]).removesuffix('s')} {name!r}" + (f": {rest}" if rest else "")
     message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
     return f"{what}: {location}: {message}"
+
+
+def _named_entry(document: object, location: tuple) -> tuple[str, int] | None:
+    """The name of the innermost named list entry on `location` in `document`, and how deep it lies."""
+    found = None
+    for depth, part in enumerate(location, start=1):
+        try:
+            document = document[part]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            break
+        if (
+            isinstance(part, int)
+            and depth >= 2
+            and isinstance(document, dict)
+            and isinstance(document.get("name"), str)
+        ):
+            found = (document["name"], depth)
+    return found
+
+
+def did_you_mean(given: str, known: Iterable[str]) -> str:
+    """ "; did you mean X?" for the known name closest to a misspelt `given`, or "" when none is close."""
+    close = difflib.get_close_matches(given, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""

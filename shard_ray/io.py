@@ -46,7 +46,7 @@ def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected
     try:
         return model.model_validate(document)
     except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"{what} file {path}")) from err
+        raise ShardRayError(describe_validation_error(err, f"{what} file {path}", document)) from err
 
 
 def read_torch_file(

@@ -25,6 +25,7 @@ def assert_refused(capsys, argv, message, leftover=None):
     assert message in err
     if leftover is not None:
         assert not leftover.exists()
+    return err
 
 
 def test_generate_tasks_plan(tmp_path, capsys):
@@ -90,7 +91,7 @@ GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
         ("{not json", "not valid"),
         (json.dumps({"tables": []}), "tables"),
         (json.dumps({"tables": [GOOD | {"dim": 30}]}), "multiple of 4"),
-        (json.dumps({"tables": [GOOD | {"rows": -5}]}), "rows"),
+        (json.dumps({"tables": [GOOD | {"rows": -5}]}), "table 't0': rows: Input should be greater than 0"),
         (json.dumps({"tables": [GOOD | {"pooling_factor": 0}]}), "pooling_factor"),
         (json.dumps({"tables": [GOOD | {"rows": "lots"}]}), "rows"),
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
@@ -128,6 +129,10 @@ def test_plan_refuses_missing_file_unknown_algo_and_infeasible_memory(tmp_path, 
     )
     assert_refused(
         capsys, base + ["--tables", str(table_file), "--memory-gb", "1", "--algo", "magic"], "unknown algorithm", out
+    )
+    misspelt = base + ["--tables", str(table_file), "--memory-gb", "1", "--algo", "neuroshrd"]
+    assert assert_refused(capsys, misspelt, "unknown algorithm 'neuroshrd'; known: ", out).endswith(
+        "; did you mean neuroshard?"
     )
     assert_refused(
         capsys,
@@ -205,8 +210,28 @@ def test_console_errors_are_one_line_without_traceback(tmp_path):
     ]
     result = run_cli("plan", "--devices", "zero")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    # every error has one prefix, and a misspelling gets the closest known flag or command
+    result = run_cli("plan", "--tables", "t.json", "--memroy-gb", "4")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "shard-ray: error: unrecognized argument --memroy-gb; did you mean --memory-gb? (see shard-ray plan --help)"
+    ]
+    result = run_cli("costmodel", "trian")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("shard-ray: error: ") and "did you mean train?" in result.stderr
     result = run_cli("frobnicate")
-    assert result.returncode == 2 and "invalid choice" in result.stderr
+    assert result.returncode == 2 and "invalid choice" in result.stderr and "did you mean" not in result.stderr
+
+
+def test_out_into_a_folder_that_does_not_exist_is_refused(tmp_path, capsys, table_file):
+    missing = tmp_path / "no" / "such" / "folder"
+    argv = ["plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1", "--algo", "random"]
+    message = f"argument --out: folder {missing} does not exist; create it first"
+    assert_refused(capsys, [*argv, "--out", str(missing / "plan.json")], message)
+    assert not (tmp_path / "no").exists()
+    # an output folder is created with its parents: tasks writes its files into it
+    tasks = ["tasks", "--tables", str(table_file), "--num-tasks", "1", "--min-tables", "2", "--max-tables", "3"]
+    assert main([*tasks, "--out", str(missing)]) == 0
+    assert any(missing.iterdir())
 
 
 def test_generate_from_a_dataset_file(tmp_path):

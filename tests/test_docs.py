@@ -92,8 +92,9 @@ def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path)
     capture = 'n=0; ray() { n=$((n + 1)); printf "%s\\n" "$@" > "$JOBS/$n"; }'
     script = "\n".join([capture, page_block("clusters.md", "ray job submit")])
     done = subprocess.run(
-        ["bash", "-c", script], cwd=REPO, env={**os.environ, "JOBS": str(jobs)}, capture_output=True, text=True
-    )
+        ["bash", "-c", script], cwd=REPO, env={**os.environ, "JOBS": str(jobs), "HOME": str(tmp_path)},
+        capture_output=True, text=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     submitted = [(jobs / name).read_text().splitlines() for name in sorted(os.listdir(jobs), key=int)]
     assert len(submitted) == 6

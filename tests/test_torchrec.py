@@ -36,8 +36,11 @@ def test_torchrec_planner_plans_the_task_within_memory(devices):
 
 def test_torchrec_planner_refuses_what_does_not_fit():
     tables = [TableSpec(name="big", rows=10_000_000, dim=128, pooling_factor=1.0)]
-    with pytest.raises(ShardRayError, match="TorchRec's planner found no plan"):
+    with pytest.raises(ShardRayError, match="TorchRec's planner found no plan") as refused:
         place("torchrec", tables, Topology(num_devices=2, memory_bytes=GB // 4, batch_size=1024))
+    # which table does not fit, and by how much, by shard-ray's memory model
+    assert "table 'big' needs 4.81 GB" in str(refused.value) and "over the cap of 0.25 GB" in str(refused.value)
+    assert str(refused.value) == str(refused.value).strip()
 
 
 def _free_port() -> int:

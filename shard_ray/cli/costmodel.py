@@ -25,7 +25,7 @@ class TrainArgs:
         required=True,
         old_names=("--train-pool",),
     )
-    out: str = setting(None, "model file to write (.pt)", required=True)
+    out: str = setting(None, "model file to write (.pt)", required=True, new_file=True)
     store: str = setting(DEFAULT_STORE, STORE_HELP)
     config: str | None = setting(
         None, "tuned training settings (best.json of `tune costmodel`); flags given override them"
@@ -53,7 +53,9 @@ class CalibrateArgs:
         None, "models to start from (default: those calibrated for this hardware, else the shipped ones)"
     )
     store: str = setting(DEFAULT_STORE, STORE_HELP)
-    out: str | None = setting(None, "model file to write (default: this hardware's file under ~/.shard-ray/models)")
+    out: str | None = setting(
+        None, "model file to write (default: this hardware's file under ~/.shard-ray/models)", new_file=True
+    )
 
 
 def existing_store(path: str) -> str:

@@ -12,6 +12,7 @@ for every command: the dataclass's defaults, then a tuned file's values, then th
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import types
 import typing
@@ -21,17 +22,43 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from shard_ray.configfile import dataclass_from
+from shard_ray.errors import did_you_mean
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, like every other user error, and takes no abbreviations."""
+    """argparse that reports a bad flag in one line with the prefix of every other user error, suggests the
+    flag or choice a misspelling was meant to be, and takes no abbreviations."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--device 2` must not pass for `--devices 2`
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        self._arguments = list(sys.argv[1:] if args is None else args)
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:
+            # A command's own parser refuses what it does not know, so that the message can name its flags
+            self.error(self._unrecognized([e for e in extras if e.startswith("-")] or extras))
+        return namespace, extras
+
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        unknown = [
+            a for a in getattr(self, "_arguments", []) if a.startswith("--") and a.split("=")[0] not in self._flags()
+        ]
+        if unknown and self._subparsers is None and message.startswith("the following arguments are required"):
+            message = self._unrecognized(unknown)  # a misspelt flag is why the flag it meant is missing
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            message += did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
+        command = self.prog.removeprefix("shard-ray").strip()
+        self.exit(2, f"shard-ray: error: {message}" + (f" (see shard-ray {command} --help)\n" if command else "\n"))
+
+    def _unrecognized(self, unknown: Sequence[str]) -> str:
+        noun = "argument" if len(unknown) == 1 else "arguments"
+        return f"unrecognized {noun} {' '.join(unknown)}" + did_you_mean(unknown[0].split("=")[0], self._flags())
+
+    def _flags(self) -> list[str]:
+        return [option for action in self._actions for option in action.option_strings]
 
 
 def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
@@ -54,6 +81,17 @@ def _number(kind: type, minimum: float | None) -> typing.Callable[[str], Any]:
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
+
+
+def _in_a_folder_that_exists(text: str) -> str:
+    """A file to write: its folder must exist, so that a typo in the path is refused, not created silently."""
+    folder = Path(text).parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist; create it first")
+    return text
+
+
+_in_a_folder_that_exists.__name__ = "file"
 
 
 def _listed(item: typing.Callable[[str], Any]) -> typing.Callable[[str], tuple]:
@@ -92,6 +130,8 @@ def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": parse if metadata.get("whole") else _listed(parse)}
     if annotation in (int, float):
         return {"type": _number(annotation, minimum)}
+    if metadata.get("new_file"):
+        return {"type": _in_a_folder_that_exists}
     if annotation in (str, Path):
         return {"type": annotation}
     raise TypeError(f"no flag parser for {annotation!r}")

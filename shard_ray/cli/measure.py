@@ -69,7 +69,7 @@ class CollectArgs:
 class EvaluateArgs:
     tables: str = setting(None, "the table file the plan places", required=True)
     plan: str = setting(None, "plan file to measure", required=True)
-    out: str = setting(None, "result file to write (.json)", required=True)
+    out: str = setting(None, "result file to write (.json)", required=True, new_file=True)
     task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
     rounds: int = setting(
         7,

@@ -56,13 +56,14 @@ class TopologyArgs:
     )
     devices_per_host: int | None = setting(
         None,
-        "devices on each host (GPUs per node), ranks numbered host by host; --devices must be a multiple "
+        "devices on each host (GPUs per node), ranks numbered host by host; it must divide the device count "
         "(default: the plan file's, else one host holds every device)",
         min=1,
     )
     inter_host_gbps: float | None = setting(
         None,
-        "each device's bandwidth to other hosts in GB/s, priced when --devices-per-host splits the devices "
+        "each device's bandwidth to other hosts in GB/s, for the traffic that crosses hosts when "
+        "--devices-per-host splits the devices "
         f"(default: the plan file's, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's)",
         min=1e-9,
     )
@@ -95,7 +96,7 @@ class PlanArgs:
     tables: str = setting(None, "table file to place", required=True)
     devices: int = setting(None, "number of devices", required=True, min=1)
     algo: str = setting(None, "algorithm name (see `shard-ray algorithms`)", required=True)
-    out: str = setting(None, "plan file to write (.json)", required=True)
+    out: str = setting(None, "plan file to write (.json)", required=True, new_file=True)
     seed: int = setting(0, "random seed")
     cost_model: str | None = setting(
         None,
@@ -162,7 +163,7 @@ class PlanArgs:
 class ExportArgs:
     plan: str = setting(None, "plan file to export", required=True)
     tables: str = setting(None, "the table file the plan places (for row counts)", required=True)
-    out: str = setting(None, "file to write (.json)", required=True)
+    out: str = setting(None, "file to write (.json)", required=True, new_file=True)
     format: Literal["torchrec"] = setting("torchrec", "export format")
     module_path: str = setting(
         "",

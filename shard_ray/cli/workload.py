@@ -15,7 +15,7 @@ from shard_ray.workload.tasks import TaskConfig
 
 @dataclass(frozen=True)
 class GenerateArgs:
-    out: str = setting(None, "table file to write (.json)", required=True)
+    out: str = setting(None, "table file to write (.json)", required=True, new_file=True)
     from_dataset: str | None = setting(None, "a dlrm_datasets file (indices, offsets, lengths; plain or gzipped)")
     dim: int = setting(64, "dim given to tables derived from a dataset", min=4)
 

@@ -31,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_document, write_json
+from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
 from shard_ray.plan.plan import Plan, Shard, TableSharding, laid_out_as
-from shard_ray.plan.topology import Topology
+from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
 EXPORT_FORMAT = "shard-ray-torchrec-plan/1"
@@ -139,8 +140,24 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
         try:
             sharding_plan = planner.plan(collection, [EmbeddingBagCollectionSharder()])
         except PlannerError as err:  # no plan within memory (or its partitioner gave up)
-            raise InfeasibleError(f"TorchRec's planner found no plan: {first_line(err)}") from None
+            raise InfeasibleError(_why_no_plan(tables, topology, first_line(err))) from None
     return _as_plan(sharding_plan.plan[""], tables, topology)
+
+
+def _why_no_plan(tables: list[TableSpec], topology: Topology, torchrec_said: str) -> str:
+    """TorchRec's no-plan message, with the table that does not fit and by how much by shard-ray's memory model."""
+    said = f"TorchRec's planner found no plan ({torchrec_said.strip().rstrip('.')})"
+    try:
+        pieces_to_place(tables, topology)
+    except InfeasibleError as reason:
+        return f"{said}: {reason}"
+    largest = max(tables, key=lambda t: TablePiece.whole(t).memory_bytes(topology.optimizer))
+    need = TablePiece.whole(largest).memory_bytes(topology.optimizer)
+    return (
+        f"{said}, though the tables fit by shard-ray's memory model; its largest table, {largest.name!r}, needs "
+        f"{format_gb(need)} (weights + {topology.optimizer} state) of the {format_gb(topology.memory_bytes)} "
+        "per device: TorchRec's storage estimate counts more than weights and optimizer state"
+    )
 
 
 def _as_plan(module_plan: Any, tables: list[TableSpec], topology: Topology) -> Plan:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from shard_ray.configfile import dataclass_from
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec, validate_tables
@@ -114,7 +114,9 @@ def algorithms() -> list[AlgorithmInfo]:
 
 def algorithm(name: str) -> AlgorithmInfo:
     if name not in _REGISTRY:
-        raise ShardRayError(f"unknown algorithm {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+        raise ShardRayError(
+            f"unknown algorithm {name!r}; known: {', '.join(sorted(_REGISTRY))}{did_you_mean(name, _REGISTRY)}"
+        )
     return _REGISTRY[name]
 
 

@@ -33,7 +33,7 @@ from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, describe_models, models_for
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import mape
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
 from shard_ray.plan.cost import PlanRatio
@@ -101,7 +101,10 @@ class BenchmarkConfig:
         known = {a.name for a in algorithms()}
         unknown = [a for a in self.algorithms if a not in known]
         if unknown:
-            raise ShardRayError(f"unknown algorithm(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ShardRayError(
+                f"unknown algorithm(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+                + did_you_mean(unknown[0], known)
+            )
 
 
 def benchmark_tasks(config: BenchmarkConfig) -> list[tuple[str, list[TableSpec]]]:

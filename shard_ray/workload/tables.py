@@ -166,7 +166,7 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
     try:
         return TableFile.model_validate(document).tables
     except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"table file {path}")) from err
+        raise ShardRayError(describe_validation_error(err, f"table file {path}", document)) from err
 
 
 def save_tables(path: str | os.PathLike[str], tables: list[TableSpec], **metadata: object) -> None:
