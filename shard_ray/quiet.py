@@ -4,6 +4,9 @@ What goes, and why it is safe to drop:
 - MLflow's INFO lines (creating the SQLite database's tables, alembic migrations, "Experiment ...
   does not exist. Creating a new experiment"): routine. Its warnings and errors stay, and
   MLFLOW_LOGGING_LEVEL, when set, wins.
+- MLflow's "View run ... at: http://..." and "View experiment at" lines, printed for every run
+  on a tracking server (jobs log to one): the commands say which run they logged, and where, once.
+  MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT, when set, wins.
 - Ray's notice that a new local instance has token authentication on: that is Ray's secure
   default and asks nothing of the user. Ray's warning that authentication is *off* stays.
   RAY_AUTH_MODE is left alone: a driver joining a cluster must use the cluster's mode.
@@ -29,6 +32,7 @@ def quiet_output() -> None:
     """Silence the routine library output above, for this process and the Ray workers it starts."""
     # MLflow reads the level once, when it is imported; the environment also reaches Ray's workers.
     level = os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING").upper()
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # read at every run's start
     if "mlflow" in sys.modules:  # imported already (a notebook, a test session): set it now
         logging.getLogger("mlflow").setLevel(level)
     # A filter on the logger itself survives Ray's own logging set-up at import and at ray.init.

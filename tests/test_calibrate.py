@@ -69,6 +69,12 @@ def test_calibrate_saves_models_per_hardware_resumes_and_plan_picks_them(tmp_pat
     assert mlflow_run["metrics.noise_floor_resolvable"] > 0
     known, wanted = map(int, re.search(r"(\d+) of (\d+) shards already measured", again.stdout).groups())
     assert known == wanted > len(json.loads(MINIMAL_TABLES)["tables"])
+    # the models this machine has, with what they were calibrated on and their held-out error
+    listed = shard_ray(tmp_path, "models")
+    assert listed.returncode == 0 and "2 calibrated in" in listed.stdout and "(shipped)" in listed.stdout
+    assert (
+        listed.stdout.count(f"calibrated on 4 tables (user_id, ad_id, category, history; task {_task(tmp_path)})") == 2
+    )
 
     planned = shard_ray(
         tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "neuroshard",

@@ -72,7 +72,11 @@ def test_generate_tasks_plan(tmp_path, capsys):
     )
     doc = json.loads(plan.read_text())
     assert doc["algorithm"] == "lookup_greedy" and doc["num_devices"] == 2
-    assert "plan 'lookup_greedy' on 2 devices" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "plan 'lookup_greedy' on 2 devices" in out
+    # a heuristic's plan is priced by the models all the same, and says so and by which
+    assert "simulated plan cost: " in out and "lookup_greedy places without the cost models" in out
+    assert "priced by the shipped models" in out and doc["estimate"]["provenance"].startswith("priced by")
 
 
 def test_algorithms_lists_every_baseline(capsys):

@@ -203,11 +203,20 @@ def test_the_clusters_pages_benchmark_job_runs_as_pasted(tmp_path, ray_head, mlf
             job,
         ]
     )
+    before = _working_dir_entries()
     done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "succeeded" in done.stdout and "joined cluster" in done.stdout, done.stdout[-4000:]
+    # the job wrote its results, store and runs outside the directory Ray packaged, and its log is as quiet as the CLI
+    assert _working_dir_entries() == before
+    assert "View run" not in done.stdout and "View experiment" not in done.stdout
     assert (Path(env["HOME"]) / "shard-ray-runs" / "benchmark" / "benchmark.json").is_file()
     _check_benchmark_runs(mlflow_server, "shard-ray-benchmark", tmp_path)
+
+
+def _working_dir_entries() -> dict[str, int]:
+    """What `--working-dir .` uploads from (the repository's top level, less pytest's cache), with modification times."""
+    return {p.name: p.stat().st_mtime_ns for p in REPO.iterdir() if p.name not in (".pytest_cache", ".git")}
 
 
 def _check_benchmark_runs(uri: str, experiment: str, tmp_path: Path) -> None:

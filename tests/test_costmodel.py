@@ -161,6 +161,19 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
         CostModels.load(tmp_path / "none.pt")
 
 
+def test_models_lists_the_shipped_and_calibrated_files_and_names_a_damaged_one(tmp_path, monkeypatch, capsys):
+    from shard_ray.cli import main
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "cpu-broken.pt").write_bytes(b"not torch")
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "the shipped ones, and 1 calibrated in" in out and "(shipped)" in out
+    assert "not calibrated on a task; held-out error (MAPE): compute_seen" in out
+    assert "cpu-broken.pt\n  cannot be read: cannot read cost model file" in out
+
+
 def test_model_info_is_typed_and_keeps_what_older_and_newer_files_wrote(tmp_path, shipped):
     """A file written before the info was typed (a plain mapping, some fields missing) and one with a key this
     version does not know both load, and saving them again writes back every key they had."""

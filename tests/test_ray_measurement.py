@@ -248,6 +248,13 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "== 4. comparison" in out and "mlflow ui --backend-store-uri" in out
+    # the models that priced the plans are named, and the last screen leads with the verdict
+    assert "priced by the shipped models" in out and "measured/predicted" in out
+    verdict = out.split("== 5. verdict\n")[1].splitlines()
+    chosen = comparison.result.chosen
+    assert verdict[0].startswith(f"shard-ray chose {chosen}'s plan: ")
+    assert "TorchRec's plan" in verdict[1] and "the best heuristic" in verdict[2]
+    assert verdict[3].startswith("every plan is an MLflow run")
     assert set(comparison.plans) >= {"random", "size_lookup_greedy"}
     # at least 3 interleaved rounds per plan, each with its interval, and a verdict that says how it chose
     assert comparison.result is not None and comparison.result.rounds >= 3

@@ -1,25 +1,25 @@
 """TorchRec for real: its planner as a baseline, and exported plans driving DistributedModelParallel on 2 gloo ranks."""
 
 import json
-import os
-import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
-from shard_ray.interop.torchrec import embedding_bag_configs, export_plan, load_sharding_plan, sharding_plan
+from shard_ray.interop.torchrec import export_plan, sharding_plan
 from shard_ray.placement import place
 from shard_ray.plan.piece import row_wise, table_row_wise
 from shard_ray.plan.plan import Plan, PlanSettings, Shard, load_plan
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
-from shard_ray.workload.tables import TableSpec, load_tables, save_tables
+from shard_ray.workload.tables import TableSpec, save_tables
 
-BATCH = 8
+BATCH = 8  # shard_ray.interop.torchrec_step's samples per rank
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
@@ -41,67 +41,6 @@ def test_torchrec_planner_refuses_what_does_not_fit():
     # which table does not fit, and by how much, by shard-ray's memory model
     assert "table 'big' needs 4.81 GB" in str(refused.value) and "over the cap of 0.25 GB" in str(refused.value)
     assert str(refused.value) == str(refused.value).strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _train_step(rank: int, world: int, port: int, tables_file: str, plan_file: str, results: dict) -> None:
-    """One rank: DistributedModelParallel with the exported plan, a forward and a backward with SGD fused in."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.modules.embedding_modules import EmbeddingBagCollection
-        from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-        tables = load_tables(tables_file)
-        collection = EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device("meta"))
-        apply_optimizer_in_backward(torch.optim.SGD, collection.parameters(), {"lr": 0.5})
-        model = DistributedModelParallel(
-            collection,
-            device=torch.device("cpu"),
-            plan=load_sharding_plan(plan_file),
-            sharders=[EmbeddingBagCollectionSharder()],
-        )
-        state = model.state_dict()
-        local = {k: v.local_shards() for k, v in state.items() if hasattr(v, "local_shards")}
-        before = {k: [s.tensor.clone() for s in shards] for k, shards in local.items()}
-        replicas = {k: v.clone() for k, v in state.items() if not hasattr(v, "local_shards")}  # data-parallel
-        generator = torch.Generator().manual_seed(rank)
-        lengths = torch.randint(1, 4, (len(tables) * BATCH,), generator=generator)
-        values = torch.cat(
-            [
-                torch.randint(0, t.rows, (int(lengths[i * BATCH : (i + 1) * BATCH].sum()),), generator=generator)
-                for i, t in enumerate(tables)
-            ]
-        )
-        pooled = model(KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths))
-        pooled.values().sum().backward()
-        after = model.state_dict()
-        results[rank] = {
-            "shape": list(pooled.values().shape),
-            "local_shards": {
-                k.split(".")[-2]: [list(s.metadata.shard_offsets) + list(s.metadata.shard_sizes) for s in v]
-                for k, v in local.items()
-            },
-            "updated": any(
-                not torch.equal(b, a.tensor) for k in before for b, a in zip(before[k], after[k].local_shards())
-            ),
-            # A data-parallel table's gradient is DDP's to all-reduce and a dense optimizer's to apply.
-            "replicas": {
-                name.split(".")[-2]: bool(p.grad is not None and p.grad.abs().sum() > 0)
-                for name, p in model.named_parameters()
-                if name.split(".")[-2] in {k.split(".")[-2] for k in replicas}
-            },
-        }
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -149,8 +88,14 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     exported = json.loads(export_file.read_text())
     assert exported["tables"][widest.name]["ranks"] == [0, 1, 0]
 
-    results = mp.Manager().dict()
-    mp.spawn(_train_step, args=(2, _free_port(), str(tables_file), str(export_file), results), nprocs=2, join=True)
+    # one step under DistributedModelParallel, as the own-tables guide runs it
+    step = subprocess.run(
+        [sys.executable, "-m", "shard_ray.interop.torchrec_step", "--tables", str(tables_file), "--plan", str(export_file)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert step.returncode == 0, step.stderr
+    results = {int(rank): result for rank, result in json.loads(step.stdout.strip().splitlines()[-1]).items()}
+    assert step.stdout.startswith("rank 0: holds ") and "SGD updated its shards: yes" in step.stdout
     total_dim = sum(t.dim for t in tables)
     plan = load_plan(plan_file)
     for rank in (0, 1):

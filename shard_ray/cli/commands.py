@@ -24,6 +24,9 @@ COMMANDS: dict[str, Command] = {
         "measure", "measure plans side by side on the gang and say which is faster, with intervals that hold"
     ),
     "costmodel": Command("costmodel", "train or evaluate the neural cost models"),
+    "models": Command(
+        "costmodel", "list the cost models this machine has: hardware, what they were calibrated on, held-out error"
+    ),
     "calibrate": Command(
         "costmodel", "measure a task on this cluster and fit the cost models to this hardware, in minutes"
     ),

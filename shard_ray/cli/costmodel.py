@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
@@ -14,6 +15,9 @@ from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
 from shard_ray.costmodel.train import TrainConfig
 from shard_ray.errors import ShardRayError
+
+if TYPE_CHECKING:
+    from shard_ray.costmodel.models import CostModels
 from shard_ray.workflows.calibrate import CalibrateConfig
 
 
@@ -200,6 +204,45 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(json.dumps(report))
 
 
+def cmd_models(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path, models_home
+
+    home = models_home()
+    files = [default_cost_model_path(), *sorted(home.glob("*.pt"))]
+    print(
+        f"cost models on this machine: the shipped ones, and {len(files) - 1} calibrated in {home} "
+        "(`plan` picks these tables' own models for its hardware, else the hardware's, else the shipped ones)"
+    )
+    for path in files:
+        print(f"\n{path}" + (" (shipped)" if path == default_cost_model_path() else ""))
+        try:
+            models = CostModels.load(path)
+        except ShardRayError as err:
+            print(f"  cannot be read: {err}")
+            continue
+        print("  " + _models_line(models))
+
+
+def _models_line(models: CostModels) -> str:
+    """A model file's hardware, what it was calibrated on and when, and its held-out error, on one line."""
+    calibrated = models.info.calibrated
+    if calibrated is None:
+        held_out, fitted = models.info.held_out or {}, "trained by `costmodel train`, not calibrated on a task"
+    else:
+        held_out = calibrated.held_out
+        tables = ", ".join(calibrated.tables[:4]) + (", ..." if len(calibrated.tables) > 4 else "")
+        fitted = f"calibrated on {len(calibrated.tables)} tables ({tables}; task {calibrated.task})"
+        fitted += f" on {calibrated.at}" if calibrated.at else ""
+    if models.info.comm_devices_per_host:
+        fitted += f", all-to-alls over hosts of {models.info.comm_devices_per_host} devices"
+    errors = ", ".join(
+        f"{part} {score['mape']:.1%} (n {int(score['n'] or 0)})"
+        for part, score in held_out.items()
+        if score.get("mape") is not None
+    )
+    return f"{models.hardware}; {fitted}; held-out error (MAPE): {errors or 'none measured'}"
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "costmodel")
     commands = p.add_subparsers(dest="costmodel_command", required=True, parser_class=Parser)
@@ -215,6 +258,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_ray(p)
     add_tracking(p)
     p.set_defaults(run=cmd_calibrate)
+
+    p = add_command(sub, "models")
+    p.set_defaults(run=cmd_models)
 
     q = commands.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
     add_settings(q, EvaluateModelArgs)

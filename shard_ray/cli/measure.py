@@ -94,6 +94,7 @@ class CompareArgs:
 def cmd_compare(args: argparse.Namespace) -> None:
     from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_atomic, write_json
+    from shard_ray.placement.base import priced
     from shard_ray.plan.plan import load_plan
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.tracking.mlflow_runs import log_comparison
@@ -121,10 +122,13 @@ def cmd_compare(args: argparse.Namespace) -> None:
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=topology.num_devices)
     with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
+        # every plan priced by one set of models, those `plan` picks for the gang's hardware and these tables
+        plans = [priced(plan, tables, topology, hardware=gang.hardware) for plan in plans]
         compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config)
     result = compared.result
     table = format_comparison(result)
     print(table)
+    print(plans[0].estimate.provenance)
     out = Path(flags.out)
     write_json(
         out / "comparison.json",
@@ -221,8 +225,9 @@ def cmd_collect(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_json
+    from shard_ray.placement.base import priced
     from shard_ray.plan.plan import load_plan
-    from shard_ray.plan.summary import format_plan_summary
+    from shard_ray.plan.summary import format_plan_summary, format_prediction
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.tracking.mlflow_runs import log_plan_evaluation
     from shard_ray.workload.tables import load_tables
@@ -241,8 +246,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     connect(args, min_cpus=plan.num_devices)
     with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
         cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
+    # the models' price for this batch, by the models that priced the plan when it was made, else those `plan`
+    # picks for the gang's hardware
+    plan = priced(plan, tables, topology, plan.estimate.cost_model if plan.estimate else None, cost.hardware)
     write_json(flags.out, cost.model_dump(mode="json"))
     print(format_plan_summary(plan, tables, topology, cost))
+    print(format_prediction(plan.estimate, cost.cost_ms))
+    print(plan.estimate.provenance)
     told = set(gang.warnings)  # the gang says its own when it starts
     for line in [*(plan.estimate.warnings if plan.estimate else ()), *(w for w in cost.warnings if w not in told)]:
         print(f"warning: {line}", file=sys.stderr)

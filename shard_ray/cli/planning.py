@@ -13,7 +13,6 @@ from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, connect
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.cost import MeasuredComparison
 from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import GB, Optimizer, Topology
 from shard_ray.workflows.comparison import CompareConfig
@@ -100,8 +99,8 @@ class PlanArgs:
     seed: int = setting(0, "random seed")
     cost_model: str | None = setting(
         None,
-        "cost model file for model-based algorithms (default: the models `calibrate` saved for --hardware, "
-        "else the shipped CPU models)",
+        "cost model file that prices the plan, and places it for the model-based algorithms (default: the models "
+        "`calibrate` saved for --hardware, else the shipped CPU models)",
     )
     hardware: str | None = setting(
         None, "hardware id the plan is for, e.g. 'cuda:NVIDIA H100 80GB HBM3' (default: this machine's)"
@@ -182,6 +181,7 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.placement import place
+    from shard_ray.placement.base import priced
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
     from shard_ray.profiling.hardware import hardware_id
@@ -197,17 +197,20 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _check_cost_model_flag(flags)
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
+    hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it
     plan = place(
         flags.algo,
         tables,
         topology,
         seed=flags.seed,
         cost_model=flags.cost_model,
-        hardware=flags.hardware or hardware_id(threads=1),  # as the profiling actors and the gang name it
+        hardware=hardware,
         settings=flags.algorithm_settings(),
         settings_source=flags.search_config,
         constraints=constraints,
     )
+    if plan.estimate is None:  # placed without the models (a heuristic, TorchRec): priced by them all the same
+        plan = priced(plan, tables, topology, flags.cost_model, hardware)
     _print_placed(plan, tables, topology, flags)
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
@@ -227,22 +230,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 
 def _check_cost_model_flag(flags: PlanArgs) -> None:
-    """Refuse --cost-model for an algorithm that prices nothing with it, and a bad model file, before planning."""
+    """Refuse a bad model file before planning."""
     from shard_ray.costmodel.models import CostModels
-    from shard_ray.placement import algorithm, algorithms
 
-    if flags.cost_model is None:
-        return
-    if not algorithm(flags.algo).uses_models and not flags.explain:
-        users = ", ".join(i.name for i in algorithms() if i.uses_models)
-        raise ShardRayError(
-            f"{flags.algo!r} does not use cost models; --cost-model is for {users}, or for --explain's prices"
-        )
-    CostModels.load(flags.cost_model)
+    if flags.cost_model is not None:
+        CostModels.load(flags.cost_model)
 
 
 def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs) -> None:
     """The plan's summary with the models' prices and where they come from; their warnings on stderr."""
+    from shard_ray.placement import algorithm
     from shard_ray.plan.summary import format_plan_summary
 
     estimate = plan.estimate
@@ -250,6 +247,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
     print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
     if estimate and estimate.provenance:
         print(estimate.provenance)
+    if not algorithm(flags.algo).uses_models:
+        print(f"{flags.algo} places without the cost models: its plan is priced by them to compare with the others'")
     warnings = estimate.warnings if estimate else []
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
@@ -307,10 +306,11 @@ def measured_best(
     from shard_ray.costmodel.simulator import price_comm
     from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
+    from shard_ray.placement.base import priced
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.workflows.comparison import compare_plans, distinct, model_preference
+    from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison, model_preference
 
     racing = [a for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
     if constraints is not None:
@@ -318,11 +318,14 @@ def measured_best(
         print(f"under --constraints, left out of the race (they do not honour constraints): {', '.join(left_out)}")
         racing = [a for a in racing if a.takes_constraints]
     candidates = [plan]
+    models = plan.estimate.cost_model if plan.estimate else None  # every candidate priced by the plan's models
     for name in (a.name for a in racing):
         try:
-            candidates.append(place(name, tables, topology, seed=flags.seed, constraints=constraints))
+            candidate = place(name, tables, topology, seed=flags.seed, constraints=constraints)
         except InfeasibleError as err:
             print(f"{name}: no plan ({err})")
+            continue
+        candidates.append(priced(candidate, tables, topology, models, flags.hardware) if models else candidate)
     if len(distinct([(p.algorithm, p) for p in candidates])) < 2:
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
         return plan
@@ -344,7 +347,11 @@ def measured_best(
         )
         spanned = gang_layout(gang.hosts) if len(set(gang.hosts)) > 1 else None
     result = compared.result
-    print(format_measured_choice(result, {a.name for a in algorithms() if a.family == "heuristic"}))
+    print(
+        "\n".join(
+            [format_comparison(result), *claims(result, {a.name for a in algorithms() if a.family == "heuristic"})]
+        )
+    )
     if spanned:
         print(spanned)
     return compared.plans[result.chosen].model_copy(update={"measured": result})
@@ -372,7 +379,7 @@ def refined_and_confirmed(
     from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.workflows.comparison import compare_plans
+    from shard_ray.workflows.comparison import claims, compare_plans, format_comparison
     from shard_ray.workflows.refinement import refine
 
     actors = max(1, min(topology.num_devices, int(ray.cluster_resources().get("CPU", 1))))
@@ -395,25 +402,11 @@ def refined_and_confirmed(
                 [(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)], tables, topology, gang, race, store
             )
     result = compared.result
-    print(format_measured_choice(result, set()))
+    print("\n".join([format_comparison(result), *claims(result, set())]))
     if result.chosen == refined.plan.algorithm and result.separated:
         return refined.plan.model_copy(update={"measured": result, "estimate": None})
     print(f"the refined plan is not measured faster on the gang: {plan.algorithm}'s plan is written")
     return plan
-
-
-def format_measured_choice(result: MeasuredComparison, heuristics: set[str]) -> str:
-    """The comparison's table and what it lets one say against TorchRec's plan and the best heuristic."""
-    from shard_ray.workflows.comparison import claim, format_comparison
-
-    lines = [format_comparison(result)]
-    for label, found in (
-        ("TorchRec's plan", result.best_of({"torchrec"})),
-        ("the best heuristic", result.best_of(heuristics)),
-    ):
-        if found is not None:
-            lines.append(claim(result, found, label))
-    return "\n".join(lines)
 
 
 def cmd_export(args: argparse.Namespace) -> None:

@@ -5,7 +5,7 @@ its name. A factory takes one `PlacementContext`: the seed, the cost models (loa
 use), and the algorithm's own settings, parsed by the settings dataclass it registered. `place`
 knows no algorithm: it parses the settings, runs the placer, times and checks the plan, and
 records what it was made with; a plan whose algorithm used the cost models carries their
-estimate (predicted per-device costs and the task's lower bound).
+estimate (predicted per-device costs and the task's lower bound), and `priced` gives any other plan one.
 """
 
 from __future__ import annotations
@@ -219,6 +219,17 @@ def _one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def priced(
+    plan: Plan, tables: list[TableSpec], topology: Topology, cost_model: str | None = None, hardware: str | None = None
+) -> Plan:
+    """`plan` with the cost models' estimate: for a plan made without them (a heuristic's, TorchRec's, a file's),
+    so that every plan has a price beside the others. The models are picked as `place` picks them."""
+    context = PlacementContext(
+        cost_model=cost_model, hardware=hardware, devices_per_host=topology.devices_per_host_if_spanning, tables=tables
+    )
+    return plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
 
 
 def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: PlacementContext) -> PlanEstimate:

@@ -174,6 +174,7 @@ class MeasuredComparison(BaseModel):
     candidates: dict[str, RoundsSummary]
     ratios: dict[str, PlanRatio] = {}
     priced_parts: list[str] = []  # step parts the comm model priced instead of the gang (more devices than cores)
+    predicted_ms: dict[str, float] = {}  # the cost models' price of each candidate that has one, beside its median
 
     @model_validator(mode="before")
     @classmethod

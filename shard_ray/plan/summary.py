@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shard_ray.plan.cost import PlanCost
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, PlanEstimate
 from shard_ray.plan.topology import GB, Topology
 from shard_ray.workload.tables import TableSpec
 
@@ -96,4 +96,13 @@ def priced_note(cost: PlanCost) -> str:
     return (
         f"measured: {measured}; priced by the comm model {cost.priced_by}: {priced} (more devices than cores on a "
         "node: all-to-alls there would measure the contention for cores, not the plan)"
+    )
+
+
+def format_prediction(estimate: PlanEstimate, measured_ms: float) -> str:
+    """The models' price of a plan beside its measured cost, and their ratio, in one line."""
+    predicted = estimate.predicted.cost_ms
+    return (
+        f"predicted {predicted:.3f} ms by the cost models, measured {measured_ms:.3f} ms: "
+        f"measured / predicted = {measured_ms / predicted:.2f}"
     )

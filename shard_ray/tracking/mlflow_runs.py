@@ -130,6 +130,18 @@ def log_plan_evaluation(
         "devices": str(plan.num_devices),
         "hardware": hardware,
     }
+    if plan.estimate is not None:  # which models priced the plan: the file, their hardware, what they were fit to
+        tags.update(
+            {
+                key: value
+                for key, value in (
+                    ("cost_model", plan.estimate.cost_model),
+                    ("cost_model_hardware", plan.estimate.hardware),
+                    ("cost_model_provenance", plan.estimate.provenance),
+                )
+                if value
+            }
+        )
     with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags) as run:
         mlflow.log_params(
             {
@@ -153,6 +165,7 @@ def log_plan_evaluation(
         predicted, lower_bound = plan_estimate(plan)
         if predicted is not None:
             metrics["predicted_cost_ms"] = predicted
+            metrics["measured_over_predicted"] = cost.cost_ms / predicted
         if lower_bound is not None:
             metrics["lower_bound_ms"] = lower_bound
             metrics["cost_over_lower_bound"] = cost.cost_ms / lower_bound

@@ -2,8 +2,8 @@
 
 Tasks are drawn from the test half of the synthetic pool (tables the shipped cost models never
 saw), plus any table files given. For each task every algorithm that handles its size plans the
-same tables under the same memory cap (`memory_headroom` times an even split of the task's
-bytes, never below its largest table), and all of a task's plans are measured side by side in
+same tables under the same memory cap (`memory_gb` per device, or `memory_headroom` times an
+even split of the task's bytes, never below its largest table), and all of a task's plans are measured side by side in
 one run on one gang. Averages are over the tasks every algorithm could plan (failures, such as
 a heuristic finding no placement within memory, are counted apart). Per algorithm: mean
 measured cost; improvement over the best single heuristic (lowest mean cost) and mean
@@ -37,7 +37,7 @@ from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
 from shard_ray.plan.cost import PlanRatio
-from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -77,6 +77,11 @@ class BenchmarkConfig:
     )
     budget_seconds: float = setting(120.0, "seconds of measuring per task", min=1)
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
+    memory_gb: float | None = setting(
+        None,
+        "memory cap per device in GiB, the one the tables will train under (default: --memory-headroom's)",
+        min=1e-9,
+    )
     cost_model: str | None = setting(
         None, "cost model file (default: the models calibrated for the gang's hardware, else the shipped CPU models)"
     )
@@ -172,7 +177,9 @@ def _measure_task(
     """One task planned by every algorithm and raced on the gang: each algorithm's record, and what failed why."""
     topology = Topology(
         num_devices=config.devices,
-        memory_bytes=memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
+        memory_bytes=round(config.memory_gb * GB)
+        if config.memory_gb is not None
+        else memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
         batch_size=config.batch_size,
     )
     compare = CompareConfig(
@@ -313,8 +320,9 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
         f"{report['common_tasks']} of {report['tasks']} tasks (those every algorithm planned; "
         f"{config.tasks} synthetic test tasks of {config.min_tables}-{config.max_tables} unseen tables"
         + (f", table files {', '.join(Path(p).name for p in config.table_files)}" if config.table_files else "")
-        + f"), {config.devices} devices, batch {config.batch_size}, memory {config.memory_headroom}x an even split, "
-        f"measured on `{report['hardware']}`"
+        + f"), {config.devices} devices, batch {config.batch_size}, memory "
+        + (f"{config.memory_gb:g} GB a device, " if config.memory_gb else f"{config.memory_headroom}x an even split, ")
+        + f"measured on `{report['hardware']}`"
         + (" (CPU devices: one core each)" if report["hardware"].startswith("cpu") else "")
         + f"; best single heuristic: {report['best_single_heuristic']}",
         *(f"Warning: {w}." for w in report["warnings"]),

@@ -245,6 +245,7 @@ def compare_plans(
         candidates={name: RoundsSummary.of(values, config.confidence) for name, values in race.rounds.items()},
         ratios=verdict.ratios,
         priced_parts=gang.priced_parts,
+        predicted_ms={name: plan.estimate.predicted.cost_ms for name, plan in plans.items() if plan.estimate},
     )
     return ComparedPlans(result, plans, {name: median_round(costs) for name, costs in per_plan.items()})
 
@@ -308,6 +309,19 @@ def claim(result: MeasuredComparison, name: str, label: str) -> str:
     )
 
 
+def claims(result: MeasuredComparison, heuristics: set[str]) -> list[str]:
+    """What the comparison lets one say of the chosen plan against TorchRec's plan and the best of `heuristics`,
+    each that raced."""
+    return [
+        claim(result, found, label)
+        for label, found in (
+            ("TorchRec's plan", result.best_of({"torchrec"})),
+            ("the best heuristic", result.best_of(heuristics)),
+        )
+        if found is not None
+    ]
+
+
 def format_comparison(result: MeasuredComparison) -> str:
     """The comparison's table: per plan its median with an interval, its ratio to the chosen plan, the verdict."""
     percent = int(round(result.confidence * 100))
@@ -320,7 +334,8 @@ def format_comparison(result: MeasuredComparison) -> str:
         f"steps{priced}",
         f"ratios to the chosen plan with intervals simultaneous over {pairs} pair(s) and every look "
         f"({percent}% confidence in all of them together)",
-        f"{'plan':<36} {'median ms':>10}  {median_ci:>18}  {'ratio to chosen':>28}  verdict",
+        f"{'plan':<36} {'median ms':>10}  {median_ci:>18}  {'ratio to chosen':>28}  {'verdict':<12}"
+        f"  {'predicted':>9}  {'measured/predicted':>18}",
     ]
     for name, c in sorted(result.candidates.items(), key=lambda item: item[1].median_ms):
         interval = f"[{c.ci_low_ms:>7.2f}, {c.ci_high_ms:>7.2f}]"
@@ -330,8 +345,12 @@ def format_comparison(result: MeasuredComparison) -> str:
             r = result.ratios[name]
             ratio = r.describe()
             verdict = ("slower" if r.ratio > 1 else "faster") if r.separated else "within noise"
-        lines.append(f"{name:<36} {c.median_ms:>10.2f}  {interval:>18}  {ratio:>28}  {verdict}")
+        predicted = result.predicted_ms.get(name)
+        priced = f"{predicted:>9.2f}  {c.median_ms / predicted:>18.2f}" if predicted else f"{'-':>9}  {'-':>18}"
+        lines.append(f"{name:<36} {c.median_ms:>10.2f}  {interval:>18}  {ratio:>28}  {verdict:<12}  {priced}")
     lines.append(result.rule)
+    if result.predicted_ms:
+        lines.append("predicted: the cost models' price of each plan (ms); measured/predicted: its median over it")
     return "\n".join(lines)
 
 
@@ -447,26 +466,28 @@ def plan_with_algorithms(
 
     `settings` gives algorithms their own settings by name. An algorithm that finds no placement
     within memory is recorded in `failures` and the others go on; any other error stops the run.
+    Every plan is priced by the models, those placed without them too.
     """
     from shard_ray.placement import algorithms, place
+    from shard_ray.placement.base import priced
 
     names = names or [info.name for info in algorithms() if info.handles(len(tables))]
     plans, failures = [], {}
     for name in names:
         try:
-            plans.append(
-                place(
-                    name,
-                    tables,
-                    topology,
-                    seed=seed,
-                    cost_model=cost_model,
-                    hardware=hardware,  # picks its calibrated models, or warns that the models are another's
-                    settings=(settings or {}).get(name),
-                )
+            plan = place(
+                name,
+                tables,
+                topology,
+                seed=seed,
+                cost_model=cost_model,
+                hardware=hardware,  # picks its calibrated models, or warns that the models are another's
+                settings=(settings or {}).get(name),
             )
         except InfeasibleError as err:
             failures[name] = str(err)
+            continue
+        plans.append(plan if plan.estimate else priced(plan, tables, topology, cost_model, hardware))
     return AlgorithmPlans(plans, failures)
 
 

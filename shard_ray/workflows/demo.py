@@ -16,6 +16,7 @@ import numpy as np
 from shard_ray.configfile import setting
 from shard_ray.costmodel.simulator import price_comm
 from shard_ray.io import write_json
+from shard_ray.placement import algorithms
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
@@ -25,7 +26,13 @@ from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.tracking.mlflow_runs import default_tracking_uri, ui_command
-from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
+from shard_ray.workflows.comparison import (
+    AlgorithmComparison,
+    CompareConfig,
+    claims,
+    compare_algorithms,
+    format_comparison,
+)
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, save_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -91,6 +98,25 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     print(format_plan_summary(comparison.plans[chosen], tables, topology, comparison.costs[chosen]))
     print(f"\n== 4. comparison (measured on {gang.hardware})")
     print(format_comparison(result) if result else "every algorithm made the same plan")
+    print(comparison.plans[chosen].estimate.provenance)
+    _write_comparison(comparison, workdir)
+    print("\n== 5. verdict")
+    if result is None:
+        print(f"every algorithm made the same plan; it measured {comparison.costs[chosen].cost_ms:.2f} ms")
+    else:
+        print(f"shard-ray chose {result.chosen}'s plan: {result.cost.median_ms:.2f} ms a step, measured")
+        heuristics = {a.name for a in algorithms() if a.family == "heuristic"}
+        print("\n".join(f"- {line}" for line in claims(result, heuristics)))
+    print(
+        f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}; see them side by side with"
+    )
+    print(f"  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
+    print(f"plans, results and comparison.json are in {workdir}")
+    return comparison
+
+
+def _write_comparison(comparison: AlgorithmComparison, workdir: Path) -> None:
+    result = comparison.result
     write_json(
         workdir / "comparison.json",
         {
@@ -101,10 +127,6 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
             ],
         },
     )
-    print(f"\nplans, results and comparison.json are in {workdir}")
-    print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
-    print(f"open the MLflow UI with:\n  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
-    return comparison
 
 
 def _workload(config: DemoConfig) -> tuple[list[TableSpec], Topology]:

@@ -1,0 +1,137 @@
+"""One training step of an exported plan under TorchRec's DistributedModelParallel, on gloo ranks of this machine.
+
+    shard-ray export --plan plan.json --tables my_model.json --format torchrec --device cpu --out sharding_plan.json
+    python -m shard_ray.interop.torchrec_step --tables my_model.json --plan sharding_plan.json
+
+Each rank builds the table file's EmbeddingBagCollection on the meta device, lets DistributedModelParallel shard
+it by the plan (`load_sharding_plan`, as a training script does), runs a forward and a backward with SGD fused in
+on random ids, and reports the shards it holds, the pooled output's shape and whether the update reached its
+shards. The last line is JSON, per rank. On GPUs the same calls run under torchrun with the nccl backend; here the
+ranks are CPU processes, where TorchRec runs table-wise, column-wise and data-parallel shards but not row-wise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shard_ray.errors import ShardRayError
+from shard_ray.interop.torchrec import embedding_bag_configs, load_export, load_sharding_plan
+from shard_ray.workload.tables import load_tables
+
+
+def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: str, batch: int, results: dict) -> None:
+    """One rank: DistributedModelParallel with the exported plan, a forward and a backward with SGD fused in."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        tables = load_tables(tables_file)
+        collection = EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=torch.device("meta"))
+        apply_optimizer_in_backward(torch.optim.SGD, collection.parameters(), {"lr": 0.5})
+        model = DistributedModelParallel(
+            collection,
+            device=torch.device("cpu"),
+            plan=load_sharding_plan(plan_file),
+            sharders=[EmbeddingBagCollectionSharder()],
+        )
+        state = model.state_dict()
+        local = {k: v.local_shards() for k, v in state.items() if hasattr(v, "local_shards")}
+        before = {k: [s.tensor.clone() for s in shards] for k, shards in local.items()}
+        replicas = {k.split(".")[-2] for k, v in state.items() if not hasattr(v, "local_shards")}  # data-parallel
+        generator = torch.Generator().manual_seed(rank)
+        lengths = torch.randint(1, 4, (len(tables) * batch,), generator=generator)
+        values = torch.cat(
+            [
+                torch.randint(0, t.rows, (int(lengths[i * batch : (i + 1) * batch].sum()),), generator=generator)
+                for i, t in enumerate(tables)
+            ]
+        )
+        pooled = model(KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths))
+        pooled.values().sum().backward()
+        after = model.state_dict()
+        results[rank] = {
+            "shape": list(pooled.values().shape),
+            # per table, each local shard's [row offset, column offset, rows, columns]
+            "local_shards": {
+                k.split(".")[-2]: [list(s.metadata.shard_offsets) + list(s.metadata.shard_sizes) for s in v]
+                for k, v in local.items()
+            },
+            "updated": any(
+                not torch.equal(b, a.tensor) for k in before for b, a in zip(before[k], after[k].local_shards())
+            ),
+            # A data-parallel table's gradient is DDP's to all-reduce and a dense optimizer's to apply.
+            "replicas": {
+                name.split(".")[-2]: bool(p.grad is not None and p.grad.abs().sum() > 0)
+                for name, p in model.named_parameters()
+                if name.split(".")[-2] in replicas
+            },
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(tables_file: str, plan_file: str, batch: int) -> dict[int, dict[str, Any]]:
+    """Every rank of the exported plan's world, one process each; their reports by rank."""
+    exported = load_export(plan_file)
+    load_tables(tables_file)  # a bad table file is refused here, not in every rank
+    if exported.device_type != "cpu":
+        raise ShardRayError(f"{plan_file} is exported for {exported.device_type}: export with --device cpu to run here")
+    row_wise = sorted(n for n, t in exported.tables.items() if t.sharding_type in ("row_wise", "table_row_wise"))
+    if row_wise:
+        raise ShardRayError(
+            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(row_wise)}"
+        )
+    results = mp.Manager().dict()
+    world = exported.world_size
+    mp.spawn(train_step, args=(world, _free_port(), tables_file, plan_file, batch, results), nprocs=world, join=True)
+    return dict(sorted(results.items()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", required=True, help="the table file the plan places")
+    parser.add_argument("--plan", required=True, help="the plan as `shard-ray export --device cpu` wrote it")
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank (default 8)")
+    args = parser.parse_args()
+    try:
+        results = run(args.tables, args.plan, args.batch)
+    except ShardRayError as err:
+        print(f"shard-ray: error: {err}", file=sys.stderr)
+        return 2
+    for rank, result in results.items():
+        held = "; ".join(
+            f"{table} rows {o[0]}:{o[0] + o[2]}, columns {o[1]}:{o[1] + o[3]}"
+            for table, shards in result["local_shards"].items()
+            for o in shards
+        )
+        replicas = ", ".join(result["replicas"]) or "none"
+        print(
+            f"rank {rank}: holds {held or 'no sharded table'}; replicas: {replicas}; pooled output "
+            f"{result['shape']}; SGD updated its shards: {'yes' if result['updated'] else 'no'}"
+        )
+    print(json.dumps({str(rank): result for rank, result in results.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
