@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,8 @@ def _wait_for(check, what: str, timeout: float = 90) -> None:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """End a server and everything it started (its own session): `ray start --block` takes over 30 s to end on
-    SIGTERM, so after a few seconds the group is killed; nothing of it is kept."""
+    """End a server and everything it started (its own session): SIGTERM, and after a few seconds the group is
+    killed; nothing of it is kept."""
     os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=5)
@@ -121,19 +122,17 @@ def _user_env(home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
+@contextmanager
 def ray_head():
-    """A Ray head started as docs/clusters.md says: in bash, the environment activated, token authentication on.
+    """A Ray head started as docs/clusters.md says, in bash, the environment activated, token authentication on,
+    `--block` in the background; stopped at the end by the page's `kill $RAY_HEAD`, which must end it in seconds.
 
-    The page's `ray start --head` line runs with free ports and `--block`, so that the test stops its own
-    head by signal instead of `ray stop`, which would end every Ray process of this user on the machine.
-    """
+    The page's `ray start --head` line runs with free ports: other heads on this machine (other checkouts' tests)
+    may hold Ray's defaults. Yields the dashboard's address and the shell's environment."""
     # Not under pytest's basetemp: a pytest run started meanwhile by the same user prunes old ones, token and all.
     home = tempfile.TemporaryDirectory(prefix="shard-ray-home-")
     env = _user_env(Path(home.name))
     dashboard, port = _free_port(), _free_port()
-    start = page_line("clusters.md", "ray start --head").replace("--port 6379", f"--port {port}")
-    # Other heads on this machine (other checkouts' tests) may hold Ray's default agent ports.
     agent_ports = " ".join(
         f"--{name}-port {_free_port()}"
         for name in (
@@ -144,22 +143,22 @@ def ray_head():
             "ray-client-server",
         )
     )
+    start = page_line("clusters.md", "ray start --head").replace(
+        "--port 6379", f"--port {port} --dashboard-port {dashboard} {agent_ports} --disable-usage-stats"
+    )
+    pid_file = Path(home.name) / "ray-head.pid"
     script = "\n".join(
         [
             page_line("clusters.md", "source .venv/bin/activate"),
             page_line("clusters.md", "ray get-auth-token --generate"),
             page_line("clusters.md", "export RAY_AUTH_MODE="),
-            f"exec {start} --dashboard-port {dashboard} {agent_ports} --block --disable-usage-stats",
+            start,
+            page_line("clusters.md", "RAY_HEAD=$!"),
+            f"echo $RAY_HEAD > {pid_file}",
+            "wait $RAY_HEAD",
         ]
     )
-    head = subprocess.Popen(
-        ["bash", "-c", script],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,
-    )
+    shell = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=env, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     env = {**env, "RAY_AUTH_MODE": "token"}  # as docs/clusters.md's shells have it
     # Ready once it takes a job: its job agent comes up some seconds after the dashboard answers.
@@ -167,8 +166,12 @@ def ray_head():
     try:
         _wait_for(lambda: subprocess.run(ready, env=env, capture_output=True, timeout=30).returncode == 0, "ray head")
         yield address, env
+        stop = f"RAY_HEAD={pid_file.read_text().strip()}\n{page_line('clusters.md', 'kill $RAY_HEAD')}"
+        assert subprocess.run(["bash", "-c", stop], env=env).returncode == 0
+        shell.wait(timeout=30)  # the head is gone, and with it the shell that waited on it
     finally:
-        _stop(head)
+        if shell.poll() is None:
+            _stop(shell)
         home.cleanup()
 
 
@@ -179,10 +182,17 @@ SMALL_BENCHMARK = {
 }  # fmt: skip
 
 
-def test_the_clusters_pages_benchmark_job_runs_as_pasted(tmp_path, ray_head, mlflow_server):
+def test_the_clusters_pages_benchmark_job_runs_as_pasted(tmp_path, ray_session, mlflow_server):
+    with ray_head() as (address, env):
+        _run_the_benchmark_job(tmp_path, address, env, mlflow_server)
+    # the page's `kill $RAY_HEAD` stopped that head only: this process's own local Ray goes on
+    assert ray_session.get(ray_session.remote(lambda: 1).remote(), timeout=60) == 1
+    _check_benchmark_runs(mlflow_server, "shard-ray-benchmark", tmp_path)
+
+
+def _run_the_benchmark_job(tmp_path: Path, address: str, env: dict[str, str], mlflow_server: str) -> None:
     """Step 3 of docs/clusters.md's Run on a cluster, its settings and its benchmark job, pasted into bash after its
     activation line, on its head: the one job that needs no other job's output."""
-    address, env = ray_head
     config = tmp_path / "benchmark.yaml"
     original = yaml.safe_load((REPO / "experiments" / "configs" / "benchmark.yaml").read_text())
     config.write_text(yaml.safe_dump({**original, **SMALL_BENCHMARK}))
@@ -211,7 +221,6 @@ def test_the_clusters_pages_benchmark_job_runs_as_pasted(tmp_path, ray_head, mlf
     assert _working_dir_entries() == before
     assert "View run" not in done.stdout and "View experiment" not in done.stdout
     assert (Path(env["HOME"]) / "shard-ray-runs" / "benchmark" / "benchmark.json").is_file()
-    _check_benchmark_runs(mlflow_server, "shard-ray-benchmark", tmp_path)
 
 
 def _working_dir_entries() -> dict[str, int]:

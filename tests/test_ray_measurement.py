@@ -254,7 +254,8 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     chosen = comparison.result.chosen
     assert verdict[0].startswith(f"shard-ray chose {chosen}'s plan: ")
     assert "TorchRec's plan" in verdict[1] and "the best heuristic" in verdict[2]
-    assert verdict[3].startswith("every plan is an MLflow run")
+    assert "could not separate it" in verdict[3] or comparison.result.separated
+    assert any(line.startswith("every plan is an MLflow run") for line in verdict[3:5])
     assert set(comparison.plans) >= {"random", "size_lookup_greedy"}
     # at least 3 interleaved rounds per plan, each with its interval, and a verdict that says how it chose
     assert comparison.result is not None and comparison.result.rounds >= 3

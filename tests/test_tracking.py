@@ -53,6 +53,12 @@ def test_evaluation_run_carries_the_estimates_and_keeps_artifacts_beside_the_def
     assert run["metrics.predicted_cost_ms"] == pytest.approx(plan.estimate.predicted.cost_ms)
     assert run["metrics.lower_bound_ms"] == pytest.approx(plan.estimate.lower_bound_ms)
     assert run["metrics.cost_over_lower_bound"] == pytest.approx(cost.cost_ms / plan.estimate.lower_bound_ms)
+    assert run["metrics.measured_over_predicted"] == pytest.approx(cost.cost_ms / plan.estimate.predicted.cost_ms)
+    # which models priced the plan, their hardware and what they were calibrated on
+    assert (
+        run["tags.cost_model"] == plan.estimate.cost_model and run["tags.cost_model_hardware"] == "cpu:AMD EPYC:1thread"
+    )
+    assert run["tags.cost_model_provenance"].startswith("priced by the shipped models")
     # the run says, beside the prices, that the models never saw a table so wide
     assert any(w.startswith("table wide: dim 2048") for w in plan.estimate.warnings)
     assert run["tags.model_warnings"].startswith(f"{len(plan.estimate.warnings)}: ")

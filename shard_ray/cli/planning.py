@@ -309,6 +309,7 @@ def measured_best(
     from shard_ray.placement.base import priced
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison, model_preference
 
@@ -319,13 +320,14 @@ def measured_best(
         racing = [a for a in racing if a.takes_constraints]
     candidates = [plan]
     models = plan.estimate.cost_model if plan.estimate else None  # every candidate priced by the plan's models
+    hardware = flags.hardware or hardware_id(threads=1)  # as `cmd_plan` names it
     for name in (a.name for a in racing):
         try:
             candidate = place(name, tables, topology, seed=flags.seed, constraints=constraints)
         except InfeasibleError as err:
             print(f"{name}: no plan ({err})")
             continue
-        candidates.append(priced(candidate, tables, topology, models, flags.hardware) if models else candidate)
+        candidates.append(priced(candidate, tables, topology, models, hardware) if models else candidate)
     if len(distinct([(p.algorithm, p) for p in candidates])) < 2:
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
         return plan

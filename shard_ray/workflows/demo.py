@@ -107,6 +107,11 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
         print(f"shard-ray chose {result.chosen}'s plan: {result.cost.median_ms:.2f} ms a step, measured")
         heuristics = {a.name for a in algorithms() if a.family == "heuristic"}
         print("\n".join(f"- {line}" for line in claims(result, heuristics)))
+        if not result.separated:
+            print(
+                f"- {result.rounds} rounds in {config.budget_seconds:.0f} s could not separate it from every other "
+                "plan; `shard-ray demo --budget-seconds 300` measures longer"
+            )
     print(
         f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}; see them side by side with"
     )
