@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import sys
@@ -36,6 +37,9 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    # TorchRec's modules ask torch.fx whether they are traced, and torch warns once a rank that the answer is
+    # ambiguous: nothing here traces, so the warning says nothing about the plan
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
