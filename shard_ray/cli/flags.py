@@ -48,8 +48,8 @@ class Parser(argparse.ArgumentParser):
         if unknown and self._subparsers is None and message.startswith("the following arguments are required"):
             message = self._unrecognized(unknown)  # a misspelt flag is why the flag it meant is missing
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-        if choice:
-            message += did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
+        if choice:  # the choices are quoted up to Python 3.12, bare after
+            message += did_you_mean(choice[1], [c.strip("'") for c in choice[2].split(", ")])
         command = self.prog.removeprefix("shard-ray").strip()
         self.exit(2, f"shard-ray: error: {message}" + (f" (see shard-ray {command} --help)\n" if command else "\n"))
 
