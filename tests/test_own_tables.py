@@ -109,7 +109,11 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
     result("shard-ray plan --tables my_model.json --devices 2 --memory-gb 4 --algo cost_search --constraints")
     assert json.loads((folder / "cpu_sharding_plan.json").read_text())["device_type"] == "cpu"
     step = result("python -m shard_ray.interop.torchrec_step")
-    assert step.stdout.startswith("rank 0: holds ") and step.stdout.count("SGD updated its shards: yes") == 2
+    assert (
+        step.stdout.startswith("one training step on 2 gloo ranks")
+        and "\nrank 0: holds " in step.stdout
+        and step.stdout.count("SGD updated its shards: yes") == 2
+    )
 
     eight = result("shard-ray plan --tables my_model.json --devices 8")
     assert "plan 'cost_search' on 8 devices" in eight.stdout

@@ -424,7 +424,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
     print(
         f"wrote {flags.out}: {len(exported.tables)} tables on {exported.world_size} ranks ({counts}) "
-        f"for module {flags.module_path!r}"
+        + (f"for module {flags.module_path!r}" if flags.module_path else "for a model that is the collection itself")
     )
     print(
         f"use: plan = shard_ray.interop.torchrec.load_sharding_plan({str(flags.out)!r}); "

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +27,8 @@ import torch.multiprocessing as mp
 
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import embedding_bag_configs, load_export, load_sharding_plan
-from shard_ray.workload.tables import load_tables
+from shard_ray.plan.topology import format_gb
+from shard_ray.workload.tables import BYTES_PER_ELEMENT, load_tables
 
 
 def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: str, batch: int, results: dict) -> None:
@@ -54,7 +56,8 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
         )
         state = model.state_dict()
         local = {k: v.local_shards() for k, v in state.items() if hasattr(v, "local_shards")}
-        before = {k: [s.tensor.clone() for s in shards] for k, shards in local.items()}
+        # each shard's sum, not a copy of it: a copy of every shard would double the memory the step needs
+        before = {k: [_checksum(s.tensor) for s in shards] for k, shards in local.items()}
         replicas = {k.split(".")[-2] for k, v in state.items() if not hasattr(v, "local_shards")}  # data-parallel
         generator = torch.Generator().manual_seed(rank)
         lengths = torch.randint(1, 4, (len(tables) * batch,), generator=generator)
@@ -74,8 +77,11 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
                 k.split(".")[-2]: [list(s.metadata.shard_offsets) + list(s.metadata.shard_sizes) for s in v]
                 for k, v in local.items()
             },
-            "updated": any(
-                not torch.equal(b, a.tensor) for k in before for b, a in zip(before[k], after[k].local_shards())
+            # the tables whose local shards all changed: the backward reached them and SGD updated them
+            "updated": sorted(
+                k.split(".")[-2]
+                for k in before
+                if before[k] and all(b != _checksum(a.tensor) for b, a in zip(before[k], after[k].local_shards()))
             ),
             # A data-parallel table's gradient is DDP's to all-reduce and a dense optimizer's to apply.
             "replicas": {
@@ -88,6 +94,21 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
         dist.destroy_process_group()
 
 
+def _checksum(tensor: torch.Tensor) -> float:
+    return float(torch.sum(tensor, dtype=torch.float64))
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,16 +118,26 @@ def _free_port() -> int:
 def run(tables_file: str, plan_file: str, batch: int) -> dict[int, dict[str, Any]]:
     """Every rank of the exported plan's world, one process each; their reports by rank."""
     exported = load_export(plan_file)
-    load_tables(tables_file)  # a bad table file is refused here, not in every rank
+    tables = load_tables(tables_file)  # a bad table file is refused here, not in every rank
     if exported.device_type != "cpu":
         raise ShardRayError(f"{plan_file} is exported for {exported.device_type}: export with --device cpu to run here")
     row_wise = sorted(n for n, t in exported.tables.items() if t.sharding_type in ("row_wise", "table_row_wise"))
     if row_wise:
         raise ShardRayError(
-            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(row_wise)}"
+            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(row_wise)}; plan with a "
+            "constraints file giving these tables `not_types: [row_wise]` to try a plan here"
         )
-    results = mp.Manager().dict()
+    # TorchRec allocates every table in full (no row cap, as the profilers have): refuse what memory cannot hold
+    weights = sum(t.rows * t.dim * BYTES_PER_ELEMENT[t.precision] for t in tables)
+    available = _available_memory()
+    if available is not None and weights > 0.8 * available:
+        raise ShardRayError(
+            f"the tables' weights take {format_gb(weights)} and this machine has {format_gb(available)} available: "
+            "TorchRec allocates them in full; try a table file with fewer rows"
+        )
     world = exported.world_size
+    print(f"one training step on {world} gloo ranks, the tables' weights ({format_gb(weights)}) allocated in full")
+    results = mp.Manager().dict()
     mp.spawn(train_step, args=(world, _free_port(), tables_file, plan_file, batch, results), nprocs=world, join=True)
     return dict(sorted(results.items()))
 
@@ -129,9 +160,12 @@ def main() -> int:
             for o in shards
         )
         replicas = ", ".join(result["replicas"]) or "none"
+        sharded = sorted(t for t, shards in result["local_shards"].items() if shards)
+        missed = [t for t in sharded if t not in result["updated"]]
+        updated = "yes" if not missed else f"not {', '.join(missed)}"
         print(
             f"rank {rank}: holds {held or 'no sharded table'}; replicas: {replicas}; pooled output "
-            f"{result['shape']}; SGD updated its shards: {'yes' if result['updated'] else 'no'}"
+            f"{result['shape']}; SGD updated its shards: {updated}"
         )
     print(json.dumps({str(rank): result for rank, result in results.items()}))
     return 0

@@ -77,7 +77,8 @@ class Spending:
             )
         return (
             f"the budget of {self.budget.max_evaluations:,} model evaluations ended the search before it "
-            f"finished (`--set max_evaluations=...` gives it more)"
+            "finished: a phase of the search used up its share of the budget, though the total may not be spent "
+            "(`--set max_evaluations=...` gives every phase more)"
         )
 
 

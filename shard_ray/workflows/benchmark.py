@@ -143,17 +143,16 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
     with DeviceGang(config.devices, comm_pricer=price_comm) as gang:
-        # the models calibrated for the gang's hardware, if any, as `plan` picks them
-        cost_model = config.cost_model or str(models_for(gang.hardware))
-        models = CostModels.load(cost_model)
-        provenance, _ = describe_models(cost_model, models, [])  # the tasks are many: no task is its own
-        print(provenance, flush=True)
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
                 done = json.loads(done_file.read_text())
                 print(f"{name}: measured by an earlier run ({done_file})", flush=True)
             else:
+                # the models calibrated for the gang's hardware and these tables, if any, as `plan` picks them
+                cost_model = config.cost_model or str(models_for(gang.hardware, None, tables))
+                models = CostModels.load(cost_model)
+                print(f"{name}: {describe_models(cost_model, models, tables)[0]}", flush=True)
                 done = _measure_task(name, tables, config, gang, cost_model, models, heuristics)
                 write_json(done_file, done)
             per_task[name] = done["records"]
