@@ -32,6 +32,18 @@ def out_folder(argv: list[str]) -> Path:
 
 def commands(argv: list[str]) -> list[list[str]]:
     """The steps' `shard-ray` command lines, less those whose output exists already."""
+    flags = section_flags(argv)
+    out = out_folder(argv)
+    out.mkdir(parents=True, exist_ok=True)  # the steps write their files into it, as `--out FILE` needs
+    steps = pipeline(out, flags)
+    for output, command in steps:
+        if output is not None and output.exists():
+            print(f"== shard-ray {command[0]}: {output} exists, skipped", flush=True)
+    return [command for output, command in steps if output is None or not output.exists()]
+
+
+def section_flags(argv: list[str]) -> dict[str, list[str]]:
+    """Each section of the config as the flags of its step; a bad command line or section is refused."""
     # `--out DIR` after the config overrides its `out`, as flags after `--config` do for the other entrypoints
     if len(argv) not in (2, 4) or argv[0] != "--config" or (len(argv) == 4 and argv[2] != "--out"):
         raise ShardRayError(USAGE)
@@ -39,59 +51,21 @@ def commands(argv: list[str]) -> list[list[str]]:
     unknown = sorted(set(config) - {"out", *SECTIONS})
     if unknown:
         raise ShardRayError(f"unknown section(s) {', '.join(unknown)}; known: out, {', '.join(SECTIONS)}")
-    flags = {name: config_to_argv(config.get(name) or {}, name) for name in SECTIONS}
-    out = out_folder(argv)
-    out.mkdir(parents=True, exist_ok=True)  # the steps write their files into it, as `--out FILE` needs
+    return {name: config_to_argv(config.get(name) or {}, name) for name in SECTIONS}
+
+
+def pipeline(out: Path, flags: dict[str, list[str]]) -> list[tuple[Path | None, list[str]]]:
+    """(the output that says a step is done, or None for a step that resumes itself; its command line), in order."""
     pool, tasks, store, models = out / "pool.json", out / "tasks", out / "measurements.db", out / "costmodels.pt"
-    steps = [
+    train_pool = str(tasks / "train_pool.json")
+    return [
         (pool, ["generate", "--out", str(pool), *flags["generate"]]),
         (tasks / "train_pool.json", ["tasks", "--tables", str(pool), "--out", str(tasks), *flags["tasks"]]),
-        (
-            None,
-            [
-                "collect",
-                "--kind",
-                "compute",
-                "--tables",
-                str(tasks / "train_pool.json"),
-                "--store",
-                str(store),
-                *flags["collect_compute"],
-            ],
-        ),
-        (
-            None,
-            [
-                "collect",
-                "--kind",
-                "comm",
-                "--tables",
-                str(tasks / "train_pool.json"),
-                "--store",
-                str(store),
-                *flags["collect_comm"],
-            ],
-        ),
-        (
-            models,
-            [
-                "costmodel",
-                "train",
-                "--store",
-                str(store),
-                "--tables",
-                str(tasks / "train_pool.json"),
-                "--out",
-                str(models),
-                *flags["train"],
-            ],
-        ),
+        (None, ["collect", "--kind", "compute", "--tables", train_pool, "--store", str(store), *flags["collect_compute"]]),
+        (None, ["collect", "--kind", "comm", "--tables", train_pool, "--store", str(store), *flags["collect_comm"]]),
+        (models, ["costmodel", "train", "--store", str(store), "--tables", train_pool, "--out", str(models), *flags["train"]]),
         (None, ["costmodel", "evaluate", "--cost-model", str(models), "--store", str(store), *flags["evaluate"]]),
-    ]
-    for output, command in steps:
-        if output is not None and output.exists():
-            print(f"== shard-ray {command[0]}: {output} exists, skipped", flush=True)
-    return [command for output, command in steps if output is None or not output.exists()]
+    ]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
