@@ -43,18 +43,9 @@ def test_torchrec_planner_refuses_what_does_not_fit():
     assert str(refused.value) == str(refused.value).strip()
 
 
-@pytest.mark.slow
-def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
-    tables = generate_pool(PoolConfig(num_tables=8, seed=11))
-    tables = [
-        t.model_copy(update={"rows": min(t.rows, 5000)}) for t in tables
-    ]  # small tables: this checks the plan, not speed
-    tables_file, plan_file, export_file = tmp_path / "tables.json", tmp_path / "plan.json", tmp_path / "torchrec.json"
-    save_tables(tables_file, tables)
-    # a hand-made plan with uneven column slices, a rank holding two slices of one table, and a
-    # data-parallel table (TorchRec runs these types on CPU; it refuses row-wise there)
-    widest = max(tables, key=lambda t: t.dim)
-    replicated = next(t for t in tables if t is not widest)
+def _uneven_plan(tables: list[TableSpec], widest: TableSpec, replicated: TableSpec) -> Plan:
+    """A hand-made plan with uneven column slices of `widest`, rank 0 holding two of them, and `replicated`
+    data-parallel (TorchRec runs these types on CPU; it refuses row-wise there)."""
     d = widest.dim
     shards = [
         Shard(table=t.name, device=i % 2, columns=(0, t.dim))
@@ -67,7 +58,20 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
         Shard(table=widest.name, device=1, columns=(d // 4, d // 2)),
         Shard(table=widest.name, device=0, columns=(d // 2, d)),
     ]
-    plan_file.write_text(Plan(num_devices=2, algorithm="manual", shards=shards).model_dump_json())
+    return Plan(num_devices=2, algorithm="manual", shards=shards)
+
+
+@pytest.mark.slow
+def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
+    tables = generate_pool(PoolConfig(num_tables=8, seed=11))
+    tables = [
+        t.model_copy(update={"rows": min(t.rows, 5000)}) for t in tables
+    ]  # small tables: this checks the plan, not speed
+    tables_file, plan_file, export_file = tmp_path / "tables.json", tmp_path / "plan.json", tmp_path / "torchrec.json"
+    save_tables(tables_file, tables)
+    widest = max(tables, key=lambda t: t.dim)
+    replicated = next(t for t in tables if t is not widest)
+    plan_file.write_text(_uneven_plan(tables, widest, replicated).model_dump_json())
     assert (
         main(
             [

@@ -304,30 +304,13 @@ def measured_best(
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.costmodel.simulator import price_comm
-    from shard_ray.errors import InfeasibleError
-    from shard_ray.placement import algorithms, place
-    from shard_ray.placement.base import priced
+    from shard_ray.placement import algorithms
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison, model_preference
 
-    racing = [a for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
-    if constraints is not None:
-        left_out = [a.name for a in racing if not a.takes_constraints]
-        print(f"under --constraints, left out of the race (they do not honour constraints): {', '.join(left_out)}")
-        racing = [a for a in racing if a.takes_constraints]
-    candidates = [plan]
-    models = plan.estimate.cost_model if plan.estimate else None  # every candidate priced by the plan's models
-    hardware = flags.hardware or hardware_id(threads=1)  # as `cmd_plan` names it
-    for name in (a.name for a in racing):
-        try:
-            candidate = place(name, tables, topology, seed=flags.seed, constraints=constraints)
-        except InfeasibleError as err:
-            print(f"{name}: no plan ({err})")
-            continue
-        candidates.append(priced(candidate, tables, topology, models, hardware) if models else candidate)
+    candidates = [plan, *_baselines_plans(plan, tables, topology, flags, constraints)]
     if len(distinct([(p.algorithm, p) for p in candidates])) < 2:
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
         return plan
@@ -357,6 +340,34 @@ def measured_best(
     if spanned:
         print(spanned)
     return compared.plans[result.chosen].model_copy(update={"measured": result})
+
+
+def _baselines_plans(
+    plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, constraints: Constraints | None
+) -> list[Plan]:
+    """Every baseline's plan of the task (under constraints, of the baselines that honour them), each priced by
+    the models that priced `plan`; a baseline that finds no plan is said and left out."""
+    from shard_ray.errors import InfeasibleError
+    from shard_ray.placement import algorithms, place
+    from shard_ray.placement.base import priced
+    from shard_ray.profiling.hardware import hardware_id
+
+    racing = [a for a in algorithms() if a.family in BASELINE_FAMILIES and a.name != flags.algo]
+    if constraints is not None:
+        left_out = [a.name for a in racing if not a.takes_constraints]
+        print(f"under --constraints, left out of the race (they do not honour constraints): {', '.join(left_out)}")
+        racing = [a for a in racing if a.takes_constraints]
+    models = plan.estimate.cost_model if plan.estimate else None
+    hardware = flags.hardware or hardware_id(threads=1)  # as `cmd_plan` names it
+    plans = []
+    for name in (a.name for a in racing):
+        try:
+            candidate = place(name, tables, topology, seed=flags.seed, constraints=constraints)
+        except InfeasibleError as err:
+            print(f"{name}: no plan ({err})")
+            continue
+        plans.append(priced(candidate, tables, topology, models, hardware) if models else candidate)
+    return plans
 
 
 def pricing_models(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, hardware: str) -> str:

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import embedding_bag_configs, load_export, load_sharding_plan
 from shard_ray.plan.topology import format_gb
-from shard_ray.workload.tables import BYTES_PER_ELEMENT, load_tables
+from shard_ray.workload.tables import BYTES_PER_ELEMENT, TableSpec, load_tables
 
 
 def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: str, batch: int, results: dict) -> None:
@@ -37,7 +37,6 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     # TorchRec's modules ask torch.fx whether they are traced, and torch warns once a rank that the answer is
     # ambiguous: nothing here traces, so the warning says nothing about the plan
@@ -59,15 +58,7 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
         # each shard's sum, not a copy of it: a copy of every shard would double the memory the step needs
         before = {k: [_checksum(s.tensor) for s in shards] for k, shards in local.items()}
         replicas = {k.split(".")[-2] for k, v in state.items() if not hasattr(v, "local_shards")}  # data-parallel
-        generator = torch.Generator().manual_seed(rank)
-        lengths = torch.randint(1, 4, (len(tables) * batch,), generator=generator)
-        values = torch.cat(
-            [
-                torch.randint(0, t.rows, (int(lengths[i * batch : (i + 1) * batch].sum()),), generator=generator)
-                for i, t in enumerate(tables)
-            ]
-        )
-        pooled = model(KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths))
+        pooled = model(_random_batch(tables, batch, seed=rank))
         pooled.values().sum().backward()
         after = model.state_dict()
         results[rank] = {
@@ -92,6 +83,21 @@ def train_step(rank: int, world: int, port: int, tables_file: str, plan_file: st
         }
     finally:
         dist.destroy_process_group()
+
+
+def _random_batch(tables: list[TableSpec], batch: int, seed: int) -> Any:
+    """A KeyedJaggedTensor of `batch` samples: 1 to 3 uniformly drawn ids of every table a sample."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 4, (len(tables) * batch,), generator=generator)
+    values = torch.cat(
+        [
+            torch.randint(0, t.rows, (int(lengths[i * batch : (i + 1) * batch].sum()),), generator=generator)
+            for i, t in enumerate(tables)
+        ]
+    )
+    return KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths)
 
 
 def _checksum(tensor: torch.Tensor) -> float:

@@ -108,6 +108,27 @@ def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def _plan_metrics(plan: Plan, cost: PlanCost) -> dict[str, float]:
+    """A measured plan's metrics: its cost and parts per device, and beside them what the models predicted."""
+    metrics = {"cost_ms": cost.cost_ms, "placement_seconds": plan.placement_seconds}
+    for d in cost.devices:
+        metrics[f"device_{d.device}_total_ms"] = d.total_ms
+        for part in STEP_PARTS:
+            metrics[f"device_{d.device}_{part}"] = getattr(d, part)
+    for part in STEP_PARTS:
+        metrics[f"max_{part}"] = max(getattr(d, part) for d in cost.devices)
+    predicted, lower_bound = plan_estimate(plan)
+    if predicted is not None:
+        metrics["predicted_cost_ms"] = predicted
+        metrics["measured_over_predicted"] = cost.cost_ms / predicted
+    if lower_bound is not None:
+        metrics["lower_bound_ms"] = lower_bound
+        metrics["cost_over_lower_bound"] = cost.cost_ms / lower_bound
+    if cost.rounds is not None:
+        metrics.update({"cost_ci_low_ms": cost.rounds.ci_low_ms, "cost_ci_high_ms": cost.rounds.ci_high_ms})
+    return metrics
+
+
 def log_plan_evaluation(
     plan: Plan,
     cost: PlanCost,
@@ -131,17 +152,12 @@ def log_plan_evaluation(
         "hardware": hardware,
     }
     if plan.estimate is not None:  # which models priced the plan: the file, their hardware, what they were fit to
-        tags.update(
-            {
-                key: value
-                for key, value in (
-                    ("cost_model", plan.estimate.cost_model),
-                    ("cost_model_hardware", plan.estimate.hardware),
-                    ("cost_model_provenance", plan.estimate.provenance),
-                )
-                if value
-            }
-        )
+        provenance = {
+            "cost_model": plan.estimate.cost_model,
+            "cost_model_hardware": plan.estimate.hardware,
+            "cost_model_provenance": plan.estimate.provenance,
+        }
+        tags.update({key: value for key, value in provenance.items() if value})
     with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags) as run:
         mlflow.log_params(
             {
@@ -155,22 +171,7 @@ def log_plan_evaluation(
                 "hardware": hardware,
             }
         )
-        metrics = {"cost_ms": cost.cost_ms, "placement_seconds": plan.placement_seconds}
-        for d in cost.devices:
-            metrics[f"device_{d.device}_total_ms"] = d.total_ms
-            for part in STEP_PARTS:
-                metrics[f"device_{d.device}_{part}"] = getattr(d, part)
-        for part in STEP_PARTS:
-            metrics[f"max_{part}"] = max(getattr(d, part) for d in cost.devices)
-        predicted, lower_bound = plan_estimate(plan)
-        if predicted is not None:
-            metrics["predicted_cost_ms"] = predicted
-            metrics["measured_over_predicted"] = cost.cost_ms / predicted
-        if lower_bound is not None:
-            metrics["lower_bound_ms"] = lower_bound
-            metrics["cost_over_lower_bound"] = cost.cost_ms / lower_bound
-        if cost.rounds is not None:
-            metrics.update({"cost_ci_low_ms": cost.rounds.ci_low_ms, "cost_ci_high_ms": cost.rounds.ci_high_ms})
+        metrics = _plan_metrics(plan, cost)
         mlflow.log_metrics(metrics)
         warnings = plan.estimate.warnings if plan.estimate else []
         if warnings:  # the models' prices of this plan may be off: say why, beside them
