@@ -24,12 +24,18 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/shard-ray demo
 
+# The suite in two passes: most tests wait on Ray, jobs and subprocesses, so three run at once (pytest-xdist); the
+# tests marked alone judge measured times, which load beside them would change, so they run after, one at a time.
+WORKERS ?= 3
+
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS) -m "not alone"
+	$(PY) -m pytest -m alone
 
 # Everything but the tests marked slow (clusters, jobs, sweeps, training): the loop to run while changing code.
+# (A test marked alone is slow too: tests/conftest.py refuses one that is not.)
 test-fast: setup lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(WORKERS) -m "not slow"
 
 # ruff's linter and formatter (settings in pyproject.toml); `make format` applies both.
 lint: setup

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shard_ray.cli import main
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
 from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
@@ -203,7 +204,10 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, two_plan
         ("copy", "place the tables identically: nothing to compare"),
     ],
 )
-def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, two_plans, case, message):
+def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, two_plans, case, message
+):
+    """In this process (the console script's own error path is tests/test_cli.py's): before any Ray starts."""
     table_file, plan, _ = two_plans
     plans = {
         "missing": [str(plan), "missing.json"],
@@ -216,10 +220,13 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, two_
     other = load_plan(plan)
     other = other.model_copy(update={"shards": [s.model_copy(update={"table": f"x_{s.table}"}) for s in other.shards]})
     save_plan(tmp_path / "other.json", other)
-    result = shard_ray(tmp_path, "compare", "--tables", str(table_file), "--plans", *plans, "--out", "cmp", timeout=120)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("shard-ray: error:") and message in lines[0]
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["compare", "--tables", str(table_file), "--plans", *plans, "--out", "cmp"])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("shard-ray: error:") and message in lines[0]
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "mlflow.db").exists()
 
 

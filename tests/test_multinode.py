@@ -162,7 +162,7 @@ def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, ta
     # The measured race over hosts: the search's plan against the heuristics' and TorchRec's (told the hosts).
     raced = shard_ray(
         *("plan", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--memory-gb", "1"),
-        *("--algo", "cost_search", "--measure", "--measure-budget", "8", "--address", cluster.address),
+        *("--algo", "cost_search", "--measure", "--measure-rounds", "3", "--address", cluster.address),
         "--out",
         "raced.json",
     )

@@ -123,7 +123,7 @@ def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     out = tmp_path / "plan.json"
     result = shard_ray(
         "plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search",
-        "--constraints", str(constraints), "--measure", "--measure-budget", "15", "--store", str(tmp_path / "m.db"),
+        "--constraints", str(constraints), "--measure", "--measure-rounds", "3", "--store", str(tmp_path / "m.db"),
         "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

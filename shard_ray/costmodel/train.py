@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 from torch import nn
 from tqdm import tqdm
 
@@ -294,6 +293,8 @@ def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | N
     """MAPE (fraction) and Spearman rank correlation of predicted vs measured; None without data."""
     if len(measured) == 0:
         return {"mape": None, "spearman": None, "n": 0}
+    from scipy.stats import spearmanr  # here, not at the top: scipy.stats costs every process a second to import
+
     rho = float(spearmanr(predicted, measured).statistic) if len(measured) > 2 else None
     return {"mape": mape(predicted, measured), "spearman": rho, "n": int(len(measured))}
 

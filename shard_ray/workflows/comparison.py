@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import t as student_t
+
+# Student's t quantile from scipy.special (what scipy.stats.t.ppf calls), without scipy.stats' second of import
+from scipy.special import stdtrit
 
 from shard_ray.configfile import setting
 from shard_ray.errors import InfeasibleError, ShardRayError
@@ -107,7 +109,7 @@ def ratio_interval(costs: Sequence[float], reference: Sequence[float], level: fl
     else:
         winsorized = np.clip(logs, logs[g], logs[n - g - 1])
         se = float(winsorized.std(ddof=1)) / ((1 - 2 * g / n) * math.sqrt(n))
-        half = float(student_t.ppf(1 - level / 2, n - 2 * g - 1)) * se
+        half = float(stdtrit(n - 2 * g - 1, 1 - level / 2)) * se
     low, high = math.exp(mean - half), math.exp(mean + half)
     return PlanRatio(ratio=math.exp(mean), low=low, high=high, separated=low > 1 or high < 1)
 
@@ -440,7 +442,7 @@ def resolvable(sd: float, config: CompareConfig, plans: int = 2) -> float:
         g = int(TRIM * n)
         if n - 2 * g < 2:
             continue
-        crit = float(student_t.ppf(1 - level / 2, n - 2 * g - 1))
+        crit = float(stdtrit(n - 2 * g - 1, 1 - level / 2))
         smallest = min(smallest, crit * sd / ((1 - 2 * g / n) * math.sqrt(n)))
     return math.exp(smallest) - 1
 
