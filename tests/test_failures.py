@@ -267,7 +267,7 @@ def test_outer_loop_killed_mid_round_resumes(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resuming after round 1" in done.stdout
     assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1, 2]
-    assert load_policy(out)[1]["iterations"] == 2
+    assert load_policy(out)[1].iterations == 2
 
 
 def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
@@ -305,12 +305,12 @@ def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
         "--no-mlflow",
     ]
     _run_until(command, lambda: (out / "policy.pt").exists(), signal.SIGKILL)  # the first checkpoint is at iteration 5
-    assert load_policy(out)[1]["iterations"] == 5
+    assert load_policy(out)[1].iterations == 5
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "after iteration 5" in done.stdout and "PPO iteration 6/12" in done.stdout
     assert "PPO iteration 5/12" not in done.stdout
-    assert load_policy(out)[1]["iterations"] == 12
+    assert load_policy(out)[1].iterations == 12
 
 
 def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):

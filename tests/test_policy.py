@@ -9,6 +9,7 @@ import torch
 from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
 from shard_ray.policy.env import (
     INFEASIBLE_PENALTY,
@@ -18,7 +19,14 @@ from shard_ray.policy.env import (
     PlacementState,
     pad_observation,
 )
-from shard_ray.policy.network import MASKED_LOGIT, DeviceScorer, load_policy, save_policy
+from shard_ray.policy.network import (
+    MASKED_LOGIT,
+    DeviceScorer,
+    PolicyInfo,
+    default_policy_path,
+    load_policy,
+    save_policy,
+)
 from shard_ray.policy.ppo import PolicyConfig, env_config
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -170,7 +178,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     policy_file = train_policy(pool, tiny_config(iterations=1), out, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert policy_file.exists() and (out / "checkpoint" / "algorithm_state.pkl").exists()
     network, info = load_policy(out)  # the folder works as well as the file
-    assert info["iterations"] == 1 and info["hardware"] == CostModels.load(default_cost_model_path()).hardware
+    assert info.iterations == 1 and info.hardware == CostModels.load(default_cost_model_path()).hardware
 
     algo = build_algorithm(tiny_config(), pool)
     try:
@@ -183,7 +191,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
         assert torch.equal(value, restored.state_dict()[key]), key
 
     train_policy(pool, tiny_config(iterations=2), out)  # resumes: one more iteration, not two
-    assert load_policy(policy_file)[1]["iterations"] == 2
+    assert load_policy(policy_file)[1].iterations == 2
 
     import mlflow
 
@@ -194,9 +202,9 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
 
 def test_policy_file_round_trip_and_bad_files(tmp_path):
     network = DeviceScorer(hidden=8)
-    save_policy(tmp_path / "p.pt", network, {"note": "x"})
+    save_policy(tmp_path / "p.pt", network, PolicyInfo(iterations=3))
     loaded, info = load_policy(tmp_path / "p.pt")
-    assert info == {"note": "x"}
+    assert info == PolicyInfo(iterations=3)
     for key, value in network.state_dict().items():
         assert torch.equal(value, loaded.state_dict()[key])
     (tmp_path / "bad.pt").write_bytes(b"not a policy")
@@ -262,7 +270,7 @@ def test_outer_loop_measures_updates_and_trains(ray_session, tmp_path, pool):
         not torch.equal(a, b)
         for a, b in zip(updated.compute.state_dict().values(), shipped.compute.state_dict().values())
     )
-    assert load_policy(out)[1]["iterations"] == 1
+    assert load_policy(out)[1].iterations == 1
 
     import mlflow
 
@@ -281,3 +289,18 @@ def test_environment_carries_its_cost_models_by_content(pool, tmp_path):
     assert env.models.hardware == CostModels.load(default_cost_model_path()).hardware
     with pytest.raises(Exception, match="cannot read cost model file"):
         PlacementEnv(config | {"cost_model": b"junk"})
+
+
+def test_a_policy_files_info_is_typed_and_keeps_what_this_version_does_not_know(tmp_path):
+    network, shipped = load_policy(default_policy_path())
+    assert shipped.iterations == 30 and shipped.hardware.startswith("cpu:") and shipped.config["iterations"] == 30
+    blob = torch.load(default_policy_path(), weights_only=True)
+    blob["info"] = {**blob["info"], "written_by": "a later version"}
+    torch.save(blob, tmp_path / "newer.pt")
+    _, newer = load_policy(tmp_path / "newer.pt")
+    save_policy(tmp_path / "again.pt", network, newer)  # saved again, the key it does not know is kept
+    assert load_policy(tmp_path / "again.pt")[1].model_extra == {"written_by": "a later version"}
+    blob["info"]["iterations"] = "many"
+    torch.save(blob, tmp_path / "damaged.pt")
+    with pytest.raises(ShardRayError, match="damaged.pt is damaged"):
+        load_policy(tmp_path / "damaged.pt")

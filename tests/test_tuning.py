@@ -211,7 +211,7 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
     best = json.loads((out / "best.json").read_text())
     assert best["kind"] == "policy" and 1.0 <= best["value"] < 3.0
     network, info = load_policy(out / "best_policy.pt")
-    assert network.hidden == best["config"]["hidden"] and info["config"]["lr"] == best["config"]["lr"]
+    assert network.hidden == best["config"]["hidden"] and info.config["lr"] == best["config"]["lr"]
 
     # policy train takes the tuned PPO settings
     trained = tmp_path / "trained"
@@ -243,7 +243,7 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
     )
     _, info = load_policy(trained / "policy.pt")
     for key in ("lr", "entropy_coeff", "num_epochs", "hidden"):
-        assert info["config"][key] == best["config"][key]
+        assert info.config[key] == best["config"][key]
 
 
 def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, pool_file, store_file):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
 from shard_ray.errors import ShardRayError, first_line
@@ -85,13 +86,33 @@ class DeviceScorer(nn.Module):
         return self.logits(obs, h, pooled), self.value(pooled)
 
 
-def save_policy(path: str | os.PathLike[str], network: DeviceScorer, info: dict[str, Any]) -> None:
+class PolicyInfo(BaseModel):
+    """What a policy file says about its policy: the models it was trained against, its settings, how far it got.
+
+    The file stores it as a plain mapping (`to_file`), so a file written before it was typed loads as it is:
+    every field may be missing, and keys this version does not know are kept, not dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    cost_model: str | None = None  # the models' file it was trained against, or shipped:NAME
+    hardware: str | None = None  # those models' hardware
+    config: dict[str, Any] = {}  # the PolicyConfig it was trained with (`shard_ray.policy.ppo`)
+    pool_tables: int | None = None  # tables of the pool its episodes were drawn from
+    iterations: int | None = None  # PPO iterations done
+
+    def to_file(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True, exclude_none=True)
+
+
+def save_policy(path: str | os.PathLike[str], network: DeviceScorer, info: PolicyInfo) -> None:
     buffer = io.BytesIO()
-    torch.save({"format": FORMAT, "hidden": network.hidden, "state": network.state_dict(), "info": info}, buffer)
+    torch.save(
+        {"format": FORMAT, "hidden": network.hidden, "state": network.state_dict(), "info": info.to_file()}, buffer
+    )
     write_atomic(path, buffer.getvalue())
 
 
-def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, dict[str, Any]]:
+def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, PolicyInfo]:
     """A policy file, or a `policy train` output folder holding `policy.pt`."""
     path = Path(path)
     if path.is_dir():
@@ -106,7 +127,8 @@ def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, dict[str, A
     try:
         network = DeviceScorer(blob["hidden"])
         network.load_state_dict(blob["state"])
-    except (KeyError, RuntimeError, TypeError) as err:
+        info = PolicyInfo.model_validate(blob.get("info", {}))
+    except (KeyError, RuntimeError, TypeError, ValidationError) as err:
         raise ShardRayError(f"policy file {path} is damaged: {first_line(err)}") from err
     network.eval()
-    return network, blob.get("info", {})
+    return network, info

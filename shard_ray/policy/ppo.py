@@ -25,7 +25,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
-from shard_ray.policy.network import DeviceScorer, save_policy
+from shard_ray.policy.network import DeviceScorer, PolicyInfo, save_policy
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
@@ -186,7 +186,7 @@ def train_iterations(
     iterations: int,
     checkpoint_dir: Path,
     policy_file: Path,
-    info: dict[str, Any],
+    info: PolicyInfo,
     checkpoint_every: int,
     on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[float]:
@@ -205,7 +205,7 @@ def train_iterations(
             on_iteration(algo.iteration, result)
         if algo.iteration % checkpoint_every == 0 or algo.iteration == iterations:
             save_checkpoint(algo, checkpoint_dir)
-            save_policy(policy_file, policy_network(algo), {**info, "iterations": algo.iteration})
+            save_policy(policy_file, policy_network(algo), info.model_copy(update={"iterations": algo.iteration}))
     return returns
 
 
@@ -222,12 +222,12 @@ def train_policy(
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_dir, policy_file = out / "checkpoint", out / "policy.pt"
     models = CostModels.load(cost_model or default_cost_model_path())
-    info = {
-        "cost_model": cost_model or f"shipped:{default_cost_model_path().name}",
-        "hardware": models.hardware,
-        "config": asdict(config),
-        "pool_tables": len(pool),
-    }
+    info = PolicyInfo(
+        cost_model=cost_model or f"shipped:{default_cost_model_path().name}",
+        hardware=models.hardware,
+        config=asdict(config),
+        pool_tables=len(pool),
+    )
     algo = build_algorithm(config, pool, cost_model)
     try:
         if restore_checkpoint(algo, checkpoint_dir):
@@ -298,13 +298,13 @@ def validation_score(
 class MlflowIterationLogger:
     """One MLflow run for a training: its settings, a metric per iteration, the policy file at the end."""
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, info: dict[str, Any]) -> None:
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, info: PolicyInfo) -> None:
         import mlflow
 
         self.mlflow = mlflow
         use_experiment(tracking_uri, experiment)
-        self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info["hardware"]})
-        mlflow.log_params({"cost_model": info["cost_model"], **{k: str(v) for k, v in info["config"].items()}})
+        self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info.hardware})
+        mlflow.log_params({"cost_model": info.cost_model, **{k: str(v) for k, v in info.config.items()}})
 
     def log_iteration(self, iteration: int, result: dict[str, Any]) -> None:
         self.mlflow.log_metric("policy_episode_return", episode_return(result), step=iteration)

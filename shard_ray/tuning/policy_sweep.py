@@ -64,7 +64,7 @@ def policy_trial(
     """One Tune trial: PPO for `base.iterations`, validated and checkpointed after every iteration."""
     from ray import tune
 
-    from shard_ray.policy.network import save_policy
+    from shard_ray.policy.network import PolicyInfo, save_policy
     from shard_ray.policy.ppo import (
         build_algorithm,
         policy_network,
@@ -94,7 +94,7 @@ def policy_trial(
                 save_policy(
                     Path(folder) / "policy.pt",
                     network,
-                    {"config": asdict(config), "iterations": algo.iteration, "hardware": models.hardware},
+                    PolicyInfo(config=asdict(config), iterations=algo.iteration, hardware=models.hardware),
                 )
                 tune.report(
                     {
