@@ -24,16 +24,16 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/shard-ray demo
 
-# The suite in two passes: most tests wait on Ray, jobs and subprocesses, so three run at once (pytest-xdist); the
-# tests marked alone judge measured times, which load beside them would change, so they run after, one at a time.
+# The suite in two passes. The quick tests run three at a time (pytest-xdist): they wait on subprocesses and a
+# local Ray more than they compute. The slow ones (clusters, jobs, sweeps, training, races on the gang) keep both
+# cores busy and some judge measured times, which load beside them would change: they run one at a time.
 WORKERS ?= 3
 
 test: setup lint
-	$(PY) -m pytest -n $(WORKERS) -m "not alone"
-	$(PY) -m pytest -m alone
+	$(PY) -m pytest -n $(WORKERS) -m "not slow"
+	$(PY) -m pytest -m slow
 
-# Everything but the tests marked slow (clusters, jobs, sweeps, training): the loop to run while changing code.
-# (A test marked alone is slow too: tests/conftest.py refuses one that is not.)
+# The quick tests only: the loop to run while changing code.
 test-fast: setup lint
 	$(PY) -m pytest -n $(WORKERS) -m "not slow"
 

@@ -12,20 +12,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # Models a developer calibrated on this machine (~/.shard-ray/models) would change what `plan`
 # picks in every test: the suite plans from the shipped models unless a test says otherwise.
 os.environ["SHARD_RAY_HOME"] = tempfile.mkdtemp(prefix="shard-ray-home-")
-# `make test` runs three workers on two cores: torch's threads in each would only wait on one another.
+# `make test` runs the quick tests three at a time on two cores: torch's threads in each would only wait on one another.
 torch.set_num_threads(1)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first, so that running in parallel (`make test`) they start early and the quick ones fill in
-    around them rather than wait behind them at the end. `make test-fast` runs the tests not marked slow in parallel,
-    so a test that must run alone must be slow."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each
-    fast_alone = [
-        item.nodeid for item in items if item.get_closest_marker("alone") and not item.get_closest_marker("slow")
-    ]
-    if fast_alone:
-        raise pytest.UsageError(f"marked alone but not slow: {', '.join(fast_alone)}")
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,6 @@ from shard_ray.workload.tables import TableSpec
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # a plan piled on one device measures faster than a balanced one beside other load
 def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_session, tmp_path):
     """Six like tables on device 0 of 2: measured moves balance them, a second run measures nothing
     new and reaches the same plan, and the gang confirms the refined plan faster."""
