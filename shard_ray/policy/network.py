@@ -98,6 +98,7 @@ class PolicyInfo(BaseModel):
     hardware: str | None = None  # those models' hardware
     config: dict[str, Any] = {}  # the PolicyConfig it was trained with (`shard_ray.policy.ppo`)
     pool_tables: int | None = None  # tables of the pool its episodes were drawn from
+    loop: dict[str, Any] = {}  # the outer loop's settings, for a policy `policy outer-loop` trained
     iterations: int | None = None  # PPO iterations done
 
     def to_file(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.decode import policy_placer
-from shard_ray.policy.network import DeviceScorer
+from shard_ray.policy.network import DeviceScorer, PolicyInfo
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,
     PolicyConfig,
@@ -124,7 +124,7 @@ class _Rounds:
     store: MeasurementStore
     logger: MlflowIterationLogger | None
     out: Path
-    info: dict[str, Any]
+    info: PolicyInfo
 
     def play(self, round_index: int, models: CostModels) -> tuple[CostModels, dict[str, Any]]:
         """Round `round_index`: (a) measure the policy's plans, (b) update the models on the store, (c) PPO on
@@ -184,12 +184,9 @@ def run_outer_loop(
     models = CostModels.load(models_file if models_file.exists() else cost_model or default_cost_model_path())
     if not models_file.exists():
         models.save(models_file)
-    info = {
-        "cost_model": str(models_file),
-        "hardware": models.hardware,
-        "config": asdict(policy_config),
-        "loop": asdict(loop),
-    }
+    info = PolicyInfo(
+        cost_model=str(models_file), hardware=models.hardware, config=asdict(policy_config), loop=asdict(loop)
+    )
     update_config = TrainConfig(
         lr=loop.update_lr, max_epochs=loop.update_epochs, patience=loop.update_epochs, seed=loop.seed
     )
