@@ -55,7 +55,8 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """`mlflow server` on 127.0.0.1 with an SQLite backend and served artifacts."""
+    """`mlflow server` on 127.0.0.1 with an SQLite backend and served artifacts, its server-side jobs off as
+    docs/mlflow.md starts it."""
     root = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     server = subprocess.Popen(
@@ -76,6 +77,7 @@ def mlflow_server(tmp_path_factory):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     uri = f"http://127.0.0.1:{port}"
     try:
