@@ -6,26 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from console import assert_refused
 
 from shard_ray.cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "shard_ray.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def assert_refused(capsys, argv, message, leftover=None):
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    err = capsys.readouterr().err.strip()
-    assert code == 2
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert message in err
-    if leftover is not None:
-        assert not leftover.exists()
-    return err
 
 
 def test_generate_tasks_plan(tmp_path, capsys):

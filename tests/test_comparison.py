@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from console import assert_refused
 
-from shard_ray.cli import main
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
 from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
@@ -221,12 +221,7 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
     other = other.model_copy(update={"shards": [s.model_copy(update={"table": f"x_{s.table}"}) for s in other.shards]})
     save_plan(tmp_path / "other.json", other)
     monkeypatch.chdir(tmp_path)
-    try:
-        code = main(["compare", "--tables", str(table_file), "--plans", *plans, "--out", "cmp"])
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("shard-ray: error:") and message in lines[0]
+    assert_refused(capsys, ["compare", "--tables", str(table_file), "--plans", *plans, "--out", "cmp"], message)
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "mlflow.db").exists()
 
 
