@@ -141,8 +141,8 @@ def test_old_plan_files_with_a_race_still_read(tmp_path, small_tables):
     assert load_plan(tmp_path / "old.json").measured.chosen == "size_greedy"
 
 
-def shard_ray(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([SHARD_RAY, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([SHARD_RAY, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
