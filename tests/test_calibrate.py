@@ -1,13 +1,12 @@
-"""calibrate and plan --measure as users type them: models per hardware, resuming, the measured best."""
+"""calibrate and plan --measure as users type them (in this process: tests/console.py): models per hardware,
+resuming, the measured best."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from console import shard_ray_here
 
 from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.plan.cost import RoundsSummary
@@ -19,8 +18,6 @@ from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import CompareConfig, compare_plans
 from shard_ray.workload.tables import TableSpec
 
-SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
-
 # The minimal table format (README.md, docs/file-formats.md), written by hand
 MINIMAL_TABLES = """{"tables": [
   {"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1},
@@ -31,14 +28,18 @@ MINIMAL_TABLES = """{"tables": [
 """
 
 
-def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    # HOME is the test's own and SHARD_RAY_HOME unset, so the models go where docs/commands.md says, in a home of the test's
-    env = {**{k: v for k, v in os.environ.items() if k != "SHARD_RAY_HOME"}, "HOME": str(cwd)}
-    return subprocess.run([SHARD_RAY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def user_home(monkeypatch, tmp_path) -> Path:
+    """tmp_path as the user's home and working folder, SHARD_RAY_HOME unset: the models go where docs/commands.md
+    says, in a home of the test's."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SHARD_RAY_HOME")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.mark.slow
-def test_calibrate_saves_models_per_hardware_and_resumes(tmp_path):
+def test_calibrate_saves_models_per_hardware_and_resumes(ray_session, capsys, user_home, tmp_path):
     (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
     calibrate = [
         "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "3", "--shards", "6",
@@ -46,7 +47,7 @@ def test_calibrate_saves_models_per_hardware_and_resumes(tmp_path):
     ]  # fmt: skip
     # from the shipped models both times: a second run starting from the first's models would plan other candidates
     calibrate += ["--cost-model", str(default_cost_model_path())]
-    first = shard_ray(tmp_path, *calibrate)
+    first = shard_ray_here(capsys, *calibrate)
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout.strip().splitlines()[-1])
     # the task's own models, and (the first calibration on this hardware) the hardware-wide ones
@@ -60,7 +61,7 @@ def test_calibrate_saves_models_per_hardware_and_resumes(tmp_path):
     assert "noise floor: a plan against a copy of itself (3 rounds)" in first.stdout
 
     # again, with MLflow in the default ./mlflow.db as a user gets it
-    again = shard_ray(tmp_path, *[flag for flag in calibrate if flag != "--no-mlflow"])
+    again = shard_ray_here(capsys, *[flag for flag in calibrate if flag != "--no-mlflow"])
     assert again.returncode == 0, again.stderr
     assert "logged MLflow run" in again.stdout
     mlflow_run = _calibration_run(tmp_path / "mlflow.db")
@@ -70,7 +71,7 @@ def test_calibrate_saves_models_per_hardware_and_resumes(tmp_path):
     known, wanted = map(int, re.search(r"(\d+) of (\d+) shards already measured", again.stdout).groups())
     assert known == wanted > len(json.loads(MINIMAL_TABLES)["tables"])
     # the models this machine has, with what they were calibrated on and their held-out error
-    listed = shard_ray(tmp_path, "models")
+    listed = shard_ray_here(capsys, "models")
     assert listed.returncode == 0 and "2 calibrated in" in listed.stdout and "(shipped)" in listed.stdout
     assert (
         listed.stdout.count(f"calibrated on 4 tables (user_id, ad_id, category, history; task {_task(tmp_path)})") == 2
@@ -87,10 +88,10 @@ def _calibration_run(database: Path):
     return runs.iloc[0]
 
 
-def test_plan_warns_for_tables_outside_the_models_training_data(tmp_path):
+def test_plan_warns_for_tables_outside_the_models_training_data(capsys, user_home, tmp_path):
     (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
-    result = shard_ray(
-        tmp_path, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
+    result = shard_ray_here(
+        capsys, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
         "--out", "plan.json", "--hardware", "cuda:NVIDIA H100 80GB HBM3",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -189,7 +190,7 @@ def test_calibration_measures_every_candidates_slowest_device_first():
 
 
 @pytest.mark.slow
-def test_calibrate_with_too_few_shards_is_refused_before_the_gang_starts(tmp_path):
+def test_calibrate_with_too_few_shards_is_refused_before_the_gang_starts(ray_session, capsys, user_home, tmp_path):
     """Too few shards to fit and check models on (one table has one shard) ends in one line and exit 2
     before the plans' measurements (the noise floor and the comm data could not save it), and no models
     are written."""
@@ -197,8 +198,8 @@ def test_calibrate_with_too_few_shards_is_refused_before_the_gang_starts(tmp_pat
         '{"tables": [{"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1}]}'
     )
     out = tmp_path / "models.pt"
-    result = shard_ray(
-        tmp_path, "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "0.1",
+    result = shard_ray_here(
+        capsys, "calibrate", "--tables", "tables.json", "--devices", "2", "--budget-minutes", "0.1",
         "--store", "m.db", "--out", str(out), "--no-mlflow",
     )  # fmt: skip
     assert result.returncode == 2, result.stderr

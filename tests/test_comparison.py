@@ -2,19 +2,18 @@
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from console import assert_refused
+from console import assert_refused, shard_ray_here
 
+from shard_ray.cli import main
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
 from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
 
 RECORDED_AA = Path(__file__).parent / "data" / "aa_rounds.json"
-SHARD_RAY = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "shard-ray")
 
 
 def noisy_rounds(rng: np.random.Generator, costs: list[float]) -> list[float]:
@@ -141,10 +140,6 @@ def test_old_plan_files_with_a_race_still_read(tmp_path, small_tables):
     assert load_plan(tmp_path / "old.json").measured.chosen == "size_greedy"
 
 
-def shard_ray(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SHARD_RAY, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
     """A table file in the minimal table format, a plan of it made as docs/commands.md makes one, and the
@@ -158,11 +153,11 @@ def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
         '  {"name": "history", "rows": 100000, "dim": 32, "pooling_factor": 30}\n'
         "]}\n"
     )
-    made = shard_ray(
-        folder, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4",
-        "--algo", "size_lookup_greedy", "--out", "a.json",
+    made = main(
+        ["plan", "--tables", str(folder / "tables.json"), "--devices", "2", "--memory-gb", "4",
+        "--algo", "size_lookup_greedy", "--out", str(folder / "a.json")],
     )  # fmt: skip
-    assert made.returncode == 0, made.stderr
+    assert made == 0
     document = json.loads((folder / "a.json").read_text())
     for shard in document["shards"]:
         shard["device"] = 1 - shard["device"]
@@ -172,11 +167,12 @@ def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.slow
-def test_compare_a_plan_with_its_twin_finds_them_within_noise(tmp_path, two_plans):
+def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsys, monkeypatch, tmp_path, two_plans):
     """A real A/A comparison on the 2-device gang, as a user types it; its files and MLflow run."""
     table_file, plan, twin = two_plans
-    result = shard_ray(
-        tmp_path, "compare", "--tables", str(table_file), "--plans", str(plan), str(twin),
+    monkeypatch.chdir(tmp_path)
+    result = shard_ray_here(
+        capsys, "compare", "--tables", str(table_file), "--plans", str(plan), str(twin),
         "--rounds", "10", "--repeats", "5", "--warmup", "1", "--out", "cmp",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -226,15 +222,18 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
 
 
 @pytest.mark.slow
-def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(tmp_path, table_file):
+def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
+    ray_session, capsys, monkeypatch, tmp_path, table_file
+):
     """4 devices on this 2-core machine: compute measured (taking turns), all-to-alls priced and labelled."""
-    made = shard_ray(
-        tmp_path, "plan", "--tables", str(table_file), "--devices", "4", "--memory-gb", "1",
+    monkeypatch.chdir(tmp_path)
+    made = shard_ray_here(
+        capsys, "plan", "--tables", str(table_file), "--devices", "4", "--memory-gb", "1",
         "--algo", "size_greedy", "--out", "four.json",
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    result = shard_ray(
-        tmp_path, "evaluate", "--tables", str(table_file), "--plan", "four.json", "--out", "result.json",
+    result = shard_ray_here(
+        capsys, "evaluate", "--tables", str(table_file), "--plan", "four.json", "--out", "result.json",
         "--rounds", "1", "--repeats", "3", "--warmup", "1", "--no-mlflow",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -1,16 +1,14 @@
-"""Sharding types chosen, constrained and explained, as a user runs `plan` (the console script `make setup` installs)."""
+"""Sharding types chosen, constrained and explained, as a user runs `plan` (in this process: tests/console.py)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from console import assert_refused, shard_ray_here
 
 from shard_ray.plan.plan import inferred_sharding, load_plan
 from shard_ray.workload.tables import load_tables
 
-SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
 CRITEO = str(Path(__file__).parent.parent / "experiments" / "tables" / "criteo_kaggle.json")
 MLPERF = str(Path(__file__).parent.parent / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
 
@@ -25,18 +23,13 @@ groups:
 """
 
 
-def shard_ray(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SHARD_RAY, *args], capture_output=True, text=True, timeout=300)
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["cost_search", "size_lookup_greedy"])
-def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
+def test_plan_honours_a_constraints_file_and_explains_itself(capsys, tmp_path, algo):
     constraints = tmp_path / "constraints.yaml"
     constraints.write_text(CONSTRAINTS)
     out = tmp_path / "plan.json"
-    result = shard_ray(
-        "plan", "--tables", CRITEO, "--devices", "4", "--memory-gb", "2", "--algo", algo,
+    result = shard_ray_here(
+        capsys, "plan", "--tables", CRITEO, "--devices", "4", "--memory-gb", "2", "--algo", algo,
         "--constraints", str(constraints), "--explain", "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -58,7 +51,6 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
     assert "row_wise" not in explained["cat_2"].alternatives_ms  # pinned to two devices: not row-wise
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "document, flags, message",
     [
@@ -77,28 +69,25 @@ def test_plan_honours_a_constraints_file_and_explains_itself(tmp_path, algo):
         ("[1, 2]", [], "expected an object with 'tables' and/or 'groups'"),
     ],
 )
-def test_bad_constraints_are_refused_in_one_line(tmp_path, document, flags, message):
+def test_bad_constraints_are_refused_in_one_line(capsys, tmp_path, document, flags, message):
     constraints = tmp_path / "constraints.yaml"
     constraints.write_text(document)
     out = tmp_path / "plan.json"
     algo = [] if flags else ["--algo", "size_greedy"]
-    result = shard_ray(
+    argv = [
         "plan", "--tables", CRITEO, "--devices", "4", "--memory-gb", "2", *algo, *flags,
         "--constraints", str(constraints), "--out", str(out),
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
-    assert message in result.stderr
-    assert not out.exists()
+    ]  # fmt: skip
+    assert_refused(capsys, argv, message, leftover=out)
 
 
-def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(tmp_path):
+def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(capsys, tmp_path):
     tables = tmp_path / "tables.json"
     tables.write_text(json.dumps({"tables": [{"name": "huge", "rows": 100_000_000, "dim": 64, "pooling_factor": 2}]}))
     constraints = tmp_path / "constraints.json"
     constraints.write_text(json.dumps({"tables": {"huge": {"devices": [0, 1]}}}))
-    result = shard_ray(
-        "plan", "--tables", str(tables), "--devices", "4", "--memory-gb", "10", "--algo", "cost_search",
+    result = shard_ray_here(
+        capsys, "plan", "--tables", str(tables), "--devices", "4", "--memory-gb", "10", "--algo", "cost_search",
         "--constraints", str(constraints), "--out", str(tmp_path / "plan.json"),
     )  # fmt: skip
     assert result.returncode == 2
@@ -109,7 +98,7 @@ def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(tmp_path)
 
 
 @pytest.mark.slow
-def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
+def test_plan_measure_races_only_plans_that_keep_the_constraints(ray_session, capsys, tmp_path):
     """--measure under --constraints: the baselines that do not honour them stay out of the race, and
     whichever plan wins keeps the constraints, which the plan file records."""
     tables = tmp_path / "tables.json"
@@ -121,8 +110,8 @@ def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     constraints = tmp_path / "constraints.yaml"
     constraints.write_text("tables:\n  a: {devices: [1]}\n  b: {types: [row_wise]}\n")
     out = tmp_path / "plan.json"
-    result = shard_ray(
-        "plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search",
+    result = shard_ray_here(
+        capsys, "plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search",
         "--constraints", str(constraints), "--measure", "--measure-rounds", "3", "--store", str(tmp_path / "m.db"),
         "--out", str(out),
     )  # fmt: skip
@@ -134,8 +123,7 @@ def test_plan_measure_races_only_plans_that_keep_the_constraints(tmp_path):
     assert plan.settings.constraints == {"tables": {"a": {"devices": [1]}, "b": {"types": ["row_wise"]}}}
 
 
-@pytest.mark.slow
-def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
+def test_table_row_wise_keeps_a_tables_rows_inside_one_host(capsys, tmp_path):
     """Over hosts, a table too large for a device goes row-wise over one host's devices when the link
     between hosts is slow: its partial sums are added up inside the host and 1/4 of them cross. The
     plan file, the explanation and the TorchRec export say so; the pricer and the simulator agree."""
@@ -154,9 +142,18 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     tables_file.write_text(json.dumps(document))
     # 0.25 Gbps: slow enough that the link decides (at 1 Gbps the shipped models price all 8 devices' rows 6% cheaper)
     hosts = ["--devices", "8", "--devices-per-host", "4", "--memory-gb", "8", "--inter-host-gbps", "0.25"]
-    result = shard_ray(
-        "plan", "--tables", str(tables_file), *hosts, "--algo", "cost_search", "--explain", "--out", str(plan_file)
-    )
+    plan_argv = [
+        "plan",
+        "--tables",
+        str(tables_file),
+        *hosts,
+        "--algo",
+        "cost_search",
+        "--explain",
+        "--out",
+        str(plan_file),
+    ]
+    result = shard_ray_here(capsys, *plan_argv)
     assert result.returncode == 0, result.stderr
     assert "table_row_wise" in result.stdout
     plan, tables = load_plan(plan_file), load_tables(tables_file)
@@ -190,15 +187,17 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     constraints.write_text("tables:\n  big: {types: [table_row_wise]}\n  s0: {types: [table_row_wise]}\n")
     pinned = tmp_path / "pinned.json"
     for algo in ("size_greedy", "cost_search"):
-        result = shard_ray(
-            "plan", "--tables", str(tables_file), *hosts, "--algo", algo, "--constraints", str(constraints),
+        result = shard_ray_here(
+            capsys, "plan", "--tables", str(tables_file), *hosts, "--algo", algo, "--constraints", str(constraints),
             "--out", str(pinned),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         recorded = load_plan(pinned).tables
         assert recorded["big"].type == recorded["s0"].type == "table_row_wise"
 
-    result = shard_ray("export", "--plan", str(plan_file), "--tables", str(tables_file), "--out", str(export_file))
+    result = shard_ray_here(
+        capsys, "export", "--plan", str(plan_file), "--tables", str(tables_file), "--out", str(export_file)
+    )
     assert result.returncode == 0, result.stderr
     exported = json.loads(export_file.read_text())
     host = big[0].device // 4
@@ -207,8 +206,7 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(tmp_path):
     assert exported["tables"]["big"]["ranks"] == [4 * host + k for k in range(4)]
 
 
-@pytest.mark.slow
-def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(tmp_path):
+def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(capsys, tmp_path):
     """MLPerf DLRM-DCNv2's shapes on 8 devices: its five 40M-row tables pack whole, one a device, so the
     greedy start keeps them table-wise, and beside them no single one can then go row-wise (its blocks
     need room on every device). The beam splits the costliest tables by rows as well as by columns, so
@@ -224,8 +222,19 @@ def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(tmp_p
     priced = {}
     for algo in ("cost_search", "torchrec"):
         out = tmp_path / f"{algo}.json"
-        result = shard_ray(
-            "plan", "--tables", MLPERF, "--devices", "8", "--memory-gb", memory_gb, "--algo", algo, "--out", str(out)
+        result = shard_ray_here(
+            capsys,
+            "plan",
+            "--tables",
+            MLPERF,
+            "--devices",
+            "8",
+            "--memory-gb",
+            memory_gb,
+            "--algo",
+            algo,
+            "--out",
+            str(out),
         )
         assert result.returncode == 0, result.stderr
         priced[algo] = simulator.plan_cost(load_plan(out), tables, 1024).cost_ms
