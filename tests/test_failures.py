@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -104,6 +104,23 @@ def test_gang_rebuilds_itself_when_a_member_dies(ray_session, small_tables):
         gang.shutdown()
 
 
+@pytest.fixture(scope="module")
+def joined() -> Iterator[dict[str, str]]:
+    """The environment of a shell on a cluster (RAY_ADDRESS set) whose Ray the module's commands join: the runs
+    started and stopped here would otherwise each start a local Ray of their own, about 10 CPU-seconds apiece.
+    What a stopped run keeps and how it resumes does not depend on whose Ray it ran on."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "include_dashboard": False, "object_store_memory": 256 * 1024**2},
+    )
+    try:
+        yield {**os.environ, "RAY_ADDRESS": cluster.address}
+    finally:
+        cluster.shutdown()
+
+
 def _foreground_signals() -> None:
     """As for a command run in a terminal: a test runner started in the background ignores SIGINT, and children inherit that."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -121,7 +138,7 @@ def _store_count(db) -> int:
             return 0
 
 
-def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_tables):
+def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(joined, tmp_path, small_tables):
     """`profile` stopped part way by Ctrl-C, then killed outright, keeps what it measured and finishes the same set
     when run again. (`collect` measures through the same pool and store; its resume is
     tests/test_ray_measurement.py's `test_collect_resumes_without_measuring_twice`.)"""
@@ -143,6 +160,7 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=_foreground_signals,
+            env=joined,
         )
         deadline = time.time() + WAIT_LIMIT
         while _store_count(db) < before + 1 and time.time() < deadline and run.poll() is None:
@@ -154,7 +172,7 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
             output = run.stdout.read().decode()
             assert run.returncode == 130 and "Traceback" not in output, output[-3000:]
         assert before < _store_count(db) < len(drawn)  # stopped part way, what was measured is kept
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with MeasurementStore(db) as store:
         stored = store.fused_shard_measurements()
@@ -165,10 +183,10 @@ def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(tmp_path, small_t
         assert all(m.status == "ok" for m in stored)
 
 
-def _run_until(command: list[str], done: Callable[[], bool], stop: int, timeout: float = WAIT_LIMIT) -> None:
+def _run_until(command: list[str], env: dict[str, str], done: Callable[[], bool], stop: int) -> None:
     """Start `command`, and stop its whole process group with `stop` once `done()` holds."""
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + timeout
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + WAIT_LIMIT
     while not done() and time.time() < deadline and run.poll() is None:
         time.sleep(0.1)
     assert run.poll() is None, run.stdout.read().decode()[-3000:]
@@ -176,7 +194,7 @@ def _run_until(command: list[str], done: Callable[[], bool], stop: int, timeout:
     run.wait(timeout=60)
 
 
-def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
+def test_benchmark_killed_mid_run_measures_only_what_is_left(joined, tmp_path):
     import json
 
     out = tmp_path / "benchmark"
@@ -203,10 +221,10 @@ def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
         "--out",
         str(out),
     ]
-    _run_until(command, lambda: (out / "tasks" / "test_000.json").exists(), signal.SIGKILL)
+    _run_until(command, joined, lambda: (out / "tasks" / "test_000.json").exists(), signal.SIGKILL)
     first = json.loads((out / "tasks" / "test_000.json").read_text())
     assert not (out / "benchmark.json").exists()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "test_000: measured by an earlier run" in done.stdout
     result = json.loads((out / "benchmark.json").read_text())
@@ -214,7 +232,7 @@ def test_benchmark_killed_mid_run_measures_only_what_is_left(tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1])["tasks"] == 2
 
 
-def test_outer_loop_killed_mid_round_resumes(tmp_path):
+def test_outer_loop_killed_mid_round_resumes(joined, tmp_path):
     import json
 
     from shard_ray.policy.network import load_policy
@@ -261,16 +279,16 @@ def test_outer_loop_killed_mid_round_resumes(tmp_path):
         "--no-mlflow",
     ]
     # killed once the first round is saved and the second has begun measuring
-    _run_until(command, lambda: (out / "outer_loop.json").exists(), signal.SIGKILL)
+    _run_until(command, joined, lambda: (out / "outer_loop.json").exists(), signal.SIGKILL)
     assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resuming after round 1" in done.stdout
     assert [r["round"] for r in json.loads((out / "outer_loop.json").read_text())["rounds"]] == [1, 2]
     assert load_policy(out)[1].iterations == 2
 
 
-def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
+def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
     from shard_ray.policy.network import load_policy
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
     from shard_ray.workload.tables import save_tables
@@ -304,16 +322,17 @@ def test_policy_training_killed_resumes_from_its_checkpoint(tmp_path):
         "2",
         "--no-mlflow",
     ]
-    _run_until(command, lambda: (out / "policy.pt").exists(), signal.SIGKILL)  # the first checkpoint is at iteration 5
+    # the first checkpoint is at iteration 5
+    _run_until(command, joined, lambda: (out / "policy.pt").exists(), signal.SIGKILL)
     assert load_policy(out)[1].iterations == 5
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "after iteration 5" in done.stdout and "PPO iteration 6/12" in done.stdout
     assert "PPO iteration 5/12" not in done.stdout
     assert load_policy(out)[1].iterations == 12
 
 
-def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
+def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_path):
     """A trial's process killed mid-run is retried (FailureConfig); the sweep killed outright resumes (Tuner.restore)."""
     import json
 
@@ -362,9 +381,9 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(tmp_path):
             return False
         return any(p.stat().st_size for p in out.glob("tune/search/*/result.json"))
 
-    _run_until(command, kill_a_trial_then_wait_for_results, signal.SIGKILL)
+    _run_until(command, joined, kill_a_trial_then_wait_for_results, signal.SIGKILL)
     assert killed_trials and not (out / "best.json").exists()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resuming the sweep" in done.stdout and "3 trials, 0 failed" in done.stdout
     assert json.loads((out / "best.json").read_text())["trials"] == 3

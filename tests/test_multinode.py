@@ -3,7 +3,6 @@
 losing a node mid-run loses no measurement."""
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from console import shard_ray_here
 
 from shard_ray.placement import place
 from shard_ray.plan.topology import GB, Topology
@@ -137,13 +137,12 @@ def test_gang_spans_hosts_records_them_and_survives_losing_a_node(cluster, small
     cluster.wait_for_nodes()
 
 
-def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, table_file):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def test_plan_measure_and_export_on_hosts_as_a_user_types_them(cluster, capsys, monkeypatch, tmp_path, table_file):
+    """The commands a user types on a head, run in this process (tests/console.py), which has joined the cluster."""
+    monkeypatch.chdir(tmp_path)
 
-    def shard_ray(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([SHARD_RAY, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-
-    planned = shard_ray(
+    planned = shard_ray_here(
+        capsys,
         *("plan", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2"),
         *("--memory-gb", "1", "--algo", "size_greedy", "--out", "plan.json"),
     )
@@ -151,16 +150,10 @@ def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, ta
     assert "on 4 devices on 2 hosts of 2" in planned.stdout
     assert json.loads((tmp_path / "plan.json").read_text())["settings"]["devices_per_host"] == 2
 
-    evaluated = shard_ray(
-        *("evaluate", "--plan", "plan.json", "--tables", str(table_file), "--address", cluster.address),
-        *("--rounds", "1", "--repeats", "3", "--warmup", "1", "--no-mlflow", "--out", "cost.json"),
-    )
-    assert evaluated.returncode == 0, evaluated.stderr
-    assert json.loads((tmp_path / "cost.json").read_text())["hosts"] == [0, 0, 1, 1]
-    assert "the gang spanned 2 Ray nodes" in evaluated.stdout
-
-    # The measured race over hosts: the search's plan against the heuristics' and TorchRec's (told the hosts).
-    raced = shard_ray(
+    # The measured race over hosts: the search's plan against the heuristics' and TorchRec's (told the hosts), on the
+    # gang `evaluate` measures a plan on.
+    raced = shard_ray_here(
+        capsys,
         *("plan", "--tables", str(table_file), "--devices", "4", "--devices-per-host", "2", "--memory-gb", "1"),
         *("--algo", "cost_search", "--measure", "--measure-rounds", "3", "--address", cluster.address),
         "--out",
@@ -170,12 +163,15 @@ def test_evaluate_and_export_on_hosts_as_a_user_types_them(cluster, tmp_path, ta
     measured = json.loads((tmp_path / "raced.json").read_text())["measured"]
     assert "torchrec" in "=".join(measured["candidates"]) and "the gang spanned 2 Ray nodes" in raced.stdout
 
-    exported = shard_ray("export", "--plan", "plan.json", "--tables", str(table_file), "--out", "torchrec.json")
+    exported = shard_ray_here(
+        capsys, "export", "--plan", "plan.json", "--tables", str(table_file), "--out", "torchrec.json"
+    )
     assert exported.returncode == 0, exported.stderr
     assert json.loads((tmp_path / "torchrec.json").read_text())["local_world_size"] == 2
 
     # Four hosts of one device on three nodes: refused before anything starts, in one line.
-    refused = shard_ray(
+    refused = shard_ray_here(
+        capsys,
         *("evaluate", "--plan", "plan.json", "--tables", str(table_file), "--address", cluster.address),
         *("--devices-per-host", "1", "--rounds", "1", "--no-mlflow", "--out", "never.json"),
     )
@@ -193,19 +189,15 @@ def test_doctor_reports_every_node(cluster, tmp_path):
     assert done.stdout.count("fused kernels: a fused shard trained on cpu") == 5  # this machine, then each node
 
 
-def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, tmp_path):
-    """`calibrate --devices-per-host 2`, as a user types it against a cluster: the gang spans two nodes,
-    the comm model is fit to the all-to-alls measured across them, and the models are saved for hosts
-    of 2, which `plan --devices-per-host 2` picks and a one-host plan does not."""
+def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, capsys, monkeypatch, tmp_path):
+    """`calibrate --devices-per-host 2`, as a user types it against a cluster (in this process, which has joined
+    it): the gang spans two nodes, the comm model is fit to the all-to-alls measured across them, and the models
+    are saved for hosts of 2, which `plan --devices-per-host 2` picks and a one-host plan does not."""
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.plan.plan import load_plan
 
-    # The models go to a home of the test's own; HOME stays, where a cluster's token (~/.ray) is.
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    env["SHARD_RAY_HOME"] = str(tmp_path / ".shard-ray")
-
-    def shard_ray(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([SHARD_RAY, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / ".shard-ray"))  # the models go to a home of the test's own
+    monkeypatch.chdir(tmp_path)
 
     (tmp_path / "tables.json").write_text(
         '{"tables": [{"name": "user_id", "rows": 200000, "dim": 64, "pooling_factor": 1},\n'
@@ -213,7 +205,8 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
         '  {"name": "category", "rows": 300, "dim": 16, "pooling_factor": 2},\n'
         '  {"name": "history", "rows": 10000, "dim": 32, "pooling_factor": 30}]}\n'
     )
-    calibrated = shard_ray(
+    calibrated = shard_ray_here(
+        capsys,
         *("calibrate", "--tables", "tables.json", "--devices", "4", "--devices-per-host", "2"),
         *("--address", cluster.address, "--budget-minutes", "2", "--shards", "10", "--plans", "12"),
         *("--warmup", "1", "--repeats", "3", "--epochs", "40", "--noise-rounds", "3", "--no-mlflow"),
@@ -229,7 +222,8 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     assert CostModels.load(saved[0]).comm_devices_per_host == (2 if tuned_comm else None)
 
     for hosts, picked in ((["--devices-per-host", "2"], True), ([], False)):
-        planned = shard_ray(
+        planned = shard_ray_here(
+            capsys,
             *("plan", "--tables", "tables.json", "--devices", "4", *hosts, "--memory-gb", "4"),
             *("--algo", "neuroshard", "--out", "plan.json"),
         )
