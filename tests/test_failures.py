@@ -307,7 +307,7 @@ def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
         "--out",
         str(out),
         "--iterations",
-        "12",
+        "7",
         "--train-batch",
         "64",
         "--minibatch",
@@ -327,9 +327,9 @@ def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
     assert load_policy(out)[1].iterations == 5
     done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "after iteration 5" in done.stdout and "PPO iteration 6/12" in done.stdout
-    assert "PPO iteration 5/12" not in done.stdout
-    assert load_policy(out)[1].iterations == 12
+    assert "after iteration 5" in done.stdout and "PPO iteration 6/7" in done.stdout
+    assert "PPO iteration 5/7" not in done.stdout
+    assert load_policy(out)[1].iterations == 7
 
 
 def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_path):
@@ -355,17 +355,17 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_pat
         "--out",
         str(out),
         "--samples",
-        "3",
+        "2",
         "--max-concurrent",
         "1",
         "--tasks",
-        "3",
+        "2",
         "--min-tables",
-        "20",
+        "10",
         "--max-tables",
-        "30",
+        "15",
         "--max-evaluations",
-        "20000",
+        "5000",
         "--measure-top",
         "0",
         "--no-mlflow",
@@ -385,5 +385,5 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_pat
     assert killed_trials and not (out / "best.json").exists()
     done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "resuming the sweep" in done.stdout and "3 trials, 0 failed" in done.stdout
-    assert json.loads((out / "best.json").read_text())["trials"] == 3
+    assert "resuming the sweep" in done.stdout and "2 trials, 0 failed" in done.stdout
+    assert json.loads((out / "best.json").read_text())["trials"] == 2
