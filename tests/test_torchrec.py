@@ -215,6 +215,8 @@ def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
             "2",
             "--repeats",
             "2",
+            "--rounds",
+            "3",
             "--memory-headroom",
             "3",
             "--algorithms",
