@@ -179,6 +179,25 @@ def test_plan_measure_and_export_on_hosts_as_a_user_types_them(cluster, capsys, 
     assert "needs 4 Ray nodes" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "never.json").exists()
 
+    # From a shell of its own joining by the address: 8 devices on a cluster of 6 CPUs, refused before any actor.
+    eight = shard_ray_here(
+        capsys,
+        *("plan", "--tables", str(table_file), "--devices", "8", "--memory-gb", "1", "--algo", "size_greedy"),
+        *("--out", "eight.json"),
+    )
+    assert eight.returncode == 0, eight.stderr
+    joined = subprocess.run(
+        [SHARD_RAY, "evaluate", "--plan", "eight.json", "--tables", str(table_file), "--address", cluster.address]
+        + ["--no-mlflow", "--out", "never.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert joined.returncode == 2 and "Traceback" not in joined.stderr, joined.stderr
+    assert f"this needs 8 devices at once but the cluster at {cluster.address} has 6" in joined.stderr
+    assert not (tmp_path / "never.json").exists()
+
 
 def test_doctor_reports_every_node(cluster, tmp_path):
     done = subprocess.run(
