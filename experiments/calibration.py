@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.arguments import Parser
+from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.io import write_json
@@ -135,7 +136,7 @@ def write_synthetic_tasks(synthetic: BenchmarkConfig, folder: Path) -> list[Path
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="calibration.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python experiments/calibration.py", description=__doc__.split("\n\n")[0])
     add_settings(parser, CalibrationBenchmark)
     config = settings_from(CalibrationBenchmark, parser.parse_args(argv))
     out = Path(config.out)

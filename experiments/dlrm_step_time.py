@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from shard_ray.arguments import Parser
 from shard_ray.interop.torchrec import embedding_bag_configs, export_plan, sharding_plan
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
@@ -128,7 +129,7 @@ def train_rank(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/dlrm_step_time.py", description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=20, help="tables in the task (default %(default)s)")
     parser.add_argument(
         "--max-rows", type=int, default=100_000, help="rows per table at most, to fit CPU memory (default %(default)s)"

@@ -13,13 +13,13 @@ the apart cost of the full shard, per phase.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from shard_ray.arguments import Parser
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -45,7 +45,7 @@ def fusion_shards(num_shards: int, seed: int) -> list[list[TablePiece]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/fusion_measurements.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="tests/data/fusion_shards.json")
     parser.add_argument(
         "--shards", type=int, default=48, help="random fused shards besides the singles and the whole set"

@@ -11,7 +11,6 @@ last line is JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shard_ray.arguments import Parser
 from shard_ray.costmodel.simulator import price_comm
 from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -32,7 +32,7 @@ from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/gang_fidelity.py", description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--tables", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=10)

@@ -12,7 +12,6 @@ over plans and pairs of runs of |run i / run j - 1|, and the median spread of a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -22,6 +21,7 @@ import tempfile
 from itertools import combinations
 from pathlib import Path
 
+from shard_ray.arguments import Parser
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.plan import save_plan
@@ -34,7 +34,7 @@ SETTINGS = {"4 KB pages": "0", "huge pages": "1"}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/huge_pages.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/results/huge_pages")
     parser.add_argument("--runs", type=int, default=3, help="evaluate runs per plan and setting")
     args = parser.parse_args()

@@ -10,10 +10,9 @@ paired per-round ratio. Prints the simulated costs, the medians with their inter
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
+from shard_ray.arguments import Parser
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Candidate, Pricer
 from shard_ray.placement import search
@@ -34,7 +33,7 @@ def shared_devices(candidate: Candidate) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/joined_slices.py", description=__doc__.splitlines()[0])
     parser.add_argument("--tables", default="experiments/tables/mlperf_dlrm_dcnv2.json")
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()

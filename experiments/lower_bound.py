@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 from calibration import PUBLIC_SHAPES, write_synthetic_tasks
 
-from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.arguments import Parser
+from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -170,7 +171,7 @@ def markdown(results: dict[str, dict[str, Any]], devices: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="lower_bound.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python experiments/lower_bound.py", description=__doc__.split("\n\n")[0])
     add_settings(parser, LowerBoundBenchmark)
     config = settings_from(LowerBoundBenchmark, parser.parse_args(argv))
     out = Path(config.out)

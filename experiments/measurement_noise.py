@@ -26,7 +26,6 @@ Writes `noise.json` (every number and the recorded A/A rounds) to --out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shard_ray.arguments import Parser
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.cost import RoundsSummary
@@ -200,7 +200,7 @@ def replays(aa_rounds: list, races: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/measurement_noise.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/results/measurement_noise")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per plan and pass, as evaluate's default")
     parser.add_argument("--aa-races", type=int, default=3, help="real A/A comparisons (each run twice)")

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from shard_ray.arguments import Parser
 from shard_ray.io import write_atomic, write_json
 
 ALGORITHMS = ("cost_search", "neuroshard", "dreamshard", "size_lookup_greedy", "torchrec")
@@ -102,7 +103,7 @@ def markdown(results: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/planning_scale.py", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=SIZES, help="TABLESxDEVICES, comma-separated (default %(default)s)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per plan (default %(default)s)")

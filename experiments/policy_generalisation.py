@@ -14,7 +14,6 @@ Markdown and JSON; the last printed line is JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from shard_ray.arguments import Parser
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -38,7 +38,7 @@ ALGORITHMS = ("lookup_greedy", "size_lookup_greedy", "neuroshard", "cost_search"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/policy_generalisation.py", description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=8, help="tasks per set")
     parser.add_argument("--policy", default=str(default_policy_path()))
     parser.add_argument("--samples", type=int, default=16, help="sampled plans for dreamshard best-of-N")

@@ -30,7 +30,8 @@ from typing import Any
 
 from calibration import PUBLIC_SHAPES, shard_ray, write_synthetic_tasks
 
-from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.arguments import Parser
+from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.io import write_json
@@ -143,7 +144,7 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="refinement.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python experiments/refinement.py", description=__doc__.split("\n\n")[0])
     add_settings(parser, RefinementBenchmark)
     config = settings_from(RefinementBenchmark, parser.parse_args(argv))
     out = Path(config.out)

@@ -12,13 +12,13 @@ the last printed line is JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from shard_ray.arguments import Parser
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
@@ -115,7 +115,7 @@ def table(results: dict, label: str) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/scaling.py", description=__doc__.splitlines()[0])
     parser.add_argument("--table-counts", default="50,100,200,428,856,1712")
     parser.add_argument("--devices-for-tables", type=int, default=16)
     parser.add_argument("--device-counts", default="4,8,16,32,64,128")

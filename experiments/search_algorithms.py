@@ -11,12 +11,12 @@ Writes Markdown and JSON to `--out`; the last printed line is JSON.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
 from pathlib import Path
 
+from shard_ray.arguments import Parser
 from shard_ray.cli import main as shard_ray
 from shard_ray.io import write_atomic, write_json
 
@@ -35,7 +35,7 @@ def best_so_far(trials_csv: Path) -> list[float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python experiments/search_algorithms.py", description=__doc__.splitlines()[0])
     parser.add_argument("--tables", required=True)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seeds", default="0,1")

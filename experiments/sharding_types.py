@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.arguments import Parser
+from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
@@ -181,7 +182,7 @@ def markdown(results: dict[str, Any], config: ShardingTypesBenchmark) -> str:
 def main(argv: list[str]) -> int:
     import ray
 
-    parser = Parser(prog="sharding_types.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python experiments/sharding_types.py", description=__doc__.split("\n\n")[0])
     add_settings(parser, ShardingTypesBenchmark)
     config = settings_from(ShardingTypesBenchmark, parser.parse_args(argv))
     out = Path(config.out)

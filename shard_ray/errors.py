@@ -67,6 +67,9 @@ def _named_entry(document: object, location: tuple) -> tuple[str, int] | None:
 
 
 def did_you_mean(given: str, known: Iterable[str]) -> str:
-    """ "; did you mean X?" for the known name closest to a misspelt `given`, or "" when none is close."""
-    close = difflib.get_close_matches(given, list(known), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+    """ "; did you mean X?" for the known name closest to a misspelt `given`, or "" when none is close.
+
+    Flags are compared without their dashes, which every flag shares: with them, `--bogus` was "close" to `--out`."""
+    bare = {name.lstrip("-"): name for name in known}
+    close = difflib.get_close_matches(given.lstrip("-"), list(bare), n=1, cutoff=0.6)
+    return f"; did you mean {bare[close[0]]}?" if close else ""

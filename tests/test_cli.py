@@ -10,6 +10,8 @@ from console import assert_refused
 
 from shard_ray.cli import main
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "shard_ray.cli", *args], capture_output=True, text=True, timeout=120)
@@ -203,6 +205,20 @@ def test_console_errors_are_one_line_without_traceback(tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     result = run_cli("frobnicate")
     assert result.returncode == 2 and "invalid choice" in result.stderr and "did you mean" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", ["python -m shard_ray.interop.torchrec_step", "python experiments/gang_fidelity.py"]
+)
+def test_scripts_run_with_python_refuse_a_bad_flag_in_one_line(command):
+    """The docs' `python -m ...` and `python experiments/...` as typed, from the top of the repository: a flag they
+    do not know ends them in one line that says where their help is."""
+    argv = [sys.executable, *command.split()[1:], "--bogus"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    (line,) = done.stderr.splitlines()
+    assert done.returncode == 2 and line.startswith("shard-ray: error: unrecognized argument --bogus"), done.stderr
+    assert line.endswith(f"(see {command} --help)")
+    assert "did you mean" not in line  # no flag is like "bogus" once the dashes every flag has are set aside
 
 
 def test_a_misspelt_flag_or_command_gets_the_closest_known_one_with_the_one_prefix(capsys):

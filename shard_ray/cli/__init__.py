@@ -14,8 +14,8 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
+from shard_ray.arguments import Parser
 from shard_ray.cli.commands import COMMANDS
-from shard_ray.cli.flags import Parser
 from shard_ray.configfile import expand_config
 from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.quiet import quiet_output

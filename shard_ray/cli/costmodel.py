@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shard_ray.arguments import Parser
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
-from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
 from shard_ray.costmodel.train import TrainConfig

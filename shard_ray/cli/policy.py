@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shard_ray.arguments import Parser
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
-from shard_ray.cli.flags import Parser, add_settings, merged_settings, settings_from
+from shard_ray.cli.flags import add_settings, merged_settings, settings_from
 from shard_ray.configfile import dataclass_from, setting
 from shard_ray.policy.ppo import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT

@@ -7,10 +7,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from shard_ray.arguments import Parser
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
 from shard_ray.cli.costmodel import existing_store
-from shard_ray.cli.flags import Parser, add_settings, settings_from
+from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.policy import add_policy_flags, policy_inputs
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError

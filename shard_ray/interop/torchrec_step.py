@@ -12,7 +12,6 @@ ranks are CPU processes, where TorchRec runs table-wise, column-wise and data-pa
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shard_ray.arguments import Parser
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import embedding_bag_configs, load_export, load_sharding_plan
 from shard_ray.plan.topology import format_gb
@@ -149,7 +149,7 @@ def run(tables_file: str, plan_file: str, batch: int) -> dict[int, dict[str, Any
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m shard_ray.interop.torchrec_step", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", required=True, help="the table file the plan places")
     parser.add_argument("--plan", required=True, help="the plan as `shard-ray export --device cpu` wrote it")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank (default 8)")

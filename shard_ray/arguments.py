@@ -1,0 +1,48 @@
+"""The argument parser of every shard-ray command line: `shard-ray` and the scripts run with `python -m`."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from shard_ray.errors import did_you_mean
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line with the prefix of every other user error, suggests the
+    flag or choice a misspelling was meant to be, and takes no abbreviations."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--device 2` must not pass for `--devices 2`
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        self._arguments = list(sys.argv[1:] if args is None else args)
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:
+            # A command's own parser refuses what it does not know, so that the message can name its flags
+            self.error(self._unrecognized([e for e in extras if e.startswith("-")] or extras))
+        return namespace, extras
+
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        unknown = [
+            a for a in getattr(self, "_arguments", []) if a.startswith("--") and a.split("=")[0] not in self._flags()
+        ]
+        if unknown and self._subparsers is None and message.startswith("the following arguments are required"):
+            message = self._unrecognized(unknown)  # a misspelt flag is why the flag it meant is missing
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:  # the choices are quoted up to Python 3.12, bare after
+            message += did_you_mean(choice[1], [c.strip("'") for c in choice[2].split(", ")])
+        help_hint = f" (see {self.prog} --help)" if self.prog != "shard-ray" else ""
+        self.exit(2, f"shard-ray: error: {message}{help_hint}\n")
+
+    def _unrecognized(self, unknown: Sequence[str]) -> str:
+        noun = "argument" if len(unknown) == 1 else "arguments"
+        return f"unrecognized {noun} {' '.join(unknown)}" + did_you_mean(unknown[0].split("=")[0], self._flags())
+
+    def _flags(self) -> list[str]:
+        return [option for action in self._actions for option in action.option_strings]
