@@ -1,4 +1,5 @@
-"""The argument parser of every shard-ray command line: `shard-ray` and the scripts run with `python -m`."""
+"""The argument parser of every command line: `shard-ray`, `python -m shard_ray.interop.torchrec_step` and the
+experiments (`python experiments/NAME.py`)."""
 
 from __future__ import annotations
 
