@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from console import assert_refused
+from console import assert_refused, shard_ray_here
 
 from shard_ray.cli import main
 
@@ -450,7 +450,7 @@ def test_a_search_cut_by_its_budget_plans_alike_beside_a_busy_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(tmp_path):
+def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(capsys, tmp_path):
     """NeuroShard runs as published with no budget; a budget or time limit a user sets ends it with a
     warning, the plan written and no traceback."""
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -463,7 +463,10 @@ def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(tmp_path
         ("time_limit_s=0.05", "the 0.05 s time limit ended the search"),
     ):
         out = tmp_path / "plan.json"
-        done = plan_with(tables, out, "--devices", "128", "--memory-gb", "24", "--algo", "neuroshard", "--set", setting)
+        done = shard_ray_here(
+            capsys, "plan", "--tables", str(tables), "--out", str(out), "--devices", "128", "--memory-gb", "24",
+            "--algo", "neuroshard", "--set", setting,
+        )  # fmt: skip
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert told in done.stderr
         assert json.loads(out.read_text())["algorithm"] == "neuroshard"
