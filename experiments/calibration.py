@@ -136,7 +136,7 @@ def write_synthetic_tasks(synthetic: BenchmarkConfig, folder: Path) -> list[Path
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="python experiments/calibration.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, CalibrationBenchmark)
     config = settings_from(CalibrationBenchmark, parser.parse_args(argv))
     out = Path(config.out)

@@ -129,7 +129,7 @@ def train_rank(
 
 
 def main() -> int:
-    parser = Parser(prog="python experiments/dlrm_step_time.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, default=20, help="tables in the task (default %(default)s)")
     parser.add_argument(
         "--max-rows", type=int, default=100_000, help="rows per table at most, to fit CPU memory (default %(default)s)"

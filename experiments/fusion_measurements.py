@@ -45,7 +45,7 @@ def fusion_shards(num_shards: int, seed: int) -> list[list[TablePiece]]:
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/fusion_measurements.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="tests/data/fusion_shards.json")
     parser.add_argument(
         "--shards", type=int, default=48, help="random fused shards besides the singles and the whole set"

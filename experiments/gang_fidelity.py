@@ -32,7 +32,7 @@ from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/gang_fidelity.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--tables", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=10)

@@ -34,7 +34,7 @@ SETTINGS = {"4 KB pages": "0", "huge pages": "1"}
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/huge_pages.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/results/huge_pages")
     parser.add_argument("--runs", type=int, default=3, help="evaluate runs per plan and setting")
     args = parser.parse_args()

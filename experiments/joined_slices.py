@@ -33,7 +33,7 @@ def shared_devices(candidate: Candidate) -> int:
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/joined_slices.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", default="experiments/tables/mlperf_dlrm_dcnv2.json")
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()

@@ -171,7 +171,7 @@ def markdown(results: dict[str, dict[str, Any]], devices: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="python experiments/lower_bound.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, LowerBoundBenchmark)
     config = settings_from(LowerBoundBenchmark, parser.parse_args(argv))
     out = Path(config.out)

@@ -200,7 +200,7 @@ def replays(aa_rounds: list, races: int) -> dict:
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/measurement_noise.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/results/measurement_noise")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per plan and pass, as evaluate's default")
     parser.add_argument("--aa-races", type=int, default=3, help="real A/A comparisons (each run twice)")

@@ -103,7 +103,7 @@ def markdown(results: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/planning_scale.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=SIZES, help="TABLESxDEVICES, comma-separated (default %(default)s)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per plan (default %(default)s)")

@@ -38,7 +38,7 @@ ALGORITHMS = ("lookup_greedy", "size_lookup_greedy", "neuroshard", "cost_search"
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/policy_generalisation.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=8, help="tasks per set")
     parser.add_argument("--policy", default=str(default_policy_path()))
     parser.add_argument("--samples", type=int, default=16, help="sampled plans for dreamshard best-of-N")

@@ -144,7 +144,7 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="python experiments/refinement.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, RefinementBenchmark)
     config = settings_from(RefinementBenchmark, parser.parse_args(argv))
     out = Path(config.out)

@@ -115,7 +115,7 @@ def table(results: dict, label: str) -> list[str]:
 
 
 def main() -> None:
-    parser = Parser(prog="python experiments/scaling.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--table-counts", default="50,100,200,428,856,1712")
     parser.add_argument("--devices-for-tables", type=int, default=16)
     parser.add_argument("--device-counts", default="4,8,16,32,64,128")

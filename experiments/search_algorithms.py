@@ -35,7 +35,7 @@ def best_so_far(trials_csv: Path) -> list[float]:
 
 
 def main() -> int:
-    parser = Parser(prog="python experiments/search_algorithms.py", description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", required=True)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seeds", default="0,1")

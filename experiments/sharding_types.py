@@ -182,7 +182,7 @@ def markdown(results: dict[str, Any], config: ShardingTypesBenchmark) -> str:
 def main(argv: list[str]) -> int:
     import ray
 
-    parser = Parser(prog="python experiments/sharding_types.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, ShardingTypesBenchmark)
     config = settings_from(ShardingTypesBenchmark, parser.parse_args(argv))
     out = Path(config.out)

@@ -19,6 +19,7 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)  # `--device 2` must not pass for `--devices 2`
+        kwargs.setdefault("prog", typed_command())
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
@@ -47,3 +48,10 @@ class Parser(argparse.ArgumentParser):
 
     def _flags(self) -> list[str]:
         return [option for action in self._actions for option in action.option_strings]
+
+
+def typed_command() -> str:
+    """This process's command as a user types it, for its usage line and errors: `python -m MODULE` for a module run
+    with -m, else `python SCRIPT` with the script's path as given."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return f"python -m {spec.name}" if spec is not None else f"python {sys.argv[0]}"

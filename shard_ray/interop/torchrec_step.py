@@ -149,7 +149,7 @@ def run(tables_file: str, plan_file: str, batch: int) -> dict[int, dict[str, Any
 
 
 def main() -> int:
-    parser = Parser(prog="python -m shard_ray.interop.torchrec_step", description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", required=True, help="the table file the plan places")
     parser.add_argument("--plan", required=True, help="the plan as `shard-ray export --device cpu` wrote it")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank (default 8)")
