@@ -13,8 +13,12 @@ def page_line(page: str, startswith: str) -> str:
     raise AssertionError(f"docs/{page} has no line starting with {startswith!r}")
 
 
+def code_blocks(path: Path) -> list[str]:
+    """The Markdown file's indented code blocks, each as the text a user pastes."""
+    blocks = path.read_text().split("\n\n")
+    return ["\n".join(line[4:] for line in b.splitlines()) for b in blocks if b.startswith("    ")]
+
+
 def page_block(page: str, containing: str) -> str:
     """The page's indented code block holding `containing`, as a shell script."""
-    blocks = (DOCS / page).read_text().split("\n\n")
-    block = next(b for b in blocks if containing in b and b.startswith("    "))
-    return "\n".join(line[4:] for line in block.splitlines())
+    return next(b for b in code_blocks(DOCS / page) if containing in b)

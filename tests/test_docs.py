@@ -3,12 +3,13 @@
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from pages import page_block
+from pages import code_blocks, page_block
 from pymdownx.slugs import slugify
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +40,25 @@ def test_the_docs_site_builds_strictly(tmp_path):
     assert built.returncode == 0, built.stdout + built.stderr
     assert "WARNING" not in built.stderr, built.stderr
     assert (tmp_path / "site" / "commands" / "index.html").is_file()
+
+
+def test_the_readmes_commands_parse_and_read_only_files_written_above_them():
+    """A new user pastes the README's commands top to bottom: each parses as `shard-ray` parses it, and every file one
+    reads is written by a block above it, a heredoc or another command's --out. (docs/own-tables.md, which runs the
+    same steps, is run as written by tests/test_own_tables.py.)"""
+    from shard_ray.cli import build_parser
+
+    written: set[str] = set()
+    for block in code_blocks(README):
+        if block.startswith("cat > "):
+            written.add(shlex.split(block.splitlines()[0])[2])
+        for line in (line for line in block.splitlines() if line.startswith("shard-ray ")):
+            argv = shlex.split(line)[1:]
+            args = build_parser(argv[0]).parse_args(argv)
+            reads = [args.tables, getattr(args, "plan", None), *(getattr(args, "plans", None) or ())]
+            missing = [name for name in reads if name is not None and name not in written]
+            assert not missing, f"README: `{line}` reads {missing}, which no line above it writes"
+            written.add(args.out)
 
 
 def test_the_readme_is_a_front_page():

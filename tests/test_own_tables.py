@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pages import DOCS
+from pages import DOCS, code_blocks
 
 from shard_ray.cli import build_parser
 from shard_ray.plan.plan import load_plan
@@ -16,12 +16,6 @@ from shard_ray.workload.tables import load_tables
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = "own-tables.md"
-
-
-def _blocks(page: str) -> list[str]:
-    """The page's indented code blocks, each as the text a user pastes."""
-    blocks = (DOCS / page).read_text().split("\n\n")
-    return ["\n".join(line[4:] for line in b.splitlines()) for b in blocks if b.startswith("    ")]
 
 
 def _user_shell(home: Path, folder: Path, command: str) -> subprocess.CompletedProcess:
@@ -44,7 +38,7 @@ def test_the_own_tables_guide_runs_as_written(tmp_path):
     home.mkdir()
     folder.mkdir()
     ran: dict[str, subprocess.CompletedProcess] = {}
-    for block in _blocks(PAGE):
+    for block in code_blocks(DOCS / PAGE):
         if block.startswith("cat > "):  # a file written by hand
             done = _user_shell(home, folder, block)
             assert done.returncode == 0, done.stderr
