@@ -55,10 +55,11 @@ def test_the_readmes_commands_parse_and_read_only_files_written_above_them():
         for line in (line for line in block.splitlines() if line.startswith("shard-ray ")):
             argv = shlex.split(line)[1:]
             args = build_parser(argv[0]).parse_args(argv)
-            reads = [args.tables, getattr(args, "plan", None), *(getattr(args, "plans", None) or ())]
+            flags = vars(args)
+            reads = [flags.get("tables"), flags.get("plan"), *(flags.get("plans") or ())]
             missing = [name for name in reads if name is not None and name not in written]
             assert not missing, f"README: `{line}` reads {missing}, which no line above it writes"
-            written.add(args.out)
+            written.add(flags.get("out"))
 
 
 def test_the_readme_is_a_front_page():
