@@ -13,18 +13,22 @@ import torch
 
 from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.coverage import coverage_problems, training_coverage
-from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, table_features
+from shard_ray.costmodel.coverage import corrections_at_bound, coverage_problems, training_coverage
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, pieces_features, table_features
+from shard_ray.costmodel.info import ModelInfo
 from shard_ray.costmodel.models import (
+    CORRECTION_BOUND,
     CommCostNet,
     ComputeCostNet,
     CostModels,
+    Monotone,
     comm_features,
     default_cost_model_path,
     pad_fused_shards,
 )
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
+from shard_ray.costmodel.spine import QUANTITIES, Spine, fit_spine, spine_shard_ms
 from shard_ray.costmodel.train import (
     MissingCommModelWarning,
     TrainConfig,
@@ -324,69 +328,100 @@ def test_lower_bound_is_below_plans_of_every_sharding_type(shipped, pool, device
 
 
 @pytest.fixture(scope="module")
-def contending(shipped, tmp_path_factory) -> tuple[CostModels, str]:
-    """The shipped models with a strong superadditive (convex) term, saved: fused tables cost more than apart.
-    Every unit of the term weighs every table's encoding alike and heavily, whatever the shipped term learned."""
-    models = CostModels(copy.deepcopy(shipped.compute), shipped.comm, shipped.hardware, shipped.info.model_copy())
+def contending(spineless, tmp_path_factory) -> tuple[CostModels, str]:
+    """Models of the network-alone form with a strong superadditive (convex) term, saved: fused tables cost more than
+    apart. Every unit of the term weighs every table's encoding alike and heavily."""
+    compute = copy.deepcopy(spineless.compute)
     with torch.no_grad():
-        models.compute.contention.w1.fill_(0.0)
-        models.compute.contention.w2.fill_(0.5)
+        compute.contention = Monotone(compute.hidden, compute.hidden, convex=True)
+        compute.contention.w1.fill_(0.0)
+        compute.contention.w2.fill_(0.5)
+    compute.fusion = "free"
+    models = CostModels(compute, spineless.comm, spineless.hardware, spineless.info.model_copy())
     path = tmp_path_factory.mktemp("contending") / "models.pt"
     models.save(path)
     return CostModels.load(path), str(path)
 
 
-def test_the_compute_model_can_price_fusion_above_and_below_running_apart(shipped, contending, pool):
-    """Subadditive (the shipped models' learned fusion) and superadditive (a convex term) both fit the
-    one model form, and either way adding a table never lowers a shard's price."""
+def test_the_compute_model_can_price_fusion_above_and_below_running_apart(shipped, spineless, contending, pool):
+    """Subadditive (a concave term alone), superadditive (a convex term) and the spine's kernels and pairs all fit
+    the one model form, and either way adding a table never lowers a shard's price."""
     pieces = [TablePiece.whole(t) for t in pool[:20]]
-    for models, fused_costs_more in ((shipped, False), (contending[0], True)):
+    for models, fused_costs_more in ((spineless, False), (contending[0], True)):
         fused = models.predict_fused_shards([pieces], 512).sum()
         apart = models.predict_fused_shards([[p] for p in pieces], 512).sum()
         assert (fused > apart) == fused_costs_more
+    for models in (spineless, contending[0], shipped):
         growing = models.predict_fused_shards([pieces[:k] for k in range(1, 21)], 512).sum(axis=1)
         assert np.all(np.diff(growing) >= -1e-6)
+    # the shipped spine: the forward's kernel cost is paid once, so fusing saves there
+    fused, apart = shipped.predict_fused_shards([pieces], 512), shipped.predict_fused_shards([[p] for p in pieces], 512)
+    assert fused[0, 0] < apart[:, 0].sum()
 
 
 @pytest.mark.slow
 def test_the_compute_model_learns_the_fused_backward_these_cpu_kernels_measured():
     """Recorded real shards (experiments/fusion_measurements.py: 20 fp16 pool tables on this project's
     2-core AMD EPYC, batch 512): fused, their backward took 1.18x what the 20 took apart. Fit to the 20
-    alone and the 20 together, the model prices the fused backward within 10% and above running apart;
-    the subadditive form (the convex term off), which cannot price a shard above its tables apart,
-    misses it by more than 15%."""
+    alone and the 20 together, the network-alone form and the spine's price the fused backward within 10% and
+    above running apart; the subadditive network (the convex term off), which cannot price a shard above its
+    tables apart, misses it by more than 15%."""
     recorded = [FusedShardMeasurement.model_validate(m) for m in json.loads((DATA / "fusion_shards.json").read_text())]
     singles, whole = recorded[:20], recorded[-1]
     assert len(whole.tables) == 20 and whole.bwd_ms > 1.1 * sum(m.bwd_ms for m in singles)
     fitted = [*singles, whole]
     data = compute_data(fitted)
     errors, ratios = {}, {}
-    for fusion in ("free", "subadditive"):
+    for form, fusion, no_spine in (
+        ("free", "free", True),
+        ("subadditive", "subadditive", True),
+        ("spine", "free", False),
+    ):
         # the 21 measurements in one batch per epoch: as close as minibatches of 4, in a sixth of the steps
         config = TrainConfig(
             hidden=32, depth=2, fusion=fusion, max_epochs=800, patience=800, minibatch=len(fitted), lr=0.05, seed=0
         )
-        model = train_compute_model(data, data, config)
+        model = train_compute_model(data, data, dataclasses.replace(config, no_spine=no_spine))
         with torch.no_grad():
             bwd = torch.exp(model(data.features, data.mask, data.log_batch))[:, 1].numpy()
-        errors[fusion] = abs(bwd[-1] / whole.bwd_ms - 1)
-        ratios[fusion] = bwd[-1] / bwd[:20].sum()
+        errors[form] = abs(bwd[-1] / whole.bwd_ms - 1)
+        ratios[form] = bwd[-1] / bwd[:20].sum()
     assert errors["free"] < 0.10 and ratios["free"] > 1.05
     assert errors["subadditive"] > 0.15 and ratios["subadditive"] <= 1.0
+    assert errors["spine"] < 0.10 and ratios["spine"] > 1.05  # the spine's fp16 pairs
 
 
-def test_a_first_format_model_file_loads_without_contention(shipped, tmp_path):
-    """Files `costmodel train` wrote before the convex term load and price as they did."""
-    blob = torch.load(default_cost_model_path(), weights_only=True)
+@pytest.fixture(scope="module")
+def spineless(shipped) -> CostModels:
+    """Models of the second format's form: the network prices tables alone, no physical spine."""
+    torch.manual_seed(0)
+    return CostModels(
+        ComputeCostNet(hidden=32, depth=2, fusion="subadditive"),
+        shipped.comm,
+        shipped.hardware,
+        shipped.info.model_copy(),
+    )
+
+
+def test_first_and_second_format_model_files_load_as_they_priced(spineless, tmp_path):
+    """Files `costmodel train` wrote before the physical spine (format 2), and before the convex term too
+    (format 1), load and price as they did."""
+    spineless.save(tmp_path / "new.pt")
+    blob = torch.load(tmp_path / "new.pt", weights_only=True)
+    del blob["compute"]["spine"]
+    shard = [[TablePiece.whole(t) for t in generate_pool(PoolConfig(num_tables=8, seed=1))]]
+    blob["format"] = "shard-ray-costmodels/2"
+    torch.save(blob, tmp_path / "second.pt")
+    second = CostModels.load(tmp_path / "second.pt")
+    assert second.compute.spine is None
+    assert second.predict_fused_shards(shard, 1024) == pytest.approx(spineless.predict_fused_shards(shard, 1024))
     blob["format"] = "shard-ray-costmodels/1"
     blob["compute"]["state"] = {k: v for k, v in blob["compute"]["state"].items() if not k.startswith("contention.")}
-    torch.save(blob, tmp_path / "old.pt")
-    old = CostModels.load(tmp_path / "old.pt")
-    shard = [[TablePiece.whole(t) for t in generate_pool(PoolConfig(num_tables=8, seed=1))]]
+    torch.save(blob, tmp_path / "first.pt")
+    first = CostModels.load(tmp_path / "first.pt")
     with torch.no_grad():
-        assert float(old.compute.contention(torch.full((1, old.compute.hidden), 50.0)).max()) < 1e-9
-    assert old.compute.fusion == "subadditive"
-    assert old.predict_fused_shards(shard, 1024) == pytest.approx(shipped.predict_fused_shards(shard, 1024), rel=1e-3)
+        assert float(first.compute.contention(torch.full((1, first.compute.hidden), 50.0)).max()) < 1e-9
+    assert first.compute.fusion == "subadditive" and first.compute.spine is None
 
 
 @pytest.mark.slow
@@ -590,3 +625,70 @@ def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shippe
     assert elsewhere.estimate.cost_model == str(hardware_wide)
     assert "calibrated on other tables (12: " in elsewhere.estimate.provenance
     assert any("calibrated on other tables than these" in w for w in elsewhere.estimate.warnings)
+
+
+def _spine_made_with_known_rates() -> Spine:
+    spine = Spine()
+    spine.rates.copy_(torch.rand(spine.rates.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
+    spine.rates[:, QUANTITIES.index("touched")] = 0.0  # a rate the fit must find to be none
+    spine.kernel_ms.copy_(torch.tensor([[0.02, 0.05], [0.03, 0.04]]))
+    spine.pair_rate.copy_(torch.tensor([[0.0, 0.01], [0.07, 0.4]]))
+    spine.cache_mb.fill_(16.0)
+    return spine
+
+
+def test_the_spine_fit_recovers_the_rates_shards_were_made_with(pool):
+    """Shards priced by a spine of known rates (a zero one among them) are fitted back to those prices, the cache
+    size among the choices found, the same way every time."""
+    made = _spine_made_with_known_rates()
+    shards = draw_augmented_fused_shards(pool, 200, 12, (4, 16, 64, 256), seed=2)
+    features, mask = pad_fused_shards([pieces_features(s, 200_000) for s in shards])
+    log_batch = torch.tensor([9.0, 10.0, 11.0] * 67)[: len(shards)]
+    log_ms = torch.log(spine_shard_ms(made, features, mask, log_batch))
+    fitted = fit_spine(features, mask, log_batch, log_ms)
+    assert float(fitted.cache_mb) == 16.0
+    assert torch.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch), rel=1e-3)
+    assert fitted.describe() == fit_spine(features, mask, log_batch, log_ms).describe()
+
+
+def test_a_table_far_from_the_training_data_is_priced_by_the_spine_within_the_correction_bound(pool):
+    """Whatever the network does far from its data (here: weights scaled up a hundredfold), a table's own price
+    stays within CORRECTION_BOUND of the spine's physics, and the price says it rests on the bound."""
+    model = ComputeCostNet(hidden=16, depth=2, spine=True)
+    model.spine = _spine_made_with_known_rates()
+    with torch.no_grad():
+        for parameter in model.encoder.parameters():
+            parameter.mul_(100.0)
+    huge = pool[0].model_copy(
+        update={"rows": 10**9, "dim": 1024, "pooling_factor": 500.0, "reuse_histogram": None, "zipf_exponent": 0.2}
+    )
+    features = torch.from_numpy(pieces_features([TablePiece.whole(huge), TablePiece.whole(pool[1])]))
+    with torch.no_grad():
+        ratio = model.encode(features, 11.0)[:, :2] / model.spine(features, 11.0)[:, :2]
+    assert float(ratio.min()) >= 1 / CORRECTION_BOUND - 1e-6 and float(ratio.max()) <= CORRECTION_BOUND + 1e-6
+    assert bool(model.correction_at_bound(features, 11.0)[0])
+    models = CostModels(model, None, "cpu:test")
+    assert models.at_correction_bound([huge], 2048) == [huge.name]
+    (line,) = corrections_at_bound(models, [huge, pool[1]][:1], 2048)
+    assert f"for 1 table(s): {huge.name};" in line and "calibrate" in line
+
+
+def test_spine_models_keep_adding_a_table_from_lowering_a_price_and_the_bound_below_every_plan(pool, tmp_path):
+    """The spine's kernel and pairs enter the running sums: a device priced from its sum equals the padded
+    shard's price, a table added never lowers it, and the lower bound stays below plans of every sharding type."""
+    model = ComputeCostNet(hidden=16, depth=2, spine=True)
+    model.spine = _spine_made_with_known_rates()
+    models = CostModels(model, None, "cpu:test", ModelInfo(rows_cap=200_000))
+    pieces = [TablePiece.whole(t) for t in pool[:12]]
+    growing = models.predict_fused_shards([pieces[:k] for k in range(1, 13)], 1024).sum(axis=1)
+    assert np.all(np.diff(growing) > 0)
+    sums = models.encode_tables(pieces, 1024).sum(dim=0, keepdim=True)
+    assert models.compute_from_sums(sums, torch.ones(1))[0] == pytest.approx(
+        models.predict_fused_shards([pieces], 1024)[0], rel=1e-5
+    )
+    topology = Topology(num_devices=4, memory_bytes=64 * GB, batch_size=1024)
+    bound = lower_bound_ms(models, pool[:12], topology)
+    models.save(tmp_path / "spine.pt")
+    for algo in ("size_greedy", "cost_search"):
+        plan = place(algo, pool[:12], topology, seed=0, cost_model=str(tmp_path / "spine.pt"))
+        assert Simulator(models).plan_cost(plan, pool[:12], 1024).cost_ms >= bound - 1e-6

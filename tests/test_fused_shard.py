@@ -4,10 +4,12 @@ import torch
 
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
+    WARMUP_BATCHES,
     FusedShard,
     MeasureConfig,
     fused_shard_key,
     measure_fused_shard,
+    time_fused_shard,
 )
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
@@ -18,7 +20,7 @@ SMALL = MeasureConfig(batch_size=64, warmup=1, repeats=3)
 def manual_pooled(shard: FusedShard, step: int) -> torch.Tensor:
     """Pooled sums computed by hand from the kernels' weights and the prepared batch."""
     columns = {}
-    for (members, module), (indices, offsets) in zip(shard.groups, shard.batches[step % len(shard.batches)]):
+    for (members, module), (indices, offsets) in zip(shard.groups, shard.batches[step]):
         weights = module.split_embedding_weights()
         b = shard.config.batch_size
         for k, i in enumerate(members):
@@ -52,6 +54,21 @@ def test_column_slices_of_a_table_see_the_same_lookups(small_tables):
     a = FusedShard([TablePiece(table=table, columns=(0, 16))], SMALL, torch.device("cpu"))
     b = FusedShard([TablePiece(table=table, columns=(16, 32))], SMALL, torch.device("cpu"))
     assert all(torch.equal(x, y) for x, y in zip(a.batches[0][0], b.batches[0][0]))
+
+
+def test_every_timed_step_runs_on_a_batch_the_kernel_has_not_run(small_tables):
+    """As in training, no timed step finds its rows in cache from an earlier step on the same batch: the timed
+    steps take one batch each, the warm-up its own."""
+    config = MeasureConfig(batch_size=64, warmup=4, repeats=6)
+    assert config.num_batches == 6 + WARMUP_BATCHES
+    shard = FusedShard([TablePiece.whole(t) for t in small_tables], config, torch.device("cpu"))
+    ran, forward = [], shard.forward
+    shard.forward = lambda batch: ran.append(batch) or forward(batch)
+    time_fused_shard(shard)
+    warmup, timed = ran[: -config.repeats], ran[-config.repeats :]
+    assert timed == list(range(config.repeats)) and len(warmup) >= 4 and not set(warmup) & set(timed)
+    firsts = [shard.batches[b][0][0] for b in range(config.num_batches)]
+    assert len({tuple(indices.tolist()) for indices in firsts}) == config.num_batches  # distinct lookups
 
 
 def test_rows_are_capped_on_cpu():

@@ -229,7 +229,7 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
         *("calibrate", "--tables", "tables.json", "--devices", "4", "--devices-per-host", "2"),
         *("--address", cluster.address, "--budget-minutes", "2", "--shards", "10", "--plans", "12"),
         *("--warmup", "1", "--repeats", "3", "--epochs", "40", "--noise-rounds", "3", "--no-mlflow"),
-        *("--cost-model", str(default_cost_model_path())),
+        *("--cost-model", str(default_cost_model_path()), "--for-hardware"),
     )
     assert calibrated.returncode == 0, calibrated.stderr
     report = json.loads(calibrated.stdout.strip().splitlines()[-1])

@@ -59,7 +59,12 @@ class CalibrateArgs:
     )
     store: str = setting(DEFAULT_STORE, STORE_HELP)
     out: str | None = setting(
-        None, "model file to write (default: this hardware's file under ~/.shard-ray/models)", new_file=True
+        None, "model file to write (default: these tables' file under ~/.shard-ray/models)", new_file=True
+    )
+    for_hardware: bool = setting(
+        False,
+        "also write the models as this hardware's own, which then price every other task on it "
+        "(the demo's included) that has no models of its own",
     )
 
 
@@ -175,10 +180,13 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     report = result.report
     out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"], hosts, tables)
     result.models.save(out)
-    hardware_wide = hardware_models_path(report["hardware"], hosts)
-    if not flags.out and not hardware_wide.is_file():
+    if flags.for_hardware:
+        hardware_wide = hardware_models_path(report["hardware"], hosts)
         result.models.save(hardware_wide)
-        print(f"wrote {hardware_wide} too: the first calibration here prices other tables on {report['hardware']}")
+        print(
+            f"wrote {hardware_wide} too (--for-hardware): these models now price every task on {report['hardware']} "
+            "that has no models of its own, fitted to other tables than theirs"
+        )
     print(
         f"calibrated on {report['hardware']} in {report['seconds']:.0f} s ({report['measuring_seconds']:.0f} s measuring)"
     )

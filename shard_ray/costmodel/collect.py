@@ -21,7 +21,7 @@ from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.profiling.sampling import augment_table, draw_augmented_fused_shards
+from shard_ray.profiling.sampling import augment_table, draw_augmented_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.tables import TableSpec
 
@@ -44,15 +44,16 @@ class CollectConfig:
 def collect_compute(
     pool: list[TableSpec], config: CollectConfig, profiler: ProfilingPool, store: MeasurementStore
 ) -> int:
-    """Measure `samples` random shards (batch sizes in turn); returns how many were new."""
+    """Measure the microbenchmark's shards at every batch size, then `samples` random shards (batch sizes in turn);
+    returns how many were new."""
     shards = draw_augmented_fused_shards(
         pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables
     )
     before = store.count()
     for b, batch_size in enumerate(config.batch_sizes):
         measure = MeasureConfig(batch_size=batch_size, warmup=config.warmup, repeats=config.repeats, seed=config.seed)
-        group = shards[b :: len(config.batch_sizes)]
-        print(f"batch {batch_size}: {len(group)} shards")
+        group = microbenchmark_shards() + shards[b :: len(config.batch_sizes)]
+        print(f"batch {batch_size}: {len(group)} shards, the microbenchmark's first")
         profiler.measure(group, measure, store)
     return store.count() - before
 

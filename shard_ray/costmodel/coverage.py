@@ -79,10 +79,11 @@ def model_warnings(
     shard_tables: int = 1,
     devices_per_host: int | None = None,
     num_devices: int = 1,
+    batch_size: int = 1024,
 ) -> list[str]:
     """What a user should know before trusting the models' prices of `tables` on `hardware` for
-    `num_devices` devices over hosts of `devices_per_host` (None: one host), one line each."""
-    lines = comm_extrapolation(models, num_devices)
+    `num_devices` devices over hosts of `devices_per_host` (None: one host) at `batch_size`, one line each."""
+    lines = comm_extrapolation(models, num_devices) + corrections_at_bound(models, tables, batch_size)
     if hardware is not None and models.hardware != hardware:
         lines.append(
             f"the cost models are of {models.hardware}, not of {hardware} that this plan is for; "
@@ -95,6 +96,21 @@ def model_warnings(
             f"and this plan is for {planned}: its all-to-all prices carry that inter-host time"
         )
     return lines + coverage_problems(models, tables, shard_tables)
+
+
+def corrections_at_bound(models: CostModels, tables: list[TableSpec], batch_size: int) -> list[str]:
+    """A line naming the tables whose price rests on the compute model's correction bound, not on what it learned."""
+    from shard_ray.costmodel.models import CORRECTION_BOUND
+
+    names = models.at_correction_bound(tables, batch_size)
+    if not names:
+        return []
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return [
+        f"the compute model's learned correction sits at its bound (x{CORRECTION_BOUND:g} or /{CORRECTION_BOUND:g} "
+        f"the physical spine's price) for {len(names)} table(s): {shown}; their prices rest on that bound, not on "
+        "measurements like them: `shard-ray calibrate` measures them"
+    ]
 
 
 def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:

@@ -44,12 +44,15 @@ from torch import nn
 
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, pieces_features
 from shard_ray.costmodel.info import ModelInfo
+from shard_ray.costmodel.spine import Spine
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, write_atomic
 from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
 
-FORMAT = "shard-ray-costmodels/2"
+FORMAT = "shard-ray-costmodels/3"
+# Files of the second format have no physical spine: the network prices tables alone.
+FREE_FORMAT = "shard-ray-costmodels/2"
 # Files of the first format have no `contention` term: they load as subadditive models.
 SUBADDITIVE_FORMAT = "shard-ray-costmodels/1"
 # What fusion the compute model may learn: "free" (saving or costing, both terms) or "subadditive"
@@ -126,6 +129,20 @@ def describe_models(
 COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")
 
 
+# A spine model's learned correction multiplies a table's spine price by at most this factor, or divides it by
+# at most this: the bound is where physics takes over from a network extrapolating beyond its data.
+CORRECTION_BOUND = 2.0
+# A correction this close to its bound (in log ratio: within 1.4% of the factor 2) is "at the bound": the price rests
+# on the bound, not on what the network learned.
+AT_BOUND = 0.98
+
+
+def bounded_log_correction(raw: torch.Tensor, bound: torch.Tensor | float = CORRECTION_BOUND) -> torch.Tensor:
+    """The network's raw correction outputs as log factors in [-log bound, log bound]."""
+    limit = math.log(float(bound))
+    return limit * torch.tanh(raw / limit)
+
+
 def mlp(inputs: int, hidden: int, depth: int, outputs: int | None = None) -> nn.Sequential:
     layers: list[nn.Module] = []
     width = inputs
@@ -176,44 +193,84 @@ class Monotone(nn.Module):
 
 
 class ComputeCostNet(nn.Module):
-    """Rows of `encode` are [fwd ms, bwd ms, encoding...] per table; `from_sums` prices their sums."""
+    """Rows of `encode` are [fwd ms, bwd ms, encoding...] per table; `from_sums` prices their sums.
 
-    def __init__(self, hidden: int = 128, depth: int = 2, fusion: str = "free") -> None:
+    With a `spine` (`shard_ray.costmodel.spine`, format 3), a table's own ms are the spine's times a
+    correction the network learns, bounded to [1/CORRECTION_BOUND, CORRECTION_BOUND], and a shard's
+    fusion is the spine's (its kernels and pairs), so a shard's price is within that factor of the
+    spine's physics, whatever the network does far from its data: rows are [fwd ms, bwd ms, the
+    spine's kernel columns]. Without one (formats 1 and 2), the network prices tables alone, unbounded,
+    and learns the fusion terms `shared` and `contention` over encodings: rows are [fwd ms, bwd ms,
+    encoding...]. (With a spine and the learned fusion terms both, the network moved every table's
+    own cost to its lower bound and the rest into the unbounded fusion terms: the bound held nothing.)
+    """
+
+    def __init__(self, hidden: int = 128, depth: int = 2, fusion: str = "free", spine: bool = False) -> None:
         super().__init__()
         if fusion not in FUSIONS:
             raise ShardRayError(f"unknown fusion {fusion!r}; known: {', '.join(FUSIONS)}")
         self.hidden, self.depth, self.fusion = hidden, depth, fusion
-        self.encoder = mlp(NUM_TABLE_FEATURES + 1, hidden, depth, outputs=hidden + 2)
-        self.interaction = Monotone(hidden, hidden, convex=False)  # `shared` in the module's docstring
-        self.contention = Monotone(hidden, hidden, convex=True)
-        if fusion == "subadditive":
+        self.encoder = mlp(NUM_TABLE_FEATURES + 1, hidden, depth, outputs=2 if spine else hidden + 2)
+        self.interaction = None if spine else Monotone(hidden, hidden, convex=False)  # `shared` in the docstring
+        self.contention = None if spine else Monotone(hidden, hidden, convex=True)
+        if fusion == "subadditive" and self.contention is not None:
             self.contention.switch_off()
         self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
         self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
+        self.spine = Spine().requires_grad_(False) if spine else None
+        if (
+            spine
+        ):  # saved with the model: its network's outputs mean what they meant under the bound it was trained with
+            self.register_buffer("correction_bound", torch.tensor(CORRECTION_BOUND))
 
-    def encode(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
-        """[..., F] raw table features -> [..., 2 + H], all >= 0: the table's own fwd and bwd ms, then its encoding."""
+    def network_outputs(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+        """[..., F] raw table features -> the encoder's raw outputs [..., 2 + H]."""
         normalised = (features - self.feature_mean) / self.feature_std
         batch = torch.as_tensor(log_batch, dtype=normalised.dtype).expand(normalised.shape[:-1]).unsqueeze(-1)
-        out = self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1))
+        return self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1))
+
+    def encode(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+        """[..., F] raw table features -> [..., 2 + H], all >= 0: the table's own fwd and bwd ms, then its encoding,
+        or with a spine its `kernel_columns`, whose sums over a shard price the shard's kernels."""
+        out = self.network_outputs(features, log_batch)
+        if self.spine is not None:
+            spine = self.spine(features, log_batch)
+            own_ms = spine[..., :2] * torch.exp(bounded_log_correction(out, self.correction_bound))
+            return torch.cat([own_ms, spine[..., 2:]], dim=-1)
         # A table's own ms span five orders of magnitude (a 4-dim one-hot table to a 1024-dim bag of
         # hundreds at batch 2048) and scale multiplicatively with dim, lookups and batch: the network
         # gives their logs. The clamp keeps exp finite (e^15 ms is hours) before training has settled.
         own_ms = torch.exp(out[..., :2].clamp(-15.0, 15.0))
         return torch.cat([own_ms, nn.functional.softplus(out[..., 2:])], dim=-1)
 
+    def correction_at_bound(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+        """[..., F] -> [...] bools: tables whose learned correction sits at its bound in either phase, so that
+        their price rests on the bound rather than on what the network learned (all False without a spine)."""
+        if self.spine is None:
+            return torch.zeros(features.shape[:-1], dtype=torch.bool)
+        log_factor = bounded_log_correction(self.network_outputs(features, log_batch), self.correction_bound)
+        return (log_factor.abs() >= AT_BOUND * math.log(float(self.correction_bound))).any(dim=-1)
+
+    def _shard_terms(self, sums: torch.Tensor, devices: int = 1) -> torch.Tensor:
+        """(fwd, bwd) ms [..., 2] beyond the tables' own of shards with summed rows `sums`; over `devices` shards,
+        the least they add up to (`least_total`)."""
+        if self.spine is not None:
+            return self.spine.shard_ms(sums[..., 2:], devices)
+        assert self.interaction is not None and self.contention is not None
+        encoding = sums[..., 2:]
+        return self.interaction(encoding) + devices * self.contention(encoding / devices)
+
     def from_sums(self, sums: torch.Tensor) -> torch.Tensor:
         """Log (fwd, bwd) ms of shards from their summed rows [B, 2 + H]."""
-        encoding = sums[..., 2:]
-        return torch.log(sums[..., :2] + self.interaction(encoding) + self.contention(encoding))
+        return torch.log(sums[..., :2] + self._shard_terms(sums))
 
     def least_total(self, sums: torch.Tensor, devices: int) -> torch.Tensor:
         """A lower bound on the total (fwd, bwd) ms [..., 2] of `devices` shards whose rows add up to
         at least `sums` [..., 2 + H]: own ms add; the concave term over the non-empty shards adds up
         to at least its value at the sum (subadditive, as it is >= 0 at 0); the convex term, 0 at 0,
-        to at least `devices` times its value at the mean (Jensen); all terms are monotone."""
-        encoding = sums[..., 2:]
-        return sums[..., :2] + self.interaction(encoding) + devices * self.contention(encoding / devices)
+        to at least `devices` times its value at the mean (Jensen); with a spine, at least one shard pays a
+        kernel, and every table its own output's pair (`Spine.shard_ms`); all terms are monotone."""
+        return sums[..., :2] + self._shard_terms(sums, devices)
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
         """Padded shards [B, T, F] with mask [B, T] -> log (fwd, bwd) ms [B, 2]."""
@@ -297,6 +354,15 @@ class CostModels:
         return ms
 
     @torch.no_grad()
+    def at_correction_bound(self, tables: list[TableSpec], batch_size: int) -> list[str]:
+        """The names of `tables` (whole) whose learned correction sits at its bound at `batch_size`."""
+        if not tables:
+            return []
+        features = torch.from_numpy(pieces_features([TablePiece.whole(t) for t in tables], self.rows_cap))
+        flags = self.compute.correction_at_bound(features, batch_context(batch_size))
+        return [t.name for t, at_bound in zip(tables, flags.tolist()) if at_bound]
+
+    @torch.no_grad()
     def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
         return self.compute.encode(torch.from_numpy(pieces_features(pieces, self.rows_cap)), batch_context(batch_size))
 
@@ -342,6 +408,7 @@ class CostModels:
                     "hidden": self.compute.hidden,
                     "depth": self.compute.depth,
                     "fusion": self.compute.fusion,
+                    "spine": self.compute.spine is not None,
                     "state": self.compute.state_dict(),
                 },
                 "comm": None
@@ -368,12 +435,20 @@ class CostModels:
     def from_bytes(cls, data: bytes, source: str = "cost model bytes") -> CostModels:
         """Models from a model file's content (`source` names it in errors)."""
         blob = read_torch_file(
-            data, source, "cost model", "shard-ray cost models", FORMAT, "`costmodel train` writes", SUBADDITIVE_FORMAT
+            data,
+            source,
+            "cost model",
+            "shard-ray cost models",
+            FORMAT,
+            "`costmodel train` writes",
+            FREE_FORMAT,
+            SUBADDITIVE_FORMAT,
         )
         try:
             old = blob["format"] == SUBADDITIVE_FORMAT
             fusion = "subadditive" if old else blob["compute"]["fusion"]
-            compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"], fusion)
+            spine = blob["format"] == FORMAT and blob["compute"]["spine"]
+            compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"], fusion, spine)
             state = blob["compute"]["state"]
             if old:
                 state = {**{f"contention.{k}": v for k, v in compute.contention.state_dict().items()}, **state}

@@ -34,9 +34,10 @@ from shard_ray.costmodel.models import (
     pad_fused_shards,
 )
 from shard_ray.costmodel.pricing import analytic_devices_per_host, over_hosts
+from shard_ray.costmodel.spine import fit_spine
 from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.profiling.fused_shard import FusedShardMeasurement
-from shard_ray.profiling.sampling import base_table_name
+from shard_ray.profiling.sampling import MICROBENCHMARK, base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 
 
@@ -68,6 +69,11 @@ class TrainConfig:
     loss: str = setting("mse", "loss on log ms", choices=LOSSES)
     feature_scaling: str = setting("standardise", "how features are scaled", choices=FEATURE_SCALINGS)
     seed: int = setting(0, "random seed")
+    no_spine: bool = setting(
+        False,
+        "train the network alone, without the physical spine it corrects (shard_ray/costmodel/spine.py): "
+        "the models before format 3",
+    )
 
     def check(self) -> None:
         for name in ("hidden", "depth", "comm_hidden", "comm_depth", "max_epochs", "minibatch", "patience"):
@@ -132,15 +138,23 @@ def compute_data(measurements: list[FusedShardMeasurement]) -> ComputeData:
     )
 
 
+def is_microbenchmark(measurement: FusedShardMeasurement) -> bool:
+    """Whether a measurement is of one of the microbenchmark's shards (`microbenchmark_shards`)."""
+    return measurement.status == "ok" and all(
+        base_table_name(p.table.name) == MICROBENCHMARK for p in measurement.tables
+    )
+
+
 def split_compute_measurements(
     measurements: list[FusedShardMeasurement], train_tables: set[str]
 ) -> dict[str, list[FusedShardMeasurement]]:
-    """train / val / test (held-out shards of seen tables) / unseen (shards with unseen tables)."""
+    """train / val / test (held-out shards of seen tables) / unseen (shards with unseen tables). The microbenchmark's
+    tables (`shard_ray.profiling.sampling.microbenchmark_shards`) are seen by every model."""
     splits: dict[str, list[FusedShardMeasurement]] = {"train": [], "val": [], "test": [], "unseen": []}
     for m in measurements:
         if m.status != "ok" or not m.fwd_ms or not m.bwd_ms:
             continue
-        seen = all(base_table_name(p.table.name) in train_tables for p in m.tables)
+        seen = all(base_table_name(p.table.name) in train_tables | {MICROBENCHMARK} for p in m.tables)
         splits[data_split(m.key) if seen else "unseen"].append(m)
     return splits
 
@@ -237,16 +251,21 @@ def train_compute_model(
     config: TrainConfig,
     init: ComputeCostNet | None = None,
     on_epoch: Callable[[int, float, nn.Module], None] | None = None,
+    spine_data: ComputeData | None = None,
 ) -> ComputeCostNet:
-    """A new model, or `init` trained further (keeping its feature scaling)."""
+    """A new model, or `init` trained further (keeping its feature scaling). A new model's spine is fitted to
+    `train`; with `spine_data`, either's spine is fitted (again) to those shards first, then the network trained."""
     torch.manual_seed(config.seed)
     if init is not None:
         model = copy.deepcopy(init)
     else:
-        model = ComputeCostNet(config.hidden, config.depth, config.fusion)
+        model = ComputeCostNet(config.hidden, config.depth, config.fusion, spine=not config.no_spine)
         offset, scale = feature_scaling(train.features[train.mask.bool()], config.feature_scaling)
         model.feature_mean.copy_(offset)
         model.feature_std.copy_(scale)
+        spine_data = spine_data or train
+    if model.spine is not None and spine_data is not None:
+        model.spine = fit_spine(spine_data.features, spine_data.mask, spine_data.log_batch, spine_data.log_ms)
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
         return log_loss(
@@ -303,7 +322,7 @@ def describe_accuracy(name: str, metrics: dict[str, float | None]) -> str:
     if not metrics["n"]:
         return f"{name:<15} no data"
     rho = "n/a" if metrics["spearman"] is None else f"{metrics['spearman']:.3f}"
-    return f"{name:<15} MAPE {metrics['mape']:.3f}, Spearman {rho}, n={metrics['n']}"
+    return f"{name:<15} MAPE {metrics['mape']:.1%}, Spearman {rho}, n={metrics['n']}"
 
 
 def step_compute_ms(model: ComputeCostNet, data: ComputeData) -> tuple[np.ndarray, np.ndarray]:
@@ -388,7 +407,11 @@ def train_cost_models(
     config.check()
     hardware, rows_cap, splits = compute_splits(store, train_tables, hardware)
     train_data = compute_data(splits["train"])
-    compute = train_compute_model(train_data, compute_data(splits["val"]), config)
+    # The spine is fitted to the microbenchmark's shards, which move one physical quantity at a time, where the store
+    # has them (all of them, whatever their split: they are the hardware's rates, not a held-out judgement).
+    microbenchmark = [m for m in store.fused_shard_measurements(hardware) if is_microbenchmark(m)]
+    spine_data = compute_data(microbenchmark) if microbenchmark else None
+    compute = train_compute_model(train_data, compute_data(splits["val"]), config, spine_data=spine_data)
 
     plans = [p for p in store.plan_measurements(hardware) if p.plan.num_devices > 1]  # one device: no all-to-all
     plan_splits = {name: [p for p in plans if data_split(p.key) == name] for name in ("train", "val", "test")}

@@ -248,7 +248,13 @@ def _estimate(plan: Plan, tables: list[TableSpec], topology: Topology, context: 
         hardware=models.hardware,
         provenance=provenance,
         warnings=model_warnings(
-            models, tables, context.hardware, most_tables, context.devices_per_host, topology.num_devices
+            models,
+            tables,
+            context.hardware,
+            most_tables,
+            context.devices_per_host,
+            topology.num_devices,
+            topology.batch_size,
         )
         + ([other_tables] if other_tables else []),
     )

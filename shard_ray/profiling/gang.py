@@ -139,9 +139,9 @@ class PlanStep:
         start, end = ranges[rank]
         self.upstream = upstream_gradient(config.batch_size, self.total_width, config.seed)[start:end].to(device)
 
-    def input_dist(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The kernels' inputs for the step: my pieces' lookups of the global batch, gathered from every device."""
-        send = self.sends[step % len(self.sends)]
+    def input_dist(self, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The kernels' inputs of prepared batch `batch`: my pieces' lookups of it, gathered from every device."""
+        send = self.sends[batch]
         index_counts = torch.empty(self.world, dtype=torch.int64)
         dist.all_to_all_single(index_counts, send.index_counts)
         length_counts = [self.my_pieces * n for n in self.sizes]
@@ -159,7 +159,7 @@ class PlanStep:
             piece: (torch.cat(chunks[k :: self.my_pieces]), piece_lengths[k])
             for k, piece in enumerate(self.shard.sharded)
         }
-        own = self.shard.batches[step % len(self.shard.batches)]
+        own = self.shard.batches[batch]
         return self.shard.kernel_inputs(lookups, self.shard.groups) + own[len(self.shard.groups) :]
 
     def output_dist(self, pooled: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -194,10 +194,11 @@ class PlanStep:
         for grad in self.shard.replica_gradients():
             dist.all_reduce(grad)
 
-    def train_step(self, step: int, timed: Phase, timed_compute: Phase) -> tuple[tuple[float, ...], torch.Tensor]:
-        """One training step, each phase run through `timed` (collectives) or `timed_compute` (kernels),
-        which return (ms, result): the ms of the STEP_PARTS and my samples' pooled embeddings."""
-        input_ms, inputs = timed(lambda: self.input_dist(step))
+    def train_step(self, batch: int, timed: Phase, timed_compute: Phase) -> tuple[tuple[float, ...], torch.Tensor]:
+        """One training step on prepared batch `batch`, each phase run through `timed` (collectives) or
+        `timed_compute` (kernels), which return (ms, result): the ms of the STEP_PARTS and my samples' pooled
+        embeddings."""
+        input_ms, inputs = timed(lambda: self.input_dist(batch))
         fwd_ms, pooled = timed_compute(lambda: self.shard.forward_on(inputs))
         fwd_comm_ms, embeddings = timed(lambda: self.output_dist(pooled))
         bwd_comm_ms, grads = timed(self.grad_dist)
@@ -410,20 +411,22 @@ class GangMember:
         # devices agree on when to start timing.
         warmup: list[float] | None = [] if config.warmup else None
         settling = torch.zeros(1, device=self.device)
-        step_index = 0
+        warmup_steps = 0
         while len(parts_ms[STEP_PARTS[0]]) < config.repeats:
-            step_ms, _ = step.train_step(step_index, timed, timed_compute)
-            step_index += 1
+            timed_steps = len(parts_ms[STEP_PARTS[0]])
+            batch = config.batch_of_step(timed_steps if warmup is None else None, warmup_steps)
+            step_ms, _ = step.train_step(batch, timed, timed_compute)
             if warmup is None:
                 for name, value in zip(STEP_PARTS, step_ms):
                     parts_ms[name].append(value)
                 continue
             warmup.append(sum(step_ms))
+            warmup_steps += 1
             settling.fill_(0.0 if warmed_up(warmup, config.warmup) else 1.0)
             dist.all_reduce(settling)
             if settling.item() == 0:
                 warmup = None
-        return {"device": self.rank, "warmup_steps": step_index - config.repeats, "steps": parts_ms}
+        return {"device": self.rank, "warmup_steps": warmup_steps, "steps": parts_ms}
 
     def step_values(self, by_device: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in

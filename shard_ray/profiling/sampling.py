@@ -1,4 +1,4 @@
-"""Which shards to profile: every single table, then random multi-table shards."""
+"""Which shards to profile: every single table, then random multi-table shards; and the microbenchmark's."""
 
 from __future__ import annotations
 
@@ -69,3 +69,35 @@ def draw_augmented_fused_shards(
         chosen = rng.choice(len(pool), size=size, replace=False)
         shards.append([TablePiece.whole(augment_table(pool[j], rng, dims, f"{i}")) for j in sorted(chosen)])
     return shards
+
+
+# The microbenchmark's tables are named MICROBENCHMARK~i: its shards train every model, whatever its pool.
+MICROBENCHMARK = "microbenchmark"
+
+
+def microbenchmark_shards() -> list[list[TablePiece]]:
+    """The fixed shards that fit the compute model's physical spine (`shard_ray.costmodel.spine`) on a hardware.
+
+    Each series moves one quantity the spine prices, the others held: the tables of a shard (1 to 48 cheap
+    ones, for a kernel's fixed cost, a table's own and the pairs), the lookups (pooling factors 1 to 256),
+    the row width (dims 4 to 1024), the rows (100 to 10^8, in and far out of the caches) and the precision;
+    then mixed shards of 2 to 32 tables drawn from all of them. Tables follow the table file's default
+    access (Zipf 1.05). The same shards every time: a hardware's rates are comparable to another's.
+    """
+    rng = np.random.default_rng(20261126)
+
+    def table(i: int, rows: int, dim: int, pooling: float, precision: str = "fp32") -> TableSpec:
+        return TableSpec(name=f"{MICROBENCHMARK}~{i}", rows=rows, dim=dim, pooling_factor=pooling, precision=precision)
+
+    series: list[list[TableSpec]] = []
+    cheap = [table(i, int(10 ** (2 + i % 5)), (8, 16, 32)[i % 3], 1.0) for i in range(48)]
+    series += [cheap[:count] for count in (1, 2, 4, 8, 16, 24, 32, 48)]
+    series += [[table(100 + i, 100_000, 16, pooling)] for i, pooling in enumerate((1, 4, 16, 64, 256))]
+    series += [[table(110 + i, 100_000, dim, 8.0)] for i, dim in enumerate((4, 32, 128, 512, 1024))]
+    series += [[table(120 + i, rows, 64, 8.0)] for i, rows in enumerate((100, 10_000, 1_000_000, 100_000_000))]
+    series += [[table(130 + i, 100_000, dim, 16.0, "fp16")] for i, dim in enumerate((16, 128, 512))]
+    everything = list({t.name: t for shard in series for t in shard}.values())
+    for _ in range(16):
+        size = int(rng.integers(2, 33))
+        series.append([everything[j] for j in sorted(rng.choice(len(everything), size=size, replace=False))])
+    return [[TablePiece.whole(t) for t in shard] for shard in series]

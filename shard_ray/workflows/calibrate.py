@@ -48,6 +48,7 @@ from shard_ray.costmodel.train import (
     data_coverage,
     evaluate_comm,
     evaluate_compute,
+    is_microbenchmark,
     train_comm_model,
     train_compute_model,
 )
@@ -59,7 +60,7 @@ from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, content_digest, fused_shard_key
 from shard_ray.profiling.gang import DeviceGang, check_hosts
-from shard_ray.profiling.sampling import draw_fused_shards
+from shard_ray.profiling.sampling import draw_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workflows.comparison import NoiseFloor, noise_floor
 from shard_ray.workload.tables import TableSpec
@@ -172,6 +173,13 @@ def task_measurements(
     return shards, plans
 
 
+def microbenchmark_measurements(
+    store: MeasurementStore, hardware: str, measure: MeasureConfig
+) -> list[FusedShardMeasurement]:
+    """The store's measurements of the microbenchmark's shards on this hardware at these settings."""
+    return [m for m in store.fused_shard_measurements(hardware) if m.config == measure and is_microbenchmark(m)]
+
+
 def calibrate(
     tables: list[TableSpec],
     topology: Topology,
@@ -218,12 +226,17 @@ def calibrate(
     }
     # The fit may change the row cap (a GPU allocates whole tables): features follow the measurements.
     start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.rows_cap_on(hardware)}))
-    tuned = _fine_tuned(start, hardware, by_split, plan_split, topology.devices_per_host_if_spanning, config)
+    micro = microbenchmark_measurements(store, hardware, measure)
+    tuned = _fine_tuned(start, hardware, by_split, plan_split, micro, topology.devices_per_host_if_spanning, config)
+    tuned, comm_refused = refuse_comm_worse_than_chance(start, tuned, plan_split["val"] + plan_split["held_out"])
+    if comm_refused:
+        log(comm_refused)
     kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
     report = {
         "hardware": hardware,
         "started_from": {"path": start_path, "hardware": start.hardware},
         **choice,
+        "comm_refused": comm_refused,
         "shards": {k: len(v) for k, v in by_split.items()},
         "plans": {k: len(v) for k, v in plan_split.items()},
         "measuring_seconds": measuring_seconds,
@@ -232,6 +245,26 @@ def calibrate(
     }
     _record_calibration(kept, report, tables, compute_data(by_split["fit"]), start)
     return Calibration(models=kept, chosen=report["chosen"], report=report)
+
+
+def refuse_comm_worse_than_chance(
+    start: CostModels, tuned: CostModels, plans: list[PlanMeasurement]
+) -> tuple[CostModels, str | None]:
+    """`tuned` with the starting comm model back where its fine-tuned one ranks the devices of the plans it was
+    not fit to (validation and held out) worse than chance (Spearman below 0), and why; else `tuned` and None.
+    A fit that orders all-to-alls backwards would steer every search the wrong way, whatever its MAPE."""
+    if tuned.comm is start.comm:
+        return tuned, None
+    judged = evaluate_comm(tuned, plans)
+    ranking = judged["spearman"]
+    if ranking is None or ranking >= 0:
+        return tuned, None
+    info = tuned.info.model_copy(update={"comm_devices_per_host": start.info.comm_devices_per_host})
+    reason = (
+        f"refused the fine-tuned comm model: it ranks the all-to-alls of the plans it was not fit to worse than "
+        f"chance (Spearman {ranking:.2f} over {judged['n']} devices); kept the starting one"
+    )
+    return CostModels(tuned.compute, start.comm, tuned.hardware, info), reason
 
 
 def _kept_models(
@@ -253,7 +286,13 @@ def _kept_models(
         }
 
     before, tuned_held_out = scores(start, "held_out"), scores(tuned, "held_out")
-    chosen, reason = choose_models(_error(scores(start, "val")), _error(scores(tuned, "val")), before, tuned_held_out)
+    thin = too_thin_to_judge(len(by_split["held_out"]), len(plan_split["held_out"]), any(plan_split.values()))
+    if thin is not None:
+        chosen, reason = "starting", thin
+    else:
+        chosen, reason = choose_models(
+            _error(scores(start, "val")), _error(scores(tuned, "val")), before, tuned_held_out
+        )
     kept = (
         tuned
         if chosen == "fine-tuned"
@@ -279,13 +318,15 @@ def _measure_shards(
     measuring_ends: float,
     log: Callable[[str], None],
 ) -> str:
-    """The candidates' decisive shards, every table alone and drawn shards measured on the profiling actors, most
-    useful first, until the measuring time is spent; the actors' hardware."""
+    """The candidates' decisive shards, every table alone, the microbenchmark's shards (which fit the compute
+    model's spine to this hardware) and drawn shards measured on the profiling actors, most useful first, until the
+    measuring time is spent; the actors' hardware."""
     decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
     most_tables = max(len(pieces) for pieces in decisive)
     wanted = unique_shards(
         decisive
         + [[p] for p in table_wise(tables)]
+        + microbenchmark_shards()
         + draw_fused_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
     with ProfilingPool(config.actors) as pool:
@@ -336,16 +377,18 @@ def _fine_tuned(
     hardware: str,
     by_split: dict[str, list],
     plan_split: dict[str, list[PlanMeasurement]],
+    microbenchmark: list[FusedShardMeasurement],
     devices_per_host: int | None,
     config: CalibrateConfig,
 ) -> CostModels:
-    """`start` fine-tuned on the fit split, stopped by the validation split. Over hosts, the comm model is fit to
-    all-to-alls measured over them: it learns their inter-host share, and prices it itself thereafter
-    (`comm_devices_per_host`, `shard_ray.costmodel.pricing.analytic_devices_per_host`)."""
+    """`start` fine-tuned on the fit split, stopped by the validation split, its spine first fitted to this hardware
+    (the microbenchmark's shards and the fit split's). Over hosts, the comm model is fit to all-to-alls measured
+    over them: it learns their inter-host share, and prices it itself thereafter (`comm_devices_per_host`,
+    `shard_ray.costmodel.pricing.analytic_devices_per_host`)."""
     train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
-    compute = train_compute_model(
-        compute_data(by_split["fit"]), compute_data(by_split["val"]), train, init=start.compute
-    )
+    fit = compute_data(by_split["fit"])
+    spine_data = compute_data(microbenchmark + by_split["fit"]) if microbenchmark else None
+    compute = train_compute_model(fit, compute_data(by_split["val"]), train, init=start.compute, spine_data=spine_data)
     comm, info = start.comm, start.info.model_copy(deep=True)
     if plan_split["fit"] and plan_split["val"]:
         comm = train_comm_model(
@@ -378,6 +421,27 @@ def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int
     return accuracy(np.asarray(simulated), np.asarray([p.cost.cost_ms for p in plans]))
 
 
+# The fewest held-out shards and plans a choice between the starting and the fine-tuned models may rest on: with
+# fewer, one unlucky measurement decides it (a calibration once kept its models on 2 held-out plans).
+MIN_HELD_OUT_SHARDS = 8
+MIN_HELD_OUT_PLANS = 3
+
+
+def too_thin_to_judge(shards: int, plans: int, with_plans: bool) -> str | None:
+    """Why `shards` held-out shards (and `plans` held-out plans, `with_plans`: the task has a gang) are too few to
+    choose the fine-tuned models on; None when they are enough."""
+    if shards >= MIN_HELD_OUT_SHARDS and (plans >= MIN_HELD_OUT_PLANS or not with_plans):
+        return None
+    need = f"at least {MIN_HELD_OUT_SHARDS} shards" + (f" and {MIN_HELD_OUT_PLANS} plans" if with_plans else "")
+    return (
+        f"too few held-out measurements to judge the fit on ({shards} shards"
+        + (f", {plans} plans" if with_plans else "")
+        + f"; {need} are needed): kept the starting models; give more --shards"
+        + (" and --plans" if with_plans else "")
+        + " (or a larger --budget-minutes) to measure enough"
+    )
+
+
 def choose_models(
     start_val: float, tuned_val: float, start_held_out: dict[str, Any], tuned_held_out: dict[str, Any]
 ) -> tuple[str, str]:
@@ -388,13 +452,13 @@ def choose_models(
     if not tuned_val < start_val:
         return (
             "starting",
-            f"the fine-tuned models were no more accurate on validation ({start_val:.3f} -> {tuned_val:.3f})",
+            f"the fine-tuned models were no more accurate on validation (MAPE {start_val:.1%} -> {tuned_val:.1%})",
         )
     old, new = start_held_out["plan"], tuned_held_out["plan"]
     if old["mape"] is not None and new["mape"] > old["mape"]:
         return (
             "starting",
-            f"the fine-tuned models mispriced the held-out plans more (MAPE {old['mape']:.3f} -> {new['mape']:.3f})",
+            f"the fine-tuned models mispriced the held-out plans more (MAPE {old['mape']:.1%} -> {new['mape']:.1%})",
         )
     if old["spearman"] is not None and new["spearman"] is not None and new["spearman"] < old["spearman"]:
         return "starting", (
@@ -402,7 +466,7 @@ def choose_models(
             f"{new['spearman']:.3f})"
         )
     held_out = "no held-out plans to check them on" if old["mape"] is None else "no worse on the held-out plans"
-    return "fine-tuned", f"more accurate on validation ({start_val:.3f} -> {tuned_val:.3f}) and {held_out}"
+    return "fine-tuned", f"more accurate on validation (MAPE {start_val:.1%} -> {tuned_val:.1%}) and {held_out}"
 
 
 def _error(scores: dict[str, Any]) -> float:

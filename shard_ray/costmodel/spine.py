@@ -1,0 +1,172 @@
+"""The compute model's physical spine: a fused shard priced from what its kernel must move and do.
+
+Per table, per phase (forward, backward), the spine counts in physical units what fbgemm's
+table-batched kernel does for one batch:
+
+- `table`: 1, the per-table work of the launch (offsets, bounds, the table's loop);
+- `lookups`: thousands of rows gathered, batch x pooling factor;
+- `gathered`: MB those lookups read, lookups x width x bytes per element (the forward's pooling;
+  the backward's gradient accumulation per lookup);
+- `touched`: MB of the distinct rows the batch touches (the backward reads and writes each once, with
+  its optimizer state), from the table's access distribution;
+- `cold`: the share of `touched` that misses the caches: touched MB x S / (S + cache), S the table's
+  allocated MB, `cache` fitted;
+- `output`: MB of pooled output (forward) or of its gradient (backward), batch x width x 4;
+- `touched_fp16`: `touched` again for fp16 tables, whose row updates convert to fp32 and back (on the
+  reference CPU their backward costs ten times an fp32 table's per MB touched).
+
+A shard costs, per phase,
+
+    sum over its kernels (one per weight precision) of
+        kernel + pairs x (the kernel's tables) x (their output MB)
+    + sum over its tables of rate . quantities
+
+every rate non-negative, fitted per hardware on measured shards (`fit_spine`: non-negative least
+squares on relative error, so a 0.1 ms shard weighs as much as a 10 ms one). `kernel` is a launch's
+fixed cost, paid once per shard: the fused forward's saving. `pairs` is what each table of a fused
+kernel pays for the others' output, the backward's superadditivity measured on the reference CPU,
+largest for fp16 (docs/cost-models.md). Being a sum of non-negative, non-decreasing terms the spine is monotone. What it misses (fusion beyond that, dims, dtypes) the network of
+`shard_ray.costmodel.models` corrects, by a factor bounded in ratio, so that a table far from its
+training data is priced by physics, not by an extrapolating network.
+
+Everything is computed from the one feature extractor's vector (`shard_ray.costmodel.features`)
+and the batch size, so no caller changes and the RL environment's features stay as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from shard_ray.costmodel.features import TABLE_FEATURES
+from shard_ray.workload.access import REFERENCE_BATCH
+from shard_ray.workload.tables import REUSE_BINS
+
+QUANTITIES = ("table", "lookups", "gathered", "touched", "cold", "output", "touched_fp16")
+PHASES = ("fwd", "bwd")
+PRECISIONS = ("fp32", "fp16")
+# Where each feature sits in the extractor's vector.
+_WIDTH, _ROWS, _POOLING = (TABLE_FEATURES.index(n) for n in ("log2_width", "log10_rows", "log2_pooling_factor"))
+_FP16, _HIST = TABLE_FEATURES.index("fp16"), TABLE_FEATURES.index("reuse_bin_0")
+# A reuse bin's access count at the reference batch, as the batch generator takes it: bin 0 is one access,
+# bin k the middle of (2^(k-1), 2^k] (`shard_ray.workload.access.reuse_histogram_indices`).
+_BIN_COUNTS = torch.tensor([1.0] + [(2 ** (k - 1) + 1 + 2**k) / 2 for k in range(1, REUSE_BINS)], dtype=torch.float64)
+MB = 1e6
+# The cache sizes `fit_spine` tries (MB): the one that fits the measurements best is kept.
+CACHE_CHOICES_MB = (1.0, 4.0, 16.0, 64.0, 256.0)
+
+
+def physical_quantities(features: torch.Tensor, log_batch: torch.Tensor | float, cache_mb: float) -> torch.Tensor:
+    """[..., F] raw table features and log2 batch size -> [..., len(QUANTITIES)] physical quantities."""
+    x = features.double()
+    width = torch.exp2(x[..., _WIDTH])
+    rows = torch.pow(10.0, x[..., _ROWS])
+    fp16 = (x[..., _FP16] > 0.5).double()
+    element = 4.0 - 2.0 * fp16
+    batch = torch.exp2(torch.as_tensor(log_batch, dtype=torch.float64)).expand(x.shape[:-1])
+    lookups = batch * torch.exp2(x[..., _POOLING])
+    # Distinct rows a batch touches: each row of bin k is looked up max(1, count_k x batch / reference) times
+    # in a batch, as the generator draws it, so the lookups over the mean count per distinct row.
+    histogram = x[..., _HIST : _HIST + REUSE_BINS].clamp(min=0)
+    histogram = histogram / histogram.sum(dim=-1, keepdim=True).clamp(min=1e-12)
+    per_row = (histogram * torch.clamp(_BIN_COUNTS * batch.unsqueeze(-1) / REFERENCE_BATCH, min=1.0)).sum(dim=-1)
+    distinct = torch.minimum(rows, lookups / per_row.clamp(min=1.0))
+    row_mb = width * element / MB
+    touched = distinct * row_mb
+    table_mb = rows * row_mb
+    cold = touched * table_mb / (table_mb + cache_mb)
+    output = batch * width * 4 / MB
+    return torch.stack(
+        [torch.ones_like(lookups), lookups / 1e3, lookups * row_mb, touched, cold, output, touched * fp16], dim=-1
+    ).float()
+
+
+# Per table, what its shard's kernel-level terms add up: [fp32 table, its output MB, fp16 table, its output MB].
+KERNEL_COLUMNS = 4
+
+
+def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor) -> torch.Tensor:
+    """[..., Q] quantities and [...] fp16 flags -> [..., KERNEL_COLUMNS], whose sums over a shard price its kernels."""
+    output = quantities[..., QUANTITIES.index("output")]
+    fp32 = 1.0 - fp16
+    return torch.stack([fp32, fp32 * output, fp16, fp16 * output], dim=-1)
+
+
+class Spine(nn.Module):
+    """Rates [phases, quantities] (ms per unit); per phase and weight precision a kernel's fixed ms and the pairs'
+    rate; and the cache MB: buffers, fitted once (`fit_spine`) and saved with the compute model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("rates", torch.zeros(len(PHASES), len(QUANTITIES)))
+        self.register_buffer("kernel_ms", torch.zeros(len(PHASES), len(PRECISIONS)))
+        self.register_buffer("pair_rate", torch.zeros(len(PHASES), len(PRECISIONS)))
+        self.register_buffer("cache_mb", torch.tensor(CACHE_CHOICES_MB[2]))
+
+    def forward(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+        """[..., F] raw features -> [..., 2 + KERNEL_COLUMNS]: each table's own (fwd, bwd) ms, then its
+        `kernel_columns`."""
+        quantities = physical_quantities(features, log_batch, float(self.cache_mb))
+        fp16 = (features[..., _FP16] > 0.5).float()
+        return torch.cat([quantities @ self.rates.T, kernel_columns(quantities, fp16)], dim=-1)
+
+    def shard_ms(self, columns: torch.Tensor, devices: int = 1) -> torch.Tensor:
+        """(fwd, bwd) ms [..., 2] of the kernels of shards whose tables' `kernel_columns` add up to `columns` [..., 4]:
+        a kernel's fixed cost per weight precision present, and its pairs (its tables x their output MB). Over
+        `devices` shards, the least they add up to: one kernel, and every table paired with itself at least."""
+        tables = columns[..., [0, 2]]
+        output = columns[..., [1, 3]]
+        if devices == 1:
+            kernels = tables.clamp(max=1.0) @ self.kernel_ms.T
+            return kernels + (tables * output) @ self.pair_rate.T
+        least_kernel = self.kernel_ms.min(dim=1).values * (tables.sum(dim=-1, keepdim=True) > 0)
+        return least_kernel + output @ self.pair_rate.T
+
+    def describe(self) -> dict[str, float]:
+        """The fitted rates in their units (ms per table, per thousand lookups, per MB), for reports and the docs."""
+        out = {}
+        for i, phase in enumerate(PHASES):
+            for k, precision in enumerate(PRECISIONS):
+                out[f"{phase}_kernel_{precision}"] = float(self.kernel_ms[i, k])
+                out[f"{phase}_pairs_{precision}"] = float(self.pair_rate[i, k])
+            out.update({f"{phase}_{name}": float(self.rates[i, j]) for j, name in enumerate(QUANTITIES)})
+        out["cache_mb"] = float(self.cache_mb)
+        return out
+
+
+def spine_shard_ms(spine: Spine, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
+    """Padded shards [B, T, F] with mask [B, T] -> the spine's (fwd, bwd) ms [B, 2]."""
+    rows = (spine(features, log_batch.unsqueeze(-1)) * mask.unsqueeze(-1)).sum(dim=1)
+    return rows[:, :2] + spine.shard_ms(rows[:, 2:])
+
+
+def fit_spine(features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor, log_ms: torch.Tensor) -> Spine:
+    """The spine fitted to measured shards ([B, T, F], [B, T], [B], log (fwd, bwd) ms [B, 2]): per phase and cache
+    size, non-negative least squares of ms weighted by 1 / measured ms (relative error); the cache size whose fit
+    has the least error over both phases is kept. Deterministic."""
+    from scipy.optimize import nnls  # here: scipy.optimize costs every importer of the models a second
+
+    measured = torch.exp(log_ms).double().numpy()
+    weight = 1.0 / measured
+    best: tuple[float, Spine] | None = None
+    for cache_mb in CACHE_CHOICES_MB:
+        spine = Spine()
+        spine.cache_mb.fill_(cache_mb)
+        rows = (spine(features, log_batch.unsqueeze(-1)) * mask.unsqueeze(-1)).sum(dim=1).double().numpy()
+        quantities = (physical_quantities(features, log_batch.unsqueeze(-1), cache_mb) * mask.unsqueeze(-1)).sum(dim=1)
+        columns = rows[:, 2:]
+        kernels = np.minimum(columns[:, [0, 2]], 1.0)
+        pairs = columns[:, [0, 2]] * columns[:, [1, 3]]
+        design = np.column_stack([kernels, pairs, quantities.double().numpy()])
+        error = 0.0
+        for phase in range(len(PHASES)):
+            coefficients, _ = nnls(design * weight[:, phase, None], measured[:, phase] * weight[:, phase])
+            error += float(np.mean(np.abs(design @ coefficients * weight[:, phase] - 1.0)))
+            spine.kernel_ms[phase] = torch.from_numpy(coefficients[0:2]).float()
+            spine.pair_rate[phase] = torch.from_numpy(coefficients[2:4]).float()
+            spine.rates[phase] = torch.from_numpy(coefficients[4:]).float()
+        if best is None or error < best[0]:
+            best = (error, spine)
+    assert best is not None
+    return best[1]

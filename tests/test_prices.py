@@ -1,0 +1,36 @@
+"""The shipped models' prices held against today's measurement of reference plans, on the hardware they were made on."""
+
+from pathlib import Path
+
+import pytest
+
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.placement import place
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.hardware import hardware_id
+from shard_ray.workload.tables import load_tables
+
+TABLES = Path(__file__).parents[1] / "experiments" / "tables"
+# A file written by hand in the README's minimal format and MLPerf DLRM-DCNv2's shapes, in no model's training data
+# (docs/results.md, "Prices against measurement").
+REFERENCE_FILES = ("ranking_model.json", "mlperf_dlrm_dcnv2.json")
+
+
+@pytest.mark.slow
+def test_the_shipped_models_price_reference_plans_within_a_quarter_of_their_measurement(ray_session):
+    shipped = CostModels.load(default_cost_model_path())
+    if hardware_id(threads=1) != shipped.hardware:
+        pytest.skip(f"the shipped models are of {shipped.hardware}, this machine is {hardware_id(threads=1)}")
+    simulator = Simulator(shipped)
+    with DeviceGang(2) as gang:
+        for name in REFERENCE_FILES:
+            tables = load_tables(TABLES / name)
+            topology = Topology(num_devices=2, memory_bytes=memory_cap_with_headroom(tables, 2, 1.5))
+            plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
+            measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=3)
+            for plan, cost in zip(plans, measured):
+                ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / cost.cost_ms
+                assert 0.75 <= ratio <= 1.25, f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement"
