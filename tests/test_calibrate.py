@@ -257,3 +257,29 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
     assert why.startswith("refused the fine-tuned comm model") and "worse than chance (Spearman -" in why
     right = CostModels(start.compute, copy.deepcopy(start.comm), start.hardware, start.info.model_copy())
     assert refuse_comm_worse_than_chance(start, right, plans) == (right, None)
+
+
+def test_plan_says_on_the_console_which_prices_rest_on_the_correction_bound(capsys, user_home, tmp_path):
+    """A table far from every measurement (10^9 rows of 1024 floats, 500 lookups a sample) is priced by the spine
+    within the correction's bound, and `plan` names it on the console."""
+    (tmp_path / "tables.json").write_text(
+        '{"tables": [{"name": "huge", "rows": 1000000000, "dim": 1024, "pooling_factor": 500},\n'
+        '  {"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1}]}\n'
+    )
+    result = shard_ray_here(
+        capsys,
+        "plan",
+        "--tables",
+        "tables.json",
+        "--devices",
+        "2",
+        "--memory-gb",
+        "20000",
+        "--algo",
+        "size_greedy",
+        "--out",
+        "plan.json",
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "learned correction sits at its bound" in line]
+    assert "table(s): huge" in line and "user_id" not in line and "calibrate" in line

@@ -1,23 +1,27 @@
 """Neural cost models of fused compute and all-to-all communication, and their file format.
 
-Compute: a per-table network on the shared log-scaled features and the batch size gives each
-table its own forward and backward ms c_t >= 0 and an encoding e_t >= 0; a shard S costs, per
-phase,
+Compute (format 3): the physical spine (`shard_ray.costmodel.spine`) prices each table from what
+the kernel moves and does, and a per-table network on the shared log-scaled features and the batch
+size corrects it by a factor bounded to [1/2, 2]; a shard S costs, per phase,
 
-    sum of c_t over S  +  shared(E)  +  contention(E),    E = sum of e_t over S
+    sum of c_t over S  +  kernels and pairs of S,     c_t = spine_t x correction_t
 
-with both terms non-decreasing in every coordinate of E (non-negative weights, monotone
-activations): `shared` is concave with shared(0) >= 0, the fixed cost of a kernel and what fused
-tables save together (subadditive: shared(a + b) <= shared(a) + shared(b)); `contention` is
-convex with contention(0) = 0, what fused tables cost each other beyond running apart
-(superadditive). So the model is free to learn fusion that saves (the forward on CPU, launches
-on GPUs) or costs (the backward on these CPU kernels, measured 1.4x to 2.3x its tables apart),
-separately per phase, and the predicted cost still never drops when a table is added
-(monotone), which the exact search's pruning relies on. The lower bound (`shard_ray.costmodel.bounds`)
-uses the two curvatures: the concave term over devices adds up to at least its value at the sum,
-the convex term to at least D times its value at the mean. Sums make the model
-permutation-invariant, able to take any number of tables, and cheap to search with: a device's
-running sum plus one table's row prices the device with it.
+where the kernels and pairs (a fixed cost per weight precision present, and each kernel's tables x
+their output MB) are sums of per-table columns too. Every term is non-negative and non-decreasing,
+so the predicted cost never drops when a table is added (monotone), which the exact search's
+pruning relies on, and a table far from the training data is priced by physics within the bound.
+
+Compute (formats 1 and 2, the network alone): the network gives each table its own ms c_t >= 0 and
+an encoding e_t >= 0; a shard costs `sum c_t + shared(E) + contention(E)`, E = sum of e_t, with
+both terms non-decreasing in every coordinate of E (non-negative weights, monotone activations):
+`shared` is concave with shared(0) >= 0, the fixed cost of a kernel and what fused tables save
+together (subadditive); `contention` is convex with contention(0) = 0, what fused tables cost each
+other beyond running apart (superadditive). The lower bound (`shard_ray.costmodel.bounds`) uses the
+two curvatures: the concave term over devices adds up to at least its value at the sum, the convex
+term to at least D times its value at the mean.
+
+Either way sums make the model permutation-invariant, able to take any number of tables, and cheap
+to search with: a device's running sum plus one table's row prices the device with it.
 
 Communication: per device, an MLP over what its all-to-alls move (its own width, the total and
 largest widths, batch size, device count) predicting log forward and log backward all-to-all
