@@ -77,9 +77,66 @@ def node_report() -> dict:
             continue
     try:
         report["fused_shard"], report["hardware"] = _run_fused_shard()
+        if "error" not in report["fused_shard"]:
+            report["microbenchmark"] = time_microbenchmark()
     except Exception as err:  # noqa: BLE001  a broken install can fail anywhere in the import or the kernel
         report["fused_shard"] = {"error": f"{type(err).__name__}: {first_line(err)}"}
     return report
+
+
+# The microbenchmark's shards doctor times (`microbenchmark_shards`' indices): 1, 8 and 32 cheap tables, the most
+# lookups, the widest rows, the most rows and the widest fp16 table; about a second on a CPU core.
+DOCTOR_MICROBENCHMARK = (0, 3, 6, 12, 17, 21, 24)
+DOCTOR_BATCH = 1024
+
+
+def time_microbenchmark() -> list[list[float]]:
+    """[index, fwd ms, bwd ms] of DOCTOR_MICROBENCHMARK's shards on this process's device, as profiling measures
+    them (on CPU with one thread, as a profiling actor has)."""
+    import torch
+
+    from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+    from shard_ray.profiling.sampling import microbenchmark_shards
+
+    shards, threads = microbenchmark_shards(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        timed = [
+            (i, measure_fused_shard(shards[i], MeasureConfig(batch_size=DOCTOR_BATCH), ""))
+            for i in DOCTOR_MICROBENCHMARK
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    return [[i, m.fwd_ms, m.bwd_ms] for i, m in timed if m.status == "ok"]
+
+
+def prices_finding(report: dict) -> Finding | None:
+    """How the models `plan` uses for a node's hardware price the microbenchmark's shards timed there (None when none
+    were): the first sign that models of other hardware, or of an older measurement, are off here."""
+    from shard_ray.costmodel.models import CostModels, models_for
+    from shard_ray.profiling.sampling import microbenchmark_shards
+
+    timed = report.get("microbenchmark")
+    if not timed or report.get("hardware") is None:
+        return None
+    path = models_for(report["hardware"])
+    models = CostModels.load(path)
+    shards = microbenchmark_shards()
+    predicted = models.predict_fused_shards([shards[int(i)] for i, _, _ in timed], DOCTOR_BATCH).sum(axis=1)
+    ratios = sorted(p / (fwd + bwd) for p, (_, fwd, bwd) in zip(predicted, timed))
+    median = ratios[len(ratios) // 2]
+    detail = (
+        f"{report['hardware']}: the models {path.name} price {len(ratios)} microbenchmark shards timed here at "
+        f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x their measurement (median {median:.2f}x)"
+    )
+    if 0.75 <= median <= 1.33:
+        return Finding("prices", "ok", detail)
+    return Finding(
+        "prices",
+        "note",
+        detail + ": off by more than a quarter",
+        "shard-ray calibrate --tables YOUR_TABLES.json --devices N (fits the models' spine to this machine)",
+    )
 
 
 def _run_fused_shard() -> tuple[dict, str]:

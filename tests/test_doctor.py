@@ -44,6 +44,8 @@ def test_doctor_on_this_machine(tmp_path):
         r"ok +noise floor: .*2-device gang: a plan against a copy of itself \(8 rounds\): rounds differ by", out
     )
     assert re.search(r"separates differences of about [0-9.]+% or more", out), out
+    # the models plan uses, held against the microbenchmark's shards timed here
+    assert re.search(r"(ok|note) +prices: cpu:.*: the models \S+ price 7 microbenchmark shards timed here at", out), out
     assert f"local store {tmp_path / 'mlflow.db'}" in out and not (tmp_path / "mlflow.db").exists()
     assert out.rstrip().endswith("no problems found")
 

@@ -34,6 +34,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         models_finding,
         node_findings,
         node_report,
+        prices_finding,
     )
     from shard_ray.tracking.mlflow_runs import default_tracking_uri
 
@@ -57,6 +58,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
             hardware |= {report["hardware"]} - {None}
         general = [mlflow_finding(flags.tracking_uri or default_tracking_uri())]
         general += [models_finding(h) for h in sorted(hardware)]
+        general += [f for f in (prices_finding(r) for r in [here, *(r for _, r in nodes)]) if f is not None]
         print("shard-ray's tracking and models:")
         print("\n".join(format_findings(general)))
         findings += general
