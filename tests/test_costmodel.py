@@ -15,7 +15,7 @@ from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.coverage import corrections_at_bound, coverage_problems, training_coverage
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, pieces_features, table_features
-from shard_ray.costmodel.info import ModelInfo
+from shard_ray.costmodel.info import Calibrated, ModelInfo
 from shard_ray.costmodel.models import (
     CORRECTION_BOUND,
     CommCostNet,
@@ -25,6 +25,7 @@ from shard_ray.costmodel.models import (
     comm_features,
     default_cost_model_path,
     pad_fused_shards,
+    task_digest,
 )
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
@@ -671,6 +672,11 @@ def test_a_table_far_from_the_training_data_is_priced_by_the_spine_within_the_co
     assert models.at_correction_bound([huge], 2048) == [huge.name]
     (line,) = corrections_at_bound(models, [huge, pool[1]][:1], 2048)
     assert f"for 1 table(s): {huge.name};" in line and "calibrate" in line
+    # calibrated on these very tables, the models measured them: their calibration's held-out figures speak instead
+    models.info.calibrated = Calibrated(
+        hardware="cpu:test", tables=[huge.name], task=task_digest([huge]), chosen="fine-tuned", reason=""
+    )
+    assert corrections_at_bound(models, [huge], 2048) == [] and corrections_at_bound(models, [huge, pool[1]], 2048)
 
 
 def test_spine_models_keep_adding_a_table_from_lowering_a_price_and_the_bound_below_every_plan(pool, tmp_path):

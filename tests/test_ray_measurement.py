@@ -269,12 +269,14 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
 @pytest.mark.slow
 def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_tables):
     from shard_ray.costmodel.collect import CollectConfig, collect_comm, collect_compute
+    from shard_ray.profiling.sampling import microbenchmark_shards
 
     config = CollectConfig(samples=3, max_tables=2, batch_sizes=(64,), dims=(8, 16), warmup=0, repeats=1)
     pool = ProfilingPool(num_actors=2)
     try:
         with MeasurementStore(tmp_path / "m.db") as store:
-            assert collect_compute(small_tables, config, pool, store) == 3
+            micro = len(microbenchmark_shards())  # measured first, at every batch size
+            assert collect_compute(small_tables, config, pool, store) == micro + 3
             assert collect_compute(small_tables, config, pool, store) == 0
             bigger = CollectConfig(**{**config.__dict__, "samples": 5})
             assert collect_compute(small_tables, bigger, pool, store) == 2  # the first three are kept
