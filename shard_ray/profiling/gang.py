@@ -621,13 +621,21 @@ class DeviceGang:
             if len(members) > len(members[0]["cores"])
         ]
 
-    def run_steps(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> list[dict]:
-        """Run the plan's real embedding step on the gang; per device (in device order) every timed step's
-        ms per part (`steps`) and the warm-up steps it took."""
+    def devices_of_ranks(self, shift: int) -> list[int]:
+        """The plan device each rank runs when the roles are moved `shift` places along each host's ranks."""
+        local = self.devices_per_host or self.num_devices
+        return [r // local * local + (r % local + shift) % local for r in range(self.num_devices)]
+
+    def run_steps(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig, shift: int = 0) -> list[dict]:
+        """Run the plan's real embedding step on the gang, its devices moved `shift` places along the ranks of each
+        host (`devices_of_ranks`); per plan device (in device order) every timed step's ms per part (`steps`) and
+        the warm-up steps it took."""
         if plan.num_devices != self.num_devices:
             raise ShardRayError(f"plan is for {plan.num_devices} devices but the gang has {self.num_devices}")
         plan.check(tables)
-        by_device = plan.pieces(tables)
+        pieces = plan.pieces(tables)
+        device_of = self.devices_of_ranks(shift)
+        by_device = [pieces[device_of[rank]] for rank in range(self.num_devices)]
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
@@ -639,7 +647,8 @@ class DeviceGang:
                     self._gather([m.run_plan.remote(by_device, tables, config, self.take_turns) for m in self.members])
                     self._settled = True
                 refs = [m.run_plan.remote(by_device, tables, config, self.take_turns) for m in self.members]
-                return sorted(self._gather(refs), key=lambda r: r["device"])
+                results = [{**r, "device": device_of[r["device"]]} for r in self._gather(refs)]
+                return sorted(results, key=lambda r: r["device"])
             except ray.exceptions.RayActorError as err:
                 if attempt == self.max_retries:
                     raise ShardRayError(
@@ -649,10 +658,11 @@ class DeviceGang:
                 self.restarts += 1
         raise AssertionError("unreachable")
 
-    def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> PlanCost:
-        """The plan's per-device `step_estimate` of its timed steps and the plan cost; with more devices than cores
-        on a node, the all-to-alls priced by the comm model (`priced_parts`)."""
-        results = self.run_steps(plan, tables, config)
+    def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig, shift: int = 0) -> PlanCost:
+        """The plan's per-device `step_estimate` of its timed steps and the plan cost, its devices run by the ranks
+        `shift` places along (`run_steps`); with more devices than cores on a node, the all-to-alls priced by the
+        comm model (`priced_parts`)."""
+        results = self.run_steps(plan, tables, config, shift)
         devices = [
             DeviceCost(device=r["device"], **{name: step_estimate(values) for name, values in r["steps"].items()})
             for r in results
@@ -693,13 +703,16 @@ class DeviceGang:
     def measure_round(
         self, plans: list[Plan], tables: list[TableSpec], config: MeasureConfig, order: np.random.Generator
     ) -> list[PlanCost]:
-        """One round: every plan measured once, in an order drawn from `order`, all with `config`'s batches and
-        the members on the next rotation of their cores (`rotate_cores`)."""
+        """One round: every plan measured once, in an order drawn from `order`, all with `config`'s batches, the
+        members on the next rotation of their cores (`rotate_cores`) and the plans' devices on the next rotation of
+        the ranks (`run_steps`): ranks are not alike either (the rank whose process gathers, or leads a collective,
+        did a little more: an A/A twin, devices swapped, measured 0.7-1.6% slower than its plan in 3 of 3 runs on
+        MLPerf DLRM-DCNv2's shapes), so over the rounds every device of a plan is run by every rank of its host."""
         self._rounds += 1
         self.rotate_cores(self._rounds)
         costs: list[PlanCost | None] = [None] * len(plans)
         for i in order.permutation(len(plans)):
-            costs[i] = self.evaluate(plans[i], tables, config)
+            costs[i] = self.evaluate(plans[i], tables, config, shift=self._rounds)
         return costs  # type: ignore[return-value]
 
     def plan_key(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig) -> str:
