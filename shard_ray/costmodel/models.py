@@ -222,9 +222,8 @@ class ComputeCostNet(nn.Module):
         self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
         self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
         self.spine = Spine().requires_grad_(False) if spine else None
-        if (
-            spine
-        ):  # saved with the model: its network's outputs mean what they meant under the bound it was trained with
+        if spine:
+            # saved with the model: its network's outputs mean what they meant under the bound it was trained with
             self.register_buffer("correction_bound", torch.tensor(CORRECTION_BOUND))
 
     def network_outputs(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:

@@ -23,9 +23,10 @@ A shard costs, per phase,
 
 every rate non-negative, fitted per hardware on measured shards (`fit_spine`: non-negative least
 squares on relative error, so a 0.1 ms shard weighs as much as a 10 ms one). `kernel` is a launch's
-fixed cost, paid once per shard: the fused forward's saving. `pairs` is what each table of a fused
+fixed cost, paid once per kernel: the fused forward's saving. `pairs` is what each table of a fused
 kernel pays for the others' output, the backward's superadditivity measured on the reference CPU,
-largest for fp16 (docs/cost-models.md). Being a sum of non-negative, non-decreasing terms the spine is monotone. What it misses (fusion beyond that, dims, dtypes) the network of
+largest for fp16 (docs/cost-models.md). Being a sum of non-negative, non-decreasing terms the
+spine is monotone. What it misses (fusion beyond that, dims, dtypes) the network of
 `shard_ray.costmodel.models` corrects, by a factor bounded in ratio, so that a table far from its
 training data is priced by physics, not by an extrapolating network.
 
@@ -153,12 +154,12 @@ def fit_spine(features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tenso
     for cache_mb in CACHE_CHOICES_MB:
         spine = Spine()
         spine.cache_mb.fill_(cache_mb)
-        rows = (spine(features, log_batch.unsqueeze(-1)) * mask.unsqueeze(-1)).sum(dim=1).double().numpy()
-        quantities = (physical_quantities(features, log_batch.unsqueeze(-1), cache_mb) * mask.unsqueeze(-1)).sum(dim=1)
-        columns = rows[:, 2:]
+        quantities = physical_quantities(features, log_batch.unsqueeze(-1), cache_mb)
+        columns = kernel_columns(quantities, (features[..., _FP16] > 0.5).float())
+        quantities, columns = ((x * mask.unsqueeze(-1)).sum(dim=1).double().numpy() for x in (quantities, columns))
         kernels = np.minimum(columns[:, [0, 2]], 1.0)
         pairs = columns[:, [0, 2]] * columns[:, [1, 3]]
-        design = np.column_stack([kernels, pairs, quantities.double().numpy()])
+        design = np.column_stack([kernels, pairs, quantities])
         error = 0.0
         for phase in range(len(PHASES)):
             coefficients, _ = nnls(design * weight[:, phase, None], measured[:, phase] * weight[:, phase])
