@@ -53,8 +53,8 @@ class MeasureConfig(BaseModel):
     @model_validator(mode="after")
     def _one_batch_per_timed_step(self) -> MeasureConfig:
         # Training never runs a batch twice: a timed step on a batch the kernel ran a moment before finds its
-        # rows in cache. Measured on the hand-written ranking model's large tables (docs/measurement.md), cycling
-        # through 2 batches timed the forward up to 40% faster than fresh batches did.
+        # rows in cache, and cycling through 2 batches timed tables optimistically (docs/measurement.md, "A fresh
+        # batch for every timed step").
         if self.num_batches is None:
             object.__setattr__(self, "num_batches", self.repeats + WARMUP_BATCHES)
         return self

@@ -706,8 +706,8 @@ class DeviceGang:
         """One round: every plan measured once, in an order drawn from `order`, all with `config`'s batches, the
         members on the next rotation of their cores (`rotate_cores`) and the plans' devices on the next rotation of
         the ranks (`run_steps`): ranks are not alike either (the rank whose process gathers, or leads a collective,
-        did a little more: an A/A twin, devices swapped, measured 0.7-1.6% slower than its plan in 3 of 3 runs on
-        MLPerf DLRM-DCNv2's shapes), so over the rounds every device of a plan is run by every rank of its host."""
+        does a little more; docs/measurement.md, "Ranks take turns too"), so over the rounds every device of a plan
+        is run by every rank of its host."""
         self._rounds += 1
         self.rotate_cores(self._rounds)
         costs: list[PlanCost | None] = [None] * len(plans)
