@@ -2,17 +2,24 @@ import numpy as np
 import pytest
 import torch
 
+from shard_ray.costmodel.train import OlderMeasurementsWarning, newest_procedure
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
+    MEASUREMENT_PROCEDURE,
+    PROCEDURE_1_CPU_MAX_ROWS,
     WARMUP_BATCHES,
     FusedShard,
+    FusedShardMeasurement,
     MeasureConfig,
     fused_shard_key,
     measure_fused_shard,
+    memory_budget,
+    shard_rows_cap,
     time_fused_shard,
 )
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workload.tables import TableSpec
 
 SMALL = MeasureConfig(batch_size=64, warmup=1, repeats=3)
 
@@ -71,13 +78,55 @@ def test_every_timed_step_runs_on_a_batch_the_kernel_has_not_run(small_tables):
     assert len({tuple(indices.tolist()) for indices in firsts}) == config.num_batches  # distinct lookups
 
 
-def test_rows_are_capped_on_cpu():
-    from shard_ray.workload.tables import TableSpec
-
+def test_rows_are_capped_where_asked():
     big = TableSpec(name="big", rows=10**9, dim=8, pooling_factor=2.0)
     shard = FusedShard([TablePiece.whole(big)], MeasureConfig(batch_size=16, max_rows=1000), torch.device("cpu"))
     assert shard.groups[0][1].split_embedding_weights()[0].shape == (1000, 8)
     assert int(shard.batches[0][0][0].max()) < 1000
+
+
+def test_a_shard_is_measured_on_whole_tables_where_memory_holds_them():
+    """A 600,000-row table (past the 200,000 rows CPU profiling once allocated) is allocated whole, and its
+    lookups reach its last rows; the measurement says so (rows_cap None) and is of today's procedure."""
+    table = TableSpec(name="t", rows=600_000, dim=8, pooling_factor=20.0, zipf_exponent=0.0)
+    config = MeasureConfig(batch_size=256, warmup=1, repeats=2)
+    shard = FusedShard([TablePiece.whole(table)], config, torch.device("cpu"))
+    assert shard.cap is None and shard.groups[0][1].split_embedding_weights()[0].shape == (600_000, 8)
+    assert int(max(indices.max() for (indices, _), in shard.batches)) > 200_000
+    measured = measure_fused_shard([TablePiece.whole(table)], config, "cpu:test")
+    assert measured.status == "ok" and measured.rows_cap is None and measured.procedure == MEASUREMENT_PROCEDURE
+
+
+def test_where_memory_cannot_hold_the_shard_only_its_largest_tables_are_capped():
+    tables = [
+        TableSpec(name="huge", rows=400_000_000, dim=128, pooling_factor=1.0),
+        TableSpec(name="large", rows=2_000_000, dim=64, pooling_factor=1.0),
+        TableSpec(name="small", rows=5_000, dim=16, pooling_factor=1.0),
+    ]
+    pieces = [TablePiece.whole(t) for t in tables]
+    config = MeasureConfig()
+    # Every row costs its weights and row-wise Adagrad's 4 bytes of state.
+    whole = 400_000_000 * 516 + 2_000_000 * 260 + 5_000 * 68
+    assert shard_rows_cap(pieces, config, whole) is None
+    budget = 2 * 2**30
+    cap = shard_rows_cap(pieces, config, budget)
+    used = sum(min(t.rows, cap) * (t.dim * 4 + 4) for t in tables)
+    # the huge table alone is capped, at the largest cap that fits
+    assert 2_000_000 < cap < 400_000_000 and used <= budget < used + 516
+    assert shard_rows_cap(pieces, config.model_copy(update={"max_rows": 10}), whole) == 10  # asked for: kept
+    assert memory_budget(torch.device("cpu"), 4) * 4 == pytest.approx(memory_budget(torch.device("cpu"), 1), rel=1e-6)
+
+
+def test_measurements_of_the_old_procedure_keep_their_cap_and_are_left_out_of_training(small_tables):
+    """Records from before procedures were kept were taken with 200,000 rows at most on CPU; training uses the
+    newest procedure's measurements and says how many it left out."""
+    parts = [TablePiece.whole(small_tables[0])]
+    new = measure_fused_shard(parts, SMALL, "cpu:test")
+    old = FusedShardMeasurement.model_validate(new.model_dump(exclude={"procedure", "rows_cap"}))
+    assert old.procedure == 1 and old.rows_cap == PROCEDURE_1_CPU_MAX_ROWS == old.modelled_rows_cap
+    assert new.modelled_rows_cap is None
+    with pytest.warns(OlderMeasurementsWarning, match="1 shard measurements on cpu:test .* older procedure"):
+        assert newest_procedure([old, new]) == [new]
 
 
 def test_measure_reports_medians_and_infeasible_shards(small_tables):

@@ -102,6 +102,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         describe_accuracy,
         evaluate_comm,
         main_hardware,
+        newest_procedure,
         predicted_and_measured,
         split_compute_measurements,
     )
@@ -115,8 +116,10 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         measured_on = store.summary()
         hardware = flags.hardware or (models.hardware if models.hardware in measured_on else None)
         hardware = main_hardware(store, hardware)
-        splits = split_compute_measurements(store.fused_shard_measurements(hardware), set(models.info.train_tables))
-        plans = store.plan_measurements(hardware)
+        splits = split_compute_measurements(
+            newest_procedure(store.fused_shard_measurements(hardware)), set(models.info.train_tables)
+        )
+        plans = newest_procedure(store.plan_measurements(hardware))
     if hardware != models.hardware:
         # Another machine's data: every shard is new to the models, so all of it is held out.
         splits = {"test": [], "unseen": [m for split in splits.values() for m in split]}

@@ -14,6 +14,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -127,9 +128,7 @@ def data_coverage(data: ComputeData, previous: Coverage | None = None) -> Covera
 
 
 def compute_data(measurements: list[FusedShardMeasurement]) -> ComputeData:
-    features, mask = pad_fused_shards(
-        [pieces_features(m.tables, m.config.rows_cap_on(m.hardware)) for m in measurements]
-    )
+    features, mask = pad_fused_shards([pieces_features(m.tables, m.modelled_rows_cap) for m in measurements])
     return ComputeData(
         features=features,
         mask=mask,
@@ -380,13 +379,39 @@ def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
     return counts.most_common(1)[0][0]
 
 
+class OlderMeasurementsWarning(ShardRayWarning):
+    """Measurements taken by an earlier procedure were left out of training."""
+
+
+Measured = TypeVar("Measured", FusedShardMeasurement, PlanMeasurement)
+
+
+def newest_procedure(measurements: list[Measured]) -> list[Measured]:
+    """The measurements taken by the newest MEASUREMENT_PROCEDURE among them, saying how many older ones are left
+    out: older procedures measured differently (procedure 1 capped tables at 200,000 rows on CPU)."""
+    if not measurements:
+        return measurements
+    newest = max(m.procedure for m in measurements)
+    kept = [m for m in measurements if m.procedure == newest]
+    if len(kept) < len(measurements):
+        kind = "shard" if isinstance(kept[0], FusedShardMeasurement) else "plan"
+        warnings.warn(
+            f"{len(measurements) - len(kept)} {kind} measurements on {kept[0].hardware} were taken by an older "
+            f"procedure (docs/measurement.md) and are left out; training on the {len(kept)} of procedure {newest}",
+            OlderMeasurementsWarning,
+            stacklevel=3,
+        )
+    return kept
+
+
 def compute_splits(
     store: MeasurementStore, train_tables: set[str], hardware: str | None = None
 ) -> tuple[str, int | None, dict[str, list[FusedShardMeasurement]]]:
-    """One hardware's shard measurements in their splits, with that hardware and their row cap."""
+    """One hardware's shard measurements of the newest procedure in their splits, with that hardware and their row
+    cap."""
     hardware = main_hardware(store, hardware)
-    measurements = store.fused_shard_measurements(hardware)
-    caps = {m.config.rows_cap_on(hardware) for m in measurements}
+    measurements = newest_procedure(store.fused_shard_measurements(hardware))
+    caps = {m.modelled_rows_cap for m in measurements}
     if len(caps) > 1:
         raise ShardRayError(
             f"the measurements on {hardware} were taken with different row caps {sorted(caps, key=str)}; train on one"
@@ -409,11 +434,12 @@ def train_cost_models(
     train_data = compute_data(splits["train"])
     # The spine is fitted to the microbenchmark's shards, which move one physical quantity at a time, where the store
     # has them (all of them, whatever their split: they are the hardware's rates, not a held-out judgement).
-    microbenchmark = [m for m in store.fused_shard_measurements(hardware) if is_microbenchmark(m)]
+    microbenchmark = [m for m in newest_procedure(store.fused_shard_measurements(hardware)) if is_microbenchmark(m)]
     spine_data = compute_data(microbenchmark) if microbenchmark else None
     compute = train_compute_model(train_data, compute_data(splits["val"]), config, spine_data=spine_data)
 
-    plans = [p for p in store.plan_measurements(hardware) if p.plan.num_devices > 1]  # one device: no all-to-all
+    # one device: no all-to-all
+    plans = [p for p in newest_procedure(store.plan_measurements(hardware)) if p.plan.num_devices > 1]
     plan_splits = {name: [p for p in plans if data_split(p.key) == name] for name in ("train", "val", "test")}
     comm = None
     if plan_splits["train"] and plan_splits["val"]:
@@ -466,14 +492,14 @@ def update_cost_models(
     hardware = hardware or models.hardware
     measurements = [
         m
-        for m in store.fused_shard_measurements(hardware)
-        if m.status == "ok" and m.config.rows_cap_on(m.hardware) == models.rows_cap
+        for m in newest_procedure(store.fused_shard_measurements(hardware))
+        if m.status == "ok" and m.modelled_rows_cap == models.rows_cap
     ]
     if not measurements:
         raise ShardRayError(f"the store has no shard measurements on {hardware} to update the cost models with")
     data = compute_data(measurements)
     compute = train_compute_model(data, data, config, init=models.compute)
-    plans = [p for p in store.plan_measurements(hardware) if p.plan.num_devices > 1]
+    plans = [p for p in newest_procedure(store.plan_measurements(hardware)) if p.plan.num_devices > 1]
     comm = models.comm
     if plans and comm is not None:
         samples = comm_samples(plans)

@@ -23,8 +23,14 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, fused_shard_key, measure_fused_shard
-from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, pin_to
+from shard_ray.profiling.fused_shard import (
+    FusedShardMeasurement,
+    MeasureConfig,
+    fused_shard_key,
+    measure_fused_shard,
+    memory_budget,
+)
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, measurement_device, pin_to
 from shard_ray.profiling.store import MeasurementStore
 
 MAX_RESTARTS = 8
@@ -36,6 +42,7 @@ class ProfilingActor:
     def __init__(self, threads: int = 1) -> None:
         torch.set_num_threads(threads)
         self._hardware = hardware_id(threads)
+        self._budget = memory_budget(measurement_device(), 1)
 
     def hardware(self) -> str:
         return self._hardware
@@ -50,11 +57,13 @@ class ProfilingActor:
     def cores(self) -> list[int]:
         return free_cores()
 
-    def pin(self, core: int) -> None:
+    def pin(self, core: int, sharing: int) -> None:
+        """Run on `core`, one of `sharing` measuring processes of the node, which share its memory."""
         pin_to({core})
+        self._budget = memory_budget(measurement_device(), sharing)
 
     def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
-        return measure_fused_shard(pieces, config, self._hardware)
+        return measure_fused_shard(pieces, config, self._hardware, self._budget)
 
 
 # Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises
@@ -109,7 +118,7 @@ class ProfilingPool:
             for extra in actors[len(cores) :]:
                 ray.kill(extra)
             actors = actors[: len(cores)]
-            ray.get([a.pin.remote(core) for a, core in zip(actors, cores_for(len(actors), cores) or [])])
+            ray.get([a.pin.remote(core, len(actors)) for a, core in zip(actors, cores_for(len(actors), cores) or [])])
             kept.update(actors)
         self.actors = [a for a in self.actors if a in kept]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -24,13 +25,17 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 from shard_ray.profiling.hardware import measurement_device
 from shard_ray.workload.access import fold_rows, generate_table_batch
-from shard_ray.workload.tables import TableBatch, TableSpec
+from shard_ray.workload.tables import BYTES_PER_ELEMENT, TableBatch, TableSpec
 
-# On CPU the kernel's cost is set by the rows a batch touches and by cache misses; beyond a
-# few hundred thousand rows a table is far out of cache either way, so CPU profiling
-# allocates at most this many rows per table and folds indices into them. On GPUs the
-# default is to allocate the whole table.
-DEFAULT_CPU_MAX_ROWS = 200_000
+# How shards are measured, kept with every measurement and in its key: a change that makes earlier
+# measurements incomparable takes the next number, and training uses the newest procedure's.
+#   1: on CPU at most 200,000 rows allocated per table, lookups folded into them (until 2026-11);
+#   2: whole tables where the measuring process's memory share holds them (`shard_rows_cap`).
+MEASUREMENT_PROCEDURE = 2
+PROCEDURE_1_CPU_MAX_ROWS = 200_000
+# The share of a node's memory (a GPU's, on GPUs) its measuring processes fill with tables, optimizer
+# state and gradients, split evenly between them: the rest is for Ray, the store and the system.
+MEASURING_MEMORY_SHARE = 0.5
 # Batches the warm-up steps cycle through, apart from the timed steps' own.
 WARMUP_BATCHES = 2
 
@@ -47,7 +52,9 @@ class MeasureConfig(BaseModel):
     num_batches: int | None = Field(
         default=None, ge=1, description="distinct batches; None: one per timed step and WARMUP_BATCHES for warm-up"
     )
-    max_rows: int | None = Field(default=None, ge=1, description="rows allocated per table; None: the CPU default")
+    max_rows: int | None = Field(
+        default=None, ge=1, description="rows allocated per table at most; None: whole tables where memory holds them"
+    )
     seed: int = 0
 
     @model_validator(mode="after")
@@ -69,14 +76,42 @@ class MeasureConfig(BaseModel):
     def for_topology(cls, topology: Topology, **overrides: object) -> MeasureConfig:
         return cls(batch_size=topology.batch_size, optimizer=topology.optimizer, **overrides)
 
-    def rows_cap(self, device: torch.device) -> int | None:
-        if self.max_rows is not None:
-            return self.max_rows
-        return DEFAULT_CPU_MAX_ROWS if device.type == "cpu" else None
 
-    def rows_cap_on(self, hardware: str) -> int | None:
-        """The rows cap measurements on `hardware` (a `hardware_id`) were taken with."""
-        return self.rows_cap(torch.device("cpu" if hardware.startswith("cpu") else "cuda"))
+def memory_budget(device: torch.device, sharing: int) -> int:
+    """Bytes of tables one of `sharing` measuring processes on `device`'s node (or GPU) may allocate: its part of
+    MEASURING_MEMORY_SHARE of the memory, the total rather than what is free, so a busy machine measures alike."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(MEASURING_MEMORY_SHARE * total / max(1, sharing))
+
+
+def _bytes_per_row(piece: TablePiece, optimizer: Optimizer) -> int:
+    """What a row of the piece takes while a step runs: its weights and optimizer state, and for a data-parallel
+    replica the dense gradient too."""
+    weights = piece.width * BYTES_PER_ELEMENT[piece.table.precision]
+    state = {"rowwise_adagrad": 4, "sgd": 0, "adam": 8 * piece.width}[optimizer]
+    return weights + state + (4 * piece.width if piece.replicated else 0)
+
+
+def shard_rows_cap(pieces: Sequence[TablePiece], config: MeasureConfig, budget: int) -> int | None:
+    """The rows allocated per table when measuring `pieces`: `config.max_rows` where given; else every table whole
+    (None) when `budget` bytes hold them, or the largest cap that fits, applied to the largest tables only."""
+    if config.max_rows is not None:
+        return config.max_rows
+    per_row = [(p.row_count, _bytes_per_row(p, config.optimizer)) for p in pieces]
+
+    def needed(cap: int | None) -> int:
+        return sum((rows if cap is None else min(rows, cap)) * size for rows, size in per_row)
+
+    if needed(None) <= budget:
+        return None
+    low, high = 1, max(rows for rows, _ in per_row)  # needed(high) > budget >= needed(low) unless nothing fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if needed(middle) <= budget else (low, middle - 1)
+    return low
 
 
 def content_digest(obj: object) -> str:
@@ -84,9 +119,16 @@ def content_digest(obj: object) -> str:
 
 
 def fused_shard_key(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> str:
-    """Key of a measurement: the shard's content (order-free), the settings and the hardware."""
+    """Key of a measurement: the shard's content (order-free), the settings, the procedure and the hardware."""
     contents = sorted(content_digest(p.content()) for p in pieces)
-    return content_digest({"parts": contents, "config": config.model_dump(mode="json"), "hardware": hardware})
+    return content_digest(
+        {
+            "parts": contents,
+            "config": config.model_dump(mode="json"),
+            "hardware": hardware,
+            "procedure": MEASUREMENT_PROCEDURE,
+        }
+    )
 
 
 def sample_ranges(batch_size: int, num_devices: int) -> list[tuple[int, int]]:
@@ -152,7 +194,12 @@ class FusedShard:
     """
 
     def __init__(
-        self, pieces: list[TablePiece], config: MeasureConfig, device: torch.device | None = None, rank: int = 0
+        self,
+        pieces: list[TablePiece],
+        config: MeasureConfig,
+        device: torch.device | None = None,
+        rank: int = 0,
+        budget: int | None = None,
     ) -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
@@ -170,7 +217,9 @@ class FusedShard:
             raise ShardRayError("fbgemm's CPU kernels do not support Adam; profile Adam on a GPU")
         location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
-        self.cap = config.rows_cap(self.device)
+        # Rows allocated per table (`shard_rows_cap`): None, every table whole, unless `budget` bytes (by default
+        # one measuring process's `memory_budget`) cannot hold them.
+        self.cap = shard_rows_cap(pieces, config, memory_budget(self.device, 1) if budget is None else budget)
         self.sharded = [i for i, p in enumerate(pieces) if not p.replicated]
         self.replicated = [i for i, p in enumerate(pieces) if p.replicated]
         self.width = sum(pieces[i].width for i in self.sharded)
@@ -374,7 +423,9 @@ def time_fused_shard(shard: FusedShard) -> ShardTiming:
 
 
 class FusedShardMeasurement(BaseModel):
-    """A measured fused shard, as kept in the store. Infeasible shards carry the reason."""
+    """A measured fused shard, as kept in the store. Infeasible shards carry the reason. `rows_cap` is the rows
+    allocated per table (None: whole tables), `procedure` the MEASUREMENT_PROCEDURE it was taken by (1 for records
+    from before it was kept)."""
 
     key: str
     hardware: str
@@ -384,6 +435,22 @@ class FusedShardMeasurement(BaseModel):
     fwd_ms: float | None = None
     bwd_ms: float | None = None
     reason: str | None = None
+    procedure: int = 1
+    rows_cap: int | None = None
+
+    @model_validator(mode="after")
+    def _procedure_1_cap(self) -> FusedShardMeasurement:
+        # Procedure 1 kept no cap: it was the config's, or on CPU its default.
+        if self.procedure == 1 and self.rows_cap is None:
+            default = PROCEDURE_1_CPU_MAX_ROWS if self.hardware.startswith("cpu") else None
+            object.__setattr__(self, "rows_cap", self.config.max_rows or default)
+        return self
+
+    @property
+    def modelled_rows_cap(self) -> int | None:
+        """The rows cap the cost models' features see for this measurement: the one it was taken with, except that
+        a shard capped only because memory could not hold it stands for its whole tables."""
+        return self.rows_cap if self.procedure == 1 else self.config.max_rows
 
     @property
     def compute_ms(self) -> float:
@@ -393,16 +460,17 @@ class FusedShardMeasurement(BaseModel):
         return self.fwd_ms + self.bwd_ms
 
 
-def measure_fused_shard(pieces: list[TablePiece], config: MeasureConfig, hardware: str) -> FusedShardMeasurement:
-    """Build and time one fused shard; out-of-memory and kernel errors are recorded, not raised."""
+def measure_fused_shard(
+    pieces: list[TablePiece], config: MeasureConfig, hardware: str, budget: int | None = None
+) -> FusedShardMeasurement:
+    """Build and time one fused shard within `budget` bytes (`FusedShard`); out-of-memory and kernel errors are
+    recorded, not raised."""
     key = fused_shard_key(pieces, config, hardware)
+    taken = {"key": key, "hardware": hardware, "tables": pieces, "config": config, "procedure": MEASUREMENT_PROCEDURE}
     try:
-        timing = time_fused_shard(FusedShard(pieces, config))
+        shard = FusedShard(pieces, config, budget=budget)
+        timing = time_fused_shard(shard)
     except (RuntimeError, MemoryError, ShardRayError) as err:
         reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
-        return FusedShardMeasurement(
-            key=key, hardware=hardware, tables=pieces, config=config, status="infeasible", reason=reason
-        )
-    return FusedShardMeasurement(
-        key=key, hardware=hardware, tables=pieces, config=config, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms
-    )
+        return FusedShardMeasurement(**taken, status="infeasible", reason=reason)
+    return FusedShardMeasurement(**taken, fwd_ms=timing.fwd_ms, bwd_ms=timing.bwd_ms, rows_cap=shard.cap)

@@ -25,6 +25,7 @@ import os
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +46,10 @@ from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import (
     FusedShard,
     MeasureConfig,
+    memory_budget,
     piece_lookups,
     sample_ranges,
+    shard_rows_cap,
     step_estimate,
     table_batch,
     warmed_up,
@@ -92,10 +95,13 @@ class PlanStep:
         rank: int,
         config: MeasureConfig,
         device: torch.device,
+        budgets: list[int],
     ) -> None:
         self.rank, self.config, self.device = rank, config, device
         self.world = len(by_device)
-        self.shard = FusedShard(by_device[rank], config, device, rank=rank)
+        self.shard = FusedShard(by_device[rank], config, device, rank=rank, budget=budgets[rank])
+        # Each device's rows allocated per table (`shard_rows_cap`), into which the lookups sent to it are folded.
+        caps = [shard_rows_cap(held, config, budget) for held, budget in zip(by_device, budgets)]
         ranges = sample_ranges(config.batch_size, self.world)
         self.sizes = [end - start for start, end in ranges]
         starts = np.cumsum([0] + [t.dim for t in tables]).tolist()
@@ -123,8 +129,8 @@ class PlanStep:
         for batch in range(config.num_batches):
             batches = {t.name: table_batch(t, config, batch) for t in tables}
             lookups = [
-                [piece_lookups(p, batches[p.table.name], ranges[rank], self.shard.cap) for p in held]
-                for held in sharded
+                [piece_lookups(p, batches[p.table.name], ranges[rank], cap) for p in held]
+                for held, cap in zip(sharded, caps)
             ]
             lengths = [np.concatenate([b.lengths for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
             indices = [np.concatenate([b.indices for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
@@ -351,6 +357,10 @@ class GangMember:
     def pin(self, core: int) -> None:
         pin_to({core})
 
+    def memory_budget(self, sharing: int) -> int:
+        """This member's `memory_budget`, one of `sharing` members sharing its node's memory (or its GPU's)."""
+        return memory_budget(self.device, sharing)
+
     def rendezvous_address(self) -> str:
         ip = ray.util.get_node_ip_address()
         with socket.socket() as sock:
@@ -378,13 +388,15 @@ class GangMember:
         by_device: list[list[TablePiece]],
         tables: list[TableSpec],
         config: MeasureConfig,
+        budgets: list[int],
         take_turns: bool = False,
     ) -> dict:
-        """Time the real training step of this device's share of a plan: every timed step's ms per part.
+        """Time the real training step of this device's share of a plan: every timed step's ms per part, and the
+        rows allocated per table (`rows_cap`: None, whole tables, unless its memory `budgets[rank]` holds fewer).
 
         With `take_turns` the devices run their compute phases one after another.
         """
-        step = PlanStep(by_device, tables, self.rank, config, self.device)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
         shard = step.shard
         parts_ms: dict[str, list[float]] = {name: [] for name in STEP_PARTS}
 
@@ -426,12 +438,14 @@ class GangMember:
             dist.all_reduce(settling)
             if settling.item() == 0:
                 warmup = None
-        return {"device": self.rank, "warmup_steps": warmup_steps, "steps": parts_ms}
+        return {"device": self.rank, "warmup_steps": warmup_steps, "steps": parts_ms, "rows_cap": shard.cap}
 
-    def step_values(self, by_device: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig) -> dict:
+    def step_values(
+        self, by_device: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig, budgets: list[int]
+    ) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
         `tables` order) and my pieces' updated weights."""
-        step = PlanStep(by_device, tables, self.rank, config, self.device)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
         step.shard.load_initial_weights()
         _, embeddings = step.train_step(0, _untimed, _untimed)
         weights = [w.detach().float().cpu().clone() for w in step.shard.piece_weights()]
@@ -559,6 +573,11 @@ class DeviceGang:
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
         self.hardware = hosts[0]["hardware"]
+        # Each rank's memory budget: the members of a node share its memory; on GPUs each has its own.
+        sharing = Counter(h["node"] for h in hosts)
+        self.budgets = ray.get(
+            [m.memory_budget.remote(1 if self.use_gpus else sharing[h["node"]]) for m, h in zip(self.members, hosts)]
+        )
         # Which devices share a host: nodes numbered in rank order of first appearance.
         numbering: dict[str, int] = {}
         self.hosts = [numbering.setdefault(h["node"], len(numbering)) for h in hosts]
@@ -644,9 +663,16 @@ class DeviceGang:
                     # A new gang's first plan is slow in every part, whatever its warm-up steps (its
                     # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
                     # it runs once untimed.
-                    self._gather([m.run_plan.remote(by_device, tables, config, self.take_turns) for m in self.members])
+                    self._gather(
+                        [
+                            m.run_plan.remote(by_device, tables, config, self.budgets, self.take_turns)
+                            for m in self.members
+                        ]
+                    )
                     self._settled = True
-                refs = [m.run_plan.remote(by_device, tables, config, self.take_turns) for m in self.members]
+                refs = [
+                    m.run_plan.remote(by_device, tables, config, self.budgets, self.take_turns) for m in self.members
+                ]
                 results = [{**r, "device": device_of[r["device"]]} for r in self._gather(refs)]
                 return sorted(results, key=lambda r: r["device"])
             except ray.exceptions.RayActorError as err:
@@ -668,6 +694,13 @@ class DeviceGang:
             for r in results
         ]
         priced_by, warnings = None, list(self.warnings)
+        capped = sorted((r["rows_cap"], r["device"]) for r in results if r["rows_cap"] is not None)
+        if capped:
+            warnings.append(
+                f"device{'s' if len(capped) > 1 else ''} {', '.join(str(d) for _, d in capped)} measured with at most "
+                f"{capped[0][0]:,} rows allocated per table (a measuring process's share of memory holds no more): "
+                "their largest tables' lookups were folded into those rows, which times them optimistically"
+            )
         if self.priced_parts:
             priced_by, devices, extrapolated = self._priced_comm(plan, tables, config.batch_size, devices)
             warnings += extrapolated
@@ -725,7 +758,7 @@ class DeviceGang:
         plan.check(tables)
         by_device = plan.pieces(tables)
         return sorted(
-            self._gather([m.step_values.remote(by_device, tables, config) for m in self.members]),
+            self._gather([m.step_values.remote(by_device, tables, config, self.budgets) for m in self.members]),
             key=lambda r: r["device"],
         )
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, content_digest
+from shard_ray.profiling.fused_shard import MEASUREMENT_PROCEDURE, FusedShardMeasurement, MeasureConfig, content_digest
 from shard_ray.workload.tables import TableSpec
 
 _SCHEMA = """
@@ -49,12 +49,14 @@ CREATE TABLE IF NOT EXISTS plan_measurements (
 
 
 class PlanMeasurement(BaseModel):
-    """A plan measured on the device gang, with the tables it placed."""
+    """A plan measured on the device gang, with the tables it placed, and the MEASUREMENT_PROCEDURE it was taken by
+    (1 for records from before it was kept)."""
 
     key: str
     plan: Plan
     tables: list[TableSpec]
     cost: PlanCost
+    procedure: int = 1
 
     @property
     def hardware(self) -> str:
@@ -73,7 +75,12 @@ def plan_key(
         + tuple((k, v) for k, v in sorted(s.model_dump(mode="json").items()) if k in ("rows", "replicated"))
         for s in plan.shards
     )
-    identity = {"shards": shards, "devices": plan.num_devices, "config": config.model_dump(mode="json")}
+    identity = {
+        "shards": shards,
+        "devices": plan.num_devices,
+        "config": config.model_dump(mode="json"),
+        "procedure": MEASUREMENT_PROCEDURE,
+    }
     if hosts is not None and len(set(hosts)) > 1:
         identity["hosts"] = hosts
     return content_digest({**identity, "hardware": hardware})

@@ -58,7 +58,13 @@ from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, content_digest, fused_shard_key
+from shard_ray.profiling.fused_shard import (
+    MEASUREMENT_PROCEDURE,
+    FusedShardMeasurement,
+    MeasureConfig,
+    content_digest,
+    fused_shard_key,
+)
 from shard_ray.profiling.gang import DeviceGang, check_hosts
 from shard_ray.profiling.sampling import draw_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
@@ -155,17 +161,21 @@ def task_measurements(
     devices_per_host: int | None = None,
 ) -> tuple[list[FusedShardMeasurement], list[PlanMeasurement]]:
     """Every measurement in the store of shards and plans of these tables, on this hardware, at these
-    settings; plans only as measured over hosts of `devices_per_host` (None: on one host)."""
+    settings, by today's procedure; plans only as measured over hosts of `devices_per_host` (None: on one host)."""
     specs = {t.name: t for t in tables}
     shards = [
         m
         for m in store.fused_shard_measurements(hardware)
-        if m.status == "ok" and m.config == measure and all(specs.get(p.table.name) == p.table for p in m.tables)
+        if m.status == "ok"
+        and m.config == measure
+        and m.procedure == MEASUREMENT_PROCEDURE
+        and all(specs.get(p.table.name) == p.table for p in m.tables)
     ]
     plans = [
         p
         for p in store.plan_measurements(hardware)
         if p.plan.num_devices > 1
+        and p.procedure == MEASUREMENT_PROCEDURE
         and p.cost.batch_size == measure.batch_size
         and p.cost.devices_per_host == devices_per_host
         and all(specs.get(t.name) == t for t in p.tables)
@@ -177,7 +187,11 @@ def microbenchmark_measurements(
     store: MeasurementStore, hardware: str, measure: MeasureConfig
 ) -> list[FusedShardMeasurement]:
     """The store's measurements of the microbenchmark's shards on this hardware at these settings."""
-    return [m for m in store.fused_shard_measurements(hardware) if m.config == measure and is_microbenchmark(m)]
+    return [
+        m
+        for m in store.fused_shard_measurements(hardware)
+        if m.config == measure and m.procedure == MEASUREMENT_PROCEDURE and is_microbenchmark(m)
+    ]
 
 
 def calibrate(
@@ -224,8 +238,9 @@ def calibrate(
     plan_split = {
         name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
     }
-    # The fit may change the row cap (a GPU allocates whole tables): features follow the measurements.
-    start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.rows_cap_on(hardware)}))
+    # The fit may change the row cap (models of measurements capped at 200,000 rows on CPU): features follow the
+    # measurements, which stand for whole tables unless `--max-rows` was given.
+    start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.max_rows}))
     micro = microbenchmark_measurements(store, hardware, measure)
     tuned = _fine_tuned(start, hardware, by_split, plan_split, micro, topology.devices_per_host_if_spanning, config)
     tuned, comm_refused = refuse_comm_worse_than_chance(start, tuned, plan_split["val"] + plan_split["held_out"])
@@ -368,7 +383,9 @@ def _measure_plans(
             if time.monotonic() > measuring_ends:
                 break
             cost = gang.evaluate(plan, tables, measure)
-            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+            store.put_plan(
+                PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost, procedure=MEASUREMENT_PROCEDURE)
+            )
     return floor
 
 
