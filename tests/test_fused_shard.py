@@ -92,7 +92,7 @@ def test_a_shard_is_measured_on_whole_tables_where_memory_holds_them():
     config = MeasureConfig(batch_size=256, warmup=1, repeats=2)
     shard = FusedShard([TablePiece.whole(table)], config, torch.device("cpu"))
     assert shard.cap is None and shard.groups[0][1].split_embedding_weights()[0].shape == (600_000, 8)
-    assert int(max(indices.max() for (indices, _), in shard.batches)) > 200_000
+    assert int(max(indices.max() for ((indices, _),) in shard.batches)) > 200_000
     measured = measure_fused_shard([TablePiece.whole(table)], config, "cpu:test")
     assert measured.status == "ok" and measured.rows_cap is None and measured.procedure == MEASUREMENT_PROCEDURE
 

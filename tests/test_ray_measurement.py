@@ -100,6 +100,17 @@ def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
 
         with pytest.raises(ShardRayError, match="for 3 devices"):
             gang.evaluate(Plan(num_devices=3, algorithm="x", shards=plan.shards), small_tables, CONFIG)
+
+        # Whole tables unless a member's memory share cannot hold its shard: then its largest tables alone are
+        # capped, the lookups sent to it folded into its rows, and the cost says so.
+        assert "at most" not in " ".join(cost.warnings)
+        budgets = gang.budgets
+        gang.budgets = [budgets[0], 2**20]
+        whole = gang.evaluate(split, small_tables, CONFIG)  # the capped rank 1 runs device 1, which is empty
+        assert not any("at most" in w for w in whole.warnings)
+        capped = gang.evaluate(split, small_tables, CONFIG, shift=1)  # rank 1 runs device 0, every table
+        assert any(w.startswith("device 0 measured with at most") for w in capped.warnings), capped.warnings
+        gang.budgets = budgets
     finally:
         gang.shutdown()
 

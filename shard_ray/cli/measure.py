@@ -40,7 +40,9 @@ class MeasureArgs:
         "timed steps a round; each part costs the fastest of them (docs: How measurement works)",
         min=1,
     )
-    max_rows: int | None = setting(None, "rows allocated per table (default: 200000 on CPU, all on GPU)", min=1)
+    max_rows: int | None = setting(
+        None, "rows allocated per table at most (default: whole tables where memory holds them)", min=1
+    )
 
 
 @dataclass(frozen=True)

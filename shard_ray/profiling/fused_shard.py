@@ -25,12 +25,14 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 from shard_ray.profiling.hardware import measurement_device
 from shard_ray.workload.access import fold_rows, generate_table_batch
-from shard_ray.workload.tables import BYTES_PER_ELEMENT, TableBatch, TableSpec
+from shard_ray.workload.tables import TableBatch, TableSpec
 
 # How shards are measured, kept with every measurement and in its key: a change that makes earlier
 # measurements incomparable takes the next number, and training uses the newest procedure's.
-#   1: on CPU at most 200,000 rows allocated per table, lookups folded into them (until 2026-11);
-#   2: whole tables where the measuring process's memory share holds them (`shard_rows_cap`).
+#   1: on CPU at most 200,000 rows allocated per table, lookups folded into them; the gang ran one set of
+#      collectives for every sharding type (until 2026-11);
+#   2: whole tables where the measuring process's memory share holds them (`shard_rows_cap`); the gang's
+#      collectives once per sharding type, as TorchRec runs them (`TypeCollectives`).
 MEASUREMENT_PROCEDURE = 2
 PROCEDURE_1_CPU_MAX_ROWS = 200_000
 # The share of a node's memory (a GPU's, on GPUs) its measuring processes fill with tables, optimizer
@@ -87,22 +89,15 @@ def memory_budget(device: torch.device, sharing: int) -> int:
     return int(MEASURING_MEMORY_SHARE * total / max(1, sharing))
 
 
-def _bytes_per_row(piece: TablePiece, optimizer: Optimizer) -> int:
-    """What a row of the piece takes while a step runs: its weights and optimizer state, and for a data-parallel
-    replica the dense gradient too."""
-    weights = piece.width * BYTES_PER_ELEMENT[piece.table.precision]
-    state = {"rowwise_adagrad": 4, "sgd": 0, "adam": 8 * piece.width}[optimizer]
-    return weights + state + (4 * piece.width if piece.replicated else 0)
-
-
 def shard_rows_cap(pieces: Sequence[TablePiece], config: MeasureConfig, budget: int) -> int | None:
     """The rows allocated per table when measuring `pieces`: `config.max_rows` where given; else every table whole
     (None) when `budget` bytes hold them, or the largest cap that fits, applied to the largest tables only."""
     if config.max_rows is not None:
         return config.max_rows
-    per_row = [(p.row_count, _bytes_per_row(p, config.optimizer)) for p in pieces]
+    # What a row takes while a step runs (`TablePiece.memory_bytes`): weights, optimizer state, a replica's gradient.
+    per_row = [(p.row_count, p.memory_bytes(config.optimizer) / p.row_count) for p in pieces]
 
-    def needed(cap: int | None) -> int:
+    def needed(cap: int | None) -> float:
         return sum((rows if cap is None else min(rows, cap)) * size for rows, size in per_row)
 
     if needed(None) <= budget:

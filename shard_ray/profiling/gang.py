@@ -73,16 +73,133 @@ def _columns(pieces: list[TablePiece], table_start: dict[str, int]) -> torch.Ten
     return torch.from_numpy(np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64))
 
 
+# The order in which a step runs the sharding types' collectives (TorchRec's, for the types it has).
+COLLECTIVE_ORDER = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid")
+
+
+def collective_types(plan: Plan, tables: list[TableSpec]) -> dict[str, str]:
+    """Each sharded table's sharding type as TorchRec runs its collectives: a column-wise table in one piece is
+    table-wise, as TorchRec records it."""
+    pieces = {name: len(shards) for name, shards in plan.shards_of().items()}
+    return {
+        name: "table_wise" if s.type == "column_wise" and pieces[name] == 1 else s.type
+        for name, s in plan.table_shardings(tables).items()
+        if s.type != "data_parallel"
+    }
+
+
+class TypeCollectives:
+    """One sharding type's share of a step's collectives, as TorchRec's `EmbeddingSharding` of that type runs
+    them: its own input distribution (split sizes, lengths, ids), output all-to-all and backward all-to-all,
+    over the pieces of that type on every device. A plan mixing types runs each set (on CPU, a plan of
+    table-wise tables and one column-wise table ran 10 all-to-alls a step in TorchRec against 5: docs/results.md,
+    "The gang against TorchRec's training step")."""
+
+    def __init__(
+        self,
+        step: PlanStep,
+        pieces: list[list[TablePiece]],
+        mine: list[int],
+        tables: list[TableSpec],
+        caps: list[int | None],
+    ) -> None:
+        # No reference to `step` is kept: a cycle would hold a plan's tables in memory until the garbage collector
+        # ran, and the next plan's would be allocated beside them.
+        self.mine = mine  # my pieces of this type, as indices of my fused shard's pieces
+        world, rank, config = step.world, step.rank, step.config
+        self.rank, self.sizes, self.device, self.batch_size = rank, step.sizes, step.device, config.batch_size
+        within_host = any(p.within_host > 1 for held in pieces for p in held)
+        self.host_sums = HostSums(pieces, rank, step.table_start, step.device) if within_host else None
+        # What each device j sends every device: its pieces' columns, or, with table-row-wise tables, its
+        # other pieces' and its slices of its host's summed tables (`HostSums`).
+        self.sent = (
+            self.host_sums.sent_columns
+            if self.host_sums is not None
+            else [_columns(held, step.table_start) for held in pieces]
+        )
+        self.widths = [len(columns) for columns in self.sent]
+        self.grad_columns = torch.cat(self.sent).to(step.device)
+        # Where my pieces of this type sit among my fused shard's output columns; None: all of them, in order.
+        starts = np.cumsum([0] + [step.shard.pieces[i].width for i in step.shard.sharded])
+        position = {piece: k for k, piece in enumerate(step.shard.sharded)}
+        columns = [np.arange(starts[position[i]], starts[position[i] + 1]) for i in mine]
+        own = np.concatenate(columns + [np.zeros(0, dtype=np.int64)])
+        self.my_columns = None if len(own) == starts[-1] else torch.from_numpy(own).to(step.device)
+        # Input dist, prepared per batch: my samples' lookups for every device's pieces of this type.
+        ranges = sample_ranges(config.batch_size, world)
+        self.sends = []
+        for batch in range(config.num_batches):
+            batches = {t.name: table_batch(t, config, batch) for t in tables}
+            lookups = [
+                [piece_lookups(p, batches[p.table.name], ranges[rank], cap) for p in held]
+                for held, cap in zip(pieces, caps)
+            ]
+            lengths = [np.concatenate([b.lengths for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
+            indices = [np.concatenate([b.indices for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
+            self.sends.append(
+                _InputSend(
+                    lengths=torch.from_numpy(np.concatenate(lengths)).to(step.device),
+                    indices=torch.from_numpy(np.concatenate(indices)).to(step.device),
+                    index_counts=torch.tensor([len(i) for i in indices], dtype=torch.int64),
+                    length_counts=[len(x) for x in lengths],
+                )
+            )
+
+    def input_dist(self, batch: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """My pieces' lookups of prepared batch `batch` (indices, lengths), gathered from every device, by piece."""
+        send, count = self.sends[batch], len(self.mine)
+        index_counts = torch.empty(len(self.sizes), dtype=torch.int64)
+        dist.all_to_all_single(index_counts, send.index_counts)
+        length_counts = [count * n for n in self.sizes]
+        lengths = torch.empty(sum(length_counts), dtype=torch.int64, device=self.device)
+        dist.all_to_all_single(lengths, send.lengths, length_counts, send.length_counts)
+        indices = torch.empty(int(index_counts.sum()), dtype=torch.int64, device=self.device)
+        dist.all_to_all_single(indices, send.indices, index_counts.tolist(), send.index_counts.tolist())
+        # Source-major [source][piece][its samples] to piece-major, samples in global order.
+        by_source = [x.view(count, n) for x, n in zip(lengths.split(length_counts), self.sizes)]
+        piece_lengths = torch.cat(by_source, dim=1)
+        chunks = indices.split(torch.stack([x.sum(dim=1) for x in by_source]).reshape(-1).tolist()) if count else ()
+        return {piece: (torch.cat(chunks[k::count]), piece_lengths[k]) for k, piece in enumerate(self.mine)}
+
+    def output_dist(self, pooled: torch.Tensor) -> list[torch.Tensor]:
+        """The blocks [my samples, width_j] of this type's output from every device j, partial sums added up."""
+        mine = self.sizes[self.rank]
+        outgoing = pooled if self.my_columns is None else pooled.index_select(1, self.my_columns)
+        if self.host_sums is not None:
+            outgoing = self.host_sums.reduce(outgoing)
+        received = torch.empty(mine * sum(self.widths), device=self.device)
+        dist.all_to_all_single(
+            received,
+            outgoing.reshape(-1),
+            [mine * w for w in self.widths],
+            [n * self.widths[self.rank] for n in self.sizes],
+        )
+        return [b.view(mine, w) for b, w in zip(received.split([mine * w for w in self.widths]), self.widths)]
+
+    def grad_dist(self, upstream: torch.Tensor) -> torch.Tensor:
+        """The gradients of my output of this type over the global batch [batch, my width of this type], from the
+        dense part's gradients of my samples' embeddings, `upstream`."""
+        mine = self.sizes[self.rank]
+        outgoing = upstream.index_select(1, self.grad_columns)
+        send = torch.cat([b.reshape(-1) for b in outgoing.split(self.widths, dim=1)])
+        width = self.widths[self.rank]
+        received = torch.empty(self.batch_size * width, device=self.device)
+        dist.all_to_all_single(received, send, [n * width for n in self.sizes], [mine * w for w in self.widths])
+        mine_grads = received.view(self.batch_size, width)
+        return mine_grads if self.host_sums is None else self.host_sums.gather(mine_grads)
+
+
 class PlanStep:
     """One device's share of a plan's training step, as TorchRec runs it, phase by phase.
 
-    input_dist: the device starts from its own samples of every table's batch. An all-to-all of
-      split sizes, then of lengths and of indices, sends every device the lookups of its pieces
-      (bucketized by row range for row-wise pieces), and each assembles its kernels' inputs.
+    input_dist: the device starts from its own samples of every table's batch. For each sharding type
+      (`TypeCollectives`), an all-to-all of split sizes, then of lengths and of indices, sends every
+      device the lookups of its pieces of that type (bucketized by row range for row-wise pieces), and
+      each assembles its kernels' inputs.
     forward: the fused kernels over the global batch; replicas over the device's own samples.
-    output_dist: an all-to-all hands each device its samples' columns of every piece, and row-wise
-      partial sums of a table are added up there (gloo has no reduce-scatter; this is one);
-      table-row-wise partial sums are first added up inside their host (`HostSums`).
+    output_dist: for each sharding type, an all-to-all hands each device its samples' columns of every
+      piece, and row-wise partial sums of a table are added up there (gloo has no reduce-scatter; this is
+      one); table-row-wise partial sums are first added up inside their host (`HostSums`).
     grad_dist: the dense part's gradients go back the same way (every row-wise owner gets its
       table's); data-parallel replicas all-reduce their dense gradients.
     backward: the fused backward with the optimizer update; the replicas' optimizer step.
@@ -96,7 +213,9 @@ class PlanStep:
         config: MeasureConfig,
         device: torch.device,
         budgets: list[int],
+        types: dict[str, str],
     ) -> None:
+        """`types`: each sharded table's sharding type (`collective_types`); `budgets`: each rank's memory budget."""
         self.rank, self.config, self.device = rank, config, device
         self.world = len(by_device)
         self.shard = FusedShard(by_device[rank], config, device, rank=rank, budget=budgets[rank])
@@ -107,92 +226,52 @@ class PlanStep:
         starts = np.cumsum([0] + [t.dim for t in tables]).tolist()
         self.table_start = dict(zip((t.name for t in tables), starts))
         self.total_width = starts[-1]
-        sharded = [[p for p in held if not p.replicated] for held in by_device]
-        self.my_pieces = len(sharded[rank])
-        table_row_wise = any(p.within_host > 1 for held in sharded for p in held)
-        self.host_sums = HostSums(sharded, rank, self.table_start, device) if table_row_wise else None
-        # What each device j sends every device: its pieces' columns, or, with table-row-wise tables, its
-        # other pieces' and its slices of its host's summed tables (`HostSums`).
-        sent = (
-            self.host_sums.sent_columns
-            if self.host_sums is not None
-            else [_columns(held, self.table_start) for held in sharded]
-        )
-        self.widths = [len(columns) for columns in sent]
-        replicas = [by_device[rank][i] for i in self.shard.replicated]
-        # Output dist: the blocks [my samples, width_j] from every device j, then my replicas' own columns.
-        self.replica_columns = _columns(replicas, self.table_start).to(device)
-        self.received_columns = torch.cat([torch.cat(sent).to(device), self.replica_columns])
-        self.grad_columns = torch.cat(sent).to(device)
-        # Input dist, prepared per batch: my samples' lookups for every device's sharded pieces.
-        self.sends = []
-        for batch in range(config.num_batches):
-            batches = {t.name: table_batch(t, config, batch) for t in tables}
-            lookups = [
-                [piece_lookups(p, batches[p.table.name], ranges[rank], cap) for p in held]
-                for held, cap in zip(sharded, caps)
-            ]
-            lengths = [np.concatenate([b.lengths for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
-            indices = [np.concatenate([b.indices for b in looks] + [np.zeros(0, np.int64)]) for looks in lookups]
-            self.sends.append(
-                _InputSend(
-                    lengths=torch.from_numpy(np.concatenate(lengths)).to(device),
-                    indices=torch.from_numpy(np.concatenate(indices)).to(device),
-                    index_counts=torch.tensor([len(i) for i in indices], dtype=torch.int64),
-                    length_counts=[len(x) for x in lengths],
-                )
-            )
         start, end = ranges[rank]
         self.upstream = upstream_gradient(config.batch_size, self.total_width, config.seed)[start:end].to(device)
+        present = {types[p.table.name] for held in by_device for p in held if not p.replicated}
+        self.collectives = [
+            TypeCollectives(
+                self,
+                [[p for p in held if not p.replicated and types[p.table.name] == kind] for held in by_device],
+                [i for i in self.shard.sharded if types[by_device[rank][i].table.name] == kind],
+                tables,
+                caps,
+            )
+            for kind in COLLECTIVE_ORDER
+            if kind in present
+        ]
+        replicas = [by_device[rank][i] for i in self.shard.replicated]
+        # Output dist: the blocks [my samples, width_j] from every device j, type by type, then my replicas' own.
+        self.replica_columns = _columns(replicas, self.table_start).to(device)
+        self.received_columns = torch.cat(
+            [*(torch.cat(c.sent).to(device) for c in self.collectives), self.replica_columns]
+        )
 
     def input_dist(self, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The kernels' inputs of prepared batch `batch`: my pieces' lookups of it, gathered from every device."""
-        send = self.sends[batch]
-        index_counts = torch.empty(self.world, dtype=torch.int64)
-        dist.all_to_all_single(index_counts, send.index_counts)
-        length_counts = [self.my_pieces * n for n in self.sizes]
-        lengths = torch.empty(sum(length_counts), dtype=torch.int64, device=self.device)
-        dist.all_to_all_single(lengths, send.lengths, length_counts, send.length_counts)
-        indices = torch.empty(int(index_counts.sum()), dtype=torch.int64, device=self.device)
-        dist.all_to_all_single(indices, send.indices, index_counts.tolist(), send.index_counts.tolist())
-        # Source-major [source][piece][its samples] to piece-major, samples in global order.
-        by_source = [x.view(self.my_pieces, n) for x, n in zip(lengths.split(length_counts), self.sizes)]
-        piece_lengths = torch.cat(by_source, dim=1)
-        chunks = (
-            indices.split(torch.stack([x.sum(dim=1) for x in by_source]).reshape(-1).tolist()) if self.my_pieces else ()
-        )
-        lookups = {
-            piece: (torch.cat(chunks[k :: self.my_pieces]), piece_lengths[k])
-            for k, piece in enumerate(self.shard.sharded)
-        }
+        lookups = {}
+        for collectives in self.collectives:
+            lookups.update(collectives.input_dist(batch))
         own = self.shard.batches[batch]
         return self.shard.kernel_inputs(lookups, self.shard.groups) + own[len(self.shard.groups) :]
 
     def output_dist(self, pooled: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """My samples' pooled embeddings of every table [my samples, sum of dims], partial sums added up."""
         mine = self.sizes[self.rank]
-        received = torch.empty(mine * sum(self.widths), device=self.device)
-        outgoing = pooled[0].detach() if self.host_sums is None else self.host_sums.reduce(pooled[0].detach())
-        send = outgoing.reshape(-1)
-        dist.all_to_all_single(
-            received, send, [mine * w for w in self.widths], [n * self.widths[self.rank] for n in self.sizes]
-        )
-        blocks = [b.view(mine, w) for b, w in zip(received.split([mine * w for w in self.widths]), self.widths)]
+        blocks = [b for c in self.collectives for b in c.output_dist(pooled[0].detach())]
         embeddings = torch.zeros(mine, self.total_width, device=self.device)
         replicas = [pooled[1].detach()] if self.shard.replicated else []
         return embeddings.index_add_(1, self.received_columns, torch.cat([*blocks, *replicas], dim=1))
 
     def grad_dist(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The gradients of my sharded output over the global batch, and of my replicas' over my samples."""
-        mine = self.sizes[self.rank]
-        outgoing = self.upstream.index_select(1, self.grad_columns)
-        send = torch.cat([b.reshape(-1) for b in outgoing.split(self.widths, dim=1)])
-        width = self.widths[self.rank]
-        received = torch.empty(self.config.batch_size * width, device=self.device)
-        dist.all_to_all_single(received, send, [n * width for n in self.sizes], [mine * w for w in self.widths])
-        grads = received.view(self.config.batch_size, width)
-        if self.host_sums is not None:
-            grads = self.host_sums.gather(grads)
+        grads = torch.empty(self.config.batch_size, self.shard.width, device=self.device)
+        for collectives in self.collectives:
+            received = collectives.grad_dist(self.upstream)
+            if collectives.my_columns is None:  # all my columns are of this type (the others' hold none of them)
+                grads = received
+            else:
+                grads[:, collectives.my_columns] = received
         return grads, self.upstream.index_select(1, self.replica_columns)
 
     def sync_replicas(self) -> None:
@@ -389,6 +468,7 @@ class GangMember:
         tables: list[TableSpec],
         config: MeasureConfig,
         budgets: list[int],
+        types: dict[str, str],
         take_turns: bool = False,
     ) -> dict:
         """Time the real training step of this device's share of a plan: every timed step's ms per part, and the
@@ -396,7 +476,7 @@ class GangMember:
 
         With `take_turns` the devices run their compute phases one after another.
         """
-        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets, types)
         shard = step.shard
         parts_ms: dict[str, list[float]] = {name: [] for name in STEP_PARTS}
 
@@ -441,11 +521,16 @@ class GangMember:
         return {"device": self.rank, "warmup_steps": warmup_steps, "steps": parts_ms, "rows_cap": shard.cap}
 
     def step_values(
-        self, by_device: list[list[TablePiece]], tables: list[TableSpec], config: MeasureConfig, budgets: list[int]
+        self,
+        by_device: list[list[TablePiece]],
+        tables: list[TableSpec],
+        config: MeasureConfig,
+        budgets: list[int],
+        types: dict[str, str],
     ) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
         `tables` order) and my pieces' updated weights."""
-        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets, types)
         step.shard.load_initial_weights()
         _, embeddings = step.train_step(0, _untimed, _untimed)
         weights = [w.detach().float().cpu().clone() for w in step.shard.piece_weights()]
@@ -655,6 +740,7 @@ class DeviceGang:
         pieces = plan.pieces(tables)
         device_of = self.devices_of_ranks(shift)
         by_device = [pieces[device_of[rank]] for rank in range(self.num_devices)]
+        run = (by_device, tables, config, self.budgets, collective_types(plan, tables))
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
@@ -663,16 +749,9 @@ class DeviceGang:
                     # A new gang's first plan is slow in every part, whatever its warm-up steps (its
                     # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
                     # it runs once untimed.
-                    self._gather(
-                        [
-                            m.run_plan.remote(by_device, tables, config, self.budgets, self.take_turns)
-                            for m in self.members
-                        ]
-                    )
+                    self._gather([m.run_plan.remote(*run, self.take_turns) for m in self.members])
                     self._settled = True
-                refs = [
-                    m.run_plan.remote(by_device, tables, config, self.budgets, self.take_turns) for m in self.members
-                ]
+                refs = [m.run_plan.remote(*run, self.take_turns) for m in self.members]
                 results = [{**r, "device": device_of[r["device"]]} for r in self._gather(refs)]
                 return sorted(results, key=lambda r: r["device"])
             except ray.exceptions.RayActorError as err:
@@ -758,7 +837,12 @@ class DeviceGang:
         plan.check(tables)
         by_device = plan.pieces(tables)
         return sorted(
-            self._gather([m.step_values.remote(by_device, tables, config, self.budgets) for m in self.members]),
+            self._gather(
+                [
+                    m.step_values.remote(by_device, tables, config, self.budgets, collective_types(plan, tables))
+                    for m in self.members
+                ]
+            ),
             key=lambda r: r["device"],
         )
 
