@@ -241,3 +241,49 @@ def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(capsy
     assert priced["cost_search"] <= priced["torchrec"], priced
     rows_split = {s.table for s in load_plan(tmp_path / "cost_search.json").shards if s.rows is not None}
     assert "cat_20" in rows_split, rows_split
+
+
+def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tables):
+    """As TorchRec runs a set of collectives for each sharding type a plan uses, so do the gang's step and the
+    pricing: a plan mixing types pays each set (a plan of table-wise tables and one column-wise table ran 10
+    all-to-alls a step in TorchRec, 5 with the column-wise table whole)."""
+    import numpy as np
+    import torch
+
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.plan.plan import Plan, Shard
+    from shard_ray.plan.topology import GB, Topology
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.gang import PlanStep
+
+    mixed = Plan(
+        num_devices=2,
+        algorithm="manual",
+        shards=[
+            Shard(table="a", device=0, columns=(0, 32)),
+            Shard(table="b", device=0, columns=(0, 32)),  # column-wise
+            Shard(table="b", device=1, columns=(32, 64)),
+            Shard(table="c", device=1, columns=(0, 16), rows=(0, 400)),  # row-wise
+            Shard(table="c", device=0, columns=(0, 16), rows=(400, 800)),
+            Shard(table="d", device=1, columns=(0, 32)),
+            Shard(table="e", device=0, columns=(0, 8), replicated=True),
+            Shard(table="e", device=1, columns=(0, 8), replicated=True),
+        ],
+    )
+    by_device = mixed.pieces(small_tables)
+    assert [p.sharding_type for p in by_device[0]] == ["table_wise", "column_wise", "row_wise", "data_parallel"]
+    step = PlanStep(by_device, small_tables, 0, MeasureConfig(batch_size=32), torch.device("cpu"), [GB, GB])
+    assert [c.kind for c in step.collectives] == ["table_wise", "column_wise", "row_wise"]
+
+    pricer = Pricer(CostModels.load(default_cost_model_path()), Topology(num_devices=2, memory_bytes=GB))
+    pieces, assign = mixed.assignment(small_tables)
+    priced = pricer.plan_parts(pieces, assign)
+    sizes = pricer.sizes(pieces)
+    expected = np.zeros((2, 2))
+    for kind in ("table_wise", "column_wise", "row_wise"):
+        of_kind = np.array([p.sharding_type == kind for p in pieces])
+        expected += pricer.collectives(np.bincount(assign[of_kind], weights=sizes.widths[of_kind], minlength=2))
+    assert np.allclose(priced.comm, expected)
+    one_set = pricer.collectives(np.bincount(assign, weights=sizes.widths, minlength=2))
+    assert (priced.comm > one_set).all()

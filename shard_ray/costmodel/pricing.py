@@ -15,7 +15,7 @@ import torch
 from shard_ray.costmodel.features import behaves_as
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 
@@ -106,8 +106,13 @@ class Pricer:
         d = self.topology.num_devices
         sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
         counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
-        device_widths = np.bincount(assign, weights=sizes.widths, minlength=d)
-        device_inputs = np.bincount(assign, weights=sizes.inputs, minlength=d)
+        # One set of all-to-alls per sharding type the plan uses, each moving its pieces' columns (as TorchRec
+        # and the gang run them: `TypeCollectives`); replicas move none.
+        comm, input_dist = np.zeros((d, 2)), np.zeros(d)
+        for kind in np.unique(sizes.kinds[sizes.kinds >= 0]):
+            of_kind = sizes.kinds == kind
+            comm += self.collectives(np.bincount(assign[of_kind], weights=sizes.widths[of_kind], minlength=d))
+            input_dist += self.input_dist(np.bincount(assign[of_kind], weights=sizes.inputs[of_kind], minlength=d))
         sync, host_sums = np.zeros(d), np.zeros((d, 2))
         if sizes.syncs.any():
             sync = self.collectives(np.bincount(assign, weights=sizes.syncs, minlength=d))[:, 1]
@@ -118,8 +123,8 @@ class Pricer:
             )
         return DeviceParts(
             compute=self.compute_parts(sums, counts),
-            comm=self.collectives(device_widths),
-            input_dist=self.input_dist(device_inputs),
+            comm=comm,
+            input_dist=input_dist,
             sync=sync,
             host_sums=host_sums,
         )
@@ -264,8 +269,9 @@ class Candidate:
 @dataclass(frozen=True)
 class PieceSizes:
     """Per piece: output all-to-all, input all-to-all, gradient all-reduce and intra-host partial-sum
-    widths (float columns), memory need (bytes), the devices it may go to ([n, D] bools) and its
-    constraints group (-1: none)."""
+    widths (float columns), memory need (bytes), the devices it may go to ([n, D] bools), its
+    constraints group (-1: none) and the set of all-to-alls it travels in (its `sharding_type`'s place
+    in COLLECTIVE_TYPES; -1: a replica, in none)."""
 
     widths: np.ndarray
     inputs: np.ndarray
@@ -274,6 +280,7 @@ class PieceSizes:
     need: np.ndarray
     allowed: np.ndarray
     group: np.ndarray
+    kinds: np.ndarray
 
     def take(self, index: slice | np.ndarray) -> PieceSizes:
         """The sizes of the pieces at `index`."""
@@ -294,6 +301,7 @@ def piece_sizes(pieces: list[TablePiece], topology: Topology, rows_cap: int | No
         need=np.array([p.memory_bytes(topology.optimizer) for p in pieces], dtype=np.int64),
         allowed=_allowed_devices(pieces, topology.num_devices),
         group=np.array([-1 if p.group is None else p.group for p in pieces], dtype=np.int64),
+        kinds=np.array([-1 if p.replicated else COLLECTIVE_TYPES.index(p.sharding_type) for p in pieces], np.int64),
     )
 
 

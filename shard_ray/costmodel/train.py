@@ -161,11 +161,14 @@ def split_compute_measurements(
 def comm_widths(pm: PlanMeasurement) -> np.ndarray | None:
     """Each device's pooled-embedding all-to-all width in a measured multi-device plan; None where its
     comm holds more than that all-to-all (a replica's gradient all-reduce, table-row-wise sums inside
-    a host), which the comm model does not describe alone."""
+    a host, or, since procedure 2, one set of all-to-alls for each of several sharding types), which the
+    comm model does not describe alone."""
     if pm.plan.num_devices < 2:
         return None
     pieces = pm.plan.pieces(pm.tables)
     if any(p.replicated or p.within_host > 1 for shard in pieces for p in shard):
+        return None
+    if pm.procedure >= 2 and len({p.sharding_type for shard in pieces for p in shard}) > 1:
         return None
     return np.array([sum(p.width for p in shard) for shard in pieces], dtype=np.float64)
 

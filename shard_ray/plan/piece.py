@@ -64,6 +64,21 @@ class TablePiece(BaseModel):
         return self.replicas > 1
 
     @property
+    def sharding_type(self) -> CollectiveType:
+        """The sharding type whose collectives carry the piece's lookups and output, as TorchRec runs a set for
+        each type: read off the piece (a column range of a table split by columns, a row block, a replica), so a
+        column-wise table in one piece is table-wise, as TorchRec records it, and a row block of some of a table's
+        columns is a grid's."""
+        if self.replicated:
+            return "data_parallel"
+        if self.within_host > 1:
+            return "table_row_wise"
+        split_rows = self.row_count != self.table.rows
+        if self.width != self.table.dim:
+            return "grid" if split_rows else "column_wise"
+        return "row_wise" if split_rows else "table_wise"
+
+    @property
     def key(self) -> tuple:
         """What tells this piece apart from the other pieces of a plan."""
         return (
@@ -110,6 +125,10 @@ SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "da
 
 
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]
+# The sets of collectives a step runs, one per sharding type present, in this order: TorchRec's types, and a
+# grid's blocks (a table split by rows and by columns, which the gang runs and TorchRec does not).
+COLLECTIVE_TYPES = (*SHARDING_TYPES, "grid")
+CollectiveType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "grid"]
 
 
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:

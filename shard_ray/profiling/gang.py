@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
-from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import (
@@ -73,21 +73,6 @@ def _columns(pieces: list[TablePiece], table_start: dict[str, int]) -> torch.Ten
     return torch.from_numpy(np.concatenate(columns) if columns else np.zeros(0, dtype=np.int64))
 
 
-# The order in which a step runs the sharding types' collectives (TorchRec's, for the types it has).
-COLLECTIVE_ORDER = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid")
-
-
-def collective_types(plan: Plan, tables: list[TableSpec]) -> dict[str, str]:
-    """Each sharded table's sharding type as TorchRec runs its collectives: a column-wise table in one piece is
-    table-wise, as TorchRec records it."""
-    pieces = {name: len(shards) for name, shards in plan.shards_of().items()}
-    return {
-        name: "table_wise" if s.type == "column_wise" and pieces[name] == 1 else s.type
-        for name, s in plan.table_shardings(tables).items()
-        if s.type != "data_parallel"
-    }
-
-
 class TypeCollectives:
     """One sharding type's share of a step's collectives, as TorchRec's `EmbeddingSharding` of that type runs
     them: its own input distribution (split sizes, lengths, ids), output all-to-all and backward all-to-all,
@@ -97,6 +82,7 @@ class TypeCollectives:
 
     def __init__(
         self,
+        kind: str,
         step: PlanStep,
         pieces: list[list[TablePiece]],
         mine: list[int],
@@ -105,6 +91,7 @@ class TypeCollectives:
     ) -> None:
         # No reference to `step` is kept: a cycle would hold a plan's tables in memory until the garbage collector
         # ran, and the next plan's would be allocated beside them.
+        self.kind = kind  # the sharding type (`TablePiece.sharding_type`)
         self.mine = mine  # my pieces of this type, as indices of my fused shard's pieces
         world, rank, config = step.world, step.rank, step.config
         self.rank, self.sizes, self.device, self.batch_size = rank, step.sizes, step.device, config.batch_size
@@ -213,9 +200,8 @@ class PlanStep:
         config: MeasureConfig,
         device: torch.device,
         budgets: list[int],
-        types: dict[str, str],
     ) -> None:
-        """`types`: each sharded table's sharding type (`collective_types`); `budgets`: each rank's memory budget."""
+        """`budgets`: each rank's memory budget (`memory_budget`)."""
         self.rank, self.config, self.device = rank, config, device
         self.world = len(by_device)
         self.shard = FusedShard(by_device[rank], config, device, rank=rank, budget=budgets[rank])
@@ -228,16 +214,17 @@ class PlanStep:
         self.total_width = starts[-1]
         start, end = ranges[rank]
         self.upstream = upstream_gradient(config.batch_size, self.total_width, config.seed)[start:end].to(device)
-        present = {types[p.table.name] for held in by_device for p in held if not p.replicated}
+        present = {p.sharding_type for held in by_device for p in held if not p.replicated}
         self.collectives = [
             TypeCollectives(
+                kind,
                 self,
-                [[p for p in held if not p.replicated and types[p.table.name] == kind] for held in by_device],
-                [i for i in self.shard.sharded if types[by_device[rank][i].table.name] == kind],
+                [[p for p in held if p.sharding_type == kind] for held in by_device],
+                [i for i in self.shard.sharded if by_device[rank][i].sharding_type == kind],
                 tables,
                 caps,
             )
-            for kind in COLLECTIVE_ORDER
+            for kind in COLLECTIVE_TYPES
             if kind in present
         ]
         replicas = [by_device[rank][i] for i in self.shard.replicated]
@@ -468,7 +455,6 @@ class GangMember:
         tables: list[TableSpec],
         config: MeasureConfig,
         budgets: list[int],
-        types: dict[str, str],
         take_turns: bool = False,
     ) -> dict:
         """Time the real training step of this device's share of a plan: every timed step's ms per part, and the
@@ -476,7 +462,7 @@ class GangMember:
 
         With `take_turns` the devices run their compute phases one after another.
         """
-        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets, types)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
         shard = step.shard
         parts_ms: dict[str, list[float]] = {name: [] for name in STEP_PARTS}
 
@@ -526,11 +512,10 @@ class GangMember:
         tables: list[TableSpec],
         config: MeasureConfig,
         budgets: list[int],
-        types: dict[str, str],
     ) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
         `tables` order) and my pieces' updated weights."""
-        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets, types)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
         step.shard.load_initial_weights()
         _, embeddings = step.train_step(0, _untimed, _untimed)
         weights = [w.detach().float().cpu().clone() for w in step.shard.piece_weights()]
@@ -740,7 +725,7 @@ class DeviceGang:
         pieces = plan.pieces(tables)
         device_of = self.devices_of_ranks(shift)
         by_device = [pieces[device_of[rank]] for rank in range(self.num_devices)]
-        run = (by_device, tables, config, self.budgets, collective_types(plan, tables))
+        run = (by_device, tables, config, self.budgets)
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
@@ -837,12 +822,7 @@ class DeviceGang:
         plan.check(tables)
         by_device = plan.pieces(tables)
         return sorted(
-            self._gather(
-                [
-                    m.step_values.remote(by_device, tables, config, self.budgets, collective_types(plan, tables))
-                    for m in self.members
-                ]
-            ),
+            self._gather([m.step_values.remote(by_device, tables, config, self.budgets) for m in self.members]),
             key=lambda r: r["device"],
         )
 
