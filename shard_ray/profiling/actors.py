@@ -13,6 +13,7 @@ is keyed by shard content, so a shard measured twice is stored once.
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -147,6 +148,7 @@ class ProfilingPool:
         bar = tqdm(total=len(queue), desc="profiling shards", unit="shard", disable=not progress)
         in_flight: dict[ray.ObjectRef, tuple[ProfilingActor, int]] = {}
         idle = list(self.actors)
+        capped = 0
         while queue or in_flight:
             while queue and idle:
                 actor, index = idle.pop(), queue.popleft()
@@ -166,8 +168,17 @@ class ProfilingPool:
                     continue
                 idle.append(actor)
                 store.put_fused_shard(measurement)
+                if measurement.rows_cap is not None and config.max_rows is None:
+                    capped += 1
                 bar.update(1)
         bar.close()
+        if capped:
+            print(
+                f"warning: {capped} of {len(first_of_key)} shards were measured with their largest tables capped "
+                "(a profiling actor's share of memory holds no more; docs/measurement.md), which times them "
+                "optimistically",
+                file=sys.stderr,
+            )
         return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
 
     def shutdown(self) -> None:
