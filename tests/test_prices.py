@@ -14,9 +14,11 @@ from shard_ray.profiling.hardware import hardware_id
 from shard_ray.workload.tables import load_tables
 
 TABLES = Path(__file__).parents[1] / "experiments" / "tables"
-# A file written by hand in the README's minimal format and MLPerf DLRM-DCNv2's shapes, in no model's training data
-# (docs/results.md, "Prices against measurement").
-REFERENCE_FILES = ("ranking_model.json", "mlperf_dlrm_dcnv2.json")
+# A file written by hand in the README's minimal format, in no model's training data, whose 4.9 GiB of tables a
+# 2-device gang holds whole on a machine of 24 GB: measured as training holds them, not capped (docs/results.md,
+# "Prices against measurement", where the files this machine cannot hold whole are priced against capped
+# measurements, and the cheap-table files' shortfall is recorded).
+REFERENCE_FILES = ("ranking_model.json",)
 
 
 @pytest.mark.slow
@@ -32,5 +34,6 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_of_their_meas
             plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
             measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=3)
             for plan, cost in zip(plans, measured):
+                assert not any("at most" in w for w in cost.warnings), cost.warnings  # every table whole
                 ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / cost.cost_ms
                 assert 0.75 <= ratio <= 1.25, f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement"
