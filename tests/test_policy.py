@@ -105,7 +105,7 @@ def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
     topology = Topology(num_devices=2, memory_bytes=int(1.5 * one))  # one table per device: the third never fits
     state = PlacementState(tables, topology, models)
     state.place(0)
-    state.place(1)
+    last_step = state.place(1)
     assert state.stuck() and not state.done
 
     env = PlacementEnv(
@@ -117,7 +117,8 @@ def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
     obs, _, done, _, _ = env.step(0)
     assert not done and obs["action_mask"][0] == 0.0  # device 0 is full now
     obs, reward, done, _, info = env.step(1)
-    assert done and info == {"feasible": False} and reward < -INFEASIBLE_PENALTY + 1e-9
+    # the step's own reward (the models' price may fall as the devices even out), less the penalty
+    assert done and info == {"feasible": False} and reward == pytest.approx(last_step - INFEASIBLE_PENALTY)
 
 
 def test_padding_masks_extra_devices(models, small_tables):
