@@ -13,7 +13,10 @@ and TorchRec's planner (those TorchRec runs on CPU: no row-wise shard) are measu
   barriers, on the same batches the gang runs (every table's lookups of the rank's samples), a fresh
   batch each timed step. This is the embedding part of a real training step.
 Per plan: the gang's cost (each part's fastest step, summed), the gang's fastest whole step, TorchRec's
-fastest and median step, and their ratios. The last line is JSON.
+fastest and median step, and their ratios; per device, the gang's compute and collectives beside
+TorchRec's kernels, collectives and the rest of its step under torch's profiler, and how many
+all-to-alls TorchRec ran a step. Figures: docs/results.md, "The gang against TorchRec's training
+step". The last line is JSON.
 """
 
 from __future__ import annotations
