@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +31,7 @@ from shard_ray.profiling.fused_shard import (
     measure_fused_shard,
     memory_budget,
 )
-from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, measurement_device, pin_to
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.store import MeasurementStore
 
 MAX_RESTARTS = 8
@@ -51,6 +51,9 @@ class ProfilingActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def machine(self) -> str:
+        return machine_id()
+
     def node(self) -> str:
         """The Ray node the actor runs on (it moves when its node is lost and Ray restarts it)."""
         return ray.get_runtime_context().get_node_id()
@@ -58,9 +61,11 @@ class ProfilingActor:
     def cores(self) -> list[int]:
         return free_cores()
 
-    def pin(self, core: int, sharing: int) -> None:
-        """Run on `core`, one of `sharing` measuring processes of the node, which share its memory."""
+    def pin(self, core: int) -> None:
         pin_to({core})
+
+    def share_memory(self, sharing: int) -> None:
+        """Measure as one of `sharing` measuring processes sharing this machine's memory (`memory_budget`)."""
         self._budget = memory_budget(measurement_device(), sharing)
 
     def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
@@ -119,9 +124,13 @@ class ProfilingPool:
             for extra in actors[len(cores) :]:
                 ray.kill(extra)
             actors = actors[: len(cores)]
-            ray.get([a.pin.remote(core, len(actors)) for a, core in zip(actors, cores_for(len(actors), cores) or [])])
+            ray.get([a.pin.remote(core) for a, core in zip(actors, cores_for(len(actors), cores) or [])])
             kept.update(actors)
         self.actors = [a for a in self.actors if a in kept]
+        # Ray nodes may share a machine (a cluster emulated on one): its memory is shared by all its actors.
+        machines = ray.get([a.machine.remote() for a in self.actors])
+        sharing = Counter(machines)
+        ray.get([a.share_memory.remote(sharing[m]) for a, m in zip(self.actors, machines)])
 
     def __enter__(self) -> ProfilingPool:
         return self

@@ -54,7 +54,7 @@ from shard_ray.profiling.fused_shard import (
     table_batch,
     warmed_up,
 )
-from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, measurement_device, pin_to
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.store import plan_key
 from shard_ray.workload.tables import TableSpec
 
@@ -418,13 +418,14 @@ class GangMember:
             "cores": free_cores(),
             "hardware": self.hardware,
             "pid": os.getpid(),
+            "machine": machine_id(),
         }
 
     def pin(self, core: int) -> None:
         pin_to({core})
 
     def memory_budget(self, sharing: int) -> int:
-        """This member's `memory_budget`, one of `sharing` members sharing its node's memory (or its GPU's)."""
+        """This member's `memory_budget`, one of `sharing` members sharing its machine's memory (or its GPU's)."""
         return memory_budget(self.device, sharing)
 
     def rendezvous_address(self) -> str:
@@ -643,10 +644,11 @@ class DeviceGang:
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
         self.hardware = hosts[0]["hardware"]
-        # Each rank's memory budget: the members of a node share its memory; on GPUs each has its own.
-        sharing = Counter(h["node"] for h in hosts)
+        # Each rank's memory budget: the members on a machine share its memory (Ray nodes may share a machine, as an
+        # emulated cluster's do); on GPUs each has its own.
+        sharing = Counter(h["machine"] for h in hosts)
         self.budgets = ray.get(
-            [m.memory_budget.remote(1 if self.use_gpus else sharing[h["node"]]) for m, h in zip(self.members, hosts)]
+            [m.memory_budget.remote(1 if self.use_gpus else sharing[h["machine"]]) for m, h in zip(self.members, hosts)]
         )
         # Which devices share a host: nodes numbered in rank order of first appearance.
         numbering: dict[str, int] = {}

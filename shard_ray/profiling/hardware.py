@@ -34,6 +34,16 @@ def hardware_id(threads: int | None = None) -> str:
     return f"cpu:{_cpu_model()}:{threads}thread"
 
 
+def machine_id() -> str:
+    """The machine this process runs on, the same for every Ray node it hosts (network namespaces included): the
+    kernel's boot id, else the host name. Measuring processes share a machine's memory, whatever node they are on."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return platform.node()
+
+
 def free_cores() -> list[int]:
     """The cores this process may run on (its CPU affinity), in order."""
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
