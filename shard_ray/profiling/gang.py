@@ -115,8 +115,10 @@ class TypeCollectives:
         # Input dist, prepared per batch: my samples' lookups for every device's pieces of this type.
         ranges = sample_ranges(config.batch_size, world)
         self.sends = []
+        names = {p.table.name for held in pieces for p in held}
+        of_type = [t for t in tables if t.name in names]
         for batch in range(config.num_batches):
-            batches = {t.name: table_batch(t, config, batch) for t in tables}
+            batches = {t.name: table_batch(t, config, batch) for t in of_type}
             lookups = [
                 [piece_lookups(p, batches[p.table.name], ranges[rank], cap) for p in held]
                 for held, cap in zip(pieces, caps)
@@ -727,11 +729,11 @@ class DeviceGang:
         pieces = plan.pieces(tables)
         device_of = self.devices_of_ranks(shift)
         by_device = [pieces[device_of[rank]] for rank in range(self.num_devices)]
-        run = (by_device, tables, config, self.budgets)
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
                     self._start()
+                run = (by_device, tables, config, self.budgets)  # a restarted gang's budgets
                 if not self._settled:
                     # A new gang's first plan is slow in every part, whatever its warm-up steps (its
                     # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
