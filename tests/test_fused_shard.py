@@ -18,7 +18,7 @@ from shard_ray.profiling.fused_shard import (
     time_fused_shard,
 )
 from shard_ray.profiling.sampling import draw_fused_shards
-from shard_ray.profiling.store import MeasurementStore
+from shard_ray.profiling.store import MeasurementStore, read_record
 from shard_ray.workload.tables import TableSpec
 
 SMALL = MeasureConfig(batch_size=64, warmup=1, repeats=3)
@@ -122,7 +122,7 @@ def test_measurements_of_the_old_procedure_keep_their_cap_and_are_left_out_of_tr
     newest procedure's measurements and says how many it left out."""
     parts = [TablePiece.whole(small_tables[0])]
     new = measure_fused_shard(parts, SMALL, "cpu:test")
-    old = FusedShardMeasurement.model_validate(new.model_dump(exclude={"procedure", "rows_cap"}))
+    old = read_record(FusedShardMeasurement, new.model_dump_json(exclude={"procedure", "rows_cap"}))
     assert old.procedure == 1 and old.rows_cap == PROCEDURE_1_CPU_MAX_ROWS == old.modelled_rows_cap
     assert new.modelled_rows_cap is None
     with pytest.warns(OlderMeasurementsWarning, match="1 shard measurements on cpu:test .* older procedure"):

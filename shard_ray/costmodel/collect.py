@@ -19,7 +19,7 @@ from shard_ray.costmodel.simulator import price_comm
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MEASUREMENT_PROCEDURE, MeasureConfig
+from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.sampling import augment_table, draw_augmented_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
@@ -100,7 +100,5 @@ def collect_comm(pool: list[TableSpec], config: CollectConfig, store: Measuremen
                 [t for t in todo if t[0] not in known], desc=f"measuring {num_devices}-device plans", unit="plan"
             ):
                 cost = gang.evaluate(plan, tables, measure)
-                store.put_plan(
-                    PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost, procedure=MEASUREMENT_PROCEDURE)
-                )
+                store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
     return store.count("plan_measurements") - before

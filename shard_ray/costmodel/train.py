@@ -437,7 +437,7 @@ def train_cost_models(
     train_data = compute_data(splits["train"])
     # The spine is fitted to the microbenchmark's shards, which move one physical quantity at a time, where the store
     # has them (all of them, whatever their split: they are the hardware's rates, not a held-out judgement).
-    microbenchmark = [m for m in newest_procedure(store.fused_shard_measurements(hardware)) if is_microbenchmark(m)]
+    microbenchmark = [m for split in splits.values() for m in split if is_microbenchmark(m)]
     spine_data = compute_data(microbenchmark) if microbenchmark else None
     compute = train_compute_model(train_data, compute_data(splits["val"]), config, spine_data=spine_data)
 

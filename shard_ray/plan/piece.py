@@ -128,7 +128,7 @@ ShardingType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise"
 # The sets of collectives a step runs, one per sharding type present, in this order: TorchRec's types, and a
 # grid's blocks (a table split by rows and by columns, which the gang runs and TorchRec does not).
 COLLECTIVE_TYPES = (*SHARDING_TYPES, "grid")
-CollectiveType = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "grid"]
+CollectiveType = Literal[ShardingType, "grid"]
 
 
 def table_wise(tables: list[TableSpec]) -> list[TablePiece]:

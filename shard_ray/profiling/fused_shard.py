@@ -419,8 +419,8 @@ def time_fused_shard(shard: FusedShard) -> ShardTiming:
 
 class FusedShardMeasurement(BaseModel):
     """A measured fused shard, as kept in the store. Infeasible shards carry the reason. `rows_cap` is the rows
-    allocated per table (None: whole tables), `procedure` the MEASUREMENT_PROCEDURE it was taken by (1 for records
-    from before it was kept)."""
+    allocated per table (None: whole tables), `procedure` the MEASUREMENT_PROCEDURE it was taken by (the store
+    reads records from before it was kept as procedure 1: `read_record`)."""
 
     key: str
     hardware: str
@@ -430,7 +430,7 @@ class FusedShardMeasurement(BaseModel):
     fwd_ms: float | None = None
     bwd_ms: float | None = None
     reason: str | None = None
-    procedure: int = 1
+    procedure: int = MEASUREMENT_PROCEDURE
     rows_cap: int | None = None
 
     @model_validator(mode="after")
@@ -461,7 +461,7 @@ def measure_fused_shard(
     """Build and time one fused shard within `budget` bytes (`FusedShard`); out-of-memory and kernel errors are
     recorded, not raised."""
     key = fused_shard_key(pieces, config, hardware)
-    taken = {"key": key, "hardware": hardware, "tables": pieces, "config": config, "procedure": MEASUREMENT_PROCEDURE}
+    taken = {"key": key, "hardware": hardware, "tables": pieces, "config": config}
     try:
         shard = FusedShard(pieces, config, budget=budget)
         timing = time_fused_shard(shard)

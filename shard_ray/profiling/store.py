@@ -9,11 +9,13 @@ was before that write; a key is stored at most once, so re-runs skip what is mea
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -50,13 +52,13 @@ CREATE TABLE IF NOT EXISTS plan_measurements (
 
 class PlanMeasurement(BaseModel):
     """A plan measured on the device gang, with the tables it placed, and the MEASUREMENT_PROCEDURE it was taken by
-    (1 for records from before it was kept)."""
+    (the store reads records from before it was kept as procedure 1: `read_record`)."""
 
     key: str
     plan: Plan
     tables: list[TableSpec]
     cost: PlanCost
-    procedure: int = 1
+    procedure: int = MEASUREMENT_PROCEDURE
 
     @property
     def hardware(self) -> str:
@@ -84,6 +86,16 @@ def plan_key(
     if hosts is not None and len(set(hosts)) > 1:
         identity["hosts"] = hosts
     return content_digest({**identity, "hardware": hardware})
+
+
+Record = TypeVar("Record", FusedShardMeasurement, PlanMeasurement)
+
+
+def read_record(kind: type[Record], record: str) -> Record:
+    """A stored measurement's JSON record; one kept before measurements carried their procedure is of procedure 1."""
+    fields = json.loads(record)
+    fields.setdefault("procedure", 1)
+    return kind.model_validate(fields)
 
 
 class MeasurementStore:
@@ -135,15 +147,13 @@ class MeasurementStore:
 
     def get_plan(self, key: str) -> PlanMeasurement | None:
         row = self._db.execute("SELECT record FROM plan_measurements WHERE key = ?", (key,)).fetchone()
-        return None if row is None else PlanMeasurement.model_validate_json(row[0])
+        return None if row is None else read_record(PlanMeasurement, row[0])
 
     def plan_measurements(self, hardware: str | None = None) -> list[PlanMeasurement]:
         query, args = "SELECT record FROM plan_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)
-        return [
-            PlanMeasurement.model_validate_json(row[0]) for row in self._db.execute(query + " ORDER BY created", args)
-        ]
+        return [read_record(PlanMeasurement, row[0]) for row in self._db.execute(query + " ORDER BY created", args)]
 
     def put_fused_shard(self, measurement: FusedShardMeasurement) -> bool:
         """Store a measurement unless its key is there already; True when it was added."""
@@ -166,15 +176,14 @@ class MeasurementStore:
 
     def get_fused_shard(self, key: str) -> FusedShardMeasurement | None:
         row = self._db.execute("SELECT record FROM shard_measurements WHERE key = ?", (key,)).fetchone()
-        return None if row is None else FusedShardMeasurement.model_validate_json(row[0])
+        return None if row is None else read_record(FusedShardMeasurement, row[0])
 
     def fused_shard_measurements(self, hardware: str | None = None) -> list[FusedShardMeasurement]:
         query, args = "SELECT record FROM shard_measurements", ()
         if hardware is not None:
             query, args = query + " WHERE hardware = ?", (hardware,)
         return [
-            FusedShardMeasurement.model_validate_json(row[0])
-            for row in self._db.execute(query + " ORDER BY created", args)
+            read_record(FusedShardMeasurement, row[0]) for row in self._db.execute(query + " ORDER BY created", args)
         ]
 
     def count(self, table: str = "shard_measurements") -> int:

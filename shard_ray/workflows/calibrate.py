@@ -383,9 +383,7 @@ def _measure_plans(
             if time.monotonic() > measuring_ends:
                 break
             cost = gang.evaluate(plan, tables, measure)
-            store.put_plan(
-                PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost, procedure=MEASUREMENT_PROCEDURE)
-            )
+            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
     return floor
 
 

@@ -47,7 +47,7 @@ from shard_ray.io import write_atomic, write_json
 from shard_ray.plan.cost import MeasuredComparison, PlanCost, PlanRatio, RoundsSummary, median_round
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.fused_shard import MEASUREMENT_PROCEDURE, MeasureConfig
+from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -279,11 +279,7 @@ def _race_in_rounds(
             per_plan[name].append(cost)
             if store is not None:
                 key = gang.plan_key(plans[name], tables, measure)
-                store.put_plan(
-                    PlanMeasurement(
-                        key=key, plan=plans[name], tables=tables, cost=cost, procedure=MEASUREMENT_PROCEDURE
-                    )
-                )
+                store.put_plan(PlanMeasurement(key=key, plan=plans[name], tables=tables, cost=cost))
         race.record({name: cost.cost_ms for name, cost in zip(names, costs)})
         spent = time.monotonic() - began
         final = race.count >= config.rounds or spent + (time.monotonic() - round_start) > config.budget_seconds

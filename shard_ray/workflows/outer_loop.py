@@ -42,7 +42,7 @@ from shard_ray.policy.ppo import (
     validation_tasks,
 )
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MEASUREMENT_PROCEDURE, MeasureConfig
+from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
@@ -102,9 +102,7 @@ def measure_policy_plans(
             cost = stored.cost
         else:
             cost = gang.evaluate(plan, tables, config)
-            store.put_plan(
-                PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost, procedure=MEASUREMENT_PROCEDURE)
-            )
+            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
         predicted = Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms
         pairs.append((predicted, cost.cost_ms))
         print(f"  {len(tables)} tables: predicted {predicted:.2f} ms, measured {cost.cost_ms:.2f} ms", flush=True)
