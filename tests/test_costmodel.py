@@ -35,6 +35,8 @@ from shard_ray.costmodel.train import (
     TrainConfig,
     compute_data,
     data_split,
+    evaluate_device_compute,
+    fit_step_overhead,
     train_compute_model,
     train_cost_models,
 )
@@ -42,10 +44,11 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
+from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
-from shard_ray.profiling.store import MeasurementStore
+from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.access import REFERENCE_BATCH, reuse_histogram_of, zipf_indices, zipf_reuse_histogram
 from shard_ray.workload.dlrm_dataset import reuse_histogram
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -164,6 +167,53 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
         CostModels.load(junk)
     with pytest.raises(ShardRayError, match="not found"):
         CostModels.load(tmp_path / "none.pt")
+
+
+def test_the_step_overhead_is_the_gangs_median_excess_over_the_kernels_and_prices_held_devices(tmp_path, shipped, pool):
+    """Per phase, what the gang measures on a device beyond the kernels' price is fitted as its median over devices
+    (a disturbed device moves it little; empty devices do not count), kept in the model file, added to each
+    device holding pieces and to the lower bound."""
+    tables, batch = pool[:8], 1024
+    kernels = dataclasses.replace(shipped, step_overhead_ms=(0.0, 0.0))
+    rng = np.random.default_rng(0)
+    plans = []
+    for i in range(9):
+        plan = Plan.from_assignment(table_wise(tables), list(rng.integers(0, 3, len(tables))), 3, "random")
+        priced = kernels.predict_fused_shards(plan.pieces(tables), batch)
+        disturbed = 3.0 if i == 0 else 1.0  # one plan measured on a busy core
+        devices = [
+            DeviceCost(
+                device=d,
+                fwd_compute_ms=(fwd * disturbed + 0.3) if fwd else 0.0,
+                bwd_compute_ms=(bwd * disturbed + 0.2) if bwd else 0.0,
+                fwd_comm_ms=0.1,
+                bwd_comm_ms=0.1,
+            )
+            for d, (fwd, bwd) in enumerate(priced)
+        ]
+        cost = PlanCost(devices=devices, hardware=shipped.hardware, batch_size=batch)
+        plans.append(PlanMeasurement(key=str(i), plan=plan, tables=tables, cost=cost))
+    assert fit_step_overhead(kernels, plans) == pytest.approx((0.3, 0.2), abs=1e-4)
+    assert fit_step_overhead(kernels, []) == (0.0, 0.0)
+    assert evaluate_device_compute(kernels, plans[1:])["mape"] > 0.01
+
+    fitted = dataclasses.replace(kernels, step_overhead_ms=fit_step_overhead(kernels, plans))
+    assert evaluate_device_compute(fitted, plans[1:])["mape"] < 1e-4
+    fitted.save(tmp_path / "m.pt")
+    again = CostModels.load(tmp_path / "m.pt")
+    assert again.step_overhead_ms == pytest.approx((0.3, 0.2), abs=1e-4)
+    sums = kernels.encode_tables(table_wise(tables)[:2], batch)
+    counts = torch.tensor([1.0, 0.0])
+    added = again.compute_from_sums(sums, counts) - kernels.compute_from_sums(sums, counts)
+    assert np.allclose(added, [[0.3, 0.2], [0.0, 0.0]], atol=1e-4)
+    plan = plans[1].plan
+    held = [d for d, pieces in enumerate(plan.pieces(tables)) if pieces]
+    before = Simulator(kernels).plan_cost(plan, tables, batch).devices
+    after = Simulator(again).plan_cost(plan, tables, batch).devices
+    for d in range(3):
+        assert after[d].total_ms - before[d].total_ms == pytest.approx(0.5 if d in held else 0.0, abs=1e-3)
+    topology = Topology(num_devices=3, memory_bytes=GB, batch_size=batch)
+    assert lower_bound_ms(again, tables, topology) == pytest.approx(lower_bound_ms(kernels, tables, topology) + 0.5)
 
 
 def test_models_lists_the_shipped_and_calibrated_files_and_names_a_damaged_one(tmp_path, monkeypatch, capsys):

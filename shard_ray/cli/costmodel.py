@@ -101,6 +101,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         data_split,
         describe_accuracy,
         evaluate_comm,
+        evaluate_device_compute,
         main_hardware,
         newest_procedure,
         predicted_and_measured,
@@ -128,17 +129,23 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     result = accuracy(*map(np.concatenate, zip(*groups.values())))
     result["seen"] = accuracy(*groups["test"])
     result["unseen"] = accuracy(*groups["unseen"])
-    result["comm"] = evaluate_comm(
-        models, [p for p in plans if hardware != models.hardware or data_split(p.key) == "test"]
-    )
+    held_out_plans = [p for p in plans if hardware != models.hardware or data_split(p.key) == "test"]
+    result["device_compute"] = evaluate_device_compute(models, held_out_plans)
+    result["comm"] = evaluate_comm(models, held_out_plans)
     result["hardware"] = {"models": models.hardware, "measurements": hardware}
     if result["n"] == 0:
         raise ShardRayError(f"{flags.store} has no held-out or unseen shard measurements on {hardware}")
-    for name in ("seen", "unseen", "comm"):
+    for name in ("seen", "unseen", "device_compute", "comm"):
         print(describe_accuracy(name, result[name]))
     if tracking_uri is not None:
         flat = {"mape": result["mape"], "spearman": result["spearman"]}
-        flat.update({f"{k}_{m}": result[k][m] for k in ("seen", "unseen", "comm") for m in ("mape", "spearman")})
+        flat.update(
+            {
+                f"{k}_{m}": result[k][m]
+                for k in ("seen", "unseen", "device_compute", "comm")
+                for m in ("mape", "spearman")
+            }
+        )
         flat = {k: v for k, v in flat.items() if v is not None}
         log_costmodel_evaluation(
             flags.cost_model,
@@ -196,9 +203,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(
         f"held-out measurements of this task's tables ({report['shards']['held_out']} shards, {report['plans']['held_out']} plans):"
     )
-    for part in ("compute", "comm", "plan"):
-        print(f"  {describe_accuracy(part + ' before', report['before'][part])}")
-        print(f"  {describe_accuracy(part + ' after', report['after'][part])}")
+    for part in ("compute", "device_compute", "comm", "plan"):
+        print(f"  {describe_accuracy(part.replace('_', ' ') + ' before', report['before'][part])}")
+        print(f"  {describe_accuracy(part.replace('_', ' ') + ' after', report['after'][part])}")
     print(f"kept the {result.chosen} models: {report['reason']}")
     if min(report["shards"]["held_out"], report["shards"]["val"]) < 10:
         print(

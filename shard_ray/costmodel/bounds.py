@@ -1,7 +1,7 @@
 """A lower bound on the simulated cost of any plan of a task.
 
 Compute: the slowest device carries at least a 1/D share of what the devices' fused costs add
-up to, and the compute model bounds that sum from its form alone, whatever fusion it learned
+up to, and the step's overhead of a device that holds pieces, and the compute model bounds that sum from its form alone, whatever fusion it learned
 (`ComputeCostNet.least_total`: own costs add, the concave term over the devices adds up to at
 least its value at the sum of all tables, the convex term to at least D times its value at the
 mean). Each table counts at the least its sharding types can encode it as (`least_encodings`),
@@ -33,12 +33,12 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     d = topology.num_devices
     if column_wise:
         least = least_encodings(models, tables, topology)
-        compute = models.least_compute(least.sum(dim=0), d) / d
+        compute = models.least_compute(least.sum(dim=0), d)
     else:
         pieces = pieces_to_place(tables, topology)
         encodings = models.encode_tables(pieces, topology.batch_size)
         single = models.compute_from_sums(encodings, torch.ones(len(pieces))).sum(axis=1)
-        compute = max(models.least_compute(encodings.sum(dim=0), d) / d, float(single.max()))
+        compute = max(models.least_compute(encodings.sum(dim=0), d), float(single.max()))
     if d == 1 or models.comm is None:
         return compute
     total = float(sum(t.dim for t in tables))

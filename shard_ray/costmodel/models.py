@@ -336,6 +336,11 @@ class CostModels:
     comm: CommCostNet | None
     hardware: str
     info: ModelInfo = field(default_factory=ModelInfo)
+    # Each device's (forward, backward) ms in a measured step beyond its fused kernels as the profiler times them
+    # alone (the input's index shuffles, the output's assembly, caches the all-to-alls cleared): fitted to the
+    # gang's per-device compute (`shard_ray.costmodel.train.fit_step_overhead`), added to every device that holds
+    # a piece.
+    step_overhead_ms: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         self.compute.eval()
@@ -371,16 +376,19 @@ class CostModels:
 
     @torch.no_grad()
     def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
-        """Predicted (fwd, bwd) ms [B, 2] of shards given by their summed rows; zero where count is 0."""
-        ms = torch.exp(self.compute.from_sums(sums)).numpy()
+        """Predicted (fwd, bwd) ms [B, 2] of devices in a step given by their shards' summed rows: the fused kernels
+        and the step's overhead (`step_overhead_ms`); zero where count is 0."""
+        ms = torch.exp(self.compute.from_sums(sums)).numpy() + np.asarray(self.step_overhead_ms)
         ms[counts.numpy() == 0] = 0.0
         return ms
 
     @torch.no_grad()
     def least_compute(self, sums: torch.Tensor, devices: int) -> float:
-        """A lower bound on the step compute ms (forward + backward) that `devices` shards whose
-        summed rows are at least `sums` [2 + H] add up to (see `ComputeCostNet.least_total`)."""
-        return float(self.compute.least_total(sums, devices).sum())
+        """A lower bound on the step compute ms (forward + backward) of the slowest of `devices` devices whose
+        shards' summed rows are at least `sums` [2 + H]: a 1/`devices` share of the least their fused kernels add
+        up to (see `ComputeCostNet.least_total`) and the step's overhead (the device with the costliest kernels
+        holds a piece)."""
+        return float(self.compute.least_total(sums, devices).sum()) / devices + sum(self.step_overhead_ms)
 
     @torch.no_grad()
     def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -418,6 +426,7 @@ class CostModels:
                 if self.comm is None
                 else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": self.comm.state_dict()},
                 "info": self.info.to_file(),
+                "step_overhead_ms": list(self.step_overhead_ms),
             },
             buffer,
         )
@@ -466,4 +475,5 @@ class CostModels:
             info = ModelInfo.model_validate(blob.get("info", {}))
         except ValidationError as err:
             raise ShardRayError(describe_validation_error(err, f"cost model file {source} is damaged: info")) from err
-        return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=info)
+        fwd, bwd = blob.get("step_overhead_ms", (0.0, 0.0))  # files from before it was fitted: none
+        return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=info, step_overhead_ms=(fwd, bwd))

@@ -322,9 +322,9 @@ def accuracy(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float | N
 
 def describe_accuracy(name: str, metrics: dict[str, float | None]) -> str:
     if not metrics["n"]:
-        return f"{name:<15} no data"
+        return f"{name:<21} no data"
     rho = "n/a" if metrics["spearman"] is None else f"{metrics['spearman']:.3f}"
-    return f"{name:<15} MAPE {metrics['mape']:.1%}, Spearman {rho}, n={metrics['n']}"
+    return f"{name:<21} MAPE {metrics['mape']:.1%}, Spearman {rho}, n={metrics['n']}"
 
 
 def step_compute_ms(model: ComputeCostNet, data: ComputeData) -> tuple[np.ndarray, np.ndarray]:
@@ -346,6 +346,38 @@ def predicted_and_measured(
 def evaluate_compute(models: CostModels, measurements: list[FusedShardMeasurement]) -> dict[str, float]:
     """Accuracy on the fused step compute (forward + backward)."""
     return accuracy(*predicted_and_measured(models, measurements))
+
+
+def device_compute(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.ndarray, np.ndarray]:
+    """The fused kernels' predicted (fwd, bwd) ms [n, 2] of every device that holds pieces in plans measured on the
+    gang, and the (fwd, bwd) compute [n, 2] the gang measured on it."""
+    predicted, measured = [np.zeros((0, 2))], [np.zeros((0, 2))]
+    for pm in plans:
+        shards = pm.plan.pieces(pm.tables)
+        by_device = {d.device: d for d in pm.cost.devices}
+        held = [d for d, pieces in enumerate(shards) if pieces and d in by_device]
+        if not held or pm.cost.batch_size is None:
+            continue
+        predicted.append(models.predict_fused_shards([shards[d] for d in held], pm.cost.batch_size))
+        measured.append(np.array([[by_device[d].fwd_compute_ms, by_device[d].bwd_compute_ms] for d in held]))
+    return np.concatenate(predicted), np.concatenate(measured)
+
+
+def fit_step_overhead(models: CostModels, plans: list[PlanMeasurement]) -> tuple[float, float]:
+    """Each device's (fwd, bwd) ms in a measured step beyond its fused kernels as `models` price them: the median,
+    over the devices of `plans`, of what the gang measured less the kernels' price (at least 0); the models' own
+    without plans. The median, as a few devices measured on a disturbed core or with capped rows move it little."""
+    kernels, measured = device_compute(models, plans)
+    if not len(measured):
+        return models.step_overhead_ms
+    fwd, bwd = np.maximum(np.median(measured - kernels, axis=0), 0.0)
+    return float(fwd), float(bwd)
+
+
+def evaluate_device_compute(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
+    """Predicted (kernels and step overhead) against measured fwd + bwd compute of each device of measured plans."""
+    kernels, measured = device_compute(models, plans)
+    return accuracy((kernels + np.asarray(models.step_overhead_ms)).sum(axis=1), measured.sum(axis=1))
 
 
 def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
@@ -473,9 +505,11 @@ def train_cost_models(
             coverage=data_coverage(train_data),
         ),
     )
+    models.step_overhead_ms = fit_step_overhead(models, plan_splits["train"])
     report = {
         "compute_seen": evaluate_compute(models, splits["test"]),
         "compute_unseen": evaluate_compute(models, splits["unseen"]),
+        "device_compute": evaluate_device_compute(models, plan_splits["test"]),
         "comm": evaluate_comm(models, plan_splits["test"]),
     }
     models.info.held_out = report
@@ -510,4 +544,6 @@ def update_cost_models(
     info = models.info.model_copy(
         deep=True, update={"updated_on": UpdatedOn(hardware=hardware, shards=len(measurements), plans=len(plans))}
     )
-    return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
+    updated = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
+    updated.step_overhead_ms = fit_step_overhead(updated, plans)
+    return updated

@@ -48,6 +48,8 @@ from shard_ray.costmodel.train import (
     data_coverage,
     evaluate_comm,
     evaluate_compute,
+    evaluate_device_compute,
+    fit_step_overhead,
     is_microbenchmark,
     train_comm_model,
     train_compute_model,
@@ -279,7 +281,7 @@ def refuse_comm_worse_than_chance(
         f"refused the fine-tuned comm model: it ranks the all-to-alls of the plans it was not fit to worse than "
         f"chance (Spearman {ranking:.2f} over {judged['n']} devices); kept the starting one"
     )
-    return CostModels(tuned.compute, start.comm, tuned.hardware, info), reason
+    return replace(tuned, comm=start.comm, info=info), reason
 
 
 def _kept_models(
@@ -296,6 +298,7 @@ def _kept_models(
     def scores(models: CostModels, split: str) -> dict[str, Any]:
         return {
             "compute": evaluate_compute(models, by_split[split]),
+            "device_compute": evaluate_device_compute(models, plan_split[split]),
             "comm": evaluate_comm(models, plan_split[split]),
             "plan": plan_error(models, plan_split[split], batch_size),
         }
@@ -308,11 +311,7 @@ def _kept_models(
         chosen, reason = choose_models(
             _error(scores(start, "val")), _error(scores(tuned, "val")), before, tuned_held_out
         )
-    kept = (
-        tuned
-        if chosen == "fine-tuned"
-        else CostModels(start.compute, start.comm, hardware, start.info.model_copy(deep=True))
-    )
+    kept = tuned if chosen == "fine-tuned" else replace(start, hardware=hardware, info=start.info.model_copy(deep=True))
     return kept, {
         "before": before,
         "after": tuned_held_out if chosen == "fine-tuned" else before,
@@ -410,7 +409,9 @@ def _fine_tuned(
             comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
         )
         info.comm_devices_per_host = devices_per_host or None
-    return CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
+    tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
+    # The step's overhead, fitted to this task's plans (the fit split) as the fine-tuned kernels price them.
+    return replace(tuned, step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]))
 
 
 def _record_calibration(
