@@ -58,6 +58,9 @@ def test_calibrate_saves_models_per_hardware_and_resumes(ray_session, capsys, us
     assert saved[0].endswith(f"-tables-{_task(tmp_path)}.pt") and "--for-hardware" not in first.stdout
     assert report["before"]["compute"]["n"] >= 1 and report["after"]["compute"]["mape"] is not None
     assert "0 of " in first.stdout  # nothing was in the store yet
+    # thin held-out data: more random shards and plans were measured (4 tables make at most 15 distinct shards)
+    assert report["shards"]["held_out"] >= 8 or "measured shards fall in the held-out split" in first.stdout
+    assert report["plans"]["held_out"] >= 3 or "measured plans fall in the held-out split" in first.stdout
     # the noise floor: the first candidate against a copy of itself on the gang
     assert report["noise_floor"]["rounds"] == 3 and 0 <= report["noise_floor"]["round_spread"] < 0.5
     assert "noise floor: a plan against a copy of itself (3 rounds)" in first.stdout

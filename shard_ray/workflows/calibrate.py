@@ -346,14 +346,35 @@ def _measure_shards(
     with ProfilingPool(config.actors) as pool:
         known = store.known_keys([fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted])
         log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
-        with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
-            for start_index in range(0, len(wanted), 2 * config.actors):
-                if time.monotonic() > measuring_ends:
-                    bar.write(f"measuring time spent: {start_index} of {len(wanted)} shards measured")
+        for more in range(MORE_BATCHES + 1):
+            if more:
+                shards, _ = task_measurements(
+                    store, tables, pool.hardware, measure, topology.devices_per_host_if_spanning
+                )
+                held_out = sum(split_of(m.key, config.held_out) == "held_out" for m in shards)
+                if held_out >= MIN_HELD_OUT_SHARDS or time.monotonic() > measuring_ends:
                     break
-                chunk = wanted[start_index : start_index + 2 * config.actors]
-                pool.measure(chunk, measure, store, progress=False)
-                bar.update(len(chunk))
+                drawn = draw_fused_shards(
+                    tables, config.shards, max(2, most_tables), seed=config.seed + more, singles=False
+                )
+                keys = {fused_shard_key(pieces, measure, pool.hardware): pieces for pieces in drawn}
+                known = store.known_keys(list(keys))
+                wanted = [pieces for key, pieces in keys.items() if key not in known]
+                if not wanted:
+                    log(f"{held_out} measured shards fall in the held-out split: these tables make no more new shards")
+                    break
+                log(
+                    f"{held_out} measured shards fall in the held-out split, {MIN_HELD_OUT_SHARDS} are needed: "
+                    f"measuring {len(wanted)} more"
+                )
+            with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
+                for start_index in range(0, len(wanted), 2 * config.actors):
+                    if time.monotonic() > measuring_ends:
+                        bar.write(f"measuring time spent: {start_index} of {len(wanted)} shards measured")
+                        break
+                    chunk = wanted[start_index : start_index + 2 * config.actors]
+                    pool.measure(chunk, measure, store, progress=False)
+                    bar.update(len(chunk))
         return pool.hardware
 
 
@@ -375,14 +396,32 @@ def _measure_plans(
     with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
         floor = noise_floor(candidates[0], tables, topology, gang, measure, config.noise_rounds)
         log(f"noise floor: {floor.describe()}")
-        for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
-            key = gang.plan_key(plan, tables, measure)
-            if store.known_keys([key], table="plan_measurements"):
-                continue
-            if time.monotonic() > measuring_ends:
-                break
-            cost = gang.evaluate(plan, tables, measure)
-            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+        for more in range(MORE_BATCHES + 1):
+            if more:
+                hosts = topology.devices_per_host_if_spanning
+                _, measured = task_measurements(store, tables, gang.hardware, measure, hosts)
+                held_out = sum(split_of(p.key, config.held_out) == "held_out" for p in measured)
+                if held_out >= MIN_HELD_OUT_PLANS or time.monotonic() > measuring_ends:
+                    break
+                drawn = random_plans(tables, topology.num_devices, max(config.plans, 8), config.seed + more)
+                keys = {gang.plan_key(plan, tables, measure): plan for plan in drawn}
+                known = store.known_keys(list(keys), table="plan_measurements")
+                plans = [plan for key, plan in keys.items() if key not in known]
+                if not plans:
+                    log(f"{held_out} measured plans fall in the held-out split: these tables make no more new plans")
+                    break
+                log(
+                    f"{held_out} measured plans fall in the held-out split, {MIN_HELD_OUT_PLANS} are needed: "
+                    f"measuring {len(plans)} more"
+                )
+            for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
+                key = gang.plan_key(plan, tables, measure)
+                if store.known_keys([key], table="plan_measurements"):
+                    continue
+                if time.monotonic() > measuring_ends:
+                    break
+                cost = gang.evaluate(plan, tables, measure)
+                store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
     return floor
 
 
@@ -441,6 +480,9 @@ def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int
 # fewer, one unlucky measurement decides it (a calibration once kept its models on 2 held-out plans).
 MIN_HELD_OUT_SHARDS = 8
 MIN_HELD_OUT_PLANS = 3
+# Batches of random shards (`--shards` each) and of random plans (`--plans`, at least 8) measured after the first,
+# while the held-out split has fewer than these and the measuring time lasts.
+MORE_BATCHES = 3
 
 
 def too_thin_to_judge(shards: int, plans: int, with_plans: bool) -> str | None:
@@ -454,7 +496,8 @@ def too_thin_to_judge(shards: int, plans: int, with_plans: bool) -> str | None:
         + (f", {plans} plans" if with_plans else "")
         + f"; {need} are needed): kept the starting models; give more --shards"
         + (" and --plans" if with_plans else "")
-        + " (or a larger --budget-minutes) to measure enough"
+        + " (or a larger --budget-minutes) to measure enough, or, where the tables make few distinct ones, a larger"
+        " --held-out"
     )
 
 
