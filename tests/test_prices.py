@@ -32,7 +32,8 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_of_their_meas
             tables = load_tables(TABLES / name)
             topology = Topology(num_devices=2, memory_bytes=memory_cap_with_headroom(tables, 2, 1.5))
             plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
-            measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=3)
+            # 5 rounds: in 3, a repetition moved a plan's median by up to 20% (docs/results.md)
+            measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=5)
             for plan, cost in zip(plans, measured):
                 assert not any("at most" in w for w in cost.warnings), cost.warnings  # every table whole
                 ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / cost.cost_ms

@@ -75,6 +75,11 @@ class TrainConfig:
         "train the network alone, without the physical spine it corrects (shard_ray/costmodel/spine.py): "
         "the models before format 3",
     )
+    no_step_overhead: bool = setting(
+        False,
+        "leave each device's step overhead at 0 instead of fitting it to the plans (the shipped models: "
+        "docs/cost-models.md says why)",
+    )
 
     def check(self) -> None:
         for name in ("hidden", "depth", "comm_hidden", "comm_depth", "max_epochs", "minibatch", "patience"):
@@ -505,7 +510,8 @@ def train_cost_models(
             coverage=data_coverage(train_data),
         ),
     )
-    models.step_overhead_ms = fit_step_overhead(models, plan_splits["train"])
+    if not config.no_step_overhead:
+        models.step_overhead_ms = fit_step_overhead(models, plan_splits["train"])
     report = {
         "compute_seen": evaluate_compute(models, splits["test"]),
         "compute_unseen": evaluate_compute(models, splits["unseen"]),
@@ -545,5 +551,5 @@ def update_cost_models(
         deep=True, update={"updated_on": UpdatedOn(hardware=hardware, shards=len(measurements), plans=len(plans))}
     )
     updated = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
-    updated.step_overhead_ms = fit_step_overhead(updated, plans)
+    updated.step_overhead_ms = models.step_overhead_ms if config.no_step_overhead else fit_step_overhead(updated, plans)
     return updated

@@ -529,6 +529,7 @@ def choose_models(
 
 
 def _error(scores: dict[str, Any]) -> float:
-    """One number to choose models by: the compute and comm MAPEs, those that have data."""
-    values = [scores[k]["mape"] for k in ("compute", "comm") if scores[k]["mape"] is not None]
+    """One number to choose models by: the compute (fused shards and the plans' devices) and comm MAPEs, those that
+    have data."""
+    values = [scores[k]["mape"] for k in ("compute", "device_compute", "comm") if scores[k]["mape"] is not None]
     return float(np.mean(values)) if values else float("inf")
