@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -321,6 +321,22 @@ def _kept_models(
     }
 
 
+Drawn = TypeVar("Drawn")
+
+
+def unmeasured(
+    kind: str, drawn: dict[str, Drawn], known: set[str], held_out: int, needed: int, log: Callable[[str], None]
+) -> list[Drawn]:
+    """The `drawn` shards or plans (by store key) not in the store yet, saying how many are measured for the held-out
+    split's sake; none where these tables make no new ones."""
+    fresh = [item for key, item in drawn.items() if key not in known]
+    if fresh:
+        log(f"{held_out} measured {kind} fall in the held-out split, {needed} are needed: measuring {len(fresh)} more")
+    else:
+        log(f"{held_out} measured {kind} fall in the held-out split: these tables make no more new {kind}")
+    return fresh
+
+
 def _measure_shards(
     candidates: list[Plan],
     tables: list[TableSpec],
@@ -358,15 +374,9 @@ def _measure_shards(
                     tables, config.shards, max(2, most_tables), seed=config.seed + more, singles=False
                 )
                 keys = {fused_shard_key(pieces, measure, pool.hardware): pieces for pieces in drawn}
-                known = store.known_keys(list(keys))
-                wanted = [pieces for key, pieces in keys.items() if key not in known]
+                wanted = unmeasured("shards", keys, store.known_keys(list(keys)), held_out, MIN_HELD_OUT_SHARDS, log)
                 if not wanted:
-                    log(f"{held_out} measured shards fall in the held-out split: these tables make no more new shards")
                     break
-                log(
-                    f"{held_out} measured shards fall in the held-out split, {MIN_HELD_OUT_SHARDS} are needed: "
-                    f"measuring {len(wanted)} more"
-                )
             with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
                 for start_index in range(0, len(wanted), 2 * config.actors):
                     if time.monotonic() > measuring_ends:
@@ -406,14 +416,9 @@ def _measure_plans(
                 drawn = random_plans(tables, topology.num_devices, max(config.plans, 8), config.seed + more)
                 keys = {gang.plan_key(plan, tables, measure): plan for plan in drawn}
                 known = store.known_keys(list(keys), table="plan_measurements")
-                plans = [plan for key, plan in keys.items() if key not in known]
+                plans = unmeasured("plans", keys, known, held_out, MIN_HELD_OUT_PLANS, log)
                 if not plans:
-                    log(f"{held_out} measured plans fall in the held-out split: these tables make no more new plans")
                     break
-                log(
-                    f"{held_out} measured plans fall in the held-out split, {MIN_HELD_OUT_PLANS} are needed: "
-                    f"measuring {len(plans)} more"
-                )
             for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
                 key = gang.plan_key(plan, tables, measure)
                 if store.known_keys([key], table="plan_measurements"):
