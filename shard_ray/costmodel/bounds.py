@@ -1,7 +1,8 @@
 """A lower bound on the simulated cost of any plan of a task.
 
 Compute: the slowest device carries at least a 1/D share of what the devices' fused costs add
-up to, and the step's overhead of a device that holds pieces, and the compute model bounds that sum from its form alone, whatever fusion it learned
+up to, and the step's overhead of a device that holds pieces (`CostModels.least_compute`); the
+compute model bounds that sum from its form alone, whatever fusion it learned
 (`ComputeCostNet.least_total`: own costs add, the concave term over the devices adds up to at
 least its value at the sum of all tables, the convex term to at least D times its value at the
 mean). Each table counts at the least its sharding types can encode it as (`least_encodings`),
