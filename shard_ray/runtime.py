@@ -47,7 +47,13 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         _check_reachable(address)
-        ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as err:  # "auto" with no cluster on this machine, or an address Ray does not answer
+            raise ShardRayError(
+                f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "
+                "the head's HOST:PORT in --address or RAY_ADDRESS"
+            ) from None
         resources = ray.cluster_resources()
         devices = int(resources.get("GPU", 0) or resources.get("CPU", 0))
         if min_cpus > devices:
