@@ -283,7 +283,7 @@ def mlflow_finding(tracking_uri: str) -> Finding:
 
 def models_finding(hardware: str) -> Finding:
     """Which cost models `plan` uses for `hardware`: calibrated ones, the shipped ones, or extrapolated ones."""
-    from shard_ray.costmodel.models import CostModels, default_cost_model_path, hardware_models_path
+    from shard_ray.costmodel.models import CostModels, hardware_models_path, shipped_models_path
 
     calibrated = hardware_models_path(hardware)
     # models calibrated over hosts: the one-host file's name, then -hosts-of-L
@@ -291,9 +291,12 @@ def models_finding(hardware: str) -> Finding:
     hosts = f"; over hosts: {', '.join(str(p) for p in over_hosts)}" if over_hosts else ""
     if calibrated.is_file():
         return Finding("cost models", "ok", f"{hardware}: calibrated models {calibrated}{hosts}")
-    shipped = CostModels.load(default_cost_model_path())
+    shipped = CostModels.load(shipped_models_path(hardware))
     if shipped.hardware == hardware:
-        return Finding("cost models", "ok", f"{hardware}: the shipped models were trained on this hardware{hosts}")
+        unpriced = "" if shipped.comm is not None else " (compute only: all-to-alls priced at 0 ms until `calibrate`)"
+        return Finding(
+            "cost models", "ok", f"{hardware}: the shipped models were trained on this hardware{unpriced}{hosts}"
+        )
     return Finding(
         "cost models",
         "note",

@@ -154,6 +154,40 @@ def test_plans_say_when_the_comm_model_never_measured_their_device_count(pool):
         assert not lines or f"prices at {devices} are extrapolated" in lines[0]
 
 
+def test_the_shipped_gpu_models_price_the_gpu_and_say_they_leave_the_all_to_alls_out(pool, tmp_path, monkeypatch):
+    """On an H200, plans are priced by the models trained on its 957 measured fused shards (docs/gpu.md), not by the
+    reference CPU's, which price its shards 3-48x too dear; they have no comm model, and a plan of several devices
+    says its all-to-alls are priced at 0 ms. Calibrated models of the hardware still come first."""
+    from shard_ray.costmodel.models import PRETRAINED_DIR, hardware_models_path, models_for
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
+    h200 = "cuda:NVIDIA H200"
+    shipped_gpu = PRETRAINED_DIR / "cuda-NVIDIA-H200.pt"
+    assert models_for(h200) == shipped_gpu
+    assert models_for("cuda:NVIDIA H100 80GB HBM3") == models_for("cpu:AMD EPYC:1thread") == default_cost_model_path()
+    models = CostModels.load(shipped_gpu)
+    assert models.hardware == h200 and models.comm is None
+    # Measured on the H200 (experiments/results/gpu_h200): one table alone, fwd + bwd, 0.79-1.08 ms from batch 512 to
+    # 65536, the host's launches setting the time; the reference CPU's models price it tens of times that at 65536.
+    one_table = [[TablePiece.whole(pool[0].model_copy(update={"rows": 100_000, "dim": 64, "pooling_factor": 8.0}))]]
+    for batch in (1024, 65536):
+        gpu_ms = models.predict_fused_shards(one_table, batch).sum()
+        assert 0.5 < gpu_ms < 2.0, (batch, gpu_ms)
+    assert CostModels.load(default_cost_model_path()).predict_fused_shards(one_table, 65536).sum() > 10 * gpu_ms
+    for devices in (1, 4):
+        plan = place("cost_search", pool[:12], Topology(num_devices=devices, memory_bytes=4 * GB), hardware=h200)
+        assert plan.estimate.cost_model == str(shipped_gpu)
+        assert "the shipped models" in plan.estimate.provenance
+        unpriced = [w for w in plan.estimate.warnings if "have no comm model" in w]
+        assert bool(unpriced) == (devices > 1), plan.estimate.warnings
+        if devices > 1:
+            assert all(d.fwd_comm_ms == d.bwd_comm_ms == 0 for d in plan.estimate.predicted.devices)
+    calibrated = hardware_models_path(h200)
+    calibrated.parent.mkdir(parents=True)
+    models.save(calibrated)
+    assert models_for(h200) == calibrated
+
+
 def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
     path = tmp_path / "m.pt"
     shipped.save(path)
@@ -224,7 +258,8 @@ def test_models_lists_the_shipped_and_calibrated_files_and_names_a_damaged_one(t
     (tmp_path / "models" / "cpu-broken.pt").write_bytes(b"not torch")
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "the shipped ones, and 1 calibrated in" in out and "(shipped)" in out
+    assert "2 shipped, and 1 calibrated in" in out and "cuda-NVIDIA-H200.pt (shipped)" in out
+    assert "cuda:NVIDIA H200; trained by `costmodel train`, not calibrated on a task; no comm model" in out
     assert "not calibrated on a task; held-out error (MAPE): compute_seen" in out
     assert "cpu-broken.pt\n  cannot be read: cannot read cost model file" in out
 

@@ -148,3 +148,12 @@ def test_models_finding_names_the_models_each_host_layout_gets(tmp_path, monkeyp
     CostModels.load(default_cost_model_path()).save(hardware_models_path(hardware))
     finding = models_finding(hardware)
     assert finding.level == "ok" and str(over_hosts) in finding.detail
+
+
+def test_models_finding_on_an_h200_names_the_shipped_gpu_models_and_their_missing_comm_model(tmp_path, monkeypatch):
+    from shard_ray.doctor import models_finding
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path))
+    finding = models_finding("cuda:NVIDIA H200")
+    assert finding.level == "ok", finding
+    assert "the shipped models were trained on this hardware (compute only: all-to-alls priced at 0 ms" in finding.detail

@@ -224,16 +224,18 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.models import CostModels, default_cost_model_path, models_home
+    from shard_ray.costmodel.models import PRETRAINED_DIR, CostModels, default_cost_model_path, models_home
 
     home = models_home()
-    files = [default_cost_model_path(), *sorted(home.glob("*.pt"))]
+    shipped = [default_cost_model_path(), *sorted(set(PRETRAINED_DIR.glob("*.pt")) - {default_cost_model_path()})]
+    files = shipped + sorted(home.glob("*.pt"))
     print(
-        f"cost models on this machine: the shipped ones, and {len(files) - 1} calibrated in {home} "
-        "(`plan` picks these tables' own models for its hardware, else the hardware's, else the shipped ones)"
+        f"cost models on this machine: {len(shipped)} shipped, and {len(files) - len(shipped)} calibrated in {home} "
+        "(`plan` picks these tables' own models for its hardware, else the hardware's, else the shipped ones of its "
+        "hardware, else the reference CPU's)"
     )
     for path in files:
-        print(f"\n{path}" + (" (shipped)" if path == default_cost_model_path() else ""))
+        print(f"\n{path}" + (" (shipped)" if path in shipped else ""))
         try:
             models = CostModels.load(path)
         except ShardRayError as err:
@@ -254,6 +256,8 @@ def _models_line(models: CostModels) -> str:
         fitted += f" on {calibrated.at}" if calibrated.at else ""
     if models.info.comm_devices_per_host:
         fitted += f", all-to-alls over hosts of {models.info.comm_devices_per_host} devices"
+    if models.comm is None:
+        fitted += "; no comm model (all-to-alls priced at 0 ms)"
     errors = ", ".join(
         f"{part} {score['mape']:.1%} (n {int(score['n'] or 0)})"
         for part, score in held_out.items()

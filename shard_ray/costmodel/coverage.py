@@ -119,9 +119,17 @@ def corrections_at_bound(models: CostModels, tables: list[TableSpec], batch_size
 
 
 def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:
-    """A line when the comm model never measured all-to-alls of `num_devices` devices."""
+    """A line when the models price the all-to-alls of `num_devices` devices from no measurement of them: they have
+    no comm model (0 ms), or it never measured gangs of that size."""
+    if num_devices == 1:
+        return []
+    if models.comm is None:
+        return [
+            f"the models of {models.hardware} have no comm model: this plan's all-to-alls are priced at 0 ms; "
+            "`shard-ray calibrate` on a gang of this hardware measures them"
+        ]
     measured = models.info.device_counts
-    if models.comm is None or num_devices == 1 or not measured or num_devices in measured:
+    if not measured or num_devices in measured:
         return []
     return [
         f"the comm model's all-to-alls were measured at {', '.join(map(str, measured))} devices, so its prices at "

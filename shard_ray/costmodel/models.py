@@ -71,6 +71,21 @@ def default_cost_model_path() -> Path:
     return PRETRAINED_DIR / DEFAULT_PRETRAINED
 
 
+def hardware_file_name(hardware: str) -> str:
+    """A hardware id as a file name: `cuda:NVIDIA H200` -> `cuda-NVIDIA-H200`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", hardware).strip("-")
+
+
+def shipped_models_path(hardware: str | None) -> Path:
+    """The shipped models for `hardware`: those trained on it where the package has them (`pretrained/` holds
+    `cuda-NVIDIA-H200.pt`, compute only: docs/gpu.md), else the reference CPU's."""
+    if hardware is not None:
+        path = PRETRAINED_DIR / (hardware_file_name(hardware) + ".pt")
+        if path.is_file():
+            return path
+    return default_cost_model_path()
+
+
 def models_home() -> Path:
     """Where `calibrate` keeps models per hardware: $SHARD_RAY_HOME/models, else ~/.shard-ray/models."""
     return Path(os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray") / "models"
@@ -88,7 +103,7 @@ def hardware_models_path(
     """The model file of `hardware` (a hardware id such as `cpu:AMD EPYC:1thread`) in `models_home()`;
     models calibrated over hosts of `devices_per_host` devices have their own, and so do models
     calibrated on `tables` (`-tables-DIGEST`), so that a calibration on one task does not reprice others."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", hardware).strip("-")
+    name = hardware_file_name(hardware)
     hosts = f"-hosts-of-{devices_per_host}" if devices_per_host else ""
     task = f"-tables-{task_digest(tables)}" if tables else ""
     return models_home() / (name + hosts + task + ".pt")
@@ -98,14 +113,15 @@ def models_for(
     hardware: str | None, devices_per_host: int | None = None, tables: list[TableSpec] | None = None
 ) -> Path:
     """The models to plan for `hardware` with: those calibrated for it on these `tables` (over hosts of
-    `devices_per_host`, then on one host), else its hardware-wide ones (likewise), else the shipped ones."""
+    `devices_per_host`, then on one host), else its hardware-wide ones (likewise), else the shipped ones for it
+    (`shipped_models_path`)."""
     if hardware is not None:
         for task in ([tables] if tables else []) + [None]:
             for hosts in dict.fromkeys((devices_per_host, None)):
                 path = hardware_models_path(hardware, hosts, task)
                 if path.is_file():
                     return path
-    return default_cost_model_path()
+    return shipped_models_path(hardware)
 
 
 def describe_models(
@@ -115,7 +131,7 @@ def describe_models(
     on; and a warning when that was other tables than `tables` (None otherwise)."""
     calibrated = models.info.calibrated
     if calibrated is None:
-        shipped = "the shipped models " if Path(path) == default_cost_model_path() else ""
+        shipped = "the shipped models " if Path(path).parent == PRETRAINED_DIR else ""
         return f"priced by {shipped}{path} (models of {models.hardware}, not calibrated on a task)", None
     names = calibrated.tables
     when = f" on {calibrated.at}" if calibrated.at else ""
