@@ -156,4 +156,6 @@ def test_models_finding_on_an_h200_names_the_shipped_gpu_models_and_their_missin
     monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path))
     finding = models_finding("cuda:NVIDIA H200")
     assert finding.level == "ok", finding
-    assert "the shipped models were trained on this hardware (compute only: all-to-alls priced at 0 ms" in finding.detail
+    assert (
+        "the shipped models were trained on this hardware (compute only: all-to-alls priced at 0 ms" in finding.detail
+    )
