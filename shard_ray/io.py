@@ -18,6 +18,12 @@ from shard_ray.errors import ShardRayError, describe_validation_error, first_lin
 M = TypeVar("M", bound=BaseModel)
 
 
+def shard_ray_home() -> Path:
+    """shard-ray's folder for what outlives a command (calibrated models, emulated clusters): $SHARD_RAY_HOME,
+    else ~/.shard-ray."""
+    return Path(os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray")
+
+
 def read_document(path: str | os.PathLike[str], what: str) -> Any:
     """Parse a JSON or YAML file (YAML when named .yaml or .yml, JSON otherwise) into Python objects."""
     path = Path(path)

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shard_ray"
 LAYERS = (
     ("errors",),
     ("arguments", "io", "quiet", "runtime"),
-    ("configfile",),
+    ("configfile", "hosts"),
     ("workload",),
     ("plan",),
     ("interop", "profiling"),

@@ -38,6 +38,9 @@ COMMANDS: dict[str, Command] = {
     "doctor": Command(
         "doctor", "what this machine and the Ray cluster offer shard-ray (GPUs, torch, fbgemm, NCCL, MLflow, models)"
     ),
+    "hosts": Command(
+        "hosts", "emulate hosts on this machine: network namespaces, links of a set rate, a Ray node each"
+    ),
     "demo": Command("bench", "the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow"),
 }
 

@@ -50,7 +50,7 @@ from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, piec
 from shard_ray.costmodel.info import ModelInfo
 from shard_ray.costmodel.spine import Spine
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
-from shard_ray.io import read_torch_file, write_atomic
+from shard_ray.io import read_torch_file, shard_ray_home, write_atomic
 from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
 
@@ -88,7 +88,7 @@ def shipped_models_path(hardware: str | None) -> Path:
 
 def models_home() -> Path:
     """Where `calibrate` keeps models per hardware: $SHARD_RAY_HOME/models, else ~/.shard-ray/models."""
-    return Path(os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray") / "models"
+    return shard_ray_home() / "models"
 
 
 def task_digest(tables: list[TableSpec]) -> str:

@@ -1,0 +1,92 @@
+"""`hosts up`, `hosts run`, `hosts down`, `hosts list`: hosts emulated on this machine (`shard_ray.hosts`)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from shard_ray.arguments import Parser
+from shard_ray.cli.commands import add_command
+from shard_ray.cli.flags import add_settings, settings_from
+from shard_ray.configfile import setting
+
+DEFAULT_NAME = "emulated"
+
+
+@dataclass(frozen=True)
+class HostsUpArgs:
+    hosts: int = setting(2, "hosts: network namespaces with a Ray node each", min=1)
+    devices_per_host: int = setting(1, "devices per host (its Ray node's CPUs)", min=1)
+    rate: str = setting("1gbit", "each host's link, each way, as tc writes rates (200mbit, 1gbit)")
+    name: str = setting(DEFAULT_NAME, "the cluster's name (its namespaces are srh-NAME-*)")
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    from shard_ray.hosts import bring_up, steady
+
+    flags = settings_from(HostsUpArgs, args)
+    state = bring_up(flags.name, flags.hosts, flags.devices_per_host, flags.rate, progress=_progress)
+    print(f"up: {state.describe()}")
+    if state.link_rates and not steady(state.link_rates):
+        print("warning: the two measurements of the link differ by more than 10%: timings over it are not steady")
+    if state.link_rates:
+        achieved = min(r.mbit_per_s for r in state.link_rates) / (state.rate_bits / 1e6)
+        print(f"the links achieve {achieved:.0%} of the rate set: price communication with the measured rate")
+    name = "" if state.name == DEFAULT_NAME else f" {state.name}"
+    print(
+        f"run commands on it: shard-ray hosts run{name} -- shard-ray evaluate ...; take it down: shard-ray hosts down{name}"
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from shard_ray.errors import ShardRayError
+    from shard_ray.hosts import command_in_head, load
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ShardRayError("give the command to run after --, for example: shard-ray hosts run -- shard-ray doctor")
+    argv, env = command_in_head(load(args.name), command)
+    sys.stdout.flush()
+    raise SystemExit(subprocess.run(argv, env=env).returncode)
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    from shard_ray.hosts import load, tear_down
+
+    state = load(args.name)
+    tear_down(state)
+    print(f"down: {state.name} ({state.hosts} hosts): its Ray nodes stopped, namespaces and links deleted")
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    from shard_ray.hosts import hosts_dir, listed
+
+    clusters = listed()
+    print(f"{len(clusters)} emulated cluster(s) up (state in {hosts_dir()})")
+    for state in clusters:
+        print(f"  {state.describe()}")
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "hosts")
+    commands = p.add_subparsers(dest="hosts_command", required=True, parser_class=Parser)
+    q = commands.add_parser("up", help="bring up hosts emulated on this machine, joined by links of a set rate")
+    add_settings(q, HostsUpArgs)
+    q.set_defaults(run=cmd_up)
+    q = commands.add_parser("run", help="run a command in host 0, joined to the emulated cluster (RAY_ADDRESS)")
+    q.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"the cluster (default {DEFAULT_NAME})")
+    q.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    q.set_defaults(run=cmd_run)
+    q = commands.add_parser("down", help="stop an emulated cluster's Ray nodes and delete its namespaces and links")
+    q.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"the cluster (default {DEFAULT_NAME})")
+    q.set_defaults(run=cmd_down)
+    q = commands.add_parser("list", help="the emulated clusters up on this machine")
+    q.set_defaults(run=cmd_list)

@@ -1,0 +1,121 @@
+"""Hosts emulated on one machine (`shard-ray hosts`), run as docs/clusters.md writes the commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from pages import page_line
+
+from shard_ray.hosts import MAX_HOSTS, MEMORY_SHARE, NODE_MEMORY_BYTES, _available_memory
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / ".venv" / "bin"
+
+
+def _shell_env(home: Path) -> dict[str, str]:
+    """A shell after `make setup` and `source .venv/bin/activate`, with its own shard-ray home."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(REPO / ".venv")
+    env["SHARD_RAY_HOME"] = str(home)
+    return env
+
+
+def _run(line: str, env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", line], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _namespaces(name: str) -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [ns for ns in listed if ns.startswith(f"srh-{name}-")]
+
+
+needs_namespaces = pytest.mark.skipif(
+    os.geteuid() != 0 or subprocess.run(["which", "ip", "tc"], capture_output=True).returncode != 0,
+    reason="emulated hosts need root and iproute2's ip and tc, which this machine lacks",
+)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ("--rate fast", "link rate 'fast' is not a rate such as 200mbit"),
+        ("--name Big_Name", "cluster name 'Big_Name': 1 to 12 lower-case letters"),
+        (f"--hosts {MAX_HOSTS + 1}", f"--hosts must be 1 to {MAX_HOSTS}"),
+    ],
+)
+def test_hosts_up_refuses_bad_input_in_one_line_and_makes_nothing(tmp_path, flags, said):
+    env = _shell_env(tmp_path)
+    done = _run(f"shard-ray hosts up {flags}", env, tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+    assert not (tmp_path / "hosts").exists() and not _namespaces("emulated")
+
+
+def test_hosts_down_and_run_name_what_is_missing(tmp_path):
+    env = _shell_env(tmp_path)
+    done = _run("shard-ray hosts down nothing-here", env, tmp_path)
+    assert done.returncode == 2 and "no emulated cluster named nothing-here is up (up: none)" in done.stderr
+    done = _run("shard-ray hosts run", env, tmp_path)
+    assert done.returncode == 2 and "give the command to run after --" in done.stderr
+
+
+@needs_namespaces
+def test_hosts_up_refuses_more_hosts_than_memory_holds_before_making_any(tmp_path):
+    hosts = int(MEMORY_SHARE * _available_memory() // NODE_MEMORY_BYTES) + 1
+    if hosts > MAX_HOSTS:
+        pytest.skip(f"this machine's memory holds {MAX_HOSTS} hosts, the most `hosts up` makes")
+    done = _run(f"shard-ray hosts up --hosts {hosts} --name toomany", _shell_env(tmp_path), tmp_path)
+    assert done.returncode == 2 and f"{hosts} hosts need about" in done.stderr, done.stderr
+    assert not _namespaces("toomany") and not (tmp_path / "hosts" / "toomany.json").exists()
+
+
+@pytest.mark.slow
+@needs_namespaces
+def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leaving_nothing():
+    """docs/clusters.md's four lines, with a name of the test's own: 3 hosts at 200 Mbit/s come up, the link's
+    achieved rate is measured twice and steady within 10%; a 3-device plan's gang spans the 3 hosts; down stops every
+    process it started and leaves no namespace, link, state file or Ray folder."""
+    name = f"t{os.getpid() % 10**6}"
+    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
+        work = Path(folder)
+        env = _shell_env(work / "home")
+        up = page_line("clusters.md", "shard-ray hosts up") + f" --name {name}"
+        done = _run(up, env, work)
+        try:
+            assert done.returncode == 0, done.stdout + done.stderr
+            rates = [float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", done.stdout).groups()]
+            assert all(150 <= r <= 205 for r in rates) and max(rates) <= 1.1 * min(rates), done.stdout
+            assert "not steady" not in done.stdout
+            assert len(_namespaces(name)) == 4  # 3 hosts and the switch
+            state = json.loads((work / "home" / "hosts" / f"{name}.json").read_text())
+            listed = _run("shard-ray hosts list", env, work)
+            assert f"{name}: 3 hosts of 1 devices, links of 200 Mbit/s each way" in listed.stdout
+            plan = page_line("clusters.md", "shard-ray plan --tables experiments/tables/criteo_kaggle.json")
+            plan = plan.replace("experiments/", f"{REPO}/experiments/")
+            assert _run(plan, env, work).returncode == 0
+            evaluate = page_line("clusters.md", "shard-ray hosts run -- shard-ray evaluate")
+            evaluate = evaluate.replace("hosts run --", f"hosts run {name} --").replace(
+                "experiments/", f"{REPO}/experiments/"
+            )
+            done = _run(evaluate, env, work)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert (
+                "the gang spanned 3 Ray nodes (host 0: devices [0], host 1: devices [1], host 2: devices [2])"
+                in done.stdout
+            )
+            devices = json.loads((work / "evaluated3.json").read_text())["devices"]
+            assert len(devices) == 3
+        finally:
+            down = _run(f"shard-ray hosts down {name}", env, work)
+        assert down.returncode == 0, down.stderr
+        assert not _namespaces(name)
+        for pid in state["pids"]:
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)
+        assert not (work / "home" / "hosts" / f"{name}.json").exists() and not Path(state["temp_dir"]).exists()
