@@ -33,6 +33,16 @@ from shard_ray.io import shard_ray_home, write_atomic
 INTERFACE = "eth0"
 SUBNET = "10.0.0"
 HEAD_PORT = 6379
+# Every node's ports, fixed: each host has a network stack of its own, so they never meet another node's, and
+# none is left to Ray's pick of a free port, which raced (a raylet once lost its port to its own agent here).
+NODE_PORTS = {
+    "node-manager-port": 6380,
+    "object-manager-port": 6381,
+    "dashboard-agent-grpc-port": 6382,
+    "dashboard-agent-listen-port": 6383,
+    "metrics-export-port": 6384,
+    "runtime-env-agent-port": 6385,
+}
 MAX_HOSTS = 64
 # A Ray node's processes (GCS, raylet, agents, the head's monitors) took 0.45-0.9 GB here (Ray 2.60); up
 # refuses more hosts than the machine's available memory holds at this much each, with room to run on them.
@@ -42,6 +52,9 @@ OBJECT_STORE_BYTES = 128 * 1024**2
 NODES_TIMEOUT_S = 180.0
 # A `ray start --block` told to stop drains for up to 30 s (Ray 2.60): the nodes get this long, then are killed.
 STOP_TIMEOUT_S = 5.0
+# Set in the commands `hosts run` runs: the links' achieved rate (Mbit/s), so that a gang knows its all-to-alls cross
+# links and measures them even where its devices outnumber the machine's cores.
+EMULATED_LINK_ENV = "SHARD_RAY_EMULATED_LINK_MBIT"
 # A measured link rate is steady when two measurements are within this of each other.
 STEADY = 0.10
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,11}$")
@@ -308,12 +321,20 @@ def _add_namespace(state: EmulatedHosts, ns: str) -> None:
     _save(state)
 
 
+def emulated_link_mbit() -> float | None:
+    """The achieved rate of the emulated hosts' links this process runs on (`hosts run` says), else None."""
+    value = os.environ.get(EMULATED_LINK_ENV)
+    return float(value) if value else None
+
+
 def _ray_env(state: EmulatedHosts) -> dict[str, str]:
+    measured = [r.mbit_per_s for r in state.link_rates]
     return {
         "RAY_ADDRESS": state.address,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": state.token,
         "GLOO_SOCKET_IFNAME": INTERFACE,
+        EMULATED_LINK_ENV: f"{min(measured) if measured else state.rate_bits / 1e6:.0f}",
     }
 
 
@@ -321,14 +342,19 @@ def _start_nodes(state: EmulatedHosts) -> None:
     ray = str(Path(sys.executable).with_name("ray"))
     env = {**os.environ, **_ray_env(state)}
     env.pop("RAY_ADDRESS")  # the head starts a cluster, the others are given its address
+    env.pop(EMULATED_LINK_ENV)  # for the commands run on the cluster, not its nodes
     Path(state.temp_dir).mkdir(parents=True, exist_ok=True)
     for host in range(state.hosts):
         role = (
-            ["--head", "--port", str(HEAD_PORT), "--temp-dir", state.temp_dir, "--include-dashboard", "false"]
+            ["--head", "--port", str(HEAD_PORT), "--include-dashboard", "false"]
             if host == 0
             else ["--address", state.address]
         )
-        command = [ray, "start", *role, "--node-ip-address", host_ip(host), "--num-cpus", str(state.devices_per_host)]
+        # A Ray folder per node: nodes sharing one name their sockets in it by a count, which two nodes starting
+        # at once took alike (their raylets then failed with "Address already in use").
+        command = [ray, "start", *role, "--temp-dir", f"{state.temp_dir}/h{host}", "--node-ip-address", host_ip(host)]
+        command += ["--num-cpus", str(state.devices_per_host)]
+        command += [f"--{name}={port}" for name, port in NODE_PORTS.items()]
         command += ["--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--block"]
         log = open(Path(state.temp_dir) / f"host-{host}.log", "w")  # noqa: SIM115 (the node writes it while up)
         process = subprocess.Popen(

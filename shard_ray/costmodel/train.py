@@ -167,8 +167,9 @@ def comm_widths(pm: PlanMeasurement) -> np.ndarray | None:
     """Each device's pooled-embedding all-to-all width in a measured multi-device plan; None where its
     comm holds more than that all-to-all (a replica's gradient all-reduce, table-row-wise sums inside
     a host, or, since procedure 2, one set of all-to-alls for each of several sharding types), which the
-    comm model does not describe alone."""
-    if pm.plan.num_devices < 2:
+    comm model does not describe alone, or where the comm model priced the all-to-alls instead of the gang
+    timing them (more devices than cores): a fit to its own prices would learn nothing."""
+    if pm.plan.num_devices < 2 or {"fwd_comm_ms", "bwd_comm_ms"} & set(pm.cost.priced_parts):
         return None
     pieces = pm.plan.pieces(pm.tables)
     if any(p.replicated or p.within_host > 1 for shard in pieces for p in shard):

@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
+from shard_ray.hosts import emulated_link_mbit
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
 from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece
 from shard_ray.plan.plan import Plan
@@ -657,25 +658,26 @@ class DeviceGang:
         self.hosts = [numbering.setdefault(h["node"], len(numbering)) for h in hosts]
         self.warnings = self._oversubscription(hosts)
         self.take_turns = bool(self.warnings)
-        self.priced_parts = list(PRICED_WHEN_SHARED) if self.take_turns else []
+        link_bound = self.take_turns and emulated_link_mbit() is not None and len(set(self.hosts)) > 1
+        self.priced_parts = list(PRICED_WHEN_SHARED) if self.take_turns and not link_bound else []
         if self.pin_cores and not self.use_gpus:
             self._pin(hosts)
         address = ray.get(self.members[0].rendezvous_address.remote())
         ray.get([m.join.remote(address, self.collective_timeout_s) for m in self.members])
 
     def _pin(self, hosts: list[dict]) -> None:
-        """Each member on a core of its own where its node has enough, the last cores; this driver, where it
-        shares a node with members and cores are left, on the others."""
-        driver_node = ray.get_runtime_context().get_node_id()
+        """Each member on a core of its own where its machine has enough, the last cores; this driver, where it
+        shares the machine with members and cores are left, on the others. Ray nodes on one machine (emulated
+        hosts, a test cluster) share its cores."""
         self._pinned = []
-        for node in {h["node"] for h in hosts}:
-            ranks = [r for r, h in enumerate(hosts) if h["node"] == node]
+        for machine in {h["machine"] for h in hosts}:
+            ranks = [r for r, h in enumerate(hosts) if h["machine"] == machine]
             cores = cores_for(len(ranks), hosts[ranks[0]]["cores"])
             if cores is None:
                 continue
             self._pinned.append((ranks, cores))
             spare = set(hosts[ranks[0]]["cores"]) - set(cores)
-            if node == driver_node and spare and set(free_cores()) >= spare:
+            if machine == machine_id() and spare and set(free_cores()) >= spare:
                 self._driver_cores = free_cores()
                 pin_to(spare)
         self.rotate_cores(0)
@@ -701,18 +703,31 @@ class DeviceGang:
             self._group = None
 
     def _oversubscription(self, hosts: list[dict]) -> list[str]:
+        """A line per machine whose cores its CPU devices outnumber, whatever Ray nodes they are on."""
         if self.use_gpus:
             return []
-        per_node: dict[str, list[dict]] = {}
+        per_machine: dict[str, list[dict]] = {}
         for host in hosts:
-            per_node.setdefault(host["node"], []).append(host)
-        return [
-            f"{len(members)} CPU devices share a node with {len(members[0]['cores'])} cores: their compute phases "
-            "take turns and are measured; their all-to-alls would compete for cores, so they are priced by the "
-            "comm model instead of measured"
-            for members in per_node.values()
-            if len(members) > len(members[0]["cores"])
-        ]
+            per_machine.setdefault(host["machine"], []).append(host)
+        link = emulated_link_mbit()
+        lines = []
+        for members in per_machine.values():
+            cores, nodes = len(members[0]["cores"]), len({m["node"] for m in members})
+            if len(members) <= cores:
+                continue
+            shared = f"{len(members)} CPU devices share a machine with {cores} cores"
+            if link is not None and nodes > 1:
+                lines.append(
+                    f"{shared} on {nodes} emulated hosts: their compute phases take turns and are measured; their "
+                    f"all-to-alls cross the hosts' links of {link:g} Mbit/s and are measured, bound by the links as "
+                    "long as the cores move bytes faster (devices on one host share cores there too)"
+                )
+            else:
+                lines.append(
+                    f"{shared}: their compute phases take turns and are measured; their all-to-alls would compete "
+                    "for cores, so they are priced by the comm model instead of measured"
+                )
+        return lines
 
     def devices_of_ranks(self, shift: int) -> list[int]:
         """The plan device each rank runs when the roles are moved `shift` places along each host's ranks."""

@@ -1,0 +1,175 @@
+"""All-to-alls measured across hosts emulated on this machine, beside what the cost models price them at.
+
+    python experiments/comm_over_hosts.py --out comm-out [--rates 200mbit,1gbit] [--layouts 2x1,3x1,4x1,2x2] [--plans 4]
+
+For each link rate and layout (HOSTSxDEVICES per host) it brings up an emulated cluster (`shard-ray hosts up`,
+root only), runs `--plans` random table-wise plans of Criteo Kaggle's tables on a gang spanning its hosts (3
+interleaved rounds, batch 1024), and takes the cluster down. Every device's measured input distribution and
+forward and backward all-to-all is written beside three prices of it:
+
+- `flat`: the shipped models on one host (what `plan` prices without `--devices-per-host`);
+- `hosts`: the same with the inter-host share at the links' measured rate (`plan --devices-per-host L
+  --inter-host-gbps R`, `shard_ray.costmodel.pricing.over_hosts`);
+- `received`: the bytes the device receives from other hosts over that rate, the host's link shared by its devices.
+
+Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from shard_ray.arguments import Parser
+from shard_ray.errors import ShardRayError
+
+BATCH = 1024
+ROUNDS = 3
+TABLES = "experiments/tables/criteo_kaggle.json"
+
+
+def random_plans(num_devices: int, count: int, seed: int) -> list:
+    """`count` table-wise plans of the tables over `num_devices`, devices drawn with skewed to even shares."""
+    from shard_ray.plan.piece import TablePiece
+    from shard_ray.plan.plan import Plan
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(TABLES)
+    rng = np.random.default_rng(seed)
+    plans = []
+    for i in range(count):
+        shares = rng.dirichlet(np.full(num_devices, (0.5, 1.0, 5.0)[i % 3]))
+        devices = rng.choice(num_devices, size=len(tables), p=shares)
+        devices[:num_devices] = np.arange(num_devices)  # every device holds a table
+        plans.append(Plan.from_assignment([TablePiece.whole(t) for t in tables], devices, num_devices, f"random{i}"))
+    return plans
+
+
+def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None:
+    """In host 0 of the cluster: measure the plans on a gang of every device and price them; write `out`."""
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer, input_width, output_width
+    from shard_ray.plan.topology import GB, Topology
+    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.runtime import connect_ray
+    from shard_ray.workload.tables import load_tables
+
+    hosts, per_host = (int(x) for x in layout.split("x"))
+    devices = hosts * per_host
+    connect_ray()
+    tables = load_tables(TABLES)
+    models = CostModels.load(default_cost_model_path())
+    gbytes = link_mbit / 8 / 1e3
+    drawn = random_plans(devices, plans, seed=devices)
+    with DeviceGang(devices, devices_per_host=per_host) as gang:
+        measured = gang.evaluate_rounds(drawn, tables, MeasureConfig(batch_size=BATCH, seed=0), rounds=ROUNDS)
+    records = []
+    for plan, cost in zip(drawn, measured):
+        pieces, assign = plan.assignment(tables)
+        priced = {}
+        for name, local in (("flat", None), ("hosts", per_host if hosts > 1 else None)):
+            topology = Topology(
+                num_devices=devices, memory_bytes=GB, batch_size=BATCH, devices_per_host=local, inter_host_gbps=gbytes
+            )
+            priced[name] = Pricer(models, topology).plan_parts(pieces, assign).plan_cost("priced", BATCH).devices
+        out_width = np.bincount(assign, weights=[output_width(p) for p in pieces], minlength=devices)
+        in_width = np.bincount(assign, weights=[input_width(p) for p in pieces], minlength=devices)
+        host_of = np.arange(devices) // per_host
+        for d, device in enumerate(cost.devices):
+            other = host_of != host_of[d]
+            # forward: device d receives its B/D samples of every other host's devices' columns; backward: the
+            # gradients of its own columns for the other hosts' samples; input: its tables' ids from them.
+            own_host = host_of == host_of[d]
+            received = {
+                "fwd_comm_ms": out_width[other].sum() / devices,
+                "bwd_comm_ms": out_width[d] * other.sum() / devices,
+                "input_dist_ms": in_width[d] * other.sum() / devices,
+            }
+            # a host's link carries all its devices' traffic
+            host_scale = {
+                "fwd_comm_ms": out_width[other].sum() * own_host.sum() / devices,
+                "bwd_comm_ms": out_width[own_host].sum() * other.sum() / devices,
+                "input_dist_ms": in_width[own_host].sum() * other.sum() / devices,
+            }
+            records.append(
+                {
+                    "layout": layout,
+                    "link_mbit": link_mbit,
+                    "plan": plan.algorithm,
+                    "device": d,
+                    "measured": {k: getattr(device, k) for k in received},
+                    "flat": {k: getattr(priced["flat"][d], k) for k in received},
+                    "hosts": {k: getattr(priced["hosts"][d], k) for k in received},
+                    "received": {k: w * BATCH * 4 / (gbytes * 1e9) * 1e3 for k, w in received.items()},
+                    "host_link": {k: w * BATCH * 4 / (gbytes * 1e9) * 1e3 for k, w in host_scale.items()},
+                    "step_ms": cost.cost_ms,
+                }
+            )
+    out.write_text(json.dumps(records, indent=1))
+
+
+def summarise(records: list[dict]) -> None:
+    parts = ("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms")
+    for key in sorted({(r["link_mbit"], r["layout"]) for r in records}):
+        rows = [r for r in records if (r["link_mbit"], r["layout"]) == key]
+        line = [f"{key[0]:.0f} Mbit/s, {key[1]}: {len(rows)} devices"]
+        for price in ("flat", "hosts", "received", "host_link"):
+            ratios = [r["measured"][p] / r[price][p] for r in rows for p in parts if r[price][p] > 0]
+            line.append(f"measured/{price} {np.median(ratios):.2f}" if ratios else f"{price} -")
+        print("; ".join(line), flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rates", default="200mbit,1gbit")
+    parser.add_argument("--layouts", default="2x1,3x1,4x1,2x2")
+    parser.add_argument("--plans", type=int, default=4)
+    parser.add_argument("--inside", default=None, help=argparse_hidden())
+    parser.add_argument("--link-mbit", type=float, default=None, help=argparse_hidden())
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.inside:
+        measure_inside(args.inside, args.plans, args.link_mbit, out)
+        return 0
+    from shard_ray.hosts import bring_up, command_in_head, tear_down
+
+    out.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    for rate in args.rates.split(","):
+        for layout in args.layouts.split(","):
+            hosts, per_host = (int(x) for x in layout.split("x"))
+            state = bring_up("commexp", hosts, per_host, rate, progress=lambda line: print(line, flush=True))
+            try:
+                link = min(r.mbit_per_s for r in state.link_rates)
+                part = out / f"{rate}-{layout}.json"
+                inside = [sys.executable, __file__, "--inside", layout, "--plans", str(args.plans)]
+                inside += ["--link-mbit", f"{link:.1f}", "--out", str(part.resolve())]
+                argv_in, env = command_in_head(state, inside)
+                subprocess.run(argv_in, env=env, check=True)
+                records += json.loads(part.read_text())
+                summarise([r for r in records if r["layout"] == layout and r["link_mbit"] == link])
+            finally:
+                tear_down(state)
+    (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
+    summarise(records)
+    return 0
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ShardRayError as err:
+        print(f"comm_over_hosts: error: {err}", file=sys.stderr)
+        sys.exit(2)
