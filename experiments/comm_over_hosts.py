@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
             hosts, per_host = (int(x) for x in layout.split("x"))
             state = bring_up("commexp", hosts, per_host, rate, progress=lambda line: print(line, flush=True))
             try:
-                link = min(r.mbit_per_s for r in state.link_rates)
+                link = round(min(r.mbit_per_s for r in state.link_rates), 1)
                 part = out / f"{rate}-{layout}.json"
                 inside = [sys.executable, __file__, "--inside", layout, "--plans", str(args.plans)]
                 inside += ["--link-mbit", f"{link:.1f}", "--out", str(part.resolve())]
