@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -162,7 +163,9 @@ def check_request(name: str, hosts: int, devices_per_host: int, rate: str) -> fl
     return bits
 
 
-def bring_up(name: str, hosts: int, devices_per_host: int, rate: str, progress=print) -> EmulatedHosts:
+def bring_up(
+    name: str, hosts: int, devices_per_host: int, rate: str, progress: Callable[[str], None] = print
+) -> EmulatedHosts:
     """Make the namespaces, links and Ray nodes, wait for every node, measure the links; on any failure (or
     Ctrl-C) remove whatever was made and raise."""
     bits = check_request(name, hosts, devices_per_host, rate)
