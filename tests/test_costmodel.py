@@ -609,12 +609,13 @@ def test_hosts_price_inter_host_traffic_apart(shipped, pool):
     predicted = models.predict_comm(widths, 1024)
     assert np.array_equal(over_hosts(predicted, widths, 1024, None, 12.5), predicted)
     assert np.array_equal(over_hosts(predicted, widths, 1024, 8, 12.5), predicted)
-    # Hosts of 4 at 1 GB/s: device 0 sends 300 x 4/8 floats a sample to the other host; device 4
-    # holds nothing and receives host 0's 500 columns' 1/8 share; 4 bytes a float, batch 1024.
+    # Hosts of 4 at 1 GB/s, a device waiting for what it receives: forward, device 4 (holding nothing) receives
+    # host 0's 500 columns' 1/8 share and device 0 nothing from host 1; backward, device 0 receives the gradients
+    # of its 300 columns for the 4 of 8 devices' samples on host 1 and device 4 none; 4 bytes a float, batch 1024.
     priced = over_hosts(predicted, widths, 1024, 4, 1.0)
     ms_per_float = 1024 * 4 / 1e9 * 1e3
-    assert priced[0] == pytest.approx(predicted[0] * 3 / 7 + 150 * ms_per_float, rel=1e-6)
-    assert priced[4] == pytest.approx(predicted[4] * 3 / 7 + 62.5 * ms_per_float, rel=1e-6)
+    assert priced[0] == pytest.approx(predicted[0] * 3 / 7 + np.array([0.0, 150.0]) * ms_per_float, rel=1e-6)
+    assert priced[4] == pytest.approx(predicted[4] * 3 / 7 + np.array([62.5, 0.0]) * ms_per_float, rel=1e-6)
 
     costs = {}
     for per_host, gbps in ((None, 12.5), (2, 12.5), (2, 0.5)):

@@ -94,8 +94,15 @@ class Pricer:
         return self.models.comm_ms(features)[:, 0]
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
-        """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample."""
-        return self.collectives(inputs)[:, 0]
+        """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
+        hosts, each device receives its pieces' ids for the samples of devices off its host (`inter_host_ms`)."""
+        topology = self.topology
+        predicted = self.models.predict_comm(inputs, topology.batch_size)[:, 0]
+        hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
+        if hosts is None or hosts >= len(inputs):
+            return predicted
+        received = inter_host_ms(inputs, topology.batch_size, hosts, topology.inter_host_gbps)[:, 1]
+        return predicted * intra_host_share(len(inputs), hosts) + received
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
@@ -186,30 +193,37 @@ def host_reduce(models: CostModels, host_sums: np.ndarray, batch_size: int, devi
 def over_hosts(
     predicted: np.ndarray, widths: np.ndarray, batch_size: int, devices_per_host: int | None, inter_host_gbps: float
 ) -> np.ndarray:
-    """All-to-all ms [D, k] of devices on hosts of `devices_per_host`, from the comm model's `predicted`
-    ms of the same devices on one host: the intra-host share of each device's peers at the model's
-    price, plus its inter-host traffic at `inter_host_gbps`.
+    """All-to-all (fwd, bwd) ms [D, 2] of devices on hosts of `devices_per_host`, from the comm model's
+    `predicted` ms of the same devices on one host: the intra-host share of each device's peers at the
+    model's price, plus what it receives from other hosts at `inter_host_gbps` (`inter_host_ms`).
 
-    With the batch split evenly, device d sends width_d x B/D floats to each peer, (D - L) of them
-    on other hosts, and receives width_j x B/D from each peer j on another host; the slower of the
-    two directions sets its inter-host time. The widest device's sending bounds every device's
-    receiving, so for table- and column-wise plans hosts raise the price without changing which
-    layout is cheapest; they change it for traffic a layout keeps inside a host: table-row-wise
-    partial sums (`host_reduce`; replicas' all-reduce is priced flat still). The shipped comm model
-    has not measured inter-host links (on one machine there are none); one calibrated over hosts
-    has, and is priced as it is (`analytic_devices_per_host`).
+    The shipped comm model has not measured inter-host links; one calibrated over hosts has, and is
+    priced as it is (`analytic_devices_per_host`). Replicas' all-reduce is priced flat still.
     """
     d = len(widths)
     if devices_per_host is None or devices_per_host >= d:
         return predicted
+    inter = inter_host_ms(widths, batch_size, devices_per_host, inter_host_gbps)
+    return predicted * intra_host_share(d, devices_per_host) + inter[:, : predicted.shape[1]]
+
+
+def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, inter_host_gbps: float) -> np.ndarray:
+    """Each device's time [D, 2] receiving from other hosts at `inter_host_gbps` what an all-to-all of `widths`
+    float columns per sample brings it, the batch split evenly: forward, its B/D samples of every column held
+    off its host; backward (and an input all-to-all of ids), its own columns for the samples of the D - L
+    devices off its host.
+
+    A device waits for what it receives: what it sends waits in the transport's buffers. Across hosts emulated
+    on one machine at 200 Mbit/s, gloo's all-to-all measured 0.73-1.25x this price at 2 to 8 devices, where the
+    larger of sending and receiving (this function's form before) priced it about twice too dear
+    (docs/clusters.md, "All-to-alls measured across emulated hosts").
+    """
     widths = np.asarray(widths, dtype=np.float64)
-    local = devices_per_host
+    d, local = len(widths), devices_per_host
     hosts = np.arange(d) // local
     own_host = np.bincount(hosts, weights=widths)[hosts]
-    sent = widths * (d - local) / d
-    received = (widths.sum() - own_host) / d
-    inter_ms = np.maximum(sent, received) * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
-    return predicted * intra_host_share(d, local) + inter_ms[:, None]
+    floats = np.stack([(widths.sum() - own_host) / d, widths * (d - local) / d], axis=1)
+    return floats * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
 
 
 def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:
