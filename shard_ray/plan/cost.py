@@ -22,7 +22,8 @@ def _without(data: Any, derived: str) -> Any:
 # The parts of a device's step, in the order it runs them.
 STEP_PARTS = ("input_dist_ms", "fwd_compute_ms", "fwd_comm_ms", "bwd_comm_ms", "bwd_compute_ms")
 # The collectives: measured on a gang whose devices have cores of their own, priced by the comm model
-# where more devices than cores share a node (they would measure the contention for cores).
+# where more devices than cores share a machine (they would measure the contention for cores), except across
+# hosts emulated on it, whose links bound them.
 PRICED_WHEN_SHARED = ("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms")
 
 

@@ -95,7 +95,7 @@ def priced_note(cost: PlanCost) -> str:
     measured = ", ".join(column for part, column in PART_COLUMNS.items() if part not in cost.priced_parts)
     return (
         f"measured: {measured}; priced by the comm model {cost.priced_by}: {priced} (more devices than cores on a "
-        "node: all-to-alls there would measure the contention for cores, not the plan)"
+        "machine: all-to-alls there would measure the contention for cores, not the plan)"
     )
 
 

@@ -12,10 +12,11 @@ device's sum (see `shard_ray.plan.cost`).
 
 NCCL is used when the gang holds GPUs, gloo on CPU. On CPU a device is one core with one
 intra-op thread, so a gang is faithful only when each of its members has a free core. When a
-node hosts more CPU devices than it has cores, the compute phases take turns (one device
-computes while the others wait at a barrier), so the fused compute times stay those of a
-device with a core to itself; the all-to-alls need every device at once and still share cores,
-which the plan's warnings say.
+machine hosts more CPU devices than it has cores (whatever Ray nodes they are on), the compute
+phases take turns (one device computes while the others wait at a barrier), so the fused compute
+times stay those of a device with a core to itself; the all-to-alls need every device at once and
+would share cores, so they are priced, which the plan's warnings say; across hosts emulated on the
+machine (`shard_ray.hosts`) they cross the hosts' links and are measured.
 """
 
 from __future__ import annotations
@@ -553,7 +554,7 @@ def check_hosts(num_devices: int, devices_per_host: int | None, use_gpus: bool |
         )
 
 
-# Prices the all-to-alls a gang cannot time, where more devices than cores share a node: given the gang's
+# Prices the all-to-alls a gang cannot time, where more devices than cores share a machine: given the gang's
 # hardware, its devices per host, a plan, its tables and the batch size, the model file that priced them,
 # the plan's per-device costs and warnings. The cost models provide it (`shard_ray.costmodel.simulator.price_comm`);
 # they sit above profiling, so the gang is handed it.
@@ -769,7 +770,7 @@ class DeviceGang:
 
     def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig, shift: int = 0) -> PlanCost:
         """The plan's per-device `step_estimate` of its timed steps and the plan cost, its devices run by the ranks
-        `shift` places along (`run_steps`); with more devices than cores on a node, the all-to-alls priced by the
+        `shift` places along (`run_steps`); with more devices than cores on a machine, the all-to-alls priced by the
         comm model (`priced_parts`)."""
         results = self.run_steps(plan, tables, config, shift)
         devices = [
