@@ -97,7 +97,8 @@ class EmulatedHosts(BaseModel):
         rates = ", ".join(f"{r.mbit_per_s:.0f}" for r in self.link_rates)
         measured = f"; measured host 0 -> 1: {rates} Mbit/s" if rates else ""
         return (
-            f"{self.name}: {self.hosts} hosts of {self.devices_per_host} devices, links of "
+            f"{self.name}: {self.hosts} host{'s' if self.hosts > 1 else ''} of {self.devices_per_host} "
+            f"device{'s' if self.devices_per_host > 1 else ''}, links of "
             f"{self.rate_bits / 1e6:g} Mbit/s each way{measured}; Ray at {self.address} (from host 0)"
         )
 
@@ -182,7 +183,9 @@ def bring_up(
         _save(state)  # first, so that a `down` from another shell finds what is being made
         progress(f"making {hosts} hosts' namespaces and links ({bits / 1e6:g} Mbit/s each way)")
         _make_network(state)
-        progress(f"starting a Ray node in each host ({devices_per_host} devices each)")
+        progress(
+            f"starting a Ray node in each host ({devices_per_host} device{'s' if devices_per_host > 1 else ''} each)"
+        )
         _start_nodes(state)
         _wait_for_nodes(state)
         if hosts > 1:

@@ -63,6 +63,11 @@ def test_hosts_down_and_run_name_what_is_missing(tmp_path):
     assert done.returncode == 2 and "no emulated cluster named nothing-here is up (up: none)" in done.stderr
     done = _run("shard-ray hosts run", env, tmp_path)
     assert done.returncode == 2 and "give the command to run after --" in done.stderr
+    # docs/clusters.md's line, as written: the cluster is the default one, not the command's first word
+    done = _run(page_line("clusters.md", "shard-ray hosts run -- shard-ray evaluate"), env, tmp_path)
+    assert done.returncode == 2 and "no emulated cluster named emulated is up (up: none)" in done.stderr, done.stderr
+    done = _run("shard-ray hosts run one two -- env", env, tmp_path)
+    assert done.returncode == 2 and "one cluster name before --, got one two" in done.stderr
 
 
 @needs_namespaces
@@ -95,7 +100,7 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
             assert len(_namespaces(name)) == 4  # 3 hosts and the switch
             state = json.loads((work / "home" / "hosts" / f"{name}.json").read_text())
             listed = _run("shard-ray hosts list", env, work)
-            assert f"{name}: 3 hosts of 1 devices, links of 200 Mbit/s each way" in listed.stdout
+            assert f"{name}: 3 hosts of 1 device, links of 200 Mbit/s each way" in listed.stdout
             plan = page_line("clusters.md", "shard-ray plan --tables experiments/tables/criteo_kaggle.json")
             plan = plan.replace("experiments/", f"{REPO}/experiments/")
             assert _run(plan, env, work).returncode == 0

@@ -19,7 +19,7 @@ DEFAULT_NAME = "emulated"
 class HostsUpArgs:
     hosts: int = setting(2, "hosts: network namespaces with a Ray node each", min=1)
     devices_per_host: int = setting(1, "devices per host (its Ray node's CPUs)", min=1)
-    rate: str = setting("1gbit", "each host's link, each way, as tc writes rates (200mbit, 1gbit)")
+    rate: str = setting("1gbit", "each host's link rate, each way, in kbit, mbit or gbit (200mbit, 1gbit)")
     name: str = setting(DEFAULT_NAME, "the cluster's name (its namespaces are srh-NAME-*)")
 
 
@@ -44,14 +44,25 @@ def cmd_run(args: argparse.Namespace) -> None:
     from shard_ray.errors import ShardRayError
     from shard_ray.hosts import command_in_head, load
 
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    name, command = split_run_words(list(args.words))
     if not command:
         raise ShardRayError("give the command to run after --, for example: shard-ray hosts run -- shard-ray doctor")
-    argv, env = command_in_head(load(args.name), command)
+    argv, env = command_in_head(load(name), command)
     sys.stdout.flush()
     raise SystemExit(subprocess.run(argv, env=env).returncode)
+
+
+def split_run_words(words: list[str]) -> tuple[str, list[str]]:
+    """`[NAME] -- COMMAND...` -> (the cluster's name, the command): the name is the one word before `--`, if any."""
+    from shard_ray.errors import ShardRayError
+
+    if "--" not in words:
+        return (words[0] if words else DEFAULT_NAME), []
+    cut = words.index("--")
+    before, command = words[:cut], words[cut + 1 :]
+    if len(before) > 1:
+        raise ShardRayError(f"one cluster name before --, got {' '.join(before)}")
+    return (before[0] if before else DEFAULT_NAME), command
 
 
 def cmd_down(args: argparse.Namespace) -> None:
@@ -82,8 +93,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_settings(q, HostsUpArgs)
     q.set_defaults(run=cmd_up)
     q = commands.add_parser("run", help="run a command in host 0, joined to the emulated cluster (RAY_ADDRESS)")
-    q.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"the cluster (default {DEFAULT_NAME})")
-    q.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    q.add_argument(
+        "words", nargs=argparse.REMAINDER, metavar="[NAME] -- COMMAND", help=f"the cluster (default {DEFAULT_NAME})"
+    )
     q.set_defaults(run=cmd_run)
     q = commands.add_parser("down", help="stop an emulated cluster's Ray nodes and delete its namespaces and links")
     q.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"the cluster (default {DEFAULT_NAME})")
