@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pages import page_line
 
-from shard_ray.hosts import MAX_HOSTS, MEMORY_SHARE, NODE_MEMORY_BYTES, _available_memory
+from shard_ray.hosts import MAX_HOSTS, NODE_MEMORY_BYTES, _available_memory
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / ".venv" / "bin"
