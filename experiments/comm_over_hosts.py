@@ -10,7 +10,8 @@ forward and backward all-to-all is written beside three prices of it:
 - `flat`: the shipped models on one host (what `plan` prices without `--devices-per-host`);
 - `hosts`: the same with the inter-host share at the links' measured rate (`plan --devices-per-host L
   --inter-host-gbps R`, `shard_ray.costmodel.pricing.over_hosts`);
-- `received`: the bytes the device receives from other hosts over that rate, the host's link shared by its devices.
+- `received`: the bytes the device receives from other hosts over that rate (`inter_host_ms`, as `over_hosts` prices);
+- `host_link`: the same with the host's one link carrying all its devices' bytes.
 
 Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
 """
@@ -52,7 +53,7 @@ def random_plans(num_devices: int, count: int, seed: int) -> list:
 def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None:
     """In host 0 of the cluster: measure the plans on a gang of every device and price them; write `out`."""
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
-    from shard_ray.costmodel.pricing import Pricer, input_width, output_width
+    from shard_ray.costmodel.pricing import Pricer, input_width, inter_host_ms, output_width
     from shard_ray.plan.topology import GB, Topology
     from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
@@ -80,16 +81,13 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
         out_width = np.bincount(assign, weights=[output_width(p) for p in pieces], minlength=devices)
         in_width = np.bincount(assign, weights=[input_width(p) for p in pieces], minlength=devices)
         host_of = np.arange(devices) // per_host
+        # what each device receives from other hosts (the pricing's own `inter_host_ms`): forward and backward of
+        # the pooled columns, and the ids of its tables in the input all-to-all
+        received_out = inter_host_ms(out_width, BATCH, per_host, gbytes)
+        received_in = inter_host_ms(in_width, BATCH, per_host, gbytes)
         for d, device in enumerate(cost.devices):
             other = host_of != host_of[d]
-            # forward: device d receives its B/D samples of every other host's devices' columns; backward: the
-            # gradients of its own columns for the other hosts' samples; input: its tables' ids from them.
             own_host = host_of == host_of[d]
-            received = {
-                "fwd_comm_ms": out_width[other].sum() / devices,
-                "bwd_comm_ms": out_width[d] * other.sum() / devices,
-                "input_dist_ms": in_width[d] * other.sum() / devices,
-            }
             # a host's link carries all its devices' traffic
             host_scale = {
                 "fwd_comm_ms": out_width[other].sum() * own_host.sum() / devices,
@@ -102,10 +100,14 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
                     "link_mbit": link_mbit,
                     "plan": plan.algorithm,
                     "device": d,
-                    "measured": {k: getattr(device, k) for k in received},
-                    "flat": {k: getattr(priced["flat"][d], k) for k in received},
-                    "hosts": {k: getattr(priced["hosts"][d], k) for k in received},
-                    "received": {k: w * BATCH * 4 / (gbytes * 1e9) * 1e3 for k, w in received.items()},
+                    "measured": {k: getattr(device, k) for k in host_scale},
+                    "flat": {k: getattr(priced["flat"][d], k) for k in host_scale},
+                    "hosts": {k: getattr(priced["hosts"][d], k) for k in host_scale},
+                    "received": {
+                        "fwd_comm_ms": received_out[d, 0],
+                        "bwd_comm_ms": received_out[d, 1],
+                        "input_dist_ms": received_in[d, 1],
+                    },
                     "host_link": {k: w * BATCH * 4 / (gbytes * 1e9) * 1e3 for k, w in host_scale.items()},
                     "step_ms": cost.cost_ms,
                 }
