@@ -101,11 +101,11 @@ def test_plan_warns_for_tables_outside_the_models_training_data(capsys, user_hom
     (tmp_path / "tables.json").write_text(MINIMAL_TABLES)
     result = shard_ray_here(
         capsys, "plan", "--tables", "tables.json", "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
-        "--out", "plan.json", "--hardware", "cuda:NVIDIA H100 80GB HBM3",
+        "--out", "plan.json", "--hardware", "cuda:NVIDIA A100-SXM4-80GB",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     warnings = [line.removeprefix("warning: ") for line in result.stderr.splitlines()]
-    assert any("not of cuda:NVIDIA H100 80GB HBM3" in line for line in warnings[:-1])
+    assert any("not of cuda:NVIDIA A100-SXM4-80GB" in line for line in warnings[:-1])
     assert load_plan(tmp_path / "plan.json").estimate.warnings == warnings[:-1]
     assert "shard-ray calibrate --tables tables.json --devices 2" in warnings[-1]
 

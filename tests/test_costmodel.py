@@ -157,14 +157,19 @@ def test_plans_say_when_the_comm_model_never_measured_their_device_count(pool):
 def test_the_shipped_gpu_models_price_the_gpu_and_say_they_leave_the_all_to_alls_out(pool, tmp_path, monkeypatch):
     """On an H200, plans are priced by the models trained on its 957 measured fused shards (docs/gpu.md), not by the
     reference CPU's, which price its shards 3-48x too dear; they have no comm model, and a plan of several devices
-    says its all-to-alls are priced at 0 ms. Calibrated models of the hardware still come first."""
+    says its all-to-alls are priced at 0 ms. An H100 has its own; a GPU never measured gets the H100's, with the
+    warning that they are of other hardware. Calibrated models of the hardware still come first."""
     from shard_ray.costmodel.models import PRETRAINED_DIR, hardware_models_path, models_for
 
     monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
-    h200 = "cuda:NVIDIA H200"
+    h200, h100, a100 = "cuda:NVIDIA H200", "cuda:NVIDIA H100 80GB HBM3", "cuda:NVIDIA A100-SXM4-80GB"
     shipped_gpu = PRETRAINED_DIR / "cuda-NVIDIA-H200.pt"
     assert models_for(h200) == shipped_gpu
-    assert models_for("cuda:NVIDIA H100 80GB HBM3") == models_for("cpu:AMD EPYC:1thread") == default_cost_model_path()
+    assert models_for(h100) == models_for(a100) == PRETRAINED_DIR / "cuda-NVIDIA-H100-80GB-HBM3.pt"
+    assert CostModels.load(models_for(h100)).hardware == h100
+    assert models_for("cpu:AMD EPYC:1thread") == default_cost_model_path()
+    on_a100 = place("cost_search", pool[:12], Topology(num_devices=1, memory_bytes=4 * GB), hardware=a100)
+    assert any(f"not of {a100}" in w for w in on_a100.estimate.warnings), on_a100.estimate.warnings
     models = CostModels.load(shipped_gpu)
     assert models.hardware == h200 and models.comm is None
     # Measured on the H200 (experiments/results/gpu_h200): one table alone, fwd + bwd, 0.79-1.08 ms from batch 512 to
@@ -258,7 +263,8 @@ def test_models_lists_the_shipped_and_calibrated_files_and_names_a_damaged_one(t
     (tmp_path / "models" / "cpu-broken.pt").write_bytes(b"not torch")
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "2 shipped, and 1 calibrated in" in out and "cuda-NVIDIA-H200.pt (shipped)" in out
+    assert "3 shipped, and 1 calibrated in" in out and "cuda-NVIDIA-H200.pt (shipped)" in out
+    assert "cuda-NVIDIA-H100-80GB-HBM3.pt (shipped)" in out
     assert "cuda:NVIDIA H200; trained by `costmodel train`, not calibrated on a task; no comm model" in out
     assert "not calibrated on a task; held-out error (MAPE): compute_seen" in out
     assert "cpu-broken.pt\n  cannot be read: cannot read cost model file" in out

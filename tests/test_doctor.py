@@ -138,7 +138,7 @@ def test_models_finding_names_the_models_each_host_layout_gets(tmp_path, monkeyp
     from shard_ray.doctor import models_finding
 
     monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path))
-    hardware = "cuda:NVIDIA H100 80GB HBM3"
+    hardware = "cuda:NVIDIA A100-SXM4-80GB"
     assert "no models calibrated here;" in models_finding(hardware).detail
     over_hosts = hardware_models_path(hardware, 8)
     over_hosts.parent.mkdir(parents=True)
@@ -158,4 +158,8 @@ def test_models_finding_on_an_h200_names_the_shipped_gpu_models_and_their_missin
     assert finding.level == "ok", finding
     assert (
         "the shipped models were trained on this hardware (compute only: all-to-alls priced at 0 ms" in finding.detail
+    )
+    other = models_finding("cuda:NVIDIA A100-SXM4-80GB")
+    assert other.level == "note" and "plans use the shipped models of cuda:NVIDIA H100 80GB HBM3, extrapolated" in (
+        other.detail
     )

@@ -232,7 +232,7 @@ def cmd_models(args: argparse.Namespace) -> None:
     print(
         f"cost models on this machine: {len(shipped)} shipped, and {len(files) - len(shipped)} calibrated in {home} "
         "(`plan` picks these tables' own models for its hardware, else the hardware's, else the shipped ones of its "
-        "hardware, else the reference CPU's)"
+        "hardware, else, on another GPU, the H100's, else the reference CPU's)"
     )
     for path in files:
         print(f"\n{path}" + (" (shipped)" if path in shipped else ""))
