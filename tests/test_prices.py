@@ -21,20 +21,33 @@ TABLES = Path(__file__).parents[1] / "experiments" / "tables"
 REFERENCE_FILES = ("ranking_model.json",)
 
 
+# Another gang measures again where a price misses: the whole machine sometimes runs slower for a while, both
+# plans alike (one gang of four measured them 1.2x slower than three others; once 1.75x). Interference only adds
+# time, so the faster of two gangs' measurements is the undisturbed machine's.
+GANGS = 2
+
+
 @pytest.mark.slow
 def test_the_shipped_models_price_reference_plans_within_a_quarter_of_their_measurement(ray_session):
     shipped = CostModels.load(default_cost_model_path())
     if hardware_id(threads=1) != shipped.hardware:
         pytest.skip(f"the shipped models are of {shipped.hardware}, this machine is {hardware_id(threads=1)}")
     simulator = Simulator(shipped)
-    with DeviceGang(2) as gang:
-        for name in REFERENCE_FILES:
-            tables = load_tables(TABLES / name)
-            topology = Topology(num_devices=2, memory_bytes=memory_cap_with_headroom(tables, 2, 1.5))
-            plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
-            # 5 rounds: in 3, a repetition moved a plan's median by up to 20% (docs/results.md)
-            measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=5)
-            for plan, cost in zip(plans, measured):
+    for name in REFERENCE_FILES:
+        tables = load_tables(TABLES / name)
+        topology = Topology(num_devices=2, memory_bytes=memory_cap_with_headroom(tables, 2, 1.5))
+        plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
+        priced = [simulator.plan_cost(plan, tables, topology.batch_size).cost_ms for plan in plans]
+        fastest = [float("inf")] * len(plans)
+        for _ in range(GANGS):
+            with DeviceGang(2) as gang:
+                # 5 rounds: in 3, a repetition moved a plan's median by up to 20% (docs/results.md)
+                measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=5)
+            for cost in measured:
                 assert not any("at most" in w for w in cost.warnings), cost.warnings  # every table whole
-                ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / cost.cost_ms
-                assert 0.75 <= ratio <= 1.25, f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement"
+            fastest = [min(was, cost.cost_ms) for was, cost in zip(fastest, measured)]
+            ratios = [price / ms for price, ms in zip(priced, fastest)]
+            if all(0.75 <= ratio <= 1.25 for ratio in ratios):
+                break
+        for plan, ratio in zip(plans, ratios):
+            assert 0.75 <= ratio <= 1.25, f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement"
