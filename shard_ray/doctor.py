@@ -293,7 +293,11 @@ def models_finding(hardware: str) -> Finding:
         return Finding("cost models", "ok", f"{hardware}: calibrated models {calibrated}{hosts}")
     shipped = CostModels.load(shipped_models_path(hardware))
     if shipped.hardware == hardware:
-        unpriced = "" if shipped.comm is not None else " (compute only: all-to-alls priced at 0 ms until `calibrate`)"
+        unpriced = (
+            ""
+            if shipped.comm is not None
+            else " (compute only: all-to-alls priced by the links' profile until `calibrate`)"
+        )
         return Finding(
             "cost models", "ok", f"{hardware}: the shipped models were trained on this hardware{unpriced}{hosts}"
         )

@@ -157,7 +157,8 @@ def test_models_finding_on_an_h200_names_the_shipped_gpu_models_and_their_missin
     finding = models_finding("cuda:NVIDIA H200")
     assert finding.level == "ok", finding
     assert (
-        "the shipped models were trained on this hardware (compute only: all-to-alls priced at 0 ms" in finding.detail
+        "the shipped models were trained on this hardware (compute only: all-to-alls priced by the links' profile"
+        in finding.detail
     )
     other = models_finding("cuda:NVIDIA A100-SXM4-80GB")
     assert other.level == "note" and "plans use the shipped models of cuda:NVIDIA H100 80GB HBM3, extrapolated" in (

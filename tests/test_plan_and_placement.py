@@ -180,9 +180,11 @@ def test_infeasible_memory_is_a_clear_error(small_tables):
     cap = int(shard_bytes(three[0], 64, "rowwise_adagrad") / 0.6)
     with pytest.raises(ShardRayError, match="table 't2' needs .* GB .* but no device has that much free"):
         place("size_greedy", three, Topology(num_devices=2, memory_bytes=cap))
-    # The search splits to fit the packing: one table goes row-wise (or, if the models prefer, by columns).
+    # The search splits to fit the packing: a table or more goes row-wise (or, if the models prefer, by columns).
     plan = place("cost_search", three, Topology(num_devices=2, memory_bytes=cap))
-    assert len(plan.shards) == 4
+    assert (
+        len(plan.shards) >= 4 and max(plan.device_memory_bytes(three, Topology(num_devices=2, memory_bytes=cap))) <= cap
+    )
     limited = {"sharding_types": ["table_wise", "column_wise"], "split_ways": [8]}  # no split helps
     with pytest.raises(ShardRayError, match="placing the largest first, table 't2' .* fit on no device"):
         place("cost_search", three, Topology(num_devices=2, memory_bytes=cap), settings=limited)

@@ -257,7 +257,7 @@ def _models_line(models: CostModels) -> str:
     if models.info.comm_devices_per_host:
         fitted += f", all-to-alls over hosts of {models.info.comm_devices_per_host} devices"
     if models.comm is None:
-        fitted += "; no comm model (all-to-alls priced at 0 ms)"
+        fitted += "; no comm model (all-to-alls priced by the links' profile)"
     errors = ", ".join(
         f"{part} {score['mape']:.1%} (n {int(score['n'] or 0)})"
         for part, score in held_out.items()

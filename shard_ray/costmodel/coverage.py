@@ -16,6 +16,7 @@ import numpy as np
 
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, TABLE_FEATURES, table_features
 from shard_ray.costmodel.info import Coverage
+from shard_ray.costmodel.links import link_profile
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -120,12 +121,13 @@ def corrections_at_bound(models: CostModels, tables: list[TableSpec], batch_size
 
 def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:
     """A line when the models price the all-to-alls of `num_devices` devices from no measurement of them: they have
-    no comm model (0 ms), or it never measured gangs of that size."""
+    no comm model (the links' profile alone prices them), or it never measured gangs of that size."""
     if num_devices == 1:
         return []
     if models.comm is None:
         return [
-            f"the models of {models.hardware} have no comm model: this plan's all-to-alls are priced at 0 ms; "
+            f"the models of {models.hardware} have no comm model: this plan's all-to-alls are priced by the links' "
+            f"profile alone ({link_profile(models.hardware).source}); "
             "`shard-ray calibrate` on a gang of this hardware measures them"
         ]
     measured = models.info.device_counts

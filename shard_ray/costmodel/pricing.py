@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.features import behaves_as
+from shard_ray.costmodel.links import LinkProfile, link_profile
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece
@@ -34,6 +35,7 @@ class Pricer:
     def __init__(self, models: CostModels, topology: Topology) -> None:
         self.models = models
         self.topology = topology
+        self.links = link_profile(models.hardware)
         self._encodings: dict[tuple, torch.Tensor] = {}
         self._sizes: dict[tuple, tuple] = {}
         # Shards priced by the compute model so far (a call at least `CALL_EVALUATIONS`): the work a
@@ -77,21 +79,42 @@ class Pricer:
         return self.models.compute_from_sums(sums, counts)
 
     def collectives(self, widths: np.ndarray) -> np.ndarray:
-        """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart."""
+        """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart:
+        the comm model's price, never below the links' (`link_ms`)."""
         topology = self.topology
         predicted = self.models.predict_comm(widths, topology.batch_size)
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        return over_hosts(predicted, widths, topology.batch_size, hosts, topology.inter_host_gbps)
+        learned = over_hosts(predicted, widths, topology.batch_size, hosts, topology.inter_host_gbps)
+        return np.maximum(learned, self.link_floor(widths))
+
+    def link_floor(self, widths: np.ndarray) -> np.ndarray:
+        """The links' price (fwd, bwd) [D, 2] of an all-to-all of `widths` on this topology (`link_ms`)."""
+        topology = self.topology
+        return link_ms(widths, topology.batch_size, topology.devices_per_host, topology.inter_host_gbps, self.links)
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
         features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
-        return self.models.comm_ms(features).sum(axis=1)
+        return np.maximum(self.models.comm_ms(features), self.link_rows(width, total, devices)).sum(axis=1)
 
     def input_rows(self, inputs: np.ndarray, total: float, max_inputs: np.ndarray, devices: int) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float columns per sample, of `total` in all."""
         features = comm_feature_rows(inputs, total, max_inputs, self.topology.batch_size, devices)
-        return self.models.comm_ms(features)[:, 0]
+        return np.maximum(self.models.comm_ms(features)[:, 0], self.link_rows(inputs, total, devices)[:, 1])
+
+    def link_rows(self, width: np.ndarray, total: float, devices: int) -> np.ndarray:
+        """`link_ms` (fwd, bwd) [n, 2] of devices of `width` columns in plans of `total` columns over `devices`,
+        without their places: their peers' columns spread evenly, a share of the peers on their host."""
+        width = np.asarray(width, dtype=np.float64)
+        if devices == 1:
+            return np.zeros((len(width), 2))
+        floats = np.stack([(total - width) / devices, width * (devices - 1) / devices], axis=1)
+        local = min(self.topology.devices_per_host or devices, devices)
+        share = intra_host_share(devices, local)
+        to_ms = self.topology.batch_size * 4 / 1e9 * 1e3
+        intra = floats * share * to_ms / self.links.intra_host_gbps
+        inter = floats * (1 - share) * to_ms / self.topology.inter_host_gbps
+        return self.links.collective_ms + self.links.message_ms * (devices - 1) + np.maximum(intra, inter)
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
@@ -99,10 +122,11 @@ class Pricer:
         topology = self.topology
         predicted = self.models.predict_comm(inputs, topology.batch_size)[:, 0]
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        if hosts is None or hosts >= len(inputs):
-            return predicted
-        received = inter_host_ms(inputs, topology.batch_size, hosts, topology.inter_host_gbps)[:, 1]
-        return predicted * intra_host_share(len(inputs), hosts) + received
+        if hosts is not None and hosts < len(inputs):
+            received = inter_host_ms(inputs, topology.batch_size, hosts, topology.inter_host_gbps)[:, 1]
+            predicted = predicted * intra_host_share(len(inputs), hosts) + received
+        # a device receives its pieces' ids for the other devices' samples: the backward's direction
+        return np.maximum(predicted, self.link_floor(inputs)[:, 1])
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
@@ -207,23 +231,48 @@ def over_hosts(
     return predicted * intra_host_share(d, devices_per_host) + inter[:, : predicted.shape[1]]
 
 
+def received_floats(widths: np.ndarray, devices_per_host: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """What an all-to-all of `widths` float columns per sample brings each device, per sample of the batch, from
+    its host mates and from other hosts ([D, 2] each: forward, backward), the batch split evenly: forward, its
+    1/D of the samples of every column held elsewhere; backward (and an input all-to-all of ids), its own columns
+    for the samples of the other devices."""
+    widths = np.asarray(widths, dtype=np.float64)
+    d = len(widths)
+    local = d if devices_per_host is None else min(devices_per_host, d)
+    hosts = np.arange(d) // local
+    own_host = np.bincount(hosts, weights=widths)[hosts]
+    intra = np.stack([(own_host - widths) / d, widths * (local - 1) / d], axis=1)
+    inter = np.stack([(widths.sum() - own_host) / d, widths * (d - local) / d], axis=1)
+    return intra, inter
+
+
 def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, inter_host_gbps: float) -> np.ndarray:
     """Each device's time [D, 2] receiving from other hosts at `inter_host_gbps` what an all-to-all of `widths`
-    float columns per sample brings it, the batch split evenly: forward, its B/D samples of every column held
-    off its host; backward (and an input all-to-all of ids), its own columns for the samples of the D - L
-    devices off its host.
+    float columns per sample brings it (`received_floats`).
 
     A device waits for what it receives: what it sends waits in the transport's buffers. Across hosts emulated
     on one machine at 200 Mbit/s, gloo's all-to-all measured 0.73-1.25x this price at 2 to 8 devices, where the
     larger of sending and receiving (this function's form before) priced it about twice too dear
     (docs/clusters.md, "All-to-alls measured across emulated hosts").
     """
-    widths = np.asarray(widths, dtype=np.float64)
-    d, local = len(widths), devices_per_host
-    hosts = np.arange(d) // local
-    own_host = np.bincount(hosts, weights=widths)[hosts]
-    floats = np.stack([(widths.sum() - own_host) / d, widths * (d - local) / d], axis=1)
-    return floats * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
+    _, inter = received_floats(widths, devices_per_host)
+    return inter * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
+
+
+def link_ms(
+    widths: np.ndarray, batch_size: int, devices_per_host: int | None, inter_host_gbps: float, links: LinkProfile
+) -> np.ndarray:
+    """The links' price of an all-to-all (fwd, bwd) [D, 2] of `widths` float columns per sample: the profile's
+    fixed time and latency per peer, then the bytes each device receives from its host mates and from other hosts,
+    each class at its rate, waiting for the slower (`shard_ray.costmodel.links`). It grows with the bytes and with
+    the devices: no collective is priced near zero as devices are added."""
+    d = len(widths)
+    if d == 1:
+        return np.zeros((1, 2))
+    intra, inter = received_floats(widths, devices_per_host)
+    to_ms = batch_size * 4 / 1e9 * 1e3
+    moving = np.maximum(intra * to_ms / links.intra_host_gbps, inter * to_ms / inter_host_gbps)
+    return links.collective_ms + links.message_ms * (d - 1) + moving
 
 
 def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:

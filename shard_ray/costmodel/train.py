@@ -43,7 +43,7 @@ from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 
 
 class MissingCommModelWarning(ShardRayWarning):
-    """Models were trained without a communication model, so they price every all-to-all at 0 ms."""
+    """Models were trained without a communication model, so the links' profile alone prices their all-to-alls."""
 
 
 LOSSES = ("mse", "huber", "l1")  # on log ms, so every one is a relative error
@@ -490,7 +490,7 @@ def train_cost_models(
         warnings.warn(
             f"no communication model: the store has {len(plans)} multi-device plan measurements on {hardware} "
             f"({len(plan_splits['train'])} in the train split, {len(plan_splits['val'])} in validation; one of each "
-            "is needed), so these models price every all-to-all at 0 ms; measure plans with "
+            "is needed), so the links' profile alone prices these models' all-to-alls; measure plans with "
             "`shard-ray collect --kind comm` and train again",
             MissingCommModelWarning,
             stacklevel=2,

@@ -1,0 +1,116 @@
+"""How fast a device's collectives move bytes on a kind of hardware: its link profile.
+
+A collective is priced from physics (`shard_ray.costmodel.pricing.link_ms`): a fixed time per collective call,
+a latency per peer a device exchanges a message with, and the bytes the device receives over each link class
+at that class's rate, waiting for the slower class (a host's links and its network run at once). The comm model
+learned from measurement prices above that where it saw more; the links' price is the floor no collective
+falls below as devices are added.
+
+The rate between hosts is the topology's (`--inter-host-gbps`: a NIC per GPU, or the emulated links' measured
+rate); the profile gives the rest. GPUs' figures are published ones, nominal, not measured here: NCCL's
+achieved all-to-all bandwidth is below them, and `calibrate` on the hardware fits what it achieves
+(`fit_link_rate`). The CPU's are fitted to measured gloo all-to-alls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LinkProfile(BaseModel):
+    """A device's collectives on one kind of hardware, and where the figures come from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    collective_ms: float = Field(ge=0)  # a collective call's fixed time: launch and synchronisation
+    message_ms: float = Field(ge=0)  # per peer a device exchanges a message with
+    intra_host_gbps: float = Field(gt=0)  # GB/s a device receives from its host mates
+    source: str
+
+
+# NCCL's small-message all-to-all inside an 8-GPU NVLink host takes tens of microseconds (nccl-tests); assumed,
+# not measured here.
+_NCCL_MS = 0.02
+_NCCL_MESSAGE_MS = 0.002
+# Matched in order, by the hardware id's prefix: the first that matches.
+PUBLISHED: tuple[tuple[str, LinkProfile], ...] = (
+    (
+        "cuda:NVIDIA H100 PCIe",
+        LinkProfile(
+            collective_ms=_NCCL_MS,
+            message_ms=_NCCL_MESSAGE_MS,
+            intra_host_gbps=64.0,
+            source="PCIe 5.0 x16, 64 GB/s each way (NVIDIA H100 PCIe datasheet); nominal",
+        ),
+    ),
+    *(
+        (
+            f"cuda:NVIDIA {gpu}",
+            LinkProfile(
+                collective_ms=_NCCL_MS,
+                message_ms=_NCCL_MESSAGE_MS,
+                intra_host_gbps=450.0,
+                source=f"NVLink 4, 900 GB/s per GPU both ways (NVIDIA {gpu} datasheet); nominal",
+            ),
+        )
+        for gpu in ("H100", "H200", "H20", "GH200")
+    ),
+    (
+        "cuda:NVIDIA B200",
+        LinkProfile(
+            collective_ms=_NCCL_MS,
+            message_ms=_NCCL_MESSAGE_MS,
+            intra_host_gbps=900.0,
+            source="NVLink 5, 1.8 TB/s per GPU both ways (NVIDIA B200 datasheet); nominal",
+        ),
+    ),
+    (
+        "cuda:NVIDIA A100",
+        LinkProfile(
+            collective_ms=_NCCL_MS,
+            message_ms=_NCCL_MESSAGE_MS,
+            intra_host_gbps=300.0,
+            source="NVLink 3, 600 GB/s per GPU both ways (NVIDIA A100 SXM datasheet); nominal",
+        ),
+    ),
+    (
+        "cuda:",
+        LinkProfile(
+            collective_ms=_NCCL_MS,
+            message_ms=_NCCL_MESSAGE_MS,
+            intra_host_gbps=32.0,
+            source="a GPU without its own profile: PCIe 4.0 x16, 32 GB/s each way; nominal",
+        ),
+    ),
+    (
+        "",
+        LinkProfile(
+            collective_ms=0.37,
+            message_ms=0.0,
+            intra_host_gbps=2.3,
+            source=(
+                "gloo between processes of one machine, fitted to 900 measured all-to-alls of 150 plans on the "
+                "2-core AMD EPYC (2 devices: the latency per peer is not told apart from the fixed time)"
+            ),
+        ),
+    ),
+)
+
+
+def link_profile(hardware: str | None) -> LinkProfile:
+    """The link profile of `hardware` (a hardware id; None: the reference CPU's)."""
+    return next(profile for prefix, profile in PUBLISHED if (hardware or "").startswith(prefix))
+
+
+def fit_link_rate(received_mb: np.ndarray, measured_ms: np.ndarray) -> tuple[float, float]:
+    """The fixed ms and the GB/s that price measured collectives best, as `fixed + MB received / rate`, by least
+    squares: the large transfers set the rate. A fitted fixed time below 0 (a shaped link lets its first bytes
+    through at once: tc's burst) is reported as 0."""
+    received_mb = np.asarray(received_mb, dtype=np.float64)
+    measured_ms = np.asarray(measured_ms, dtype=np.float64)
+    design = np.stack([np.ones_like(received_mb), received_mb], axis=1)
+    (fixed, ms_per_mb), *_ = np.linalg.lstsq(design, measured_ms, rcond=None)
+    if ms_per_mb <= 0:
+        raise ValueError("the measured collectives do not grow with the bytes received: no rate to fit")
+    return max(float(fixed), 0.0), 1.0 / float(ms_per_mb)
