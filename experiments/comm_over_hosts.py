@@ -115,12 +115,43 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
     out.write_text(json.dumps(records, indent=1))
 
 
+def price_now(records: list[dict]) -> None:
+    """Adds to each record `now`: the device's all-to-alls as `plan --devices-per-host L --inter-host-gbps R` prices
+    them today (the comm model's price, never below the links': `shard_ray.costmodel.links`), the plans drawn again
+    from their seeds."""
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.plan.topology import GB, Topology
+    from shard_ray.workload.tables import load_tables
+
+    tables = load_tables(TABLES)
+    models = CostModels.load(default_cost_model_path())
+    for layout, link_mbit in sorted({(r["layout"], r["link_mbit"]) for r in records}):
+        hosts, per_host = (int(x) for x in layout.split("x"))
+        devices = hosts * per_host
+        rows = [r for r in records if (r["layout"], r["link_mbit"]) == (layout, link_mbit)]
+        plans = {p.algorithm: p for p in random_plans(devices, 1 + max(int(r["plan"][6:]) for r in rows), devices)}
+        topology = Topology(
+            num_devices=devices,
+            memory_bytes=GB,
+            batch_size=BATCH,
+            devices_per_host=per_host if hosts > 1 else None,
+            inter_host_gbps=link_mbit / 8 / 1e3,
+        )
+        for r in rows:
+            pieces, assign = plans[r["plan"]].assignment(tables)
+            device = Pricer(models, topology).plan_parts(pieces, assign).plan_cost("priced", BATCH).devices[r["device"]]
+            r["now"] = {k: getattr(device, k) for k in r["measured"]}
+
+
 def summarise(records: list[dict]) -> None:
     parts = ("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms")
     for key in sorted({(r["link_mbit"], r["layout"]) for r in records}):
         rows = [r for r in records if (r["link_mbit"], r["layout"]) == key]
         line = [f"{key[0]:.0f} Mbit/s, {key[1]}: {len(rows)} devices"]
-        for price in ("flat", "hosts", "received", "host_link"):
+        for price in ("flat", "hosts", "received", "host_link", "now"):
+            if price not in rows[0]:
+                continue
             ratios = [r["measured"][p] / r[price][p] for r in rows for p in parts if r[price][p] > 0]
             line.append(f"measured/{price} {np.median(ratios):.2f}" if ratios else f"{price} -")
         print("; ".join(line), flush=True)
@@ -132,10 +163,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rates", default="200mbit,1gbit")
     parser.add_argument("--layouts", default="2x1,3x1,4x1,2x2")
     parser.add_argument("--plans", type=int, default=4)
+    parser.add_argument("--reprice", default=None, help="price the records of an earlier run (its JSON) as today")
     parser.add_argument("--inside", default=None, help=argparse_hidden())
     parser.add_argument("--link-mbit", type=float, default=None, help=argparse_hidden())
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if args.reprice:
+        import gzip
+
+        opened = gzip.open if args.reprice.endswith(".gz") else open
+        with opened(args.reprice, "rt") as handle:
+            records = json.load(handle)
+        price_now(records)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
+        summarise(records)
+        return 0
     if args.inside:
         measure_inside(args.inside, args.plans, args.link_mbit, out)
         return 0
@@ -158,6 +201,7 @@ def main(argv: list[str]) -> int:
                 summarise([r for r in records if r["layout"] == layout and r["link_mbit"] == link])
             finally:
                 tear_down(state)
+    price_now(records)
     (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
     summarise(records)
     return 0
