@@ -126,3 +126,50 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
             with pytest.raises(ProcessLookupError):
                 os.killpg(pid, 0)
         assert not (work / "home" / "hosts" / f"{name}.json").exists() and not Path(state["temp_dir"]).exists()
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_and_is_priced_so():
+    """2 hosts of 2 devices joined at 50 Mbit/s. One wide table row-wise over the 4 devices sends half of every
+    device's partial sums across the link; table-row-wise over host 0's 2 devices adds them up inside the host
+    and sends a quarter across. `compare`, typed as a user would inside the cluster, measures the second faster,
+    separated, and the plans' prices (the links' price over hosts) order them the same way."""
+    name = f"l{os.getpid() % 10**6}"
+    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
+        work = Path(folder)
+        env = _shell_env(work / "home")
+        tables = {"tables": [{"name": "wide", "rows": 100_000, "dim": 128, "pooling_factor": 2.0}]}
+        tables["tables"] += [{"name": f"s{i}", "rows": 1_000, "dim": 16, "pooling_factor": 1.0} for i in range(2)]
+        (work / "tables.json").write_text(json.dumps(tables))
+        for kind in ("table_row_wise", "row_wise"):
+            (work / f"{kind}.yaml").write_text(f"tables:\n  wide: {{types: [{kind}]}}\n")
+            done = _run(
+                "shard-ray plan --tables tables.json --devices 4 --devices-per-host 2 --inter-host-gbps 0.00625 "
+                f"--memory-gb 1 --algo size_greedy --constraints {kind}.yaml --out {kind}.json",
+                env,
+                work,
+            )
+            assert done.returncode == 0, done.stderr
+        done = _run(f"shard-ray hosts up --hosts 2 --devices-per-host 2 --rate 50mbit --name {name}", env, work)
+        try:
+            assert done.returncode == 0, done.stdout + done.stderr
+            compare = (
+                f"shard-ray hosts run {name} -- shard-ray compare --tables tables.json "
+                "--plans table_row_wise.json row_wise.json --rounds 3 --no-mlflow --out cmp"
+            )
+            done = _run(compare, env, work)
+            assert done.returncode == 0, done.stdout + done.stderr
+        finally:
+            down = _run(f"shard-ray hosts down {name}", env, work)
+        assert down.returncode == 0, down.stderr
+        assert not _namespaces(name)
+        written = json.loads((work / "cmp" / "comparison.json").read_text())
+        measured = {k: cost["cost_ms"] for k, cost in written["costs"].items()}
+        ratio = written["comparison"]["ratios"]["row_wise"]
+        assert written["comparison"]["chosen"] == "table_row_wise" and ratio["low"] > 1.2, (measured, ratio)
+        priced = {
+            kind: json.loads((work / f"{kind}.json").read_text())["estimate"]["predicted"]["cost_ms"]
+            for kind in ("table_row_wise", "row_wise")
+        }
+        assert priced["row_wise"] > 1.2 * priced["table_row_wise"], priced
