@@ -206,12 +206,13 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(capsys, tmp_path):
     assert exported["tables"]["big"]["ranks"] == [4 * host + k for k in range(4)]
 
 
-def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(capsys, tmp_path):
+def test_cost_search_splits_the_costliest_table_where_the_tables_only_just_pack_whole(capsys, tmp_path):
     """MLPerf DLRM-DCNv2's shapes on 8 devices: its five 40M-row tables pack whole, one a device, so the
     greedy start keeps them table-wise, and beside them no single one can then go row-wise (its blocks
     need room on every device). The beam splits the costliest tables by rows as well as by columns, so
-    cost_search reaches what TorchRec's planner does (all five row-wise): before, its plan was priced
-    54% above TorchRec's by its own models."""
+    cost_search reaches at least what TorchRec's planner does (all five row-wise): before, its plan was priced
+    54% above TorchRec's by its own models. The table of pooling factor 100 is split: by rows while 8 devices'
+    all-to-alls were priced near 0 ms, by columns since the links price a row-wise table's partial sums."""
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.simulator import Simulator
     from shard_ray.plan.topology import GB, memory_cap_with_headroom
@@ -239,8 +240,10 @@ def test_cost_search_splits_tables_by_rows_where_they_only_just_pack_whole(capsy
         assert result.returncode == 0, result.stderr
         priced[algo] = simulator.plan_cost(load_plan(out), tables, 1024).cost_ms
     assert priced["cost_search"] <= priced["torchrec"], priced
-    rows_split = {s.table for s in load_plan(tmp_path / "cost_search.json").shards if s.rows is not None}
-    assert "cat_20" in rows_split, rows_split
+    split = {
+        name for name, table in load_plan(tmp_path / "cost_search.json").tables.items() if table.type != "table_wise"
+    }
+    assert "cat_20" in split, split
 
 
 def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tables):

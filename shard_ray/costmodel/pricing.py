@@ -27,6 +27,10 @@ CANDIDATE_DEVICES = 16
 # AMD EPYC a call of 1 to 32 shards took about 250 us, as long as pricing 64 at 3-4 us a shard in
 # larger calls, so the count follows the time a search takes (`shard_ray.placement.budget`).
 CALL_EVALUATIONS = 64
+# Past the gangs it measured, the comm model's price over the links' scales the links' price by at most this
+# (`Pricer.one_host_comm`): on the reference CPU, the 2-device all-to-alls it learned are a median 4.4x the
+# links' floor, which prices fixed costs low (docs/cost-models.md).
+COMM_CORRECTION_BOUND = 16.0
 
 
 class Pricer:
@@ -80,36 +84,72 @@ class Pricer:
 
     def collectives(self, widths: np.ndarray) -> np.ndarray:
         """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart:
-        the comm model's price, never below the links' (`link_ms`)."""
+        the comm model's price on one host (`one_host_comm`), the inter-host share added (`over_hosts`), never
+        below the links' price (`link_ms`)."""
         topology = self.topology
-        predicted = self.models.predict_comm(widths, topology.batch_size)
+        widths = np.asarray(widths, dtype=np.float64)
+        one_host = self.one_host_comm(widths, float(widths.sum()), float(widths.max()), len(widths))
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        learned = over_hosts(predicted, widths, topology.batch_size, hosts, topology.inter_host_gbps)
-        return np.maximum(learned, self.link_floor(widths))
+        priced = over_hosts(one_host, widths, topology.batch_size, hosts, topology.inter_host_gbps)
+        return np.maximum(priced, self.link_floor(widths))
 
     def link_floor(self, widths: np.ndarray) -> np.ndarray:
         """The links' price (fwd, bwd) [D, 2] of an all-to-all of `widths` on this topology (`link_ms`)."""
         topology = self.topology
         return link_ms(widths, topology.batch_size, topology.devices_per_host, topology.inter_host_gbps, self.links)
 
+    def one_host_comm(
+        self,
+        width: np.ndarray,
+        total: float,
+        max_width: np.ndarray | float,
+        devices: int,
+        floor_phases: tuple[int, int] = (0, 1),
+    ) -> np.ndarray:
+        """The comm model's (fwd, bwd) ms [n, 2] of devices of `width` columns in plans of `total` columns (the
+        widest `max_width`) on one host of `devices`, never below the links' price there (its `floor_phases`
+        columns: the input all-to-all's ids travel as the backward's gradients do).
+
+        Past the largest gang the comm model measured it extrapolates to nothing (the shipped one prices 8
+        devices at 0.0004 ms). There the links' price is scaled by the comm model's price over the links' at
+        that gang size, for the device's own width and the rest of the plan in proportion, bounded to
+        [1, COMM_CORRECTION_BOUND]: a collective's price keeps what the model learned and never falls as
+        devices are added with the same columns each."""
+        width = np.asarray(width, dtype=np.float64)
+        batch = self.topology.batch_size
+        if devices == 1:
+            return np.zeros((len(width), 2))
+        floor = self.link_rows(width, total, devices, one_host=True)[:, floor_phases]
+        measured = self.models.info.device_counts
+        if not measured or devices <= max(measured):
+            learned = self.models.comm_ms(comm_feature_rows(width, total, max_width, batch, devices))
+            return np.maximum(learned, floor)
+        largest = max(measured)
+        rest = (total - width) / (devices - 1)
+        total_then = width + rest * (largest - 1)
+        features = comm_feature_rows(width, total_then, np.maximum(width, rest), batch, largest)
+        floor_then = self.link_rows(width, total_then, largest, one_host=True)[:, floor_phases]
+        return floor * np.clip(self.models.comm_ms(features) / floor_then, 1.0, COMM_CORRECTION_BOUND)
+
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
-        features = comm_feature_rows(width, total, max_width, self.topology.batch_size, devices)
-        return np.maximum(self.models.comm_ms(features), self.link_rows(width, total, devices)).sum(axis=1)
+        one_host = self.one_host_comm(width, total, max_width, devices)
+        return np.maximum(one_host, self.link_rows(width, total, devices)).sum(axis=1)
 
     def input_rows(self, inputs: np.ndarray, total: float, max_inputs: np.ndarray, devices: int) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float columns per sample, of `total` in all."""
-        features = comm_feature_rows(inputs, total, max_inputs, self.topology.batch_size, devices)
-        return np.maximum(self.models.comm_ms(features)[:, 0], self.link_rows(inputs, total, devices)[:, 1])
+        one_host = self.one_host_comm(inputs, total, max_inputs, devices, floor_phases=(1, 1))[:, 0]
+        return np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1])
 
-    def link_rows(self, width: np.ndarray, total: float, devices: int) -> np.ndarray:
+    def link_rows(self, width: np.ndarray, total: float, devices: int, one_host: bool = False) -> np.ndarray:
         """`link_ms` (fwd, bwd) [n, 2] of devices of `width` columns in plans of `total` columns over `devices`,
-        without their places: their peers' columns spread evenly, a share of the peers on their host."""
+        without their places: their peers' columns spread evenly, a share of the peers on their host (none
+        off it where `one_host`)."""
         width = np.asarray(width, dtype=np.float64)
         if devices == 1:
             return np.zeros((len(width), 2))
         floats = np.stack([(total - width) / devices, width * (devices - 1) / devices], axis=1)
-        local = min(self.topology.devices_per_host or devices, devices)
+        local = devices if one_host else min(self.topology.devices_per_host or devices, devices)
         share = intra_host_share(devices, local)
         to_ms = self.topology.batch_size * 4 / 1e9 * 1e3
         intra = floats * share * to_ms / self.links.intra_host_gbps
@@ -120,7 +160,8 @@ class Pricer:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
         hosts, each device receives its pieces' ids for the samples of devices off its host (`inter_host_ms`)."""
         topology = self.topology
-        predicted = self.models.predict_comm(inputs, topology.batch_size)[:, 0]
+        inputs = np.asarray(inputs, dtype=np.float64)
+        predicted = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, 0]
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
         if hosts is not None and hosts < len(inputs):
             received = inter_host_ms(inputs, topology.batch_size, hosts, topology.inter_host_gbps)[:, 1]

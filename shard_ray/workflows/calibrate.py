@@ -453,6 +453,7 @@ def _fine_tuned(
             comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
         )
         info.comm_devices_per_host = devices_per_host or None
+        info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in plan_split["fit"])})
     tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
     # The step's overhead, fitted to this task's plans (the fit split) as the fine-tuned kernels price them.
     return replace(tuned, step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]))
