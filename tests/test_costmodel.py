@@ -146,13 +146,13 @@ def test_comm_model_takes_any_device_count(devices):
 
 
 def test_plans_say_when_the_comm_model_never_measured_their_device_count(pool):
-    """The shipped comm model measured 2-device gangs only; past them its prices fall toward 0 ms, and a
-    plan for 8 devices says they are extrapolated (one for 2 does not)."""
+    """The shipped comm model measured 2-device gangs only; past them the links' price scaled by what it learned
+    at 2 prices them, and a plan for 8 devices says they are extrapolated (one for 2 does not)."""
     for devices, warned in ((2, False), (8, True)):
         plan = place("cost_search", pool[:12], Topology(num_devices=devices, memory_bytes=4 * GB))
         lines = [w for w in plan.estimate.warnings if "all-to-alls were measured at 2 devices" in w]
         assert bool(lines) == warned, plan.estimate.warnings
-        assert not lines or f"prices at {devices} are extrapolated" in lines[0]
+        assert not lines or f"prices at {devices} are extrapolated (the links' price, scaled by what it" in lines[0]
 
 
 def test_the_shipped_gpu_models_price_the_gpu_and_say_the_links_alone_price_the_all_to_alls(

@@ -130,11 +130,12 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
 
 @needs_namespaces
 @pytest.mark.slow
-def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_and_is_priced_so():
+def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_and_calibrate_finds_their_rate():
     """2 hosts of 2 devices joined at 50 Mbit/s. One wide table row-wise over the 4 devices sends half of every
     device's partial sums across the link; table-row-wise over host 0's 2 devices adds them up inside the host
     and sends a quarter across. `compare`, typed as a user would inside the cluster, measures the second faster,
-    separated, and the plans' prices (the links' price over hosts) order them the same way."""
+    separated, and the plans' prices (the links' price over hosts) order them the same way. `calibrate` there
+    fits the rate between the hosts to the all-to-alls it measured: within 15% of the links' TCP rate."""
     name = f"l{os.getpid() % 10**6}"
     with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
         work = Path(folder)
@@ -151,15 +152,22 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
                 work,
             )
             assert done.returncode == 0, done.stderr
-        done = _run(f"shard-ray hosts up --hosts 2 --devices-per-host 2 --rate 50mbit --name {name}", env, work)
+        up = _run(f"shard-ray hosts up --hosts 2 --devices-per-host 2 --rate 50mbit --name {name}", env, work)
         try:
-            assert done.returncode == 0, done.stdout + done.stderr
+            assert up.returncode == 0, up.stdout + up.stderr
             compare = (
                 f"shard-ray hosts run {name} -- shard-ray compare --tables tables.json "
                 "--plans table_row_wise.json row_wise.json --rounds 3 --no-mlflow --out cmp"
             )
             done = _run(compare, env, work)
             assert done.returncode == 0, done.stdout + done.stderr
+            calibrate = (
+                f"shard-ray hosts run {name} -- shard-ray calibrate --tables tables.json --devices 4 "
+                "--devices-per-host 2 --inter-host-gbps 0.00625 --memory-gb 1 --budget-minutes 1.5 --shards 4 "
+                "--plans 6 --noise-rounds 3 --repeats 3 --no-mlflow --out calibrated.pt"
+            )
+            calibrated = _run(calibrate, env, work)
+            assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
         finally:
             down = _run(f"shard-ray hosts down {name}", env, work)
         assert down.returncode == 0, down.stderr
@@ -173,3 +181,6 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
             for kind in ("table_row_wise", "row_wise")
         }
         assert priced["row_wise"] > 1.2 * priced["table_row_wise"], priced
+        link = max(float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", up.stdout).groups())
+        fitted = re.search(r"links between hosts: \S+ GB/s \((\d+) Mbit/s\) achieved", calibrated.stdout)
+        assert fitted and float(fitted.group(1)) == pytest.approx(link, rel=0.15), (link, calibrated.stdout)

@@ -16,7 +16,6 @@ import numpy as np
 
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, TABLE_FEATURES, table_features
 from shard_ray.costmodel.info import Coverage
-from shard_ray.costmodel.links import link_profile
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:
     if models.comm is None:
         return [
             f"the models of {models.hardware} have no comm model: this plan's all-to-alls are priced by the links' "
-            f"profile alone ({link_profile(models.hardware).source}); "
+            f"profile alone ({models.links.source}); "
             "`shard-ray calibrate` on a gang of this hardware measures them"
         ]
     measured = models.info.device_counts
@@ -135,8 +134,8 @@ def comm_extrapolation(models: CostModels, num_devices: int) -> list[str]:
         return []
     return [
         f"the comm model's all-to-alls were measured at {', '.join(map(str, measured))} devices, so its prices at "
-        f"{num_devices} are extrapolated (the shipped model's fall toward 0 ms past 2 devices); `calibrate` on a "
-        "cluster with a core or GPU per device measures them"
+        f"{num_devices} are extrapolated (the links' price, scaled by what it learned at {max(measured)}); "
+        "`calibrate` on a cluster with a core or GPU per device measures them"
     ]
 
 

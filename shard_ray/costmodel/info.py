@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shard_ray.costmodel.links import LinkProfile
+
 # One accuracy figure (`shard_ray.costmodel.train.accuracy`): mape, spearman and n, the first two None without data.
 Accuracy = dict[str, float | None]
 
@@ -72,6 +74,9 @@ class ModelInfo(BaseModel):
     comm_devices_per_host: int | None = Field(default=None, alias="comm_hosts")
     calibrated: Calibrated | None = None
     updated_on: UpdatedOn | None = None
+    # The link profile `calibrate` fitted to this hardware's measured collectives; None: the published one
+    # (`CostModels.links`).
+    links: LinkProfile | None = None
 
     def to_file(self) -> dict[str, Any]:
         """The mapping a model file stores: the fields that are set, and any keys an older or newer version wrote."""

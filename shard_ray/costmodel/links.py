@@ -27,6 +27,8 @@ class LinkProfile(BaseModel):
     message_ms: float = Field(ge=0)  # per peer a device exchanges a message with
     intra_host_gbps: float = Field(gt=0)  # GB/s a device receives from its host mates
     source: str
+    # GB/s between hosts where `calibrate` fitted it over hosts; plans take theirs from `--inter-host-gbps`
+    inter_host_gbps: float | None = Field(default=None, gt=0)
 
 
 # NCCL's small-message all-to-all inside an 8-GPU NVLink host takes tens of microseconds (nccl-tests); assumed,

@@ -48,6 +48,7 @@ from torch import nn
 
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, pieces_features
 from shard_ray.costmodel.info import ModelInfo
+from shard_ray.costmodel.links import LinkProfile, link_profile
 from shard_ray.costmodel.spine import Spine
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, shard_ray_home, write_atomic
@@ -413,6 +414,12 @@ class CostModels:
         up to (see `ComputeCostNet.least_total`) and the step's overhead (the device with the costliest kernels
         holds a piece)."""
         return float(self.compute.least_total(sums, devices).sum()) / devices + sum(self.step_overhead_ms)
+
+    @property
+    def links(self) -> LinkProfile:
+        """The link profile that prices these models' collectives from below (`shard_ray.costmodel.links`): the one
+        `calibrate` fitted to the hardware, else the published one of the models' hardware."""
+        return self.info.links or link_profile(self.hardware)
 
     @torch.no_grad()
     def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -8,17 +8,21 @@ small model call; encodings are computed once per piece.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from shard_ray.costmodel.features import behaves_as
-from shard_ray.costmodel.links import LinkProfile, link_profile
+from shard_ray.costmodel.links import LinkProfile
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
+
+if TYPE_CHECKING:
+    from shard_ray.profiling.store import PlanMeasurement
 
 # A placement step over many devices prices a piece on this many of them, those cheapest so far:
 # the cheapest device with the piece is one of the least loaded, and the step stays linear in devices.
@@ -39,7 +43,7 @@ class Pricer:
     def __init__(self, models: CostModels, topology: Topology) -> None:
         self.models = models
         self.topology = topology
-        self.links = link_profile(models.hardware)
+        self.links = models.links
         self._encodings: dict[tuple, torch.Tensor] = {}
         self._sizes: dict[tuple, tuple] = {}
         # Shards priced by the compute model so far (a call at least `CALL_EVALUATIONS`): the work a
@@ -421,3 +425,30 @@ def _allowed_devices(pieces: list[TablePiece], num_devices: int) -> np.ndarray:
 def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
     enc = pricer.encodings(pieces)
     return pricer.compute(enc, torch.ones(len(pieces)))
+
+
+def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | None) -> np.ndarray:
+    """Every device's measured all-to-alls in plans that run one set of them (one sharding type, no replicas, no
+    sums inside hosts), as rows [n, 3]: the MB it received from its host mates, the MB from other hosts
+    (`received_floats`) and the ms it took; the input, forward and backward all-to-alls of each device."""
+    rows = []
+    for measured in plans:
+        num_devices, batch = measured.plan.num_devices, measured.cost.batch_size
+        pieces, assign = measured.plan.assignment(measured.tables)
+        topology = Topology(
+            num_devices=num_devices, memory_bytes=1, batch_size=batch, devices_per_host=devices_per_host
+        )
+        sizes = piece_sizes(pieces, topology)
+        if len(np.unique(sizes.kinds)) != 1 or sizes.kinds[0] < 0 or sizes.host_sums.any():
+            continue
+        to_mb = batch * 4 / 1e6
+        outputs = received_floats(np.bincount(assign, weights=sizes.widths, minlength=num_devices), devices_per_host)
+        inputs = received_floats(np.bincount(assign, weights=sizes.inputs, minlength=num_devices), devices_per_host)
+        for d, device in enumerate(measured.cost.devices):
+            for (intra, inter), ms in (
+                ((inputs[0][d, 1], inputs[1][d, 1]), device.input_dist_ms),
+                ((outputs[0][d, 0], outputs[1][d, 0]), device.fwd_comm_ms),
+                ((outputs[0][d, 1], outputs[1][d, 1]), device.bwd_comm_ms),
+            ):
+                rows.append((intra * to_mb, inter * to_mb, ms))
+    return np.array(rows, dtype=np.float64).reshape(-1, 3)

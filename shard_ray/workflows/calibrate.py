@@ -6,7 +6,7 @@
    between candidates hinges on (`decisive_shards`: each candidate's devices from the slowest
    predicted, the candidates taking turns from the cheapest predicted), every table alone, then
    random shards of the task's tables of up to as many tables as a candidate puts on one device.
-3. Communication data, on the device gang: the candidate plans, cheapest predicted first, then plans of random balance
+3. Communication data, on the device gang (and the link profile fitted to it: `fit_links`): the candidate plans, cheapest predicted first, then plans of random balance
    of the task's tables, at the task's device count. Over hosts (`--devices-per-host`), the gang
    spans them and the comm model is fit to what crossed them: it learns the inter-host share of
    this cluster instead of pricing it at a stated bandwidth. First, the noise floor: the first
@@ -38,7 +38,9 @@ from tqdm import tqdm
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
+from shard_ray.costmodel.links import LinkProfile, fit_link_rate
 from shard_ray.costmodel.models import CostModels, task_digest
+from shard_ray.costmodel.pricing import measured_collectives
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import (
     TrainConfig,
@@ -249,6 +251,10 @@ def calibrate(
     if comm_refused:
         log(comm_refused)
     kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
+    links, said = fit_links(plans, topology, kept, hardware)
+    log(said)
+    if links is not None:
+        kept.info.links = links
     report = {
         "hardware": hardware,
         "started_from": {"path": start_path, "hardware": start.hardware},
@@ -259,9 +265,47 @@ def calibrate(
         "measuring_seconds": measuring_seconds,
         "seconds": time.monotonic() - began,
         "noise_floor": asdict(floor) if floor else None,
+        "links": said,
     }
     _record_calibration(kept, report, tables, compute_data(by_split["fit"]), start)
     return Calibration(models=kept, chosen=report["chosen"], report=report)
+
+
+# The fewest measured all-to-alls a link profile is fitted to.
+MIN_COLLECTIVES = 12
+
+
+def fit_links(
+    plans: list[PlanMeasurement], topology: Topology, models: CostModels, hardware: str
+) -> tuple[LinkProfile | None, str]:
+    """The link profile of `hardware` fitted to the all-to-alls measured in `plans` (`fit_link_rate`), and a line
+    saying what was fitted; None where too few were measured. On one host it fits a collective's fixed time and
+    the rate inside the host; over hosts, the rate between them (the time the slower links set), keeping the
+    rest of `models`' profile."""
+    spanning = topology.devices_per_host_if_spanning
+    rows = measured_collectives(plans, spanning)
+    if len(rows) < MIN_COLLECTIVES:
+        return None, f"links: not fitted ({len(rows)} all-to-alls measured, {MIN_COLLECTIVES} needed)"
+    where = f"{len(rows)} all-to-alls of {topology.num_devices} devices on {hardware}"
+    try:
+        fixed_ms, gbps = fit_link_rate(rows[:, 1] if spanning else rows[:, 0], rows[:, 2])
+    except ValueError as err:
+        return None, f"links: not fitted: {err}"
+    if spanning:
+        profile = models.links.model_copy(
+            update={"inter_host_gbps": gbps, "source": f"{models.links.source}; between hosts fitted to {where}"}
+        )
+        return profile, (
+            f"links between hosts: {gbps:.4g} GB/s ({gbps * 8e3:.0f} Mbit/s) achieved, fitted to {where}; "
+            f"plan over these hosts with --inter-host-gbps {gbps:.4g}"
+        )
+    profile = LinkProfile(
+        collective_ms=fixed_ms, message_ms=0.0, intra_host_gbps=gbps, source=f"`calibrate` fitted to {where}"
+    )
+    return profile, (
+        f"links inside a host: {gbps:.4g} GB/s and {fixed_ms:.3f} ms a collective, fitted to {where}; between hosts "
+        "the topology's --inter-host-gbps (calibrate over hosts with --devices-per-host fits it)"
+    )
 
 
 def refuse_comm_worse_than_chance(
