@@ -130,12 +130,11 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
 
 @needs_namespaces
 @pytest.mark.slow
-def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_and_calibrate_finds_their_rate():
+def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_and_is_priced_so():
     """2 hosts of 2 devices joined at 50 Mbit/s. One wide table row-wise over the 4 devices sends half of every
     device's partial sums across the link; table-row-wise over host 0's 2 devices adds them up inside the host
     and sends a quarter across. `compare`, typed as a user would inside the cluster, measures the second faster,
-    separated, and the plans' prices (the links' price over hosts) order them the same way. `calibrate` there
-    fits the rate between the hosts to the all-to-alls it measured: within 15% of the links' TCP rate."""
+    separated, and the plans' prices (the links' price over hosts) order them the same way."""
     name = f"l{os.getpid() % 10**6}"
     with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
         work = Path(folder)
@@ -161,13 +160,6 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
             )
             done = _run(compare, env, work)
             assert done.returncode == 0, done.stdout + done.stderr
-            calibrate = (
-                f"shard-ray hosts run {name} -- shard-ray calibrate --tables tables.json --devices 4 "
-                "--devices-per-host 2 --inter-host-gbps 0.00625 --memory-gb 1 --budget-minutes 1.5 --shards 4 "
-                "--plans 6 --noise-rounds 3 --repeats 3 --no-mlflow --out calibrated.pt"
-            )
-            calibrated = _run(calibrate, env, work)
-            assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
         finally:
             down = _run(f"shard-ray hosts down {name}", env, work)
         assert down.returncode == 0, down.stderr
@@ -175,12 +167,47 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
         written = json.loads((work / "cmp" / "comparison.json").read_text())
         measured = {k: cost["cost_ms"] for k, cost in written["costs"].items()}
         ratio = written["comparison"]["ratios"]["row_wise"]
-        assert written["comparison"]["chosen"] == "table_row_wise" and ratio["low"] > 1.2, (measured, ratio)
+        assert written["comparison"]["chosen"] == "table_row_wise" and ratio["separated"], (measured, ratio)
+        assert ratio["low"] > 1.0 and ratio["ratio"] > 1.5, (measured, ratio)
         priced = {
             kind: json.loads((work / f"{kind}.json").read_text())["estimate"]["predicted"]["cost_ms"]
             for kind in ("table_row_wise", "row_wise")
         }
         assert priced["row_wise"] > 1.2 * priced["table_row_wise"], priced
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve():
+    """2 hosts of 1 device joined at 50 Mbit/s, where the links and not the 2 cores bound the all-to-alls:
+    `calibrate` run inside the cluster, as a user types it, fits the rate between the hosts to the all-to-alls its
+    gang measured, within 15% of the rate a TCP stream measured when the cluster came up (47-49 Mbit/s against 48
+    in two runs), says so in one line and keeps it in the model file."""
+    name = f"c{os.getpid() % 10**6}"
+    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
+        work = Path(folder)
+        env = _shell_env(work / "home")
+        # ten small tables: enough distinct fused shards for calibrate's held-out split
+        tables = [{"name": f"t{i}", "rows": 2_000 * (i + 1), "dim": 32, "pooling_factor": 1 + i % 4} for i in range(10)]
+        (work / "tables.json").write_text(json.dumps({"tables": tables}))
+        up = _run(f"shard-ray hosts up --hosts 2 --devices-per-host 1 --rate 50mbit --name {name}", env, work)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            calibrate = (
+                f"shard-ray hosts run {name} -- shard-ray calibrate --tables tables.json --devices 2 "
+                "--devices-per-host 1 --inter-host-gbps 0.00625 --memory-gb 1 --budget-minutes 1.2 --shards 4 "
+                "--plans 8 --noise-rounds 3 --repeats 3 --no-mlflow --out calibrated.pt"
+            )
+            calibrated = _run(calibrate, env, work)
+            assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
+        finally:
+            down = _run(f"shard-ray hosts down {name}", env, work)
+        assert down.returncode == 0, down.stderr
+        assert not _namespaces(name)
         link = max(float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", up.stdout).groups())
-        fitted = re.search(r"links between hosts: \S+ GB/s \((\d+) Mbit/s\) achieved", calibrated.stdout)
-        assert fitted and float(fitted.group(1)) == pytest.approx(link, rel=0.15), (link, calibrated.stdout)
+        fitted = re.search(r"links between hosts: (\S+) GB/s \((\d+) Mbit/s\) achieved", calibrated.stdout)
+        assert fitted and float(fitted.group(2)) == pytest.approx(link, rel=0.15), (link, calibrated.stdout)
+        from shard_ray.costmodel.models import CostModels
+
+        kept = CostModels.load(work / "calibrated.pt").info.links
+        assert kept is not None and kept.inter_host_gbps == pytest.approx(float(fitted.group(1)), rel=1e-3)
