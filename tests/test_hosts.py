@@ -36,6 +36,23 @@ def _namespaces(name: str) -> list[str]:
     return [ns for ns in listed if ns.startswith(f"srh-{name}-")]
 
 
+def _run_in_cluster(
+    name: str, layout: str, command: str, env: dict[str, str], cwd: Path
+) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """`hosts up` with `layout`, `hosts run NAME -- command`, `hosts down`, as a user types them; what up and the
+    command printed. Down must leave no namespace."""
+    up = _run(f"shard-ray hosts up {layout} --name {name}", env, cwd)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        done = _run(f"shard-ray hosts run {name} -- {command}", env, cwd)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        down = _run(f"shard-ray hosts down {name}", env, cwd)
+    assert down.returncode == 0, down.stderr
+    assert not _namespaces(name)
+    return up, done
+
+
 needs_namespaces = pytest.mark.skipif(
     os.geteuid() != 0 or subprocess.run(["which", "ip", "tc"], capture_output=True).returncode != 0,
     reason="emulated hosts need root and iproute2's ip and tc, which this machine lacks",
@@ -151,19 +168,10 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
                 work,
             )
             assert done.returncode == 0, done.stderr
-        up = _run(f"shard-ray hosts up --hosts 2 --devices-per-host 2 --rate 50mbit --name {name}", env, work)
-        try:
-            assert up.returncode == 0, up.stdout + up.stderr
-            compare = (
-                f"shard-ray hosts run {name} -- shard-ray compare --tables tables.json "
-                "--plans table_row_wise.json row_wise.json --rounds 3 --no-mlflow --out cmp"
-            )
-            done = _run(compare, env, work)
-            assert done.returncode == 0, done.stdout + done.stderr
-        finally:
-            down = _run(f"shard-ray hosts down {name}", env, work)
-        assert down.returncode == 0, down.stderr
-        assert not _namespaces(name)
+        compare = (
+            "shard-ray compare --tables tables.json --plans table_row_wise.json row_wise.json --rounds 3 --no-mlflow"
+        )
+        _run_in_cluster(name, "--hosts 2 --devices-per-host 2 --rate 50mbit", f"{compare} --out cmp", env, work)
         written = json.loads((work / "cmp" / "comparison.json").read_text())
         measured = {k: cost["cost_ms"] for k, cost in written["costs"].items()}
         ratio = written["comparison"]["ratios"]["row_wise"]
@@ -190,20 +198,12 @@ def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve()
         # ten small tables: enough distinct fused shards for calibrate's held-out split
         tables = [{"name": f"t{i}", "rows": 2_000 * (i + 1), "dim": 32, "pooling_factor": 1 + i % 4} for i in range(10)]
         (work / "tables.json").write_text(json.dumps({"tables": tables}))
-        up = _run(f"shard-ray hosts up --hosts 2 --devices-per-host 1 --rate 50mbit --name {name}", env, work)
-        try:
-            assert up.returncode == 0, up.stdout + up.stderr
-            calibrate = (
-                f"shard-ray hosts run {name} -- shard-ray calibrate --tables tables.json --devices 2 "
-                "--devices-per-host 1 --inter-host-gbps 0.00625 --memory-gb 1 --budget-minutes 1.2 --shards 4 "
-                "--plans 8 --noise-rounds 3 --repeats 3 --no-mlflow --out calibrated.pt"
-            )
-            calibrated = _run(calibrate, env, work)
-            assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
-        finally:
-            down = _run(f"shard-ray hosts down {name}", env, work)
-        assert down.returncode == 0, down.stderr
-        assert not _namespaces(name)
+        calibrate = (
+            "shard-ray calibrate --tables tables.json --devices 2 --devices-per-host 1 --inter-host-gbps 0.00625 "
+            "--memory-gb 1 --budget-minutes 2 --shards 4 --plans 8 --noise-rounds 3 --repeats 3 --no-mlflow "
+            "--out calibrated.pt"
+        )
+        up, calibrated = _run_in_cluster(name, "--hosts 2 --devices-per-host 1 --rate 50mbit", calibrate, env, work)
         link = max(float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", up.stdout).groups())
         fitted = re.search(r"links between hosts: (\S+) GB/s \((\d+) Mbit/s\) achieved", calibrated.stdout)
         assert fitted and float(fitted.group(2)) == pytest.approx(link, rel=0.15), (link, calibrated.stdout)

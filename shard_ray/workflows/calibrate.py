@@ -285,7 +285,10 @@ def fit_links(
     spanning = topology.devices_per_host_if_spanning
     rows = measured_collectives(plans, spanning)
     if len(rows) < MIN_COLLECTIVES:
-        return None, f"links: not fitted ({len(rows)} all-to-alls measured, {MIN_COLLECTIVES} needed)"
+        return None, (
+            f"links: not fitted ({len(rows)} all-to-alls measured in plans of one sharding type, {MIN_COLLECTIVES} "
+            "needed); a larger --budget-minutes or more --plans measures more"
+        )
     where = f"{len(rows)} all-to-alls of {topology.num_devices} devices on {hardware}"
     try:
         fixed_ms, gbps = fit_link_rate(rows[:, 1] if spanning else rows[:, 0], rows[:, 2])
