@@ -100,7 +100,8 @@ class PlanArgs:
     cost_model: str | None = setting(
         None,
         "cost model file that prices the plan, and places it for the model-based algorithms (default: the models "
-        "`calibrate` saved for --hardware, else the shipped CPU models)",
+        "`calibrate` saved for --hardware, else the shipped ones of its hardware: an H200's, an H100's (on any other "
+        "GPU too), else the reference CPU's)",
     )
     hardware: str | None = setting(
         None, "hardware id the plan is for, e.g. 'cuda:NVIDIA H100 80GB HBM3' (default: this machine's)"

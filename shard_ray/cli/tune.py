@@ -46,7 +46,7 @@ class SearchSweepArgs:
         required=True,
         old_names=("--pool",),
     )
-    cost_model: str | None = setting(None, "cost model file (default: the shipped CPU models)")
+    cost_model: str | None = setting(None, "cost model file (default: the shipped reference CPU's)")
 
 
 def add_sweep_flags(parser: argparse.ArgumentParser, kind: str) -> None:

@@ -548,7 +548,8 @@ def check_hosts(num_devices: int, devices_per_host: int | None, use_gpus: bool |
     fitting = sum(all(node.get(k, 0) >= v for k, v in bundles[0].items()) for node in nodes)
     if fitting < len(bundles):
         raise ShardRayError(
-            f"a gang of {len(bundles)} hosts with {devices_per_host} devices each needs {len(bundles)} Ray nodes of "
+            f"a gang of {len(bundles)} hosts with {devices_per_host} device{'s' if devices_per_host > 1 else ''} each "
+            f"needs {len(bundles)} Ray nodes of "
             f"{bundles[0]} or more, but the cluster has {fitting} of them ({len(nodes)} nodes in all); join a "
             "cluster with more nodes (--address), or plan for fewer hosts (a larger --devices-per-host)"
         )

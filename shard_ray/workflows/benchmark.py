@@ -83,7 +83,8 @@ class BenchmarkConfig:
         min=1e-9,
     )
     cost_model: str | None = setting(
-        None, "cost model file (default: the models calibrated for the gang's hardware, else the shipped CPU models)"
+        None,
+        "cost model file (default: the models calibrated for the gang's hardware, else the shipped ones of its hardware)",
     )
     policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
     algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")

@@ -547,7 +547,7 @@ def too_thin_to_judge(shards: int, plans: int, with_plans: bool) -> str | None:
     return (
         f"too few held-out measurements to judge the fit on ({shards} shards"
         + (f", {plans} plans" if with_plans else "")
-        + f"; {need} are needed): kept the starting models; give more --shards"
+        + f"; {need} are needed); give more --shards"
         + (" and --plans" if with_plans else "")
         + " (or a larger --budget-minutes) to measure enough, or, where the tables make few distinct ones, a larger"
         " --held-out"
