@@ -155,10 +155,9 @@ class Pricer:
         floats = np.stack([(total - width) / devices, width * (devices - 1) / devices], axis=1)
         local = devices if one_host else min(self.topology.devices_per_host or devices, devices)
         share = intra_host_share(devices, local)
-        to_ms = self.topology.batch_size * 4 / 1e9 * 1e3
-        intra = floats * share * to_ms / self.links.intra_host_gbps
-        inter = floats * (1 - share) * to_ms / self.topology.inter_host_gbps
-        return self.links.collective_ms + self.links.message_ms * (devices - 1) + np.maximum(intra, inter)
+        topology = self.topology
+        intra, inter = floats * share, floats * (1 - share)
+        return links_time(intra, inter, devices, topology.batch_size, topology.inter_host_gbps, self.links)
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
@@ -301,7 +300,24 @@ def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, in
     (docs/clusters.md, "All-to-alls measured across emulated hosts").
     """
     _, inter = received_floats(widths, devices_per_host)
-    return inter * batch_size * 4 / (inter_host_gbps * 1e9) * 1e3
+    return receiving_ms(inter, batch_size, inter_host_gbps)
+
+
+def receiving_ms(floats: np.ndarray, batch_size: int, gbps: float) -> np.ndarray:
+    """The ms to receive `floats` float columns per sample of the batch, 4 bytes each, at `gbps` GB/s."""
+    return floats * batch_size * 4 / (gbps * 1e9) * 1e3
+
+
+def links_time(
+    intra: np.ndarray, inter: np.ndarray, devices: int, batch_size: int, inter_host_gbps: float, links: LinkProfile
+) -> np.ndarray:
+    """The links' price [n, 2] of devices in a collective of `devices` receiving `intra` float columns per sample
+    from their host mates and `inter` from other hosts: the profile's fixed time and latency per peer, then the
+    slower link class's bytes."""
+    moving = np.maximum(
+        receiving_ms(intra, batch_size, links.intra_host_gbps), receiving_ms(inter, batch_size, inter_host_gbps)
+    )
+    return links.collective_ms + links.message_ms * (devices - 1) + moving
 
 
 def link_ms(
@@ -315,9 +331,7 @@ def link_ms(
     if d == 1:
         return np.zeros((1, 2))
     intra, inter = received_floats(widths, devices_per_host)
-    to_ms = batch_size * 4 / 1e9 * 1e3
-    moving = np.maximum(intra * to_ms / links.intra_host_gbps, inter * to_ms / inter_host_gbps)
-    return links.collective_ms + links.message_ms * (d - 1) + moving
+    return links_time(intra, inter, d, batch_size, inter_host_gbps, links)
 
 
 def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:
