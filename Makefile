@@ -24,14 +24,15 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/shard-ray demo
 
-# The suite in two passes. The quick tests run three at a time (pytest-xdist): they wait on subprocesses and a
-# local Ray more than they compute. The slow ones (clusters, jobs, sweeps, training, races on the gang) keep both
-# cores busy and some judge measured times, which load beside them would change: they run one at a time.
+# The suite in two passes. First every test but those marked `alone`, three at a time (pytest-xdist), the slow ones
+# handed out first: they wait on subprocesses, Ray starts and links more than they compute. Then the `alone` tests,
+# one at a time: they judge measured times (a race's verdict, an A/A twin, prices against a measurement, the emulated
+# links' rates), which load beside them would change.
 WORKERS ?= 3
 
 test: setup lint
-	$(PY) -m pytest -n $(WORKERS) -m "not slow"
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -n $(WORKERS) --dist worksteal -m "not alone"
+	$(PY) -m pytest -m alone
 
 # The quick tests only: the loop to run while changing code.
 test-fast: setup lint

@@ -51,7 +51,10 @@ NODE_MEMORY_BYTES = 700 * 1024**2
 MEMORY_SHARE = 0.6
 OBJECT_STORE_BYTES = 128 * 1024**2
 NODES_TIMEOUT_S = 180.0
-# A `ray start --block` told to stop drains for up to 30 s (Ray 2.60): the nodes get this long, then are killed.
+# A `ray start --block` told to stop drains for up to 30 s (Ray 2.60). Nothing it would drain outlives the cluster
+# (its namespaces and Ray folder are deleted next), so the nodes get this long to end, then are killed; the
+# kill's own wait is `STOP_TIMEOUT_S`.
+TERM_GRACE_S = 1.0
 STOP_TIMEOUT_S = 5.0
 # Set in the commands `hosts run` runs: the links' achieved rate (Mbit/s), so that a gang knows its all-to-alls cross
 # links and measures them even where its devices outnumber the machine's cores.
@@ -215,7 +218,7 @@ def tear_down(state: EmulatedHosts) -> None:
     delete its namespaces (and with them its links), its Ray temp folder and its state file."""
     for pid in state.pids:
         _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    deadline = time.monotonic() + TERM_GRACE_S
     while any(_group_alive(pid) for pid in state.pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in state.pids:

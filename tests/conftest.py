@@ -64,3 +64,8 @@ def table_file(tmp_path: Path, small_tables) -> Path:
     path = tmp_path / "tables.json"
     save_tables(path, small_tables)
     return path
+
+
+def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:
+    """Slow tests first, so that `make test`'s workers start on the long ones and the quick ones fill in after."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

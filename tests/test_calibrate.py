@@ -126,6 +126,7 @@ def race_tables() -> list[TableSpec]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_measured_selection_chooses_the_measured_best_of_planted_candidates(ray_session, race_tables, tmp_path):
     pieces = table_wise(race_tables)
     balanced = Plan.from_assignment(pieces, [0, 1] * 4, 2, "balanced")

@@ -167,6 +167,7 @@ def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsys, monkeypatch, tmp_path, two_plans):
     """A real A/A comparison on the 2-device gang, as a user types it; its files and MLflow run."""
     table_file, plan, twin = two_plans

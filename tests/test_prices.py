@@ -28,6 +28,7 @@ GANGS = 3
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_shipped_models_price_reference_plans_within_a_quarter_of_their_measurement(ray_session):
     shipped = CostModels.load(default_cost_model_path())
     if hardware_id(threads=1) != shipped.hardware:

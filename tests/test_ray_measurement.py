@@ -63,6 +63,7 @@ def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session,
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=128)
     gang = DeviceGang(2)

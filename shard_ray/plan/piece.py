@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from functools import cached_property
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,18 +79,24 @@ class TablePiece(BaseModel):
             return "grid" if split_rows else "column_wise"
         return "row_wise" if split_rows else "table_wise"
 
-    @property
+    @cached_property
     def key(self) -> tuple:
-        """What tells this piece apart from the other pieces of a plan."""
+        """What tells this piece apart from the other pieces of a plan. Kept once computed: the searches look pieces
+        up by it millions of times (`model_copy` drops it, as the copy's fields may differ)."""
         return (
             self.table.name,
             self.columns,
-            self.row_range,
+            self.rows if self.rows is not None else (0, self.table.rows),
             self.replicas,
             self.devices,
             self.group,
             self.within_host,
         )
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TablePiece:
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("key", None)
+        return copied
 
     def describe(self) -> str:
         """The piece for a message: 'table 't0'', 'rows [0, 500) of table 't0'', ..."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,10 +41,12 @@ from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
-from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.tables import TableSpec
+
+if TYPE_CHECKING:  # Ray and SQLite only where a refinement runs, not in every `plan`
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.store import MeasurementStore
 
 
 @dataclass(frozen=True)
