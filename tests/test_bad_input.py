@@ -248,3 +248,14 @@ def test_tasks_that_fail_leave_nothing_behind(tmp_path):
             "test_001.json",
         ]
     )
+
+
+def test_a_hardware_id_naming_no_kind_of_device_is_refused(tmp_path, table_file_path):
+    """'NVIDIA H100' matched no models and was priced by the reference CPU's without a word; 'cuda:...' is how
+    measurements name a GPU."""
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "4", "--algo", "size_greedy"]
+    code, err = run([*argv, "--hardware", "NVIDIA H100", "--out", str(out)])
+    assert_refused_cleanly(code, err, out)
+    assert "hardware id 'NVIDIA H100' names no kind of device" in err and "'cuda:<GPU name>'" in err
+    assert run([*argv, "--hardware", "cuda:NVIDIA H100 80GB HBM3", "--out", str(out)])[0] == 0 and out.is_file()

@@ -185,7 +185,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.placement.base import priced
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
-    from shard_ray.profiling.hardware import hardware_id
+    from shard_ray.profiling.hardware import check_hardware_id, hardware_id
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(PlanArgs, args)
@@ -196,6 +196,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
     constraints = load_constraints(flags.constraints) if flags.constraints else None
     _check_cost_model_flag(flags)
+    if flags.hardware is not None:
+        check_hardware_id(flags.hardware)
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it

@@ -8,6 +8,8 @@ from functools import cache
 
 import torch
 
+from shard_ray.errors import ShardRayError
+
 
 def _cpu_model() -> str:
     try:
@@ -32,6 +34,20 @@ def hardware_id(threads: int | None = None) -> str:
         return f"cuda:{torch.cuda.get_device_name(device)}"
     threads = torch.get_num_threads() if threads is None else threads
     return f"cpu:{_cpu_model()}:{threads}thread"
+
+
+# What every hardware id starts with: the kind of device it was measured on (`hardware_id`).
+HARDWARE_KINDS = ("cuda:", "cpu:")
+
+
+def check_hardware_id(hardware: str) -> None:
+    """Refuse, in one line, a hardware id a user typed that names no kind of device: it would match no models and
+    the plan would be priced by another hardware's without a word about it."""
+    if not hardware.startswith(HARDWARE_KINDS):
+        raise ShardRayError(
+            f"hardware id {hardware!r} names no kind of device: write it as measurements name it, "
+            "'cuda:<GPU name>' (e.g. 'cuda:NVIDIA H100 80GB HBM3') or 'cpu:<CPU model>:<threads>thread'"
+        )
 
 
 def machine_id() -> str:
