@@ -859,3 +859,32 @@ def test_the_link_rate_fitted_to_all_to_alls_measured_across_emulated_hosts_is_t
     assert gbps * 8e3 == pytest.approx(link_mbit, rel=0.15) and 0 <= fixed_ms < 5
     with pytest.raises(ValueError, match="do not grow with the bytes"):
         fit_link_rate(received_mb, measured_ms[::-1] * 0 + 1 / (received_mb + 1))
+
+
+def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys, tmp_path):
+    """Models whose link profile has a rate between hosts (as `calibrate` over hosts keeps it): `plan` over such
+    hosts with no --inter-host-gbps takes that rate, says so and records it, so its price is the one at that rate;
+    a rate given stands, and on one host nothing changes."""
+    from console import shard_ray_here
+
+    from shard_ray.plan.plan import load_plan
+
+    models = CostModels.load(default_cost_model_path())
+    models.info.links = models.links.model_copy(update={"inter_host_gbps": 0.006})  # 48 Mbit/s
+    models.save(tmp_path / "fitted.pt")
+    (tmp_path / "tables.json").write_text(
+        json.dumps({"tables": [{"name": f"t{i}", "rows": 5_000, "dim": 64, "pooling_factor": 4} for i in range(6)]})
+    )
+    plan = ["plan", "--tables", str(tmp_path / "tables.json"), "--devices", "4", "--memory-gb", "1"]
+    plan += ["--algo", "size_greedy", "--cost-model", str(tmp_path / "fitted.pt")]
+    costs = {}
+    for name, flags in (("fitted", ["--devices-per-host", "2"]), ("given", ["--devices-per-host", "2"]), ("one", [])):
+        flags += ["--inter-host-gbps", "12.5"] if name == "given" else []
+        done = shard_ray_here(capsys, *plan, *flags, "--out", str(tmp_path / f"{name}.json"))
+        assert done.returncode == 0, done.stderr
+        said = "between hosts: 0.006 GB/s (48 Mbit/s), the rate `calibrate` fitted" in done.stdout
+        assert said == (name == "fitted"), done.stdout
+        written = load_plan(tmp_path / f"{name}.json")
+        costs[name] = written.estimate.predicted.cost_ms
+        assert written.settings.inter_host_gbps == {"fitted": 0.006, "given": 12.5, "one": None}[name]
+    assert costs["fitted"] > 2 * costs["given"], costs  # the slow links, priced

@@ -194,7 +194,7 @@ def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve()
     """2 hosts of 1 device joined at 50 Mbit/s, where the links and not the 2 cores bound the all-to-alls:
     `calibrate` run inside the cluster, as a user types it, fits the rate between the hosts to the all-to-alls its
     gang measured, within 15% of the rate a TCP stream measured when the cluster came up (47-49 Mbit/s against 48
-    in two runs), says so in one line and keeps it in the model file."""
+    in two runs), says so in one line and keeps it in the model file, where `plan` over such hosts takes it."""
     name = f"c{os.getpid() % 10**6}"
     with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
         work = Path(folder)
@@ -217,3 +217,13 @@ def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve()
 
         kept = CostModels.load(work / "calibrated.pt").info.links
         assert kept is not None and kept.inter_host_gbps == pytest.approx(float(fitted.group(1)), rel=1e-3)
+        # and a plan over such hosts with these models, given no rate, takes it
+        planned = _run(
+            "shard-ray plan --tables tables.json --devices 2 --devices-per-host 1 --memory-gb 1 --algo size_greedy "
+            "--cost-model calibrated.pt --out plan.json",
+            env,
+            work,
+        )
+        assert planned.returncode == 0 and "the rate `calibrate` fitted" in planned.stdout, planned.stderr
+        recorded = json.loads((work / "plan.json").read_text())["settings"]["inter_host_gbps"]
+        assert recorded == pytest.approx(kept.inter_host_gbps)

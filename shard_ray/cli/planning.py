@@ -182,7 +182,7 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.placement import place
-    from shard_ray.placement.base import priced
+    from shard_ray.placement.base import PlacementContext, priced, with_fitted_links
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
     from shard_ray.profiling.hardware import check_hardware_id, hardware_id
@@ -201,6 +201,15 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it
+    context = PlacementContext(
+        cost_model=flags.cost_model,
+        hardware=hardware,
+        devices_per_host=topology.devices_per_host_if_spanning,
+        tables=tables,
+    )
+    topology, fitted = with_fitted_links(topology, context)
+    if fitted:
+        print(fitted)
     plan = place(
         flags.algo,
         tables,

@@ -27,7 +27,7 @@ class LinkProfile(BaseModel):
     message_ms: float = Field(ge=0)  # per peer a device exchanges a message with
     intra_host_gbps: float = Field(gt=0)  # GB/s a device receives from its host mates
     source: str
-    # GB/s between hosts where `calibrate` fitted it over hosts; plans take theirs from `--inter-host-gbps`
+    # GB/s between hosts where `calibrate` fitted it over hosts: `plan` takes it where no --inter-host-gbps is given
     inter_host_gbps: float | None = Field(default=None, gt=0)
 
 

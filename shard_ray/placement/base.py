@@ -221,6 +221,21 @@ def _one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def with_fitted_links(topology: Topology, context: PlacementContext) -> tuple[Topology, str | None]:
+    """`topology` with the rate between hosts that `calibrate` fitted to the hosts of `context`'s models (their link
+    profile), where the topology spans hosts and was given no rate of its own; and a line saying so, None where
+    nothing changed. A rate given (`--inter-host-gbps`, a plan file's) stands."""
+    if topology.num_hosts < 2 or "inter_host_gbps" in topology.model_fields_set:
+        return topology, None
+    fitted = context.models.links.inter_host_gbps
+    if fitted is None:
+        return topology, None
+    return topology.model_copy(update={"inter_host_gbps": fitted}), (
+        f"between hosts: {fitted:.4g} GB/s ({fitted * 8e3:.0f} Mbit/s), the rate `calibrate` fitted to these models' "
+        "hosts (--inter-host-gbps gives another)"
+    )
+
+
 def priced(
     plan: Plan, tables: list[TableSpec], topology: Topology, cost_model: str | None = None, hardware: str | None = None
 ) -> Plan:

@@ -300,7 +300,7 @@ def fit_links(
         )
         return profile, (
             f"links between hosts: {gbps:.4g} GB/s ({gbps * 8e3:.0f} Mbit/s) achieved, fitted to {where}; "
-            f"plan over these hosts with --inter-host-gbps {gbps:.4g}"
+            "`plan` with these models over such hosts takes it unless given --inter-host-gbps"
         )
     profile = LinkProfile(
         collective_ms=fixed_ms, message_ms=0.0, intra_host_gbps=gbps, source=f"`calibrate` fitted to {where}"
