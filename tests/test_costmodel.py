@@ -53,7 +53,7 @@ from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.access import REFERENCE_BATCH, reuse_histogram_of, zipf_indices, zipf_reuse_histogram
 from shard_ray.workload.dlrm_dataset import reuse_histogram
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, load_tables
 
 DATA = Path(__file__).parent / "data"
 
@@ -888,3 +888,29 @@ def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys
         costs[name] = written.estimate.predicted.cost_ms
         assert written.settings.inter_host_gbps == {"fitted": 0.006, "given": 12.5, "one": None}[name]
     assert costs["fitted"] > 2 * costs["given"], costs  # the slow links, priced
+
+
+def test_a_topologys_own_rate_inside_a_host_prices_the_links_in_place_of_the_profiles(capsys, tmp_path):
+    """`--intra-host-gbps` (a host whose links differ from the published figure): the all-to-alls are priced at that
+    rate, never below the links' price there, and the plan records it, so `evaluate` prices it alike."""
+    from console import shard_ray_here
+
+    from shard_ray.plan.plan import load_plan
+
+    (tmp_path / "tables.json").write_text(
+        json.dumps({"tables": [{"name": f"t{i}", "rows": 5_000, "dim": 128, "pooling_factor": 4} for i in range(8)]})
+    )
+    plan = ["plan", "--tables", str(tmp_path / "tables.json"), "--devices", "4", "--memory-gb", "1"]
+    plan += ["--algo", "size_greedy"]
+    comm = {}
+    for name, flags in (("profile", []), ("slow", ["--intra-host-gbps", "0.01"])):
+        done = shard_ray_here(capsys, *plan, *flags, "--out", str(tmp_path / f"{name}.json"))
+        assert done.returncode == 0, done.stderr
+        written = load_plan(tmp_path / f"{name}.json")
+        assert written.settings.intra_host_gbps == (0.01 if name == "slow" else None)
+        comm[name] = max(d.fwd_comm_ms for d in written.estimate.predicted.devices)
+        tables = load_tables(tmp_path / "tables.json")
+        again = Simulator(CostModels.load(written.estimate.cost_model)).plan_cost(written, tables, 1024)
+        assert again.cost_ms == pytest.approx(written.estimate.predicted.cost_ms)
+    # forward, each device receives for its 256 samples the 768 columns held elsewhere: 0.79 MB, about 79 ms at 0.01 GB/s
+    assert comm["slow"] > 5 * comm["profile"] and comm["slow"] > 10.0, comm

@@ -67,6 +67,13 @@ class TopologyArgs:
         min=1e-9,
     )
 
+    intra_host_gbps: float | None = setting(
+        None,
+        "GB/s a device receives from the devices of its own host (NVLink, PCIe), in place of the published or "
+        "calibrated figure of the hardware the models price (default: the plan file's, else that figure)",
+        min=1e-9,
+    )
+
     def topology(self, num_devices: int, recorded: PlanSettings | None = None) -> Topology:
         """The topology these flags give, a plan's `recorded` settings filling what is not given."""
         recorded_values = recorded.model_dump() if recorded is not None else {}
@@ -78,6 +85,7 @@ class TopologyArgs:
             "optimizer": self.optimizer or recorded_values.get("optimizer"),
             "devices_per_host": self.devices_per_host or recorded_values.get("devices_per_host"),
             "inter_host_gbps": self.inter_host_gbps or recorded_values.get("inter_host_gbps"),
+            "intra_host_gbps": self.intra_host_gbps or recorded_values.get("intra_host_gbps"),
         }
         per_host = values["devices_per_host"]
         if per_host and num_devices % per_host:

@@ -44,6 +44,13 @@ class Pricer:
         self.models = models
         self.topology = topology
         self.links = models.links
+        if topology.intra_host_gbps is not None:  # the topology's own figure (`--intra-host-gbps`) over the profile's
+            self.links = self.links.model_copy(
+                update={
+                    "intra_host_gbps": topology.intra_host_gbps,
+                    "source": f"{self.links.source}; inside a host {topology.intra_host_gbps:g} GB/s, the topology's",
+                }
+            )
         self._encodings: dict[tuple, torch.Tensor] = {}
         self._sizes: dict[tuple, tuple] = {}
         # Shards priced by the compute model so far (a call at least `CALL_EVALUATIONS`): the work a

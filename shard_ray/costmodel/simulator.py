@@ -32,6 +32,7 @@ class Simulator:
             batch_size=batch_size,
             devices_per_host=plan.devices_per_host,
             inter_host_gbps=plan.inter_host_gbps,
+            intra_host_gbps=plan.intra_host_gbps,
         )
         pieces, assign = plan.assignment(tables)
         parts = Pricer(self.models, topology).plan_parts(pieces, assign)

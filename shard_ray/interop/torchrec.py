@@ -128,6 +128,8 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
                 hbm_cap=topology.memory_bytes,
                 local_world_size=topology.devices_per_host_or_all,
                 inter_host_bw=topology.inter_host_gbps * 1024**3 / 1000,  # TorchRec's unit: bytes per ms
+                # a rate inside a host given to shard-ray (`--intra-host-gbps`) reaches TorchRec's planner too
+                **({"intra_host_bw": topology.intra_host_gbps * 1024**3 / 1000} if topology.intra_host_gbps else {}),
             ),
             batch_size=max(1, topology.batch_size // topology.num_devices),  # TorchRec's batch is per rank
             storage_reservation=HeuristicalStorageReservation(percentage=0.0, dense_tensor_estimate=0),

@@ -24,6 +24,8 @@ class Topology(BaseModel):
     d // devices_per_host. `devices_per_host` None means one host holds them all.
     `inter_host_gbps` is each device's bandwidth to other hosts in GB/s (a NIC per GPU, as with
     GPUDirect RDMA; TorchRec's planner assumes 12.5), priced only when the devices span hosts.
+    `intra_host_gbps`, where given, is the GB/s a device receives from its host mates, in place of the link
+    profile of the models' hardware (`shard_ray.costmodel.links`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -34,6 +36,7 @@ class Topology(BaseModel):
     optimizer: Optimizer = "rowwise_adagrad"
     devices_per_host: int | None = Field(default=None, ge=1)
     inter_host_gbps: float = Field(default=12.5, gt=0)
+    intra_host_gbps: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _whole_hosts(self) -> Topology:
