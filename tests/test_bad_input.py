@@ -258,4 +258,8 @@ def test_a_hardware_id_naming_no_kind_of_device_is_refused(tmp_path, table_file_
     code, err = run([*argv, "--hardware", "NVIDIA H100", "--out", str(out)])
     assert_refused_cleanly(code, err, out)
     assert "hardware id 'NVIDIA H100' names no kind of device" in err and "'cuda:<GPU name>'" in err
+    for nameless in ("cuda:", "cuda:NVIDIA H100 80GB HBM3 "):  # no name; a space the models' ids never have
+        code, err = run([*argv, "--hardware", nameless, "--out", str(out)])
+        assert_refused_cleanly(code, err, out)
+        assert "give the device's name after its kind, with no space around it" in err
     assert run([*argv, "--hardware", "cuda:NVIDIA H100 80GB HBM3", "--out", str(out)])[0] == 0 and out.is_file()

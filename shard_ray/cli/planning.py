@@ -63,7 +63,8 @@ class TopologyArgs:
         None,
         "each device's bandwidth to other hosts in GB/s, for the traffic that crosses hosts when "
         "--devices-per-host splits the devices "
-        f"(default: the plan file's, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's)",
+        "(default: the plan file's; for a new plan, the rate `calibrate` fitted over such hosts where the models "
+        f"have one, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's)",
         min=1e-9,
     )
 

@@ -139,7 +139,8 @@ class Pricer:
         rest = (total - width) / (devices - 1)
         total_then = width + rest * (largest - 1)
         features = comm_feature_rows(width, total_then, np.maximum(width, rest), batch, largest)
-        floor_then = self.link_rows(width, total_then, largest, one_host=True)[:, floor_phases]
+        # over the links the comm model learned on (the models' own profile), not a topology's other rate
+        floor_then = self.link_rows(width, total_then, largest, one_host=True, links=self.models.links)[:, floor_phases]
         return floor * np.clip(self.models.comm_ms(features) / floor_then, 1.0, COMM_CORRECTION_BOUND)
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
@@ -152,10 +153,12 @@ class Pricer:
         one_host = self.one_host_comm(inputs, total, max_inputs, devices, floor_phases=(1, 1))[:, 0]
         return np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1])
 
-    def link_rows(self, width: np.ndarray, total: float, devices: int, one_host: bool = False) -> np.ndarray:
+    def link_rows(
+        self, width: np.ndarray, total: float, devices: int, one_host: bool = False, links: LinkProfile | None = None
+    ) -> np.ndarray:
         """`link_ms` (fwd, bwd) [n, 2] of devices of `width` columns in plans of `total` columns over `devices`,
         without their places: their peers' columns spread evenly, a share of the peers on their host (none
-        off it where `one_host`)."""
+        off it where `one_host`); at `links` where given, else this topology's."""
         width = np.asarray(width, dtype=np.float64)
         if devices == 1:
             return np.zeros((len(width), 2))
@@ -164,7 +167,7 @@ class Pricer:
         share = intra_host_share(devices, local)
         topology = self.topology
         intra, inter = floats * share, floats * (1 - share)
-        return links_time(intra, inter, devices, topology.batch_size, topology.inter_host_gbps, self.links)
+        return links_time(intra, inter, devices, topology.batch_size, topology.inter_host_gbps, links or self.links)
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over

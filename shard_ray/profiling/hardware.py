@@ -48,6 +48,11 @@ def check_hardware_id(hardware: str) -> None:
             f"hardware id {hardware!r} names no kind of device: write it as measurements name it, "
             "'cuda:<GPU name>' (e.g. 'cuda:NVIDIA H100 80GB HBM3') or 'cpu:<CPU model>:<threads>thread'"
         )
+    if hardware != hardware.strip() or not hardware.partition(":")[2].strip():
+        raise ShardRayError(
+            f"hardware id {hardware!r}: give the device's name after its kind, with no space around it "
+            "(e.g. 'cuda:NVIDIA H100 80GB HBM3')"
+        )
 
 
 def machine_id() -> str:
