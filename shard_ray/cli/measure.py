@@ -256,7 +256,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(format_prediction(plan.estimate, cost.cost_ms))
     print(plan.estimate.provenance)
     told = set(gang.warnings)  # the gang says its own when it starts
-    for line in [*(plan.estimate.warnings if plan.estimate else ()), *(w for w in cost.warnings if w not in told)]:
+    estimated = plan.estimate.warnings if plan.estimate else []
+    for line in dict.fromkeys([*estimated, *(w for w in cost.warnings if w not in told)]):  # each once
         print(f"warning: {line}", file=sys.stderr)
     if cost.rounds is not None:
         print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")
