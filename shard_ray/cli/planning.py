@@ -216,9 +216,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         devices_per_host=topology.devices_per_host_if_spanning,
         tables=tables,
     )
-    topology, fitted = with_fitted_links(topology, context)
-    if fitted:
-        print(fitted)
+    topology, rate_between_hosts = with_fitted_links(topology, context)
+    if rate_between_hosts:
+        print(rate_between_hosts)
     plan = place(
         flags.algo,
         tables,

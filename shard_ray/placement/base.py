@@ -224,13 +224,17 @@ def _one_torch_thread() -> Iterator[None]:
 
 def with_fitted_links(topology: Topology, context: PlacementContext) -> tuple[Topology, str | None]:
     """`topology` with the rate between hosts that `calibrate` fitted to the hosts of `context`'s models (their link
-    profile), where the topology spans hosts and was given no rate of its own; and a line saying so, None where
-    nothing changed. A rate given (`--inter-host-gbps`, a plan file's) stands."""
+    profile), where the topology spans hosts and was given no rate of its own; and a line saying which rate prices
+    the traffic between hosts (that one, else the default), None where the topology gave it or has one host. A rate
+    given (`--inter-host-gbps`, a plan file's) stands."""
     if topology.num_hosts < 2 or "inter_host_gbps" in topology.model_fields_set:
         return topology, None
     fitted = context.models.links.inter_host_gbps
     if fitted is None:
-        return topology, None
+        return topology, (
+            f"between hosts: {topology.inter_host_gbps:g} GB/s a device, TorchRec's default (--inter-host-gbps gives "
+            "your links' rate; `calibrate` over hosts measures it)"
+        )
     return topology.model_copy(update={"inter_host_gbps": fitted}), (
         f"between hosts: {fitted:.4g} GB/s ({fitted * 8e3:.0f} Mbit/s), the rate `calibrate` fitted to these models' "
         "hosts (--inter-host-gbps gives another)"
