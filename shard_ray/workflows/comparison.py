@@ -38,6 +38,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+# Student's t quantile from scipy.special (what scipy.stats.t.ppf calls), without scipy.stats' second of import
+from scipy.special import stdtrit
+
 from shard_ray.configfile import setting
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import write_atomic, write_json
@@ -92,14 +95,6 @@ def alpha_spent(rounds: int, most_rounds: int, alpha: float) -> float:
 TRIM = 0.2
 
 
-def t_quantile(df: int, p: float) -> float:
-    """Student's t quantile, from scipy.special (what scipy.stats.t.ppf calls, without scipy.stats' second of
-    import), imported here so that commands that never compare do not pay its 0.2 s."""
-    from scipy.special import stdtrit
-
-    return float(stdtrit(df, p))
-
-
 def ratio_interval(costs: Sequence[float], reference: Sequence[float], level: float) -> PlanRatio:
     """`costs` over `reference`, paired by round: the trimmed-mean ratio with its two-sided `level` interval.
 
@@ -114,7 +109,7 @@ def ratio_interval(costs: Sequence[float], reference: Sequence[float], level: fl
     else:
         winsorized = np.clip(logs, logs[g], logs[n - g - 1])
         se = float(winsorized.std(ddof=1)) / ((1 - 2 * g / n) * math.sqrt(n))
-        half = t_quantile(n - 2 * g - 1, 1 - level / 2) * se
+        half = float(stdtrit(n - 2 * g - 1, 1 - level / 2)) * se
     low, high = math.exp(mean - half), math.exp(mean + half)
     return PlanRatio(ratio=math.exp(mean), low=low, high=high, separated=low > 1 or high < 1)
 
@@ -447,7 +442,7 @@ def resolvable(sd: float, config: CompareConfig, plans: int = 2) -> float:
         g = int(TRIM * n)
         if n - 2 * g < 2:
             continue
-        crit = t_quantile(n - 2 * g - 1, 1 - level / 2)
+        crit = float(stdtrit(n - 2 * g - 1, 1 - level / 2))
         smallest = min(smallest, crit * sd / ((1 - 2 * g / n) * math.sqrt(n)))
     return math.exp(smallest) - 1
 
