@@ -226,8 +226,11 @@ def _run_the_benchmark_job(tmp_path: Path, address: str, env: dict[str, str], ml
 
 
 def _working_dir_entries() -> dict[str, int]:
-    """What `--working-dir .` uploads from (the repository's top level, less pytest's cache), with modification times."""
-    return {p.name: p.stat().st_mtime_ns for p in REPO.iterdir() if p.name not in (".pytest_cache", ".git")}
+    """What `--working-dir .` uploads from (the repository's top level, less the caches that tests running beside
+    this one write: pytest's and hypothesis'), with modification times."""
+    return {
+        p.name: p.stat().st_mtime_ns for p in REPO.iterdir() if p.name not in (".pytest_cache", ".hypothesis", ".git")
+    }
 
 
 def _check_benchmark_runs(uri: str, experiment: str, tmp_path: Path) -> None:

@@ -231,10 +231,12 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
         '  {"name": "category", "rows": 300, "dim": 16, "pooling_factor": 2},\n'
         '  {"name": "history", "rows": 10000, "dim": 32, "pooling_factor": 30}]}\n'
     )
+    # a budget it never reaches (it ends by its shards and plans in about a minute alone): beside other tests, a
+    # 2-minute budget once ended it before any plan was measured
     calibrated = shard_ray_here(
         capsys,
         *("calibrate", "--tables", "tables.json", "--devices", "4", "--devices-per-host", "2"),
-        *("--address", cluster.address, "--budget-minutes", "2", "--shards", "10", "--plans", "12"),
+        *("--address", cluster.address, "--budget-minutes", "8", "--shards", "10", "--plans", "12"),
         *("--warmup", "1", "--repeats", "3", "--epochs", "40", "--noise-rounds", "3", "--no-mlflow"),
         *("--cost-model", str(default_cost_model_path()), "--for-hardware"),
     )
