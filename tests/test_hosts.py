@@ -104,8 +104,8 @@ def test_hosts_up_refuses_more_hosts_than_memory_holds_before_making_any(tmp_pat
 @needs_namespaces
 def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leaving_nothing():
     """docs/clusters.md's four lines, with a name of the test's own: 3 hosts at 200 Mbit/s come up, the link's
-    achieved rate is measured twice and steady within 10%; a 3-device plan's gang spans the 3 hosts; down stops every
-    process it started and leaves no namespace, link, state file or Ray folder."""
+    achieved rate is measured twice (a warning when the two differ by more than 10%); a 3-device plan's gang spans
+    the 3 hosts; down stops every process it started and leaves no namespace, link, state file or Ray folder."""
     name = f"t{os.getpid() % 10**6}"
     with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
         work = Path(folder)
@@ -115,8 +115,11 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
         try:
             assert done.returncode == 0, done.stdout + done.stderr
             rates = [float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", done.stdout).groups()]
-            assert all(150 <= r <= 205 for r in rates) and max(rates) <= 1.1 * min(rates), done.stdout
-            assert "not steady" not in done.stdout
+            assert all(150 <= r <= 205 for r in rates), done.stdout
+            # Steadiness is the machine's, not the code's (a loaded 2-core CI machine measured 190 and 166): the
+            # warning must say which it was.
+            spread = max(rates) / min(rates)  # of the printed, rounded rates: judged away from the bound only
+            assert abs(spread - 1.1) < 0.02 or ("not steady" in done.stdout) == (spread > 1.1), done.stdout
             assert len(_namespaces(name)) == 4  # 3 hosts and the switch
             state = json.loads((work / "home" / "hosts" / f"{name}.json").read_text())
             listed = _run("shard-ray hosts list", env, work)
