@@ -499,3 +499,49 @@ def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(capsys, 
         assert told in done.stderr
         assert json.loads(out.read_text())["algorithm"] == "neuroshard"
         out.unlink()
+
+
+@pytest.mark.slow
+def test_a_command_exits_without_teardown_yet_stops_its_local_ray_and_writes_everything(tmp_path, table_file):
+    """The console script ends with `os._exit` after Ray's shutdown, threads and exit handlers
+    (`shard_ray.cli.console`): the local Ray it started is gone the moment it exits, its result file and MLflow run
+    are whole."""
+    import os
+    import sqlite3
+    import time
+    import uuid
+
+    shard_ray = str(Path(sys.executable).parent / "shard-ray")
+    tag = uuid.uuid4().hex  # in the environment of every process the command starts, Ray's among them
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"SHARD_RAY_TEST_TAG": tag}
+    plan = subprocess.run(
+        [shard_ray, "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1",
+         "--algo", "size_greedy", "--out", str(tmp_path / "plan.json")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    done = subprocess.run(
+        [shard_ray, "evaluate", "--tables", str(table_file), "--plan", str(tmp_path / "plan.json"),
+         "--rounds", "1", "--warmup", "1", "--repeats", "2", "--out", str(tmp_path / "result.json")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ray: started a local instance" in done.stdout
+    assert json.loads((tmp_path / "result.json").read_text())["cost_ms"] > 0
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        (finished,) = db.execute("select count(*) from runs where status = 'FINISHED'").fetchone()
+    assert finished == 1
+    time.sleep(1)  # shutdown waited for Ray's processes; a second for any that were only signalled
+    assert not _processes_with(tag), "processes the command started outlived it"
+
+
+def _processes_with(tag: str) -> list[int]:
+    """The live processes whose environment holds `tag`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and tag.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found

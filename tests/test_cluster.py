@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pages import page_block, page_line
+from ports import free_port
 
 # Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -22,12 +22,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # The docs page that gives the cluster route's commands; the tests run them as a user pastes them.
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(check, what: str, timeout: float = 300) -> None:
@@ -58,7 +52,7 @@ def mlflow_server(tmp_path_factory):
     """`mlflow server` on 127.0.0.1 with an SQLite backend and served artifacts, its server-side jobs off as
     docs/mlflow.md starts it."""
     root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             str(BIN / "mlflow"),
@@ -130,13 +124,13 @@ def ray_head():
     `--block` in the background; stopped at the end by the page's `kill $RAY_HEAD`, which must end it in seconds.
 
     The page's `ray start --head` line runs with free ports: other heads on this machine (other checkouts' tests)
-    may hold Ray's defaults. Yields the dashboard's address and the shell's environment."""
+    may hold Ray's defaults. Yields the dashboard's address, the head's port and the shell's environment."""
     # Not under pytest's basetemp: a pytest run started meanwhile by the same user prunes old ones, token and all.
     home = tempfile.TemporaryDirectory(prefix="shard-ray-home-")
     env = _user_env(Path(home.name))
-    dashboard, port = _free_port(), _free_port()
+    dashboard, port = free_port(), free_port()
     agent_ports = " ".join(
-        f"--{name}-port {_free_port()}"
+        f"--{name}-port {free_port()}"
         for name in (
             "dashboard-agent-listen",
             "dashboard-agent-grpc",
@@ -167,7 +161,7 @@ def ray_head():
     ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
     try:
         _wait_for(lambda: subprocess.run(ready, env=env, capture_output=True, timeout=30).returncode == 0, "ray head")
-        yield address, env
+        yield address, port, env
         stop = f"RAY_HEAD={pid_file.read_text().strip()}\n{page_line('clusters.md', 'kill $RAY_HEAD')}"
         assert subprocess.run(["bash", "-c", stop], env=env).returncode == 0
         shell.wait(timeout=30)  # the head is gone, and with it the shell that waited on it
@@ -185,11 +179,38 @@ SMALL_BENCHMARK = {
 
 
 def test_the_clusters_pages_benchmark_job_runs_as_pasted(tmp_path, ray_session, mlflow_server):
-    with ray_head() as (address, env):
+    with ray_head() as (address, _, env):
         _run_the_benchmark_job(tmp_path, address, env, mlflow_server)
     # the page's `kill $RAY_HEAD` stopped that head only: this process's own local Ray goes on
     assert ray_session.get(ray_session.remote(lambda: 1).remote(), timeout=60) == 1
     _check_benchmark_runs(mlflow_server, "shard-ray-benchmark", tmp_path)
+
+
+def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_it_running(tmp_path, table_file):
+    """docs/clusters.md's `export RAY_ADDRESS=...` in a shell beside its head: each command joins the head rather
+    than starting a Ray of its own, and leaves it running for the next (which still takes a job after them)."""
+    with ray_head() as (address, port, env):
+        script = "\n".join(
+            [
+                "set -eo pipefail",
+                page_line("clusters.md", "source .venv/bin/activate"),
+                page_line("clusters.md", "export RAY_AUTH_MODE="),
+                page_line("clusters.md", "export RAY_ADDRESS=").replace("6379", str(port)),
+                f"cd {tmp_path}",
+                f"shard-ray plan --tables {table_file} --devices 2 --memory-gb 1 --algo size_greedy --out plan.json",
+                *[
+                    f"shard-ray evaluate --tables {table_file} --plan plan.json --rounds 1 --warmup 1 --repeats 2 "
+                    f"--out result{i}.json"
+                    for i in range(2)
+                ],
+            ]
+        )
+        done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.stdout.count(f"ray: joined cluster at 127.0.0.1:{port}") == 2, done.stdout
+        assert "started a local instance" not in done.stdout
+        ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
+        assert subprocess.run(ready, env=env, capture_output=True, timeout=60).returncode == 0
 
 
 def _run_the_benchmark_job(tmp_path: Path, address: str, env: dict[str, str], mlflow_server: str) -> None:

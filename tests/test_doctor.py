@@ -3,24 +3,18 @@ route of the launcher files checked against fbgemm's release rule."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 from shard_ray.doctor import cuda_tag, expected_fbgemm, node_findings
 
 REPO = Path(__file__).resolve().parent.parent
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -52,7 +46,7 @@ def test_doctor_on_this_machine(tmp_path):
 
 @pytest.mark.slow
 def test_doctor_names_what_is_unreachable_and_exits_1_at_once(tmp_path):
-    port = _free_port()
+    port = free_port()
     done = doctor(tmp_path, "--address", f"127.0.0.1:{port}", "--tracking-uri", f"http://127.0.0.1:{port}")
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"problem  Ray: nothing answers at the Ray address 127.0.0.1:{port}" in done.stdout

@@ -1,5 +1,3 @@
-import sys
+from shard_ray.cli import console
 
-from shard_ray.cli import main
-
-sys.exit(main())
+console()
