@@ -19,16 +19,33 @@ LOCAL_DEVICES_PER_CORE = 4
 REACH_TIMEOUT_S = 5.0
 
 
-def _check_reachable(address: str) -> None:
+def _resolve(address: str) -> str:
+    """`auto` as Ray resolves it (the last `ray start` on this machine, as /tmp/ray/ray_current_cluster records
+    it, else a Ray found among the processes), so that its address can be checked; any other address as given."""
+    if address != "auto":
+        return address
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        return canonicalize_bootstrap_address_or_die("auto")
+    except ConnectionError as err:
+        raise ShardRayError(
+            f"no Ray cluster at auto ({str(err).splitlines()[0]}); start one (`ray start --head`) or give the head's "
+            "HOST:PORT in --address or RAY_ADDRESS"
+        ) from None
+
+
+def _check_reachable(address: str, given: str) -> None:
     """Refuse a HOST:PORT nobody answers on at once: ray.init would retry for minutes."""
     host, _, port = address.rpartition(":")
     if "://" in address or not host or not port.isdigit():
-        return  # "auto", ray:// clients and the like: left to Ray
+        return  # ray:// clients and the like: left to Ray
     try:
         socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as err:
+        where = address if address == given else f"{address} (which {given} found: a `ray start` since stopped?)"
         raise ShardRayError(
-            f"nothing answers at the Ray address {address} ({err.strerror or err}); start the cluster there "
+            f"nothing answers at the Ray address {where} ({err.strerror or err}); start the cluster there "
             "(`ray start --head --port PORT`) or give the head's HOST:PORT in --address or RAY_ADDRESS"
         ) from None
 
@@ -46,9 +63,10 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
         return "ray: already initialised"
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        _check_reachable(address)
+        resolved = _resolve(address)
+        _check_reachable(resolved, address)
         try:
-            ray.init(address=address, logging_level=logging.WARNING)
+            ray.init(address=resolved, logging_level=logging.WARNING)
         except ConnectionError as err:  # "auto" with no cluster on this machine, or an address Ray does not answer
             raise ShardRayError(
                 f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "

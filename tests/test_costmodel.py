@@ -890,6 +890,41 @@ def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys
     assert costs["fitted"] > 2 * costs["given"], costs  # the slow links, priced
 
 
+def test_plan_over_hosts_with_no_rate_takes_torchrecs_default_capped_at_the_rate_inside_a_host(capsys, tmp_path):
+    """No rate between hosts given or fitted: TorchRec's default stands where the links inside a host are faster
+    (a GPU's NVLink, or `--intra-host-gbps`), and is capped at their rate where they are slower (CPU's gloo), so
+    that the links between hosts are never priced faster than those inside one; the plan records the rate."""
+    from console import shard_ray_here
+
+    from shard_ray.plan.plan import load_plan
+
+    (tmp_path / "tables.json").write_text(
+        json.dumps({"tables": [{"name": f"t{i}", "rows": 5_000, "dim": 64, "pooling_factor": 4} for i in range(8)]})
+    )
+    inside = CostModels.load(default_cost_model_path()).links.intra_host_gbps
+    assert inside < 12.5  # the CPU's profile, as shipped
+    plan = ["plan", "--tables", str(tmp_path / "tables.json"), "--devices", "4", "--memory-gb", "1"]
+    plan += ["--algo", "size_greedy", "--devices-per-host", "2"]
+    comm = {}
+    for name, flags in (
+        ("capped", []),
+        ("given", ["--inter-host-gbps", "12.5"]),
+        ("fast", ["--intra-host-gbps", "20"]),
+    ):
+        done = shard_ray_here(capsys, *plan, *flags, "--out", str(tmp_path / f"{name}.json"))
+        assert done.returncode == 0, done.stderr
+        written = load_plan(tmp_path / f"{name}.json")
+        comm[name] = max(d.fwd_comm_ms + d.bwd_comm_ms for d in written.estimate.predicted.devices)
+        assert written.settings.inter_host_gbps == {"capped": inside, "given": 12.5, "fast": 12.5}[name]
+        said = {
+            "capped": f"between hosts: {inside:.4g} GB/s a device, the rate inside a host, below TorchRec's default",
+            "given": None,
+            "fast": "between hosts: 12.5 GB/s a device, TorchRec's default",
+        }[name]
+        assert (said in done.stdout) if said else "between hosts:" not in done.stdout, done.stdout
+    assert comm["capped"] > comm["given"], comm  # the slower rate, priced
+
+
 def test_a_topologys_own_rate_inside_a_host_prices_the_links_in_place_of_the_profiles(capsys, tmp_path):
     """`--intra-host-gbps` (a host whose links differ from the published figure): the all-to-alls are priced at that
     rate, never below the links' price there, and the plan records it, so `evaluate` prices it alike. Past the

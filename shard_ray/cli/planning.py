@@ -64,7 +64,8 @@ class TopologyArgs:
         "each device's bandwidth to other hosts in GB/s, for the traffic that crosses hosts when "
         "--devices-per-host splits the devices "
         "(default: the plan file's; for a new plan, the rate `calibrate` fitted over such hosts where the models "
-        f"have one, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's)",
+        f"have one, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's, or the rate inside a host "
+        "where that is lower)",
         min=1e-9,
     )
 
