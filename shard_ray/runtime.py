@@ -35,19 +35,42 @@ def _resolve(address: str) -> str:
         ) from None
 
 
+# HTTP/2's client preface and an empty SETTINGS frame: a Ray head's GCS (a gRPC server) answers them with a
+# SETTINGS frame of its own before anything else is asked, token authentication or not.
+_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS_FRAME = 4
+
+
 def _check_reachable(address: str, given: str) -> None:
-    """Refuse a HOST:PORT nobody answers on at once: ray.init would retry for minutes."""
+    """Refuse at once a HOST:PORT nobody answers on, or where what answers is not a gRPC server such as a Ray
+    head's: ray.init would retry for minutes either way."""
     host, _, port = address.rpartition(":")
     if "://" in address or not host or not port.isdigit():
         return  # ray:// clients and the like: left to Ray
     try:
-        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+        connection = socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S)
     except OSError as err:
         where = address if address == given else f"{address} (which {given} found: a `ray start` since stopped?)"
         raise ShardRayError(
             f"nothing answers at the Ray address {where} ({err.strerror or err}); start the cluster there "
             "(`ray start --head --port PORT`) or give the head's HOST:PORT in --address or RAY_ADDRESS"
         ) from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        connection.close()
+        return  # the head expects TLS first: left to Ray
+    frame = b""
+    with connection:
+        try:
+            connection.sendall(_HTTP2_HELLO)
+            while len(frame) < 4 and (part := connection.recv(9 - len(frame))):
+                frame += part
+        except OSError:  # reset, or silent for REACH_TIMEOUT_S
+            pass
+    if len(frame) < 4 or frame[3] != _SETTINGS_FRAME:
+        raise ShardRayError(
+            f"something answers at {address}, but not as a Ray head does (no gRPC server there); give the head's "
+            "HOST:PORT, the --port of its `ray start --head` (6379 unless given), in --address or RAY_ADDRESS"
+        )
 
 
 def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:

@@ -568,3 +568,48 @@ def _processes_with(tag: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 400 Bad Request\r\n\r\n", None])
+def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, table_file, answer):
+    """An --address where a server that is not a Ray head listens (one that closes at once, an HTTP/1 server, one
+    that says nothing): refused in one line within seconds, where ray.init would retry for minutes."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(connection)
+            if answer is not None:
+                connection.recv(1024)
+                connection.sendall(answer)
+                connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [
+        {"table": n, "device": i % 2, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
+    ]}))  # fmt: skip
+    began = time.monotonic()
+    try:
+        result = run_cli(
+            "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1",
+            "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "r.json"),
+        )  # fmt: skip
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"something answers at 127.0.0.1:{port}, but not as a Ray head does" in lines[0]
+    assert time.monotonic() - began < 30 and not (tmp_path / "r.json").exists()
