@@ -35,42 +35,51 @@ def _resolve(address: str) -> str:
         ) from None
 
 
-# HTTP/2's client preface and an empty SETTINGS frame: a Ray head's GCS (a gRPC server) answers them with a
-# SETTINGS frame of its own before anything else is asked, token authentication or not.
-_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
-_SETTINGS_FRAME = 4
-
-
 def _check_reachable(address: str, given: str) -> None:
-    """Refuse at once a HOST:PORT nobody answers on, or where what answers is not a gRPC server such as a Ray
-    head's: ray.init would retry for minutes either way."""
+    """Refuse at once a HOST:PORT nobody answers on, where what answers is not a Ray head, or whose head refuses this
+    client's authentication: ray.init would retry for minutes, or 20 s, and then say only that it failed."""
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    from ray.exceptions import AuthenticationError
+
     host, _, port = address.rpartition(":")
     if "://" in address or not host or not port.isdigit():
         return  # ray:// clients and the like: left to Ray
     try:
-        connection = socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S)
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as err:
         where = address if address == given else f"{address} (which {given} found: a `ray start` since stopped?)"
         raise ShardRayError(
             f"nothing answers at the Ray address {where} ({err.strerror or err}); start the cluster there "
             "(`ray start --head --port PORT`) or give the head's HOST:PORT in --address or RAY_ADDRESS"
         ) from None
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        connection.close()
-        return  # the head expects TLS first: left to Ray
-    frame = b""
-    with connection:
-        try:
-            connection.sendall(_HTTP2_HELLO)
-            while len(frame) < 4 and (part := connection.recv(9 - len(frame))):
-                frame += part
-        except OSError:  # reset, or silent for REACH_TIMEOUT_S
-            pass
-    if len(frame) < 4 or frame[3] != _SETTINGS_FRAME:
-        raise ShardRayError(
-            f"something answers at {address}, but not as a Ray head does (no gRPC server there); give the head's "
-            "HOST:PORT, the --port of its `ray start --head` (6379 unless given), in --address or RAY_ADDRESS"
+    # The first call ray.init makes, through Ray's own channel (its TLS and token settings): a head answers in
+    # milliseconds.
+    channel = init_grpc_channel(address)
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=REACH_TIMEOUT_S
         )
+    except AuthenticationError as err:
+        raise ShardRayError(f"cannot join the cluster at {address}: {str(err).split('. ')[0]}") from None
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+            raise ShardRayError(
+                f"something answers at {address}, but not as a Ray head does ({err.code().name}); give the head's "
+                "HOST:PORT, the --port of its `ray start --head` (6379 unless given), in --address or RAY_ADDRESS"
+            ) from None
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            raise ShardRayError(
+                f"the cluster at {address} uses token authentication: set RAY_AUTH_MODE=token, with its token in "
+                "~/.ray/auth_token or RAY_AUTH_TOKEN (docs/clusters.md)"
+            ) from None
+        raise ShardRayError(
+            f"the cluster at {address} refused this client's token: give the token its head was started with "
+            "(its ~/.ray/auth_token) in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+        ) from None
+    finally:
+        channel.close()
 
 
 def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:

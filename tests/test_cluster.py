@@ -211,6 +211,18 @@ def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_
         assert "started a local instance" not in done.stdout
         ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
         assert subprocess.run(ready, env=env, capture_output=True, timeout=60).returncode == 0
+        # a shell without the page's RAY_AUTH_MODE, or with another token: told so in a line at once, where Ray
+        # retried for 20 s and said only that it could not connect
+        evaluate = [str(BIN / "shard-ray"), "evaluate", "--tables", str(table_file), "--plan", "plan.json"]
+        evaluate += ["--address", f"127.0.0.1:{port}", "--out", "refused.json"]
+        without = {k: v for k, v in env.items() if k != "RAY_AUTH_MODE"}
+        for shell, said in (
+            (without, "uses token authentication: set RAY_AUTH_MODE=token"),
+            ({**env, "RAY_AUTH_TOKEN": "0" * 32}, "refused this client's token"),
+        ):
+            done = subprocess.run(evaluate, env=shell, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1 and said in lines[0], done.stderr
 
 
 def _run_the_benchmark_job(tmp_path: Path, address: str, env: dict[str, str], mlflow_server: str) -> None:
