@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from shard_ray.arguments import Parser
 from shard_ray.io import write_atomic, write_json
+from shard_ray.runtime import stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = REPO / "experiments" / "tables" / "criteo_kaggle.json"
@@ -87,18 +87,8 @@ def start_head(env: dict[str, str], temp: Path) -> tuple[subprocess.Popen, str]:
             return head, f"127.0.0.1:{port}"
         except OSError:
             time.sleep(0.5)
-    stop(head)
+    stop_process_group(head, 15)
     raise SystemExit("the Ray head did not come up in 2 minutes")
-
-
-def stop(process: subprocess.Popen) -> None:
-    """End a process started in a session of its own, and everything it started."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
 
 
 def measure_release(code: Path | None, work: Path, env: dict[str, str], address: str) -> dict[str, dict]:
@@ -170,7 +160,7 @@ def main() -> None:
                     if repeat > 0:
                         runs[name].append(run)
         finally:
-            stop(head)
+            stop_process_group(head, 15)
             if args.previous:
                 subprocess.run(["git", "worktree", "remove", "--force", str(temp / "previous")], cwd=REPO)
     results = {name: medians(r) for name, r in runs.items()}

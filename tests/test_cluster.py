@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ import pytest
 import yaml
 from pages import page_block, page_line
 from ports import free_port
+
+from shard_ray.runtime import stop_process_group
 
 # Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -34,17 +35,6 @@ def _wait_for(check, what: str, timeout: float = 300) -> None:
             pass
         time.sleep(0.5)
     raise AssertionError(f"{what} did not come up in {timeout} s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """End a server and everything it started (its own session): SIGTERM, and after a few seconds the group is
-    killed; nothing of it is kept."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +68,7 @@ def mlflow_server(tmp_path_factory):
         _wait_for(lambda: urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200, "mlflow server")
         yield uri
     finally:
-        _stop(server)
+        stop_process_group(server, 5)
 
 
 def _search_runs(uri: str, experiment: str) -> list[dict]:
@@ -167,7 +157,7 @@ def ray_head():
         shell.wait(timeout=30)  # the head is gone, and with it the shell that waited on it
     finally:
         if shell.poll() is None:
-            _stop(shell)
+            stop_process_group(shell, 5)
         home.cleanup()
 
 
