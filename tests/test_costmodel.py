@@ -882,7 +882,7 @@ def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys
         flags += ["--inter-host-gbps", "12.5"] if name == "given" else []
         done = shard_ray_here(capsys, *plan, *flags, "--out", str(tmp_path / f"{name}.json"))
         assert done.returncode == 0, done.stderr
-        said = "between hosts: 0.006 GB/s (48 Mbit/s), the rate `calibrate` fitted" in done.stdout
+        said = "between hosts: 0.006 GB/s a device (48 Mbit/s), the rate `calibrate` fitted" in done.stdout
         assert said == (name == "fitted"), done.stdout
         written = load_plan(tmp_path / f"{name}.json")
         costs[name] = written.estimate.predicted.cost_ms
@@ -893,7 +893,8 @@ def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys
 def test_plan_over_hosts_with_no_rate_takes_torchrecs_default_capped_at_the_rate_inside_a_host(capsys, tmp_path):
     """No rate between hosts given or fitted: TorchRec's default stands where the links inside a host are faster
     (a GPU's NVLink, or `--intra-host-gbps`), and is capped at their rate where they are slower (CPU's gloo), so
-    that the links between hosts are never priced faster than those inside one; the plan records the rate."""
+    that the links between hosts are never priced faster than those inside one; the plan records the rate, and a
+    plan file without one is priced at the same."""
     from console import shard_ray_here
 
     from shard_ray.plan.plan import load_plan
@@ -917,12 +918,22 @@ def test_plan_over_hosts_with_no_rate_takes_torchrecs_default_capped_at_the_rate
         comm[name] = max(d.fwd_comm_ms + d.bwd_comm_ms for d in written.estimate.predicted.devices)
         assert written.settings.inter_host_gbps == {"capped": inside, "given": 12.5, "fast": 12.5}[name]
         said = {
-            "capped": f"between hosts: {inside:.4g} GB/s a device, the rate inside a host, below TorchRec's default",
+            "capped": f"between hosts: {inside:.4g} GB/s a device ({inside * 8e3:.0f} Mbit/s), the rate inside a host, "
+            "below TorchRec's default",
             "given": None,
-            "fast": "between hosts: 12.5 GB/s a device, TorchRec's default",
+            "fast": "between hosts: 12.5 GB/s a device (100000 Mbit/s), TorchRec's default",
         }[name]
         assert (said in done.stdout) if said else "between hosts:" not in done.stdout, done.stdout
     assert comm["capped"] > comm["given"], comm  # the slower rate, priced
+    # a plan file that records no rate (an earlier release's, or one written by hand) is priced at the same rate
+    from shard_ray.costmodel.simulator import Simulator
+    from shard_ray.workload.tables import load_tables
+
+    written = load_plan(tmp_path / "capped.json")
+    older = written.model_copy(update={"settings": written.settings.model_copy(update={"inter_host_gbps": None})})
+    models = CostModels.load(written.estimate.cost_model)
+    repriced = Simulator(models).plan_cost(older, load_tables(tmp_path / "tables.json"), 1024).cost_ms
+    assert repriced == pytest.approx(written.estimate.predicted.cost_ms)
 
 
 def test_a_topologys_own_rate_inside_a_host_prices_the_links_in_place_of_the_profiles(capsys, tmp_path):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from shard_ray.plan.topology import Topology
+
 
 class LinkProfile(BaseModel):
     """A device's collectives on one kind of hardware, and where the figures come from."""
@@ -98,6 +100,21 @@ PUBLISHED: tuple[tuple[str, LinkProfile], ...] = (
         ),
     ),
 )
+
+
+def rate_between_hosts(links: LinkProfile, intra_host_gbps: float | None = None) -> tuple[float, str]:
+    """The GB/s a device receives from other hosts where none is given, and where it comes from: the rate
+    `calibrate` fitted over hosts (kept in `links`), else TorchRec's default capped at the rate inside a host
+    (`intra_host_gbps`, else the profile's): a device receives from another host through the same stack as from
+    its host mates and no faster (CPU's gloo inside a host is slower than TorchRec's default, which priced a plan
+    over hosts below the same plan on one host)."""
+    if links.inter_host_gbps is not None:
+        return links.inter_host_gbps, "the rate `calibrate` fitted to these models' hosts"
+    torchrec = Topology.model_fields["inter_host_gbps"].default  # TorchRec's planner's default
+    inside = intra_host_gbps or links.intra_host_gbps
+    if inside < torchrec:
+        return inside, f"the rate inside a host, below TorchRec's default {torchrec:g}"
+    return torchrec, "TorchRec's default"
 
 
 def link_profile(hardware: str | None) -> LinkProfile:

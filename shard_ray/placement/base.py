@@ -223,30 +223,22 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def with_fitted_links(topology: Topology, context: PlacementContext) -> tuple[Topology, str | None]:
-    """`topology` with the rate between hosts that `calibrate` fitted to the hosts of `context`'s models (their link
-    profile), where the topology spans hosts and was given no rate of its own; and a line saying which rate prices
-    the traffic between hosts, None where the topology gave it or has one host. A rate given (`--inter-host-gbps`,
-    a plan file's) stands. With none fitted, TorchRec's default prices it, capped at the rate inside a host: a
-    device receives from another host through the same stack as from its host mates and no faster (on CPU, gloo
-    inside a host is slower than TorchRec's default, which priced a plan over hosts below the same on one host)."""
+    """`topology` with the rate between hosts that prices a plan given none (`rate_between_hosts`: the rate
+    `calibrate` fitted to the hosts of `context`'s models, else TorchRec's default capped at the rate inside a
+    host), where the topology spans hosts and was given no rate of its own; and a line saying which, None where the
+    topology gave it or has one host. A rate given (`--inter-host-gbps`, a plan file's) stands."""
+    from shard_ray.costmodel.links import rate_between_hosts
+
     if topology.num_hosts < 2 or "inter_host_gbps" in topology.model_fields_set:
         return topology, None
-    fitted = context.models.links.inter_host_gbps
-    if fitted is None:
-        inside = topology.intra_host_gbps or context.models.links.intra_host_gbps
-        if inside < topology.inter_host_gbps:
-            return topology.model_copy(update={"inter_host_gbps": inside}), (
-                f"between hosts: {inside:.4g} GB/s a device, the rate inside a host, below TorchRec's default "
-                f"{topology.inter_host_gbps:g} (--inter-host-gbps gives your links' rate; `calibrate` over hosts "
-                "measures it)"
-            )
-        return topology, (
-            f"between hosts: {topology.inter_host_gbps:g} GB/s a device, TorchRec's default (--inter-host-gbps gives "
-            "your links' rate; `calibrate` over hosts measures it)"
-        )
-    return topology.model_copy(update={"inter_host_gbps": fitted}), (
-        f"between hosts: {fitted:.4g} GB/s ({fitted * 8e3:.0f} Mbit/s), the rate `calibrate` fitted to these models' "
-        "hosts (--inter-host-gbps gives another)"
+    gbps, source = rate_between_hosts(context.models.links, topology.intra_host_gbps)
+    hint = (
+        "--inter-host-gbps gives another"
+        if context.models.links.inter_host_gbps is not None
+        else "--inter-host-gbps gives your links' rate; `calibrate` over hosts measures it"
+    )
+    return topology.model_copy(update={"inter_host_gbps": gbps}), (
+        f"between hosts: {gbps:.4g} GB/s a device ({gbps * 8e3:.0f} Mbit/s), {source} ({hint})"
     )
 
 
