@@ -45,6 +45,11 @@ def _check_reachable(address: str, given: str) -> None:
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
     from ray.exceptions import AuthenticationError
 
+    if address.startswith(("http://", "https://")):
+        raise ShardRayError(
+            f"{address} is a web address, such as the dashboard's that `ray job submit` takes; commands join at the "
+            "head's HOST:PORT, the --port of its `ray start --head` (6379 unless given)"
+        )
     host, _, port = address.rpartition(":")
     if "://" in address or not host or not port.isdigit():
         return  # ray:// clients and the like: left to Ray
@@ -101,7 +106,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
         _check_reachable(resolved, address)
         try:
             ray.init(address=resolved, logging_level=logging.WARNING)
-        except ConnectionError as err:  # "auto" with no cluster on this machine, or an address Ray does not answer
+        except (ConnectionError, ValueError) as err:  # an address Ray does not answer, or cannot read
             raise ShardRayError(
                 f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "
                 "the head's HOST:PORT in --address or RAY_ADDRESS"
@@ -114,7 +119,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
                 f"this needs {min_cpus} devices at once but the cluster at {address} has {devices}; "
                 "give fewer devices or point --address (or RAY_ADDRESS) at a bigger cluster"
             )
-        return f"ray: joined cluster at {address}"
+        return f"ray: joined cluster at {resolved}" + ("" if resolved == address else f" ({address})")
     cores = os.cpu_count() or 1
     if min_cpus > LOCAL_DEVICES_PER_CORE * cores:
         raise ShardRayError(

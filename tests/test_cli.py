@@ -613,3 +613,25 @@ def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"something answers at 127.0.0.1:{port}, but not as a Ray head does" in lines[0]
     assert time.monotonic() - began < 30 and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    "address, said",
+    [
+        ("http://127.0.0.1:8265", "http://127.0.0.1:8265 is a web address, such as the dashboard's"),
+        ("nohost", "no Ray cluster at nohost"),
+    ],
+)
+def test_an_address_that_is_no_ray_address_is_refused_in_a_line(tmp_path, table_file, address, said):
+    """The dashboard's address, which the clusters page gives `ray job submit`, and an address with no port:
+    one line, status 2, where Ray raised a ValueError's traceback."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [
+        {"table": n, "device": i % 2, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
+    ]}))  # fmt: skip
+    result = run_cli(
+        "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1", "--address", address,
+        "--out", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and said in lines[0], result.stderr

@@ -76,13 +76,16 @@ def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]],
     import ray
 
     from shard_ray.doctor import Finding, cluster_reports, noise_finding, task_pid
+    from shard_ray.errors import ShardRayError
     from shard_ray.runtime import connect_ray
 
     try:
         connected = connect_ray(address)
-    except Exception as err:  # noqa: BLE001  any failure to join is what doctor reports (its message says the fix)
+    except Exception as err:  # noqa: BLE001  any failure to join is what doctor reports
         fix = (
-            "start the cluster (`ray start --head` on its head node) or give its address: --address HOST:PORT, "
+            ""  # shard-ray's own refusals say what to do (start the head, the address to give, RAY_AUTH_MODE)
+            if isinstance(err, ShardRayError)
+            else "start the cluster (`ray start --head` on its head node) or give its address: --address HOST:PORT, "
             "or leave --address and RAY_ADDRESS out to check a local Ray"
         )
         return "cannot connect", [], [Finding("Ray", "problem", first_line(err), fix)]
