@@ -19,6 +19,8 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 LOCAL_DEVICES_PER_CORE = 4
 # How long a cluster's head may take to accept a connection before the address is refused.
 REACH_TIMEOUT_S = 5.0
+# How long it may take to answer its first call: milliseconds on an idle machine, so this is for a loaded one.
+ANSWER_TIMEOUT_S = 15.0
 
 
 def _resolve(address: str) -> str:
@@ -66,7 +68,7 @@ def _check_reachable(address: str, given: str) -> None:
     channel = init_grpc_channel(address)
     try:
         gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-            gcs_service_pb2.GetClusterIdRequest(), timeout=REACH_TIMEOUT_S
+            gcs_service_pb2.GetClusterIdRequest(), timeout=ANSWER_TIMEOUT_S
         )
     except AuthenticationError as err:
         raise ShardRayError(f"cannot join the cluster at {address}: {str(err).split('. ')[0]}") from None
