@@ -595,10 +595,7 @@ def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, 
                 connection.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [
-        {"table": n, "device": i % 2, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
-    ]}))  # fmt: skip
+    plan = _two_device_plan(tmp_path)
     began = time.monotonic()
     try:
         result = run_cli(
@@ -625,13 +622,19 @@ def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, 
 def test_an_address_that_is_no_ray_address_is_refused_in_a_line(tmp_path, table_file, address, said):
     """The dashboard's address, which the clusters page gives `ray job submit`, and an address with no port:
     one line, status 2, where Ray raised a ValueError's traceback."""
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [
-        {"table": n, "device": i % 2, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
-    ]}))  # fmt: skip
+    plan = _two_device_plan(tmp_path)
     result = run_cli(
         "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1", "--address", address,
         "--out", str(tmp_path / "r.json"),
     )  # fmt: skip
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and said in lines[0], result.stderr
+
+
+def _two_device_plan(tmp_path: Path) -> Path:
+    """A plan file written by hand for conftest's five tables on 2 devices, for commands refused before they run."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "x", "shards": [
+        {"table": n, "device": i % 2, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
+    ]}))  # fmt: skip
+    return plan

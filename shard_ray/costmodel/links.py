@@ -14,10 +14,15 @@ achieved all-to-all bandwidth is below them, and `calibrate` on the hardware fit
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from shard_ray.plan.topology import Topology
+
+if TYPE_CHECKING:
+    from shard_ray.plan.plan import Plan
 
 
 class LinkProfile(BaseModel):
@@ -115,6 +120,11 @@ def rate_between_hosts(links: LinkProfile, intra_host_gbps: float | None = None)
     if inside < torchrec:
         return inside, f"the rate inside a host, below TorchRec's default {torchrec:g}"
     return torchrec, "TorchRec's default"
+
+
+def plan_rate_between_hosts(plan: Plan, links: LinkProfile) -> float:
+    """The GB/s between hosts that prices `plan`: the rate it records, else the one `plan` would take today."""
+    return plan.inter_host_gbps or rate_between_hosts(links, plan.intra_host_gbps)[0]
 
 
 def link_profile(hardware: str | None) -> LinkProfile:

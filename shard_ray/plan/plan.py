@@ -333,10 +333,10 @@ class Plan(BaseModel):
         return per_host if per_host is not None and per_host < self.num_devices else None
 
     @property
-    def inter_host_gbps(self) -> float:
-        """The bandwidth between hosts the plan was made for: its settings', else Topology's default."""
-        recorded = self.settings.inter_host_gbps if self.settings is not None else None
-        return recorded or Topology.model_fields["inter_host_gbps"].default
+    def inter_host_gbps(self) -> float | None:
+        """The bandwidth between hosts the plan was made for, where its settings record one (plan files of earlier
+        releases, and hand-written ones, may not: `shard_ray.costmodel.links.plan_rate_between_hosts` prices them)."""
+        return self.settings.inter_host_gbps if self.settings is not None else None
 
     @property
     def intra_host_gbps(self) -> float | None:
