@@ -98,14 +98,22 @@ def test_ratio_interval_is_a_trimmed_t_interval():
     assert clear.separated and 1.0 < clear.low < clear.ratio < clear.high < 1.2
 
 
-def test_ties_are_chosen_by_the_stated_rule_and_claims_say_within_noise():
+def test_ties_go_to_the_lowest_measured_cost_and_claims_say_within_noise():
     rng = np.random.default_rng(11)
-    state = Race(["heuristic", "searched"], 8, 6)
+    names = ["heuristic", "searched", "torchrec"]
+    state = Race(names, 8, 6)
     for _ in range(8):
-        state.record(dict(zip(["heuristic", "searched"], noisy_rounds(rng, [1.0, 1.0]))))
-        verdict = state.look(final=state.count >= 8, preference=["searched"], reason="the models' ranking")
+        state.record(dict(zip(names, noisy_rounds(rng, [1.0, 1.0, 1.0]))))
+        verdict = state.look(final=state.count >= 8)
     assert verdict is not None and not verdict.separated
-    assert verdict.chosen == "searched" and "the models' ranking" in verdict.rule
+    lowest = min(names, key=lambda name: sorted(state.rounds[name])[3])  # the median round of 8: the 4th
+    assert verdict.chosen == lowest and f"{lowest} has the lowest cost (median round) and is chosen" in verdict.rule
+    # the order the plans were given decides nothing: the same rounds given the other way round choose the same
+    reversed_race = Race(names[::-1], 8, 6)
+    for r in range(8):
+        reversed_race.record({name: state.rounds[name][r] for name in names})
+        again = reversed_race.look(final=reversed_race.count >= 8)
+    assert again is not None and again.chosen == lowest
     result = MeasuredComparison(
         hardware="cpu:test",
         chosen=verdict.chosen,
@@ -117,8 +125,9 @@ def test_ties_are_chosen_by_the_stated_rule_and_claims_say_within_noise():
         candidates={n: RoundsSummary.of(v) for n, v in state.rounds.items()},
         ratios=verdict.ratios,
     )
-    said = claim(result, "heuristic", "the best heuristic")
-    assert said.startswith("within noise of the best heuristic") and "faster" not in said
+    other = next(name for name in names if name != verdict.chosen)
+    said = claim(result, other, "another plan")
+    assert said.startswith("within noise of another plan") and "faster" not in said
 
 
 def test_old_plan_files_with_a_race_still_read(tmp_path, small_tables):
@@ -180,15 +189,39 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
     assert "within noise" in result.stdout and "no plan is separated from every other" in result.stdout
     written = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     comparison = MeasuredComparison.model_validate(written["comparison"])
-    assert not comparison.separated and comparison.rounds == 10 and comparison.chosen == "a"  # the first given
-    ratio = comparison.ratios["twin"]
+    # tied: the lower cost (median round) is chosen, whichever plan was given first
+    lower = min(("a", "twin"), key=lambda name: comparison.candidates[name].median_ms)
+    assert not comparison.separated and comparison.rounds == 10 and comparison.chosen == lower
+    assert f"{lower} has the lowest cost (median round) and is chosen" in result.stdout
+    other = "twin" if lower == "a" else "a"
+    ratio = comparison.ratios[other]
     assert ratio.low < 1 < ratio.high
     assert set(written["costs"]) == {"a", "twin"} and (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
+    # one number per plan: the table's cost_ms, the result file's and MLflow's
+    printed = {
+        line.split()[0]: float(line.split()[1]) for line in result.stdout.splitlines() if line[:4] in ("a   ", "twin")
+    }
+    for name in ("a", "twin"):
+        assert written["costs"][name]["cost_ms"] == comparison.candidates[name].median_ms
+        assert printed[name] == round(comparison.candidates[name].median_ms, 2)
     from mlflow import MlflowClient
 
     store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = store.search_runs([store.get_experiment_by_name("shard-ray").experiment_id])
-    assert [run.data.tags["kind"] for run in runs] == ["comparison"] and runs[0].data.params["separated"] == "False"
+    experiment = store.get_experiment_by_name("shard-ray")
+    runs = {run.data.tags["kind"]: [] for run in store.search_runs([experiment.experiment_id])}
+    for run in store.search_runs([experiment.experiment_id]):
+        runs[run.data.tags["kind"]].append(run)
+    (parent,) = runs["comparison"]
+    assert parent.data.params["separated"] == "False" and parent.data.params["chosen"] == lower
+    children = {run.data.tags["mlflow.runName"].removeprefix("cmp/").split("/")[-1]: run for run in runs["plan"]}
+    assert set(children) == {"a", "twin"}
+    for name, run in children.items():
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        logged = run.data.metrics["cost_ms"]  # to the microsecond
+        assert logged == round(comparison.candidates[name].median_ms, 3) == parent.data.metrics[f"cost_ms.{name}"]
+        assert run.data.tags["verdict"] == ("chosen" if name == lower else "within noise")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "viewStateShareKey=plans" in result.stdout and "compare-runs?runs=" in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -143,11 +143,14 @@ def cmd_compare(args: argparse.Namespace) -> None:
     )
     write_atomic(out / "comparison.md", "```\n" + table + "\n```\n")
     ratio_chart(result, out / "comparison.png")
+    print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
     if tracking_uri is not None:
         task = flags.task or Path(flags.tables).stem
-        run_id = log_comparison(result, compared.costs, task, tables, out, tracking_uri, experiment)
-        print(f"logged MLflow run {run_id} to {tracking_uri}")
-    print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
+        files = [out / name for name in ("comparison.json", "comparison.md", "comparison.png")]
+        logged = log_comparison(
+            result, compared.plans, compared.costs, topology, task, tables, tracking_uri, experiment, files
+        )
+        print(logged.describe(tracking_uri))
 
 
 def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[TableSpec], args: TopologyArgs) -> Topology:

@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from shard_ray.cli.commands import add_command
-from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, connect
+from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
@@ -20,6 +21,7 @@ from shard_ray.workflows.refinement import RefineConfig
 
 if TYPE_CHECKING:
     from shard_ray.plan.constraints import Constraints
+    from shard_ray.workflows.comparison import ComparedPlans
     from shard_ray.workload.tables import TableSpec
 
 
@@ -236,9 +238,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _print_placed(plan, tables, topology, flags)
     if flags.explain:
         plan = explained(plan, tables, topology, flags, constraints)
+    raced = None
     if flags.measure:
         race = settings_from(MeasureRaceArgs, args).config()
-        plan = measured_best(plan, tables, topology, flags, race, constraints)
+        plan, raced = measured_best(plan, tables, topology, flags, race, constraints)
         if refine_config.refine:
             plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
     save_plan(flags.out, plan)
@@ -247,8 +250,26 @@ def cmd_plan(args: argparse.Namespace) -> None:
     elif plan.measured.separated:
         chosen = ", measured faster than every other"
     else:
-        chosen = ", within noise of the measured fastest and first among those in the models' ranking"
+        chosen = ", within noise of the measured fastest and the lowest measured cost of those"
     print(f"wrote {flags.out}: {plan.algorithm}'s plan{chosen}")
+    tracking_uri, experiment = tracking(args)
+    if raced is not None and tracking_uri is not None:
+        from shard_ray.tracking.mlflow_runs import log_comparison
+
+        task = Path(flags.tables).stem
+        logged = log_comparison(
+            raced.result,
+            raced.plans,
+            raced.costs,
+            topology,
+            task,
+            tables,
+            tracking_uri,
+            experiment,
+            files=[Path(flags.out)],
+            kind="race",
+        )
+        print(logged.describe(tracking_uri))
 
 
 def _check_cost_model_flag(flags: PlanArgs) -> None:
@@ -320,9 +341,9 @@ def measured_best(
     flags: PlanArgs,
     config: CompareConfig,
     constraints: Constraints | None,
-) -> Plan:
+) -> tuple[Plan, ComparedPlans | None]:
     """`plan` compared with every baseline's plan on the gang (`shard_ray.workflows.comparison`); the chosen plan, with
-    the comparison. Among plans the hardware cannot tell apart, the models' cheapest is chosen.
+    the comparison, and what was compared (None where every candidate placed the tables alike). Among plans the hardware cannot tell apart, the one of the lowest measured cost is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.costmodel.simulator import price_comm
@@ -330,28 +351,17 @@ def measured_best(
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison, model_preference
+    from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison
 
     candidates = [plan, *_baselines_plans(plan, tables, topology, flags, constraints)]
     if len(distinct([(p.algorithm, p) for p in candidates])) < 2:
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
-        return plan
+        return plan, None
     with (
         DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang,
         MeasurementStore(flags.store) as store,
     ):
-        models = pricing_models(plan, tables, topology, flags, gang.hardware)
-        preference = model_preference(candidates, tables, topology.batch_size, models)
-        compared = compare_plans(
-            [(p.algorithm, p) for p in candidates],
-            tables,
-            topology,
-            gang,
-            config,
-            store,
-            preference=preference,
-            reason="the models' ranking",
-        )
+        compared = compare_plans([(p.algorithm, p) for p in candidates], tables, topology, gang, config, store)
         spanned = gang_layout(gang.hosts) if len(set(gang.hosts)) > 1 else None
     result = compared.result
     print(
@@ -361,7 +371,7 @@ def measured_best(
     )
     if spanned:
         print(spanned)
-    return compared.plans[result.chosen].model_copy(update={"measured": result})
+    return compared.plans[result.chosen].model_copy(update={"measured": result}), compared
 
 
 def _baselines_plans(
@@ -475,6 +485,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_settings(p, MeasureRaceArgs)
     add_settings(p, RefineConfig)
     add_ray(p)
+    add_tracking(p)
     p.set_defaults(run=cmd_plan)
 
     p = add_command(sub, "export")

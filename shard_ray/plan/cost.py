@@ -9,6 +9,7 @@ carry 0 there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
@@ -48,10 +49,17 @@ class DeviceCost(BaseModel):
         return self.input_dist_ms + self.fwd_compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.bwd_compute_ms
 
 
+def median_of(rounds_ms: Sequence[float]) -> float:
+    """The median round's cost: the lower middle one for an even count, a round that ran."""
+    return sorted(rounds_ms)[(len(rounds_ms) - 1) // 2]
+
+
 class RoundsSummary(BaseModel):
     """A plan measured in several rounds (each the median of its steps, on fresh batches).
 
-    The median of the rounds' plan costs with a distribution-free confidence interval: with n
+    The median round's plan cost (the lower middle one for an even count: a round that ran, whose devices
+    `median_round` keeps, so a plan has one cost wherever it is reported) with a distribution-free
+    confidence interval: with n
     rounds, [x_(j), x_(n-j+1)] covers the true median with probability 1 - 2 P(Binomial(n, 1/2)
     < j); j is the largest rank keeping that at least the confidence asked for. Fewer than six
     rounds cannot reach 95%: the interval is then the whole range, and `coverage` says what it
@@ -76,7 +84,7 @@ class RoundsSummary(BaseModel):
         while j < n // 2 and 1 - 2 * binom.cdf(j, n, 0.5) >= confidence:
             j += 1
         coverage = 1 - 2 * binom.cdf(j - 1, n, 0.5)
-        median = (x[(n - 1) // 2] + x[n // 2]) / 2
+        median = median_of(x)
         return cls(
             rounds_ms=list(rounds_ms), median_ms=median, ci_low_ms=x[j - 1], ci_high_ms=x[n - j], coverage=coverage
         )
@@ -186,6 +194,13 @@ class MeasuredComparison(BaseModel):
     @property
     def cost(self) -> RoundsSummary:
         return self.candidates[self.chosen]
+
+    def verdict(self, name: str) -> str:
+        """What the comparison says of plan `name` against the chosen one: chosen, slower, faster or within noise."""
+        if name == self.chosen:
+            return "chosen"
+        r = self.ratios[name]
+        return ("slower" if r.ratio > 1 else "faster") if r.separated else "within noise"
 
     def best_of(self, algorithms: set[str]) -> str | None:
         """The measured best candidate (lowest median) made by any of `algorithms` (e.g. the heuristics), if any."""

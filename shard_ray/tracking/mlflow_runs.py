@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from shard_ray.plan.cost import STEP_PARTS, MeasuredComparison, PlanCost
 from shard_ray.plan.plan import Plan
@@ -46,21 +50,75 @@ def artifact_location(tracking_uri: str) -> str | None:
     return (database.resolve().parent / ARTIFACTS_FOLDER).as_uri()
 
 
-def use_experiment(tracking_uri: str, experiment: str) -> None:
-    """Point MLflow at `tracking_uri` and make `experiment` the active one.
+# MLflow 3's UI opens an experiment on the page its kind says: its runs for model development, its traces for GenAI.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+# The runs table as shard-ray's plans are compared: MLflow's shared view of an experiment, kept in the experiment's
+# tag `mlflow.sharedViewState.<key>` and opened by `viewStateShareKey=<key>` in the URL (`runs_url`).
+PLANS_VIEW = "plans"
+PLANS_VIEW_STATE = {
+    "searchFilter": "tags.kind = 'plan'",
+    "orderByKey": "metrics.`cost_ms`",
+    "orderByAsc": True,
+    "selectedColumns": [
+        "metrics.`cost_ms`",
+        "metrics.`ratio_to_chosen`",
+        "metrics.`predicted_cost_ms`",
+        "metrics.`measured_over_predicted`",
+        "tags.`task`",
+        "tags.`algorithm`",
+        "tags.`verdict`",
+    ],
+}
+UI_ADDRESS = "http://127.0.0.1:5000"  # where `ui_command` serves
+
+
+def use_experiment(tracking_uri: str, experiment: str) -> str:
+    """Point MLflow at `tracking_uri` and make `experiment` the active one; its id.
 
     The experiment is created with the artifact location of `artifact_location`; one created
-    before keeps the location it has.
+    before keeps the location it has. Either way it carries the tags that open MLflow's UI on its
+    runs and the runs table's view of plans (`EXPERIMENT_KIND`, `PLANS_VIEW_STATE`).
     """
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
+    view = (f"mlflow.sharedViewState.{PLANS_VIEW}", json.dumps(PLANS_VIEW_STATE))
     existing = mlflow.get_experiment_by_name(experiment)
     if existing is not None:
         experiment_id = existing.experiment_id
+        for key, value in (EXPERIMENT_KIND, view):
+            if existing.tags.get(key) != value:
+                mlflow.MlflowClient().set_experiment_tag(experiment_id, key, value)
     else:
-        experiment_id = mlflow.create_experiment(experiment, artifact_location=artifact_location(tracking_uri))
+        experiment_id = mlflow.create_experiment(
+            experiment, artifact_location=artifact_location(tracking_uri), tags=dict((EXPERIMENT_KIND, view))
+        )
     mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def ui_address(tracking_uri: str) -> str:
+    """Where the MLflow UI of `tracking_uri` is: a tracking server serves its own; a local store's is `ui_command`'s."""
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_ADDRESS
+
+
+def runs_url(tracking_uri: str, experiment_id: str) -> str:
+    """The UI's runs table of an experiment's plans, compared by cost_ms (`PLANS_VIEW_STATE`)."""
+    query = urlencode({"workflowType": "machine_learning", "viewStateShareKey": PLANS_VIEW})
+    return f"{ui_address(tracking_uri)}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def comparison_url(tracking_uri: str, experiment_id: str, run_ids: Sequence[str]) -> str:
+    """The UI's side-by-side comparison of runs: their metrics and parameters, and a parallel-coordinates plot."""
+    compact = {"separators": (",", ":")}
+    query = urlencode(
+        {
+            "runs": json.dumps(list(run_ids), **compact),
+            "experiments": json.dumps([experiment_id], **compact),
+            "workflowType": "machine_learning",
+        }
+    )
+    return f"{ui_address(tracking_uri)}/#/compare-runs?{query}"
 
 
 def task_id(tables: list[TableSpec]) -> str:
@@ -80,7 +138,14 @@ def plan_estimate(plan: Plan) -> tuple[float | None, float | None]:
 
 
 def ui_command(tracking_uri: str) -> str:
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+    """The MLflow UI on `tracking_uri` at `UI_ADDRESS`, with what it needs only: one worker, and none of MLflow's
+    server-side jobs (15 processes become 2)."""
+    installed = Path(sys.prefix) / "bin" / "mlflow"  # the one beside this Python (the project's .venv), from anywhere
+    mlflow = installed if installed.is_file() else "mlflow"
+    return (
+        f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {mlflow} ui --backend-store-uri {tracking_uri} "
+        "--host 127.0.0.1 --port 5000 --workers 1"
+    )
 
 
 def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
@@ -106,6 +171,12 @@ def device_cost_chart(cost: PlanCost, title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _readable(metrics: dict[str, float]) -> dict[str, float]:
+    """Milliseconds to the microsecond and ratios to the thousandth, far below the noise of a measurement: the runs
+    table shows them whole (its columns cut 2.1607201 to 2.160...). `placement_seconds` is kept as measured."""
+    return {key: value if key == "placement_seconds" else round(value, 3) for key, value in metrics.items()}
 
 
 def _plan_metrics(plan: Plan, cost: PlanCost) -> dict[str, float]:
@@ -138,13 +209,18 @@ def log_plan_evaluation(
     tracking_uri: str,
     experiment: str = DEFAULT_EXPERIMENT,
     run_name: str | None = None,
+    judged: tuple[MeasuredComparison, str] | None = None,
 ) -> str:
-    """Log one measured plan of `tables` (the task named `task`) as an MLflow run; returns the run id."""
+    """Log one measured plan of `tables` (the task named `task`) as an MLflow run; returns the run id.
+
+    Inside an active run (a comparison's, `log_comparison`) it is that run's child. `judged` gives the comparison
+    and the plan's name in it: the run then carries its verdict and its cost ratio to the chosen plan."""
     import mlflow
 
     use_experiment(tracking_uri, experiment)
     hardware = cost.hardware
     tags = {
+        "kind": "plan",
         "task": task,
         "task_id": task_id(tables),
         "algorithm": plan.algorithm,
@@ -158,7 +234,17 @@ def log_plan_evaluation(
             "cost_model_provenance": plan.estimate.provenance,
         }
         tags.update({key: value for key, value in provenance.items() if value})
-    with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags) as run:
+    metrics = _plan_metrics(plan, cost)
+    if judged is not None:
+        comparison, name = judged
+        tags["verdict"] = comparison.verdict(name)
+        ratio = comparison.ratios.get(name)
+        metrics.update(
+            {"ratio_to_chosen": ratio.ratio, "ratio_low": ratio.low, "ratio_high": ratio.high}
+            if ratio
+            else {"ratio_to_chosen": 1.0}
+        )
+    with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags, nested=True) as run:
         mlflow.log_params(
             {
                 "task": task,
@@ -171,8 +257,7 @@ def log_plan_evaluation(
                 "hardware": hardware,
             }
         )
-        metrics = _plan_metrics(plan, cost)
-        mlflow.log_metrics(metrics)
+        mlflow.log_metrics(_readable(metrics))
         warnings = plan.estimate.warnings if plan.estimate else []
         if warnings:  # the models' prices of this plan may be off: say why, beside them
             mlflow.set_tag("model_warnings", f"{len(warnings)}: {warnings[0]}")
@@ -266,29 +351,58 @@ def log_calibration(
         return run.info.run_id
 
 
+@dataclass
+class LoggedComparison:
+    """A comparison's MLflow runs: its own, and one child per plan by the plan's name in the comparison."""
+
+    experiment_id: str
+    run_id: str
+    plan_runs: dict[str, str]
+
+    def describe(self, tracking_uri: str) -> str:
+        """Where the runs are and how to see the plans side by side."""
+        lines = [
+            f"logged MLflow run {self.run_id} with a run per plan to {tracking_uri}",
+            f"the plans side by side: {comparison_url(tracking_uri, self.experiment_id, list(self.plan_runs.values()))}",
+            f"every plan measured, by cost_ms: {runs_url(tracking_uri, self.experiment_id)}",
+        ]
+        if ui_address(tracking_uri) == UI_ADDRESS:
+            lines.append(f"(with the UI started: {ui_command(tracking_uri)})")
+        return "\n".join(lines)
+
+
 def log_comparison(
     result: MeasuredComparison,
-    costs: dict[str, PlanCost],
+    plans: Mapping[str, Plan],
+    costs: Mapping[str, PlanCost],
+    topology: Topology,
     task: str,
     tables: list[TableSpec],
-    out: Path,
     tracking_uri: str,
     experiment: str = DEFAULT_EXPERIMENT,
-) -> str:
-    """An MLflow run of one comparison: the verdict, each plan's median and ratio interval, the files in `out`."""
+    files: Sequence[Path] = (),
+    kind: str = "comparison",
+) -> LoggedComparison:
+    """An MLflow run of one comparison (`kind`: a `compare`, a race), with a child run per plan (`log_plan_evaluation`):
+    the verdict, each plan's cost_ms (its median round, as printed) and ratio interval, and `files`.
+
+    `plans` and `costs` are keyed by name: the comparison's candidates, or names within them (a candidate names
+    the plans that placed the tables alike, joined by '=')."""
     import re
 
     import mlflow
 
-    use_experiment(tracking_uri, experiment)
-    tags = {"kind": "comparison", "task": task, "task_id": task_id(tables), "hardware": result.hardware}
-    with mlflow.start_run(run_name=f"{task}/compare", tags=tags) as run:
+    experiment_id = use_experiment(tracking_uri, experiment)
+    tags = {"kind": kind, "task": task, "task_id": task_id(tables), "hardware": result.hardware}
+    plan_runs = {}
+    with mlflow.start_run(run_name=f"{task}/{kind}", tags=tags) as run:
         mlflow.log_params(
             {
                 "task": task,
                 "plans": ",".join(result.candidates),
                 "chosen": result.chosen,
                 "separated": result.separated,
+                "rule": result.rule[:500],
                 "rounds": result.rounds,
                 "confidence": result.confidence,
                 "hardware": result.hardware,
@@ -298,13 +412,25 @@ def log_comparison(
         metrics = {}
         for name, summary in result.candidates.items():
             key = re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", name)  # MLflow's allowed metric-name characters
-            metrics[f"median_ms.{key}"] = summary.median_ms
-            metrics[f"cost_ms.{key}"] = costs[name].cost_ms
+            metrics[f"cost_ms.{key}"] = summary.median_ms
             if name in result.ratios:
                 r = result.ratios[name]
                 metrics.update({f"ratio.{key}": r.ratio, f"ratio_low.{key}": r.low, f"ratio_high.{key}": r.high})
-        mlflow.log_metrics(metrics)
-        for name in ("comparison.json", "comparison.md", "comparison.png"):
-            if (out / name).is_file():
-                mlflow.log_artifact(str(out / name))
-        return run.info.run_id
+        mlflow.log_metrics(_readable(metrics))
+        for path in files:
+            if path.is_file():
+                mlflow.log_artifact(str(path))
+        for name, plan in plans.items():
+            candidate = next(c for c in result.candidates if name in (c, *c.split("=")))
+            plan_runs[name] = log_plan_evaluation(
+                plan,
+                costs[name],
+                topology,
+                task,
+                tables,
+                tracking_uri,
+                experiment,
+                f"{task}/{name}",
+                (result, candidate),
+            )
+        return LoggedComparison(experiment_id, run.info.run_id, plan_runs)

@@ -21,9 +21,9 @@ measured as a second plan) check that this holds on the hardware (`experiments/m
 
 The chosen plan. The plan with the lowest trimmed ratio to the others; once it is separated
 from every other the race ends. At the end, if it is not separated, the plans tied with it (their
-interval includes 1) are equally good as far as the hardware can tell, and the first of them in
-the caller's order of preference is chosen (`plan --measure`: the models' ranking; `compare`:
-the order the plans were given), which the result's `rule` says.
+interval includes 1) are equally good as far as the hardware can tell, and the one of them with the
+lowest cost (its median round) is chosen, which the result's `rule` says: a measurement, never the
+models' order, whose price gaps between such plans are smaller than their error.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from scipy.special import stdtrit
 from shard_ray.configfile import setting
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import write_atomic, write_json
-from shard_ray.plan.cost import MeasuredComparison, PlanCost, PlanRatio, RoundsSummary, median_round
+from shard_ray.plan.cost import MeasuredComparison, PlanCost, PlanRatio, RoundsSummary, median_of, median_round
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -53,6 +53,7 @@ from shard_ray.workload.tables import TableSpec
 if TYPE_CHECKING:
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.tracking.mlflow_runs import LoggedComparison
 
 
 @dataclass(frozen=True)
@@ -143,12 +144,10 @@ class Race:
         for name in self.names:
             self.rounds[name].append(costs[name])
 
-    def look(
-        self, final: bool, preference: Sequence[str] | None = None, reason: str = "the order given"
-    ) -> Verdict | None:
+    def look(self, final: bool) -> Verdict | None:
         """After a round: the verdict when the best plan is separated or `final` says the race ends, else None.
 
-        Among plans tied at the end, the first in `preference` (default: the order of `names`) is chosen."""
+        Among plans tied at the end, the one of the lowest cost (median round) is chosen."""
         if self.count not in self.looks and not final:
             return None
         total = self.alpha if final else alpha_spent(self.count, self.most_rounds, self.alpha)
@@ -162,12 +161,12 @@ class Race:
         if not final:
             return None
         tied = [best] + [name for name, r in ratios.items() if not r.separated]
-        chosen = next(name for name in [*(preference or []), *self.names] if name in tied)
+        chosen = min(tied, key=lambda name: median_of(self.rounds[name]))  # the first such, on equal costs
         if chosen != best:
             ratios = self._ratios(chosen, level)
         rule = (
-            f"no plan is separated from every other: {len(tied) - 1} within noise of the measured best ({best}); "
-            f"{chosen} is chosen, the first of these {len(tied)} in {reason}"
+            f"no plan is separated from every other: {len(tied) - 1} within noise of the best by the paired "
+            f"ratios ({best}); of these {len(tied)}, {chosen} has the lowest cost (median round) and is chosen"
         )
         return Verdict(chosen, False, ratios, level, rule)
 
@@ -208,16 +207,13 @@ def compare_plans(
     gang: DeviceGang,
     config: CompareConfig = CompareConfig(),
     store: MeasurementStore | None = None,
-    preference: Sequence[str] | None = None,
-    reason: str = "the order given",
     log: Callable[[str], None] = print,
     merge_identical: bool = True,
 ) -> ComparedPlans:
     """Measure the named plans side by side on `gang` in rounds until the procedure decides; its verdict.
 
     Plans with identical placements are measured once under their joined names (unless not
-    `merge_identical`: an A/A race measures a plan against a copy of itself). `preference` orders
-    the names for the tie rule (default: the order given). With a `store`, every round's
+    `merge_identical`: an A/A race measures a plan against a copy of itself). With a `store`, every round's
     measurement is kept there for the next calibration."""
     entries = distinct(named) if merge_identical else list(named)
     if len(entries) < 2:
@@ -228,13 +224,12 @@ def compare_plans(
         )
     plans = dict(entries)
     names = list(plans)
-    ranked = [joined for name in (preference or names) for joined in names if name in joined.split("=")]
     race = Race(names, config.rounds, config.min_rounds, config.confidence)
     log(
         f"measuring {len(names)} distinct plans side by side on a {topology.num_devices}-device gang: "
         f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s"
     )
-    verdict, per_plan = _race_in_rounds(race, plans, tables, topology, gang, config, store, ranked, reason, log)
+    verdict, per_plan = _race_in_rounds(race, plans, tables, topology, gang, config, store, log)
     result = MeasuredComparison(
         hardware=gang.hardware,
         chosen=verdict.chosen,
@@ -260,8 +255,6 @@ def _race_in_rounds(
     gang: DeviceGang,
     config: CompareConfig,
     store: MeasurementStore | None,
-    ranked: list[str],
-    reason: str,
     log: Callable[[str], None],
 ) -> tuple[Verdict, dict[str, list[PlanCost]]]:
     """Rounds of every plan measured once, in a drawn order, until the race's verdict; each plan's costs."""
@@ -283,11 +276,11 @@ def _race_in_rounds(
         race.record({name: cost.cost_ms for name, cost in zip(names, costs)})
         spent = time.monotonic() - began
         final = race.count >= config.rounds or spent + (time.monotonic() - round_start) > config.budget_seconds
-        verdict = race.look(final, ranked, reason)
+        verdict = race.look(final)
         leader = race.fastest()
         log(
             f"round {race.count}: fastest so far by the paired ratios {leader} (its rounds' median "
-            f"{np.median(race.rounds[leader]):.2f} ms); "
+            f"{median_of(race.rounds[leader]):.2f} ms); "
             f"{spent:.0f} s" + (f"; {verdict.rule}" if verdict else "")
         )
         if verdict is not None:
@@ -329,30 +322,22 @@ def format_comparison(result: MeasuredComparison) -> str:
     percent = int(round(result.confidence * 100))
     pairs = len(result.candidates) * (len(result.candidates) - 1) // 2
     priced = f"; {', '.join(result.priced_parts)} priced by the comm model" if result.priced_parts else ""
-    # distribution-free: few rounds cannot reach the confidence asked for, and the header says what they reach
-    median_ci = f"median {min(c.coverage for c in result.candidates.values()):.0%} CI"
     lines = [
         f"measured side by side on {result.hardware}: {result.rounds} interleaved rounds of {result.steps_per_round} "
-        f"steps{priced}",
+        f"steps{priced}; a plan's cost_ms is its median round's",
         f"ratios to the chosen plan with intervals simultaneous over {pairs} pair(s) and every look "
         f"({percent}% confidence in all of them together)",
-        f"{'plan':<36} {'median ms':>10}  {median_ci:>18}  {'ratio to chosen':>28}  {'verdict':<12}"
-        f"  {'predicted':>9}  {'measured/predicted':>18}",
+        f"{'plan':<36} {'cost_ms':>10}  {'ratio to chosen':>28}  {'verdict':<12}  {'predicted':>9}  "
+        f"{'measured/predicted':>18}",
     ]
     for name, c in sorted(result.candidates.items(), key=lambda item: item[1].median_ms):
-        interval = f"[{c.ci_low_ms:>7.2f}, {c.ci_high_ms:>7.2f}]"
-        if name == result.chosen:
-            ratio, verdict = "1", "<- chosen"
-        else:
-            r = result.ratios[name]
-            ratio = r.describe()
-            verdict = ("slower" if r.ratio > 1 else "faster") if r.separated else "within noise"
+        ratio = result.ratios[name].describe() if name in result.ratios else "1"
         predicted = result.predicted_ms.get(name)
         priced = f"{predicted:>9.2f}  {c.median_ms / predicted:>18.2f}" if predicted else f"{'-':>9}  {'-':>18}"
-        lines.append(f"{name:<36} {c.median_ms:>10.2f}  {interval:>18}  {ratio:>28}  {verdict:<12}  {priced}")
+        lines.append(f"{name:<36} {c.median_ms:>10.2f}  {ratio:>28}  {result.verdict(name):<12}  {priced}")
     lines.append(result.rule)
     if result.predicted_ms:
-        lines.append("predicted: the cost models' price of each plan (ms); measured/predicted: its median over it")
+        lines.append("predicted: the cost models' price of each plan (ms); measured/predicted: its cost_ms over it")
     return "\n".join(lines)
 
 
@@ -503,6 +488,7 @@ class AlgorithmComparison:
     costs: dict[str, PlanCost]
     result: MeasuredComparison | None
     failures: dict[str, str]
+    logged: LoggedComparison | None = None  # the comparison's MLflow runs, where it was logged
 
 
 def compare_algorithms(
@@ -520,28 +506,17 @@ def compare_algorithms(
     settings: Mapping[str, Mapping[str, object]] | None = None,
     log: Callable[[str], None] = print,
 ) -> AlgorithmComparison:
-    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure; ties go
-    to the models' cheapest. Each plan and result is written under `out_dir` and logged to MLflow."""
+    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure. Each plan and result is written under `out_dir` and logged to MLflow."""
     from shard_ray.costmodel.models import models_for
     from shard_ray.plan.plan import save_plan
-    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+    from shard_ray.tracking.mlflow_runs import log_comparison, log_plan_evaluation
 
     cost_model = cost_model or str(models_for(gang.hardware, topology.devices_per_host, tables))
     planned = plan_with_algorithms(tables, topology, gang.hardware, names, seed, cost_model, settings)
     plans = {p.algorithm: p for p in planned.plans}
     result = None
     if len(distinct(list(plans.items()))) > 1:
-        preference = model_preference(planned.plans, tables, topology.batch_size, cost_model)
-        compared = compare_plans(
-            list(plans.items()),
-            tables,
-            topology,
-            gang,
-            config,
-            preference=preference,
-            reason="the models' ranking",
-            log=log,
-        )
+        compared = compare_plans(list(plans.items()), tables, topology, gang, config, log=log)
         result = compared.result
         costs = {algorithm: cost for joined, cost in compared.costs.items() for algorithm in joined.split("=")}
     elif plans:
@@ -555,16 +530,10 @@ def compare_algorithms(
         if out_dir is not None:
             save_plan(out_dir / "plans" / f"{algorithm}.json", plan)
             write_json(out_dir / "results" / f"{algorithm}.json", costs[algorithm].model_dump(mode="json"))
-        if tracking_uri is not None:
+    logged = None
+    if tracking_uri is not None and result is not None:
+        logged = log_comparison(result, plans, costs, topology, task, tables, tracking_uri, experiment)
+    elif tracking_uri is not None:
+        for algorithm, plan in plans.items():
             log_plan_evaluation(plan, costs[algorithm], topology, task, tables, tracking_uri, experiment)
-    return AlgorithmComparison(plans, costs, result, planned.failures)
-
-
-def model_preference(plans: Sequence[Plan], tables: list[TableSpec], batch_size: int, cost_model: str) -> list[str]:
-    """The plans' algorithms ordered by the models' simulated cost, cheapest first (the tie rule's order)."""
-    from shard_ray.costmodel.models import CostModels
-    from shard_ray.costmodel.simulator import Simulator
-
-    simulator = Simulator(CostModels.load(cost_model))
-    priced = sorted(plans, key=lambda p: simulator.plan_cost(p, tables, batch_size).cost_ms)
-    return [p.algorithm for p in priced]
+    return AlgorithmComparison(plans, costs, result, planned.failures, logged)

@@ -104,7 +104,8 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     if result is None:
         print(f"every algorithm made the same plan; it measured {comparison.costs[chosen].cost_ms:.2f} ms")
     else:
-        print(f"shard-ray chose {result.chosen}'s plan: {result.cost.median_ms:.2f} ms a step, measured")
+        print(f"shard-ray chose {result.chosen}'s plan: cost_ms {result.cost.median_ms:.2f} a step, measured")
+        print(f"- why: {result.rule}")
         heuristics = {a.name for a in algorithms() if a.family == "heuristic"}
         print("\n".join(f"- {line}" for line in claims(result, heuristics)))
         if not result.separated:
@@ -112,10 +113,11 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
                 f"- {result.rounds} rounds in {config.budget_seconds:.0f} s could not separate it from every other "
                 "plan; `shard-ray demo --budget-seconds 300` measures longer"
             )
-    print(
-        f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}; see them side by side with"
-    )
-    print(f"  .venv/bin/{ui_command(tracking_uri)}\nthen browse http://127.0.0.1:5000")
+    if comparison.logged is not None:
+        print(comparison.logged.describe(tracking_uri))
+    else:
+        print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
+        print(f"see them with {ui_command(tracking_uri)}")
     print(f"plans, results and comparison.json are in {workdir}")
     return comparison
 
