@@ -93,6 +93,19 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
     assert not plan.estimate.warnings  # calibrated on these tables, none is outside the models' data any more
     with MeasurementStore(folder / "shard-ray-out" / "measurements.db") as store:  # every round, for the next time
         assert store.count("plan_measurements") >= sum(len(c.rounds_ms) for c in plan.measured.candidates.values())
+    # the race in MLflow: its run with the written plan, a child run per plan raced, each with the printed cost_ms
+    races = mlflow_runs(folder / "mlflow.db", "tags.kind = 'race'")
+    assert len(races) == 1 and races[0].data.params["chosen"] == plan.measured.chosen
+    assert "plan.json" in {a.path for a in mlflow_client(folder / "mlflow.db").list_artifacts(races[0].info.run_id)}
+    raced = mlflow_runs(folder / "mlflow.db", f"tags.mlflow.parentRunId = '{races[0].info.run_id}'")
+    assert len(raced) == len(plan.measured.candidates)  # one per distinct plan raced
+    table = {line.split()[0]: float(line.split()[1]) for line in measured.stdout.splitlines() if line.split()
+             and line.split()[0] in plan.measured.candidates}  # fmt: skip
+    for run in raced:
+        name = run.data.tags["mlflow.runName"].removeprefix("my_model/")
+        assert run.data.metrics["cost_ms"] == round(plan.measured.candidates[name].median_ms, 3)
+        assert abs(run.data.metrics["cost_ms"] - table[name]) <= 0.005 + 1e-9
+        assert run.data.tags["verdict"] == plan.measured.verdict(name)
 
     result("shard-ray plan --tables my_model.json --devices 2 --memory-gb 4 --algo torchrec")
     compared = result("shard-ray compare", may_refuse="place the tables identically: nothing to compare")
@@ -111,3 +124,15 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
 
     eight = result("shard-ray plan --tables my_model.json --devices 8")
     assert "plan 'cost_search' on 8 devices" in eight.stdout
+
+
+def mlflow_client(database: Path):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{database}")
+
+
+def mlflow_runs(database: Path, search: str) -> list:
+    """The runs of the `shard-ray` experiment in the store `database` that `search` finds."""
+    client = mlflow_client(database)
+    return client.search_runs([client.get_experiment_by_name("shard-ray").experiment_id], search)

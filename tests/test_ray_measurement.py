@@ -267,19 +267,28 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     # the models that priced the plans are named, and the last screen leads with the verdict
     assert "priced by the shipped models" in out and "measured/predicted" in out
     verdict = out.split("== 5. verdict\n")[1].splitlines()
-    chosen = comparison.result.chosen
-    assert verdict[0].startswith(f"shard-ray chose {chosen}'s plan: ")
-    assert "TorchRec's plan" in verdict[1] and "the best heuristic" in verdict[2]
-    assert "could not separate it" in verdict[3] or comparison.result.separated
-    assert any(line.startswith("every plan is an MLflow run") for line in verdict[3:5])
+    result = comparison.result
+    assert result is not None and result.rounds >= 3  # at least 3 interleaved rounds per plan
+    assert verdict[0].startswith(f"shard-ray chose {result.chosen}'s plan: cost_ms {result.cost.median_ms:.2f}")
+    # why it chose: separated, or the lowest measured cost of the plans it could not tell apart
+    assert verdict[1] == f"- why: {result.rule}"
+    if not result.separated:
+        tied = [result.chosen, *(name for name, r in result.ratios.items() if not r.separated)]
+        assert result.chosen == min(tied, key=lambda name: result.candidates[name].median_ms)
+        assert "has the lowest cost (median round) and is chosen" in result.rule
+        assert any("could not separate it" in line for line in verdict)
+    assert any("TorchRec's plan" in line for line in verdict) and any("the best heuristic" in line for line in verdict)
+    assert any(line.startswith("logged MLflow run") for line in verdict)
     assert set(comparison.plans) >= {"random", "size_lookup_greedy"}
-    # at least 3 interleaved rounds per plan, each with its interval, and a verdict that says how it chose
-    assert comparison.result is not None and comparison.result.rounds >= 3
-    assert comparison.result.rule in out and "ratio to chosen" in out
+    assert "ratio to chosen" in out
     written = json.loads((tmp_path / "demo" / "comparison.json").read_text())
     assert len(written["plans"]) == len(comparison.plans)
+    # MLflow: the comparison's run and a child per algorithm, each with the cost the table printed
     mlflow.set_tracking_uri(uri)
-    assert len(mlflow.search_runs(experiment_names=["shard-ray"])) == len(comparison.plans)
+    runs = mlflow.search_runs(experiment_names=["shard-ray"])
+    assert sorted(runs["tags.kind"]) == ["comparison"] + ["plan"] * len(comparison.plans)
+    for _, run in runs[runs["tags.kind"] == "plan"].iterrows():
+        assert run["metrics.cost_ms"] == round(comparison.costs[run["tags.algorithm"]].cost_ms, 3)
 
 
 @pytest.mark.slow
