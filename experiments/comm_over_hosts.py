@@ -155,6 +155,22 @@ def summarise(records: list[dict]) -> None:
             ratios = [r["measured"][p] / r[price][p] for r in rows for p in parts if r[price][p] > 0]
             line.append(f"measured/{price} {np.median(ratios):.2f}" if ratios else f"{price} -")
         print("; ".join(line), flush=True)
+        # the figure docs/clusters.md gives: per plan, the device with the most measured all-to-all time (input,
+        # forward and backward together), its measured over priced; the median over the plans
+        slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
+        line = [f"  slowest device of each of {len(slowest)} plans, median"]
+        for price in ("flat", "received", "now"):
+            if price in rows[0]:
+                ratios = [sum(r["measured"][p] for p in parts) / sum(r[price][p] for p in parts) for r in slowest]
+                line.append(f"measured/{price} {np.median(ratios):.2f}")
+        print("; ".join(line), flush=True)
+
+
+def _by_plan(rows: list[dict]) -> list[list[dict]]:
+    plans: dict[object, list[dict]] = {}
+    for r in rows:
+        plans.setdefault(r["plan"], []).append(r)
+    return list(plans.values())
 
 
 def main(argv: list[str]) -> int:

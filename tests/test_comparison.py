@@ -1,6 +1,7 @@
 """The comparison procedure on replayed rounds, and `shard-ray compare` on the gang as a user types it."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -198,9 +199,8 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
     assert ratio.low < 1 < ratio.high
     assert set(written["costs"]) == {"a", "twin"} and (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
     # one number per plan: the table's cost_ms, the result file's and MLflow's
-    printed = {
-        line.split()[0]: float(line.split()[1]) for line in result.stdout.splitlines() if line[:4] in ("a   ", "twin")
-    }
+    rows = [re.match(r"(a|twin) +([0-9.]+) ", line) for line in result.stdout.splitlines()]
+    printed = {row.group(1): float(row.group(2)) for row in rows if row}  # the table's cost_ms column
     for name in ("a", "twin"):
         assert written["costs"][name]["cost_ms"] == comparison.candidates[name].median_ms
         assert printed[name] == round(comparison.candidates[name].median_ms, 2)

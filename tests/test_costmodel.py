@@ -611,24 +611,38 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
 
 
 def test_hosts_price_inter_host_traffic_apart(shipped, pool):
-    """Over hosts the comm model prices the intra-host share and each device's inter-host traffic is
-    priced at the stated bandwidth: the same plan costs more over slower links, the simulator and the
-    searches' pricer agree, one host prices as before, and the bound stays below."""
-    from shard_ray.costmodel.pricing import over_hosts
+    """Over hosts a device's price keeps what the comm model learned beyond the links' price on one host and pays
+    the links over the hosts, its inter-host traffic at the stated bandwidth: the same plan costs more over slower
+    links, the simulator and the searches' pricer agree, one host prices as before, and the bound stays below."""
+    from shard_ray.costmodel.pricing import link_ms, over_hosts
 
     models = shipped
     tables = pool[:24]
     widths = np.array([300.0, 100.0, 50.0, 50.0, 0.0, 0.0, 0.0, 0.0])
-    predicted = models.predict_comm(widths, 1024)
-    assert np.array_equal(over_hosts(predicted, widths, 1024, None, 12.5), predicted)
-    assert np.array_equal(over_hosts(predicted, widths, 1024, 8, 12.5), predicted)
-    # Hosts of 4 at 1 GB/s, a device waiting for what it receives: forward, device 4 (holding nothing) receives
-    # host 0's 500 columns' 1/8 share and device 0 nothing from host 1; backward, device 0 receives the gradients
-    # of its 300 columns for the 4 of 8 devices' samples on host 1 and device 4 none; 4 bytes a float, batch 1024.
-    priced = over_hosts(predicted, widths, 1024, 4, 1.0)
+    links = models.links
+    predicted = np.maximum(models.predict_comm(widths, 1024), 1.0)  # a price above the links' on one host
+    assert np.array_equal(over_hosts(predicted, widths, 1024, None, 12.5, links), predicted)
+    assert np.array_equal(over_hosts(predicted, widths, 1024, 8, 12.5, links), predicted)
+    # Hosts of 4 at 1 GB/s, a device waiting for what it receives. Backward, device 0 receives the gradients of its
+    # 300 columns for the 7 other devices' 1/8 of the samples: on one host all at the rate inside a host; over hosts
+    # 3/8 of them from its host mates at that rate and, at once, 4/8 from host 1 at 1 GB/s, the slower. Its price
+    # keeps what the model learned beyond the links' one-host price, fixed costs included, and pays the links over
+    # the hosts instead. 4 bytes a float, batch 1024.
+    priced = over_hosts(predicted, widths, 1024, 4, 1.0, links)
     ms_per_float = 1024 * 4 / 1e9 * 1e3
-    assert priced[0] == pytest.approx(predicted[0] * 3 / 7 + np.array([0.0, 150.0]) * ms_per_float, rel=1e-6)
-    assert priced[4] == pytest.approx(predicted[4] * 3 / 7 + np.array([62.5, 0.0]) * ms_per_float, rel=1e-6)
+    fixed = links.collective_ms + 7 * links.message_ms
+    one_host = fixed + 300 * 7 / 8 * ms_per_float / links.intra_host_gbps
+    over = fixed + max(300 * 3 / 8 * ms_per_float / links.intra_host_gbps, 300 * 4 / 8 * ms_per_float / 1.0)
+    assert priced[0, 1] == pytest.approx(predicted[0, 1] - one_host + over, rel=1e-6)
+    # forward, device 4 (holding nothing) receives host 0's 500 columns' 1/8 share from host 0 only
+    one_host = fixed + 500 / 8 * ms_per_float / links.intra_host_gbps
+    assert priced[4, 0] == pytest.approx(predicted[4, 0] - one_host + fixed + 500 / 8 * ms_per_float / 1.0, rel=1e-6)
+    # at the rate inside a host between hosts too, every device keeps its fixed costs: it pays no more than on one
+    # host, and less only by what its two link classes carry at once
+    inside = links.intra_host_gbps
+    level = over_hosts(predicted, widths, 1024, 4, inside, links)
+    one, apart = link_ms(widths, 1024, None, inside, links), link_ms(widths, 1024, 4, inside, links)
+    assert (level <= predicted + 1e-12).all() and level == pytest.approx(predicted - (one - apart), rel=1e-9)
 
     costs = {}
     for per_host, gbps in ((None, 12.5), (2, 12.5), (2, 0.5)):
@@ -649,7 +663,7 @@ def test_hosts_price_inter_host_traffic_apart(shipped, pool):
 def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped, pool, tmp_path, monkeypatch):
     """Models whose comm model was fit over hosts of 2 (`calibrate --devices-per-host 2`) price plans
     over such hosts as they predict, with no stated inter-host bandwidth on top; over other hosts, the
-    analytic share is added and the plan says the prices carry inter-host time measured elsewhere.
+    links over the hosts are priced in (`over_hosts`) and the plan says the prices carry inter-host time measured elsewhere.
     `plan` picks such models for their hosts only."""
     from shard_ray.costmodel.models import hardware_models_path, models_for
     from shard_ray.costmodel.pricing import over_hosts
@@ -668,7 +682,7 @@ def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped,
         widths = np.array([sum(s.width for s in plan.shards_on(d)) for d in range(8)], dtype=np.float64)
         pricer = Pricer(learned, topology)
         one_host = pricer.one_host_comm(widths, widths.sum(), widths.max(), 8)
-        expected = over_hosts(one_host, widths, 1024, per_host, 0.5) if analytic else one_host
+        expected = over_hosts(one_host, widths, 1024, per_host, 0.5, learned.links) if analytic else one_host
         expected = np.maximum(expected, pricer.link_floor(widths))  # never below the links
         predicted = plan.estimate.predicted
         assert np.allclose([[d.fwd_comm_ms, d.bwd_comm_ms] for d in predicted.devices], expected, rtol=1e-5)

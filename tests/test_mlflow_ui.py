@@ -80,12 +80,8 @@ def test_the_ui_opens_on_the_plans_by_cost_and_shows_each_runs_chart(ray_session
         "--rounds", "3", "--repeats", "3", "--warmup", "1", "--out", "cmp",
     )  # fmt: skip
     assert compared.returncode == 0, compared.stderr
-    costs = {
-        name: float(line.split()[1])
-        for line in compared.stdout.splitlines()
-        for name in ("size_greedy", "round_robin")
-        if line.startswith(f"{name} ")
-    }
+    table = [re.match(r"(size_greedy|round_robin) +([0-9.]+) ", line) for line in compared.stdout.splitlines()]
+    costs = {found.group(1): float(found.group(2)) for found in table if found}  # the table's cost_ms column
     assert set(costs) == {"size_greedy", "round_robin"}
     port = str(free_port())
     command = printed(compared.stdout, "(with the UI started:").removesuffix(")")

@@ -239,7 +239,7 @@ def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, ta
     assert len(runs) == 1
     run = runs.iloc[0]
     assert run["params.algorithm"] == "size_lookup_greedy" and run["tags.task"] == "small"
-    assert run["metrics.cost_ms"] == pytest.approx(result["cost_ms"])
+    assert run["metrics.cost_ms"] == round(result["cost_ms"], 3)
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run["run_id"])}
     assert {"plan.json", "result.json", "device_costs.png"} <= artifacts
 

@@ -12,7 +12,9 @@ are left out: they only add.
 
 Communication: the slowest device's all-to-alls cost at least the cheapest the comm model
 predicts for any device of any plan of the task (the minimum over a grid of the device's own
-width and the widest device's width), up to the grid's resolution.
+width and the widest device's width), up to the grid's resolution. Over hosts, at least the
+least the model predicts beyond the links' price on one host, plus the links' fixed time and
+latency per peer.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.costmodel.pricing import analytic_devices_per_host, intra_host_share
+from shard_ray.costmodel.pricing import Pricer, analytic_devices_per_host
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, replica, row_block
 from shard_ray.plan.topology import Topology
@@ -48,10 +50,20 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     own_grid, widest_grid = np.meshgrid(own, widest)
     feasible = own_grid <= widest_grid
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
-    # Over hosts the model prices the intra-host share of the peers (`over_hosts`); the inter-host
-    # time is left out: it only adds.
-    share = intra_host_share(d, analytic_devices_per_host(models, topology.devices_per_host))
-    return compute + share * float(models.comm_ms(features).sum(axis=1).min())
+    learned = models.comm_ms(features)
+    hosts = analytic_devices_per_host(models, topology.devices_per_host)
+    if hosts is None or hosts >= d:
+        return compute + float(learned.sum(axis=1).min())
+    # Over hosts a device pays what the model learned beyond the links' price on one host, then the links' price
+    # over the hosts (`over_hosts`), whose fixed time and latency per peer every device pays, forward and backward.
+    # Past the gangs the model measured, the price keeps nothing of it beyond the links (`one_host_comm`).
+    pricer = Pricer(models, topology)
+    measured = models.info.device_counts
+    beyond = 0.0
+    if measured and d <= max(measured):
+        one_host = pricer.link_rows(own_grid[feasible], total, d, one_host=True)
+        beyond = float(np.maximum(learned - one_host, 0.0).sum(axis=1).min())
+    return compute + beyond + 2 * (pricer.links.collective_ms + pricer.links.message_ms * (d - 1))
 
 
 def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topology) -> torch.Tensor:

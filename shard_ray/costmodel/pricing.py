@@ -95,13 +95,13 @@ class Pricer:
 
     def collectives(self, widths: np.ndarray) -> np.ndarray:
         """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart:
-        the comm model's price on one host (`one_host_comm`), the inter-host share added (`over_hosts`), never
-        below the links' price (`link_ms`)."""
+        the comm model's price on one host (`one_host_comm`), its links' part priced over the hosts (`over_hosts`),
+        never below the links' price (`link_ms`)."""
         topology = self.topology
         widths = np.asarray(widths, dtype=np.float64)
         one_host = self.one_host_comm(widths, float(widths.sum()), float(widths.max()), len(widths))
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        priced = over_hosts(one_host, widths, topology.batch_size, hosts, topology.inter_host_gbps)
+        priced = over_hosts(one_host, widths, topology.batch_size, hosts, topology.inter_host_gbps, self.links)
         return np.maximum(priced, self.link_floor(widths))
 
     def link_floor(self, widths: np.ndarray) -> np.ndarray:
@@ -171,16 +171,14 @@ class Pricer:
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
-        hosts, each device receives its pieces' ids for the samples of devices off its host (`inter_host_ms`)."""
+        hosts, each device receives its pieces' ids for the samples of devices off its host (`over_hosts`)."""
         topology = self.topology
         inputs = np.asarray(inputs, dtype=np.float64)
-        predicted = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, 0]
-        hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        if hosts is not None and hosts < len(inputs):
-            received = inter_host_ms(inputs, topology.batch_size, hosts, topology.inter_host_gbps)[:, 1]
-            predicted = predicted * intra_host_share(len(inputs), hosts) + received
         # a device receives its pieces' ids for the other devices' samples: the backward's direction
-        return np.maximum(predicted, self.link_floor(inputs)[:, 1])
+        one_host = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, :1]
+        hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
+        priced = over_hosts(one_host, inputs, topology.batch_size, hosts, topology.inter_host_gbps, self.links, (1,))
+        return np.maximum(priced[:, 0], self.link_floor(inputs)[:, 1])
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
@@ -269,11 +267,24 @@ def host_reduce(models: CostModels, host_sums: np.ndarray, batch_size: int, devi
 
 
 def over_hosts(
-    predicted: np.ndarray, widths: np.ndarray, batch_size: int, devices_per_host: int | None, inter_host_gbps: float
+    predicted: np.ndarray,
+    widths: np.ndarray,
+    batch_size: int,
+    devices_per_host: int | None,
+    inter_host_gbps: float,
+    links: LinkProfile,
+    phases: tuple[int, ...] = (0, 1),
 ) -> np.ndarray:
-    """All-to-all (fwd, bwd) ms [D, 2] of devices on hosts of `devices_per_host`, from the comm model's
-    `predicted` ms of the same devices on one host: the intra-host share of each device's peers at the
-    model's price, plus what it receives from other hosts at `inter_host_gbps` (`inter_host_ms`).
+    """All-to-all ms [D, len(phases)] of devices on hosts of `devices_per_host`, from the comm model's `predicted`
+    ms of the same devices on one host: the links' price on one host in it replaced by their price over the hosts
+    (`link_ms`: what a device receives from its host mates and, at `inter_host_gbps`, from other hosts).
+
+    What the model learned beyond the links' price on one host is kept whole, fixed costs included: only the
+    bytes move to their link classes. (Pricing only the share of a device's peers on its host at the model's price,
+    as before, dropped the rest of its fixed costs, and priced a plan over hosts at equal rates inside and between
+    them at 0.62 ms where the same plan cost 0.96 on one host.) `phases` are the links' columns the model's
+    columns stand for: (0, 1) for the pooled all-to-all's forward and backward, (1,) for the input all-to-all,
+    whose ids travel as the backward's gradients do.
 
     The shipped comm model has not measured inter-host links; one calibrated over hosts has, and is
     priced as it is (`analytic_devices_per_host`). Replicas' all-reduce is priced flat still.
@@ -281,8 +292,9 @@ def over_hosts(
     d = len(widths)
     if devices_per_host is None or devices_per_host >= d:
         return predicted
-    inter = inter_host_ms(widths, batch_size, devices_per_host, inter_host_gbps)
-    return predicted * intra_host_share(d, devices_per_host) + inter[:, : predicted.shape[1]]
+    one_host = link_ms(widths, batch_size, None, inter_host_gbps, links)[:, phases]
+    hosts = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links)[:, phases]
+    return np.maximum(predicted - one_host, 0.0) + hosts
 
 
 def received_floats(widths: np.ndarray, devices_per_host: int | None) -> tuple[np.ndarray, np.ndarray]:

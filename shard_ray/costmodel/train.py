@@ -400,7 +400,7 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
         batch = pm.cost.batch_size or 1
         hosts = analytic_devices_per_host(models, pm.cost.devices_per_host)
         rate = plan_rate_between_hosts(pm.plan, models.links)
-        priced = over_hosts(models.predict_comm(widths, batch), widths, batch, hosts, rate)
+        priced = over_hosts(models.predict_comm(widths, batch), widths, batch, hosts, rate, models.links)
         predicted.append(priced.sum(axis=1))
         measured.append([d.fwd_comm_ms + d.bwd_comm_ms for d in pm.cost.devices])
     if not predicted:
