@@ -120,6 +120,7 @@ def test_the_ui_opens_on_the_plans_by_cost_and_shows_each_runs_chart(ray_session
         driver.get(
             runs_url.split("/#/")[0]
             + f"/#/experiments/{experiment_id}/runs/{run.info.run_id}/artifacts/device_costs.png"
+            + "?workflowType=machine_learning"  # as docs/mlflow.md gives it
         )
         wait_for(
             lambda: driver.execute_script(

@@ -244,7 +244,8 @@ def log_plan_evaluation(
             if ratio
             else {"ratio_to_chosen": 1.0}
         )
-    with mlflow.start_run(run_name=run_name or f"{task}/{plan.algorithm}", tags=tags, nested=True) as run:
+    run_name = run_name or f"{task}/{plan.algorithm}"
+    with mlflow.start_run(run_name=run_name, tags=tags, nested=True) as run:
         mlflow.log_params(
             {
                 "task": task,
@@ -266,7 +267,7 @@ def log_plan_evaluation(
             folder = Path(tmp)
             (folder / "plan.json").write_text(json.dumps(plan.model_dump(mode="json"), indent=2))
             (folder / "result.json").write_text(json.dumps(cost.model_dump(mode="json"), indent=2))
-            device_cost_chart(cost, f"{task}: {plan.algorithm}", folder / "device_costs.png")
+            device_cost_chart(cost, run_name, folder / "device_costs.png")
             mlflow.log_artifacts(tmp)
         return run.info.run_id
 

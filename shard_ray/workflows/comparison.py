@@ -514,7 +514,7 @@ def compare_algorithms(
     cost_model = cost_model or str(models_for(gang.hardware, topology.devices_per_host, tables))
     planned = plan_with_algorithms(tables, topology, gang.hardware, names, seed, cost_model, settings)
     plans = {p.algorithm: p for p in planned.plans}
-    result = None
+    result = compared = None
     if len(distinct(list(plans.items()))) > 1:
         compared = compare_plans(list(plans.items()), tables, topology, gang, config, log=log)
         result = compared.result
@@ -531,8 +531,10 @@ def compare_algorithms(
             save_plan(out_dir / "plans" / f"{algorithm}.json", plan)
             write_json(out_dir / "results" / f"{algorithm}.json", costs[algorithm].model_dump(mode="json"))
     logged = None
-    if tracking_uri is not None and result is not None:
-        logged = log_comparison(result, plans, costs, topology, task, tables, tracking_uri, experiment)
+    if tracking_uri is not None and compared is not None:  # a run per distinct plan, as measured
+        logged = log_comparison(
+            result, compared.plans, compared.costs, topology, task, tables, tracking_uri, experiment
+        )
     elif tracking_uri is not None:
         for algorithm, plan in plans.items():
             log_plan_evaluation(plan, costs[algorithm], topology, task, tables, tracking_uri, experiment)
