@@ -233,6 +233,51 @@ def test_a_calibration_on_too_few_held_out_measurements_keeps_the_starting_model
     assert "--plans" not in too_thin_to_judge(3, 0, with_plans=False)
 
 
+def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
+    """A task of few tables makes few distinct plans: the held-out split by hash is topped up to the fewest a
+    judgement needs from the fit split, lowest hash first, never past a quarter of the keys, validation untouched."""
+    import hashlib
+
+    from shard_ray.workflows.calibrate import MIN_HELD_OUT_PLANS, split_of, splits
+
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(22)]
+    by_hash = {key: split_of(key, 0.2) for key in keys}
+    assert sum(name == "held_out" for name in by_hash.values()) < MIN_HELD_OUT_PLANS  # as the README's task had
+    split = splits(keys, 0.2, MIN_HELD_OUT_PLANS)
+    assert sum(name == "held_out" for name in split.values()) == MIN_HELD_OUT_PLANS
+    moved = [key for key in keys if split[key] != by_hash[key]]
+    assert all(by_hash[key] == "fit" and split[key] == "held_out" for key in moved)
+    assert all(by_hash[k] != "held_out" or split[k] == "held_out" for k in keys)  # the hash's own stay
+    assert sum(name == "held_out" for name in splits(keys[:8], 0.2, MIN_HELD_OUT_PLANS).values()) <= 2  # a quarter
+
+
+def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_warning():
+    """Models written by a calibration that kept the models it started from are not described as calibrated on
+    the task, and the warnings those models give still fire for its tables."""
+    from shard_ray.costmodel.coverage import corrections_at_bound
+    from shard_ray.costmodel.info import Calibrated
+    from shard_ray.costmodel.models import CostModels, describe_models, task_digest
+
+    tables = [
+        TableSpec(name="huge", rows=1_000_000_000, dim=1024, pooling_factor=500),
+        TableSpec(name="user_id", rows=2_000_000, dim=64, pooling_factor=1),
+        TableSpec(name="category", rows=300, dim=16, pooling_factor=2),
+    ]
+    shipped = CostModels.load(default_cost_model_path())
+    warned = corrections_at_bound(shipped, tables, 1024)
+    assert warned  # the huge table's price rests on the bound
+    for chosen, fitted in (("starting", False), ("fine-tuned", True)):
+        models = copy.deepcopy(shipped)
+        models.info.calibrated = Calibrated(
+            hardware=shipped.hardware, tables=[t.name for t in tables], task=task_digest(tables), chosen=chosen,
+            reason="too few held-out measurements",
+        )  # fmt: skip
+        line, warning = describe_models("task.pt", models, tables)
+        assert warning is None and ("calibrated on these 3 tables" in line) == fitted
+        assert ("unchanged by a calibration on these 3 tables" in line) != fitted
+        assert corrections_at_bound(models, tables, 1024) == ([] if fitted else warned)
+
+
 def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
     """Refit to data it ranks worse than chance, the comm model is put back to the starting one, and the report says
     why; one that ranks them right is kept."""

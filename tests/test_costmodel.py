@@ -718,7 +718,7 @@ def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shippe
         tables=[t.name for t in task],
         task=task_digest(task),
         at="today",
-        chosen="starting",
+        chosen="fine-tuned",
         reason="",
     )
     info = shipped.info.model_copy(update={"calibrated": record})

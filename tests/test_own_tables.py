@@ -85,12 +85,17 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
     assert report["noise_floor"]["rounds"] == 8 and report["after"]["compute"]["mape"] is not None
 
     measured = result("shard-ray plan --tables my_model.json --devices 2 --memory-gb 4 --algo cost_search --measure")
-    assert "calibrated on these 5 tables" in measured.stdout and "measured/predicted" in measured.stdout
+    assert "measured/predicted" in measured.stdout
     assert "TorchRec's plan" in measured.stdout and "cost models are of" not in measured.stderr
     plan = load_plan(folder / "plan.json")
     task_models = home / ".shard-ray" / "models" / saved[0]  # these tables' own
     assert plan.estimate.cost_model == str(task_models) and plan.estimate.hardware == report["hardware"]
-    assert not plan.estimate.warnings  # calibrated on these tables, none is outside the models' data any more
+    # the held-out split holds enough plans to judge by (the tables make few distinct ones: topped up from the fit)
+    assert report["plans"]["held_out"] >= 3
+    if report["chosen"] == "fine-tuned":  # fitted to these tables: none is outside the models' data any more
+        assert "calibrated on these 5 tables" in measured.stdout and not plan.estimate.warnings
+    else:  # kept unchanged: said, and the starting models' warnings still fire
+        assert "unchanged by a calibration on these 5 tables" in measured.stdout
     with MeasurementStore(folder / "shard-ray-out" / "measurements.db") as store:  # every round, for the next time
         assert store.count("plan_measurements") >= sum(len(c.rounds_ms) for c in plan.measured.candidates.values())
     # the race in MLflow: its run with the written plan, a child run per plan raced, each with the printed cost_ms

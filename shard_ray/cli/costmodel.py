@@ -216,8 +216,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         run_id = log_calibration(report, str(out), tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     over_hosts = f" with --devices-per-host {hosts}" if hosts else ""
+    kept = "" if result.chosen == "fine-tuned" else " (the starting models, unchanged, with this calibration's report)"
     print(
-        f"wrote {out}; `shard-ray plan` picks it for these tables on {report['hardware']}{over_hosts}"
+        f"wrote {out}{kept}; `shard-ray plan` picks it for these tables on {report['hardware']}{over_hosts}"
         + ("" if not flags.out else " when given --cost-model")
     )
     print(json.dumps(report))

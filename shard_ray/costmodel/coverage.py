@@ -100,12 +100,12 @@ def model_warnings(
 
 def corrections_at_bound(models: CostModels, tables: list[TableSpec], batch_size: int) -> list[str]:
     """A line naming the tables whose price rests on the compute model's correction bound, not on what it learned;
-    none for models calibrated on these tables, whose calibration measured them (its held-out figures say how well
+    none for models fitted to these tables by a calibration, which measured them (its held-out figures say how well
     they are priced)."""
     from shard_ray.costmodel.models import CORRECTION_BOUND, task_digest
 
     calibrated = models.info.calibrated
-    if calibrated is not None and calibrated.task == task_digest(tables):
+    if calibrated is not None and calibrated.fitted(task_digest(tables)):
         return []
     names = models.at_correction_bound(tables, batch_size)
     if not names:

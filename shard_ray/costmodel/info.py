@@ -46,6 +46,11 @@ class Calibrated(BaseModel):
     seconds: float | None = None
     noise_floor: dict[str, Any] | None = None
 
+    def fitted(self, task: str) -> bool:
+        """Whether the models were fitted to the task of digest `task`: calibrated on it, and the fine-tuned models
+        kept (a calibration that kept the starting models fitted nothing)."""
+        return self.task == task and self.chosen == "fine-tuned"
+
 
 class UpdatedOn(BaseModel):
     """The measurements DreamShard's update trained the models further on."""

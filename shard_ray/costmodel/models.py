@@ -144,8 +144,13 @@ def describe_models(
         return f"priced by {shipped}{path} (models of {models.hardware}, not calibrated on a task)", None
     names = calibrated.tables
     when = f" on {calibrated.at}" if calibrated.at else ""
-    if calibrated.task == task_digest(tables):
+    if calibrated.fitted(task_digest(tables)):
         return f"priced by {path}: models of {models.hardware}, calibrated on these {len(names)} tables{when}", None
+    if calibrated.task == task_digest(tables):  # the calibration kept the models it started from
+        return (
+            f"priced by {path}: models of {models.hardware}, unchanged by a calibration on these {len(names)} tables"
+            f"{when} that kept the models it started from (`shard-ray models` says why)"
+        ), None
     shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
     line = f"priced by {path}: models of {models.hardware}, calibrated on other tables ({len(names)}: {shown}){when}"
     warning = (

@@ -103,10 +103,31 @@ class Calibration:
     report: dict[str, Any]  # accuracy before and after, counts, seconds
 
 
+Measured = TypeVar("Measured", FusedShardMeasurement, PlanMeasurement)
+
+
 def split_of(key: str, held_out: float) -> str:
     """held-out / val / fit, by the key's hash: stable as the store grows."""
     u = int(key[:8], 16) / 16**8
     return "held_out" if u < held_out else "val" if u < held_out + (1 - held_out) / 5 else "fit"
+
+
+def splits(keys: list[str], held_out: float, least: int) -> dict[str, str]:
+    """Each key's split (`split_of`), with fit keys moved to the held-out split, lowest hash first, where the hash
+    leaves it fewer than `least` and a quarter of the keys allow: a task of few tables makes few distinct plans (the
+    README's four tables, 22, of which the hash held out 2), and a judgement needs `least` of them."""
+    split = {key: split_of(key, held_out) for key in keys}
+    held = sum(name == "held_out" for name in split.values())
+    room = max(0, min(least, len(keys) // 4) - held)
+    for key in sorted((k for k in keys if split[k] == "fit"), key=lambda k: int(k[:8], 16))[:room]:
+        split[key] = "held_out"
+    return split
+
+
+def split_measurements(measured: list[Measured], held_out: float, least: int) -> dict[str, list[Measured]]:
+    """The measurements (shards or plans) by split (`splits`)."""
+    split = splits([m.key for m in measured], held_out, least)
+    return {name: [m for m in measured if split[m.key] == name] for name in ("fit", "val", "held_out")}
 
 
 def candidate_plans(tables: list[TableSpec], topology: Topology, cost_model: str, seed: int) -> list[Plan]:
@@ -226,9 +247,7 @@ def calibrate(
     # Before the gang starts: with too few shards, the plans' measurements could not save the calibration.
     # The gang adds plans only, so these are the shards the fit uses.
     shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
-    by_split = {
-        name: [m for m in shards if split_of(m.key, config.held_out) == name] for name in ("fit", "val", "held_out")
-    }
+    by_split = split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)
     if len(by_split["fit"]) < 4 or not by_split["val"] or not by_split["held_out"]:
         raise ShardRayError(
             f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
@@ -239,9 +258,7 @@ def calibrate(
     measuring_seconds = time.monotonic() - began
     # 4. fit and compare on held-out data
     _, plans = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
-    plan_split = {
-        name: [p for p in plans if split_of(p.key, config.held_out) == name] for name in ("fit", "val", "held_out")
-    }
+    plan_split = split_measurements(plans, config.held_out, MIN_HELD_OUT_PLANS)
     # The fit may change the row cap (models of measurements capped at 200,000 rows on CPU): features follow the
     # measurements, which stand for whole tables unless `--max-rows` was given.
     start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.max_rows}))
@@ -414,7 +431,7 @@ def _measure_shards(
                 shards, _ = task_measurements(
                     store, tables, pool.hardware, measure, topology.devices_per_host_if_spanning
                 )
-                held_out = sum(split_of(m.key, config.held_out) == "held_out" for m in shards)
+                held_out = len(split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)["held_out"])
                 if held_out >= MIN_HELD_OUT_SHARDS or time.monotonic() > measuring_ends:
                     break
                 drawn = draw_fused_shards(
@@ -457,7 +474,7 @@ def _measure_plans(
             if more:
                 hosts = topology.devices_per_host_if_spanning
                 _, measured = task_measurements(store, tables, gang.hardware, measure, hosts)
-                held_out = sum(split_of(p.key, config.held_out) == "held_out" for p in measured)
+                held_out = len(split_measurements(measured, config.held_out, MIN_HELD_OUT_PLANS)["held_out"])
                 if held_out >= MIN_HELD_OUT_PLANS or time.monotonic() > measuring_ends:
                     break
                 drawn = random_plans(tables, topology.num_devices, max(config.plans, 8), config.seed + more)
@@ -509,7 +526,8 @@ def _fine_tuned(
 def _record_calibration(
     kept: CostModels, report: dict[str, Any], tables: list[TableSpec], fit_data: Any, start: CostModels
 ) -> None:
-    """What the kept models were calibrated on, and the range of tables they have now seen, in their info."""
+    """What the kept models were calibrated on, and the range of tables they have now seen, in their info. Starting
+    models kept unchanged have seen nothing new: their range stays theirs, so their warnings still fire."""
     kept.info.calibrated = Calibrated(
         **{k: v for k, v in report.items() if k not in ("before", "after")},
         held_out=report["after"],
@@ -517,7 +535,8 @@ def _record_calibration(
         task=task_digest(tables),
         at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )
-    kept.info.coverage = data_coverage(fit_data, start.info.coverage)
+    if report["chosen"] == "fine-tuned":
+        kept.info.coverage = data_coverage(fit_data, start.info.coverage)
 
 
 def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int) -> dict[str, Any]:
