@@ -215,9 +215,22 @@ def log_plan_evaluation(
 
     Inside an active run (a comparison's, `log_comparison`) it is that run's child. `judged` gives the comparison
     and the plan's name in it: the run then carries its verdict and its cost ratio to the chosen plan."""
+    use_experiment(tracking_uri, experiment)
+    return _log_plan_run(plan, cost, topology, task, tables, run_name, judged)
+
+
+def _log_plan_run(
+    plan: Plan,
+    cost: PlanCost,
+    topology: Topology,
+    task: str,
+    tables: list[TableSpec],
+    run_name: str | None,
+    judged: tuple[MeasuredComparison, str] | None,
+) -> str:
+    """`log_plan_evaluation` in the experiment in use."""
     import mlflow
 
-    use_experiment(tracking_uri, experiment)
     hardware = cost.hardware
     tags = {
         "kind": "plan",
@@ -384,7 +397,7 @@ def log_comparison(
     files: Sequence[Path] = (),
     kind: str = "comparison",
 ) -> LoggedComparison:
-    """An MLflow run of one comparison (`kind`: a `compare`, a race), with a child run per plan (`log_plan_evaluation`):
+    """An MLflow run of one comparison (`kind`: a `compare`, a race), with a child run per plan (as `log_plan_evaluation`):
     the verdict, each plan's cost_ms (its median round, as printed) and ratio interval, and `files`.
 
     `plans` and `costs` are keyed by name: the comparison's candidates, or names within them (a candidate names
@@ -423,14 +436,12 @@ def log_comparison(
                 mlflow.log_artifact(str(path))
         for name, plan in plans.items():
             candidate = next(c for c in result.candidates if name in (c, *c.split("=")))
-            plan_runs[name] = log_plan_evaluation(
+            plan_runs[name] = _log_plan_run(
                 plan,
                 costs[name],
                 topology,
                 task,
                 tables,
-                tracking_uri,
-                experiment,
                 f"{task}/{name}",
                 (result, candidate),
             )
