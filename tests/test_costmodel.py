@@ -663,8 +663,8 @@ def test_hosts_price_inter_host_traffic_apart(shipped, pool):
 def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped, pool, tmp_path, monkeypatch):
     """Models whose comm model was fit over hosts of 2 (`calibrate --devices-per-host 2`) price plans
     over such hosts as they predict, with no stated inter-host bandwidth on top; over other hosts, the
-    links over the hosts are priced in (`over_hosts`) and the plan says the prices carry inter-host time measured elsewhere.
-    `plan` picks such models for their hosts only."""
+    links over the hosts are priced in (`over_hosts`) and the plan says the prices carry inter-host time measured
+    elsewhere. `plan` picks such models for their hosts only."""
     from shard_ray.costmodel.models import hardware_models_path, models_for
     from shard_ray.costmodel.pricing import over_hosts
 

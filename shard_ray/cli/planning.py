@@ -343,7 +343,8 @@ def measured_best(
     constraints: Constraints | None,
 ) -> tuple[Plan, ComparedPlans | None]:
     """`plan` compared with every baseline's plan on the gang (`shard_ray.workflows.comparison`); the chosen plan, with
-    the comparison, and what was compared (None where every candidate placed the tables alike). Among plans the hardware cannot tell apart, the one of the lowest measured cost is chosen.
+    the comparison, and what was compared (None where every candidate placed the tables alike). Among plans the
+    hardware cannot tell apart, the one of the lowest measured cost is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.costmodel.simulator import price_comm

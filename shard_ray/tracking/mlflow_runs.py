@@ -377,7 +377,8 @@ class LoggedComparison:
         """Where the runs are and how to see the plans side by side."""
         lines = [
             f"logged MLflow run {self.run_id} with a run per plan to {tracking_uri}",
-            f"the plans side by side: {comparison_url(tracking_uri, self.experiment_id, list(self.plan_runs.values()))}",
+            "the plans side by side: "
+            + comparison_url(tracking_uri, self.experiment_id, list(self.plan_runs.values())),
             f"every plan measured, by cost_ms: {runs_url(tracking_uri, self.experiment_id)}",
         ]
         if ui_address(tracking_uri) == UI_ADDRESS:
@@ -397,8 +398,8 @@ def log_comparison(
     files: Sequence[Path] = (),
     kind: str = "comparison",
 ) -> LoggedComparison:
-    """An MLflow run of one comparison (`kind`: a `compare`, a race), with a child run per plan (as `log_plan_evaluation`):
-    the verdict, each plan's cost_ms (its median round, as printed) and ratio interval, and `files`.
+    """An MLflow run of one comparison (`kind`: a `compare`, a race), with a child run per plan (as
+    `log_plan_evaluation`): the verdict, each plan's cost_ms (its median round, as printed) and ratio interval, and `files`.
 
     `plans` and `costs` are keyed by name: the comparison's candidates, or names within them (a candidate names
     the plans that placed the tables alike, joined by '=')."""

@@ -506,7 +506,8 @@ def compare_algorithms(
     settings: Mapping[str, Mapping[str, object]] | None = None,
     log: Callable[[str], None] = print,
 ) -> AlgorithmComparison:
-    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure. Each plan and result is written under `out_dir` and logged to MLflow."""
+    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure. Each plan and
+    result is written under `out_dir` and logged to MLflow."""
     from shard_ray.costmodel.models import models_for
     from shard_ray.plan.plan import save_plan
     from shard_ray.tracking.mlflow_runs import log_comparison, log_plan_evaluation
