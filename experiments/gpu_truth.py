@@ -1,6 +1,8 @@
 """Fused shards measured on a GPU with the project's own kernels, on a machine with no Ray or MLflow.
 
     python experiments/gpu_truth.py --out gpu-out [--seconds 360] [--files experiments/tables/*.json]
+    python experiments/gpu_truth.py --out gpu-out --plans PLAN.json... [--rounds 5] [--first-round 0]
+    python experiments/gpu_truth.py --report gpu-out/gpu_log.jsonl --plans PLAN.json...
 
 A GPU machine lent for minutes may have torch and a carried fbgemm-gpu but nothing else of the stack, so
 this script uses the profiling code alone (`FusedShard`, `measure_fused_shard`, the measurement store),
@@ -13,6 +15,10 @@ and measures, most wanted first, until `--seconds` are spent:
 3. the microbenchmark's shards (`microbenchmark_shards`) at batch 512 to 65536;
 4. random augmented shards of the training pool's tables (and of `--unseen` tables, held out), batches in turn.
 
+With `--plans`, it measures only plans, device by device: each device's fused shard alone, every plan's devices
+in a round with that round's batches, plans in a rotated order (a plan of more devices than the machine has, as
+refinement measures it); `--report LOG` then prints what a log of theirs says.
+
 It writes `gpu.db`, a measurement store (`shard-ray costmodel train --store gpu-out/gpu.db` trains models of
 this hardware from it), and `gpu_log.jsonl`, one line per measurement. Figures: docs/gpu.md.
 """
@@ -20,20 +26,26 @@ this hardware from it), and `gpu_log.jsonl`, one line per measurement. Figures: 
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from shard_ray.arguments import Parser
 from shard_ray.errors import ShardRayError
+from shard_ray.plan.cost import median_of
 from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.plan import load_plan
 from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, measure_fused_shard
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.sampling import draw_augmented_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore
+from shard_ray.workflows.comparison import ratio_interval
 from shard_ray.workload.tables import load_tables
 
 EVALUATION_BATCHES = (1024, 8192, 65536)
@@ -81,11 +93,14 @@ class Run:
     def over(self) -> bool:
         return time.monotonic() > self.deadline
 
-    def measure(self, label: str, pieces: list[TablePiece], batch_size: int, **extra: float) -> dict | None:
+    def measure(
+        self, label: str, pieces: list[TablePiece], batch_size: int, seed: int = 0, **extra: float
+    ) -> dict | None:
         if self.over():
             return None
         started = time.monotonic()
-        m = measure_fused_shard(pieces, MeasureConfig(batch_size=batch_size, warmup=2, repeats=7), self.hardware)
+        config = MeasureConfig(batch_size=batch_size, warmup=2, repeats=7, seed=seed)
+        m = measure_fused_shard(pieces, config, self.hardware)
         self.store.put_fused_shard(m)
         record = {
             "label": label,
@@ -103,15 +118,86 @@ class Run:
         return record
 
 
+def measure_plans(run: Run, plan_files: list[str], rounds: range) -> None:
+    """Each plan's devices' fused shards, one at a time on the one GPU, in interleaved rounds: every round measures
+    every plan's devices with that round's batches (its seed), the plans in a rotated order. A plan file is named
+    `<table file stem>.<algorithm>.json`, its tables read from `experiments/tables/<stem>.json`."""
+    plans = []
+    for path in plan_files:
+        stem = Path(path).name.split(".")[0]
+        plan = load_plan(path)
+        batch = plan.settings.batch_size if plan.settings is not None else 1024
+        plans.append((Path(path).stem, plan.pieces(load_tables(f"experiments/tables/{stem}.json")), batch))
+    for r in rounds:
+        order = plans[r % len(plans) :] + plans[: r % len(plans)]
+        for name, held, batch in order:
+            for device, pieces in enumerate(held):
+                if pieces and run.measure(f"plan:{name}:{device}", pieces, batch, seed=r, round=r) is None:
+                    return
+        print(f"round {r}: {len(plans)} plans measured device by device", flush=True)
+
+
+def report_plans(log: Path, plan_files: list[str]) -> None:
+    """Per plan: the slowest device's median over the rounds where every device was measured, the models' compute
+    price beside the measured one device by device, and each plan over TorchRec's plan of its table file, paired
+    by round, with the comparison procedure's interval (simultaneous over the file's other plans)."""
+    by_round: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
+    lines = gzip.decompress(log.read_bytes()).decode() if log.suffix == ".gz" else log.read_text()
+    for line in lines.splitlines():
+        record = json.loads(line)
+        _, name, device = record["label"].split(":")
+        by_round[(name, record["round"])][int(device)] = record["fwd_ms"] + record["bwd_ms"]
+    slowest: dict[str, dict[int, float]] = {}
+    for path in plan_files:
+        name, plan = Path(path).stem, load_plan(path)
+        used = sorted({s.device for s in plan.shards})
+        rounds = sorted(r for (n, r), devices in by_round.items() if n == name and sorted(devices) == used)
+        slowest[name] = {r: max(by_round[(name, r)].values()) for r in rounds}
+        priced = [d.fwd_compute_ms + d.bwd_compute_ms for d in plan.estimate.predicted.devices]
+        over = [float(np.median([by_round[(name, r)][d] for r in rounds])) / priced[d] for d in used]
+        kinds = sorted({t.type for t in plan.tables.values()})
+        print(
+            f"{name}: {len(rounds)} rounds, slowest device {median_of(list(slowest[name].values())):.2f} ms, "
+            f"priced {max(priced):.2f} ms of compute; measured/priced by device {min(over):.2f}-{max(over):.2f}; "
+            f"{len(used)} devices used; {', '.join(kinds)}"
+        )
+    for name in slowest:
+        stem = name.split(".")[0]
+        reference = f"{stem}.torchrec"
+        others = [n for n in slowest if n.split(".")[0] == stem and n != reference]
+        if name == reference or reference not in slowest:
+            continue
+        common = sorted(set(slowest[name]) & set(slowest[reference]))
+        ratio = ratio_interval(
+            [slowest[name][r] for r in common], [slowest[reference][r] for r in common], 0.05 / len(others)
+        )
+        print(f"{name} / TorchRec's, {len(common)} rounds: {ratio.describe()}{' separated' if ratio.separated else ''}")
+
+
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for gpu.db and gpu_log.jsonl")
+    parser.add_argument("--out", help="folder for gpu.db and gpu_log.jsonl (needed unless --report)")
     parser.add_argument("--seconds", type=float, default=360.0, help="stop starting measurements after this long")
     parser.add_argument("--files", nargs="+", default=sorted(glob.glob("experiments/tables/*.json")))
     parser.add_argument("--pool", default="experiments/tables/ranking_model.json", help="tables the random shards vary")
     parser.add_argument("--unseen", default=None, help="tables for held-out random shards (none by default)")
     parser.add_argument("--shards", type=int, default=400, help="random shards of the pool at most")
+    parser.add_argument("--plans", nargs="+", default=None, help="plan files to measure device by device, only them")
+    parser.add_argument("--rounds", type=int, default=5, help="--plans: interleaved rounds at most")
+    parser.add_argument("--first-round", type=int, default=0, help="--plans: the first round's number, its seed")
+    parser.add_argument("--report", default=None, help="--plans: print what this log of theirs measured, nothing else")
     args = parser.parse_args()
+    if args.plans and args.report:
+        report_plans(Path(args.report), args.plans)
+        return
+    if args.out is None:
+        parser.error("--out is required to measure")
+    if args.plans:
+        run = Run(Path(args.out), args.seconds)
+        print(f"measuring {len(args.plans)} plans on {run.hardware} for at most {args.seconds:.0f} s", flush=True)
+        measure_plans(run, args.plans, range(args.first_round, args.first_round + args.rounds))
+        run.store.close()
+        return
     files = {Path(f).name: [TablePiece.whole(t) for t in load_tables(f)] for f in args.files}
     seen = draw_augmented_fused_shards(load_tables(args.pool), args.shards, 16, DIMS, seed=0)
     unseen = draw_augmented_fused_shards(load_tables(args.unseen), args.shards, 16, DIMS, seed=1) if args.unseen else []

@@ -127,3 +127,20 @@ def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path)
                 build_parser(command[0]).parse_args(command)
             except SystemExit:
                 raise AssertionError(f"{script_path} {' '.join(argv)} makes `shard-ray {' '.join(command)}`") from None
+
+
+def test_the_gpu_pages_plans_of_8_devices_are_what_their_kept_log_says():
+    """docs/gpu.md's table of 8-device plans measured device by device on an H200: the report of the kept log, as
+    the page runs it, gives the ratios the page prints."""
+    kept = "experiments/results/gpu_h200_plans"
+    plans = sorted(str(p.relative_to(REPO)) for p in (REPO / kept).glob("*.json"))
+    done = subprocess.run(
+        [sys.executable, "experiments/gpu_truth.py", "--report", f"{kept}/plans_log.jsonl.gz", "--plans", *plans],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = (REPO / "docs/gpu.md").read_text()
+    ratios = re.findall(r"^(\w+)\.cost_search / TorchRec's, 6 rounds: ([\d.]+x \[[\d.]+, [\d.]+\])", done.stdout, re.M)
+    assert len(ratios) == 3, done.stdout
+    for _, ratio in ratios:
+        assert ratio in page, f"{ratio} is not on docs/gpu.md"
