@@ -14,7 +14,13 @@ import torch
 from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.coverage import corrections_at_bound, coverage_problems, training_coverage
-from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, pieces_features, table_features
+from shard_ray.costmodel.features import (
+    NUM_SCALAR_FEATURES,
+    NUM_TABLE_FEATURES,
+    TABLE_FEATURES,
+    pieces_features,
+    table_features,
+)
 from shard_ray.costmodel.info import Calibrated, ModelInfo
 from shard_ray.costmodel.links import link_profile
 from shard_ray.costmodel.models import (
@@ -46,7 +52,7 @@ from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.piece import TablePiece, table_wise
+from shard_ray.plan.piece import TablePiece, replica, table_wise
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
@@ -765,6 +771,53 @@ def test_the_spine_fit_recovers_the_rates_shards_were_made_with(pool):
     assert float(fitted.cache_mb) == 16.0
     assert torch.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch), rel=1e-3)
     assert fitted.describe() == fit_spine(features, mask, log_batch, log_ms).describe()
+
+
+def test_replicas_beside_sharded_pieces_pay_a_kernel_of_their_own_and_the_fit_finds_its_cost(pool):
+    """A device holding data-parallel replicas beside sharded pieces runs two kernels (`FusedShard`): the spine
+    prices a second launch of the replicas' precision, as measured on an H200 (docs/gpu.md), and shards made so,
+    some with replicas, are fitted back to their prices."""
+    made = _spine_made_with_known_rates()
+    shards = draw_augmented_fused_shards(pool, 200, 12, (4, 16, 64, 256), seed=2)
+    features, mask = pad_fused_shards([pieces_features(s, 200_000) for s in shards])
+    replicas = torch.zeros_like(mask)
+    replicas[::3, 0] = 1.0  # every third shard's first table a replica
+    log_batch = torch.tensor([9.0, 10.0, 11.0] * 67)[: len(shards)]
+    launches = _spine_made_with_known_rates()
+    launches.pair_rate.zero_()  # the launches alone: a kernel's pairs are its own tables' (they split with it)
+    extra = spine_shard_ms(launches, features, mask, log_batch, replicas) - spine_shard_ms(
+        launches, features, mask, log_batch
+    )
+    fp16 = features[..., TABLE_FEATURES.index("fp16")]
+    # A replica whose precision a sharded table of the shard shares: one launch of that precision more.
+    shares = (replicas[:, 0] > 0) & ((fp16[:, 1:] == fp16[:, :1]) & (mask[:, 1:] > 0)).any(dim=1)
+    expected = launches.kernel_ms.T[fp16[:, 0].long()] * shares.unsqueeze(-1)
+    assert shares.sum() > 10
+    assert extra == pytest.approx(expected, abs=1e-5)
+    log_ms = torch.log(spine_shard_ms(made, features, mask, log_batch, replicas))
+    fitted = fit_spine(features, mask, log_batch, log_ms, replicas)
+    assert torch.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch, replicas), rel=1e-3)
+    assert fitted.kernel_ms == pytest.approx(made.kernel_ms, rel=1e-3)
+
+
+def test_a_device_with_replicas_is_priced_alike_by_its_shard_and_by_the_plans_sums(pool):
+    """The searches price devices from summed encodings, `predict_fused_shards` a shard of pieces: both see a
+    device's replicas in a kernel of their own. On the shipped H200 models that kernel costs a launch: TorchRec's
+    plans that replicate measured 2.1-2.4x the price that missed it (docs/gpu.md)."""
+    from shard_ray.costmodel.models import PRETRAINED_DIR
+
+    h200 = CostModels.load(PRETRAINED_DIR / "cuda-NVIDIA-H200.pt")
+    tables, batch = pool[:4], 65536
+    replicas = [replica(t, 8, 0) for t in tables[2:]]
+    held = [TablePiece.whole(t) for t in tables[:2]]
+    pricer = Pricer(h200, Topology(num_devices=8, memory_bytes=141 * GB, batch_size=batch))
+    parts = pricer.plan_parts(held + replicas, np.zeros(4, dtype=np.int64))
+    shard = h200.predict_fused_shards([held + replicas], batch)[0] + np.asarray(h200.step_overhead_ms)
+    assert parts.compute[0] == pytest.approx(shard, rel=1e-5)
+    sharded_alike = [p.model_copy(update={"replicas": 1, "devices": None}) for p in replicas]
+    one_kernel = h200.predict_fused_shards([held + sharded_alike], batch)[0].sum()
+    launch = float(h200.compute.spine.kernel_ms[:, 0].sum())  # the pool's tables are fp32
+    assert shard.sum() - np.sum(h200.step_overhead_ms) > one_kernel + 0.5 * launch
 
 
 def test_a_table_far_from_the_training_data_is_priced_by_the_spine_within_the_correction_bound(pool):

@@ -262,12 +262,15 @@ class ComputeCostNet(nn.Module):
         batch = torch.as_tensor(log_batch, dtype=normalised.dtype).expand(normalised.shape[:-1]).unsqueeze(-1)
         return self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1))
 
-    def encode(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+    def encode(
+        self, features: torch.Tensor, log_batch: torch.Tensor | float, replicas: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[..., F] raw table features -> [..., 2 + H], all >= 0: the table's own fwd and bwd ms, then its encoding,
-        or with a spine its `kernel_columns`, whose sums over a shard price the shard's kernels."""
+        or with a spine its `kernel_columns`, whose sums over a shard price the shard's kernels (`replicas` [...]:
+        the data-parallel replicas, whose kernels are apart; the network without a spine does not tell them)."""
         out = self.network_outputs(features, log_batch)
         if self.spine is not None:
-            spine = self.spine(features, log_batch)
+            spine = self.spine(features, log_batch, replicas)
             own_ms = spine[..., :2] * torch.exp(bounded_log_correction(out, self.correction_bound))
             return torch.cat([own_ms, spine[..., 2:]], dim=-1)
         # A table's own ms span five orders of magnitude (a 4-dim one-hot table to a 1024-dim bag of
@@ -305,9 +308,11 @@ class ComputeCostNet(nn.Module):
         kernel, and every table its own output's pair (`Spine.shard_ms`); all terms are monotone."""
         return sums[..., :2] + self._shard_terms(sums, devices)
 
-    def forward(self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
-        """Padded shards [B, T, F] with mask [B, T] -> log (fwd, bwd) ms [B, 2]."""
-        rows = self.encode(features, log_batch.unsqueeze(-1))
+    def forward(
+        self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor, replicas: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Padded shards [B, T, F] with mask [B, T] (and replica flags [B, T]) -> log (fwd, bwd) ms [B, 2]."""
+        rows = self.encode(features, log_batch.unsqueeze(-1), replicas)
         return self.from_sums((rows * mask.unsqueeze(-1)).sum(dim=1))
 
 
@@ -358,6 +363,18 @@ def pad_fused_shards(shards: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tens
     return torch.from_numpy(features), torch.from_numpy(mask)
 
 
+def fused_shard_tensors(
+    shards: list[list[TablePiece]], rows_caps: list[int | None]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shards of pieces, each with the rows per table its measurement allocated at most, as the compute model takes
+    them: features [B, T, F], mask [B, T] and replica flags [B, T]."""
+    features, mask = pad_fused_shards([pieces_features(s, cap) for s, cap in zip(shards, rows_caps, strict=True)])
+    replicas = torch.zeros_like(mask)
+    for i, shard in enumerate(shards):
+        replicas[i, : len(shard)] = torch.tensor([float(p.replicated) for p in shard])
+    return features, mask, replicas
+
+
 @dataclass
 class CostModels:
     """The pair of models for one kind of hardware, with what they were trained on."""
@@ -385,9 +402,9 @@ class CostModels:
     @torch.no_grad()
     def predict_fused_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) ms [n, 2] of fused shards of table pieces; empty shards cost 0."""
-        features, mask = pad_fused_shards([pieces_features(s, self.rows_cap) for s in shards])
+        features, mask, replicas = fused_shard_tensors(shards, [self.rows_cap] * len(shards))
         log_batch = torch.full((len(shards),), batch_context(batch_size))
-        ms = torch.exp(self.compute(features, mask, log_batch)).numpy()
+        ms = torch.exp(self.compute(features, mask, log_batch, replicas)).numpy()
         ms[mask.sum(dim=1).numpy() == 0] = 0.0
         return ms
 
@@ -402,7 +419,9 @@ class CostModels:
 
     @torch.no_grad()
     def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
-        return self.compute.encode(torch.from_numpy(pieces_features(pieces, self.rows_cap)), batch_context(batch_size))
+        features = torch.from_numpy(pieces_features(pieces, self.rows_cap))
+        replicas = torch.tensor([float(p.replicated) for p in pieces])
+        return self.compute.encode(features, batch_context(batch_size), replicas)
 
     @torch.no_grad()
     def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:

@@ -17,7 +17,8 @@ table-batched kernel does for one batch:
 
 A shard costs, per phase,
 
-    sum over its kernels (one per weight precision) of
+    sum over its kernels (one per weight precision, for its sharded pieces and for its data-parallel
+    replicas apart, as `FusedShard` runs them) of
         kernel + pairs x (the kernel's tables) x (their output MB)
     + sum over its tables of rate . quantities
 
@@ -83,15 +84,21 @@ def physical_quantities(features: torch.Tensor, log_batch: torch.Tensor | float,
     ).float()
 
 
-# Per table, what its shard's kernel-level terms add up: [fp32 table, its output MB, fp16 table, its output MB].
-KERNEL_COLUMNS = 4
+# Per table, what its shard's kernel-level terms add up: [fp32 table, its output MB, fp16 table, its output MB] in
+# the table-batched kernels, then the same in the replicas' dense kernels. A device holding replicas beside sharded
+# pieces runs both: on an H200 the second kernel's launches cost as much as the first's (docs/gpu.md).
+KERNEL_COLUMNS = 8
+_TABLES, _OUTPUTS = [0, 2, 4, 6], [1, 3, 5, 7]
 
 
-def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor) -> torch.Tensor:
-    """[..., Q] quantities and [...] fp16 flags -> [..., KERNEL_COLUMNS], whose sums over a shard price its kernels."""
+def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor, replicas: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., Q] quantities, [...] fp16 flags and [...] data-parallel replica flags (None: none) -> [...,
+    KERNEL_COLUMNS], whose sums over a shard price its kernels."""
     output = quantities[..., QUANTITIES.index("output")]
     fp32 = 1.0 - fp16
-    return torch.stack([fp32, fp32 * output, fp16, fp16 * output], dim=-1)
+    columns = torch.stack([fp32, fp32 * output, fp16, fp16 * output], dim=-1)
+    replica = torch.zeros_like(fp16) if replicas is None else replicas.to(columns.dtype)
+    return torch.cat([columns * (1.0 - replica).unsqueeze(-1), columns * replica.unsqueeze(-1)], dim=-1)
 
 
 class Spine(nn.Module):
@@ -105,24 +112,28 @@ class Spine(nn.Module):
         self.register_buffer("pair_rate", torch.zeros(len(PHASES), len(PRECISIONS)))
         self.register_buffer("cache_mb", torch.tensor(CACHE_CHOICES_MB[2]))
 
-    def forward(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
-        """[..., F] raw features -> [..., 2 + KERNEL_COLUMNS]: each table's own (fwd, bwd) ms, then its
-        `kernel_columns`."""
+    def forward(
+        self, features: torch.Tensor, log_batch: torch.Tensor | float, replicas: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[..., F] raw features (and [...] replica flags) -> [..., 2 + KERNEL_COLUMNS]: each table's own (fwd, bwd)
+        ms, then its `kernel_columns`."""
         quantities = physical_quantities(features, log_batch, float(self.cache_mb))
         fp16 = (features[..., _FP16] > 0.5).float()
-        return torch.cat([quantities @ self.rates.T, kernel_columns(quantities, fp16)], dim=-1)
+        return torch.cat([quantities @ self.rates.T, kernel_columns(quantities, fp16, replicas)], dim=-1)
 
     def shard_ms(self, columns: torch.Tensor, devices: int = 1) -> torch.Tensor:
-        """(fwd, bwd) ms [..., 2] of the kernels of shards whose tables' `kernel_columns` add up to `columns` [..., 4]:
-        a kernel's fixed cost per weight precision present, and its pairs (its tables x their output MB). Over
+        """(fwd, bwd) ms [..., 2] of the kernels of shards whose tables' `kernel_columns` add up to `columns`
+        [..., KERNEL_COLUMNS]: a kernel's fixed cost per weight precision present, sharded pieces and replicas apart
+        (a replicas' kernel priced as a launch of its precision), and its pairs (its tables x their output MB). Over
         `devices` shards, the least they add up to: one kernel, and every table paired with itself at least."""
-        tables = columns[..., [0, 2]]
-        output = columns[..., [1, 3]]
+        tables = columns[..., _TABLES]
+        output = columns[..., _OUTPUTS]
+        pair_rate = self.pair_rate.repeat(1, 2)
         if devices == 1:
-            kernels = tables.clamp(max=1.0) @ self.kernel_ms.T
-            return kernels + (tables * output) @ self.pair_rate.T
+            kernels = tables.clamp(max=1.0) @ self.kernel_ms.repeat(1, 2).T
+            return kernels + (tables * output) @ pair_rate.T
         least_kernel = self.kernel_ms.min(dim=1).values * (tables.sum(dim=-1, keepdim=True) > 0)
-        return least_kernel + output @ self.pair_rate.T
+        return least_kernel + output @ pair_rate.T
 
     def describe(self) -> dict[str, float]:
         """The fitted rates in their units (ms per table, per thousand lookups, per MB), for reports and the docs."""
@@ -136,16 +147,28 @@ class Spine(nn.Module):
         return out
 
 
-def spine_shard_ms(spine: Spine, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor) -> torch.Tensor:
-    """Padded shards [B, T, F] with mask [B, T] -> the spine's (fwd, bwd) ms [B, 2]."""
-    rows = (spine(features, log_batch.unsqueeze(-1)) * mask.unsqueeze(-1)).sum(dim=1)
+def spine_shard_ms(
+    spine: Spine,
+    features: torch.Tensor,
+    mask: torch.Tensor,
+    log_batch: torch.Tensor,
+    replicas: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Padded shards [B, T, F] with mask [B, T] (and replica flags [B, T]) -> the spine's (fwd, bwd) ms [B, 2]."""
+    rows = (spine(features, log_batch.unsqueeze(-1), replicas) * mask.unsqueeze(-1)).sum(dim=1)
     return rows[:, :2] + spine.shard_ms(rows[:, 2:])
 
 
-def fit_spine(features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor, log_ms: torch.Tensor) -> Spine:
-    """The spine fitted to measured shards ([B, T, F], [B, T], [B], log (fwd, bwd) ms [B, 2]): per phase and cache
-    size, non-negative least squares of ms weighted by 1 / measured ms (relative error); the cache size whose fit
-    has the least error over both phases is kept. Deterministic."""
+def fit_spine(
+    features: torch.Tensor,
+    mask: torch.Tensor,
+    log_batch: torch.Tensor,
+    log_ms: torch.Tensor,
+    replicas: torch.Tensor | None = None,
+) -> Spine:
+    """The spine fitted to measured shards ([B, T, F], [B, T], [B], log (fwd, bwd) ms [B, 2], replica flags [B, T]):
+    per phase and cache size, non-negative least squares of ms weighted by 1 / measured ms (relative error); the
+    cache size whose fit has the least error over both phases is kept. Deterministic."""
     from scipy.optimize import nnls  # here: scipy.optimize costs every importer of the models a second
 
     measured = torch.exp(log_ms).double().numpy()
@@ -155,10 +178,11 @@ def fit_spine(features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tenso
         spine = Spine()
         spine.cache_mb.fill_(cache_mb)
         quantities = physical_quantities(features, log_batch.unsqueeze(-1), cache_mb)
-        columns = kernel_columns(quantities, (features[..., _FP16] > 0.5).float())
+        columns = kernel_columns(quantities, (features[..., _FP16] > 0.5).float(), replicas)
         quantities, columns = ((x * mask.unsqueeze(-1)).sum(dim=1).double().numpy() for x in (quantities, columns))
-        kernels = np.minimum(columns[:, [0, 2]], 1.0)
-        pairs = columns[:, [0, 2]] * columns[:, [1, 3]]
+        # Per precision: its kernels (sharded and replicas' apart, one fixed cost) and their pairs.
+        kernels = np.minimum(columns[:, [0, 2]], 1.0) + np.minimum(columns[:, [4, 6]], 1.0)
+        pairs = columns[:, [0, 2]] * columns[:, [1, 3]] + columns[:, [4, 6]] * columns[:, [5, 7]]
         design = np.column_stack([kernels, pairs, quantities])
         error = 0.0
         for phase in range(len(PHASES)):

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
-from shard_ray.costmodel.features import batch_context, pieces_features
+from shard_ray.costmodel.features import batch_context
 from shard_ray.costmodel.info import Coverage, ModelInfo, UpdatedOn
 from shard_ray.costmodel.links import plan_rate_between_hosts
 from shard_ray.costmodel.models import (
@@ -33,7 +33,7 @@ from shard_ray.costmodel.models import (
     ComputeCostNet,
     CostModels,
     comm_features,
-    pad_fused_shards,
+    fused_shard_tensors,
 )
 from shard_ray.costmodel.pricing import analytic_devices_per_host, over_hosts
 from shard_ray.costmodel.spine import fit_spine
@@ -121,6 +121,7 @@ def data_split(key: str) -> str:
 class ComputeData:
     features: torch.Tensor  # [n, T, F]
     mask: torch.Tensor  # [n, T]
+    replicas: torch.Tensor  # [n, T]: the data-parallel replicas, run in a kernel of their own
     log_batch: torch.Tensor  # [n]
     log_ms: torch.Tensor  # [n, 2]: log fwd, log bwd
 
@@ -134,10 +135,13 @@ def data_coverage(data: ComputeData, previous: Coverage | None = None) -> Covera
 
 
 def compute_data(measurements: list[FusedShardMeasurement]) -> ComputeData:
-    features, mask = pad_fused_shards([pieces_features(m.tables, m.modelled_rows_cap) for m in measurements])
+    features, mask, replicas = fused_shard_tensors(
+        [m.tables for m in measurements], [m.modelled_rows_cap for m in measurements]
+    )
     return ComputeData(
         features=features,
         mask=mask,
+        replicas=replicas,
         log_batch=torch.tensor([batch_context(m.config.batch_size) for m in measurements], dtype=torch.float32),
         log_ms=torch.log(torch.tensor([[m.fwd_ms, m.bwd_ms] for m in measurements], dtype=torch.float32)),
     )
@@ -274,15 +278,19 @@ def train_compute_model(
         model.feature_std.copy_(scale)
         spine_data = spine_data or train
     if model.spine is not None and spine_data is not None:
-        model.spine = fit_spine(spine_data.features, spine_data.mask, spine_data.log_batch, spine_data.log_ms)
+        model.spine = fit_spine(
+            spine_data.features, spine_data.mask, spine_data.log_batch, spine_data.log_ms, spine_data.replicas
+        )
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
         return log_loss(
-            model(train.features[idx], train.mask[idx], train.log_batch[idx]), train.log_ms[idx], config.loss
+            model(train.features[idx], train.mask[idx], train.log_batch[idx], train.replicas[idx]),
+            train.log_ms[idx],
+            config.loss,
         )
 
     def val_loss() -> float:
-        return float(log_loss(model(val.features, val.mask, val.log_batch), val.log_ms, config.loss))
+        return float(log_loss(model(val.features, val.mask, val.log_batch, val.replicas), val.log_ms, config.loss))
 
     fit(model, len(train), train_loss, val_loss, config, "training compute model", on_epoch)
     return model
@@ -337,7 +345,7 @@ def describe_accuracy(name: str, metrics: dict[str, float | None]) -> str:
 def step_compute_ms(model: ComputeCostNet, data: ComputeData) -> tuple[np.ndarray, np.ndarray]:
     """Predicted and measured fused step compute (forward + backward) ms of each shard in `data`."""
     with torch.no_grad():
-        predicted = torch.exp(model(data.features, data.mask, data.log_batch)).numpy()
+        predicted = torch.exp(model(data.features, data.mask, data.log_batch, data.replicas)).numpy()
     return predicted.sum(axis=1), torch.exp(data.log_ms).numpy().sum(axis=1)
 
 
