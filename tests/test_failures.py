@@ -307,7 +307,9 @@ def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
         "--out",
         str(out),
         "--iterations",
-        "7",
+        "3",
+        "--checkpoint-every",
+        "2",
         "--train-batch",
         "64",
         "--minibatch",
@@ -322,14 +324,14 @@ def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
         "2",
         "--no-mlflow",
     ]
-    # the first checkpoint is at iteration 5
+    # the first checkpoint is at iteration 2, the last (the end) at 3: killed between them
     _run_until(command, joined, lambda: (out / "policy.pt").exists(), signal.SIGKILL)
-    assert load_policy(out)[1].iterations == 5
+    assert load_policy(out)[1].iterations == 2
     done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "after iteration 5" in done.stdout and "PPO iteration 6/7" in done.stdout
-    assert "PPO iteration 5/7" not in done.stdout
-    assert load_policy(out)[1].iterations == 7
+    assert "after iteration 2" in done.stdout and "PPO iteration 3/3" in done.stdout
+    assert "PPO iteration 2/3" not in done.stdout
+    assert load_policy(out)[1].iterations == 3
 
 
 def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_path):

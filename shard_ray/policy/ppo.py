@@ -52,7 +52,7 @@ class PolicyConfig:
     max_devices: int = setting(8, "observations are padded to this many devices", min=1)
     memory_headroom: tuple[float, float] = (1.3, 2.0)
     batch_size: int = setting(1024, "global batch size priced", min=1)
-    checkpoint_every: int = 5
+    checkpoint_every: int = setting(5, "save the algorithm and policy.pt every this many iterations", min=1)
     seed: int = setting(0, "random seed")
 
     def check(self) -> None:
