@@ -11,8 +11,7 @@ estimate (predicted per-device costs and the task's lower bound), and `priced` g
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +21,7 @@ from shard_ray.configfile import dataclass_from
 from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import Topology
+from shard_ray.torch_threads import one_torch_thread
 from shard_ray.workload.tables import TableSpec, validate_tables
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def place(
     )
     placer = info.factory(context)
     start = time.perf_counter()
-    with _one_torch_thread():
+    with one_torch_thread():
         plan = placer(tables, topology)
     elapsed = time.perf_counter() - start
     # The settings first: they say which hosts the plan spans, which its check and the constraints' need.
@@ -205,21 +205,6 @@ def _settings(topology: Topology, context: PlacementContext, source: str | None)
         source=source,
         constraints=constraints.model_dump(mode="json", exclude_defaults=True) if constraints is not None else None,
     )
-
-
-@contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """Torch on one thread while an algorithm plans. The models price a few shards a call, where one
-    thread is faster than several, and beside a busy process torch's threads spin against the load:
-    Criteo Kaggle's cost_search took 1.7 s on one thread and 29 s on two beside a running test suite."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def with_fitted_links(topology: Topology, context: PlacementContext) -> tuple[Topology, str | None]:

@@ -26,6 +26,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import DeviceScorer, PolicyInfo, save_policy
+from shard_ray.torch_threads import one_torch_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
@@ -191,6 +192,19 @@ def train_iterations(
     on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[float]:
     """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns."""
+    with one_torch_thread():  # the driver samples and learns (on a cluster its env runners and learners do)
+        return _train_iterations(algo, iterations, checkpoint_dir, policy_file, info, checkpoint_every, on_iteration)
+
+
+def _train_iterations(
+    algo: Any,
+    iterations: int,
+    checkpoint_dir: Path,
+    policy_file: Path,
+    info: PolicyInfo,
+    checkpoint_every: int,
+    on_iteration: Callable[[int, dict[str, Any]], None] | None,
+) -> list[float]:
     returns = []
     while algo.iteration < iterations:
         began = time.perf_counter()
