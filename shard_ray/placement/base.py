@@ -171,22 +171,22 @@ def place(
         constraints=constraints,
     )
     placer = info.factory(context)
-    start = time.perf_counter()
-    with one_torch_thread():
+    with one_torch_thread():  # the search, the lower bound and the estimate price with the models
+        start = time.perf_counter()
         plan = placer(tables, topology)
-    elapsed = time.perf_counter() - start
-    # The settings first: they say which hosts the plan spans, which its check and the constraints' need.
-    plan = plan.model_copy(update={"settings": _settings(topology, context, settings_source)})
-    plan.check(tables)
-    plan.check_memory(tables, topology)
-    plan = plan.model_copy(
-        update={"placement_seconds": elapsed, "memory_bytes": plan.device_memory_bytes(tables, topology)}
-    )
-    broken = constraints.violations(plan, tables) if constraints is not None else []
-    if broken:
-        raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
-    if context.used_models:
-        plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
+        elapsed = time.perf_counter() - start
+        # The settings first: they say which hosts the plan spans, which its check and the constraints' need.
+        plan = plan.model_copy(update={"settings": _settings(topology, context, settings_source)})
+        plan.check(tables)
+        plan.check_memory(tables, topology)
+        plan = plan.model_copy(
+            update={"placement_seconds": elapsed, "memory_bytes": plan.device_memory_bytes(tables, topology)}
+        )
+        broken = constraints.violations(plan, tables) if constraints is not None else []
+        if broken:
+            raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
+        if context.used_models:
+            plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
     return plan
 
 
