@@ -314,8 +314,9 @@ def search_work(plan: Plan) -> str:
     if used is None:
         return ""
     budget = plan.settings.algorithm.get("max_evaluations") if plan.settings else None
-    limit = f" of its {budget:,}" if budget is not None else " (no budget)"
-    return f", {used:,} model evaluations{limit}"
+    if budget is None:
+        return f", {used:,} model evaluations (no budget)"
+    return f", {used:,} of its budget of {budget:,} model evaluations (--set max_evaluations=N)"
 
 
 def explained(
