@@ -219,3 +219,34 @@ def test_dense_kernel_gradient_matches_torch_embedding_bag():
     expected.backward(grad)
     assert torch.allclose(pooled, expected, atol=1e-6)
     assert torch.allclose(replica.replica_gradients()[0].view(50, 8), weights.grad, atol=1e-6)
+
+
+def test_replicas_of_one_width_are_updated_together_as_each_table_row_by_row():
+    """The replicas' row-wise Adagrad step runs on blocks of side-by-side tables of one width (16, 16, then 32,
+    then 16 again: three blocks); every row moves as the step of its own table alone would move it, twice over
+    (the state carries over)."""
+    from shard_ray.profiling.fused_shard import ADAGRAD_EPS, LEARNING_RATE
+
+    widths = (16, 16, 32, 16)
+    pieces = [
+        TablePiece(
+            table=TableSpec(name=f"t{k}", rows=40 + 10 * k, dim=w, pooling_factor=2.0), columns=(0, w), replicas=2
+        )
+        for k, w in enumerate(widths)
+    ]
+    shard = FusedShard(pieces, MeasureConfig(batch_size=32), torch.device("cpu"))
+    assert [block[2] for block in shard._replica_blocks[0]] == [16, 32, 16]
+    states = [torch.zeros(p.table.rows) for p in pieces]
+    for step in range(2):
+        before = [w.detach().clone() for w in shard.piece_weights()]
+        _, pooled = shard.forward(step)
+        shard.backward((torch.zeros(32, 0), pooled), (torch.zeros(32, 0), torch.randn(16, sum(widths))))
+        flat = shard.replica_gradients()[0].clone()
+        shard.update_replicas()
+        offset = 0
+        for k, piece in enumerate(pieces):
+            g = flat[offset : offset + piece.table.rows * piece.width].view(piece.table.rows, piece.width)
+            states[k] += g.pow(2).mean(dim=1)
+            expected = before[k] - g * (LEARNING_RATE / (states[k].sqrt() + ADAGRAD_EPS))[:, None]
+            assert torch.allclose(shard.piece_weights()[k], expected, atol=1e-6), (step, k)
+            offset += piece.table.rows * piece.width
