@@ -138,9 +138,16 @@ def measure_plans(run: Run, plan_files: list[str], rounds: range) -> None:
 
 
 def report_plans(log: Path, plan_files: list[str]) -> None:
-    """Per plan: the slowest device's median over the rounds where every device was measured, the models' compute
-    price beside the measured one device by device, and each plan over TorchRec's plan of its table file, paired
-    by round, with the comparison procedure's interval (simultaneous over the file's other plans)."""
+    """Per plan: the slowest device's median over the rounds where every device was measured, and the models'
+    compute price beside the measured one device by device, as the plan file recorded it when it was made and as
+    today's shipped models of its hardware price it; the Spearman correlation over the plans of today's price of
+    the slowest device with the measured one; each plan over TorchRec's plan of its table file, paired by round,
+    with the comparison procedure's interval (simultaneous over the file's other plans)."""
+    from scipy.stats import spearmanr
+
+    from shard_ray.costmodel.models import CostModels, shipped_models_path
+    from shard_ray.costmodel.simulator import Simulator
+
     by_round: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
     lines = gzip.decompress(log.read_bytes()).decode() if log.suffix == ".gz" else log.read_text()
     for line in lines.splitlines():
@@ -148,19 +155,36 @@ def report_plans(log: Path, plan_files: list[str]) -> None:
         _, name, device = record["label"].split(":")
         by_round[(name, record["round"])][int(device)] = record["fwd_ms"] + record["bwd_ms"]
     slowest: dict[str, dict[int, float]] = {}
+    priced: dict[str, tuple[float, float]] = {}  # the slowest device's compute price: when planned, today
     for path in plan_files:
         name, plan = Path(path).stem, load_plan(path)
         used = sorted({s.device for s in plan.shards})
         rounds = sorted(r for (n, r), devices in by_round.items() if n == name and sorted(devices) == used)
         slowest[name] = {r: max(by_round[(name, r)].values()) for r in rounds}
-        priced = [d.fwd_compute_ms + d.bwd_compute_ms for d in plan.estimate.predicted.devices]
-        over = [float(np.median([by_round[(name, r)][d] for r in rounds])) / priced[d] for d in used]
+        measured = {d: float(np.median([by_round[(name, r)][d] for r in rounds])) for d in used}
+        then = [d.fwd_compute_ms + d.bwd_compute_ms for d in plan.estimate.predicted.devices]
+        simulator = Simulator(CostModels.load(shipped_models_path(plan.estimate.hardware)))
+        tables = load_tables(f"experiments/tables/{name.split('.')[0]}.json")
+        now = [
+            d.fwd_compute_ms + d.bwd_compute_ms
+            for d in simulator.plan_cost(plan, tables, plan.settings.batch_size).devices
+        ]
+        priced[name] = (max(then), max(now))
+        over_then, over_now = ([measured[d] / price[d] for d in used] for price in (then, now))
         kinds = sorted({t.type for t in plan.tables.values()})
         print(
-            f"{name}: {len(rounds)} rounds, slowest device {median_of(list(slowest[name].values())):.2f} ms, "
-            f"priced {max(priced):.2f} ms of compute; measured/priced by device {min(over):.2f}-{max(over):.2f}; "
-            f"{len(used)} devices used; {', '.join(kinds)}"
+            f"{name}: {len(rounds)} rounds, slowest device {median_of(list(slowest[name].values())):.2f} ms; "
+            f"compute priced {max(then):.2f} ms when planned (measured/priced by device "
+            f"{min(over_then):.2f}-{max(over_then):.2f}), {max(now):.2f} ms by today's models "
+            f"({min(over_now):.2f}-{max(over_now):.2f}); {len(used)} devices used; {', '.join(kinds)}"
         )
+    names = list(slowest)
+    measured_slowest = [median_of(list(slowest[n].values())) for n in names]
+    then_rho, now_rho = (spearmanr([priced[n][k] for n in names], measured_slowest)[0] for k in (0, 1))
+    print(
+        f"the slowest device's compute price against the measured slowest device, over the {len(names)} plans: "
+        f"Spearman {then_rho:.2f} when planned, {now_rho:.2f} by today's models"
+    )
     for name in slowest:
         stem = name.split(".")[0]
         reference = f"{stem}.torchrec"

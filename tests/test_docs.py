@@ -144,3 +144,11 @@ def test_the_gpu_pages_plans_of_8_devices_are_what_their_kept_log_says():
     assert len(ratios) == 3, done.stdout
     for _, ratio in ratios:
         assert ratio in page, f"{ratio} is not on docs/gpu.md"
+    # TorchRec's replicating devices, measured over priced when planned and by today's models; the correlation
+    for name in ("criteo_kaggle", "ranking_model"):
+        then, now = re.search(
+            rf"^{name}\.torchrec: .*by device ([\d.]+-[\d.]+)\).*\(([\d.]+-[\d.]+)\);", done.stdout, re.M
+        ).groups()
+        assert f"{now.replace('-', 'x to ')}x" in page.replace("\n   ", " ") and then.replace("-", "x to ") in page
+    then_rho, now_rho = re.search(r"Spearman ([\d.]+) when planned, ([\d.]+) by today", done.stdout).groups()
+    assert f"went from {then_rho} to {now_rho}" in page.replace("\n   ", " ")

@@ -172,7 +172,7 @@ def test_rllib_module_shapes(pool):
 
 
 @pytest.mark.slow
-def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool):
+def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool, capsys):
     from shard_ray.policy.ppo import build_algorithm, policy_network, train_policy
 
     out = tmp_path / "policy"
@@ -192,6 +192,11 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
         assert torch.equal(value, restored.state_dict()[key]), key
 
     train_policy(pool, tiny_config(iterations=2), out)  # resumes: one more iteration, not two
+    assert load_policy(policy_file)[1].iterations == 2
+    train_policy(pool, tiny_config(iterations=2), out)
+    assert "nothing to train: 2 iterations done, --iterations 2 asked for in all" in capsys.readouterr().out
+    with pytest.raises(ShardRayError, match=r"the checkpoint in .* was trained with other settings .*new --out"):
+        train_policy(pool, tiny_config(iterations=3, hidden=16), out)  # a network of another width
     assert load_policy(policy_file)[1].iterations == 2
 
     import mlflow

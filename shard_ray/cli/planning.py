@@ -44,7 +44,12 @@ class MeasureRaceArgs:
 class TopologyArgs:
     """The devices a plan is for; unset values come from the plan file (evaluate) or Topology's defaults."""
 
-    memory_gb: float | None = setting(None, "memory cap per device in GiB (weights + optimizer state)", min=1e-9)
+    memory_gb: float | None = setting(
+        None,
+        "memory cap per device in GiB (weights + optimizer state); `plan` needs it, `evaluate` and `compare` read "
+        "it from the plan file when not given, `calibrate` caps nothing",
+        min=1e-9,
+    )
     batch_size: int | None = setting(
         None,
         f"global batch size (default: the one a plan file records, else {Topology.model_fields['batch_size'].default})",

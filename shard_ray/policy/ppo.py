@@ -177,7 +177,14 @@ def restore_checkpoint(algo: Any, checkpoint_dir: Path) -> bool:
     checkpoint_dir = checkpoint_dir.resolve()
     for candidate in (checkpoint_dir, checkpoint_dir.with_name(checkpoint_dir.name + ".old")):
         if (candidate / "algorithm_state.pkl").exists():
-            algo.restore_from_path(str(candidate))
+            try:
+                algo.restore_from_path(str(candidate))
+            except RuntimeError as err:  # torch's state_dict mismatch: a network of another shape
+                first = str(err).strip().splitlines()[0]
+                raise ShardRayError(
+                    f"the checkpoint in {candidate} was trained with other settings ({first}): resume it with the "
+                    f"settings it was made with (its policy.pt records them), or train into a new --out"
+                ) from None
             return True
     return False
 
@@ -246,6 +253,11 @@ def train_policy(
     try:
         if restore_checkpoint(algo, checkpoint_dir):
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
+            if algo.iteration >= config.iterations:
+                print(
+                    f"nothing to train: {algo.iteration} iterations done, --iterations {config.iterations} asked for "
+                    "in all; give more to train further"
+                )
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
         try:
             train_iterations(
