@@ -251,9 +251,10 @@ def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     assert sum(name == "held_out" for name in splits(keys[:8], 0.2, MIN_HELD_OUT_PLANS).values()) <= 2  # a quarter
 
 
-def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_warning():
+def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_warning(tmp_path, capsys):
     """Models written by a calibration that kept the models it started from are not described as calibrated on
-    the task, and the warnings those models give still fire for its tables."""
+    the task, and the warnings those models give still fire for its tables; `plan` then advises measuring more,
+    not the calibration that was just run."""
     from shard_ray.costmodel.coverage import corrections_at_bound
     from shard_ray.costmodel.info import Calibrated
     from shard_ray.costmodel.models import CostModels, describe_models, task_digest
@@ -276,6 +277,19 @@ def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_war
         assert warning is None and ("calibrated on these 3 tables" in line) == fitted
         assert ("unchanged by a calibration on these 3 tables" in line) != fitted
         assert corrections_at_bound(models, tables, 1024) == ([] if fitted else warned)
+    models.info.calibrated = models.info.calibrated.model_copy(update={"chosen": "starting"})
+    models.save(tmp_path / "task.pt")
+    table_file = tmp_path / "tables.json"
+    table_file.write_text(json.dumps({"tables": [t.model_dump(mode="json") for t in tables]}))
+    planned = shard_ray_here(
+        capsys, "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "4000", "--algo", "cost_search",
+        "--cost-model", str(tmp_path / "task.pt"), "--out", str(tmp_path / "plan.json"),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert (
+        "the calibration on these tables kept the models it started from (too few held-out measurements); "
+        f"`shard-ray calibrate --tables {table_file} --devices 2` with more --shards and --plans"
+    ) in planned.stderr
 
 
 def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():

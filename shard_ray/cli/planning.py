@@ -285,6 +285,22 @@ def _check_cost_model_flag(flags: PlanArgs) -> None:
         CostModels.load(flags.cost_model)
 
 
+def _calibration_advice(plan: Plan, tables: list[TableSpec], flags: PlanArgs) -> str:
+    """What to run so that the models fit this task: `calibrate`, or, where a calibration on these very tables kept
+    the models it started from, `calibrate` measuring more."""
+    from shard_ray.costmodel.models import CostModels, task_digest
+
+    command = f"`shard-ray calibrate --tables {flags.tables} --devices {flags.devices}`"
+    path = plan.estimate.cost_model if plan.estimate else None
+    calibrated = CostModels.load(path).info.calibrated if path else None
+    if calibrated is not None and calibrated.task == task_digest(tables) and not calibrated.fitted(calibrated.task):
+        return (
+            f"the calibration on these tables kept the models it started from ({calibrated.reason}); {command} "
+            "with more --shards and --plans (or --budget-minutes) measures enough of this task to judge a fit"
+        )
+    return f"{command}, run on the hardware the plan is for, measures this task there and fits the models to it"
+
+
 def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs) -> None:
     """The plan's summary with the models' prices and where they come from; their warnings on stderr."""
     from shard_ray.placement import algorithm
@@ -302,9 +318,7 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         print(f"warning: {line}", file=sys.stderr)
     if warnings:
         print(
-            f"warning: the models' prices above are extrapolated: `shard-ray calibrate --tables {flags.tables} "
-            f"--devices {flags.devices}`, run on the hardware the plan is for, measures this task there and fits "
-            "the models to it",
+            f"warning: the models' prices above are extrapolated: {_calibration_advice(plan, tables, flags)}",
             file=sys.stderr,
         )
     if plan.search is not None and plan.search.cut_short:
