@@ -199,34 +199,22 @@ def train_iterations(
     on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[float]:
     """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns."""
-    with one_torch_thread():  # the driver samples and learns (on a cluster its env runners and learners do)
-        return _train_iterations(algo, iterations, checkpoint_dir, policy_file, info, checkpoint_every, on_iteration)
-
-
-def _train_iterations(
-    algo: Any,
-    iterations: int,
-    checkpoint_dir: Path,
-    policy_file: Path,
-    info: PolicyInfo,
-    checkpoint_every: int,
-    on_iteration: Callable[[int, dict[str, Any]], None] | None,
-) -> list[float]:
     returns = []
-    while algo.iteration < iterations:
-        began = time.perf_counter()
-        result = algo.train()
-        returns.append(episode_return(result))
-        print(
-            f"PPO iteration {algo.iteration}/{iterations}: mean return {returns[-1]:.4f} "
-            f"(simulated cost {-returns[-1]:.3f}x the lower bound), {time.perf_counter() - began:.1f} s",
-            flush=True,
-        )
-        if on_iteration is not None:
-            on_iteration(algo.iteration, result)
-        if algo.iteration % checkpoint_every == 0 or algo.iteration == iterations:
-            save_checkpoint(algo, checkpoint_dir)
-            save_policy(policy_file, policy_network(algo), info.model_copy(update={"iterations": algo.iteration}))
+    with one_torch_thread():  # the driver samples and learns (on a cluster its env runners and learners do)
+        while algo.iteration < iterations:
+            began = time.perf_counter()
+            result = algo.train()
+            returns.append(episode_return(result))
+            print(
+                f"PPO iteration {algo.iteration}/{iterations}: mean return {returns[-1]:.4f} "
+                f"(simulated cost {-returns[-1]:.3f}x the lower bound), {time.perf_counter() - began:.1f} s",
+                flush=True,
+            )
+            if on_iteration is not None:
+                on_iteration(algo.iteration, result)
+            if algo.iteration % checkpoint_every == 0 or algo.iteration == iterations:
+                save_checkpoint(algo, checkpoint_dir)
+                save_policy(policy_file, policy_network(algo), info.model_copy(update={"iterations": algo.iteration}))
     return returns
 
 
