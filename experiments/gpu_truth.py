@@ -46,7 +46,7 @@ from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.sampling import draw_augmented_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import ratio_interval
-from shard_ray.workload.tables import load_tables
+from shard_ray.workload.tables import TableSpec, load_tables
 
 EVALUATION_BATCHES = (1024, 8192, 65536)
 MICROBENCHMARK_BATCHES = (512, 1024, 2048, 16384, 65536)
@@ -118,16 +118,20 @@ class Run:
         return record
 
 
+def plan_tables(path: str) -> list[TableSpec]:
+    """The tables of a plan file named `<table file stem>.<algorithm>.json`: `experiments/tables/<stem>.json`'s."""
+    return load_tables(f"experiments/tables/{Path(path).name.split('.')[0]}.json")
+
+
 def measure_plans(run: Run, plan_files: list[str], rounds: range) -> None:
     """Each plan's devices' fused shards, one at a time on the one GPU, in interleaved rounds: every round measures
     every plan's devices with that round's batches (its seed), the plans in a rotated order. A plan file is named
     `<table file stem>.<algorithm>.json`, its tables read from `experiments/tables/<stem>.json`."""
     plans = []
     for path in plan_files:
-        stem = Path(path).name.split(".")[0]
         plan = load_plan(path)
         batch = plan.settings.batch_size if plan.settings is not None else 1024
-        plans.append((Path(path).stem, plan.pieces(load_tables(f"experiments/tables/{stem}.json")), batch))
+        plans.append((Path(path).stem, plan.pieces(plan_tables(path)), batch))
     for r in rounds:
         order = plans[r % len(plans) :] + plans[: r % len(plans)]
         for name, held, batch in order:
@@ -164,10 +168,9 @@ def report_plans(log: Path, plan_files: list[str]) -> None:
         measured = {d: float(np.median([by_round[(name, r)][d] for r in rounds])) for d in used}
         then = [d.fwd_compute_ms + d.bwd_compute_ms for d in plan.estimate.predicted.devices]
         simulator = Simulator(CostModels.load(shipped_models_path(plan.estimate.hardware)))
-        tables = load_tables(f"experiments/tables/{name.split('.')[0]}.json")
         now = [
             d.fwd_compute_ms + d.bwd_compute_ms
-            for d in simulator.plan_cost(plan, tables, plan.settings.batch_size).devices
+            for d in simulator.plan_cost(plan, plan_tables(path), plan.settings.batch_size).devices
         ]
         priced[name] = (max(then), max(now))
         over_then, over_now = ([measured[d] / price[d] for d in used] for price in (then, now))

@@ -88,7 +88,7 @@ def physical_quantities(features: torch.Tensor, log_batch: torch.Tensor | float,
 # the table-batched kernels, then the same in the replicas' dense kernels. A device holding replicas beside sharded
 # pieces runs both: on an H200 the second kernel's launches cost as much as the first's (docs/gpu.md).
 KERNEL_COLUMNS = 8
-_TABLES, _OUTPUTS = [0, 2, 4, 6], [1, 3, 5, 7]
+_TABLES, _OUTPUTS = [0, 2, 4, 6], [1, 3, 5, 7]  # then, in each, the sharded kernels' 2 precisions and the replicas'
 
 
 def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor, replicas: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,6 +99,16 @@ def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor, replicas: torch
     columns = torch.stack([fp32, fp32 * output, fp16, fp16 * output], dim=-1)
     replica = torch.zeros_like(fp16) if replicas is None else replicas.to(columns.dtype)
     return torch.cat([columns * (1.0 - replica).unsqueeze(-1), columns * replica.unsqueeze(-1)], dim=-1)
+
+
+def kernel_terms(columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shards' summed `kernel_columns` [..., KERNEL_COLUMNS] -> per weight precision [..., 2]: the kernels present
+    (sharded pieces' and replicas' apart, each counted once), their pairs (each kernel's tables x their output
+    MB) and the output MB of all of them."""
+    tables, output = columns[..., _TABLES], columns[..., _OUTPUTS]
+    kernels = tables[..., :2].clamp(max=1.0) + tables[..., 2:].clamp(max=1.0)
+    pairs = tables[..., :2] * output[..., :2] + tables[..., 2:] * output[..., 2:]
+    return kernels, pairs, output[..., :2] + output[..., 2:]
 
 
 class Spine(nn.Module):
@@ -126,14 +136,11 @@ class Spine(nn.Module):
         [..., KERNEL_COLUMNS]: a kernel's fixed cost per weight precision present, sharded pieces and replicas apart
         (a replicas' kernel priced as a launch of its precision), and its pairs (its tables x their output MB). Over
         `devices` shards, the least they add up to: one kernel, and every table paired with itself at least."""
-        tables = columns[..., _TABLES]
-        output = columns[..., _OUTPUTS]
-        pair_rate = self.pair_rate.repeat(1, 2)
+        kernels, pairs, output = kernel_terms(columns)
         if devices == 1:
-            kernels = tables.clamp(max=1.0) @ self.kernel_ms.repeat(1, 2).T
-            return kernels + (tables * output) @ pair_rate.T
-        least_kernel = self.kernel_ms.min(dim=1).values * (tables.sum(dim=-1, keepdim=True) > 0)
-        return least_kernel + output @ pair_rate.T
+            return kernels @ self.kernel_ms.T + pairs @ self.pair_rate.T
+        least_kernel = self.kernel_ms.min(dim=1).values * (columns[..., _TABLES].sum(dim=-1, keepdim=True) > 0)
+        return least_kernel + output @ self.pair_rate.T
 
     def describe(self) -> dict[str, float]:
         """The fitted rates in their units (ms per table, per thousand lookups, per MB), for reports and the docs."""
@@ -179,11 +186,9 @@ def fit_spine(
         spine.cache_mb.fill_(cache_mb)
         quantities = physical_quantities(features, log_batch.unsqueeze(-1), cache_mb)
         columns = kernel_columns(quantities, (features[..., _FP16] > 0.5).float(), replicas)
-        quantities, columns = ((x * mask.unsqueeze(-1)).sum(dim=1).double().numpy() for x in (quantities, columns))
-        # Per precision: its kernels (sharded and replicas' apart, one fixed cost) and their pairs.
-        kernels = np.minimum(columns[:, [0, 2]], 1.0) + np.minimum(columns[:, [4, 6]], 1.0)
-        pairs = columns[:, [0, 2]] * columns[:, [1, 3]] + columns[:, [4, 6]] * columns[:, [5, 7]]
-        design = np.column_stack([kernels, pairs, quantities])
+        quantities, columns = ((x * mask.unsqueeze(-1)).sum(dim=1).double() for x in (quantities, columns))
+        kernels, pairs, _ = kernel_terms(columns)
+        design = np.column_stack([kernels.numpy(), pairs.numpy(), quantities.numpy()])
         error = 0.0
         for phase in range(len(PHASES)):
             coefficients, _ = nnls(design * weight[:, phase, None], measured[:, phase] * weight[:, phase])
