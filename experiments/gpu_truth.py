@@ -54,6 +54,9 @@ RANDOM_BATCHES = (512, 1024, 2048, 16384, 65536)
 # The dims `shard-ray collect` draws (`shard_ray.costmodel.collect.COLLECT_DIMS`; not imported: it needs Ray).
 DIMS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 PROFILED_STEPS = 5
+# A plan file named `<stem>.<algorithm>_twin.json` is a copy of `<stem>.<algorithm>.json`: the report judges it
+# against its original, an A/A check that the procedure does not separate a plan from itself.
+TWIN = "_twin"
 
 
 def kernel_time(pieces: list[TablePiece], batch_size: int) -> dict[str, float]:
@@ -191,14 +194,17 @@ def report_plans(log: Path, plan_files: list[str]) -> None:
     for name in slowest:
         stem = name.split(".")[0]
         reference = f"{stem}.torchrec"
-        others = [n for n in slowest if n.split(".")[0] == stem and n != reference]
+        others = [n for n in slowest if n.split(".")[0] == stem and n != reference and not n.endswith(TWIN)]
+        if name.endswith(TWIN):  # the A/A twin: the same plan file again, judged against its original
+            reference, others = name.removesuffix(TWIN), [name]
         if name == reference or reference not in slowest:
             continue
         common = sorted(set(slowest[name]) & set(slowest[reference]))
         ratio = ratio_interval(
             [slowest[name][r] for r in common], [slowest[reference][r] for r in common], 0.05 / len(others)
         )
-        print(f"{name} / TorchRec's, {len(common)} rounds: {ratio.describe()}{' separated' if ratio.separated else ''}")
+        against = "its original (A/A)" if name.endswith(TWIN) else "TorchRec's"
+        print(f"{name} / {against}, {len(common)} rounds: {ratio.describe()}{' separated' if ratio.separated else ''}")
 
 
 def main() -> None:

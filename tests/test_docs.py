@@ -129,16 +129,21 @@ def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path)
                 raise AssertionError(f"{script_path} {' '.join(argv)} makes `shard-ray {' '.join(command)}`") from None
 
 
-def test_the_gpu_pages_plans_of_8_devices_are_what_their_kept_log_says():
-    """docs/gpu.md's table of 8-device plans measured device by device on an H200: the report of the kept log, as
-    the page runs it, gives the ratios the page prints."""
-    kept = "experiments/results/gpu_h200_plans"
+def report_kept_gpu_plans(kept: str) -> subprocess.CompletedProcess:
+    """`experiments/gpu_truth.py --report` on a kept folder of plans measured device by device, as docs/gpu.md runs it."""
     plans = sorted(str(p.relative_to(REPO)) for p in (REPO / kept).glob("*.json"))
     done = subprocess.run(
         [sys.executable, "experiments/gpu_truth.py", "--report", f"{kept}/plans_log.jsonl.gz", "--plans", *plans],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_the_gpu_pages_plans_of_8_devices_are_what_their_kept_log_says():
+    """docs/gpu.md's table of 8-device plans measured device by device on an H200: the report of the kept log, as
+    the page runs it, gives the ratios the page prints."""
+    done = report_kept_gpu_plans("experiments/results/gpu_h200_plans")
     page = (REPO / "docs/gpu.md").read_text()
     ratios = re.findall(r"^(\w+)\.cost_search / TorchRec's, 6 rounds: ([\d.]+x \[[\d.]+, [\d.]+\])", done.stdout, re.M)
     assert len(ratios) == 3, done.stdout
@@ -152,3 +157,18 @@ def test_the_gpu_pages_plans_of_8_devices_are_what_their_kept_log_says():
         assert f"{now.replace('-', 'x to ')}x" in page.replace("\n   ", " ") and then.replace("-", "x to ") in page
     then_rho, now_rho = re.search(r"Spearman ([\d.]+) when planned, ([\d.]+) by today", done.stdout).groups()
     assert f"went from {then_rho} to {now_rho}" in page.replace("\n   ", " ")
+
+
+def test_the_gpu_pages_second_run_with_aa_twins_is_what_its_kept_log_says():
+    """docs/gpu.md's fresh run of the 8-device plans with A/A twins: the page prints the report's ratios, and no
+    twin is separated from its original."""
+    done = report_kept_gpu_plans("experiments/results/gpu_h200_plans_rerun")
+    page = (REPO / "docs/gpu.md").read_text()
+    against_torchrec = re.findall(r"^\w+\.cost_search / TorchRec's, \d+ rounds: ([\d.]+x \[[\d.]+, [\d.]+\])", done.stdout, re.M)
+    twins = re.findall(r"^\w+\.cost_search_twin / its original \(A/A\), \d+ rounds: (.*)$", done.stdout, re.M)
+    assert len(against_torchrec) == 3 and len(twins) == 3, done.stdout
+    for ratio in against_torchrec + twins:
+        assert ratio.removesuffix(" separated").strip() in page, f"{ratio} is not on docs/gpu.md"
+    assert not any(t.endswith("separated") for t in twins), twins
+    now_rho, then_rho = re.search(r"Spearman ([\d.]+) when planned, ([\d.]+) by today", done.stdout).groups()[::-1]
+    assert f"is {now_rho} by today's models ({then_rho} by the prices" in page.replace("\n   ", " ")
