@@ -164,7 +164,9 @@ def test_the_gpu_pages_second_run_with_aa_twins_is_what_its_kept_log_says():
     twin is separated from its original."""
     done = report_kept_gpu_plans("experiments/results/gpu_h200_plans_rerun")
     page = (REPO / "docs/gpu.md").read_text()
-    against_torchrec = re.findall(r"^\w+\.cost_search / TorchRec's, \d+ rounds: ([\d.]+x \[[\d.]+, [\d.]+\])", done.stdout, re.M)
+    against_torchrec = re.findall(
+        r"^\w+\.cost_search / TorchRec's, \d+ rounds: ([\d.]+x \[[\d.]+, [\d.]+\])", done.stdout, re.M
+    )
     twins = re.findall(r"^\w+\.cost_search_twin / its original \(A/A\), \d+ rounds: (.*)$", done.stdout, re.M)
     assert len(against_torchrec) == 3 and len(twins) == 3, done.stdout
     for ratio in against_torchrec + twins:
