@@ -10,6 +10,9 @@ What goes, and why it is safe to drop:
 - Ray's notice that a new local instance has token authentication on: that is Ray's secure
   default and asks nothing of the user. Ray's warning that authentication is *off* stays.
   RAY_AUTH_MODE is left alone: a driver joining a cluster must use the cluster's mode.
+- tqdm's redraws, where stderr is not a terminal (a log file, a Ray job's log, CI): a bar redrawn ten
+  times a second fills the log with carriage returns, so there it redraws at most every 30 s, and its
+  last state stays. TQDM_MININTERVAL, when set, wins.
 Elsewhere, where the chatter starts: RLlib's own warnings in `policy.ppo.build_algorithm`, Tune's
 tables in `tuning.sweep.run_sweep` (one line per trial instead).
 """
@@ -35,5 +38,7 @@ def quiet_output() -> None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # read at every run's start
     if "mlflow" in sys.modules:  # imported already (a notebook, a test session): set it now
         logging.getLogger("mlflow").setLevel(level)
+    if not sys.stderr.isatty():  # tqdm reads its TQDM_ defaults when it is imported, which the commands do later
+        os.environ.setdefault("TQDM_MININTERVAL", "30")
     # A filter on the logger itself survives Ray's own logging set-up at import and at ray.init.
     logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_not_the_token_auth_notice)

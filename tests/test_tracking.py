@@ -141,3 +141,20 @@ def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
     runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}", POLICY_EXPERIMENT)
     assert list(runs["tags.mlflow.runName"]) == ["policy/train"]
     assert not (tmp_path / "mlruns").exists() and (tmp_path / "mlartifacts").is_dir()
+
+
+def test_progress_bars_redraw_rarely_in_a_log_file():
+    """Where stderr is not a terminal, a command's progress bar (tqdm) is redrawn at most every 30 s after the CLI's
+    first call: a 1.5 s bar draws its start and its end, not 15 redraws; a user's TQDM_MININTERVAL wins."""
+    script = (
+        "import time\nfrom shard_ray.quiet import quiet_output\nquiet_output()\nfrom tqdm import tqdm\n"
+        "for _ in tqdm(range(150), desc='work'):\n    time.sleep(0.01)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TQDM_")}
+    quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr.count("/150 [") <= 3 and "150/150" in quiet.stderr, repr(quiet.stderr)
+    chosen = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env | {"TQDM_MININTERVAL": "0.05"}
+    )
+    assert chosen.stderr.count("/150 [") >= 10, repr(chosen.stderr)
