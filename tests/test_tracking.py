@@ -155,6 +155,10 @@ def test_progress_bars_redraw_rarely_in_a_log_file():
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr.count("/150 [") <= 3 and "150/150" in quiet.stderr, repr(quiet.stderr)
     chosen = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env | {"TQDM_MININTERVAL": "0.05"}
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | {"TQDM_MININTERVAL": "0.05"},
     )
     assert chosen.stderr.count("/150 [") >= 10, repr(chosen.stderr)
