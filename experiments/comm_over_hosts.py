@@ -159,7 +159,7 @@ def summarise(records: list[dict]) -> None:
         # forward and backward together), its measured over priced; the median over the plans
         slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
         line = [f"  slowest device of each of {len(slowest)} plans, median"]
-        for price in ("flat", "received", "now"):
+        for price in ("flat", "received", "host_link", "now"):
             if price in rows[0]:
                 ratios = [sum(r["measured"][p] for p in parts) / sum(r[price][p] for p in parts) for r in slowest]
                 line.append(f"measured/{price} {np.median(ratios):.2f}")
