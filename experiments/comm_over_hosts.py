@@ -13,6 +13,9 @@ forward and backward all-to-all is written beside three prices of it:
 - `received`: the bytes the device receives from other hosts over that rate (`inter_host_ms`, as `over_hosts` prices);
 - `host_link`: the same with the host's one link carrying all its devices' bytes.
 
+`--reprice` (and every run, at its end) adds today's price, with each device's own link (`now`) and with the host's
+devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulated hosts do.
+
 Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
 """
 
@@ -118,7 +121,8 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
 def price_now(records: list[dict]) -> None:
     """Adds to each record `now`: the device's all-to-alls as `plan --devices-per-host L --inter-host-gbps R` prices
     them today (the comm model's price, never below the links': `shard_ray.costmodel.links`), the plans drawn again
-    from their seeds."""
+    from their seeds; and `shared`: the same with `--host-link-gbps R`, the host's devices sharing its one link, as
+    the emulated hosts' do."""
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.pricing import Pricer
     from shard_ray.plan.topology import GB, Topology
@@ -138,10 +142,14 @@ def price_now(records: list[dict]) -> None:
             devices_per_host=per_host if hosts > 1 else None,
             inter_host_gbps=link_mbit / 8 / 1e3,
         )
+        # the emulated hosts' devices share their host's one link: `--host-link-gbps` at its rate
+        shared = topology.model_copy(update={"host_link_gbps": link_mbit / 8 / 1e3})
         for r in rows:
             pieces, assign = plans[r["plan"]].assignment(tables)
-            device = Pricer(models, topology).plan_parts(pieces, assign).plan_cost("priced", BATCH).devices[r["device"]]
-            r["now"] = {k: getattr(device, k) for k in r["measured"]}
+            for name, priced_on in (("now", topology), ("shared", shared)):
+                parts = Pricer(models, priced_on).plan_parts(pieces, assign)
+                device = parts.plan_cost("priced", BATCH).devices[r["device"]]
+                r[name] = {k: getattr(device, k) for k in r["measured"]}
 
 
 def summarise(records: list[dict]) -> None:
@@ -149,7 +157,7 @@ def summarise(records: list[dict]) -> None:
     for key in sorted({(r["link_mbit"], r["layout"]) for r in records}):
         rows = [r for r in records if (r["link_mbit"], r["layout"]) == key]
         line = [f"{key[0]:.0f} Mbit/s, {key[1]}: {len(rows)} devices"]
-        for price in ("flat", "hosts", "received", "host_link", "now"):
+        for price in ("flat", "hosts", "received", "host_link", "now", "shared"):
             if price not in rows[0]:
                 continue
             ratios = [r["measured"][p] / r[price][p] for r in rows for p in parts if r[price][p] > 0]
@@ -159,7 +167,7 @@ def summarise(records: list[dict]) -> None:
         # forward and backward together), its measured over priced; the median over the plans
         slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
         line = [f"  slowest device of each of {len(slowest)} plans, median"]
-        for price in ("flat", "received", "host_link", "now"):
+        for price in ("flat", "received", "host_link", "now", "shared"):
             if price in rows[0]:
                 ratios = [sum(r["measured"][p] for p in parts) / sum(r[price][p] for p in parts) for r in slowest]
                 line.append(f"measured/{price} {np.median(ratios):.2f}")

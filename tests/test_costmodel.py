@@ -957,6 +957,51 @@ def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys
     assert costs["fitted"] > 2 * costs["given"], costs  # the slow links, priced
 
 
+def test_devices_sharing_their_hosts_link_wait_for_all_their_host_receives(capsys, tmp_path):
+    """`--host-link-gbps`: a host's devices share one link to other hosts (the emulated cluster's hosts, a NIC per
+    host). A device's bytes from other hosts then also wait for all its host receives over that link: a device
+    receiving little pays its host mate's traffic, a host of one device pays as before, and no link shared prices
+    as before. `plan` records the link, and its estimate, the simulator and the searches' pricer agree on it."""
+    from console import shard_ray_here
+
+    from shard_ray.costmodel.pricing import link_ms, received_floats
+    from shard_ray.plan.plan import load_plan
+
+    links = CostModels.load(default_cost_model_path()).links
+    widths = np.array([300.0, 100.0, 50.0, 50.0])
+    own = link_ms(widths, 1024, 2, 1.0, links)
+    assert np.array_equal(link_ms(widths, 1024, 2, 1.0, links, None), own)
+    shared = link_ms(widths, 1024, 2, 1.0, links, 0.5)
+    _, inter = received_floats(widths, 2)
+    fixed = links.collective_ms + 3 * links.message_ms
+    ms_per_float = 1024 * 4 / 1e9 * 1e3
+    for device in range(4):  # backward: host 0 receives the gradients of devices 0 and 1's columns from host 1
+        host = inter[(device // 2) * 2 : (device // 2) * 2 + 2, 1].sum()
+        assert shared[device, 1] == pytest.approx(fixed + host * ms_per_float / 0.5, rel=1e-9)
+    assert shared[1, 1] > own[1, 1] and (shared >= own).all()  # device 1 waits for device 0's 300 columns too
+    alone = link_ms(widths, 1024, 1, 1.0, links)  # a device per host: its link is its own
+    assert np.allclose(link_ms(widths, 1024, 1, 1.0, links, 1.0), alone)
+
+    (tmp_path / "tables.json").write_text(
+        json.dumps({"tables": [{"name": f"t{i}", "rows": 5_000, "dim": 64, "pooling_factor": 4} for i in range(8)]})
+    )
+    plan = ["plan", "--tables", str(tmp_path / "tables.json"), "--devices", "4", "--memory-gb", "1"]
+    plan += ["--algo", "size_greedy", "--devices-per-host", "2", "--inter-host-gbps", "0.025"]
+    written = {}
+    for name, flags in (("own", []), ("shared", ["--host-link-gbps", "0.025"])):
+        done = shard_ray_here(capsys, *plan, *flags, "--out", str(tmp_path / f"{name}.json"))
+        assert done.returncode == 0, done.stderr
+        written[name] = load_plan(tmp_path / f"{name}.json")
+    assert written["own"].settings.host_link_gbps is None and written["shared"].settings.host_link_gbps == 0.025
+    tables = load_tables(tmp_path / "tables.json")
+    for made in written.values():  # the file's estimate is the simulator's price of it
+        simulated = Simulator(CostModels.load(default_cost_model_path())).plan_cost(made, tables, 1024).cost_ms
+        assert made.estimate.predicted.cost_ms == pytest.approx(simulated, rel=1e-6)
+    assert written["shared"].estimate.predicted.cost_ms > written["own"].estimate.predicted.cost_ms
+    bad = shard_ray_here(capsys, *plan, "--host-link-gbps", "0", "--out", str(tmp_path / "bad.json"))
+    assert bad.returncode == 2 and "--host-link-gbps" in bad.stderr and not (tmp_path / "bad.json").exists()
+
+
 def test_plan_over_hosts_with_no_rate_takes_torchrecs_default_capped_at_the_rate_inside_a_host(capsys, tmp_path):
     """No rate between hosts given or fitted: TorchRec's default stands where the links inside a host are faster
     (a GPU's NVLink, or `--intra-host-gbps`), and is capped at their rate where they are slower (CPU's gloo), so

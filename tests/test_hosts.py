@@ -116,6 +116,9 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
             assert done.returncode == 0, done.stdout + done.stderr
             rates = [float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", done.stdout).groups()]
             assert all(150 <= r <= 205 for r in rates), done.stdout
+            # the flags that price plans for these hosts: the slower measurement, the host's devices sharing its link
+            flags = re.search(r"--devices-per-host 1 --inter-host-gbps ([\d.]+) --host-link-gbps ([\d.]+)", done.stdout)
+            assert flags and flags[1] == flags[2] and float(flags[1]) * 8e3 == pytest.approx(min(rates), rel=0.01)
             # Steadiness is the machine's, not the code's (a loaded 2-core CI machine measured 190 and 166): the
             # warning must say which it was.
             spread = max(rates) / min(rates)  # of the printed, rounded rates: judged away from the bound only

@@ -32,8 +32,14 @@ def cmd_up(args: argparse.Namespace) -> None:
     if state.link_rates and not steady(state.link_rates):
         print("warning: the two measurements of the link differ by more than 10%: timings over it are not steady")
     if state.link_rates:
-        achieved = min(r.mbit_per_s for r in state.link_rates) / (state.rate_bits / 1e6)
-        print(f"the links achieve {achieved:.0%} of the rate set: price communication with the measured rate")
+        mbit = min(r.mbit_per_s for r in state.link_rates)
+        # a host's devices share its one link: `--host-link-gbps` prices that (docs/clusters.md)
+        gbps = f"{mbit / 8e3:.4g}"
+        print(
+            f"the links achieve {mbit / (state.rate_bits / 1e6):.0%} of the rate set; price plans for these hosts at "
+            f"the measured rate: --devices-per-host {state.devices_per_host} --inter-host-gbps {gbps} "
+            f"--host-link-gbps {gbps}"
+        )
     name = "" if state.name == DEFAULT_NAME else f" {state.name}"
     print(
         f"run commands on it: shard-ray hosts run{name} -- shard-ray evaluate ...; take it down: shard-ray hosts down{name}"

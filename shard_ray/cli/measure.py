@@ -291,7 +291,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "compare")
     add_settings(p, CompareArgs)
     add_settings(p, CompareConfig)
-    add_settings(p, TopologyArgs, exclude=("devices_per_host", "inter_host_gbps", "intra_host_gbps"))
+    add_settings(p, TopologyArgs, exclude=("devices_per_host", "inter_host_gbps", "intra_host_gbps", "host_link_gbps"))
     add_settings(p, MeasureArgs, exclude=("max_rows",))
     add_ray(p)
     add_tracking(p)

@@ -82,6 +82,13 @@ class TopologyArgs:
         "calibrated figure of the hardware the models price (default: the plan file's, else that figure)",
         min=1e-9,
     )
+    host_link_gbps: float | None = setting(
+        None,
+        "GB/s of the one link a host's devices share to other hosts (a NIC per host, not per GPU; an emulated "
+        "cluster's links), where they share one: a device then also waits for all its host receives over it "
+        "(default: the plan file's, else none shared: each device's own --inter-host-gbps)",
+        min=1e-9,
+    )
 
     def topology(self, num_devices: int, recorded: PlanSettings | None = None) -> Topology:
         """The topology these flags give, a plan's `recorded` settings filling what is not given."""
@@ -95,6 +102,7 @@ class TopologyArgs:
             "devices_per_host": self.devices_per_host or recorded_values.get("devices_per_host"),
             "inter_host_gbps": self.inter_host_gbps or recorded_values.get("inter_host_gbps"),
             "intra_host_gbps": self.intra_host_gbps or recorded_values.get("intra_host_gbps"),
+            "host_link_gbps": self.host_link_gbps or recorded_values.get("host_link_gbps"),
         }
         per_host = values["devices_per_host"]
         if per_host and num_devices % per_host:

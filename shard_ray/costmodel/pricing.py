@@ -101,13 +101,21 @@ class Pricer:
         widths = np.asarray(widths, dtype=np.float64)
         one_host = self.one_host_comm(widths, float(widths.sum()), float(widths.max()), len(widths))
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        priced = over_hosts(one_host, widths, topology.batch_size, hosts, topology.inter_host_gbps, self.links)
+        rates = dict(inter_host_gbps=topology.inter_host_gbps, host_link_gbps=topology.host_link_gbps)
+        priced = over_hosts(one_host, widths, topology.batch_size, hosts, links=self.links, **rates)
         return np.maximum(priced, self.link_floor(widths))
 
     def link_floor(self, widths: np.ndarray) -> np.ndarray:
         """The links' price (fwd, bwd) [D, 2] of an all-to-all of `widths` on this topology (`link_ms`)."""
         topology = self.topology
-        return link_ms(widths, topology.batch_size, topology.devices_per_host, topology.inter_host_gbps, self.links)
+        return link_ms(
+            widths,
+            topology.batch_size,
+            topology.devices_per_host,
+            topology.inter_host_gbps,
+            self.links,
+            topology.host_link_gbps,
+        )
 
     def one_host_comm(
         self,
@@ -158,7 +166,8 @@ class Pricer:
     ) -> np.ndarray:
         """`link_ms` (fwd, bwd) [n, 2] of devices of `width` columns in plans of `total` columns over `devices`,
         without their places: their peers' columns spread evenly, a share of the peers on their host (none
-        off it where `one_host`); at `links` where given, else this topology's."""
+        off it where `one_host`), their host mates receiving from other hosts what they do where the host's devices
+        share its link (`Topology.host_link_gbps`); at `links` where given, else this topology's."""
         width = np.asarray(width, dtype=np.float64)
         if devices == 1:
             return np.zeros((len(width), 2))
@@ -167,7 +176,11 @@ class Pricer:
         share = intra_host_share(devices, local)
         topology = self.topology
         intra, inter = floats * share, floats * (1 - share)
-        return links_time(intra, inter, devices, topology.batch_size, topology.inter_host_gbps, links or self.links)
+        host_inter = None if one_host or topology.host_link_gbps is None else inter * local
+        return links_time(
+            intra, inter, devices, topology.batch_size, topology.inter_host_gbps, links or self.links,
+            host_inter, topology.host_link_gbps,
+        )  # fmt: skip
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
@@ -177,7 +190,8 @@ class Pricer:
         # a device receives its pieces' ids for the other devices' samples: the backward's direction
         one_host = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, :1]
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        priced = over_hosts(one_host, inputs, topology.batch_size, hosts, topology.inter_host_gbps, self.links, (1,))
+        rates = dict(inter_host_gbps=topology.inter_host_gbps, host_link_gbps=topology.host_link_gbps)
+        priced = over_hosts(one_host, inputs, topology.batch_size, hosts, links=self.links, phases=(1,), **rates)
         return np.maximum(priced[:, 0], self.link_floor(inputs)[:, 1])
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
@@ -274,10 +288,12 @@ def over_hosts(
     inter_host_gbps: float,
     links: LinkProfile,
     phases: tuple[int, ...] = (0, 1),
+    host_link_gbps: float | None = None,
 ) -> np.ndarray:
     """All-to-all ms [D, len(phases)] of devices on hosts of `devices_per_host`, from the comm model's `predicted`
     ms of the same devices on one host: the links' price on one host in it replaced by their price over the hosts
-    (`link_ms`: what a device receives from its host mates and, at `inter_host_gbps`, from other hosts).
+    (`link_ms`: what a device receives from its host mates and, at `inter_host_gbps`, from other hosts, and where
+    a host's devices share one link of `host_link_gbps`, all its host receives over it).
 
     What the model learned beyond the links' price on one host is kept whole, fixed costs included: only the
     bytes move to their link classes. (Pricing only the share of a device's peers on its host at the model's price,
@@ -293,7 +309,7 @@ def over_hosts(
     if devices_per_host is None or devices_per_host >= d:
         return predicted
     one_host = link_ms(widths, batch_size, None, inter_host_gbps, links)[:, phases]
-    hosts = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links)[:, phases]
+    hosts = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links, host_link_gbps)[:, phases]
     return np.maximum(predicted - one_host, 0.0) + hosts
 
 
@@ -331,29 +347,50 @@ def receiving_ms(floats: np.ndarray, batch_size: int, gbps: float) -> np.ndarray
 
 
 def links_time(
-    intra: np.ndarray, inter: np.ndarray, devices: int, batch_size: int, inter_host_gbps: float, links: LinkProfile
+    intra: np.ndarray,
+    inter: np.ndarray,
+    devices: int,
+    batch_size: int,
+    inter_host_gbps: float,
+    links: LinkProfile,
+    host_inter: np.ndarray | None = None,
+    host_link_gbps: float | None = None,
 ) -> np.ndarray:
     """The links' price [n, 2] of devices in a collective of `devices` receiving `intra` float columns per sample
     from their host mates and `inter` from other hosts: the profile's fixed time and latency per peer, then the
-    slower link class's bytes."""
+    slower link class's bytes. Where a host's devices share one link of `host_link_gbps` to other hosts, a device
+    also waits for `host_inter`, all its host receives from other hosts: over 4 and 8 emulated hosts of 16
+    devices sharing a link each, the slowest device's all-to-alls measured 0.96-1.06x that (docs/clusters.md)."""
     moving = np.maximum(
         receiving_ms(intra, batch_size, links.intra_host_gbps), receiving_ms(inter, batch_size, inter_host_gbps)
     )
+    if host_link_gbps is not None and host_inter is not None:
+        moving = np.maximum(moving, receiving_ms(host_inter, batch_size, host_link_gbps))
     return links.collective_ms + links.message_ms * (devices - 1) + moving
 
 
 def link_ms(
-    widths: np.ndarray, batch_size: int, devices_per_host: int | None, inter_host_gbps: float, links: LinkProfile
+    widths: np.ndarray,
+    batch_size: int,
+    devices_per_host: int | None,
+    inter_host_gbps: float,
+    links: LinkProfile,
+    host_link_gbps: float | None = None,
 ) -> np.ndarray:
     """The links' price of an all-to-all (fwd, bwd) [D, 2] of `widths` float columns per sample: the profile's
     fixed time and latency per peer, then the bytes each device receives from its host mates and from other hosts,
-    each class at its rate, waiting for the slower (`shard_ray.costmodel.links`). It grows with the bytes and with
-    the devices: no collective is priced near zero as devices are added."""
+    each class at its rate, waiting for the slower (`shard_ray.costmodel.links`), and where a host's devices share
+    one link of `host_link_gbps`, for all their host receives over it. It grows with the bytes and with the
+    devices: no collective is priced near zero as devices are added."""
     d = len(widths)
     if d == 1:
         return np.zeros((1, 2))
     intra, inter = received_floats(widths, devices_per_host)
-    return links_time(intra, inter, d, batch_size, inter_host_gbps, links)
+    host_inter = None
+    if host_link_gbps is not None and devices_per_host is not None and devices_per_host < d:
+        hosts = np.arange(d) // devices_per_host
+        host_inter = np.stack([np.bincount(hosts, weights=inter[:, k])[hosts] for k in range(2)], axis=1)
+    return links_time(intra, inter, d, batch_size, inter_host_gbps, links, host_inter, host_link_gbps)
 
 
 def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:

@@ -35,6 +35,7 @@ class Simulator:
             devices_per_host=plan.devices_per_host,
             inter_host_gbps=plan_rate_between_hosts(plan, self.models.links),
             intra_host_gbps=plan.intra_host_gbps,
+            host_link_gbps=plan.host_link_gbps,
         )
         pieces, assign = plan.assignment(tables)
         parts = Pricer(self.models, topology).plan_parts(pieces, assign)

@@ -200,6 +200,7 @@ def _settings(topology: Topology, context: PlacementContext, source: str | None)
         devices_per_host=topology.devices_per_host,
         inter_host_gbps=topology.inter_host_gbps if topology.num_hosts > 1 else None,
         intra_host_gbps=topology.intra_host_gbps,
+        host_link_gbps=topology.host_link_gbps if topology.num_hosts > 1 else None,
         seed=context.seed,
         algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=source,

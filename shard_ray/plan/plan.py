@@ -176,6 +176,7 @@ class PlanSettings(BaseModel):
     devices_per_host: int | None = None  # None: one host holds every device
     inter_host_gbps: float | None = None  # each device's bandwidth to other hosts; recorded for plans over hosts
     intra_host_gbps: float | None = None  # a device's bandwidth from its host mates, where the plan was given one
+    host_link_gbps: float | None = None  # the link a host's devices share to other hosts, where the plan had one
     seed: int = 0
     algorithm: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own settings, as it used them
     source: str | None = None  # the file they were read from (a tuned-config file), if any
@@ -342,6 +343,11 @@ class Plan(BaseModel):
     def intra_host_gbps(self) -> float | None:
         """The bandwidth inside a host the plan was given (`--intra-host-gbps`), if any: else the models' profile's."""
         return self.settings.intra_host_gbps if self.settings is not None else None
+
+    @property
+    def host_link_gbps(self) -> float | None:
+        """The bandwidth of the link a host's devices share to other hosts (`--host-link-gbps`), if the plan had one."""
+        return self.settings.host_link_gbps if self.settings is not None else None
 
     def shards_of(self) -> dict[str, list[Shard]]:
         """Each table's shards, in plan order."""

@@ -26,6 +26,9 @@ class Topology(BaseModel):
     GPUDirect RDMA; TorchRec's planner assumes 12.5), priced only when the devices span hosts.
     `intra_host_gbps`, where given, is the GB/s a device receives from its host mates, in place of the link
     profile of the models' hardware (`shard_ray.costmodel.links`).
+    `host_link_gbps`, where given, is the GB/s of the one link a host's devices share to other hosts (a NIC per
+    host rather than per GPU; a host of the emulated cluster): a device's traffic from other hosts then also
+    waits for all that its host receives over that link. None: each device's own link, nothing shared.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,6 +40,7 @@ class Topology(BaseModel):
     devices_per_host: int | None = Field(default=None, ge=1)
     inter_host_gbps: float = Field(default=12.5, gt=0)
     intra_host_gbps: float | None = Field(default=None, gt=0)
+    host_link_gbps: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _whole_hosts(self) -> Topology:
