@@ -172,8 +172,17 @@ def test_rllib_module_shapes(pool):
 
 
 @pytest.mark.slow
+def _first_tasks(runner) -> list[list[str]]:
+    """The tables of the task each env of an env runner draws first from the run's seed (0)."""
+    drawn = []
+    for env in runner.env.unwrapped.envs:
+        env.unwrapped.reset(seed=0)
+        drawn.append([p.table.name for p in env.unwrapped.state.pieces])
+    return drawn
+
+
 def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool, capsys):
-    from shard_ray.policy.ppo import build_algorithm, policy_network, train_policy
+    from shard_ray.policy.ppo import build_algorithm, policy_network, resume_tasks, train_policy
 
     out = tmp_path / "policy"
     policy_file = train_policy(pool, tiny_config(iterations=1), out, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -186,6 +195,10 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
         algo.restore_from_path(str((out / "checkpoint").resolve()))
         assert algo.iteration == 1
         restored = policy_network(algo)
+        # a resumed run's envs draw other tasks than the first run's first ones, from the same seed
+        first, again = (algo.env_runner_group.foreach_env_runner(_first_tasks) for _ in range(2))
+        resume_tasks(algo)
+        assert first == again != algo.env_runner_group.foreach_env_runner(_first_tasks)
     finally:
         algo.stop()
     for key, value in network.state_dict().items():

@@ -255,11 +255,19 @@ class PlacementEnv(gym.Env):
         )
         self.action_space = gym.spaces.Discrete(m)
         self.rng = np.random.default_rng()
+        self.seed: int | None = None  # the seed of the last seeded reset (RLlib seeds each env's first)
+        self.resumed_after = 0  # the iterations a resumed run had done: they seed its tasks with `seed`
         self.state: PlacementState | None = None
 
     def set_cost_models(self, models: CostModels) -> None:
         """Price later episodes with `models` (DreamShard's outer loop updates them)."""
         self.models = models
+
+    def resume_after(self, iterations: int) -> None:
+        """Draw the tasks of a run resumed after `iterations`, not the first run's again: RLlib seeds every env
+        from the algorithm's seed alone, so the tasks are seeded by that seed and the iterations done."""
+        self.resumed_after = iterations
+        self.rng = np.random.default_rng((self.seed or 0, iterations))
 
     def draw_task(self) -> tuple[list[TableSpec], Topology]:
         tables = draw_task(self.pool, self.task_config, self.rng)
@@ -273,7 +281,8 @@ class PlacementEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         super().reset(seed=seed)
         if seed is not None:
-            self.rng = np.random.default_rng(seed)
+            self.seed = seed
+            self.rng = np.random.default_rng((seed, self.resumed_after) if self.resumed_after else seed)
         tables, topology = self.draw_task()
         self.state = PlacementState(tables, topology, self.models)
         return pad_observation(self.state.observation(), self.config.max_devices), {}

@@ -156,6 +156,18 @@ def set_cost_models(algo: Any, models: CostModels) -> None:
     algo.env_runner_group.foreach_env_runner(update)
 
 
+def resume_tasks(algo: Any) -> None:
+    """Every env runner's envs draw the tasks of the iterations after the restored `algo.iteration`
+    (`PlacementEnv.resume_after`), not those the run before it drew first."""
+    done = algo.iteration
+
+    def update(runner: Any) -> None:
+        for env in runner.env.unwrapped.envs:
+            env.unwrapped.resume_after(done)
+
+    algo.env_runner_group.foreach_env_runner(update)
+
+
 def save_checkpoint(algo: Any, checkpoint_dir: Path) -> None:
     """`save_to_path` into a fresh folder, then swapped in, so a kill mid-save leaves the last checkpoint whole."""
     checkpoint_dir = checkpoint_dir.resolve()  # RLlib takes a path without a scheme only when absolute
@@ -241,6 +253,7 @@ def train_policy(
     try:
         if restore_checkpoint(algo, checkpoint_dir):
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
+            resume_tasks(algo)
             if algo.iteration >= config.iterations:
                 print(
                     f"nothing to train: {algo.iteration} iterations done, --iterations {config.iterations} asked for "
