@@ -1002,6 +1002,26 @@ def test_devices_sharing_their_hosts_link_wait_for_all_their_host_receives(capsy
     assert bad.returncode == 2 and "--host-link-gbps" in bad.stderr and not (tmp_path / "bad.json").exists()
 
 
+def test_the_lower_bound_over_slow_hosts_counts_the_bytes_every_plan_sends_between_them(shipped):
+    """Over links slow enough that the bytes between hosts dominate, the bound holds what every plan must send
+    across them: below every plan the searches and TorchRec make (TorchRec's replicates small tables, which sends
+    their gradients' all-reduce across instead), with each device's own link and with the host's one shared link,
+    and within 2x of the best of them, where without it the bound was 0.149 ms against a 68 ms plan."""
+    from shard_ray.costmodel.bounds import across_hosts_ms
+
+    tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "criteo_kaggle.json")
+    slow = dict(num_devices=16, memory_bytes=4 * GB, devices_per_host=4, inter_host_gbps=0.003)
+    for topology in (Topology(**slow), Topology(**slow, host_link_gbps=0.003)):
+        bound = lower_bound_ms(shipped, tables, topology)
+        costs = [
+            Simulator(shipped).plan_cost(place(algo, tables, topology), tables, 1024).cost_ms
+            for algo in ("size_greedy", "cost_search", "torchrec")
+        ]
+        assert bound <= min(costs) and 2 * bound >= min(costs), (bound, costs)
+        assert bound == pytest.approx(across_hosts_ms(shipped, tables, topology), rel=1e-9)
+    assert across_hosts_ms(shipped, tables, Topology(num_devices=16, memory_bytes=4 * GB)) == 0.0  # one host
+
+
 def test_plan_over_hosts_with_no_rate_takes_torchrecs_default_capped_at_the_rate_inside_a_host(capsys, tmp_path):
     """No rate between hosts given or fitted: TorchRec's default stands where the links inside a host are faster
     (a GPU's NVLink, or `--intra-host-gbps`), and is capped at their rate where they are slower (CPU's gloo), so

@@ -14,7 +14,8 @@ Communication: the slowest device's all-to-alls cost at least the cheapest the c
 predicts for any device of any plan of the task (the minimum over a grid of the device's own
 width and the widest device's width), up to the grid's resolution. Over hosts, at least the
 least the model predicts beyond the links' price on one host, plus the links' fixed time and
-latency per peer.
+latency per peer; and the bound is never below the bytes every plan sends between hosts
+(`across_hosts_ms`), which the slowest device's step holds whatever its compute.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
-from shard_ray.costmodel.pricing import Pricer, analytic_devices_per_host
+from shard_ray.costmodel.pricing import (
+    Pricer,
+    analytic_devices_per_host,
+    input_width,
+    receiving_ms,
+    sync_width,
+)
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, replica, row_block
 from shard_ray.plan.topology import Topology
@@ -52,8 +59,9 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
     learned = models.comm_ms(features)
     hosts = analytic_devices_per_host(models, topology.devices_per_host)
+    across = across_hosts_ms(models, tables, topology)
     if hosts is None or hosts >= d:
-        return compute + float(learned.sum(axis=1).min())
+        return max(compute + float(learned.sum(axis=1).min()), across)
     # Over hosts a device pays what the model learned beyond the links' price on one host, then the links' price
     # over the hosts (`over_hosts`), whose fixed time and latency per peer every device pays, forward and backward.
     # Past the gangs the model measured, the price keeps nothing of it beyond the links (`one_host_comm`).
@@ -63,7 +71,34 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     if measured and d <= max(measured):
         one_host = pricer.link_rows(own_grid[feasible], total, d, one_host=True)
         beyond = float(np.maximum(learned - one_host, 0.0).sum(axis=1).min())
-    return compute + beyond + 2 * (pricer.links.collective_ms + pricer.links.message_ms * (d - 1))
+    return max(compute + beyond + 2 * (pricer.links.collective_ms + pricer.links.message_ms * (d - 1)), across)
+
+
+def across_hosts_ms(models: CostModels, tables: list[TableSpec], topology: Topology) -> float:
+    """The least the slowest device's collectives take over the links between hosts, whatever the plan (0 on one
+    host): every table's pooled columns reach every device's samples, forward and backward, and its ids come in;
+    or, replicated, its gradient's all-reduce crosses the hosts (`sync_width`), whichever moves less. A sharded
+    table, split any way, brings the devices on average (H - 1)/(H D) of its columns per sample from other hosts
+    each way (`received_floats`), a replica (H - 1)/H of its all-reduce's; the slowest device receives at least
+    the average, and where a host's devices share its link (`Topology.host_link_gbps`), the host L times it.
+    Without it, a plan over slow links was priced thousands of times its bound."""
+    h, d = topology.num_hosts, topology.num_devices
+    if h < 2:
+        return 0.0
+    off_host = (h - 1) / h
+    floats = sum(
+        min(
+            (2 * t.dim + input_width(TablePiece.whole(t))) * off_host / d,
+            sync_width(replica(t, d, 0), topology.batch_size, models.rows_cap) * off_host,
+        )
+        for t in tables
+    )
+    batch = topology.batch_size
+    moving = receiving_ms(floats, batch, topology.inter_host_gbps)
+    if topology.host_link_gbps is not None:
+        moving = max(moving, receiving_ms(floats * topology.devices_per_host_or_all, batch, topology.host_link_gbps))
+    links = Pricer(models, topology).links
+    return moving + links.collective_ms + links.message_ms * (d - 1)  # at least one collective crosses the hosts
 
 
 def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topology) -> torch.Tensor:
