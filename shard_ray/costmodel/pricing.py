@@ -360,7 +360,7 @@ def links_time(
     from their host mates and `inter` from other hosts: the profile's fixed time and latency per peer, then the
     slower link class's bytes. Where a host's devices share one link of `host_link_gbps` to other hosts, a device
     also waits for `host_inter`, all its host receives from other hosts: over 4 and 8 emulated hosts of 16
-    devices sharing a link each, the slowest device's all-to-alls measured 0.96-1.06x that (docs/clusters.md)."""
+    devices sharing a link each, the slowest device's all-to-alls measured 0.95-1.06x this price (docs/clusters.md)."""
     moving = np.maximum(
         receiving_ms(intra, batch_size, links.intra_host_gbps), receiving_ms(inter, batch_size, inter_host_gbps)
     )
