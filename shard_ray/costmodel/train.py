@@ -239,7 +239,7 @@ def fit(
                 best, best_state, since_best = loss, copy.deepcopy(model.state_dict()), 0
             else:
                 since_best += 1
-            bar.set_postfix(val_loss=f"{loss:.4f}", best=f"{best:.4f}")
+            bar.set_postfix(val_loss=f"{loss:.4f}", best=f"{best:.4f}", refresh=False)  # redrawn at tqdm's pace
             if on_epoch is not None:
                 on_epoch(epoch, loss, model)
             if since_best >= config.patience:

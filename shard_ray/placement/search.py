@@ -457,7 +457,8 @@ class _Progress:
                 total=total, desc=self.name, bar_format="{desc}: {bar} {n:,}" + of_total + " model evaluations{postfix}"
             )
         self.bar.n = min(self.spending.used(), self.bar.total or float("inf"))
-        self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms")
+        self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms", refresh=False)
+        self.bar.update(0)  # redrawn at tqdm's pace (every 30 s into a log file: `quiet_output`), not every call
 
     def close(self) -> None:
         if self.bar is not None:
