@@ -97,13 +97,18 @@ class Pricer:
         """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart:
         the comm model's price on one host (`one_host_comm`), its links' part priced over the hosts (`over_hosts`),
         never below the links' price (`link_ms`)."""
-        topology = self.topology
         widths = np.asarray(widths, dtype=np.float64)
         one_host = self.one_host_comm(widths, float(widths.sum()), float(widths.max()), len(widths))
+        return np.maximum(self.over_hosts(one_host, widths), self.link_floor(widths))
+
+    def over_hosts(self, one_host: np.ndarray, widths: np.ndarray, phases: tuple[int, ...] = (0, 1)) -> np.ndarray:
+        """`over_hosts` on this topology's hosts and links, where the comm model did not price them itself."""
+        topology = self.topology
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        rates = dict(inter_host_gbps=topology.inter_host_gbps, host_link_gbps=topology.host_link_gbps)
-        priced = over_hosts(one_host, widths, topology.batch_size, hosts, links=self.links, **rates)
-        return np.maximum(priced, self.link_floor(widths))
+        return over_hosts(
+            one_host, widths, topology.batch_size, hosts, topology.inter_host_gbps, self.links, phases,
+            topology.host_link_gbps,
+        )  # fmt: skip
 
     def link_floor(self, widths: np.ndarray) -> np.ndarray:
         """The links' price (fwd, bwd) [D, 2] of an all-to-all of `widths` on this topology (`link_ms`)."""
@@ -185,14 +190,10 @@ class Pricer:
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
         hosts, each device receives its pieces' ids for the samples of devices off its host (`over_hosts`)."""
-        topology = self.topology
         inputs = np.asarray(inputs, dtype=np.float64)
         # a device receives its pieces' ids for the other devices' samples: the backward's direction
         one_host = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, :1]
-        hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
-        rates = dict(inter_host_gbps=topology.inter_host_gbps, host_link_gbps=topology.host_link_gbps)
-        priced = over_hosts(one_host, inputs, topology.batch_size, hosts, links=self.links, phases=(1,), **rates)
-        return np.maximum(priced[:, 0], self.link_floor(inputs)[:, 1])
+        return np.maximum(self.over_hosts(one_host, inputs, (1,))[:, 0], self.link_floor(inputs)[:, 1])
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
