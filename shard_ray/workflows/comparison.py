@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CompareConfig:
     rounds: int = setting(40, "most interleaved rounds (every plan measured once a round)", min=2)
-    budget_seconds: float = setting(120.0, "seconds of measuring: the race ends at the last round that fits", min=1)
+    budget_seconds: float = setting(
+        120.0, "seconds of measuring: the race ends at the last round that fits, but not before its first look", min=1
+    )
     min_rounds: int = 6  # the first look: fewer paired rounds leave t a handful of degrees of freedom
     confidence: float = 0.95
     warmup: int = 3
@@ -275,7 +277,10 @@ def _race_in_rounds(
                 store.put_plan(PlanMeasurement(key=key, plan=plans[name], tables=tables, cost=cost))
         race.record({name: cost.cost_ms for name, cost in zip(names, costs)})
         spent = time.monotonic() - began
-        final = race.count >= config.rounds or spent + (time.monotonic() - round_start) > config.budget_seconds
+        # the budget ends a race at its first look at the earliest: fewer rounds than that give no verdict worth
+        # the name (one round's interval is [0, inf)), and a machine busy elsewhere must not cut a race to that
+        out_of_time = spent + (time.monotonic() - round_start) > config.budget_seconds
+        final = race.count >= config.rounds or (out_of_time and race.count >= race.looks[0])
         verdict = race.look(final)
         leader = race.fastest()
         log(

@@ -110,8 +110,8 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
         print("\n".join(f"- {line}" for line in claims(result, heuristics)))
         if not result.separated:
             print(
-                f"- {result.rounds} rounds in {config.budget_seconds:.0f} s could not separate it from every other "
-                "plan; `shard-ray demo --budget-seconds 300` measures longer"
+                f"- {result.rounds} rounds (at most {config.rounds}, within {config.budget_seconds:.0f} s) could not "
+                "separate it from every other plan; `shard-ray demo --rounds 40 --budget-seconds 300` measures longer"
             )
     if comparison.logged is not None:
         print(comparison.logged.describe(tracking_uri))
