@@ -14,7 +14,11 @@ forward and backward all-to-all is written beside three prices of it:
 - `host_link`: the same with the host's one link carrying all its devices' bytes.
 
 `--reprice` (and every run, at its end) adds today's price, with each device's own link (`now`) and with the host's
-devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulated hosts do.
+devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulated hosts do; and `fitted`: `shared`
+at the rate `fit_link_rate` (calibrate's fit) finds in the all-to-alls of at most 4 devices at the same link setting,
+against the MB their host's link carried. It prints that fit's error at 8 and 16 devices: the median over devices
+and parts of |measured / fitted - 1|, and the Spearman correlation of the plans' all-to-alls (each plan's slowest
+device), measured against fitted.
 
 Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
 """
@@ -130,6 +134,7 @@ def price_now(records: list[dict]) -> None:
 
     tables = load_tables(TABLES)
     models = CostModels.load(default_cost_model_path())
+    fitted = fit_from_few(records, tables)
     for layout, link_mbit in sorted({(r["layout"], r["link_mbit"]) for r in records}):
         hosts, per_host = (int(x) for x in layout.split("x"))
         devices = hosts * per_host
@@ -143,13 +148,82 @@ def price_now(records: list[dict]) -> None:
             inter_host_gbps=link_mbit / 8 / 1e3,
         )
         # the emulated hosts' devices share their host's one link: `--host-link-gbps` at its rate
-        shared = topology.model_copy(update={"host_link_gbps": link_mbit / 8 / 1e3})
+        prices = {"now": topology, "shared": topology.model_copy(update={"host_link_gbps": link_mbit / 8 / 1e3})}
+        fit = fitted.get(nominal_rate(rows[0]))
+        if fit is not None:
+            prices["fitted"] = topology.model_copy(update={"host_link_gbps": fit, "inter_host_gbps": fit})
         for r in rows:
             pieces, assign = plans[r["plan"]].assignment(tables)
-            for name, priced_on in (("now", topology), ("shared", shared)):
+            for name, priced_on in prices.items():
                 parts = Pricer(models, priced_on).plan_parts(pieces, assign)
                 device = parts.plan_cost("priced", BATCH).devices[r["device"]]
                 r[name] = {k: getattr(device, k) for k in r["measured"]}
+
+
+# The link settings the runs asked for, in Mbit/s; a record's is the one nearest the rate its links achieved.
+NOMINAL_MBIT = (25, 200, 1000)
+FEW_DEVICES = 4
+
+
+def nominal_rate(record: dict) -> int:
+    return min(NOMINAL_MBIT, key=lambda n: abs(np.log(record["link_mbit"] / n)))
+
+
+def host_link_mb(record: dict, plan, tables: list) -> dict[str, float]:
+    """The MB per step the record's device's host received from other hosts in each all-to-all: what its one
+    shared link carried (`host_received`)."""
+    from shard_ray.costmodel.pricing import host_received, input_width, output_width, received_floats
+
+    hosts, per_host = (int(x) for x in record["layout"].split("x"))
+    pieces, assign = plan.assignment(tables)
+    carried = {}
+    for part, width, phase in (("fwd_comm_ms", output_width, 0), ("bwd_comm_ms", output_width, 1),
+                               ("input_dist_ms", input_width, 1)):  # fmt: skip
+        widths = np.bincount(assign, weights=[width(p) for p in pieces], minlength=hosts * per_host)
+        _, inter = received_floats(widths, per_host)
+        carried[part] = host_received(inter, per_host)[record["device"], phase] * BATCH * 4 / 1e6
+    return carried
+
+
+def fit_from_few(records: list[dict], tables: list) -> dict[int, float]:
+    """Per link setting, the GB/s `fit_link_rate` (calibrate's fit) finds in the all-to-alls measured over at least
+    2 hosts of at most `FEW_DEVICES` devices in all, against the MB their host's link carried; printed."""
+    from shard_ray.costmodel.links import fit_link_rate
+
+    fitted = {}
+    for rate in sorted({nominal_rate(r) for r in records}):
+        few = [r for r in records if nominal_rate(r) == rate and _devices(r) <= FEW_DEVICES and _hosts(r) > 1]
+        if not few:
+            continue
+        plans = {}
+        x, y = [], []
+        for r in few:
+            key = (r["layout"], r["plan"])
+            if key not in plans:
+                drawn = random_plans(_devices(r), int(r["plan"][6:]) + 1, _devices(r))
+                plans[key] = next(p for p in drawn if p.algorithm == r["plan"])
+            for part, mb in host_link_mb(r, plans[key], tables).items():
+                x.append(mb)
+                y.append(r["measured"][part])
+        fixed_ms, gbps = fit_link_rate(np.array(x), np.array(y))
+        layouts = ", ".join(sorted({r["layout"] for r in few}))
+        achieved = sorted({r["link_mbit"] for r in few})
+        print(
+            f"{rate} Mbit/s links: fitted {gbps * 8e3:.1f} Mbit/s and {fixed_ms:.2f} ms a collective to {len(x)} "
+            f"all-to-alls of {layouts} (achieved {achieved[0]:.1f}-{achieved[-1]:.1f} Mbit/s)",
+            flush=True,
+        )
+        fitted[rate] = gbps
+    return fitted
+
+
+def _hosts(record: dict) -> int:
+    return int(record["layout"].split("x")[0])
+
+
+def _devices(record: dict) -> int:
+    hosts, per_host = (int(x) for x in record["layout"].split("x"))
+    return hosts * per_host
 
 
 def summarise(records: list[dict]) -> None:
@@ -157,7 +231,7 @@ def summarise(records: list[dict]) -> None:
     for key in sorted({(r["link_mbit"], r["layout"]) for r in records}):
         rows = [r for r in records if (r["link_mbit"], r["layout"]) == key]
         line = [f"{key[0]:.0f} Mbit/s, {key[1]}: {len(rows)} devices"]
-        for price in ("flat", "hosts", "received", "host_link", "now", "shared"):
+        for price in ("flat", "hosts", "received", "host_link", "now", "shared", "fitted"):
             if price not in rows[0]:
                 continue
             ratios = [r["measured"][p] / r[price][p] for r in rows for p in parts if r[price][p] > 0]
@@ -167,17 +241,40 @@ def summarise(records: list[dict]) -> None:
         # forward and backward together), its measured over priced; the median over the plans
         slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
         line = [f"  slowest device of each of {len(slowest)} plans, median"]
-        for price in ("flat", "received", "host_link", "now", "shared"):
+        for price in ("flat", "received", "host_link", "now", "shared", "fitted"):
             if price in rows[0]:
                 ratios = [sum(r["measured"][p] for p in parts) / sum(r[price][p] for p in parts) for r in slowest]
                 line.append(f"measured/{price} {np.median(ratios):.2f}")
         print("; ".join(line), flush=True)
 
 
+def summarise_fit(records: list[dict]) -> None:
+    """The `fitted` price's error at 8 devices and more, per link setting and device count: the median over
+    devices and parts of |measured / fitted - 1|, and the Spearman correlation of each plan's slowest device's
+    all-to-alls, measured against fitted, over the plans of every layout of that count."""
+    from scipy.stats import spearmanr
+
+    parts = ("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms")
+    for key in sorted({(nominal_rate(r), _devices(r)) for r in records if "fitted" in r}):
+        if key[1] <= FEW_DEVICES:
+            continue
+        rows = [r for r in records if "fitted" in r and (nominal_rate(r), _devices(r)) == key]
+        errors = [abs(r["measured"][p] / r["fitted"][p] - 1) for r in rows for p in parts if r["fitted"][p] > 0]
+        slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
+        rho = spearmanr([sum(r["measured"][p] for p in parts) for r in slowest],
+                        [sum(r["fitted"][p] for p in parts) for r in slowest]).statistic  # fmt: skip
+        print(
+            f"{key[0]} Mbit/s, {key[1]} devices ({', '.join(sorted({r['layout'] for r in rows}))}): fitted on at most "
+            f"{FEW_DEVICES} devices, median error {np.median(errors):.1%} over {len(errors)} all-to-alls; Spearman "
+            f"of {len(slowest)} plans' all-to-alls {rho:.2f}",
+            flush=True,
+        )
+
+
 def _by_plan(rows: list[dict]) -> list[list[dict]]:
     plans: dict[object, list[dict]] = {}
     for r in rows:
-        plans.setdefault(r["plan"], []).append(r)
+        plans.setdefault((r["layout"], r["plan"]), []).append(r)
     return list(plans.values())
 
 
@@ -202,6 +299,7 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
         summarise(records)
+        summarise_fit(records)
         return 0
     if args.inside:
         measure_inside(args.inside, args.plans, args.link_mbit, out)
@@ -228,6 +326,7 @@ def main(argv: list[str]) -> int:
     price_now(records)
     (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
     summarise(records)
+    summarise_fit(records)
     return 0
 
 

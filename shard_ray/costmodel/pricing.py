@@ -389,9 +389,15 @@ def link_ms(
     intra, inter = received_floats(widths, devices_per_host)
     host_inter = None
     if host_link_gbps is not None and devices_per_host is not None and devices_per_host < d:
-        hosts = np.arange(d) // devices_per_host
-        host_inter = np.stack([np.bincount(hosts, weights=inter[:, k])[hosts] for k in range(2)], axis=1)
+        host_inter = host_received(inter, devices_per_host)
     return links_time(intra, inter, d, batch_size, inter_host_gbps, links, host_inter, host_link_gbps)
+
+
+def host_received(inter: np.ndarray, devices_per_host: int) -> np.ndarray:
+    """Per device [D, 2], what its whole host receives from other hosts, from what each device does (`inter`,
+    `received_floats`'s second part): what crosses a link the host's devices share."""
+    hosts = np.arange(len(inter)) // devices_per_host
+    return np.stack([np.bincount(hosts, weights=inter[:, k])[hosts] for k in range(inter.shape[1])], axis=1)
 
 
 def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:
