@@ -14,11 +14,11 @@ forward and backward all-to-all is written beside three prices of it:
 - `host_link`: the same with the host's one link carrying all its devices' bytes.
 
 `--reprice` (and every run, at its end) adds today's price, with each device's own link (`now`) and with the host's
-devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulated hosts do; and `fitted`: `shared`
-at the rate `fit_link_rate` (calibrate's fit) finds in the all-to-alls of at most 4 devices at the same link setting,
-against the MB their host's link carried. It prints that fit's error at 8 and 16 devices: the median over devices
-and parts of |measured / fitted - 1|, and the Spearman correlation of the plans' all-to-alls (each plan's slowest
-device), measured against fitted.
+devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulated hosts do; and `fitted`: the price
+at the rate and kind of link (a device's own or its host's shared) that calibrate's fit (`fit_link_between_hosts`)
+finds in the all-to-alls of at most 4 devices at the same link setting. It prints that fit's error at 8 and 16
+devices: the median over devices and parts of |measured / fitted - 1|, and the Spearman correlation of the plans'
+all-to-alls (each plan's slowest device), measured against fitted.
 
 Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
 """
@@ -149,9 +149,10 @@ def price_now(records: list[dict]) -> None:
         )
         # the emulated hosts' devices share their host's one link: `--host-link-gbps` at its rate
         prices = {"now": topology, "shared": topology.model_copy(update={"host_link_gbps": link_mbit / 8 / 1e3})}
-        fit = fitted.get(nominal_rate(rows[0]))
-        if fit is not None:
-            prices["fitted"] = topology.model_copy(update={"host_link_gbps": fit, "inter_host_gbps": fit})
+        if nominal_rate(rows[0]) in fitted:
+            gbps, shared = fitted[nominal_rate(rows[0])]
+            update = {"inter_host_gbps": gbps, "host_link_gbps": gbps if shared else None}
+            prices["fitted"] = topology.model_copy(update=update)
         for r in rows:
             pieces, assign = plans[r["plan"]].assignment(tables)
             for name, priced_on in prices.items():
@@ -169,9 +170,9 @@ def nominal_rate(record: dict) -> int:
     return min(NOMINAL_MBIT, key=lambda n: abs(np.log(record["link_mbit"] / n)))
 
 
-def host_link_mb(record: dict, plan, tables: list) -> dict[str, float]:
-    """The MB per step the record's device's host received from other hosts in each all-to-all: what its one
-    shared link carried (`host_received`)."""
+def received_mb(record: dict, plan, tables: list) -> dict[str, tuple[float, float]]:
+    """Per all-to-all of the record's device, the MB per step it received from other hosts and the MB its whole
+    host did (`received_floats`, `host_received`): what a link of its own, or one its host shares, carried."""
     from shard_ray.costmodel.pricing import host_received, input_width, output_width, received_floats
 
     hosts, per_host = (int(x) for x in record["layout"].split("x"))
@@ -181,14 +182,16 @@ def host_link_mb(record: dict, plan, tables: list) -> dict[str, float]:
                                ("input_dist_ms", input_width, 1)):  # fmt: skip
         widths = np.bincount(assign, weights=[width(p) for p in pieces], minlength=hosts * per_host)
         _, inter = received_floats(widths, per_host)
-        carried[part] = host_received(inter, per_host)[record["device"], phase] * BATCH * 4 / 1e6
+        own, host = inter[record["device"], phase], host_received(inter, per_host)[record["device"], phase]
+        carried[part] = (own * BATCH * 4 / 1e6, host * BATCH * 4 / 1e6)
     return carried
 
 
-def fit_from_few(records: list[dict], tables: list) -> dict[int, float]:
-    """Per link setting, the GB/s `fit_link_rate` (calibrate's fit) finds in the all-to-alls measured over at least
-    2 hosts of at most `FEW_DEVICES` devices in all, against the MB their host's link carried; printed."""
-    from shard_ray.costmodel.links import fit_link_rate
+def fit_from_few(records: list[dict], tables: list) -> dict[int, tuple[float, bool]]:
+    """Per link setting, the GB/s and the kind of link (shared by a host's devices or not) that calibrate's fit
+    (`fit_link_between_hosts`) finds in the all-to-alls measured over at least 2 hosts of at most `FEW_DEVICES`
+    devices in all; printed."""
+    from shard_ray.costmodel.links import fit_link_between_hosts
 
     fitted = {}
     for rate in sorted({nominal_rate(r) for r in records}):
@@ -196,24 +199,25 @@ def fit_from_few(records: list[dict], tables: list) -> dict[int, float]:
         if not few:
             continue
         plans = {}
-        x, y = [], []
+        rows = []
         for r in few:
             key = (r["layout"], r["plan"])
             if key not in plans:
                 drawn = random_plans(_devices(r), int(r["plan"][6:]) + 1, _devices(r))
                 plans[key] = next(p for p in drawn if p.algorithm == r["plan"])
-            for part, mb in host_link_mb(r, plans[key], tables).items():
-                x.append(mb)
-                y.append(r["measured"][part])
-        fixed_ms, gbps = fit_link_rate(np.array(x), np.array(y))
+            rows += [(*mb, r["measured"][part]) for part, mb in received_mb(r, plans[key], tables).items()]
+        own, host, measured = np.array(rows).T
+        fixed_ms, gbps, shared, errors = fit_link_between_hosts(own, host, measured)
         layouts = ", ".join(sorted({r["layout"] for r in few}))
         achieved = sorted({r["link_mbit"] for r in few})
         print(
-            f"{rate} Mbit/s links: fitted {gbps * 8e3:.1f} Mbit/s and {fixed_ms:.2f} ms a collective to {len(x)} "
-            f"all-to-alls of {layouts} (achieved {achieved[0]:.1f}-{achieved[-1]:.1f} Mbit/s)",
+            f"{rate} Mbit/s links: fitted {gbps * 8e3:.1f} Mbit/s and {fixed_ms:.2f} ms a collective, "
+            f"{'one link a host' if shared else 'a link a device'} (median errors: a link a device "
+            f"{errors[False]:.1%}, one a host {errors.get(True, float('nan')):.1%}), to {len(rows)} all-to-alls of "
+            f"{layouts} (achieved {achieved[0]:.1f}-{achieved[-1]:.1f} Mbit/s)",
             flush=True,
         )
-        fitted[rate] = gbps
+        fitted[rate] = (gbps, shared)
     return fitted
 
 

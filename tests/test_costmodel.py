@@ -928,6 +928,51 @@ def test_the_link_rate_fitted_to_all_to_alls_measured_across_emulated_hosts_is_t
         fit_link_rate(received_mb, measured_ms[::-1] * 0 + 1 / (received_mb + 1))
 
 
+def test_the_link_between_hosts_is_fitted_as_the_kind_that_carried_the_bytes():
+    """Collectives timed as a link of 25 Mbit/s carries the bytes, plus noise: as each device's own (what it
+    received) or as one its host's 2 devices share (what the host received). The fit names the kind that carried
+    them and recovers the rate within 10%; hosts of one device have links of their own."""
+    from shard_ray.costmodel.links import fit_link_between_hosts
+
+    rng = np.random.default_rng(0)
+    own_mb = rng.uniform(0.05, 2.0, 120)
+    host_mb = own_mb + rng.uniform(0.0, 2.0, 120)  # a host mate's bytes on top
+    gbps = 25 / 8e3
+    for shared, carried in ((False, own_mb), (True, host_mb)):
+        measured = (0.5 + carried / gbps) * rng.lognormal(0.0, 0.05, 120)
+        _, fitted, found, errors = fit_link_between_hosts(own_mb, host_mb, measured)
+        assert found == shared and fitted == pytest.approx(gbps, rel=0.1) and errors[shared] < errors[not shared]
+    _, fitted, found, errors = fit_link_between_hosts(own_mb, own_mb, 0.5 + own_mb / gbps)
+    assert not found and set(errors) == {False}
+
+
+def test_plan_over_hosts_takes_a_shared_link_calibrate_found(capsys, tmp_path):
+    """Models whose profile says the hosts' devices share one link (`calibrate` over such hosts): `plan` over hosts
+    of 2, given no rate, records that link and prices it as `--host-link-gbps` at that rate would."""
+    from console import shard_ray_here
+
+    from shard_ray.plan.plan import load_plan
+
+    models = CostModels.load(default_cost_model_path())
+    models.info.links = models.links.model_copy(update={"inter_host_gbps": 0.003, "host_link_gbps": 0.003})
+    models.save(tmp_path / "fitted.pt")
+    (tmp_path / "tables.json").write_text(
+        json.dumps({"tables": [{"name": f"t{i}", "rows": 5_000, "dim": 64, "pooling_factor": 4} for i in range(8)]})
+    )
+    plan = ["plan", "--tables", str(tmp_path / "tables.json"), "--devices", "4", "--memory-gb", "1"]
+    plan += ["--algo", "size_greedy", "--devices-per-host", "2", "--cost-model", str(tmp_path / "fitted.pt")]
+    found = shard_ray_here(capsys, *plan, "--out", str(tmp_path / "found.json"))
+    assert found.returncode == 0, found.stderr
+    assert "one link a host's devices share, as `calibrate` found them" in found.stdout
+    given = shard_ray_here(
+        capsys, *plan, "--inter-host-gbps", "0.003", "--host-link-gbps", "0.003", "--out", str(tmp_path / "given.json")
+    )
+    assert given.returncode == 0, given.stderr
+    found, given = load_plan(tmp_path / "found.json"), load_plan(tmp_path / "given.json")
+    assert found.settings.host_link_gbps == given.settings.host_link_gbps == 0.003
+    assert found.estimate.predicted.cost_ms == pytest.approx(given.estimate.predicted.cost_ms, rel=1e-9)
+
+
 def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys, tmp_path):
     """Models whose link profile has a rate between hosts (as `calibrate` over hosts keeps it): `plan` over such
     hosts with no --inter-host-gbps takes that rate, says so and records it, so its price is the one at that rate;

@@ -36,6 +36,8 @@ class LinkProfile(BaseModel):
     source: str
     # GB/s between hosts where `calibrate` fitted it over hosts: `plan` takes it where no --inter-host-gbps is given
     inter_host_gbps: float | None = Field(default=None, gt=0)
+    # where those hosts' devices were found to share one link (its rate, `inter_host_gbps`): `plan` takes it too
+    host_link_gbps: float | None = Field(default=None, gt=0)
 
 
 # NCCL's small-message all-to-all inside an 8-GPU NVLink host takes tens of microseconds (nccl-tests); assumed,
@@ -122,9 +124,13 @@ def rate_between_hosts(links: LinkProfile, intra_host_gbps: float | None = None)
     return torchrec, "TorchRec's default"
 
 
-def plan_rate_between_hosts(plan: Plan, links: LinkProfile) -> float:
-    """The GB/s between hosts that prices `plan`: the rate it records, else the one `plan` would take today."""
-    return plan.inter_host_gbps or rate_between_hosts(links, plan.intra_host_gbps)[0]
+def plan_links_between_hosts(plan: Plan, links: LinkProfile) -> tuple[float, float | None]:
+    """The GB/s between hosts that prices `plan`, and that of a link its hosts' devices share (None: a link each):
+    the rates it records, else the ones `plan` would take today (`rate_between_hosts`, and the shared link
+    `calibrate` found)."""
+    if plan.inter_host_gbps:
+        return plan.inter_host_gbps, plan.host_link_gbps
+    return rate_between_hosts(links, plan.intra_host_gbps)[0], plan.host_link_gbps or links.host_link_gbps
 
 
 def link_profile(hardware: str | None) -> LinkProfile:
@@ -148,3 +154,22 @@ def fit_link_rate(received_mb: np.ndarray, measured_ms: np.ndarray) -> tuple[flo
         raise ValueError("the measured collectives do not grow with the bytes received: no rate to fit")
     fixed = np.quantile(measured_ms - received_mb * ms_per_mb, FLOOR_QUANTILE)
     return max(float(fixed), 0.0), 1.0 / float(ms_per_mb)
+
+
+def fit_link_between_hosts(
+    own_mb: np.ndarray, host_mb: np.ndarray, measured_ms: np.ndarray
+) -> tuple[float, float, bool, dict[bool, float]]:
+    """The fixed ms and GB/s between hosts fitted to measured collectives (`fit_link_rate`), and whether a host's
+    devices share one link: of a link per device (against `own_mb`, what each device received from other hosts)
+    and one per host (`host_mb`, what its host did), the fit whose price is nearer the measurements, by the median
+    relative error (both errors returned, by `shared`). A host of one device has a link of its own."""
+    own_mb, host_mb, measured_ms = (np.asarray(a, dtype=np.float64) for a in (own_mb, host_mb, measured_ms))
+    fits, errors = {}, {}
+    for shared, mb in ((False, own_mb), (True, host_mb)):
+        if shared and np.allclose(mb, own_mb):
+            break
+        fixed, gbps = fit_link_rate(mb, measured_ms)
+        fits[shared] = (fixed, gbps)
+        errors[shared] = float(np.median(np.abs(fixed + mb / gbps - measured_ms) / measured_ms))
+    shared = min(errors, key=errors.__getitem__)
+    return *fits[shared], shared, errors

@@ -509,8 +509,9 @@ def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
 
 def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | None) -> np.ndarray:
     """Every device's measured all-to-alls in plans that run one set of them (one sharding type, no replicas, no
-    sums inside hosts), as rows [n, 3]: the MB it received from its host mates, the MB from other hosts
-    (`received_floats`) and the ms it took; the input, forward and backward all-to-alls of each device."""
+    sums inside hosts), as rows [n, 4]: the MB it received from its host mates, the MB from other hosts
+    (`received_floats`), the ms it took, and the MB its whole host received from other hosts (`host_received`: what
+    a link its host's devices share carried); the input, forward and backward all-to-alls of each device."""
     rows = []
     for measured in plans:
         num_devices, batch = measured.plan.num_devices, measured.cost.batch_size
@@ -522,13 +523,16 @@ def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | N
         if len(np.unique(sizes.kinds)) != 1 or sizes.kinds[0] < 0 or sizes.host_sums.any():
             continue
         to_mb = batch * 4 / 1e6
+        local = devices_per_host or num_devices
         outputs = received_floats(np.bincount(assign, weights=sizes.widths, minlength=num_devices), devices_per_host)
         inputs = received_floats(np.bincount(assign, weights=sizes.inputs, minlength=num_devices), devices_per_host)
+        outputs, inputs = (*outputs, host_received(outputs[1], local)), (*inputs, host_received(inputs[1], local))
         for d, device in enumerate(measured.cost.devices):
-            for (intra, inter), ms in (
-                ((inputs[0][d, 1], inputs[1][d, 1]), device.input_dist_ms),
-                ((outputs[0][d, 0], outputs[1][d, 0]), device.fwd_comm_ms),
-                ((outputs[0][d, 1], outputs[1][d, 1]), device.bwd_comm_ms),
+            for received, phase, ms in (
+                (inputs, 1, device.input_dist_ms),
+                (outputs, 0, device.fwd_comm_ms),
+                (outputs, 1, device.bwd_comm_ms),
             ):
-                rows.append((intra * to_mb, inter * to_mb, ms))
-    return np.array(rows, dtype=np.float64).reshape(-1, 3)
+                intra, inter, host = (part[d, phase] * to_mb for part in received)
+                rows.append((intra, inter, ms, host))
+    return np.array(rows, dtype=np.float64).reshape(-1, 4)

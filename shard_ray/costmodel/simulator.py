@@ -10,7 +10,7 @@ all-to-all moving as many bytes per device (`shard_ray.costmodel.pricing`).
 from __future__ import annotations
 
 from shard_ray.costmodel.coverage import comm_extrapolation
-from shard_ray.costmodel.links import plan_rate_between_hosts
+from shard_ray.costmodel.links import plan_links_between_hosts
 from shard_ray.costmodel.models import CostModels, models_for
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.plan.cost import DeviceCost, PlanCost
@@ -27,15 +27,16 @@ class Simulator:
 
     def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
         """The plan's predicted costs; over the hosts its settings record (`plan --devices-per-host`), if any, at
-        the rate between them it records, else at the one `plan` would take today (`plan_rate_between_hosts`)."""
+        the rates between them it records, else at the ones `plan` would take today (`plan_links_between_hosts`)."""
+        inter_host_gbps, host_link_gbps = plan_links_between_hosts(plan, self.models.links)
         topology = Topology(
             num_devices=plan.num_devices,
             memory_bytes=GB,  # what memory the plan may use is no part of its price
             batch_size=batch_size,
             devices_per_host=plan.devices_per_host,
-            inter_host_gbps=plan_rate_between_hosts(plan, self.models.links),
+            inter_host_gbps=inter_host_gbps,
             intra_host_gbps=plan.intra_host_gbps,
-            host_link_gbps=plan.host_link_gbps,
+            host_link_gbps=host_link_gbps,
         )
         pieces, assign = plan.assignment(tables)
         parts = Pricer(self.models, topology).plan_parts(pieces, assign)

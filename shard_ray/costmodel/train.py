@@ -25,7 +25,7 @@ from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
 from shard_ray.costmodel.features import batch_context
 from shard_ray.costmodel.info import Coverage, ModelInfo, UpdatedOn
-from shard_ray.costmodel.links import plan_rate_between_hosts
+from shard_ray.costmodel.links import plan_links_between_hosts
 from shard_ray.costmodel.models import (
     COMM_FEATURES,
     FUSIONS,
@@ -409,8 +409,9 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
             continue
         batch = pm.cost.batch_size or 1
         hosts = analytic_devices_per_host(models, pm.cost.devices_per_host)
-        rate = plan_rate_between_hosts(pm.plan, models.links)
-        priced = over_hosts(models.predict_comm(widths, batch), widths, batch, hosts, rate, models.links)
+        rate, host_link = plan_links_between_hosts(pm.plan, models.links)
+        predicted_one_host = models.predict_comm(widths, batch)
+        priced = over_hosts(predicted_one_host, widths, batch, hosts, rate, models.links, host_link_gbps=host_link)
         predicted.append(priced.sum(axis=1))
         measured.append([d.fwd_comm_ms + d.bwd_comm_ms for d in pm.cost.devices])
     if not predicted:

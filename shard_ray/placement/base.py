@@ -217,14 +217,20 @@ def with_fitted_links(topology: Topology, context: PlacementContext) -> tuple[To
 
     if topology.num_hosts < 2 or "inter_host_gbps" in topology.model_fields_set:
         return topology, None
-    gbps, source = rate_between_hosts(context.models.links, topology.intra_host_gbps)
+    links = context.models.links
+    gbps, source = rate_between_hosts(links, topology.intra_host_gbps)
     hint = (
         "--inter-host-gbps gives another"
-        if context.models.links.inter_host_gbps is not None
+        if links.inter_host_gbps is not None
         else "--inter-host-gbps gives your links' rate; `calibrate` over hosts measures it"
     )
-    return topology.model_copy(update={"inter_host_gbps": gbps}), (
-        f"between hosts: {gbps:.4g} GB/s a device ({gbps * 8e3:.0f} Mbit/s), {source} ({hint})"
+    update: dict[str, float] = {"inter_host_gbps": gbps}
+    shared = ""
+    if links.host_link_gbps is not None and topology.host_link_gbps is None:
+        update["host_link_gbps"] = links.host_link_gbps
+        shared = ", one link a host's devices share, as `calibrate` found them"
+    return topology.model_copy(update=update), (
+        f"between hosts: {gbps:.4g} GB/s a device ({gbps * 8e3:.0f} Mbit/s), {source}{shared} ({hint})"
     )
 
 

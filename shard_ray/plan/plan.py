@@ -336,7 +336,7 @@ class Plan(BaseModel):
     @property
     def inter_host_gbps(self) -> float | None:
         """The bandwidth between hosts the plan was made for, where its settings record one (plan files of earlier
-        releases, and hand-written ones, may not: `shard_ray.costmodel.links.plan_rate_between_hosts` prices them)."""
+        releases, and hand-written ones, may not: `shard_ray.costmodel.links.plan_links_between_hosts` prices them)."""
         return self.settings.inter_host_gbps if self.settings is not None else None
 
     @property

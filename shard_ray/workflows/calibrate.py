@@ -38,7 +38,7 @@ from tqdm import tqdm
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
-from shard_ray.costmodel.links import LinkProfile, fit_link_rate
+from shard_ray.costmodel.links import LinkProfile, fit_link_between_hosts, fit_link_rate
 from shard_ray.costmodel.models import CostModels, task_digest
 from shard_ray.costmodel.pricing import measured_collectives
 from shard_ray.costmodel.simulator import Simulator, price_comm
@@ -308,16 +308,31 @@ def fit_links(
         )
     where = f"{len(rows)} all-to-alls of {topology.num_devices} devices on {hardware}"
     try:
-        fixed_ms, gbps = fit_link_rate(rows[:, 1] if spanning else rows[:, 0], rows[:, 2])
+        if spanning:
+            fixed_ms, gbps, shared, errors = fit_link_between_hosts(rows[:, 1], rows[:, 3], rows[:, 2])
+        else:
+            fixed_ms, gbps = fit_link_rate(rows[:, 0], rows[:, 2])
     except ValueError as err:
         return None, f"links: not fitted: {err}"
     if spanning:
+        kind = "a link each host's devices share" if shared else "a link per device"
         profile = models.links.model_copy(
-            update={"inter_host_gbps": gbps, "source": f"{models.links.source}; between hosts fitted to {where}"}
+            update={
+                "inter_host_gbps": gbps,
+                "host_link_gbps": gbps if shared else None,
+                "source": f"{models.links.source}; between hosts fitted to {where}, {kind}",
+            }
         )
+        judged = ""
+        if len(errors) == 2:
+            judged = (
+                f" (median error {errors[shared]:.0%}; as {'a link per device' if shared else 'one link a host'} "
+                f"{errors[not shared]:.0%})"
+            )
+        flags = "--inter-host-gbps" + (" and --host-link-gbps" if shared else "")
         return profile, (
-            f"links between hosts: {gbps:.4g} GB/s ({gbps * 8e3:.0f} Mbit/s) achieved, fitted to {where}; "
-            "`plan` with these models over such hosts takes it unless given --inter-host-gbps"
+            f"links between hosts: {gbps:.4g} GB/s ({gbps * 8e3:.0f} Mbit/s) achieved, {kind}{judged}, fitted to "
+            f"{where}; `plan` with these models over such hosts takes it unless given {flags}"
         )
     profile = LinkProfile(
         collective_ms=fixed_ms, message_ms=0.0, intra_host_gbps=gbps, source=f"`calibrate` fitted to {where}"
