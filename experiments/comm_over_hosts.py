@@ -16,9 +16,10 @@ forward and backward all-to-all is written beside three prices of it:
 `--reprice` (and every run, at its end) adds today's price, with each device's own link (`now`) and with the host's
 devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulated hosts do; and `fitted`: the price
 at the rate and kind of link (a device's own or its host's shared) that calibrate's fit (`fit_link_between_hosts`)
-finds in the all-to-alls of at most 4 devices at the same link setting. It prints that fit's error at 8 and 16
-devices: the median over devices and parts of |measured / fitted - 1|, and the Spearman correlation of the plans'
-all-to-alls (each plan's slowest device), measured against fitted.
+finds in the all-to-alls of at most 4 devices at the same link setting; and `torchrec`: TorchRec's estimator's price
+(`torchrec_table_wise_comms`, its tables' sum). It prints the error of `fitted`, `now` and `torchrec` at 8 and 16
+devices: the median over devices and parts of |measured / priced - 1|, and the Spearman correlation of the plans'
+all-to-alls (each plan's slowest device), measured against priced.
 
 Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
 """
@@ -129,6 +130,7 @@ def price_now(records: list[dict]) -> None:
     the emulated hosts' do."""
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.interop.torchrec import torchrec_table_wise_comms
     from shard_ray.plan.topology import GB, Topology
     from shard_ray.workload.tables import load_tables
 
@@ -153,12 +155,16 @@ def price_now(records: list[dict]) -> None:
             gbps, shared = fitted[nominal_rate(rows[0])]
             update = {"inter_host_gbps": gbps, "host_link_gbps": gbps if shared else None}
             prices["fitted"] = topology.model_copy(update=update)
+        by_torchrec = torchrec_table_wise_comms(tables, topology)
         for r in rows:
             pieces, assign = plans[r["plan"]].assignment(tables)
             for name, priced_on in prices.items():
                 parts = Pricer(models, priced_on).plan_parts(pieces, assign)
                 device = parts.plan_cost("priced", BATCH).devices[r["device"]]
                 r[name] = {k: getattr(device, k) for k in r["measured"]}
+            held = [p.table.name for p, d in zip(pieces, assign) if d == r["device"]]
+            summed = np.sum([by_torchrec[name] for name in held], axis=0)
+            r["torchrec"] = dict(zip(("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms"), summed.tolist()))
 
 
 # The link settings the runs asked for, in Mbit/s; a record's is the one nearest the rate its links achieved.
@@ -235,7 +241,7 @@ def summarise(records: list[dict]) -> None:
     for key in sorted({(r["link_mbit"], r["layout"]) for r in records}):
         rows = [r for r in records if (r["link_mbit"], r["layout"]) == key]
         line = [f"{key[0]:.0f} Mbit/s, {key[1]}: {len(rows)} devices"]
-        for price in ("flat", "hosts", "received", "host_link", "now", "shared", "fitted"):
+        for price in ("flat", "hosts", "received", "host_link", "now", "shared", "fitted", "torchrec"):
             if price not in rows[0]:
                 continue
             ratios = [r["measured"][p] / r[price][p] for r in rows for p in parts if r[price][p] > 0]
@@ -245,7 +251,7 @@ def summarise(records: list[dict]) -> None:
         # forward and backward together), its measured over priced; the median over the plans
         slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
         line = [f"  slowest device of each of {len(slowest)} plans, median"]
-        for price in ("flat", "received", "host_link", "now", "shared", "fitted"):
+        for price in ("flat", "received", "host_link", "now", "shared", "fitted", "torchrec"):
             if price in rows[0]:
                 ratios = [sum(r["measured"][p] for p in parts) / sum(r[price][p] for p in parts) for r in slowest]
                 line.append(f"measured/{price} {np.median(ratios):.2f}")
@@ -253,9 +259,10 @@ def summarise(records: list[dict]) -> None:
 
 
 def summarise_fit(records: list[dict]) -> None:
-    """The `fitted` price's error at 8 devices and more, per link setting and device count: the median over
-    devices and parts of |measured / fitted - 1|, and the Spearman correlation of each plan's slowest device's
-    all-to-alls, measured against fitted, over the plans of every layout of that count."""
+    """The `fitted` price's error at more than `FEW_DEVICES` devices, beside today's shipped price (`now`) and
+    TorchRec's estimator's (`torchrec`), per link setting and device count: the median over devices and parts of
+    |measured / priced - 1|, and the Spearman correlation of each plan's slowest device's all-to-alls, measured
+    against priced, over the plans of every layout of that count."""
     from scipy.stats import spearmanr
 
     parts = ("input_dist_ms", "fwd_comm_ms", "bwd_comm_ms")
@@ -263,16 +270,14 @@ def summarise_fit(records: list[dict]) -> None:
         if key[1] <= FEW_DEVICES:
             continue
         rows = [r for r in records if "fitted" in r and (nominal_rate(r), _devices(r)) == key]
-        errors = [abs(r["measured"][p] / r["fitted"][p] - 1) for r in rows for p in parts if r["fitted"][p] > 0]
         slowest = [max(same, key=lambda r: sum(r["measured"][p] for p in parts)) for same in _by_plan(rows)]
-        rho = spearmanr([sum(r["measured"][p] for p in parts) for r in slowest],
-                        [sum(r["fitted"][p] for p in parts) for r in slowest]).statistic  # fmt: skip
-        print(
-            f"{key[0]} Mbit/s, {key[1]} devices ({', '.join(sorted({r['layout'] for r in rows}))}): fitted on at most "
-            f"{FEW_DEVICES} devices, median error {np.median(errors):.1%} over {len(errors)} all-to-alls; Spearman "
-            f"of {len(slowest)} plans' all-to-alls {rho:.2f}",
-            flush=True,
-        )
+        line = [f"{key[0]} Mbit/s, {key[1]} devices ({', '.join(sorted({r['layout'] for r in rows}))})"]
+        for price in ("fitted", "now", "torchrec"):
+            errors = [abs(r["measured"][p] / r[price][p] - 1) for r in rows for p in parts if r[price][p] > 0]
+            rho = spearmanr([sum(r["measured"][p] for p in parts) for r in slowest],
+                            [sum(r[price][p] for p in parts) for r in slowest]).statistic  # fmt: skip
+            line.append(f"{price}: median error {np.median(errors):.1%}, Spearman of {len(slowest)} plans {rho:.2f}")
+        print("; ".join(line), flush=True)
 
 
 def _by_plan(rows: list[dict]) -> list[list[dict]]:

@@ -62,6 +62,31 @@ def _uneven_plan(tables: list[TableSpec], widest: TableSpec, replicated: TableSp
 
 
 @pytest.mark.slow
+def test_torchrec_estimator_prices_a_table_wise_tables_all_to_alls_by_its_bytes_over_the_link():
+    """TorchRec's estimator's price of each table placed table-wise (what experiments/comm_over_hosts.py sets
+    beside the measurements): twice the columns, twice the forward and backward; a link 10x slower between hosts,
+    10x the price; the ids of its input distribution grow with the pooling factor, not the columns."""
+    from shard_ray.interop.torchrec import torchrec_table_wise_comms
+
+    tables = [
+        TableSpec(name="narrow", rows=10_000, dim=32, pooling_factor=2.0),
+        TableSpec(name="wide", rows=10_000, dim=64, pooling_factor=2.0),
+        TableSpec(name="long", rows=10_000, dim=32, pooling_factor=8.0),
+    ]
+    over = {
+        gbps: torchrec_table_wise_comms(
+            tables, Topology(num_devices=4, memory_bytes=GB, batch_size=1024, devices_per_host=2, inter_host_gbps=gbps)
+        )
+        for gbps in (0.03, 0.003)
+    }
+    fast, slow = over[0.03], over[0.003]
+    assert set(fast) == {"narrow", "wide", "long"}
+    for k in (1, 2):  # forward, backward
+        assert fast["wide"][k] == pytest.approx(2 * fast["narrow"][k]) and fast["long"][k] == fast["narrow"][k]
+        assert slow["narrow"][k] == pytest.approx(10 * fast["narrow"][k])
+    assert fast["long"][0] > fast["narrow"][0] == fast["wide"][0] > 0
+
+
 def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     tables = generate_pool(PoolConfig(num_tables=8, seed=11))
     tables = [

@@ -108,7 +108,6 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
 
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner import Topology as TorchRecTopology
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -122,15 +121,7 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
     with _quiet_torchrec(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         planner = EmbeddingShardingPlanner(
-            topology=TorchRecTopology(
-                world_size=topology.num_devices,
-                compute_device="cuda",
-                hbm_cap=topology.memory_bytes,
-                local_world_size=topology.devices_per_host_or_all,
-                inter_host_bw=topology.inter_host_gbps * 1024**3 / 1000,  # TorchRec's unit: bytes per ms
-                # a rate inside a host given to shard-ray (`--intra-host-gbps`) reaches TorchRec's planner too
-                **({"intra_host_bw": topology.intra_host_gbps * 1024**3 / 1000} if topology.intra_host_gbps else {}),
-            ),
+            topology=_torchrec_topology(topology),
             batch_size=max(1, topology.batch_size // topology.num_devices),  # TorchRec's batch is per rank
             storage_reservation=HeuristicalStorageReservation(percentage=0.0, dense_tensor_estimate=0),
             constraints=constraints,
@@ -144,6 +135,57 @@ def plan_with_torchrec(tables: list[TableSpec], topology: Topology) -> Plan:
         except PlannerError as err:  # no plan within memory (or its partitioner gave up)
             raise InfeasibleError(_why_no_plan(tables, topology, first_line(err))) from None
     return _as_plan(sharding_plan.plan[""], tables, topology)
+
+
+def _torchrec_topology(topology: Topology) -> Any:
+    """TorchRec's topology of shard-ray's: its devices, memory cap, hosts and the rates between them."""
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+
+    return TorchRecTopology(
+        world_size=topology.num_devices,
+        compute_device="cuda",
+        hbm_cap=topology.memory_bytes,
+        local_world_size=topology.devices_per_host_or_all,
+        inter_host_bw=topology.inter_host_gbps * 1024**3 / 1000,  # TorchRec's unit: bytes per ms
+        # a rate inside a host given to shard-ray (`--intra-host-gbps`) reaches TorchRec's planner too
+        **({"intra_host_bw": topology.intra_host_gbps * 1024**3 / 1000} if topology.intra_host_gbps else {}),
+    )
+
+
+def torchrec_table_wise_comms(tables: list[TableSpec], topology: Topology) -> dict[str, tuple[float, float, float]]:
+    """TorchRec's estimator's price of each table placed table-wise (fused kernel) on the topology: its input
+    distribution, forward and backward all-to-all ms (`EmbeddingPerfEstimator`, TorchRec's planner's own). It is
+    the same on every device: a device's all-to-alls, by TorchRec, are its tables' sum."""
+    import warnings
+
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    constraints = {
+        t.name: ParameterConstraints(
+            sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[t.pooling_factor]
+        )
+        for t in tables
+    }
+    with _quiet_torchrec(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torchrec_topology = _torchrec_topology(topology)
+        enumerator = EmbeddingEnumerator(
+            topology=torchrec_topology,
+            batch_size=max(1, topology.batch_size // topology.num_devices),
+            constraints=constraints,
+            estimator=[
+                EmbeddingPerfEstimator(torchrec_topology, constraints),
+                EmbeddingStorageEstimator(torchrec_topology, constraints),
+            ],
+        )
+        options = enumerator.enumerate(meta_collection(tables), [EmbeddingBagCollectionSharder()])
+    return {
+        o.name: (o.shards[0].perf.input_dist_comms, o.shards[0].perf.fwd_comms, o.shards[0].perf.bwd_comms)
+        for o in options
+    }
 
 
 def _why_no_plan(tables: list[TableSpec], topology: Topology, torchrec_said: str) -> str:
