@@ -198,28 +198,33 @@ def fit_from_few(records: list[dict], tables: list) -> dict[int, tuple[float, bo
     (`fit_link_between_hosts`) finds in the all-to-alls measured over at least 2 hosts of at most `FEW_DEVICES`
     devices in all; printed."""
     from shard_ray.costmodel.links import fit_link_between_hosts
+    from shard_ray.costmodel.pricing import slowest_of_each
 
     fitted = {}
     for rate in sorted({nominal_rate(r) for r in records}):
         few = [r for r in records if nominal_rate(r) == rate and _devices(r) <= FEW_DEVICES and _hosts(r) > 1]
         if not few:
             continue
-        plans = {}
+        plans, collectives = {}, {}
         rows = []
         for r in few:
             key = (r["layout"], r["plan"])
             if key not in plans:
                 drawn = random_plans(_devices(r), int(r["plan"][6:]) + 1, _devices(r))
                 plans[key] = next(p for p in drawn if p.algorithm == r["plan"])
-            rows += [(*mb, r["measured"][part]) for part, mb in received_mb(r, plans[key], tables).items()]
-        own, host, measured = np.array(rows).T
-        fixed_ms, gbps, shared, errors = fit_link_between_hosts(own, host, measured)
+            for part, (own, host) in received_mb(r, plans[key], tables).items():
+                rows.append(
+                    (0.0, own, r["measured"][part], host, collectives.setdefault((*key, part), len(collectives)))
+                )
+        # as `calibrate` fits them: each collective's slowest device
+        slowest = slowest_of_each(np.array(rows))
+        fixed_ms, gbps, shared, errors = fit_link_between_hosts(slowest[:, 1], slowest[:, 3], slowest[:, 2])
         layouts = ", ".join(sorted({r["layout"] for r in few}))
         achieved = sorted({r["link_mbit"] for r in few})
         print(
             f"{rate} Mbit/s links: fitted {gbps * 8e3:.1f} Mbit/s and {fixed_ms:.2f} ms a collective, "
             f"{'one link a host' if shared else 'a link a device'} (median errors: a link a device "
-            f"{errors[False]:.1%}, one a host {errors.get(True, float('nan')):.1%}), to {len(rows)} all-to-alls of "
+            f"{errors.get(False, float('nan')):.1%}, one a host {errors.get(True, float('nan')):.1%}), to {len(slowest)} all-to-alls of "
             f"{layouts} (achieved {achieved[0]:.1f}-{achieved[-1]:.1f} Mbit/s)",
             flush=True,
         )

@@ -160,16 +160,17 @@ def fit_link_between_hosts(
     own_mb: np.ndarray, host_mb: np.ndarray, measured_ms: np.ndarray
 ) -> tuple[float, float, bool, dict[bool, float]]:
     """The fixed ms and GB/s between hosts fitted to measured collectives (`fit_link_rate`), and whether a host's
-    devices share one link: of a link per device (against `own_mb`, what each device received from other hosts)
-    and one per host (`host_mb`, what its host did), the fit whose price is nearer the measurements, by the median
-    relative error (both errors returned, by `shared`). A host of one device has a link of its own."""
+    devices share one link: of a link per device (against `own_mb`, what each collective's slowest device received
+    from other hosts) and one per host (`host_mb`, what its host did), the fit whose price is nearer the
+    measurements, by the median relative error where the two differ (both errors returned, by `shared`). Where they
+    never differ (hosts of one device), a link per device."""
     own_mb, host_mb, measured_ms = (np.asarray(a, dtype=np.float64) for a in (own_mb, host_mb, measured_ms))
-    fits, errors = {}, {}
-    for shared, mb in ((False, own_mb), (True, host_mb)):
-        if shared and np.allclose(mb, own_mb):
-            break
-        fixed, gbps = fit_link_rate(mb, measured_ms)
-        fits[shared] = (fixed, gbps)
-        errors[shared] = float(np.median(np.abs(fixed + mb / gbps - measured_ms) / measured_ms))
-    shared = min(errors, key=errors.__getitem__)
+    fits, errors = {False: fit_link_rate(own_mb, measured_ms)}, {}
+    differ = host_mb > own_mb * 1.01
+    if differ.any():
+        fits[True] = fit_link_rate(host_mb, measured_ms)
+        for shared, mb in ((False, own_mb), (True, host_mb)):
+            fixed, gbps = fits[shared]
+            errors[shared] = float(np.median(np.abs(fixed + mb / gbps - measured_ms)[differ] / measured_ms[differ]))
+    shared = bool(errors) and errors[True] < errors[False]
     return *fits[shared], shared, errors

@@ -509,10 +509,12 @@ def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
 
 def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | None) -> np.ndarray:
     """Every device's measured all-to-alls in plans that run one set of them (one sharding type, no replicas, no
-    sums inside hosts), as rows [n, 4]: the MB it received from its host mates, the MB from other hosts
-    (`received_floats`), the ms it took, and the MB its whole host received from other hosts (`host_received`: what
-    a link its host's devices share carried); the input, forward and backward all-to-alls of each device."""
+    sums inside hosts), as rows [n, 5]: the MB it received from its host mates, the MB from other hosts
+    (`received_floats`), the ms it took, the MB its whole host received from other hosts (`host_received`: what
+    a link its host's devices share carried), and the collective's index (one per plan measured and all-to-all,
+    as `slowest_of_each` groups them); the input, forward and backward all-to-alls of each device."""
     rows = []
+    collectives = 0
     for measured in plans:
         num_devices, batch = measured.plan.num_devices, measured.cost.batch_size
         pieces, assign = measured.plan.assignment(measured.tables)
@@ -528,11 +530,22 @@ def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | N
         inputs = received_floats(np.bincount(assign, weights=sizes.inputs, minlength=num_devices), devices_per_host)
         outputs, inputs = (*outputs, host_received(outputs[1], local)), (*inputs, host_received(inputs[1], local))
         for d, device in enumerate(measured.cost.devices):
-            for received, phase, ms in (
-                (inputs, 1, device.input_dist_ms),
-                (outputs, 0, device.fwd_comm_ms),
-                (outputs, 1, device.bwd_comm_ms),
+            for k, (received, phase, ms) in enumerate(
+                ((inputs, 1, device.input_dist_ms), (outputs, 0, device.fwd_comm_ms), (outputs, 1, device.bwd_comm_ms))
             ):
                 intra, inter, host = (part[d, phase] * to_mb for part in received)
-                rows.append((intra, inter, ms, host))
-    return np.array(rows, dtype=np.float64).reshape(-1, 4)
+                rows.append((intra, inter, ms, host, collectives + k))
+        collectives += 3
+    return np.array(rows, dtype=np.float64).reshape(-1, 5)
+
+
+def slowest_of_each(rows: np.ndarray) -> np.ndarray:
+    """`measured_collectives`' rows [n, 5] reduced to one per collective [m, 4]: the most any of its devices
+    received over each link class and the longest any took. A collective ends with its slowest device, and the
+    step waits for it: where devices take turns (more devices than cores), one that joins late finds its bytes
+    already sent and times less than the collective took."""
+    ids = rows[:, 4].astype(np.int64)
+    reduced = np.full((ids.max() + 1 if len(ids) else 0, 4), -np.inf)
+    for column in range(4):
+        np.maximum.at(reduced[:, column], ids, rows[:, column])
+    return reduced[np.isfinite(reduced).all(axis=1)]

@@ -40,7 +40,7 @@ from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
 from shard_ray.costmodel.links import LinkProfile, fit_link_between_hosts, fit_link_rate
 from shard_ray.costmodel.models import CostModels, task_digest
-from shard_ray.costmodel.pricing import measured_collectives
+from shard_ray.costmodel.pricing import measured_collectives, slowest_of_each
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import (
     TrainConfig,
@@ -308,8 +308,12 @@ def fit_links(
         )
     where = f"{len(rows)} all-to-alls of {topology.num_devices} devices on {hardware}"
     try:
-        if spanning:
-            fixed_ms, gbps, shared, errors = fit_link_between_hosts(rows[:, 1], rows[:, 3], rows[:, 2])
+        if spanning:  # judged by each collective's slowest device, which the step waits for
+            slowest = slowest_of_each(rows)
+            fixed_ms, gbps, shared, errors = fit_link_between_hosts(slowest[:, 1], slowest[:, 3], slowest[:, 2])
+            where = (
+                f"{len(slowest)} all-to-alls of {topology.num_devices} devices on {hardware}, each its slowest device"
+            )
         else:
             fixed_ms, gbps = fit_link_rate(rows[:, 0], rows[:, 2])
     except ValueError as err:
@@ -324,10 +328,10 @@ def fit_links(
             }
         )
         judged = ""
-        if len(errors) == 2:
+        if errors:
             judged = (
-                f" (median error {errors[shared]:.0%}; as {'a link per device' if shared else 'one link a host'} "
-                f"{errors[not shared]:.0%})"
+                f" (median error {errors[shared]:.0%} where hosts' devices share a collective; as "
+                f"{'a link per device' if shared else 'one link a host'} {errors[not shared]:.0%})"
             )
         flags = "--inter-host-gbps" + (" and --host-link-gbps" if shared else "")
         return profile, (
