@@ -266,7 +266,8 @@ def summarise(records: list[dict]) -> None:
 def summarise_fit(records: list[dict]) -> None:
     """The `fitted` price's error at more than `FEW_DEVICES` devices, beside today's shipped price (`now`) and
     TorchRec's estimator's (`torchrec`), per link setting and device count: the median over devices and parts of
-    |measured / priced - 1|, and the Spearman correlation of each plan's slowest device's all-to-alls, measured
+    |measured / priced - 1|, the same over collectives (each its slowest device, measured and priced: what the
+    step waits for), and the Spearman correlation of each plan's slowest device's all-to-alls, measured
     against priced, over the plans of every layout of that count."""
     from scipy.stats import spearmanr
 
@@ -279,9 +280,18 @@ def summarise_fit(records: list[dict]) -> None:
         line = [f"{key[0]} Mbit/s, {key[1]} devices ({', '.join(sorted({r['layout'] for r in rows}))})"]
         for price in ("fitted", "now", "torchrec"):
             errors = [abs(r["measured"][p] / r[price][p] - 1) for r in rows for p in parts if r[price][p] > 0]
+            # a collective takes as long as its slowest device: measured and priced, each its most
+            spans = [
+                abs(max(r["measured"][p] for r in same) / max(r[price][p] for r in same) - 1)
+                for same in _by_plan(rows)
+                for p in parts
+            ]
             rho = spearmanr([sum(r["measured"][p] for p in parts) for r in slowest],
                             [sum(r[price][p] for p in parts) for r in slowest]).statistic  # fmt: skip
-            line.append(f"{price}: median error {np.median(errors):.1%}, Spearman of {len(slowest)} plans {rho:.2f}")
+            line.append(
+                f"{price}: median error {np.median(errors):.1%} a device, {np.median(spans):.1%} a collective, "
+                f"Spearman of {len(slowest)} plans {rho:.2f}"
+            )
         print("; ".join(line), flush=True)
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from pages import code_blocks, page_block
 from pymdownx.slugs import slugify
 
@@ -174,3 +175,42 @@ def test_the_gpu_pages_second_run_with_aa_twins_is_what_its_kept_log_says():
     assert not any(t.endswith("separated") for t in twins), twins
     now_rho, then_rho = re.search(r"Spearman ([\d.]+) when planned, ([\d.]+) by today", done.stdout).groups()[::-1]
     assert f"is {now_rho} by today's models ({then_rho} by the prices" in page.replace("\n   ", " ")
+
+
+@pytest.mark.slow
+def test_the_clusters_pages_fit_on_few_devices_is_what_the_kept_records_say(tmp_path):
+    """docs/clusters.md's link fitted on at most 4 emulated devices and its error at 8 and 16: the page prints what
+    `experiments/comm_over_hosts.py --reprice` finds in the kept records."""
+    done = subprocess.run(
+        [sys.executable, "experiments/comm_over_hosts.py", "--out", str(tmp_path),
+         "--reprice", "experiments/results/comm_over_hosts/comm_over_hosts.json.gz"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = " ".join((REPO / "docs/clusters.md").read_text().split())
+    fit = re.search(
+        r"^25 Mbit/s links: fitted ([\d.]+) Mbit/s .*, one link a host \(median errors: a link a device ([\d.]+)%, "
+        r"one a host ([\d.]+)%\), to (\d+) all-to-alls",
+        done.stdout,
+        re.M,
+    )
+    assert fit, done.stdout
+    rate, own, shared, count = fit.groups()
+    assert f"{count} all-to-alls of 2x1, 2x2 and 4x1: {rate} Mbit/s, one link a host" in page
+    assert f"(median error {round(float(shared))}%; as a link per device {round(float(own))}%)" in page
+    for layout in ("2x1", "2x2", "4x1", "4x2", "8x1", "4x4", "8x2"):
+        slowest = re.search(rf"^24 Mbit/s, {layout}: .*\n  slowest device of each .*$", done.stdout, re.M).group(0)
+        columns = [re.search(rf"measured/{price} ([\d.]+)", slowest.splitlines()[1]).group(1)
+                   for price in ("fitted", "now", "torchrec")]  # fmt: skip
+        hosts, per_host = layout.split("x")
+        assert f"| {hosts} x {per_host} | {' | '.join(columns)} |" in page, (layout, columns)
+    for devices in (8, 16):
+        line = re.search(rf"^25 Mbit/s, {devices} devices .*$", done.stdout, re.M).group(0)
+        found = {
+            price: re.search(rf"{price}: median error ([\d.]+)% a device, ([\d.]+)% a collective, .* ([-\d.]+)", part)
+            for price, part in zip(("fitted", "now", "torchrec"), line.split("; ")[1:])
+        }
+        collective = " / ".join(f"{found[p].group(2)}%" for p in ("fitted", "now", "torchrec"))
+        device = " / ".join(f"{found[p].group(1)}%" for p in ("fitted", "now", "torchrec"))
+        rho = " / ".join(found[p].group(3) for p in ("fitted", "now", "torchrec"))
+        assert f"| {collective} | {device} | {rho} |" in page, (devices, collective, device, rho)
