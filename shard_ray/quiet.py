@@ -13,6 +13,8 @@ What goes, and why it is safe to drop:
 - tqdm's redraws, where stderr is not a terminal (a log file, a Ray job's log, CI): a bar redrawn ten
   times a second fills the log with carriage returns, so there it redraws at most every 30 s, and its
   last state stays. TQDM_MININTERVAL, when set, wins.
+- Ray's colour codes around its workers' lines, where stdout is not a terminal (a log file, `hosts run`'s output
+  piped on): they are escape sequences there, not colours. RAY_COLOR_PREFIX, when set, wins.
 Elsewhere, where the chatter starts: RLlib's own warnings in `policy.ppo.build_algorithm`, Tune's
 tables in `tuning.sweep.run_sweep` (one line per trial instead).
 """
@@ -40,5 +42,7 @@ def quiet_output() -> None:
         logging.getLogger("mlflow").setLevel(level)
     if not sys.stderr.isatty():  # tqdm reads its TQDM_ defaults when it is imported, which the commands do later
         os.environ.setdefault("TQDM_MININTERVAL", "30")
+    if not sys.stdout.isatty():  # read by the driver each time it prints a worker's line
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     # A filter on the logger itself survives Ray's own logging set-up at import and at ray.init.
     logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_not_the_token_auth_notice)

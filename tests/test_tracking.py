@@ -162,3 +162,21 @@ def test_progress_bars_redraw_rarely_in_a_log_file():
         env=env | {"TQDM_MININTERVAL": "0.05"},
     )
     assert chosen.stderr.count("/150 [") >= 10, repr(chosen.stderr)
+
+
+def test_ray_is_told_to_print_its_workers_lines_without_colour_codes_into_a_pipe():
+    """Where stdout is not a terminal, the driver prints Ray's worker lines without escape codes (RAY_COLOR_PREFIX=0,
+    read by Ray each time it prints one); a user's RAY_COLOR_PREFIX wins."""
+    script = (
+        "import os\nfrom shard_ray.quiet import quiet_output\nquiet_output()\nprint(os.environ['RAY_COLOR_PREFIX'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_COLOR_PREFIX"}
+    for given, said in ((None, "0"), ("1", "1")):
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env if given is None else env | {"RAY_COLOR_PREFIX": given},
+        )
+        assert done.returncode == 0 and done.stdout.strip() == said, done.stderr
