@@ -963,7 +963,8 @@ def test_plan_over_hosts_takes_a_shared_link_calibrate_found(capsys, tmp_path):
     plan += ["--algo", "size_greedy", "--devices-per-host", "2", "--cost-model", str(tmp_path / "fitted.pt")]
     found = shard_ray_here(capsys, *plan, "--out", str(tmp_path / "found.json"))
     assert found.returncode == 0, found.stderr
-    assert "one link a host's devices share, as `calibrate` found them" in found.stdout
+    assert "between hosts: 0.003 GB/s a host (24 Mbit/s)" in found.stdout
+    assert "one link its devices share, as `calibrate` found them" in found.stdout
     given = shard_ray_here(
         capsys, *plan, "--inter-host-gbps", "0.003", "--host-link-gbps", "0.003", "--out", str(tmp_path / "given.json")
     )
@@ -1045,6 +1046,7 @@ def test_devices_sharing_their_hosts_link_wait_for_all_their_host_receives(capsy
     assert written["shared"].estimate.predicted.cost_ms > written["own"].estimate.predicted.cost_ms
     bad = shard_ray_here(capsys, *plan, "--host-link-gbps", "0", "--out", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and "--host-link-gbps" in bad.stderr and not (tmp_path / "bad.json").exists()
+    assert "must be above 0, got 0" in bad.stderr
 
 
 def test_the_lower_bound_over_slow_hosts_counts_the_bytes_every_plan_sends_between_them(shipped):

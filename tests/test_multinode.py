@@ -247,6 +247,9 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     assert len(saved) == 2 and saved[0].name.endswith("-hosts-of-2.pt") and "-hosts-of-2-tables-" in saved[1].name
     assert "`shard-ray plan` picks it for" in calibrated.stdout and "with --devices-per-host 2" in calibrated.stdout
     tuned_comm = report["chosen"] == "fine-tuned" and report["plans"]["fit"] and report["plans"]["val"]
+    # where a split of plans is empty the comm model cannot be fit, and calibrate says so
+    untuned = not (report["plans"]["fit"] and report["plans"]["val"])
+    assert ("the comm model is kept as it started" in calibrated.stdout) == untuned, calibrated.stdout
     assert CostModels.load(saved[0]).comm_devices_per_host == (2 if tuned_comm else None)
 
     for hosts, picked in ((["--devices-per-host", "2"], True), ([], False)):

@@ -38,7 +38,9 @@ def _number(kind: type, minimum: float | None) -> typing.Callable[[str], Any]:
         if value != value or value in (float("inf"), float("-inf")):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+            # a minimum this small stands for "above 0" (a rate, a cap): say that, not the epsilon
+            bound = "above 0" if 0 < minimum <= 1e-6 else f"at least {minimum:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages

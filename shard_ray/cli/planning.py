@@ -298,7 +298,8 @@ def _calibration_advice(plan: Plan, tables: list[TableSpec], flags: PlanArgs) ->
     the models it started from, `calibrate` measuring more."""
     from shard_ray.costmodel.models import CostModels, task_digest
 
-    command = f"`shard-ray calibrate --tables {flags.tables} --devices {flags.devices}`"
+    hosts = f" --devices-per-host {plan.devices_per_host}" if plan.devices_per_host else ""
+    command = f"`shard-ray calibrate --tables {flags.tables} --devices {flags.devices}{hosts}`"
     path = plan.estimate.cost_model if plan.estimate else None
     calibrated = CostModels.load(path).info.calibrated if path else None
     if calibrated is not None and calibrated.task == task_digest(tables) and not calibrated.fitted(calibrated.task):

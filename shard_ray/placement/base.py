@@ -225,12 +225,12 @@ def with_fitted_links(topology: Topology, context: PlacementContext) -> tuple[To
         else "--inter-host-gbps gives your links' rate; `calibrate` over hosts measures it"
     )
     update: dict[str, float] = {"inter_host_gbps": gbps}
-    shared = ""
+    per, shared = "a device", ""
     if links.host_link_gbps is not None and topology.host_link_gbps is None:
         update["host_link_gbps"] = links.host_link_gbps
-        shared = ", one link a host's devices share, as `calibrate` found them"
+        per, shared = "a host", ", one link its devices share, as `calibrate` found them"
     return topology.model_copy(update=update), (
-        f"between hosts: {gbps:.4g} GB/s a device ({gbps * 8e3:.0f} Mbit/s), {source}{shared} ({hint})"
+        f"between hosts: {gbps:.4g} GB/s {per} ({gbps * 8e3:.0f} Mbit/s), {source}{shared} ({hint})"
     )
 
 

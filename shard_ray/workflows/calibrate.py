@@ -264,6 +264,12 @@ def calibrate(
     start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.max_rows}))
     micro = microbenchmark_measurements(store, hardware, measure)
     tuned = _fine_tuned(start, hardware, by_split, plan_split, micro, topology.devices_per_host_if_spanning, config)
+    if not (plan_split["fit"] and plan_split["val"]):
+        log(
+            f"the comm model is kept as it started: {len(plan_split['fit'])} plans measured to fit it and "
+            f"{len(plan_split['val'])} to validate it, a plan at least each needed; more --plans or --budget-minutes "
+            "measures more"
+        )
     tuned, comm_refused = refuse_comm_worse_than_chance(start, tuned, plan_split["val"] + plan_split["held_out"])
     if comm_refused:
         log(comm_refused)
