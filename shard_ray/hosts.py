@@ -128,7 +128,10 @@ def parse_rate(text: str) -> float:
     """'200mbit' -> 2e8 bits per second (kbit, mbit, gbit, as tc writes them)."""
     match = _RATE.match(text.strip().lower())
     if not match or float(match.group(1)) <= 0:
-        raise ShardRayError(f"link rate {text!r} is not a rate such as 200mbit or 1gbit (kbit, mbit, gbit)")
+        # tc reads "mbps" as megabytes a second: a user writing it likely means megabits, so neither is guessed
+        bytes_unit = re.search(r"[kmg]bps$", text.strip().lower())
+        hint = f"; write {text.strip().lower()[:-3]}bit for bits a second (tc reads bps as bytes)" if bytes_unit else ""
+        raise ShardRayError(f"link rate {text!r} is not a rate such as 200mbit or 1gbit (kbit, mbit, gbit){hint}")
     return float(match.group(1)) * _RATE_UNITS[match.group(2)]
 
 

@@ -63,6 +63,7 @@ needs_namespaces = pytest.mark.skipif(
     ("flags", "said"),
     [
         ("--rate fast", "link rate 'fast' is not a rate such as 200mbit"),
+        ("--rate 50mbps", "write 50mbit for bits a second (tc reads bps as bytes)"),
         ("--name Big_Name", "cluster name 'Big_Name': 1 to 12 lower-case letters"),
         (f"--hosts {MAX_HOSTS + 1}", f"--hosts must be 1 to {MAX_HOSTS}"),
     ],
