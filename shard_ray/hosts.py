@@ -15,6 +15,7 @@ which takes their links with them. Commands run on the cluster from host 0 (`com
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -32,6 +33,8 @@ from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import shard_ray_home, write_atomic
 
 INTERFACE = "eth0"
+# Where `ip netns exec NS` finds the files it puts over those of /etc in NS (iproute2's convention).
+NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.0.0"
 HEAD_PORT = 6379
 # Every node's ports, fixed: each host has a network stack of its own, so they never meet another node's, and
@@ -231,6 +234,9 @@ def tear_down(state: EmulatedHosts) -> None:
         time.sleep(0.1)
     for ns in reversed(state.namespaces):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only where no other namespace keeps files there
+        NETNS_ETC.rmdir()
     shutil.rmtree(state.temp_dir, ignore_errors=True)
     state_path(state.name).unlink(missing_ok=True)
 
@@ -316,6 +322,24 @@ def _make_network(state: EmulatedHosts) -> None:
         # Both ways: the host's sending on its eth0, its receiving on the switch's port to it.
         _shape(state, ns, INTERFACE)
         _shape(state, switch, port)
+    _name_hosts(state)
+
+
+def _name_hosts(state: EmulatedHosts) -> None:
+    """Every host's address under its namespace's name, in the hosts file `ip netns exec` gives each host
+    (/etc/netns/NS/hosts over /etc/hosts): gloo looks up its peers' names, and unnamed, c10d warned "the
+    hostname of the client socket cannot be retrieved" at every gang's start. `tear_down` removes them."""
+    machine = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+    # and as the IPv4-mapped IPv6 address a dual-stack socket reports its peer by
+    names = "".join(
+        f"{address} {namespace(state.name, h)}\n"
+        for h in range(state.hosts)
+        for address in (host_ip(h), f"::ffff:{host_ip(h)}")
+    )
+    for host in range(state.hosts):
+        folder = NETNS_ETC / namespace(state.name, host)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(machine.rstrip("\n") + "\n" + names)
 
 
 def _shape(state: EmulatedHosts, ns: str, device: str) -> None:
