@@ -18,8 +18,9 @@ devices sharing its one link (`shared`, `plan --host-link-gbps`), as the emulate
 at the rate and kind of link (a device's own or its host's shared) that calibrate's fit (`fit_link_between_hosts`)
 finds in the all-to-alls of at most 4 devices at the same link setting; and `torchrec`: TorchRec's estimator's price
 (`torchrec_table_wise_comms`, its tables' sum). It prints the error of `fitted`, `now` and `torchrec` at 8 and 16
-devices: the median over devices and parts of |measured / priced - 1|, and the Spearman correlation of the plans'
-all-to-alls (each plan's slowest device), measured against priced.
+devices: the median over devices and parts of |measured / priced - 1|, the same over collectives (each its slowest
+device, measured and priced), and the Spearman correlation of the plans' all-to-alls (each plan's slowest device),
+measured against priced.
 
 Writes `comm_over_hosts.json` and prints the median ratio of measured to priced per layout. Figures: docs/clusters.md.
 """
