@@ -146,26 +146,26 @@ def episode_return(result: dict[str, Any]) -> float:
     return float(result.get("env_runners", {}).get("episode_return_mean", float("nan")))
 
 
-def set_cost_models(algo: Any, models: CostModels) -> None:
-    """Price later episodes on every env runner with `models`."""
+def _on_every_env(algo: Any, call: Callable[[Any], None]) -> None:
+    """`call` on every `PlacementEnv` of every env runner, the local one and the remote ones."""
 
     def update(runner: Any) -> None:
         for env in runner.env.unwrapped.envs:
-            env.unwrapped.set_cost_models(models)
+            call(env.unwrapped)
 
     algo.env_runner_group.foreach_env_runner(update)
+
+
+def set_cost_models(algo: Any, models: CostModels) -> None:
+    """Price later episodes on every env runner with `models`."""
+    _on_every_env(algo, lambda env: env.set_cost_models(models))
 
 
 def resume_tasks(algo: Any) -> None:
     """Every env runner's envs draw the tasks of the iterations after the restored `algo.iteration`
     (`PlacementEnv.resume_after`), not those the run before it drew first."""
     done = algo.iteration
-
-    def update(runner: Any) -> None:
-        for env in runner.env.unwrapped.envs:
-            env.unwrapped.resume_after(done)
-
-    algo.env_runner_group.foreach_env_runner(update)
+    _on_every_env(algo, lambda env: env.resume_after(done))
 
 
 def save_checkpoint(algo: Any, checkpoint_dir: Path) -> None:

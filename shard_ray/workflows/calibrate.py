@@ -303,8 +303,8 @@ def fit_links(
 ) -> tuple[LinkProfile | None, str]:
     """The link profile of `hardware` fitted to the all-to-alls measured in `plans` (`fit_link_rate`), and a line
     saying what was fitted; None where too few were measured. On one host it fits a collective's fixed time and
-    the rate inside the host; over hosts, the rate between them (the time the slower links set), keeping the
-    rest of `models`' profile."""
+    the rate inside the host; over hosts, the rate between them (the time the slower links set) and whether a
+    host's devices share one link (`fit_link_between_hosts`), keeping the rest of `models`' profile."""
     spanning = topology.devices_per_host_if_spanning
     rows = measured_collectives(plans, spanning)
     if len(rows) < MIN_COLLECTIVES:
@@ -312,16 +312,15 @@ def fit_links(
             f"links: not fitted ({len(rows)} all-to-alls measured in plans of one sharding type, {MIN_COLLECTIVES} "
             "needed); a larger --budget-minutes or more --plans measures more"
         )
-    where = f"{len(rows)} all-to-alls of {topology.num_devices} devices on {hardware}"
+    devices = f"{topology.num_devices} devices on {hardware}"
     try:
         if spanning:  # judged by each collective's slowest device, which the step waits for
             slowest = slowest_of_each(rows)
             fixed_ms, gbps, shared, errors = fit_link_between_hosts(slowest[:, 1], slowest[:, 3], slowest[:, 2])
-            where = (
-                f"{len(slowest)} all-to-alls of {topology.num_devices} devices on {hardware}, each its slowest device"
-            )
+            where = f"{len(slowest)} all-to-alls of {devices}, each its slowest device"
         else:
             fixed_ms, gbps = fit_link_rate(rows[:, 0], rows[:, 2])
+            where = f"{len(rows)} all-to-alls of {devices}"
     except ValueError as err:
         return None, f"links: not fitted: {err}"
     if spanning:
