@@ -97,7 +97,7 @@ def across_hosts_ms(models: CostModels, tables: list[TableSpec], topology: Topol
     moving = receiving_ms(floats, batch, topology.inter_host_gbps)
     if topology.host_link_gbps is not None:
         moving = max(moving, receiving_ms(floats * topology.devices_per_host_or_all, batch, topology.host_link_gbps))
-    links = Pricer(models, topology).links
+    links = models.links  # its fixed time and latency per peer: the topology changes only the rate inside a host
     return moving + links.collective_ms + links.message_ms * (d - 1)  # at least one collective crosses the hosts
 
 
