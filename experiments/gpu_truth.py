@@ -17,7 +17,10 @@ and measures, most wanted first, until `--seconds` are spent:
 
 With `--plans`, it measures only plans, device by device: each device's fused shard alone, every plan's devices
 in a round with that round's batches, plans in a rotated order (a plan of more devices than the machine has, as
-refinement measures it); `--report LOG` then prints what a log of theirs says.
+refinement measures it); `--report LOG` then prints what a log of theirs says. With `--training-step` as well, each
+device's shard is also run inside a DLRM training step (`TrainingStep`: MLPerf DLRM's MLPs on the device's share of
+the batch, no all-to-all) and the step is timed with and without it: what the embedding part adds to a step where
+the host launches ahead of the GPU, beside what the procedure measures.
 
 It writes `gpu.db`, a measurement store (`shard-ray costmodel train --store gpu-out/gpu.db` trains models of
 this hardware from it), and `gpu_log.jsonl`, one line per measurement. Figures: docs/gpu.md.
@@ -41,7 +44,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import median_of
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import load_plan
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, measure_fused_shard
+from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, measure_fused_shard, time_fused_shard
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.sampling import draw_augmented_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore
@@ -57,6 +60,148 @@ PROFILED_STEPS = 5
 # A plan file named `<stem>.<algorithm>_twin.json` is a copy of `<stem>.<algorithm>.json`: the report judges it
 # against its original, an A/A check that the procedure does not separate a plan from itself.
 TWIN = "_twin"
+
+
+# MLPerf DLRM's dense part (its reference model for Criteo Terabyte): 13 dense features, a bottom MLP to 128, a top MLP
+# over the bottom's output beside every table's pooled embedding.
+DENSE_FEATURES = 13
+BOTTOM_MLP = (512, 256, 128)
+TOP_MLP = (1024, 1024, 512, 256, 1)
+# Steps run back to back between two synchronizations, as training runs them: the host launches ahead of the GPU.
+STEPS_PER_TIMING = 10
+TIMINGS = 5
+
+
+def mlp(widths: tuple[int, ...], width_in: int, device: torch.device) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for width in widths:
+        layers += [torch.nn.Linear(width_in, width), torch.nn.ReLU()]
+        width_in = width
+    return torch.nn.Sequential(*layers[:-1]).to(device)
+
+
+class TrainingStep:
+    """One device's DLRM training step without its all-to-alls: the bottom MLP on the device's own samples (the
+    global batch over `devices`), the fused shard's forward over the global batch, the top MLP on the bottom's output
+    beside the pooled embeddings of the device's samples (its own columns, then a fixed tensor for the columns other
+    devices' tables would send), a logistic loss, backward (the shard's optimizer fused into it), Adagrad on the dense
+    part and the replicas' update. `embeddings=False` runs the same step with zeros for the device's own columns and
+    no embedding kernel: the dense part alone."""
+
+    def __init__(self, shard: FusedShard, devices: int, plan_width: int, dense_bf16: bool = False) -> None:
+        self.shard = shard
+        self.dense_bf16 = dense_bf16 and shard.device.type == "cuda"
+        device = shard.device
+        self.local = shard.config.batch_size // devices
+        own = shard.width + shard.replicated_width
+        self.bottom = mlp(BOTTOM_MLP, DENSE_FEATURES, device)
+        self.top = mlp(TOP_MLP, BOTTOM_MLP[-1] + plan_width, device)
+        parameters = list(self.bottom.parameters()) + list(self.top.parameters())
+        self.optimizer = torch.optim.Adagrad(parameters, lr=0.01)
+        generator = torch.Generator().manual_seed(0)
+        self.features = torch.randn(self.local, DENSE_FEATURES, generator=generator).to(device)
+        self.labels = torch.randint(0, 2, (self.local, 1), generator=generator).float().to(device)
+        self.others = torch.randn(self.local, plan_width - own, generator=generator).to(device)
+        self.zeros = torch.zeros(self.local, own, device=device)
+
+    def run(self, batch: int, embeddings: bool) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dense_bf16):
+            bottom = self.bottom(self.features)
+        if embeddings:
+            sharded, replicated = self.shard.forward(batch)
+            own = torch.cat(
+                [sharded[: self.local], replicated[: self.local]] if replicated.shape[1] else [sharded[: self.local]],
+                dim=1,
+            )
+        else:
+            own = self.zeros
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dense_bf16):
+            logits = self.top(torch.cat([bottom.float(), own, self.others], dim=1))
+        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), self.labels).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if embeddings:
+            self.shard.update_replicas()
+
+    def time_ms(self, embeddings: bool) -> float:
+        """A step's ms: the fastest of TIMINGS runs of STEPS_PER_TIMING steps back to back, each on the next batch."""
+        batches = len(self.shard.batches)
+        for step in range(3):
+            self.run(step % batches, embeddings)
+        best = float("inf")
+        for timing in range(TIMINGS):
+            self.shard.synchronize()
+            start = time.perf_counter()
+            for step in range(STEPS_PER_TIMING):
+                self.run((timing * STEPS_PER_TIMING + step) % batches, embeddings)
+            self.shard.synchronize()
+            best = min(best, (time.perf_counter() - start) * 1e3 / STEPS_PER_TIMING)
+        return best
+
+    def embeddings_back_to_back_ms(self) -> float:
+        """The fused shard's forward and backward alone, back to back as `time_ms` runs steps."""
+        grads = (
+            torch.randn(self.shard.config.batch_size, self.shard.width, device=self.shard.device),
+            torch.randn(
+                self.shard.samples[1] - self.shard.samples[0], self.shard.replicated_width, device=self.shard.device
+            ),
+        )
+        batches, best = len(self.shard.batches), float("inf")
+        for timing in range(TIMINGS):
+            self.shard.synchronize()
+            start = time.perf_counter()
+            for step in range(STEPS_PER_TIMING):
+                self.shard.backward(self.shard.forward((timing * STEPS_PER_TIMING + step) % batches), grads)
+                self.shard.update_replicas()
+            self.shard.synchronize()
+            best = min(best, (time.perf_counter() - start) * 1e3 / STEPS_PER_TIMING)
+        return best
+
+
+def measure_training_step(
+    run: Run,
+    label: str,
+    pieces: list[TablePiece],
+    batch: int,
+    devices: int,
+    plan_width: int,
+    seed: int,
+    dense_bf16: bool = False,
+    **extra: float,
+) -> dict | None:
+    """A device's shard by the procedure (synchronized around forward and backward) and inside `TrainingStep`."""
+    if run.over():
+        return None
+    started = time.monotonic()
+    config = MeasureConfig(batch_size=batch, warmup=2, repeats=7, seed=seed)
+    try:
+        shard = FusedShard(pieces, config)
+        procedure = time_fused_shard(shard)
+        step = TrainingStep(shard, devices, plan_width, dense_bf16)
+        record = {
+            "fwd_ms": procedure.fwd_ms,
+            "bwd_ms": procedure.bwd_ms,
+            "back_to_back_ms": step.embeddings_back_to_back_ms(),
+            "dense_step_ms": step.time_ms(embeddings=False),
+            "step_ms": step.time_ms(embeddings=True),
+        }
+    except (RuntimeError, MemoryError, ShardRayError) as err:
+        record = {"reason": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err).strip() else ''}"}
+    record = {
+        "label": label,
+        "tables": len(pieces),
+        "batch": batch,
+        "dense": "bf16" if dense_bf16 else "fp32",
+        **record,
+        "seconds": round(time.monotonic() - started, 2),
+        **extra,
+    }
+    run.log.write(json.dumps(record) + "\n")
+    run.log.flush()
+    del shard
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return record
 
 
 def kernel_time(pieces: list[TablePiece], batch_size: int) -> dict[str, float]:
@@ -126,7 +271,9 @@ def plan_tables(path: str) -> list[TableSpec]:
     return load_tables(f"experiments/tables/{Path(path).name.split('.')[0]}.json")
 
 
-def measure_plans(run: Run, plan_files: list[str], rounds: range) -> None:
+def measure_plans(
+    run: Run, plan_files: list[str], rounds: range, training_step: bool = False, dense_bf16: bool = False
+) -> None:
     """Each plan's devices' fused shards, one at a time on the one GPU, in interleaved rounds: every round measures
     every plan's devices with that round's batches (its seed), the plans in a rotated order. A plan file is named
     `<table file stem>.<algorithm>.json`, its tables read from `experiments/tables/<stem>.json`."""
@@ -138,10 +285,75 @@ def measure_plans(run: Run, plan_files: list[str], rounds: range) -> None:
     for r in rounds:
         order = plans[r % len(plans) :] + plans[: r % len(plans)]
         for name, held, batch in order:
+            plan_width = sum(t.dim for t in plan_tables(f"{name}.json"))
             for device, pieces in enumerate(held):
-                if pieces and run.measure(f"plan:{name}:{device}", pieces, batch, seed=r, round=r) is None:
+                if not pieces:
+                    continue
+                label = f"plan:{name}:{device}"
+                if training_step:
+                    measured = measure_training_step(
+                        run, label, pieces, batch, len(held), plan_width, r, dense_bf16, round=r
+                    )
+                else:
+                    measured = run.measure(label, pieces, batch, seed=r, round=r)
+                if measured is None:
                     return
         print(f"round {r}: {len(plans)} plans measured device by device", flush=True)
+
+
+def read_log(log: Path) -> list[dict]:
+    lines = gzip.decompress(log.read_bytes()).decode() if log.suffix == ".gz" else log.read_text()
+    return [json.loads(line) for line in lines.splitlines()]
+
+
+def report_training_steps(records: list[dict]) -> None:
+    """Per plan of a `--training-step` log: the slowest device by the procedure and inside the training step, the
+    dense part alone, and what the embedding part adds to the step over what the procedure measures, device by
+    device; then each plan over TorchRec's plan of its file by both measures, paired by round, with the comparison
+    procedure's interval (simultaneous over the file's other plans)."""
+    by_plan: dict[str, dict[int, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for record in records:
+        _, name, device = record["label"].split(":")
+        by_plan[name][record["round"]][int(device)] = record
+    devices = {name: max(len(d) for d in rounds.values()) for name, rounds in by_plan.items()}
+    slowest: dict[str, dict[str, dict[int, float]]] = {}
+    for name, rounds in by_plan.items():
+        whole = {r: d for r, d in rounds.items() if len(d) == devices[name]}
+        slowest[name] = {
+            measure: {r: max(pick(x) for x in d.values()) for r, d in whole.items()}
+            for measure, pick in (
+                ("procedure", lambda x: x["fwd_ms"] + x["bwd_ms"]),
+                ("step", lambda x: x["step_ms"]),
+            )
+        }
+        every = [x for d in whole.values() for x in d.values()]
+        added = [(x["step_ms"] - x["dense_step_ms"]) / (x["fwd_ms"] + x["bwd_ms"]) for x in every]
+        quartiles = np.percentile(added, [25, 50, 75])
+        print(
+            f"{name}: {len(whole)} rounds, {every[0].get('dense', 'fp32')} dense part; slowest device "
+            f"{median_of(list(slowest[name]['procedure'].values())):.2f} ms by the procedure, its step "
+            f"{median_of(list(slowest[name]['step'].values())):.2f} ms (the dense part alone "
+            f"{median_of([x['dense_step_ms'] for x in every]):.2f}); the embedding part adds to a step "
+            f"{quartiles[1]:.2f}x what the procedure measures (quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f} "
+            f"over {len(every)} device measurements)"
+        )
+    for name in slowest:
+        stem = name.split(".")[0]
+        reference = f"{stem}.torchrec"
+        others = [n for n in slowest if n.split(".")[0] == stem and n != reference]
+        if name == reference or reference not in slowest:
+            continue
+        for measure in ("procedure", "step"):
+            common = sorted(set(slowest[name][measure]) & set(slowest[reference][measure]))
+            ratio = ratio_interval(
+                [slowest[name][measure][r] for r in common],
+                [slowest[reference][measure][r] for r in common],
+                0.05 / len(others),
+            )
+            print(
+                f"{name} / TorchRec's, {measure}, {len(common)} rounds: "
+                f"{ratio.describe()}{' separated' if ratio.separated else ''}"
+            )
 
 
 def report_plans(log: Path, plan_files: list[str]) -> None:
@@ -155,10 +367,12 @@ def report_plans(log: Path, plan_files: list[str]) -> None:
     from shard_ray.costmodel.models import CostModels, shipped_models_path
     from shard_ray.costmodel.simulator import Simulator
 
+    records = read_log(log)
+    if records and "step_ms" in records[0]:
+        report_training_steps(records)
+        return
     by_round: dict[tuple[str, int], dict[int, float]] = defaultdict(dict)
-    lines = gzip.decompress(log.read_bytes()).decode() if log.suffix == ".gz" else log.read_text()
-    for line in lines.splitlines():
-        record = json.loads(line)
+    for record in records:
         _, name, device = record["label"].split(":")
         by_round[(name, record["round"])][int(device)] = record["fwd_ms"] + record["bwd_ms"]
     slowest: dict[str, dict[int, float]] = {}
@@ -218,6 +432,8 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", default=None, help="plan files to measure device by device, only them")
     parser.add_argument("--rounds", type=int, default=5, help="--plans: interleaved rounds at most")
     parser.add_argument("--first-round", type=int, default=0, help="--plans: the first round's number, its seed")
+    parser.add_argument("--training-step", action="store_true", help="--plans: each device also inside a DLRM step")
+    parser.add_argument("--dense-bf16", action="store_true", help="--training-step: the MLPs under bf16 autocast")
     parser.add_argument("--report", default=None, help="--plans: print what this log of theirs measured, nothing else")
     args = parser.parse_args()
     if args.plans and args.report:
@@ -228,7 +444,13 @@ def main() -> None:
     if args.plans:
         run = Run(Path(args.out), args.seconds)
         print(f"measuring {len(args.plans)} plans on {run.hardware} for at most {args.seconds:.0f} s", flush=True)
-        measure_plans(run, args.plans, range(args.first_round, args.first_round + args.rounds))
+        measure_plans(
+            run,
+            args.plans,
+            range(args.first_round, args.first_round + args.rounds),
+            args.training_step,
+            args.dense_bf16,
+        )
         run.store.close()
         return
     files = {Path(f).name: [TablePiece.whole(t) for t in load_tables(f)] for f in args.files}

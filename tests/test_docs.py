@@ -214,3 +214,25 @@ def test_the_clusters_pages_fit_on_few_devices_is_what_the_kept_records_say(tmp_
         device = " / ".join(f"{found[p].group(1)}%" for p in ("fitted", "now", "torchrec"))
         rho = " / ".join(found[p].group(3) for p in ("fitted", "now", "torchrec"))
         assert f"| {collective} | {device} | {rho} |" in page, (devices, collective, device, rho)
+
+
+def test_the_gpu_pages_training_step_is_what_its_kept_log_says():
+    """docs/gpu.md's training step around the 8-device plans' shards: the report of the kept log, as the page runs
+    it, gives each plan's share of the procedure's figure and its ratios to TorchRec's plan by both measures."""
+    kept = "experiments/results/gpu_h200_step"
+    plans = sorted(str(p.relative_to(REPO)) for p in (REPO / "experiments/results/gpu_h200_plans_rerun").glob("*.json"))
+    done = subprocess.run(
+        [sys.executable, "experiments/gpu_truth.py", "--report", f"{kept}/fp32_log.jsonl.gz", "--plans", *plans],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = (REPO / "docs/gpu.md").read_text()
+    shares = re.findall(
+        r"adds to a step ([\d.]+)x what the procedure measures \(quartiles ([\d.]+-[\d.]+)", done.stdout
+    )
+    ratios = re.findall(r"/ TorchRec's, (?:procedure|step), \d+ rounds: ([\d.]+x \[[\d.]+, [\d.]+\])", done.stdout)
+    assert len(shares) == 9 and len(ratios) == 12, done.stdout
+    for share, quartiles in shares:
+        assert f"| {share} ({quartiles}) |" in page, f"{share} ({quartiles}) is not on docs/gpu.md"
+    for ratio in ratios:
+        assert ratio in page, f"{ratio} is not on docs/gpu.md"

@@ -250,3 +250,41 @@ def test_replicas_of_one_width_are_updated_together_as_each_table_row_by_row():
             expected = before[k] - g * (LEARNING_RATE / (states[k].sqrt() + ADAGRAD_EPS))[:, None]
             assert torch.allclose(shard.piece_weights()[k], expected, atol=1e-6), (step, k)
             offset += piece.table.rows * piece.width
+
+
+def test_gpu_truth_times_each_device_alone_and_inside_a_training_step(tmp_path):
+    """`experiments/gpu_truth.py --plans ... --training-step`, as docs/gpu.md runs it on a GPU, here on fbgemm's CPU
+    kernels: every device of the plan is timed by the procedure, back to back, inside the DLRM step and as the
+    step's dense part alone, and `--report` reads the log."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from shard_ray.placement import place
+    from shard_ray.plan.plan import save_plan
+    from shard_ray.plan.topology import Topology
+    from shard_ray.workload.tables import load_tables
+
+    repo = Path(__file__).resolve().parents[1]
+    tables = load_tables(repo / "experiments/tables/many_tiny.json")
+    plan = place("size_greedy", tables, Topology(num_devices=2, memory_bytes=2**30, batch_size=256))
+    save_plan(tmp_path / "many_tiny.size_greedy.json", plan)
+    script = [sys.executable, "experiments/gpu_truth.py"]
+    measured = subprocess.run(
+        [*script, "--out", str(tmp_path / "out"), "--plans", str(tmp_path / "many_tiny.size_greedy.json"),
+         "--rounds", "1", "--training-step"],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert measured.returncode == 0, measured.stderr
+    records = [json.loads(line) for line in (tmp_path / "out/gpu_log.jsonl").read_text().splitlines()]
+    assert sorted(r["label"] for r in records) == ["plan:many_tiny.size_greedy:0", "plan:many_tiny.size_greedy:1"]
+    for r in records:
+        assert "reason" not in r, r
+        assert min(r["fwd_ms"], r["bwd_ms"], r["back_to_back_ms"], r["dense_step_ms"]) > 0
+        assert r["step_ms"] > r["dense_step_ms"] * 0.5 and r["dense"] == "fp32"
+    report = subprocess.run(
+        [*script, "--report", str(tmp_path / "out/gpu_log.jsonl"), "--plans", str(tmp_path / "many_tiny.size_greedy.json")],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0 and "many_tiny.size_greedy: 1 rounds, fp32 dense part" in report.stdout, report
