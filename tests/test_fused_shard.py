@@ -5,6 +5,7 @@ import torch
 from shard_ray.costmodel.train import OlderMeasurementsWarning, newest_procedure
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
+    MAX_WARMUP_STEPS,
     MEASUREMENT_PROCEDURE,
     PROCEDURE_1_CPU_MAX_ROWS,
     WARMUP_BATCHES,
@@ -16,6 +17,7 @@ from shard_ray.profiling.fused_shard import (
     memory_budget,
     shard_rows_cap,
     time_fused_shard,
+    warmed_up,
 )
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, read_record
@@ -288,3 +290,13 @@ def test_gpu_truth_times_each_device_alone_and_inside_a_training_step(tmp_path):
         cwd=repo, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert report.returncode == 0 and "many_tiny.size_greedy: 1 rounds, fp32 dense part" in report.stdout, report
+
+
+def test_warm_up_ends_when_the_steps_stop_getting_faster_not_when_a_step_is_slow():
+    assert not warmed_up([10.0, 9.0, 8.0], 1)  # fewer than four steps
+    assert not warmed_up([10.0, 9.0, 8.0, 7.0, 6.0], 1)  # still getting faster: 6.5 is 13% below 8.5
+    assert warmed_up([10.0, 9.0, 5.0, 5.1, 5.0, 5.05], 1)  # settled
+    assert warmed_up([10.0, 5.0, 5.0, 5.0, 9.0], 1)  # a noisy slow step is not warm-up
+    assert not warmed_up([5.0, 5.0, 5.0, 5.0], 6)  # at least --warmup steps
+    assert warmed_up([float(MAX_WARMUP_STEPS - i) for i in range(MAX_WARMUP_STEPS)], 1)  # at most 25
+    assert warmed_up([], 0)

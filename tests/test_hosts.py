@@ -208,9 +208,10 @@ def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve()
     with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
         work = Path(folder)
         env = _shell_env(work / "home")
-        # ten small tables, half of the measurements held out: enough for the held-out split without measuring more,
-        # so the calibration ends when its shards and plans are measured, well inside its budget
-        tables = [{"name": f"t{i}", "rows": 2_000 * (i + 1), "dim": 32, "pooling_factor": 1 + i % 4} for i in range(10)]
+        # five small tables: the candidates' plans and 2 random ones give enough all-to-alls to fit the rate (18 of
+        # them), in about a minute, well inside the budget; too few held-out measurements to judge the models'
+        # fine-tuning by (it keeps the models it started from and says so), which this test does not judge
+        tables = [{"name": f"t{i}", "rows": 4_000 * (i + 1), "dim": 32, "pooling_factor": 1 + i % 4} for i in range(5)]
         (work / "tables.json").write_text(json.dumps({"tables": tables}))
         calibrate = (
             "shard-ray calibrate --tables tables.json --devices 2 --devices-per-host 1 --inter-host-gbps 0.00625 "
