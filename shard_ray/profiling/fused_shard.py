@@ -178,6 +178,29 @@ LEARNING_RATE = 0.01
 ADAGRAD_EPS = 1e-8  # fbgemm's default
 
 
+class HostBuffers:
+    """Host memory for fused shards' weights and optimizer state, kept from one shard to the next by a process that
+    builds many in turn (a gang member: every plan of every round). fbgemm allocates and zeroes a shard's tables
+    each time it is built; on CPU, where whole tables are allocated, that zeroing took 93% of a gang member's busy
+    time over rounds of the ranking model's 2-device plan (docs/measurement.md). A buffer grows to the largest
+    shard asked of it and is reused, its contents whatever the last shard left: the steps time the same kernels
+    over resident pages, as training's do. The optimizer state, one value a row, is zeroed as a new shard's is. It
+    holds one shard's tables, the largest so far, within the member's memory budget as that shard was; one shard at
+    a time may use it."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def take(self, name: str, numel: int, dtype: torch.dtype, zeroed: bool = False) -> torch.Tensor:
+        """`numel` elements of buffer `name`; `zeroed`: set to 0, as a new shard's optimizer state starts."""
+        buffer = self._buffers.pop((name, dtype), None)
+        if buffer is None or buffer.numel() < numel:
+            del buffer  # freed before the larger one is allocated
+            buffer = torch.zeros(numel, dtype=dtype)
+        self._buffers[(name, dtype)] = buffer
+        return buffer[:numel].zero_() if zeroed else buffer[:numel]
+
+
 class FusedShard:
     """The embedding kernels of one device, with its batches prepared.
 
@@ -195,7 +218,9 @@ class FusedShard:
         device: torch.device | None = None,
         rank: int = 0,
         budget: int | None = None,
+        host_buffers: HostBuffers | None = None,
     ) -> None:
+        """`host_buffers`: where a CPU shard's tables and optimizer state go (`HostBuffers`); None: fbgemm's own."""
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -228,8 +253,19 @@ class FusedShard:
             members = [i for i in self.sharded if pieces[i].table.precision == precision]
             if members:
                 specs = [(pieces[i].allocated_rows(self.cap), pieces[i].width, location, compute) for i in members]
+                preallocated = None
+                if host_buffers is not None and not on_gpu:
+                    rows = sum(rows for rows, *_ in specs)
+                    weights = sum(rows * width for rows, width, *_ in specs)
+                    dtype = torch.float16 if precision == "fp16" else torch.float32
+                    preallocated = {"weights": host_buffers.take(f"{precision} weights", weights, dtype)}
+                    if config.optimizer == "rowwise_adagrad":
+                        preallocated["momentum1"] = host_buffers.take(
+                            f"{precision} state", rows, torch.float32, zeroed=True
+                        )
                 module = SplitTableBatchedEmbeddingBagsCodegen(
                     embedding_specs=specs,
+                    preallocated_host_buffers=preallocated,
                     optimizer=getattr(EmbOptimType, _OPTIMIZERS[config.optimizer]),
                     learning_rate=LEARNING_RATE,
                     eps=ADAGRAD_EPS,

@@ -47,6 +47,7 @@ from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import (
     FusedShard,
+    HostBuffers,
     MeasureConfig,
     memory_budget,
     piece_lookups,
@@ -204,11 +205,14 @@ class PlanStep:
         config: MeasureConfig,
         device: torch.device,
         budgets: list[int],
+        host_buffers: HostBuffers | None = None,
     ) -> None:
-        """`budgets`: each rank's memory budget (`memory_budget`)."""
+        """`budgets`: each rank's memory budget (`memory_budget`); `host_buffers`: where my shard's tables go."""
         self.rank, self.config, self.device = rank, config, device
         self.world = len(by_device)
-        self.shard = FusedShard(by_device[rank], config, device, rank=rank, budget=budgets[rank])
+        self.shard = FusedShard(
+            by_device[rank], config, device, rank=rank, budget=budgets[rank], host_buffers=host_buffers
+        )
         # Each device's rows allocated per table (`shard_rows_cap`), into which the lookups sent to it are folded.
         caps = [shard_rows_cap(held, config, budget) for held, budget in zip(by_device, budgets)]
         ranges = sample_ranges(config.batch_size, self.world)
@@ -415,6 +419,7 @@ class GangMember:
         self.world_size = world_size
         self.device = measurement_device()
         self.hardware = hardware_id(threads)
+        self.host_buffers = HostBuffers()
 
     def host(self) -> dict:
         return {
@@ -467,7 +472,7 @@ class GangMember:
 
         With `take_turns` the devices run their compute phases one after another.
         """
-        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets, self.host_buffers)
         shard = step.shard
         parts_ms: dict[str, list[float]] = {name: [] for name in STEP_PARTS}
 
@@ -520,7 +525,7 @@ class GangMember:
     ) -> dict:
         """One step from `initial_weights`: my samples' pooled embeddings (tables side by side, in
         `tables` order) and my pieces' updated weights."""
-        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets)
+        step = PlanStep(by_device, tables, self.rank, config, self.device, budgets, self.host_buffers)
         step.shard.load_initial_weights()
         _, embeddings = step.train_step(0, _untimed, _untimed)
         weights = [w.detach().float().cpu().clone() for w in step.shard.piece_weights()]
