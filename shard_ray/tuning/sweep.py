@@ -96,11 +96,12 @@ def run_sweep(
     else:
         if sweep.search == "optuna":
             import optuna
-            from ray.tune.search.optuna import OptunaSearch
+
+            from shard_ray.tuning.optuna_search import ResumableOptunaSearch
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-            search_alg = ConcurrencyLimiter(OptunaSearch(seed=sweep.seed), max_concurrent=sweep.max_concurrent)
+            search_alg = ConcurrencyLimiter(ResumableOptunaSearch(seed=sweep.seed), max_concurrent=sweep.max_concurrent)
         else:
             search_alg = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
         callbacks: list[tune.Callback] = [TrialProgress(metric, sweep.samples)]
