@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from shard_ray.arguments import Parser
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import median_of
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import load_plan
@@ -174,6 +174,8 @@ def measure_training_step(
         return None
     started = time.monotonic()
     config = MeasureConfig(batch_size=batch, warmup=2, repeats=7, seed=seed)
+    shard: FusedShard | None = None  # freed before the next device's, on the GPU too
+    step: TrainingStep | None = None
     try:
         shard = FusedShard(pieces, config)
         procedure = time_fused_shard(shard)
@@ -186,19 +188,19 @@ def measure_training_step(
             "step_ms": step.time_ms(embeddings=True),
         }
     except (RuntimeError, MemoryError, ShardRayError) as err:
-        record = {"reason": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err).strip() else ''}"}
+        record = {"reason": f"{type(err).__name__}: {first_line(err)}"}
     record = {
         "label": label,
         "tables": len(pieces),
         "batch": batch,
-        "dense": "bf16" if dense_bf16 else "fp32",
+        "dense": "bf16" if dense_bf16 and torch.cuda.is_available() else "fp32",
         **record,
         "seconds": round(time.monotonic() - started, 2),
         **extra,
     }
     run.log.write(json.dumps(record) + "\n")
     run.log.flush()
-    del shard
+    shard = step = None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return record
