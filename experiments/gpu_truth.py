@@ -34,6 +34,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -124,38 +125,39 @@ class TrainingStep:
             self.shard.update_replicas()
 
     def time_ms(self, embeddings: bool) -> float:
-        """A step's ms: the fastest of TIMINGS runs of STEPS_PER_TIMING steps back to back, each on the next batch."""
-        batches = len(self.shard.batches)
-        for step in range(3):
-            self.run(step % batches, embeddings)
-        best = float("inf")
-        for timing in range(TIMINGS):
-            self.shard.synchronize()
-            start = time.perf_counter()
-            for step in range(STEPS_PER_TIMING):
-                self.run((timing * STEPS_PER_TIMING + step) % batches, embeddings)
-            self.shard.synchronize()
-            best = min(best, (time.perf_counter() - start) * 1e3 / STEPS_PER_TIMING)
-        return best
+        """A step's ms (`back_to_back_ms`), with the embedding part or the dense part alone."""
+        return back_to_back_ms(self.shard, lambda batch: self.run(batch, embeddings))
 
     def embeddings_back_to_back_ms(self) -> float:
         """The fused shard's forward and backward alone, back to back as `time_ms` runs steps."""
+        shard = self.shard
         grads = (
-            torch.randn(self.shard.config.batch_size, self.shard.width, device=self.shard.device),
-            torch.randn(
-                self.shard.samples[1] - self.shard.samples[0], self.shard.replicated_width, device=self.shard.device
-            ),
+            torch.randn(shard.config.batch_size, shard.width, device=shard.device),
+            torch.randn(shard.samples[1] - shard.samples[0], shard.replicated_width, device=shard.device),
         )
-        batches, best = len(self.shard.batches), float("inf")
-        for timing in range(TIMINGS):
-            self.shard.synchronize()
-            start = time.perf_counter()
-            for step in range(STEPS_PER_TIMING):
-                self.shard.backward(self.shard.forward((timing * STEPS_PER_TIMING + step) % batches), grads)
-                self.shard.update_replicas()
-            self.shard.synchronize()
-            best = min(best, (time.perf_counter() - start) * 1e3 / STEPS_PER_TIMING)
-        return best
+
+        def embeddings_only(batch: int) -> None:
+            shard.backward(shard.forward(batch), grads)
+            shard.update_replicas()
+
+        return back_to_back_ms(shard, embeddings_only)
+
+
+def back_to_back_ms(shard: FusedShard, step: Callable[[int], None]) -> float:
+    """`step`'s ms: 3 untimed steps, then the fastest of TIMINGS runs of STEPS_PER_TIMING steps back to back between
+    two synchronizations, each step on the shard's next prepared batch."""
+    batches = len(shard.batches)
+    for batch in range(3):
+        step(batch % batches)
+    best = float("inf")
+    for timing in range(TIMINGS):
+        shard.synchronize()
+        start = time.perf_counter()
+        for k in range(STEPS_PER_TIMING):
+            step((timing * STEPS_PER_TIMING + k) % batches)
+        shard.synchronize()
+        best = min(best, (time.perf_counter() - start) * 1e3 / STEPS_PER_TIMING)
+    return best
 
 
 def measure_training_step(
