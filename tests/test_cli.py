@@ -435,6 +435,7 @@ def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ra
         (["--algo", "random", "--device", "2"], "--devices"),
         (["--algo", "random", "--devices-per-host", "3"], "does not divide 2 devices"),
         (["--algo", "random", "--refine"], "--refine refines the plan --measure chooses: give --measure too"),
+        (["--algo", "random", "--incumbent", "x.json"], "--incumbent is the plan --measure races against"),
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
         (["--algo", "cost_search", "--set", "time_budget_s=3"], "use max_evaluations"),
     ],

@@ -10,6 +10,7 @@ import pytest
 from console import assert_refused, shard_ray_here
 
 from shard_ray.cli import main
+from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
 from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
@@ -131,6 +132,42 @@ def test_ties_go_to_the_lowest_measured_cost_and_claims_say_within_noise():
     assert said.startswith("within noise of another plan") and "faster" not in said
 
 
+def replayed_race(names: list[str], costs: list[float], seed: int, rounds: int = 8, incumbent: str | None = None):
+    rng = np.random.default_rng(seed)
+    state = Race(names, rounds, 6, incumbent=incumbent)
+    while (verdict := state.look(final=state.count >= rounds)) is None:
+        state.record(dict(zip(names, noisy_rounds(rng, costs))))
+    return state, verdict
+
+
+def test_a_tie_keeps_the_incumbent_even_where_another_plan_has_the_lower_median():
+    """Equal plans: the incumbent is kept in every race but those (at most the procedure's alpha) that separate
+    another as faster; without an incumbent, the same rounds go to the lowest median, most often another plan."""
+    names = ["incumbent", "searched", "heuristic"]
+    replaced, lower_median = 0, 0
+    for seed in range(40):
+        _, verdict = replayed_race(names, [1.0, 1.0, 1.0], seed, incumbent="incumbent")
+        if verdict.chosen != "incumbent":
+            assert verdict.ratios["incumbent"].low > 1
+            replaced += 1
+        else:
+            assert "(incumbent), which is kept" in verdict.rule or verdict.separated
+            assert not any(r.separated and r.ratio < 1 for r in verdict.ratios.values())
+        lower_median += replayed_race(names, [1.0, 1.0, 1.0], seed)[1].chosen != "incumbent"
+    assert replaced <= 2 and lower_median >= 20
+
+
+def test_a_plan_replaces_the_incumbent_only_when_separated_as_faster_than_it():
+    """Two plans 15% faster than the incumbent and tied with each other: one of them is chosen, unseparated from
+    the other, and its interval with the incumbent excludes 1."""
+    names = ["incumbent", "a", "b"]
+    state, verdict = replayed_race(names, [1.15, 1.0, 1.0], seed=5, rounds=12, incumbent="incumbent")
+    assert verdict.chosen in ("a", "b") and not verdict.separated
+    assert verdict.ratios["incumbent"].low > 1 and "separated as faster than the incumbent" in verdict.rule
+    with pytest.raises(ShardRayError, match="the incumbent 'c' is not one of the plans compared"):
+        Race(names, 8, incumbent="c")
+
+
 def test_old_plan_files_with_a_race_still_read(tmp_path, small_tables):
     document = {
         "num_devices": 1,
@@ -232,6 +269,7 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
         ("one_plan", "two plan files or more"),
         ("twice", "given twice"),
         ("copy", "place the tables identically: nothing to compare"),
+        ("incumbent_not_given", "--incumbent copy.json is not one of the plan files given to compare"),
     ],
 )
 def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
@@ -245,6 +283,7 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
         "one_plan": [str(plan)],
         "twice": [str(plan), str(plan)],
         "copy": [str(plan), "copy.json"],
+        "incumbent_not_given": [str(plan), "other.json", "--incumbent", "copy.json"],
     }[case]
     shutil.copy(plan, tmp_path / "copy.json")
     other = load_plan(plan)
@@ -253,6 +292,39 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
     monkeypatch.chdir(tmp_path)
     assert_refused(capsys, ["compare", "--tables", str(table_file), "--plans", *plans, "--out", "cmp"], message)
     assert not (tmp_path / "cmp").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_plan_measure_keeps_an_incumbent_no_plan_is_measured_faster_than(
+    ray_session, capsys, monkeypatch, tmp_path, two_plans
+):
+    """`plan --measure --incumbent FILE`: 2 rounds (intervals of one degree of freedom) separate nothing, so the
+    incumbent, a hand-edited plan no algorithm makes, is written whatever the medians say, and the output says so."""
+    table_file, _, twin = two_plans
+    monkeypatch.chdir(tmp_path)
+    result = shard_ray_here(
+        capsys, "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "4", "--algo", "cost_search",
+        "--out", "plan.json", "--measure", "--measure-rounds", "2", "--incumbent", str(twin), "--no-mlflow",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = load_plan(tmp_path / "plan.json")
+    measured = written.measured
+    assert measured.incumbent is not None and "incumbent" in measured.incumbent.split("=")
+    assert measured.chosen == measured.incumbent and not measured.separated and measured.rounds == 2
+    placement = {(s.table, s.device, s.columns) for s in written.shards}
+    assert placement == {(s.table, s.device, s.columns) for s in load_plan(twin).shards}
+    assert f"no plan is separated as faster than the incumbent ({measured.incumbent}), which is kept" in result.stdout
+    assert f"the incumbent ({measured.incumbent}), kept: no plan measured faster than it" in result.stdout
+    # measured with the others, and priced by the models that priced them
+    assert measured.incumbent in measured.predicted_ms and len(measured.candidates) >= 3
+    # an incumbent of other devices is refused before anything is measured
+    assert_refused(
+        capsys,
+        ["plan", "--tables", str(table_file), "--devices", "3", "--memory-gb", "4", "--algo", "cost_search",
+         "--out", "three.json", "--measure", "--incumbent", str(twin)],
+        "is not a plan of",
+        tmp_path / "three.json",
+    )  # fmt: skip
 
 
 @pytest.mark.slow

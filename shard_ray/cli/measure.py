@@ -91,6 +91,11 @@ class CompareArgs:
         "shard-ray-out/compare", "folder for comparison.json, comparison.md and comparison.png (created if missing)"
     )
     task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
+    incumbent: str | None = setting(
+        None,
+        "one of the plan files: the plan you run now, chosen unless another is separated as faster than it "
+        "(default: none; among plans the race cannot tell apart, the lowest median is chosen)",
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -113,6 +118,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
     names = stems if len(set(stems)) == len(stems) else list(flags.plans)
     if len(set(names)) < len(names):
         raise ShardRayError("a plan file is given twice")
+    if flags.incumbent is not None and flags.incumbent not in flags.plans:
+        raise ShardRayError(f"--incumbent {flags.incumbent} is not one of the plan files given to compare")
+    incumbent = names[flags.plans.index(flags.incumbent)] if flags.incumbent else None
     plans = [load_plan(p) for p in flags.plans]
     topology = _topology_of_plans(flags, plans, tables, settings_from(TopologyArgs, args))
     merged = [name for name, _ in distinct(list(zip(names, plans)))]
@@ -126,7 +134,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
         # every plan priced by one set of models, those `plan` picks for the gang's hardware and these tables
         plans = [priced(plan, tables, topology, hardware=gang.hardware) for plan in plans]
-        compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config)
+        compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config, incumbent=incumbent)
     result = compared.result
     table = format_comparison(result)
     print(table)

@@ -21,12 +21,15 @@ from shard_ray.workflows.refinement import RefineConfig
 
 if TYPE_CHECKING:
     from shard_ray.plan.constraints import Constraints
+    from shard_ray.plan.cost import MeasuredComparison
     from shard_ray.workflows.comparison import ComparedPlans
     from shard_ray.workload.tables import TableSpec
 
 
 # Whose plans `plan --measure` races the chosen algorithm's plan against.
 BASELINE_FAMILIES = ("heuristic", "planner")
+# The name `plan --measure` races the --incumbent plan file under.
+INCUMBENT = "incumbent"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,12 @@ class PlanArgs:
         "race the plan against every baseline (heuristics, TorchRec's planner) on the device gang and keep the "
         "measured best, with confidence intervals",
     )
+    incumbent: str | None = setting(
+        None,
+        "plan --measure: the plan file you run now (shard-ray's, TorchRec's planner's, written by hand); it races "
+        "too, and another plan is written only when measured faster than it (default: TorchRec's plan of the task, "
+        "where TorchRec's planner can make one)",
+    )
     store: str = setting(DEFAULT_STORE, "plan --measure: " + STORE_HELP + ", where every round's measurement goes")
     set: tuple[str, ...] = setting(
         (),
@@ -217,8 +226,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
     refine_config = settings_from(RefineConfig, args)
     if refine_config.refine and not flags.measure:
         raise ShardRayError("--refine refines the plan --measure chooses: give --measure too")
+    if flags.incumbent and not flags.measure:
+        raise ShardRayError("--incumbent is the plan --measure races against: give --measure too")
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
+    incumbent = _incumbent_plan(flags, tables, topology) if flags.incumbent else None
     constraints = load_constraints(flags.constraints) if flags.constraints else None
     _check_cost_model_flag(flags)
     if flags.hardware is not None:
@@ -254,17 +266,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
     raced = None
     if flags.measure:
         race = settings_from(MeasureRaceArgs, args).config()
-        plan, raced = measured_best(plan, tables, topology, flags, race, constraints)
+        plan, raced = measured_best(plan, tables, topology, flags, race, constraints, incumbent)
         if refine_config.refine:
             plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
     save_plan(flags.out, plan)
-    if plan.measured is None:  # not measured, or every candidate placed the tables alike
-        chosen = ""
-    elif plan.measured.separated:
-        chosen = ", measured faster than every other"
-    else:
-        chosen = ", within noise of the measured fastest and the lowest measured cost of those"
-    print(f"wrote {flags.out}: {plan.algorithm}'s plan{chosen}")
+    print(f"wrote {flags.out}: {plan.algorithm}'s plan{_why_written(plan.measured)}")
     tracking_uri, experiment = tracking(args)
     if raced is not None and tracking_uri is not None:
         from shard_ray.tracking.mlflow_runs import log_comparison
@@ -283,6 +289,34 @@ def cmd_plan(args: argparse.Namespace) -> None:
             kind="race",
         )
         print(logged.describe(tracking_uri))
+
+
+def _why_written(measured: MeasuredComparison | None) -> str:
+    """Why `plan --measure` wrote the plan it wrote, for its last line."""
+    if measured is None:  # not measured, or every candidate placed the tables alike
+        return ""
+    if measured.separated:
+        return ", measured faster than every other"
+    if measured.incumbent is None:
+        return ", within noise of the measured fastest and the lowest measured cost of those"
+    if measured.chosen == measured.incumbent:
+        return f", the incumbent ({measured.incumbent}), kept: no plan measured faster than it"
+    return f", measured faster than the incumbent ({measured.incumbent}), not separated from every other plan"
+
+
+def _incumbent_plan(flags: PlanArgs, tables: list[TableSpec], topology: Topology) -> Plan:
+    """The plan file given as --incumbent, checked to be a plan of these tables on these devices."""
+    from shard_ray.plan.plan import load_plan
+
+    incumbent = load_plan(flags.incumbent)
+    try:
+        incumbent.check(tables)
+        if incumbent.num_devices != topology.num_devices:
+            raise ShardRayError(f"it is for {incumbent.num_devices} devices, not --devices {topology.num_devices}")
+        incumbent.check_memory(tables, topology)
+    except ShardRayError as err:
+        raise ShardRayError(f"--incumbent {flags.incumbent} is not a plan of {flags.tables} here: {err}") from None
+    return incumbent
 
 
 def _check_cost_model_flag(flags: PlanArgs) -> None:
@@ -370,28 +404,40 @@ def measured_best(
     flags: PlanArgs,
     config: CompareConfig,
     constraints: Constraints | None,
+    incumbent: Plan | None = None,
 ) -> tuple[Plan, ComparedPlans | None]:
-    """`plan` compared with every baseline's plan on the gang (`shard_ray.workflows.comparison`); the chosen plan, with
-    the comparison, and what was compared (None where every candidate placed the tables alike). Among plans the
-    hardware cannot tell apart, the one of the lowest measured cost is chosen.
+    """`plan` compared with every baseline's plan and the `incumbent` on the gang (`shard_ray.workflows.comparison`);
+    the chosen plan, with the comparison, and what was compared (None where every candidate placed the tables
+    alike). The incumbent (without one, TorchRec's plan where TorchRec planned the task) is kept unless a plan is
+    separated as faster than it; without either, among plans the hardware cannot tell apart, the one of the lowest
+    measured cost is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
     from shard_ray.costmodel.simulator import price_comm
     from shard_ray.placement import algorithms
+    from shard_ray.placement.base import priced
     from shard_ray.plan.summary import gang_layout
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison
 
-    candidates = [plan, *_baselines_plans(plan, tables, topology, flags, constraints)]
-    if len(distinct([(p.algorithm, p) for p in candidates])) < 2:
+    named = [(p.algorithm, p) for p in [plan, *_baselines_plans(plan, tables, topology, flags, constraints)]]
+    if incumbent is not None:
+        models = plan.estimate.cost_model if plan.estimate else None
+        hardware = flags.hardware or hardware_id(threads=1)  # as `cmd_plan` names it
+        named.append((INCUMBENT, priced(incumbent, tables, topology, models, hardware) if models else incumbent))
+    if len(distinct(named)) < 2:
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
         return plan, None
+    kept = INCUMBENT if incumbent is not None else ("torchrec" if "torchrec" in dict(named) else None)
+    if kept is None:
+        print("no incumbent (TorchRec's planner made no plan of this task, and --incumbent is not given)")
     with (
         DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang,
         MeasurementStore(flags.store) as store,
     ):
-        compared = compare_plans([(p.algorithm, p) for p in candidates], tables, topology, gang, config, store)
+        compared = compare_plans(named, tables, topology, gang, config, store, incumbent=kept)
         spanned = gang_layout(gang.hosts) if len(set(gang.hosts)) > 1 else None
     result = compared.result
     print(

@@ -167,7 +167,8 @@ class MeasuredComparison(BaseModel):
     Candidates are named by algorithm or file ('='-joined where their placements agree). `ratios`
     holds every other plan's cost over the chosen one's with an interval that is simultaneous over
     all pairs of plans and every look the race took; `separated` says the chosen plan's interval
-    with every other plan excludes 1, and `rule` says how the chosen plan was picked.
+    with every other plan excludes 1, and `rule` says how the chosen plan was picked (keeping the `incumbent`,
+    where there is one, unless another plan is separated as faster than it).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -177,6 +178,7 @@ class MeasuredComparison(BaseModel):
     confidence: float
     separated: bool
     rule: str = ""
+    incumbent: str | None = None  # the plan the user runs now, kept unless another is separated as faster
     steps_per_round: int
     rounds: int = 0
     pair_level: float = 0.0  # each interval's two-sided level at the look that ended the race

@@ -417,6 +417,7 @@ def log_comparison(
                 "plans": ",".join(result.candidates),
                 "chosen": result.chosen,
                 "separated": result.separated,
+                "incumbent": result.incumbent or "none",
                 "rule": result.rule[:500],
                 "rounds": result.rounds,
                 "confidence": result.confidence,

@@ -24,6 +24,12 @@ from every other the race ends. At the end, if it is not separated, the plans ti
 interval includes 1) are equally good as far as the hardware can tell, and the one of them with the
 lowest cost (its median round) is chosen, which the result's `rule` says: a measurement, never the
 models' order, whose price gaps between such plans are smaller than their error.
+
+The incumbent. Where one plan is what the user runs now (`plan --measure --incumbent`, TorchRec's
+plan by default), a race that separates no plan from every other keeps it unless some plans are
+separated as faster than it, by the same simultaneous intervals; then the fastest of those (by the
+paired ratios) is chosen. So a plan replaces the incumbent only on the hardware's word, never on a
+tie's lowest median.
 """
 
 from __future__ import annotations
@@ -129,10 +135,19 @@ class Verdict:
 class Race:
     """The procedure's state: the rounds so far and the alpha the looks have spent (see the module's doc)."""
 
-    def __init__(self, names: Sequence[str], most_rounds: int, min_rounds: int = 6, confidence: float = 0.95) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        most_rounds: int,
+        min_rounds: int = 6,
+        confidence: float = 0.95,
+        incumbent: str | None = None,
+    ) -> None:
         if len(names) < 2:
             raise ShardRayError("a comparison needs two plans or more")
-        self.names = list(names)
+        if incumbent is not None and incumbent not in names:
+            raise ShardRayError(f"the incumbent {incumbent!r} is not one of the plans compared ({', '.join(names)})")
+        self.names, self.incumbent = list(names), incumbent
         self.most_rounds, self.alpha = most_rounds, 1 - confidence
         self.looks = look_schedule(min(min_rounds, most_rounds), most_rounds)
         self.rounds: dict[str, list[float]] = {name: [] for name in names}
@@ -149,7 +164,8 @@ class Race:
     def look(self, final: bool) -> Verdict | None:
         """After a round: the verdict when the best plan is separated or `final` says the race ends, else None.
 
-        Among plans tied at the end, the one of the lowest cost (median round) is chosen."""
+        Among plans tied at the end, the incumbent is kept unless plans are separated as faster than it (then the
+        fastest of those is chosen); without an incumbent, the tied plan of the lowest cost (median round)."""
         if self.count not in self.looks and not final:
             return None
         total = self.alpha if final else alpha_spent(self.count, self.most_rounds, self.alpha)
@@ -162,6 +178,8 @@ class Race:
             return Verdict(best, True, ratios, level, f"{best} is separated from every other plan")
         if not final:
             return None
+        if self.incumbent is not None:
+            return self._against_incumbent(level)
         tied = [best] + [name for name, r in ratios.items() if not r.separated]
         chosen = min(tied, key=lambda name: median_of(self.rounds[name]))  # the first such, on equal costs
         if chosen != best:
@@ -172,11 +190,34 @@ class Race:
         )
         return Verdict(chosen, False, ratios, level, rule)
 
-    def fastest(self) -> str:
-        """The plan with the lowest trimmed ratio to the first plan (the first such, on ties)."""
+    def fastest(self, among: Sequence[str] | None = None) -> str:
+        """The plan (of `among`, default all) with the lowest trimmed ratio to the first plan (the first such, on
+        ties)."""
         anchor = self.names[0]
         ratios = {name: ratio_interval(self.rounds[name], self.rounds[anchor], 1.0).ratio for name in self.names}
-        return min(self.names, key=ratios.__getitem__)
+        return min(among or self.names, key=ratios.__getitem__)
+
+    def _against_incumbent(self, level: float) -> Verdict:
+        """The final verdict where no plan is separated from every other: the incumbent, or the fastest of the plans
+        separated as faster than it."""
+        incumbent = self.incumbent
+        faster = [
+            name
+            for name, r in self._ratios(incumbent, level).items()
+            if r.separated and r.ratio < 1  # its cost over the incumbent's is below 1, with the interval
+        ]
+        if not faster:
+            rule = (
+                f"no plan is separated as faster than the incumbent ({incumbent}), which is kept: "
+                "a plan replaces it only when measured faster"
+            )
+            return Verdict(incumbent, False, self._ratios(incumbent, level), level, rule)
+        chosen = self.fastest(faster)
+        rule = (
+            f"no plan is separated from every other; {len(faster)} separated as faster than the incumbent "
+            f"({incumbent}), and of these {chosen} is the fastest by the paired ratios and is chosen"
+        )
+        return Verdict(chosen, False, self._ratios(chosen, level), level, rule)
 
     def _ratios(self, chosen: str, level: float) -> dict[str, PlanRatio]:
         return {
@@ -211,12 +252,14 @@ def compare_plans(
     store: MeasurementStore | None = None,
     log: Callable[[str], None] = print,
     merge_identical: bool = True,
+    incumbent: str | None = None,
 ) -> ComparedPlans:
     """Measure the named plans side by side on `gang` in rounds until the procedure decides; its verdict.
 
     Plans with identical placements are measured once under their joined names (unless not
-    `merge_identical`: an A/A race measures a plan against a copy of itself). With a `store`, every round's
-    measurement is kept there for the next calibration."""
+    `merge_identical`: an A/A race measures a plan against a copy of itself). `incumbent` names the plan the
+    user runs now, kept unless another is separated as faster (see the module's doc). With a `store`, every
+    round's measurement is kept there for the next calibration."""
     entries = distinct(named) if merge_identical else list(named)
     if len(entries) < 2:
         raise ShardRayError(
@@ -226,7 +269,8 @@ def compare_plans(
         )
     plans = dict(entries)
     names = list(plans)
-    race = Race(names, config.rounds, config.min_rounds, config.confidence)
+    incumbent = next((n for n in names if incumbent in n.split("=")), incumbent) if incumbent else None
+    race = Race(names, config.rounds, config.min_rounds, config.confidence, incumbent)
     log(
         f"measuring {len(names)} distinct plans side by side on a {topology.num_devices}-device gang: "
         f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s"
@@ -237,6 +281,7 @@ def compare_plans(
         chosen=verdict.chosen,
         confidence=config.confidence,
         separated=verdict.separated,
+        incumbent=incumbent,
         rule=verdict.rule,
         steps_per_round=config.repeats,
         rounds=race.count,
@@ -310,12 +355,15 @@ def claim(result: MeasuredComparison, name: str, label: str) -> str:
 
 
 def claims(result: MeasuredComparison, heuristics: set[str]) -> list[str]:
-    """What the comparison lets one say of the chosen plan against TorchRec's plan and the best of `heuristics`,
-    each that raced."""
+    """What the comparison lets one say of the chosen plan against the incumbent, TorchRec's plan and the best of
+    `heuristics`, each that raced."""
+    torchrec = result.best_of({"torchrec"})
+    incumbent = result.incumbent if result.incumbent != torchrec else None
     return [
         claim(result, found, label)
         for label, found in (
-            ("TorchRec's plan", result.best_of({"torchrec"})),
+            ("the incumbent", incumbent),
+            ("TorchRec's plan", torchrec),
             ("the best heuristic", result.best_of(heuristics)),
         )
         if found is not None
@@ -510,9 +558,11 @@ def compare_algorithms(
     cost_model: str | None = None,
     settings: Mapping[str, Mapping[str, object]] | None = None,
     log: Callable[[str], None] = print,
+    incumbent: str | None = None,
 ) -> AlgorithmComparison:
-    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure. Each plan and
-    result is written under `out_dir` and logged to MLflow."""
+    """Every named algorithm's plan (`plan_with_algorithms`), compared on the gang by the procedure, the
+    `incumbent` algorithm's plan kept unless another is separated as faster (where that algorithm planned the
+    task). Each plan and result is written under `out_dir` and logged to MLflow."""
     from shard_ray.costmodel.models import models_for
     from shard_ray.plan.plan import save_plan
     from shard_ray.tracking.mlflow_runs import log_comparison, log_plan_evaluation
@@ -522,7 +572,8 @@ def compare_algorithms(
     plans = {p.algorithm: p for p in planned.plans}
     result = compared = None
     if len(distinct(list(plans.items()))) > 1:
-        compared = compare_plans(list(plans.items()), tables, topology, gang, config, log=log)
+        kept = incumbent if incumbent in plans else None
+        compared = compare_plans(list(plans.items()), tables, topology, gang, config, log=log, incumbent=kept)
         result = compared.result
         costs = {algorithm: cost for joined, cost in compared.costs.items() for algorithm in joined.split("=")}
     elif plans:

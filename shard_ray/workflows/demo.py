@@ -90,6 +90,7 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
             experiment=config.experiment,
             out_dir=workdir,
             seed=config.seed,
+            incumbent="torchrec",  # what a user has today: a plan replaces it only when measured faster
         )
     for name, why in comparison.failures.items():
         print(f"{name} could not plan the task: {why}")
