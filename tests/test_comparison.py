@@ -348,6 +348,8 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     assert cost["priced_by"].endswith(".pt")
     assert "priced by the comm model" in result.stdout and "measured: fwd ms, bwd ms" in result.stdout
     assert "compute timed on the device gang, all-to-alls priced by the comm model" in result.stdout
+    # each device's shard timed on its own, as many at once as there are cores, not 4 devices in turns every step
+    assert "each device's fused shard is timed on its own" in result.stderr
     # the shipped comm model measured 2-device gangs only: its 4-device prices are said to be extrapolated
     assert "all-to-alls were measured at 2 devices, so its prices at 4 are extrapolated" in result.stderr
     assert all(d["fwd_compute_ms"] > 0 and d["fwd_comm_ms"] > 0 for d in cost["devices"])

@@ -12,11 +12,14 @@ device's sum (see `shard_ray.plan.cost`).
 
 NCCL is used when the gang holds GPUs, gloo on CPU. On CPU a device is one core with one
 intra-op thread, so a gang is faithful only when each of its members has a free core. When a
-machine hosts more CPU devices than it has cores (whatever Ray nodes they are on), the compute
-phases take turns (one device computes while the others wait at a barrier), so the fused compute
-times stay those of a device with a core to itself; the all-to-alls need every device at once and
-would share cores, so they are priced, which the plan's warnings say; across hosts emulated on the
-machine (`shard_ray.hosts`) they cross the hosts' links and are measured.
+machine hosts more CPU devices than it has cores (whatever Ray nodes they are on), the all-to-alls
+need every device at once and would share cores, so they are priced, which the plan's warnings say,
+and each device's fused shard is timed on its own member as a profiling actor times a shard, as many
+members at once as the machine has cores, each on a core of its own (`evaluate`): a round of a plan of
+D devices costs D shard measurements, not D turns of every step's barriers. Across hosts emulated on
+the machine (`shard_ray.hosts`) the all-to-alls cross the hosts' links and are measured: there the
+plan's steps run whole, the compute phases taking turns (one device computes while the others wait
+at a barrier), so the fused compute times stay those of a device with a core to itself.
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import (
     FusedShard,
+    FusedShardMeasurement,
     HostBuffers,
     MeasureConfig,
+    measure_fused_shard,
     memory_budget,
     piece_lookups,
     sample_ranges,
@@ -433,6 +438,10 @@ class GangMember:
     def pin(self, core: int) -> None:
         pin_to({core})
 
+    def measure_shard(self, pieces: list[TablePiece], config: MeasureConfig, budget: int) -> FusedShardMeasurement:
+        """This device's fused shard timed on its own, as a profiling actor times one (`measure_fused_shard`)."""
+        return measure_fused_shard(pieces, config, self.hardware, budget)
+
     def memory_budget(self, sharing: int) -> int:
         """This member's `memory_budget`, one of `sharing` members sharing its machine's memory (or its GPU's)."""
         return memory_budget(self.device, sharing)
@@ -654,6 +663,7 @@ class DeviceGang:
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
         self.hardware = hosts[0]["hardware"]
+        self._machines = [(h["machine"], tuple(h["cores"])) for h in hosts]
         # Each rank's memory budget: the members on a machine share its memory (Ray nodes may share a machine, as an
         # emulated cluster's do); on GPUs each has its own.
         sharing = Counter(h["machine"] for h in hosts)
@@ -731,8 +741,8 @@ class DeviceGang:
                 )
             else:
                 lines.append(
-                    f"{shared}: their compute phases take turns and are measured; their all-to-alls would compete "
-                    "for cores, so they are priced by the comm model instead of measured"
+                    f"{shared}: each device's fused shard is timed on its own, {cores} at a time; their all-to-alls "
+                    "would compete for cores, so they are priced by the comm model instead of measured"
                 )
         return lines
 
@@ -751,20 +761,28 @@ class DeviceGang:
         pieces = plan.pieces(tables)
         device_of = self.devices_of_ranks(shift)
         by_device = [pieces[device_of[rank]] for rank in range(self.num_devices)]
+
+        def run() -> list[dict]:
+            args = (by_device, tables, config, self.budgets)  # a restarted gang's budgets
+            if not self._settled:
+                # A new gang's first plan is slow in every part, whatever its warm-up steps (its
+                # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
+                # it runs once untimed.
+                self._gather([m.run_plan.remote(*args, self.take_turns) for m in self.members])
+                self._settled = True
+            refs = [m.run_plan.remote(*args, self.take_turns) for m in self.members]
+            return [{**r, "device": device_of[r["device"]]} for r in self._gather(refs)]
+
+        return sorted(self._surviving_lost_members(run), key=lambda r: r["device"])
+
+    def _surviving_lost_members(self, run: Callable[[], Any]) -> Any:
+        """`run()` on the gang; where a member dies (its process killed, its node lost), the gang is started
+        again and `run` repeated, up to `max_retries` times."""
         for attempt in range(self.max_retries + 1):
             try:
                 if not self.members:
                     self._start()
-                run = (by_device, tables, config, self.budgets)  # a restarted gang's budgets
-                if not self._settled:
-                    # A new gang's first plan is slow in every part, whatever its warm-up steps (its
-                    # all-to-alls by a third, on the AMD EPYC: Ray's own processes are still starting):
-                    # it runs once untimed.
-                    self._gather([m.run_plan.remote(*run, self.take_turns) for m in self.members])
-                    self._settled = True
-                refs = [m.run_plan.remote(*run, self.take_turns) for m in self.members]
-                results = [{**r, "device": device_of[r["device"]]} for r in self._gather(refs)]
-                return sorted(results, key=lambda r: r["device"])
+                return run()
             except ray.exceptions.RayActorError as err:
                 if attempt == self.max_retries:
                     raise ShardRayError(
@@ -774,17 +792,61 @@ class DeviceGang:
                 self.restarts += 1
         raise AssertionError("unreachable")
 
+    def time_shards_apart(
+        self, plan: Plan, tables: list[TableSpec], config: MeasureConfig, shift: int = 0
+    ) -> list[FusedShardMeasurement | None]:
+        """Each device's fused shard (None for an empty device) timed on its own on the member `shift` places
+        along (`devices_of_ranks`), as many members of a machine at once as it has cores, each pinned to one
+        of them (the last, as the profiling pool's actors): where more devices than cores share a machine."""
+        plan.check(tables)
+        pieces = plan.pieces(tables)
+        device_of = self.devices_of_ranks(shift)
+
+        def run() -> list[FusedShardMeasurement | None]:
+            measured: list[FusedShardMeasurement | None] = [None] * self.num_devices
+            waiting: dict[str, list[int]] = {}
+            free: dict[str, list[int]] = {}
+            for rank, (machine, cores) in enumerate(self._machines):
+                if pieces[device_of[rank]]:
+                    waiting.setdefault(machine, []).append(rank)
+                free.setdefault(machine, cores_for(len(cores), list(cores)) or list(cores))
+            in_flight: dict[ray.ObjectRef, tuple[str, int, int]] = {}
+            while waiting or in_flight:
+                for machine in list(waiting):
+                    while waiting[machine] and free[machine]:
+                        rank, core = waiting[machine].pop(0), free[machine].pop()
+                        member = self.members[rank]
+                        member.pin.remote(core)  # an actor runs its calls in order: pinned before it measures
+                        shard = pieces[device_of[rank]]
+                        in_flight[member.measure_shard.remote(shard, config, self.budgets[rank])] = (
+                            machine,
+                            core,
+                            rank,
+                        )
+                    if not waiting[machine]:
+                        del waiting[machine]
+                (done,), _ = ray.wait(list(in_flight), num_returns=1)
+                machine, core, rank = in_flight.pop(done)
+                free[machine].append(core)
+                measured[device_of[rank]] = ray.get(done)
+            return measured
+
+        return self._surviving_lost_members(run)
+
     def evaluate(self, plan: Plan, tables: list[TableSpec], config: MeasureConfig, shift: int = 0) -> PlanCost:
         """The plan's per-device `step_estimate` of its timed steps and the plan cost, its devices run by the ranks
-        `shift` places along (`run_steps`); with more devices than cores on a machine, the all-to-alls priced by the
-        comm model (`priced_parts`)."""
-        results = self.run_steps(plan, tables, config, shift)
-        devices = [
-            DeviceCost(device=r["device"], **{name: step_estimate(values) for name, values in r["steps"].items()})
-            for r in results
-        ]
+        `shift` places along (`run_steps`); with more devices than cores on a machine, each device's fused shard
+        timed on its own (`time_shards_apart`) and the all-to-alls priced by the comm model (`priced_parts`)."""
+        if self.priced_parts:
+            devices, capped = self._devices_timed_apart(plan, tables, config, shift)
+        else:
+            results = self.run_steps(plan, tables, config, shift)
+            devices = [
+                DeviceCost(device=r["device"], **{name: step_estimate(values) for name, values in r["steps"].items()})
+                for r in results
+            ]
+            capped = sorted((r["rows_cap"], r["device"]) for r in results if r["rows_cap"] is not None)
         priced_by, warnings = None, list(self.warnings)
-        capped = sorted((r["rows_cap"], r["device"]) for r in results if r["rows_cap"] is not None)
         if capped:
             warnings.append(
                 f"device{'s' if len(capped) > 1 else ''} {', '.join(str(d) for _, d in capped)} measured with at most "
@@ -803,6 +865,23 @@ class DeviceGang:
             priced_parts=self.priced_parts,
             priced_by=priced_by,
         )
+
+    def _devices_timed_apart(
+        self, plan: Plan, tables: list[TableSpec], config: MeasureConfig, shift: int
+    ) -> tuple[list[DeviceCost], list[tuple[int, int]]]:
+        """Each device's measured forward and backward (`time_shards_apart`; its collectives are priced after), and
+        (rows cap, device) of those measured with their tables capped."""
+        devices, capped = [], []
+        for device, m in enumerate(self.time_shards_apart(plan, tables, config, shift)):
+            if m is not None and m.status != "ok":
+                raise ShardRayError(f"device {device}'s fused shard could not be measured: {m.reason}")
+            fwd, bwd = (m.fwd_ms, m.bwd_ms) if m is not None else (0.0, 0.0)
+            devices.append(
+                DeviceCost(device=device, fwd_compute_ms=fwd, fwd_comm_ms=0.0, bwd_comm_ms=0.0, bwd_compute_ms=bwd)
+            )
+            if m is not None and m.rows_cap is not None:
+                capped.append((m.rows_cap, device))
+        return devices, sorted(capped)
 
     def _priced_comm(
         self, plan: Plan, tables: list[TableSpec], batch_size: int, devices: list[DeviceCost]
