@@ -928,6 +928,35 @@ def test_the_link_rate_fitted_to_all_to_alls_measured_across_emulated_hosts_is_t
         fit_link_rate(received_mb, measured_ms[::-1] * 0 + 1 / (received_mb + 1))
 
 
+def test_links_are_fitted_only_to_all_to_alls_a_gang_timed_not_to_those_it_priced(small_tables):
+    """A gang of more devices than cores prices its all-to-alls with the comm model: calibrating the links on them
+    would fit the model to its own prices, so they are left out, and `fit_links` says why it fitted nothing."""
+    from shard_ray.costmodel.pricing import measured_collectives
+    from shard_ray.plan.cost import PRICED_WHEN_SHARED
+    from shard_ray.workflows.calibrate import fit_links
+
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=256)
+    plan = Plan.from_assignment(table_wise(small_tables), [0, 1, 0, 1, 0], 2, "alternate")
+    devices = [
+        DeviceCost(
+            device=d, input_dist_ms=0.2, fwd_compute_ms=1.0, fwd_comm_ms=0.5, bwd_comm_ms=0.5, bwd_compute_ms=1.0
+        )
+        for d in range(2)
+    ]
+    timed = PlanMeasurement(key="t", plan=plan, tables=small_tables, cost=PlanCost(devices=devices, batch_size=256))
+    priced = PlanMeasurement(
+        key="p",
+        plan=plan,
+        tables=small_tables,
+        cost=PlanCost(devices=devices, batch_size=256, priced_parts=list(PRICED_WHEN_SHARED), priced_by="m.pt"),
+    )
+    assert len(measured_collectives([timed, priced], None)) == 6 == len(measured_collectives([timed], None))
+    assert len(measured_collectives([priced], None)) == 0
+    models = CostModels.load(default_cost_model_path())
+    profile, said = fit_links([priced] * 10, topology, models, "cpu:x")
+    assert profile is None and "the gang priced every plan's all-to-alls" in said
+
+
 def test_the_link_between_hosts_is_fitted_as_the_kind_that_carried_the_bytes():
     """Collectives timed as a link of 25 Mbit/s carries the bytes, plus noise: as each device's own (what it
     received) or as one its host's 2 devices share (what the host received). The fit names the kind that carried

@@ -509,13 +509,15 @@ def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
 
 def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | None) -> np.ndarray:
     """Every device's measured all-to-alls in plans that run one set of them (one sharding type, no replicas, no
-    sums inside hosts), as rows [n, 5]: the MB it received from its host mates, the MB from other hosts
+    sums inside hosts) and whose gang timed them (not priced them: more devices than cores), as rows [n, 5]: the MB it received from its host mates, the MB from other hosts
     (`received_floats`), the ms it took, the MB its whole host received from other hosts (`host_received`: what
     a link its host's devices share carried), and the collective's index (one per plan measured and all-to-all,
     as `slowest_of_each` groups them); the input, forward and backward all-to-alls of each device."""
     rows = []
     collectives = 0
     for measured in plans:
+        if measured.cost.priced_parts:  # the comm model's own prices: a fit to them would learn nothing
+            continue
         num_devices, batch = measured.plan.num_devices, measured.cost.batch_size
         pieces, assign = measured.plan.assignment(measured.tables)
         topology = Topology(

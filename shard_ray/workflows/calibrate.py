@@ -307,6 +307,11 @@ def fit_links(
     host's devices share one link (`fit_link_between_hosts`), keeping the rest of `models`' profile."""
     spanning = topology.devices_per_host_if_spanning
     rows = measured_collectives(plans, spanning)
+    if plans and all(p.cost.priced_parts for p in plans):
+        return None, (
+            f"links: not fitted: the gang priced every plan's all-to-alls ({topology.num_devices} devices share "
+            "fewer cores), so none was measured; calibrate on a cluster with a core or GPU per device to fit them"
+        )
     if len(rows) < MIN_COLLECTIVES:
         return None, (
             f"links: not fitted ({len(rows)} all-to-alls measured in plans of one sharding type, {MIN_COLLECTIVES} "
