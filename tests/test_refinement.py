@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.pricing import Pricer
 from shard_ray.plan import GB, Plan, Topology
 from shard_ray.plan.piece import table_wise
 from shard_ray.profiling.actors import ProfilingPool
@@ -11,7 +12,7 @@ from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import CompareConfig, compare_plans
-from shard_ray.workflows.refinement import RefineConfig, changed_devices, refine
+from shard_ray.workflows.refinement import RefineConfig, changed_devices, layout_key, propose, refine
 from shard_ray.workload.tables import TableSpec
 
 
@@ -82,3 +83,20 @@ def test_changed_devices_include_one_left_empty():
     items = table_wise(tables)
     assert changed_devices(items, np.array([0, 0, 1]), items, np.array([0, 0, 2]), 3) == [1, 2]
     assert changed_devices(items, np.array([0, 1, 2]), items, np.array([0, 1, 2]), 3) == []
+
+
+def test_moves_never_lead_back_to_a_layout_already_taken():
+    """A swap and the swap that takes it back are one pair of layouts: once a layout has been taken, no proposal
+    returns to it, so refinement cannot cycle back to the plan it started from."""
+    tables = [TableSpec(name=f"t{i}", rows=20000, dim=64, pooling_factor=8.0) for i in range(4)]
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
+    pieces = table_wise(tables)
+    assign = np.array([0, 0, 0, 1])
+    pricer = Pricer(CostModels.load(default_cost_model_path()), topology)
+    costs = np.array([3.0, 1.0])
+    config = RefineConfig(refine_proposals=50)
+    every = propose(pricer, pieces, assign, costs, config)
+    assert every and all(layout_key(p, a) != layout_key(pieces, assign) for p, a, _ in every)
+    first = layout_key(*every[0][:2])
+    later = propose(pricer, pieces, assign, costs, config, {first})
+    assert first not in {layout_key(p, a) for p, a, _ in later} and len(later) == len(every) - 1

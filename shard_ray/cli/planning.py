@@ -500,7 +500,7 @@ def refined_and_confirmed(
     from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.workflows.comparison import claims, compare_plans, format_comparison
+    from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison
     from shard_ray.workflows.refinement import refine
 
     actors = max(1, min(topology.num_devices, int(ray.cluster_resources().get("CPU", 1))))
@@ -514,6 +514,9 @@ def refined_and_confirmed(
             f"(the rest from {flags.store})"
         )
         if not refined.moves:
+            return plan
+        if len(distinct([(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)])) < 2:
+            print(f"the moves kept lead back to {plan.algorithm}'s placement: it is written")
             return plan
         print(f"confirming the refined plan against {plan.algorithm}'s on the gang")
         with DeviceGang(

@@ -10,12 +10,15 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
 2. From the slowest device, the models propose moves: each of its movable pieces moved to one of
    the `refine_targets` devices measured fastest, swapped with one of theirs, or split in two by columns
    with one half moved. The models rank the moves by the simulated plan cost, and the best
-   `refine_proposals` that fit in memory are kept.
+   `refine_proposals` that fit in memory and lead to a layout not yet taken are kept (a swap
+   taken back two steps later would only return to a plan already measured).
 3. The devices each proposal changes are measured, all proposals' at once and beside the plan as
    it stands, measured again with the same batches (so a move is judged against the same minutes'
    measurement). The proposal with the lowest measured plan cost is taken when it gains more than
    `refine_min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
-   next step starts from it; otherwise refinement stops.
+   next step starts from it. Otherwise refinement stops, unless the plan as measured again has another
+   slowest device than the one the moves were for (devices within noise of each other trade places
+   from one measurement to the next): the next step then proposes moves off that one.
 
 The refined plan is then confirmed against the race's choice on the device gang with the one
 comparison procedure (`shard_ray.workflows.comparison`), by the caller: a kernel measured alone is not a
@@ -140,13 +143,22 @@ def refine(
         "measures the plan again beside its moves, with new batches)"
     )
     moves: list[str] = []
+    taken = {layout_key(pieces, assign)}
     for step in range(1, config.refine_steps + 1):
-        costs, kept = _measured_best_move(meter, pricer, pieces, assign, costs, config, step, log)
+        slowest = int(np.argmax(costs))
+        costs, kept = _measured_best_move(meter, pricer, pieces, assign, costs, config, step, log, taken)
+        if kept is None and int(np.argmax(costs)) != slowest:
+            log(
+                f"refinement step {step}: measured again, device {int(np.argmax(costs))} is the slowest, not "
+                f"device {slowest} the moves were for; the next step moves off it"
+            )
+            continue
         if kept is None:
             break
         pieces, assign, compute, words = kept
         costs = meter.costs(pieces, assign, compute)
         moves.append(words)
+        taken.add(layout_key(pieces, assign))
     refined = Candidate(pieces, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
     refined.check(tables)
     refined.check_memory(tables, topology)
@@ -162,10 +174,12 @@ def _measured_best_move(
     config: RefineConfig,
     step: int,
     log: Callable[[str], None],
+    taken: set[tuple] = frozenset(),
 ) -> tuple[np.ndarray, tuple[list[TablePiece], np.ndarray, dict[int, float], str] | None]:
     """The plan's device costs as measured again in this step, and the step's measured best move (its pieces,
     assignment, devices' compute and words) when it gains more than `refine_min_gain`; None, said why, otherwise."""
-    proposals = propose(pricer, pieces, assign, costs, config)
+    before = costs
+    proposals = propose(pricer, pieces, assign, costs, config, taken)
     if not proposals:
         log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
         return costs, None
@@ -188,7 +202,8 @@ def _measured_best_move(
     if gain <= config.refine_min_gain:
         log(
             f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
-            f"not more than {config.refine_min_gain:.0%}; stopping"
+            f"not more than {config.refine_min_gain:.0%}"
+            + ("" if int(np.argmax(costs)) != int(np.argmax(before)) else "; stopping")
         )
         return costs, None
     log(
@@ -208,11 +223,22 @@ def measured_device_costs(
     return comm + np.array([compute[d] for d in range(plan.num_devices)])
 
 
+def layout_key(pieces: list[TablePiece], assign: np.ndarray) -> tuple:
+    """Which pieces each device holds, comparable between layouts (the order of `pieces` aside)."""
+    return tuple(sorted((p.key, int(d)) for p, d in zip(pieces, assign)))
+
+
 def propose(
-    pricer: Pricer, pieces: list[TablePiece], assign: np.ndarray, costs: np.ndarray, config: RefineConfig
+    pricer: Pricer,
+    pieces: list[TablePiece],
+    assign: np.ndarray,
+    costs: np.ndarray,
+    config: RefineConfig,
+    taken: set[tuple] = frozenset(),
 ) -> list[tuple[list[TablePiece], np.ndarray, str]]:
-    """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory:
-    (pieces, assignment, the move in words), cheapest simulated plan first."""
+    """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory and lead
+    to none of the layouts `taken` before: (pieces, assignment, the move in words), cheapest simulated plan
+    first."""
     topology = pricer.topology
     sizes = pricer.sizes(pieces)
     slowest = int(np.argmax(costs))
@@ -243,7 +269,8 @@ def propose(
     fitting = [
         (c, pricer.plan_cost(c[0], c[1]))
         for c in candidates
-        if (MemoryLedger.of_assignment(topology, c[1], pricer.sizes(c[0]).need).free >= 0).all()
+        if layout_key(c[0], c[1]) not in taken
+        and (MemoryLedger.of_assignment(topology, c[1], pricer.sizes(c[0]).need).free >= 0).all()
     ]
     fitting.sort(key=lambda pair: pair[1])
     return [c for c, _ in fitting[: config.refine_proposals]]
