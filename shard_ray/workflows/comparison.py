@@ -201,17 +201,15 @@ class Race:
         """The final verdict where no plan is separated from every other: the incumbent, or the fastest of the plans
         separated as faster than it."""
         incumbent = self.incumbent
-        faster = [
-            name
-            for name, r in self._ratios(incumbent, level).items()
-            if r.separated and r.ratio < 1  # its cost over the incumbent's is below 1, with the interval
-        ]
+        against = self._ratios(incumbent, level)
+        # the plans whose cost over the incumbent's is below 1, with the interval
+        faster = [name for name, r in against.items() if r.separated and r.ratio < 1]
         if not faster:
             rule = (
                 f"no plan is separated as faster than the incumbent ({incumbent}), which is kept: "
                 "a plan replaces it only when measured faster"
             )
-            return Verdict(incumbent, False, self._ratios(incumbent, level), level, rule)
+            return Verdict(incumbent, False, against, level, rule)
         chosen = self.fastest(faster)
         rule = (
             f"no plan is separated from every other; {len(faster)} separated as faster than the incumbent "
