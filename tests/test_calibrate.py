@@ -352,3 +352,16 @@ def test_plan_says_on_the_console_which_prices_rest_on_the_correction_bound(caps
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stderr.splitlines() if "learned correction sits at its bound" in line]
     assert "table(s): huge" in line and "user_id" not in line and "calibrate" in line
+
+
+def test_calibration_leaves_the_plans_a_share_of_the_measuring_time():
+    """The shards stop with `plan_share` of the measuring time left where a gang measures plans (at 8 devices on
+    2 cores they once spent all of it, and the judgement rested on 1 plan); on one device they take all of it."""
+    from shard_ray.workflows.calibrate import CalibrateConfig, measuring_deadlines
+
+    config = CalibrateConfig(budget_minutes=5.0)
+    measuring = 60 * 5.0 * (1 - config.fit_share)
+    shards_end, plans_end = measuring_deadlines(100.0, config, num_devices=8)
+    assert plans_end == pytest.approx(100.0 + measuring)
+    assert plans_end - shards_end == pytest.approx(config.plan_share * measuring) and 0 < config.plan_share < 1
+    assert measuring_deadlines(100.0, config, num_devices=1) == (plans_end, plans_end)
