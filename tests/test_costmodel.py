@@ -24,6 +24,7 @@ from shard_ray.costmodel.features import (
 from shard_ray.costmodel.info import Calibrated, ModelInfo
 from shard_ray.costmodel.links import link_profile
 from shard_ray.costmodel.models import (
+    COMM_FEATURES,
     CORRECTION_BOUND,
     CommCostNet,
     ComputeCostNet,
@@ -1173,3 +1174,13 @@ def test_a_topologys_own_rate_inside_a_host_prices_the_links_in_place_of_the_pro
         assert again.cost_ms == pytest.approx(written.estimate.predicted.cost_ms)
     # forward, each device receives for its 256 samples the 768 columns held elsewhere: 0.79 MB, about 79 ms at 0.01 GB/s
     assert comm["slow"] > 5 * comm["profile"] and comm["slow"] > 10.0 and comm["half"] > 1.5 * comm["profile"], comm
+
+
+def test_the_comm_models_numpy_forward_prices_as_its_torch_network():
+    """`CostModels.comm_ms` runs the network's layers in numpy (a search prices a few rows thousands of times):
+    the same prices as the torch module, to float32's rounding."""
+    models = CostModels.load(default_cost_model_path())
+    features = np.random.default_rng(0).normal(size=(64, len(COMM_FEATURES))).astype(np.float32)
+    with torch.no_grad():
+        expected = torch.exp(models.comm(torch.from_numpy(features))).numpy()
+    assert models.comm_ms(features) == pytest.approx(expected, rel=1e-5)

@@ -99,6 +99,40 @@ def test_episode_return_is_minus_simulated_cost_over_lower_bound(models, pool):
         assert info["cost_over_lower_bound"] >= 1.0 - 1e-6  # the lower bound bounds every table-wise plan
 
 
+def test_past_its_candidates_a_step_scores_the_least_loaded_and_the_roomiest_and_ends_at_the_exact_price(models, pool):
+    """On more devices than `candidates`, each step scores that many (those with room: half the least loaded, the
+    rest the roomiest), the observation has their rows only, and the finished plan's cost is its simulated cost:
+    the all-to-alls priced between refreshes are priced again at the end."""
+    tables = pool[:61]  # the last step (61) is not one of every 6th, where every device is priced again
+    topology = Topology(num_devices=24, memory_bytes=memory_cap_with_headroom(tables, 24, 1.3))
+    state = PlacementState(tables, topology, models, candidates=6)
+    rng = np.random.default_rng(0)
+    while not state.done:
+        chosen = state.candidates()
+        feasible = np.flatnonzero(state.action_mask())
+        assert len(chosen) == min(6, len(feasible)) and set(chosen) <= set(feasible)
+        assert list(chosen) == sorted(chosen)
+        totals = state.compute_ms.sum(axis=1) + state.comm_ms
+        if len(feasible) > 6:
+            least = feasible[np.argsort(totals[feasible], kind="stable")[:3]]
+            assert set(least) <= set(chosen)
+            left_out = np.setdiff1d(feasible, chosen)
+            assert state.ledger.free[left_out].max() <= state.ledger.free[np.setdiff1d(chosen, least)].min()
+        obs = state.observation()
+        assert obs["devices"].shape == (len(chosen), NUM_DEVICE_FEATURES) and obs["action_mask"].all()
+        state.place(int(rng.choice(chosen)))
+    simulated = Simulator(models).plan_cost(state.plan("random"), tables, topology.batch_size)
+    assert state.cost == pytest.approx(simulated.cost_ms, rel=1e-5)
+
+
+def test_a_policy_scores_every_device_up_to_its_candidates(models, small_tables):
+    topology = Topology(num_devices=5, memory_bytes=memory_cap_with_headroom(small_tables, 5, 1.2))
+    state = PlacementState(small_tables, topology, models, candidates=5)
+    state.place(0)
+    assert state.candidates().tolist() == [0, 1, 2, 3, 4]  # infeasible ones too, masked in the observation
+    assert state.observation()["devices"].shape[0] == 5
+
+
 def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
     tables = [TableSpec(name=f"t{i}", rows=100_000, dim=64, pooling_factor=2.0) for i in range(3)]
     one = shard_bytes(tables[0], 64, "rowwise_adagrad")

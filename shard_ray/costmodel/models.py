@@ -445,12 +445,21 @@ class CostModels:
         `calibrate` fitted to the hardware, else the published one of the models' hardware."""
         return self.info.links or link_profile(self.hardware)
 
-    @torch.no_grad()
     def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Predicted (fwd, bwd) all-to-all ms [n, 2] of devices given by comm feature rows; zeros without a comm model."""
+        """Predicted (fwd, bwd) all-to-all ms [n, 2] of devices given by comm feature rows; zeros without a comm model.
+        The network runs in numpy on its weights as they are: a search or the policy prices a few rows thousands of
+        times, where torch's dispatch cost most of the call (docs/results.md, placing at scale)."""
         if self.comm is None:
             return np.zeros((len(features), 2))
-        return torch.exp(self.comm(torch.as_tensor(features))).numpy()
+        rows = np.asarray(features, dtype=np.float32)
+        for layer in self.comm.net:  # `mlp`'s layers
+            if isinstance(layer, nn.Linear):
+                rows = rows @ layer.weight.detach().numpy().T + layer.bias.detach().numpy()
+            elif isinstance(layer, nn.ReLU):
+                rows = np.maximum(rows, 0.0)
+            else:
+                raise TypeError(f"the comm model's numpy forward has no {type(layer).__name__}")
+        return np.exp(rows)
 
     @property
     def comm_devices_per_host(self) -> int | None:

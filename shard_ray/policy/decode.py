@@ -39,10 +39,10 @@ def roll_out(
         obs = {k: torch.from_numpy(v).unsqueeze(0) for k, v in state.observation().items()}
         logits, _ = network(obs)
         if generator is None:
-            device = int(logits.argmax(dim=-1))
+            slot = int(logits.argmax(dim=-1))
         else:
-            device = int(torch.multinomial(torch.softmax(logits[0], dim=-1), 1, generator=generator))
-        state.place(device)
+            slot = int(torch.multinomial(torch.softmax(logits[0], dim=-1), 1, generator=generator))
+        state.place(int(state.candidates()[slot]))
     return state
 
 

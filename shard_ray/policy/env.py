@@ -55,12 +55,17 @@ NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
 # task's predicted single-table cost still to place after it, the progress, and log2 devices.
 NUM_CURRENT_FEATURES = NUM_TABLE_FEATURES + 4
 INFEASIBLE_PENALTY = 2.0
+# The most devices scored for a table, so that placing grows with the tables, not tables x devices (docs/policy.md):
+# on more devices, those with room for it, half the least loaded by predicted step and the rest the roomiest.
+CANDIDATES = 16
 
 
 class PlacementState:
-    """One task being placed table by table under the cost models."""
+    """One task being placed table by table under the cost models; each step scores `candidates()`."""
 
-    def __init__(self, tables: list[TableSpec], topology: Topology, models: CostModels) -> None:
+    def __init__(
+        self, tables: list[TableSpec], topology: Topology, models: CostModels, candidates: int = CANDIDATES
+    ) -> None:
         if not tables:
             raise ShardRayError("a placement task needs at least one table")
         self.topology = topology
@@ -87,6 +92,8 @@ class PlacementState:
         self.comm_ms = np.zeros(d)
         self.assign: list[int] = []
         self.cost = 0.0
+        self.max_candidates = candidates
+        self._candidates: np.ndarray | None = None
         self._what_if: np.ndarray | None = None
 
     @property
@@ -104,42 +111,68 @@ class PlacementState:
     def _device_totals(self) -> np.ndarray:
         return self.compute_ms.sum(axis=1) + self.comm_ms
 
+    def candidates(self) -> np.ndarray:
+        """The devices scored for the current table, ascending: every device, up to `max_candidates` of them; on
+        more, among those with room for it, half the least loaded by predicted step and the rest the roomiest
+        (each by device index on ties)."""
+        if self._candidates is None:
+            mask = self.action_mask()
+            chosen = np.arange(len(mask))
+            if len(mask) > self.max_candidates:
+                chosen = np.flatnonzero(mask)
+            if len(chosen) > self.max_candidates:
+                half = self.max_candidates // 2
+                least_loaded = chosen[np.argsort(self._device_totals()[chosen], kind="stable")[:half]]
+                rest = np.setdiff1d(chosen, least_loaded, assume_unique=True)
+                roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: self.max_candidates - half]]
+                chosen = np.sort(np.concatenate([least_loaded, roomiest]))
+            self._candidates = chosen
+        return self._candidates
+
     def what_if(self) -> np.ndarray:
-        """Predicted (fwd, bwd, comm) ms of each device were the current table put there."""
+        """Predicted (fwd, bwd, comm) ms of each candidate device were the current table put there."""
         if self._what_if is None:
-            i, d = self.step_index, self.topology.num_devices
-            compute = self.models.compute_from_sums(self.sums + self.encodings[i], self.counts + 1)
-            widths = self.device_widths + self.widths[i]
-            total = self.device_widths.sum() + self.widths[i]
-            widest = np.maximum(self.device_widths.max(), widths)
-            comm = np.zeros(d)
-            if d > 1:
-                inputs = self.device_inputs + self.inputs[i]
-                most = np.maximum(self.device_inputs.max(), inputs)
-                comm = self.pricer.comm_rows(widths, total, widest, d)
-                comm += self.pricer.input_rows(inputs, self.device_inputs.sum() + self.inputs[i], most, d)
-            self._what_if = np.concatenate([compute, comm[:, None]], axis=1)
+            self._what_if = self._rows_if(self.candidates())
         return self._what_if
 
+    def _rows_if(self, devices: np.ndarray) -> np.ndarray:
+        """Predicted (fwd, bwd, comm) ms of `devices` were the current table put there."""
+        i, d = self.step_index, self.topology.num_devices
+        at = torch.from_numpy(devices)
+        compute = self.models.compute_from_sums(self.sums[at] + self.encodings[i], self.counts[at] + 1)
+        widths = self.device_widths[devices] + self.widths[i]
+        total = self.device_widths.sum() + self.widths[i]
+        widest = np.maximum(self.device_widths.max(), widths)
+        comm = np.zeros(len(devices))
+        if d > 1:
+            inputs = self.device_inputs[devices] + self.inputs[i]
+            most = np.maximum(self.device_inputs.max(), inputs)
+            comm = self.pricer.comm_rows(widths, total, widest, d)
+            comm += self.pricer.input_rows(inputs, self.device_inputs.sum() + self.inputs[i], most, d)
+        return np.concatenate([compute, comm[:, None]], axis=1)
+
     def observation(self) -> dict[str, np.ndarray]:
-        """Per-device rows [D, NUM_DEVICE_FEATURES], the current table [NUM_CURRENT_FEATURES], the masks."""
+        """Rows of the candidate devices [C, NUM_DEVICE_FEATURES] (`candidates()`), the current table
+        [NUM_CURRENT_FEATURES], the masks."""
         i, d, n = self.step_index, self.topology.num_devices, len(self.pieces)
+        c = self.candidates()
         scale = self.lower_bound
-        totals = self._device_totals()
+        totals = self._device_totals()[c]
         with_table = self.what_if().sum(axis=1)
         per_device_share = max(n / d, 1.0)
-        sums = self.feature_sums / per_device_share
+        sums = self.feature_sums[c] / per_device_share
+        free = self.ledger.free[c]
         devices = np.column_stack(
             [
-                self.compute_ms / scale,
-                self.comm_ms / scale,
+                self.compute_ms[c] / scale,
+                self.comm_ms[c] / scale,
                 totals / scale,
                 with_table / scale,
                 (np.maximum(with_table, self.cost) - self.cost) / scale,
-                self.ledger.free / self.topology.memory_bytes,
-                np.minimum(self.need[i] / np.maximum(self.ledger.free, 1), 2.0),
-                self.device_widths / self.widths.sum(),
-                np.log1p(self.counts.numpy()),
+                free / self.topology.memory_bytes,
+                np.minimum(self.need[i] / np.maximum(free, 1), 2.0),
+                self.device_widths[c] / self.widths.sum(),
+                np.log1p(self.counts.numpy()[c]),
                 sums[:, :NUM_SCALAR_FEATURES],
                 sums[:, NUM_SCALAR_FEATURES:].sum(axis=1),
             ]
@@ -153,8 +186,8 @@ class PlacementState:
         return {
             "devices": devices.astype(np.float32),
             "table": current.astype(np.float32),
-            "action_mask": self.action_mask().astype(np.float32),
-            "valid": np.ones(d, dtype=np.float32),
+            "action_mask": self.action_mask()[c].astype(np.float32),
+            "valid": np.ones(len(c), dtype=np.float32),
         }
 
     def place(self, device: int) -> float:
@@ -162,7 +195,9 @@ class PlacementState:
         i = self.step_index
         if not self.action_mask()[device]:
             raise ShardRayError(f"device {device} has no room for {self.pieces[i].describe()}")
-        row = self.what_if()[device]
+        c = self.candidates()
+        slot = int(np.searchsorted(c, device))
+        row = self.what_if()[slot] if slot < len(c) and c[slot] == device else self._rows_if(np.array([device]))[0]
         self.sums[device] += self.encodings[i]
         self.counts[device] += 1
         self.device_widths[device] += self.widths[i]
@@ -170,11 +205,18 @@ class PlacementState:
         self.feature_sums[device] += self.features[i]
         self.compute_ms[device] = row[:2]
         self.device_inputs[device] += self.inputs[i]
-        self.comm_ms = self.pricer.collectives(self.device_widths).sum(axis=1) + self.pricer.input_dist(
-            self.device_inputs
-        )
         self.assign.append(device)
-        self._what_if = None
+        # Every device's all-to-alls priced again each step, on up to `max_candidates` devices; on more, every
+        # `max_candidates` steps and at the end, and the device placed on takes its what-if price in between: the
+        # others' columns did not change, only the plan's total (a step then costs the candidates, not the devices).
+        d = self.topology.num_devices
+        if d <= self.max_candidates or self.step_index % self.max_candidates == 0 or self.done:
+            self.comm_ms = self.pricer.collectives(self.device_widths).sum(axis=1) + self.pricer.input_dist(
+                self.device_inputs
+            )
+        else:
+            self.comm_ms[device] = row[2]
+        self._candidates = self._what_if = None
         previous, self.cost = self.cost, float(self._device_totals().max())
         return -(self.cost - previous) / self.lower_bound
 
@@ -290,10 +332,11 @@ class PlacementEnv(gym.Env):
     def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
         state = self.state
         assert state is not None, "reset() before step()"
-        mask = state.action_mask()
+        candidates = state.candidates()
+        mask = state.action_mask()[candidates]
         # a padded or full device is never sampled under the mask; should one come, fall back to a valid one
-        device = int(action) if action < len(mask) and mask[action] else int(np.flatnonzero(mask)[0])
-        reward = state.place(device)
+        slot = int(action) if action < len(mask) and mask[action] else int(np.flatnonzero(mask)[0])
+        reward = state.place(int(candidates[slot]))
         info: dict[str, Any] = {}
         if state.done:
             info = {"cost_over_lower_bound": state.cost / state.lower_bound, "feasible": True}
