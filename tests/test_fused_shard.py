@@ -11,6 +11,7 @@ from shard_ray.profiling.fused_shard import (
     WARMUP_BATCHES,
     FusedShard,
     FusedShardMeasurement,
+    HostBuffers,
     MeasureConfig,
     fused_shard_key,
     measure_fused_shard,
@@ -302,3 +303,34 @@ def test_warm_up_ends_when_the_steps_stop_getting_faster_not_when_a_step_is_slow
     assert not warmed_up([5.0, 5.0, 5.0, 5.0], 6)  # at least --warmup steps
     assert warmed_up([float(MAX_WARMUP_STEPS - i) for i in range(MAX_WARMUP_STEPS)], 1)  # at most 25
     assert warmed_up([], 0)
+
+
+def test_host_buffers_hold_at_most_a_shards_budget_and_reuse_what_fits():
+    """A gang member's buffers, kept per precision from plan to plan, stay within a shard's budget: an fp16 shard
+    of the whole budget after an fp32 one drops the fp32 buffer (members once held twice their budget and Ray
+    killed one), an oversized buffer of the shard's own is allocated again at its size where the rest would not
+    fit, and a buffer that fits is reused, its storage the same."""
+    mb = 2**20
+    buffers = HostBuffers()
+    first = buffers.take_shard({"fp32 weights": (mb, torch.float32, False)}, budget=5 * mb)["fp32 weights"]
+    pointer = first.data_ptr()
+    del first
+    again = buffers.take_shard({"fp32 weights": (mb // 2, torch.float32, False)}, budget=5 * mb)
+    assert again["fp32 weights"].data_ptr() == pointer and buffers.held_bytes() == 4 * mb
+    del again
+    fp16 = buffers.take_shard({"fp16 weights": (2 * mb, torch.float16, False)}, budget=5 * mb)
+    assert buffers.held_bytes() == 4 * mb  # the fp32 buffer dropped: 4 + 4 MB would not fit in 5
+    del fp16
+    state = torch.float32, True
+    both = buffers.take_shard(
+        {"fp32 weights": (mb // 4, torch.float32, False), "fp32 state": (mb // 4, *state)}, 3 * mb
+    )
+    assert buffers.held_bytes() == 2 * mb and not both["fp32 state"].any()  # the zeroed state; the fp16 buffer gone
+    # within the budget beside the rest: nothing dropped, the fp16 shard's buffer grows
+    wide = buffers.take_shard({"fp16 weights": (mb, torch.float16, False)}, budget=5 * mb)
+    assert buffers.held_bytes() == 4 * mb and wide["fp16 weights"].numel() == mb
+    del both, wide
+    # its own fp32 buffer (1 MB) larger than it needs, beside 4 MB of fp16: allocated again at its 0.5 MB
+    mixed = {"fp32 weights": (mb // 8, torch.float32, False), "fp32 state": (mb // 8, *state)}
+    buffers.take_shard(mixed | {"fp16 weights": (2 * mb, torch.float16, False)}, budget=5 * mb)
+    assert buffers.held_bytes() == 5 * mb

@@ -184,21 +184,51 @@ class HostBuffers:
     each time it is built; on CPU, where whole tables are allocated, that zeroing took 93% of a gang member's busy
     time over rounds of the ranking model's 2-device plan (docs/measurement.md). A buffer grows to the largest
     shard asked of it and is reused, its contents whatever the last shard left: the steps time the same kernels
-    over resident pages, as training's do. The optimizer state, one value a row, is zeroed as a new shard's is. It
-    holds one shard's tables, the largest so far, within the member's memory budget as that shard was; one shard at
-    a time may use it."""
+    over resident pages, as training's do. The optimizer state, one value a row, is zeroed as a new shard's is. One
+    shard at a time may use it.
+
+    It holds at most a shard's memory budget. Buffers are kept per precision, and before they were bounded a member
+    that built an fp32 shard of its whole budget and then an fp16 one held both, twice its budget: collecting comm
+    data, two members held 12.1 and 9.4 GB of a 23.5 GB machine and Ray killed one."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
-    def take(self, name: str, numel: int, dtype: torch.dtype, zeroed: bool = False) -> torch.Tensor:
-        """`numel` elements of buffer `name`; `zeroed`: set to 0, as a new shard's optimizer state starts."""
-        buffer = self._buffers.pop((name, dtype), None)
-        if buffer is None or buffer.numel() < numel:
-            del buffer  # freed before the larger one is allocated
-            buffer = torch.zeros(numel, dtype=dtype)
-        self._buffers[(name, dtype)] = buffer
-        return buffer[:numel].zero_() if zeroed else buffer[:numel]
+    def held_bytes(self) -> int:
+        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers.values())
+
+    def take_shard(self, requests: dict[str, tuple[int, torch.dtype, bool]], budget: int) -> dict[str, torch.Tensor]:
+        """A shard's buffers: `requests` maps a name to (elements, dtype, zeroed: set to 0, as a new shard's
+        optimizer state starts). Where they would not fit in `budget` bytes beside the buffers held, the buffers it
+        does not ask for are dropped first, largest first, then those of its own larger than it needs (allocated
+        again at its size)."""
+        need = {(name, dtype): numel * dtype.itemsize for name, (numel, dtype, _) in requests.items()}
+
+        def size(key: tuple[str, torch.dtype]) -> int:
+            buffer = self._buffers.get(key)
+            return 0 if buffer is None else buffer.numel() * buffer.element_size()
+
+        def held() -> int:
+            return sum(size(k) for k in self._buffers if k not in need) + sum(max(size(k), n) for k, n in need.items())
+
+        for key in sorted(set(self._buffers) - set(need), key=size, reverse=True):
+            if held() <= budget:
+                break
+            del self._buffers[key]
+        for key in sorted(need, key=lambda k: size(k) - need[k], reverse=True):
+            if held() <= budget:
+                break
+            if size(key) > need[key]:
+                del self._buffers[key]
+        taken = {}
+        for name, (numel, dtype, zeroed) in requests.items():
+            buffer = self._buffers.pop((name, dtype), None)
+            if buffer is None or buffer.numel() < numel:
+                del buffer  # freed before the larger one is allocated
+                buffer = torch.zeros(numel, dtype=dtype)
+            self._buffers[(name, dtype)] = buffer
+            taken[name] = buffer[:numel].zero_() if zeroed else buffer[:numel]
+        return taken
 
 
 class FusedShard:
@@ -239,7 +269,8 @@ class FusedShard:
         compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
         # Rows allocated per table (`shard_rows_cap`): None, every table whole, unless `budget` bytes (by default
         # one measuring process's `memory_budget`) cannot hold them.
-        self.cap = shard_rows_cap(pieces, config, memory_budget(self.device, 1) if budget is None else budget)
+        budget = memory_budget(self.device, 1) if budget is None else budget
+        self.cap = shard_rows_cap(pieces, config, budget)
         self.sharded = [i for i, p in enumerate(pieces) if not p.replicated]
         self.replicated = [i for i, p in enumerate(pieces) if p.replicated]
         self.width = sum(pieces[i].width for i in self.sharded)
@@ -249,20 +280,31 @@ class FusedShard:
         # One kernel per weight precision, sharded and replicated apart; outputs follow `pieces` order.
         self.groups: list[tuple[list[int], torch.nn.Module]] = []
         self.replica_groups: list[tuple[list[int], torch.nn.Module]] = []
+        kernels = {}  # the sharded pieces' kernels: their members and fbgemm's embedding specs, per precision
         for precision in ("fp32", "fp16"):
             members = [i for i in self.sharded if pieces[i].table.precision == precision]
             if members:
                 specs = [(pieces[i].allocated_rows(self.cap), pieces[i].width, location, compute) for i in members]
+                kernels[precision] = (members, specs)
+        buffers: dict[str, torch.Tensor] = {}
+        if host_buffers is not None and not on_gpu:
+            requests = {}
+            for precision, (_, specs) in kernels.items():
+                rows = sum(rows for rows, *_ in specs)
+                weights = sum(rows * width for rows, width, *_ in specs)
+                dtype = torch.float16 if precision == "fp16" else torch.float32
+                requests[f"{precision} weights"] = (weights, dtype, False)
+                if config.optimizer == "rowwise_adagrad":
+                    requests[f"{precision} state"] = (rows, torch.float32, True)
+            buffers = host_buffers.take_shard(requests, budget)
+        for precision in ("fp32", "fp16"):
+            if precision in kernels:
+                members, specs = kernels[precision]
                 preallocated = None
-                if host_buffers is not None and not on_gpu:
-                    rows = sum(rows for rows, *_ in specs)
-                    weights = sum(rows * width for rows, width, *_ in specs)
-                    dtype = torch.float16 if precision == "fp16" else torch.float32
-                    preallocated = {"weights": host_buffers.take(f"{precision} weights", weights, dtype)}
+                if buffers:
+                    preallocated = {"weights": buffers[f"{precision} weights"]}
                     if config.optimizer == "rowwise_adagrad":
-                        preallocated["momentum1"] = host_buffers.take(
-                            f"{precision} state", rows, torch.float32, zeroed=True
-                        )
+                        preallocated["momentum1"] = buffers[f"{precision} state"]
                 module = SplitTableBatchedEmbeddingBagsCodegen(
                     embedding_specs=specs,
                     preallocated_host_buffers=preallocated,
