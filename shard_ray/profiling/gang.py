@@ -797,7 +797,7 @@ class DeviceGang:
     ) -> list[FusedShardMeasurement | None]:
         """Each device's fused shard (None for an empty device) timed on its own on the member `shift` places
         along (`devices_of_ranks`), as many members of a machine at once as it has cores, each pinned to one
-        of them (the last, as the profiling pool's actors): where more devices than cores share a machine."""
+        of them (the last first, as the profiling pool's actors): where more devices than cores share a machine."""
         plan.check(tables)
         pieces = plan.pieces(tables)
         device_of = self.devices_of_ranks(shift)
@@ -809,7 +809,7 @@ class DeviceGang:
             for rank, (machine, cores) in enumerate(self._machines):
                 if pieces[device_of[rank]]:
                     waiting.setdefault(machine, []).append(rank)
-                free.setdefault(machine, cores_for(len(cores), list(cores)) or list(cores))
+                free.setdefault(machine, list(cores))  # popped from the end: the last core first
             in_flight: dict[ray.ObjectRef, tuple[str, int, int]] = {}
             while waiting or in_flight:
                 for machine in list(waiting):
