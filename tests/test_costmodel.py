@@ -32,6 +32,7 @@ from shard_ray.costmodel.models import (
     Monotone,
     comm_features,
     default_cost_model_path,
+    models_for,
     pad_fused_shards,
     task_digest,
 )
@@ -55,6 +56,7 @@ from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import TablePiece, replica, table_wise
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard
+from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.access import REFERENCE_BATCH, reuse_histogram_of, zipf_indices, zipf_reuse_histogram
@@ -177,7 +179,10 @@ def test_the_shipped_gpu_models_price_the_gpu_and_say_the_links_alone_price_the_
     assert models_for(h200) == shipped_gpu
     assert models_for(h100) == models_for(a100) == PRETRAINED_DIR / "cuda-NVIDIA-H100-80GB-HBM3.pt"
     assert CostModels.load(models_for(h100)).hardware == h100
-    assert models_for("cpu:AMD EPYC:1thread") == default_cost_model_path()
+    assert models_for("cpu:AMD EPYC:1thread") == models_for("cpu:Some Other CPU:1thread") == default_cost_model_path()
+    xeon = "cpu:Intel(R) Xeon(R) Processor:1thread"  # the recipe measured on the 2-core Xeon (docs/cost-models.md)
+    assert models_for(xeon) == PRETRAINED_DIR / "cpu-Intel-R-Xeon-R-Processor-1thread.pt"
+    assert CostModels.load(models_for(xeon)).hardware == xeon
     on_a100 = place("cost_search", pool[:12], Topology(num_devices=1, memory_bytes=4 * GB), hardware=a100)
     assert any(f"not of {a100}" in w for w in on_a100.estimate.warnings), on_a100.estimate.warnings
     models = CostModels.load(shipped_gpu)
@@ -277,7 +282,12 @@ def test_models_lists_the_shipped_and_calibrated_files_and_names_a_damaged_one(t
     (tmp_path / "models" / "cpu-broken.pt").write_bytes(b"not torch")
     assert main(["models"]) == 0
     out = capsys.readouterr().out
-    assert "3 shipped, and 1 calibrated in" in out and "cuda-NVIDIA-H200.pt (shipped)" in out
+    from shard_ray.costmodel.models import PRETRAINED_DIR
+
+    assert (
+        f"{len(list(PRETRAINED_DIR.glob('*.pt')))} shipped, and 1 calibrated in" in out
+        and "cuda-NVIDIA-H200.pt (shipped)" in out
+    )
     assert "cuda-NVIDIA-H100-80GB-HBM3.pt (shipped)" in out
     assert "cuda:NVIDIA H200; trained by `costmodel train`, not calibrated on a task; no comm model" in out
     assert "not calibrated on a task; held-out error (MAPE): compute_seen" in out
@@ -1070,8 +1080,9 @@ def test_devices_sharing_their_hosts_link_wait_for_all_their_host_receives(capsy
         written[name] = load_plan(tmp_path / f"{name}.json")
     assert written["own"].settings.host_link_gbps is None and written["shared"].settings.host_link_gbps == 0.025
     tables = load_tables(tmp_path / "tables.json")
+    here = CostModels.load(models_for(hardware_id(threads=1)))  # the models `plan` picks on this machine
     for made in written.values():  # the file's estimate is the simulator's price of it
-        simulated = Simulator(CostModels.load(default_cost_model_path())).plan_cost(made, tables, 1024).cost_ms
+        simulated = Simulator(here).plan_cost(made, tables, 1024).cost_ms
         assert made.estimate.predicted.cost_ms == pytest.approx(simulated, rel=1e-6)
     assert written["shared"].estimate.predicted.cost_ms > written["own"].estimate.predicted.cost_ms
     bad = shard_ray_here(capsys, *plan, "--host-link-gbps", "0", "--out", str(tmp_path / "bad.json"))

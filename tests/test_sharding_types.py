@@ -129,11 +129,12 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(capsys, tmp_path):
     plan file, the explanation and the TorchRec export say so; the pricer and the simulator agree."""
     import numpy as np
 
-    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.models import CostModels, models_for
     from shard_ray.costmodel.pricing import Pricer, host_reduce
     from shard_ray.costmodel.simulator import Simulator
     from shard_ray.plan.enumerator import table_options
     from shard_ray.plan.topology import GB, Topology
+    from shard_ray.profiling.hardware import hardware_id
 
     # 40M x 128 fp32 is 20.5 GB: no 8 GB device holds it whole or in column halves; a host's quarter does.
     document = {"tables": [{"name": "big", "rows": 40_000_000, "dim": 128, "pooling_factor": 20.0}]}
@@ -163,7 +164,7 @@ def test_table_row_wise_keeps_a_tables_rows_inside_one_host(capsys, tmp_path):
     assert len({s.device // 4 for s in big}) == 1 and len(big) == 4
     assert all(p.within_host == 4 for pieces in plan.pieces(tables) for p in pieces if p.table.name == "big")
 
-    models = CostModels.load(default_cost_model_path())
+    models = CostModels.load(models_for(hardware_id(threads=1)))  # the models `plan` picks on this machine
     topology = Topology(num_devices=8, memory_bytes=8 * GB, devices_per_host=4, inter_host_gbps=0.25)
     pieces = plan.pieces(tables)
     items = [p for shard in pieces for p in shard]
