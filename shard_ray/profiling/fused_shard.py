@@ -195,7 +195,12 @@ class HostBuffers:
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
     def held_bytes(self) -> int:
-        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers.values())
+        return sum(map(self._bytes, self._buffers))
+
+    def _bytes(self, key: tuple[str, torch.dtype]) -> int:
+        """The bytes buffer `key` holds, 0 where there is none."""
+        buffer = self._buffers.get(key)
+        return 0 if buffer is None else buffer.numel() * buffer.element_size()
 
     def take_shard(self, requests: dict[str, tuple[int, torch.dtype, bool]], budget: int) -> dict[str, torch.Tensor]:
         """A shard's buffers: `requests` maps a name to (elements, dtype, zeroed: set to 0, as a new shard's
@@ -203,10 +208,7 @@ class HostBuffers:
         does not ask for are dropped first, largest first, then those of its own larger than it needs (allocated
         again at its size)."""
         need = {(name, dtype): numel * dtype.itemsize for name, (numel, dtype, _) in requests.items()}
-
-        def size(key: tuple[str, torch.dtype]) -> int:
-            buffer = self._buffers.get(key)
-            return 0 if buffer is None else buffer.numel() * buffer.element_size()
+        size = self._bytes
 
         def held() -> int:
             return sum(size(k) for k in self._buffers if k not in need) + sum(max(size(k), n) for k, n in need.items())

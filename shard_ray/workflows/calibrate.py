@@ -17,10 +17,10 @@
    and price the held-out plans no worse, in error and in ranking (`choose_models`); the report
    says which were kept and why. Accuracy before and after is reported on the held-out part.
 
-Measuring stops at the time budget, leaving time for the fit; the shards stop sooner, leaving the gang's plans a share. Every measurement goes to the
-store and is looked up there first, so an interrupted calibration resumes where it stopped,
-and measurements of these tables already in the store (an earlier calibration's, `plan
---measure`'s) are used too.
+Measuring stops at the time budget, leaving time for the fit; the shards stop sooner, leaving the
+gang's plans a share. Every measurement goes to the store and is looked up there first, so an
+interrupted calibration resumes where it stopped, and measurements of these tables already in the
+store (an earlier calibration's, `plan --measure`'s) are used too.
 """
 
 from __future__ import annotations
