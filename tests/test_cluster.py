@@ -129,8 +129,12 @@ def ray_head():
             "ray-client-server",
         )
     )
+    # A temp dir of its own as well: Ray resolves a job's `auto` address from the ray_current_cluster file in its
+    # node's temp dir, which a multi-node test's cluster started meanwhile in the default one (/tmp/ray) rewrites;
+    # the benchmark job then joined that cluster (with -n 5, once).
     start = page_line("clusters.md", "ray start --head").replace(
-        "--port 6379", f"--port {port} --dashboard-port {dashboard} {agent_ports} --disable-usage-stats"
+        "--port 6379",
+        f"--port {port} --dashboard-port {dashboard} {agent_ports} --disable-usage-stats --temp-dir {home.name}/ray",
     )
     pid_file = Path(home.name) / "ray-head.pid"
     script = "\n".join(
