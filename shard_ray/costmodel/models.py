@@ -39,6 +39,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -333,17 +334,14 @@ def comm_feature_rows(
     width = np.asarray(width, dtype=np.float64)
     n = len(width)
     total = np.broadcast_to(np.asarray(total, dtype=np.float64), (n,))
-    return np.stack(
-        [
-            np.log2(1.0 + width),
-            np.log2(1.0 + total),
-            np.log2(1.0 + np.broadcast_to(max_width, (n,))),
-            np.full(n, batch_context(batch_size)),
-            np.full(n, math.log2(devices)),
-            np.divide(width, total, out=np.zeros(n), where=total > 0),
-        ],
-        axis=1,
-    ).astype(np.float32)
+    rows = np.empty((n, len(COMM_FEATURES)))  # filled column by column: a search builds these thousands of times
+    rows[:, 0] = np.log2(1.0 + width)
+    rows[:, 1] = np.log2(1.0 + total)
+    rows[:, 2] = np.log2(1.0 + np.asarray(max_width, dtype=np.float64))
+    rows[:, 3] = batch_context(batch_size)
+    rows[:, 4] = math.log2(devices)
+    rows[:, 5] = np.divide(width, total, out=np.zeros(n), where=total > 0)
+    return rows.astype(np.float32)
 
 
 def comm_features(widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray:
@@ -452,14 +450,24 @@ class CostModels:
         if self.comm is None:
             return np.zeros((len(features), 2))
         rows = np.asarray(features, dtype=np.float32)
+        for layer in self._comm_layers:
+            rows = np.maximum(rows, 0.0) if layer is None else rows @ layer[0] + layer[1]
+        return np.exp(rows)
+
+    @cached_property
+    def _comm_layers(self) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """The comm network's layers as `comm_ms` runs them: (weight transposed, bias) of a linear layer, None for a
+        ReLU. Views on the parameters' storage, taken once: a search calls `comm_ms` thousands of times."""
+        assert self.comm is not None
+        layers: list[tuple[np.ndarray, np.ndarray] | None] = []
         for layer in self.comm.net:  # `mlp`'s layers
             if isinstance(layer, nn.Linear):
-                rows = rows @ layer.weight.detach().numpy().T + layer.bias.detach().numpy()
+                layers.append((layer.weight.detach().numpy().T, layer.bias.detach().numpy()))
             elif isinstance(layer, nn.ReLU):
-                rows = np.maximum(rows, 0.0)
+                layers.append(None)
             else:
                 raise TypeError(f"the comm model's numpy forward has no {type(layer).__name__}")
-        return np.exp(rows)
+        return layers
 
     @property
     def comm_devices_per_host(self) -> int | None:

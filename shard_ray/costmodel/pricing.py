@@ -74,7 +74,8 @@ class Pricer:
             for k, p in enumerate(missing):
                 self._sizes[p.key] = tuple(column[k] for column in columns)
         rows = [self._sizes[p.key] for p in pieces]
-        return PieceSizes(*(np.array([row[k] for row in rows]) for k in range(len(fields(PieceSizes)))))
+        columns = zip(*rows) if rows else ([] for _ in fields(PieceSizes))
+        return PieceSizes(*(np.array(column) for column in columns))
 
     def plan_cost(self, pieces: list[TablePiece], assign: np.ndarray) -> float:
         """The simulated cost of the plan putting `pieces` on `assign`: its slowest device's step."""
@@ -176,7 +177,7 @@ class Pricer:
         width = np.asarray(width, dtype=np.float64)
         if devices == 1:
             return np.zeros((len(width), 2))
-        floats = np.stack([(total - width) / devices, width * (devices - 1) / devices], axis=1)
+        floats = two_columns((total - width) / devices, width * (devices - 1) / devices)
         local = devices if one_host else min(self.topology.devices_per_host or devices, devices)
         share = intra_host_share(devices, local)
         topology = self.topology
@@ -324,8 +325,8 @@ def received_floats(widths: np.ndarray, devices_per_host: int | None) -> tuple[n
     local = d if devices_per_host is None else min(devices_per_host, d)
     hosts = np.arange(d) // local
     own_host = np.bincount(hosts, weights=widths)[hosts]
-    intra = np.stack([(own_host - widths) / d, widths * (local - 1) / d], axis=1)
-    inter = np.stack([(widths.sum() - own_host) / d, widths * (d - local) / d], axis=1)
+    intra = two_columns((own_host - widths) / d, widths * (local - 1) / d)
+    inter = two_columns((widths.sum() - own_host) / d, widths * (d - local) / d)
     return intra, inter
 
 
@@ -340,6 +341,14 @@ def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, in
     """
     _, inter = received_floats(widths, devices_per_host)
     return receiving_ms(inter, batch_size, inter_host_gbps)
+
+
+def two_columns(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """[n, 2] of two [n] columns: `np.stack(axis=1)`'s result without its checks, which cost a search more than
+    the arithmetic (it builds these thousands of times)."""
+    out = np.empty((len(second), 2))
+    out[:, 0], out[:, 1] = first, second
+    return out
 
 
 def receiving_ms(floats: np.ndarray, batch_size: int, gbps: float) -> np.ndarray:

@@ -88,7 +88,9 @@ def physical_quantities(features: torch.Tensor, log_batch: torch.Tensor | float,
 # the table-batched kernels, then the same in the replicas' dense kernels. A device holding replicas beside sharded
 # pieces runs both: on an H200 the second kernel's launches cost as much as the first's (docs/gpu.md).
 KERNEL_COLUMNS = 8
-_TABLES, _OUTPUTS = [0, 2, 4, 6], [1, 3, 5, 7]  # then, in each, the sharded kernels' 2 precisions and the replicas'
+# Columns 0, 2, 4, 6 and 1, 3, 5, 7 (views, not gathers: a search prices thousands of shards); in each, the sharded
+# kernels' 2 precisions and the replicas'.
+_TABLES, _OUTPUTS = slice(0, None, 2), slice(1, None, 2)
 
 
 def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor, replicas: torch.Tensor | None = None) -> torch.Tensor:

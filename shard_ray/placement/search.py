@@ -175,11 +175,14 @@ def _greedy_passes(
             placed = group_device[:, g][:, None]
             first = ledger.room(group_need[g]) & sizes.allowed[sizes.group == g].all(axis=0)
             fits = np.where(placed >= 0, fits & (np.arange(d) == placed), first)
-        if stuck is None and not fits.any():
+        fit_somewhere = fits.any(axis=1)
+        if stuck is None and not fit_somewhere.any():
             stuck = int(i)
-        feasible &= fits.any(axis=1)
+        feasible &= fit_somewhere
         allowed = fits & (dim_sum + widths[i] <= caps)
-        allowed[~allowed.any(axis=1)] = fits[~allowed.any(axis=1)]
+        capped_out = ~allowed.any(axis=1)  # passes whose cap leaves the piece nowhere: anywhere it fits
+        if capped_out.any():
+            allowed[capped_out] = fits[capped_out]
         if additive is not None:  # every device's price goes up by the piece's: the cheapest now wins
             device = np.argmin(np.where(allowed, current, np.inf), axis=1)
             current[rows, device] += additive[i]
