@@ -321,8 +321,10 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
         backwards.net[-1].bias.neg_()
     tuned = CostModels(start.compute, backwards, start.hardware, start.info.model_copy())
     assert evaluate_comm(tuned, plans)["spearman"] < 0
+    tuned.info.device_counts = [2, 8]  # as a fit to 8-device gangs would have said
     kept, why = refuse_comm_worse_than_chance(start, tuned, plans)
     assert kept.comm is start.comm and kept.compute is start.compute
+    assert kept.info.device_counts == start.info.device_counts  # the gang sizes it measured are the starting ones'
     assert why.startswith("refused the fine-tuned comm model") and "worse than chance (Spearman -" in why
     right = CostModels(start.compute, copy.deepcopy(start.comm), start.hardware, start.info.model_copy())
     assert refuse_comm_worse_than_chance(start, right, plans) == (right, None)
@@ -367,3 +369,31 @@ def test_calibration_leaves_the_plans_a_share_of_the_measuring_time():
     assert plans_end == pytest.approx(100.0 + measuring)
     assert plans_end - shards_end == pytest.approx(config.plan_share * measuring) and 0 < config.plan_share < 1
     assert measuring_deadlines(100.0, config, num_devices=1) == (plans_end, plans_end)
+
+
+def test_the_comm_model_is_fitted_only_to_all_to_alls_the_gang_timed():
+    """Where the gang priced a plan's all-to-alls (more devices than cores), calibrate neither fits the comm model to
+    them nor counts the gang's size as measured, and says why; plans it timed are fitted."""
+    from shard_ray.plan.cost import PRICED_WHEN_SHARED, DeviceCost, PlanCost
+    from shard_ray.plan.piece import TablePiece
+    from shard_ray.profiling.store import PlanMeasurement
+    from shard_ray.workflows.calibrate import comm_kept_because
+
+    tables = [TableSpec(name=f"t{i}", rows=1000, dim=16 * (i + 1), pooling_factor=1.0) for i in range(4)]
+    plan = Plan.from_assignment([TablePiece.whole(t) for t in tables], [0, 1, 2, 3], 4, "sample")
+    devices = [DeviceCost(device=d, fwd_compute_ms=1, bwd_compute_ms=1, fwd_comm_ms=0.5, bwd_comm_ms=0.5) for d in
+               range(4)]  # fmt: skip
+
+    def measured(key: str, priced: bool) -> PlanMeasurement:
+        parts = list(PRICED_WHEN_SHARED) if priced else []
+        cost = PlanCost(devices=devices, batch_size=1024, priced_parts=parts, priced_by="m.pt" if priced else None)
+        return PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost)
+
+    priced = {"fit": [measured("a", True), measured("b", True)], "val": [measured("c", True)], "held_out": []}
+    why = comm_kept_because(priced)
+    assert why.startswith("the comm model is kept as it started: 0 plans with all-to-alls timed to fit it and 0")
+    assert "3 more plans had their all-to-alls priced" in why
+    timed = {"fit": [measured("a", False)], "val": [measured("c", False)], "held_out": []}
+    assert comm_kept_because(timed) is None
+    thin = comm_kept_because({**timed, "val": []})
+    assert "1 plans with all-to-alls timed to fit it and 0 to validate it" in thin and "priced" not in thin

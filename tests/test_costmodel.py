@@ -72,6 +72,12 @@ def shipped() -> CostModels:
     return CostModels.load(default_cost_model_path())
 
 
+# The bytes a shard measured in a test's own process may allocate: the pool's largest tables are then capped, as a
+# profiling actor's share of memory caps them. Without it they were measured whole, in the pytest worker: 12.8 GB
+# of this machine's 23.5, beside the other workers' Ray clusters.
+WORKER_BUDGET = GB
+
+
 @pytest.fixture(scope="module")
 def pool() -> list[TableSpec]:
     return generate_pool(PoolConfig(num_tables=60, seed=5))
@@ -325,7 +331,7 @@ def test_training_on_a_tiny_measured_data_set(tmp_path, pool):
     shards = draw_augmented_fused_shards(pool, 60, 4, (8, 16, 64, 128), seed=1)
     with MeasurementStore(tmp_path / "m.db") as store:
         for parts in shards:
-            store.put_fused_shard(measure_fused_shard(parts, config, "cpu:test"))
+            store.put_fused_shard(measure_fused_shard(parts, config, "cpu:test", WORKER_BUDGET))
         with pytest.warns(MissingCommModelWarning, match=r"0 multi-device plan measurements.*collect --kind comm"):
             models, report = train_cost_models(
                 store, {t.name for t in pool}, TrainConfig(hidden=32, max_epochs=60, patience=60)
@@ -599,7 +605,7 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     with MeasurementStore(store_path) as store:
         for parts in draw_augmented_fused_shards(unseen, 6, 3, (16, 64), seed=2):
             # labelled with the model's hardware: this checks the command, not the accuracy
-            store.put_fused_shard(measure_fused_shard(parts, config, shipped.hardware))
+            store.put_fused_shard(measure_fused_shard(parts, config, shipped.hardware, WORKER_BUDGET))
     code = main(
         [
             "costmodel",
@@ -618,7 +624,7 @@ def test_plan_and_costmodel_commands(tmp_path, capsys, pool, shipped):
     other = "cpu:Another CPU:1thread"
     with MeasurementStore(store_path) as store:
         for parts in draw_augmented_fused_shards(unseen, 4, 3, (16, 64), seed=3):
-            store.put_fused_shard(measure_fused_shard(parts, config, other))
+            store.put_fused_shard(measure_fused_shard(parts, config, other, WORKER_BUDGET))
     evaluate = ["costmodel", "evaluate", "--cost-model", str(default_cost_model_path()), "--store", str(store_path)]
     assert main([*evaluate, "--hardware", other, "--no-mlflow"]) == 0
     printed = capsys.readouterr().out

@@ -7,6 +7,7 @@ import pytest
 
 from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels
+from shard_ray.plan.topology import GB
 from shard_ray.policy.network import load_policy
 from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
@@ -34,7 +35,7 @@ def store_file(pool_file) -> Path:
     with MeasurementStore(path) as store:
         for parts in draw_augmented_fused_shards(load_tables(pool_file), 50, 4, (8, 16, 64), seed=1):
             store.put_fused_shard(
-                measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test")
+                measure_fused_shard(parts, MeasureConfig(batch_size=64, warmup=1, repeats=3), "cpu:test", budget=GB)
             )
     return path
 

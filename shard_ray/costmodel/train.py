@@ -185,6 +185,13 @@ def comm_widths(pm: PlanMeasurement) -> np.ndarray | None:
     return np.array([sum(p.width for p in shard) for shard in pieces], dtype=np.float64)
 
 
+def comm_timed(plan_splits: dict[str, list[PlanMeasurement]]) -> dict[str, list[PlanMeasurement]]:
+    """The plans of each split whose all-to-alls the gang timed as the comm model describes them (`comm_widths`). A
+    gang of more devices than cores prices them instead: fitted to its own prices the model would learn nothing, yet
+    count the gang's size among those it measured (`ModelInfo.device_counts`), and price it thereafter unscaled."""
+    return {k: [p for p in v if comm_widths(p) is not None] for k, v in plan_splits.items()}
+
+
 def comm_samples(plans: list[PlanMeasurement]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-device comm features [N, C] and log (fwd, bwd) all-to-all ms [N, 2] of multi-device plans."""
     features, targets = [], []
@@ -495,16 +502,17 @@ def train_cost_models(
     # one device: no all-to-all
     plans = [p for p in newest_procedure(store.plan_measurements(hardware)) if p.plan.num_devices > 1]
     plan_splits = {name: [p for p in plans if data_split(p.key) == name] for name in ("train", "val", "test")}
+    timed = comm_timed(plan_splits)
     comm = None
-    if plan_splits["train"] and plan_splits["val"]:
-        comm = train_comm_model(comm_samples(plan_splits["train"]), comm_samples(plan_splits["val"]), config)
+    if timed["train"] and timed["val"]:
+        comm = train_comm_model(comm_samples(timed["train"]), comm_samples(timed["val"]), config)
     else:
         # The compute model alone still ranks placements; say what is missing rather than refuse.
         warnings.warn(
             f"no communication model: the store has {len(plans)} multi-device plan measurements on {hardware} "
-            f"({len(plan_splits['train'])} in the train split, {len(plan_splits['val'])} in validation; one of each "
-            "is needed), so the links' profile alone prices these models' all-to-alls; measure plans with "
-            "`shard-ray collect --kind comm` and train again",
+            f"({len(timed['train'])} with their all-to-alls timed in the train split, {len(timed['val'])} in "
+            "validation; one of each is needed), so the links' profile alone prices these models' all-to-alls; "
+            "measure plans with `shard-ray collect --kind comm` and train again",
             MissingCommModelWarning,
             stacklevel=2,
         )
@@ -517,7 +525,7 @@ def train_cost_models(
             rows_cap=rows_cap,
             train_config=asdict(config),
             train_tables=sorted(train_tables),
-            device_counts=sorted({p.plan.num_devices for p in plans}),
+            device_counts=sorted({p.plan.num_devices for split in timed.values() for p in split}),
             batch_sizes=sorted({m.config.batch_size for m in splits["train"]}),
             num_shards={k: len(v) for k, v in splits.items()},
             num_plans={k: len(v) for k, v in plan_splits.items()},

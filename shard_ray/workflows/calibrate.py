@@ -46,6 +46,7 @@ from shard_ray.costmodel.train import (
     TrainConfig,
     accuracy,
     comm_samples,
+    comm_timed,
     compute_data,
     data_coverage,
     evaluate_comm,
@@ -267,12 +268,9 @@ def calibrate(
     start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.max_rows}))
     micro = microbenchmark_measurements(store, hardware, measure)
     tuned = _fine_tuned(start, hardware, by_split, plan_split, micro, topology.devices_per_host_if_spanning, config)
-    if not (plan_split["fit"] and plan_split["val"]):
-        log(
-            f"the comm model is kept as it started: {len(plan_split['fit'])} plans measured to fit it and "
-            f"{len(plan_split['val'])} to validate it, a plan at least each needed; more --plans or --budget-minutes "
-            "measures more"
-        )
+    comm_kept = comm_kept_because(plan_split)
+    if comm_kept:
+        log(comm_kept)
     tuned, comm_refused = refuse_comm_worse_than_chance(start, tuned, plan_split["val"] + plan_split["held_out"])
     if comm_refused:
         log(comm_refused)
@@ -285,6 +283,7 @@ def calibrate(
         "hardware": hardware,
         "started_from": {"path": start_path, "hardware": start.hardware},
         **choice,
+        "comm_kept": comm_kept,
         "comm_refused": comm_refused,
         "shards": {k: len(v) for k, v in by_split.items()},
         "plans": {k: len(v) for k, v in plan_split.items()},
@@ -295,6 +294,25 @@ def calibrate(
     }
     _record_calibration(kept, report, tables, compute_data(by_split["fit"]), start)
     return Calibration(models=kept, chosen=report["chosen"], report=report)
+
+
+def comm_kept_because(plan_split: dict[str, list[PlanMeasurement]]) -> str | None:
+    """Why the comm model is kept as it started (None where it is fitted): too few plans whose all-to-alls the gang
+    timed (`comm_timed`) to fit it and to validate it."""
+    timed = comm_timed(plan_split)
+    if timed["fit"] and timed["val"]:
+        return None
+    said = (
+        f"the comm model is kept as it started: {len(timed['fit'])} plans with all-to-alls timed to fit it and "
+        f"{len(timed['val'])} to validate it, one at least each needed"
+    )
+    priced = sum(len(plan_split[k]) - len(timed[k]) for k in ("fit", "val"))
+    if priced:
+        said += (
+            f" ({priced} more plans had their all-to-alls priced, where the devices share cores, or mixed collectives "
+            "the comm model does not describe alone)"
+        )
+    return said + "; more --plans or --budget-minutes measures more, and a core or GPU per device times them all"
 
 
 def measuring_deadlines(began: float, config: CalibrateConfig, num_devices: int) -> tuple[float, float]:
@@ -381,7 +399,9 @@ def refuse_comm_worse_than_chance(
     ranking = judged["spearman"]
     if ranking is None or ranking >= 0:
         return tuned, None
-    info = tuned.info.model_copy(update={"comm_devices_per_host": start.info.comm_devices_per_host})
+    info = tuned.info.model_copy(
+        update={"comm_devices_per_host": start.info.comm_devices_per_host, "device_counts": start.info.device_counts}
+    )
     reason = (
         f"refused the fine-tuned comm model: it ranks the all-to-alls of the plans it was not fit to worse than "
         f"chance (Spearman {ranking:.2f} over {judged['n']} devices); kept the starting one"
@@ -553,12 +573,11 @@ def _fine_tuned(
     spine_data = compute_data(microbenchmark + by_split["fit"]) if microbenchmark else None
     compute = train_compute_model(fit, compute_data(by_split["val"]), train, init=start.compute, spine_data=spine_data)
     comm, info = start.comm, start.info.model_copy(deep=True)
-    if plan_split["fit"] and plan_split["val"]:
-        comm = train_comm_model(
-            comm_samples(plan_split["fit"]), comm_samples(plan_split["val"]), train, init=copy.deepcopy(start.comm)
-        )
+    timed = comm_timed(plan_split)
+    if timed["fit"] and timed["val"]:
+        comm = train_comm_model(comm_samples(timed["fit"]), comm_samples(timed["val"]), train, init=copy.deepcopy(comm))
         info.comm_devices_per_host = devices_per_host or None
-        info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in plan_split["fit"])})
+        info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in timed["fit"])})
     tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
     # The step's overhead, fitted to this task's plans (the fit split) as the fine-tuned kernels price them.
     return replace(tuned, step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]))
