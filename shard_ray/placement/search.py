@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, Pricer, single_costs
+from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, PieceSizes, Pricer, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.budget import PhaseEnd, SearchBudget, Spending
@@ -104,16 +104,16 @@ def greedy_grid(
     pricing a device as the sum of its tables' single costs: no model call per table, so the
     start of a search over thousands of tables and devices stays within its budget.
     """
-    sizes = pricer.sizes(pieces)
+    enc, sizes = pricer.encodings(pieces), pricer.sizes(pieces)  # looked up once for every pass below
     single = single_costs(pricer, pieces)
     # Groups first, then other pieces with fixed devices: where they go is (partly) not a choice.
     first = (~sizes.restricted, sizes.group < 0)
 
     def passes(order: np.ndarray) -> tuple[Candidate | None, int | None]:
         try:
-            return _greedy_passes(pricer, pieces, scales, order, until=until)
+            return _greedy_passes(pricer, pieces, enc, sizes, scales, order, until=until)
         except _OutOfBudget:
-            return _greedy_passes(pricer, pieces, scales, order, additive=single)
+            return _greedy_passes(pricer, pieces, enc, sizes, scales, order, additive=single)
 
     found, _ = passes(np.lexsort((-single, *first)))
     if found is None:
@@ -134,12 +134,15 @@ class _OutOfBudget(Exception):
 def _greedy_passes(
     pricer: Pricer,
     pieces: list[TablePiece],
+    enc: torch.Tensor,
+    sizes: PieceSizes,
     scales: tuple[float, ...],
     order: np.ndarray,
     until: PhaseEnd | None = None,
     additive: np.ndarray | None = None,
 ) -> tuple[Candidate | None, int | None]:
-    """One greedy pass per scale, side by side: one model call per table prices it on every pass.
+    """One greedy pass per scale, side by side: one model call per table prices it on every pass (`enc` and `sizes`:
+    the pieces' encodings and sizes).
 
     None and the first piece that fit nowhere when no pass finds room for every piece. A constraints
     group goes where its first table goes, which needs room for the whole group. With `additive`
@@ -149,8 +152,6 @@ def _greedy_passes(
     probe = min(len(order), 32)  # pieces priced before projecting the passes' end
     topology = pricer.topology
     d, s = topology.num_devices, len(scales)
-    enc = pricer.encodings(pieces)
-    sizes = pricer.sizes(pieces)
     widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     sums = torch.zeros(s, d, enc.shape[1])
