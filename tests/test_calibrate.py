@@ -374,6 +374,7 @@ def test_calibration_leaves_the_plans_a_share_of_the_measuring_time():
 def test_the_comm_model_is_fitted_only_to_all_to_alls_the_gang_timed():
     """Where the gang priced a plan's all-to-alls (more devices than cores), calibrate neither fits the comm model to
     them nor counts the gang's size as measured, and says why; plans it timed are fitted."""
+    from shard_ray.costmodel.train import comm_timed
     from shard_ray.plan.cost import PRICED_WHEN_SHARED, DeviceCost, PlanCost
     from shard_ray.plan.piece import TablePiece
     from shard_ray.profiling.store import PlanMeasurement
@@ -390,10 +391,11 @@ def test_the_comm_model_is_fitted_only_to_all_to_alls_the_gang_timed():
         return PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost)
 
     priced = {"fit": [measured("a", True), measured("b", True)], "val": [measured("c", True)], "held_out": []}
-    why = comm_kept_because(priced)
+    why = comm_kept_because(priced, comm_timed(priced))
     assert why.startswith("the comm model is kept as it started: 0 plans with all-to-alls timed to fit it and 0")
     assert "3 more plans had their all-to-alls priced" in why
     timed = {"fit": [measured("a", False)], "val": [measured("c", False)], "held_out": []}
-    assert comm_kept_because(timed) is None
-    thin = comm_kept_because({**timed, "val": []})
+    assert comm_kept_because(timed, comm_timed(timed)) is None
+    thin_split = {**timed, "val": []}
+    thin = comm_kept_because(thin_split, comm_timed(thin_split))
     assert "1 plans with all-to-alls timed to fit it and 0 to validate it" in thin and "priced" not in thin

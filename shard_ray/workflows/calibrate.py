@@ -267,10 +267,14 @@ def calibrate(
     # measurements, which stand for whole tables unless `--max-rows` was given.
     start = replace(start, info=start.info.model_copy(update={"rows_cap": measure.max_rows}))
     micro = microbenchmark_measurements(store, hardware, measure)
-    tuned = _fine_tuned(start, hardware, by_split, plan_split, micro, topology.devices_per_host_if_spanning, config)
-    comm_kept = comm_kept_because(plan_split)
+    timed = comm_timed(plan_split)
+    comm_kept = comm_kept_because(plan_split, timed)
     if comm_kept:
         log(comm_kept)
+    comm_plans = None if comm_kept else timed
+    tuned = _fine_tuned(
+        start, hardware, by_split, plan_split, comm_plans, micro, topology.devices_per_host_if_spanning, config
+    )
     tuned, comm_refused = refuse_comm_worse_than_chance(start, tuned, plan_split["val"] + plan_split["held_out"])
     if comm_refused:
         log(comm_refused)
@@ -296,10 +300,11 @@ def calibrate(
     return Calibration(models=kept, chosen=report["chosen"], report=report)
 
 
-def comm_kept_because(plan_split: dict[str, list[PlanMeasurement]]) -> str | None:
-    """Why the comm model is kept as it started (None where it is fitted): too few plans whose all-to-alls the gang
-    timed (`comm_timed`) to fit it and to validate it."""
-    timed = comm_timed(plan_split)
+def comm_kept_because(
+    plan_split: dict[str, list[PlanMeasurement]], timed: dict[str, list[PlanMeasurement]]
+) -> str | None:
+    """Why the comm model is kept as it started (None where it is fitted): too few plans of `plan_split` whose
+    all-to-alls the gang timed (`timed`, `comm_timed`'s) to fit it and to validate it."""
     if timed["fit"] and timed["val"]:
         return None
     said = (
@@ -560,24 +565,26 @@ def _fine_tuned(
     hardware: str,
     by_split: dict[str, list],
     plan_split: dict[str, list[PlanMeasurement]],
+    comm_plans: dict[str, list[PlanMeasurement]] | None,
     microbenchmark: list[FusedShardMeasurement],
     devices_per_host: int | None,
     config: CalibrateConfig,
 ) -> CostModels:
     """`start` fine-tuned on the fit split, stopped by the validation split, its spine first fitted to this hardware
-    (the microbenchmark's shards and the fit split's). Over hosts, the comm model is fit to all-to-alls measured
-    over them: it learns their inter-host share, and prices it itself thereafter (`comm_devices_per_host`,
-    `shard_ray.costmodel.pricing.analytic_devices_per_host`)."""
+    (the microbenchmark's shards and the fit split's); its comm model fitted to `comm_plans`' fit split and stopped
+    by their validation split (the plans whose all-to-alls the gang timed), kept where None. Over hosts, the comm
+    model is fit to all-to-alls measured over them: it learns their inter-host share, and prices it itself
+    thereafter (`comm_devices_per_host`, `shard_ray.costmodel.pricing.analytic_devices_per_host`)."""
     train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
     fit = compute_data(by_split["fit"])
     spine_data = compute_data(microbenchmark + by_split["fit"]) if microbenchmark else None
     compute = train_compute_model(fit, compute_data(by_split["val"]), train, init=start.compute, spine_data=spine_data)
     comm, info = start.comm, start.info.model_copy(deep=True)
-    timed = comm_timed(plan_split)
-    if timed["fit"] and timed["val"]:
-        comm = train_comm_model(comm_samples(timed["fit"]), comm_samples(timed["val"]), train, init=copy.deepcopy(comm))
+    if comm_plans is not None:
+        fit_plans, val_plans = comm_plans["fit"], comm_plans["val"]
+        comm = train_comm_model(comm_samples(fit_plans), comm_samples(val_plans), train, init=copy.deepcopy(comm))
         info.comm_devices_per_host = devices_per_host or None
-        info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in timed["fit"])})
+        info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in fit_plans)})
     tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
     # The step's overhead, fitted to this task's plans (the fit split) as the fine-tuned kernels price them.
     return replace(tuned, step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]))
