@@ -25,7 +25,9 @@ BIN = Path(sys.executable).parent
 # The docs page that gives the cluster route's commands; the tests run them as a user pastes them.
 
 
-def _wait_for(check, what: str, timeout: float = 300) -> None:
+def _wait_for(check, what: str, timeout: float = 300, stopped=lambda: False, explain=lambda: "") -> None:
+    """Polls `check` until it holds; fails at once when `stopped()` says the server's process has ended, and with
+    what `explain()` gives (its log, the last answer) either way, so that a failure in CI says why."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -33,8 +35,10 @@ def _wait_for(check, what: str, timeout: float = 300) -> None:
                 return
         except Exception:
             pass
+        if stopped():
+            raise AssertionError(f"{what} stopped while starting\n{explain()}")
         time.sleep(0.5)
-    raise AssertionError(f"{what} did not come up in {timeout} s")
+    raise AssertionError(f"{what} did not come up in {timeout} s\n{explain()}")
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +157,25 @@ def ray_head():
     env = {**env, "RAY_AUTH_MODE": "token"}  # as docs/clusters.md's shells have it
     # Ready once it takes a job: its job agent comes up some seconds after the dashboard answers.
     ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
+    answers = []
+
+    def takes_a_job() -> bool:
+        answers.append(subprocess.run(ready, env=env, capture_output=True, text=True, timeout=30))
+        return answers[-1].returncode == 0
+
+    def explain() -> str:
+        log = Path(home.name) / "ray-head.log"
+        last = answers[-1] if answers else None
+        said = f"last `ray job submit` ({last.returncode}): {last.stdout[-1500:]}{last.stderr[-3000:]}" if last else ""
+        head = f"ray-head.log: {log.read_text()[-3000:]}" if log.exists() else "no ray-head.log"
+        logs = sorted((Path(home.name) / "ray").glob("session_*/logs/*.err")) + sorted(
+            (Path(home.name) / "ray").glob("session_*/logs/dashboard*.log")
+        )
+        tails = "\n".join(f"{f.name}: {f.read_text(errors='replace')[-1500:]}" for f in logs if f.stat().st_size)
+        return f"{said}\n{head}\n{tails}"
+
     try:
-        _wait_for(lambda: subprocess.run(ready, env=env, capture_output=True, timeout=30).returncode == 0, "ray head")
+        _wait_for(takes_a_job, "ray head", stopped=lambda: shell.poll() is not None, explain=explain)
         yield address, port, env
         stop = f"RAY_HEAD={pid_file.read_text().strip()}\n{page_line('clusters.md', 'kill $RAY_HEAD')}"
         assert subprocess.run(["bash", "-c", stop], env=env).returncode == 0
