@@ -159,6 +159,12 @@ def _greedy_passes(
     current = np.zeros((s, d))  # each device's predicted compute as it fills
     dim_sum = np.zeros((s, d))
     ledger = MemoryLedger(topology, copies=s)
+    # A pass's devices in the flattened [s, d] arrays start at `row_start`: a device of each pass is updated or
+    # read through one index (an [s, d] pair index costs twice as much, and the passes run this per piece).
+    row_start = np.arange(s) * d
+    flat_current, flat_dim_sum, flat_free = current.reshape(-1), dim_sum.reshape(-1), ledger.free.reshape(-1)
+    masked = (~sizes.allowed).any(axis=1).tolist()  # pieces kept off some devices; the others skip the mask
+    group_of = sizes.group.tolist()
     assign = np.zeros((s, len(pieces)), dtype=np.int64)
     feasible = np.ones(s, dtype=bool)
     rows = np.arange(s)
@@ -170,43 +176,56 @@ def _greedy_passes(
     for n, i in enumerate(order):
         if n == probe and began is not None and additive is None and until.would_pass(began, n / len(order)):
             raise _OutOfBudget
-        fits = ledger.room(need[i]) & sizes.allowed[i]
-        g = sizes.group[i]
-        if g >= 0:
-            placed = group_device[:, g][:, None]
-            first = ledger.room(group_need[g]) & sizes.allowed[sizes.group == g].all(axis=0)
-            fits = np.where(placed >= 0, fits & (np.arange(d) == placed), first)
-        fit_somewhere = fits.any(axis=1)
-        if stuck is None and not fit_somewhere.any():
-            stuck = int(i)
-        feasible &= fit_somewhere
-        allowed = fits & (dim_sum + widths[i] <= caps)
-        capped_out = ~allowed.any(axis=1)  # passes whose cap leaves the piece nowhere: anywhere it fits
-        if capped_out.any():
-            allowed[capped_out] = fits[capped_out]
-        if additive is not None:  # every device's price goes up by the piece's: the cheapest now wins
-            device = np.argmin(np.where(allowed, current, np.inf), axis=1)
-            current[rows, device] += additive[i]
-        else:
-            # The piece is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
-            # on smaller topologies): the cheapest device with it is one of the least loaded, and one
-            # model call of passes x candidates rows per piece keeps the pass linear in the devices.
-            if d <= CANDIDATE_DEVICES:
-                candidates = every_device
+        g = group_of[i]
+        device = None
+        if additive is not None and not masked[i] and g < 0:
+            # Each pass's least loaded device (the first of equals) is its choice wherever it has room in memory
+            # and under the cap, as it mostly has: checked there alone, not over every device as below.
+            least = current.argmin(axis=1)
+            at = row_start + least
+            if (flat_free[at] >= need[i]).all() and (flat_dim_sum[at] + widths[i] <= caps[:, 0]).all():
+                device = least
+                flat_current[at] += additive[i]
+        if device is None:
+            fits = ledger.room(need[i])
+            if masked[i]:
+                fits &= sizes.allowed[i]
+            if g >= 0:
+                placed = group_device[:, g][:, None]
+                first = ledger.room(group_need[g]) & sizes.allowed[sizes.group == g].all(axis=0)
+                fits = np.where(placed >= 0, fits & (np.arange(d) == placed), first)
+            allowed = fits & (dim_sum + widths[i] <= caps)
+            if not allowed.any(axis=1).all():  # some pass's cap (or memory) leaves the piece nowhere
+                fit_somewhere = fits.any(axis=1)
+                if stuck is None and not fit_somewhere.any():
+                    stuck = int(i)
+                feasible &= fit_somewhere
+                capped_out = ~allowed.any(axis=1)  # passes whose cap leaves the piece nowhere: anywhere it fits
+                allowed[capped_out] = fits[capped_out]
+            if additive is not None:  # every device's price goes up by the piece's: the cheapest now wins
+                device = np.argmin(np.where(allowed, current, np.inf), axis=1)
+                flat_current[row_start + device] += additive[i]
             else:
-                keyed = np.where(allowed, current, np.inf)
-                candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
-            picked = rows[:, None], candidates
-            priced = pricer.compute(
-                (sums[picked] + enc[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
-            ).reshape(candidates.shape)
-            best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
-            device = candidates[rows, best]
-            current[rows, device] = priced[rows, best]
-            sums[rows, device] += enc[i]
-            counts[rows, device] += 1
-        dim_sum[rows, device] += widths[i]
-        ledger.take(device, need[i], rows)
+                # The piece is priced on the `CANDIDATE_DEVICES` allowed devices cheapest so far (all of them
+                # on smaller topologies): the cheapest device with it is one of the least loaded, and one
+                # model call of passes x candidates rows per piece keeps the pass linear in the devices.
+                if d <= CANDIDATE_DEVICES:
+                    candidates = every_device
+                else:
+                    keyed = np.where(allowed, current, np.inf)
+                    candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
+                picked = rows[:, None], candidates
+                priced = pricer.compute(
+                    (sums[picked] + enc[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
+                ).reshape(candidates.shape)
+                best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
+                device = candidates[rows, best]
+                current[rows, device] = priced[rows, best]
+                sums[rows, device] += enc[i]
+                counts[rows, device] += 1
+        at = row_start + device
+        flat_dim_sum[at] += widths[i]
+        ledger.take_flat(at, need[i])
         assign[:, i] = device
         if g >= 0:
             group_device[:, g] = device

@@ -35,12 +35,14 @@ class MemoryLedger:
         """Where `need` bytes fit: a bool array shaped like `free`."""
         return self.free >= need
 
-    def take(self, device: int | np.ndarray, need: int | np.ndarray, rows: np.ndarray | None = None) -> None:
-        """Put `need` bytes on `device` (of each copy in `rows`, for a ledger of several copies)."""
-        if rows is None:
-            self.free[device] -= need
-        else:
-            self.free[rows, device] -= need
+    def take(self, device: int | np.ndarray, need: int | np.ndarray) -> None:
+        """Put `need` bytes on `device`."""
+        self.free[device] -= need
+
+    def take_flat(self, at: np.ndarray, need: int | np.ndarray) -> None:
+        """Put `need` bytes at `at`, places in a ledger of several copies flattened (copy * D + device): one index
+        into the [copies, D] array costs half a (copy, device) pair, and the searches pay it per piece."""
+        self.free.reshape(-1)[at] -= need
 
     def give(self, device: int, need: int) -> None:
         self.free[device] += need
