@@ -104,7 +104,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     from shard_ray.placement.base import priced
     from shard_ray.plan.plan import load_plan
     from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.tracking.mlflow_runs import log_comparison
+    from shard_ray.tracking.mlflow_runs import import_report_modules, log_comparison
     from shard_ray.workflows.comparison import CompareConfig, compare_plans, distinct, format_comparison, ratio_chart
     from shard_ray.workload.tables import load_tables
 
@@ -131,7 +131,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
             print(f"{name.replace('=', ' and ')} place the tables identically: measured once, as {name}")
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=topology.num_devices)
+    importing = import_report_modules(tracking_uri)  # while the gang starts
     with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
+        importing.join()  # before measuring
         # every plan priced by one set of models, those `plan` picks for the gang's hardware and these tables
         plans = [priced(plan, tables, topology, hardware=gang.hardware) for plan in plans]
         compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config, incumbent=incumbent)
@@ -242,7 +244,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from shard_ray.plan.plan import load_plan
     from shard_ray.plan.summary import format_plan_summary, format_prediction
     from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+    from shard_ray.tracking.mlflow_runs import import_report_modules, log_plan_evaluation
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(EvaluateArgs, args)
@@ -257,7 +259,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     )
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=plan.num_devices)
+    importing = import_report_modules(tracking_uri)  # while the gang starts
     with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
+        importing.join()  # before measuring
         cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
     # the models' price for this batch, by the models that priced the plan when it was made, else those `plan`
     # picks for the gang's hardware
