@@ -2,12 +2,14 @@
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -389,3 +391,26 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_pat
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resuming the sweep" in done.stdout and "2 trials, 0 failed" in done.stdout
     assert json.loads((out / "best.json").read_text())["trials"] == 2
+
+
+def test_a_worker_stopped_by_rays_memory_monitor_is_one_line_and_status_1(tmp_path):
+    """Ray's memory monitor, told that 2% of the machine's memory in use is too much (95% by default), stops the
+    gang's members as they start: `evaluate` says so in one line, with what was in use, exits with status 1 and
+    writes nothing (it printed a 75-line traceback)."""
+    tables = Path(__file__).resolve().parent.parent / "experiments" / "tables" / "criteo_kaggle.json"
+    shell = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray of its own, which reads these
+    shell["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{shell['PATH']}"
+    plan = f"shard-ray plan --tables {tables} --devices 2 --memory-gb 8 --algo size_greedy --out plan.json"
+    done = subprocess.run(["bash", "-c", plan], env=shell, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    evaluate = f"shard-ray evaluate --tables {tables} --plan plan.json --rounds 1 --no-mlflow --out evaluated.json"
+    low = {**shell, "RAY_memory_usage_threshold": "0.02", "RAY_memory_monitor_refresh_ms": "100"}
+    done = subprocess.run(["bash", "-c", evaluate], env=low, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("shard-ray: error:")]
+    assert len(said) == 1 and re.fullmatch(
+        r"shard-ray: error: the machine ran low on memory and Ray's memory monitor stopped a worker "
+        r"\([\d.]+GB of [\d.]+GB in use\): free memory, or measure less at once \(fewer devices, --max-rows\)",
+        said[0],
+    ), done.stderr[-3000:]
+    assert not (tmp_path / "evaluated.json").exists()

@@ -3,7 +3,8 @@
 Every flag is generated from a settings dataclass (`shard_ray.cli.flags`), so a command's
 defaults live in one place. Only the group of the command being run is imported (its
 settings live next to torch and Ray), so `shard-ray --help` and bad commands answer at once.
-User errors print one line, `shard-ray: error: ...`, and exit with status 2.
+User errors print one line, `shard-ray: error: ...`, and exit with status 2; so does, with status 1, a worker
+stopped by Ray's memory monitor.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import atexit
 import importlib
 import os
+import re
 import sys
 import threading
 import warnings
@@ -66,7 +68,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shard-ray: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:
+        if not _ran_out_of_memory(err):
+            raise
+        used = re.search(r"was (\S+) used / (\S+) limit", str(err))
+        print(
+            "shard-ray: error: the machine ran low on memory and Ray's memory monitor stopped a worker"
+            + (f" ({used[1]} of {used[2]} in use)" if used else "")
+            + ": free memory, or measure less at once (fewer devices, --max-rows)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def _ran_out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is Ray's: a task or an actor's creation stopped by its memory monitor (a 75-line traceback
+    otherwise). Not a bug in shard-ray, and not the user's input either: a one-line error and exit status 1."""
+    ray = sys.modules.get("ray")
+    return ray is not None and isinstance(err, ray.exceptions.OutOfMemoryError)
 
 
 def console() -> NoReturn:
