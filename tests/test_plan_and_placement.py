@@ -394,3 +394,43 @@ def test_every_plan_file_in_the_repository_still_loads():
     for path in paths:
         plan = load_plan(path)
         assert plan.format_version == 1 and plan.tables is None, path
+
+
+@pytest.mark.parametrize("headroom", [1.05, 1.5])
+def test_greedy_passes_by_single_costs_put_each_piece_where_the_greedy_says(headroom):
+    """The passes priced by single costs (each pass's least loaded device checked alone before every device is
+    masked) against the greedy written out for one pass, device by device: each piece in turn, on the least loaded
+    device (the first of equals) with room in memory and under the pass's dim-sum cap, or with room anywhere where
+    the cap leaves none. Tight memory (1.05x an even share) makes the fallbacks run too."""
+    import numpy as np
+
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer, single_costs
+    from shard_ray.placement.search import _greedy_passes
+    from shard_ray.plan.enumerator import pieces_to_place
+    from shard_ray.plan.topology import memory_cap_with_headroom
+    from shard_ray.workload.synthetic import PoolConfig, generate_pool
+
+    tables = generate_pool(PoolConfig(num_tables=60, seed=4))
+    d = 6
+    topology = Topology(num_devices=d, memory_bytes=memory_cap_with_headroom(tables, d, headroom), batch_size=1024)
+    pricer = Pricer(CostModels.load(default_cost_model_path()), topology)
+    pieces = pieces_to_place(tables, topology)
+    enc, sizes, single = pricer.encodings(pieces), pricer.sizes(pieces), single_costs(pricer, pieces)
+    order = np.argsort(-single, kind="stable")
+    for scale in (1.0, 1.2):
+        found, _ = _greedy_passes(pricer, pieces, enc, sizes, (scale,), order, additive=single)
+        cap, free = scale * sizes.widths.sum() / d, [topology.memory_bytes] * d
+        load, dims, expected = [0.0] * d, [0.0] * d, np.zeros(len(pieces), dtype=np.int64)
+        for i in order:
+            fits = [x for x in range(d) if free[x] >= sizes.need[i]]
+            under_cap = [x for x in fits if dims[x] + sizes.widths[i] <= cap]
+            device = min(under_cap or fits or [0], key=lambda x: (load[x], x))
+            load[device] += single[i]
+            dims[device] += sizes.widths[i]
+            free[device] -= sizes.need[i]
+            expected[i] = device
+        if min(free) < 0:  # a piece fit nowhere: the pass is infeasible
+            assert found is None
+        else:
+            assert found is not None and found.assign.tolist() == expected.tolist()
