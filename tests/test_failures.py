@@ -394,7 +394,7 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_pat
 
 
 def test_a_worker_stopped_by_rays_memory_monitor_is_one_line_and_status_1(tmp_path):
-    """Ray's memory monitor, told that 2% of the machine's memory in use is too much (95% by default), stops the
+    """Ray's memory monitor, told that 0.5% of the machine's memory in use is too much (95% by default), stops the
     gang's members as they start: `evaluate` says so in one line, with what was in use, exits with status 1 and
     writes nothing (it printed a 75-line traceback)."""
     tables = Path(__file__).resolve().parent.parent / "experiments" / "tables" / "criteo_kaggle.json"
@@ -404,7 +404,7 @@ def test_a_worker_stopped_by_rays_memory_monitor_is_one_line_and_status_1(tmp_pa
     done = subprocess.run(["bash", "-c", plan], env=shell, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     evaluate = f"shard-ray evaluate --tables {tables} --plan plan.json --rounds 1 --no-mlflow --out evaluated.json"
-    low = {**shell, "RAY_memory_usage_threshold": "0.02", "RAY_memory_monitor_refresh_ms": "100"}
+    low = {**shell, "RAY_memory_usage_threshold": "0.005", "RAY_memory_monitor_refresh_ms": "100"}
     done = subprocess.run(["bash", "-c", evaluate], env=low, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("shard-ray: error:")]
