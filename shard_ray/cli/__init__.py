@@ -72,10 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _ran_out_of_memory(err):
             raise
         used = re.search(r"was (\S+) used / (\S+) limit", str(err))
+        rows = ", --max-rows" if hasattr(args, "max_rows") else ""  # named only where the command has it
         print(
             "shard-ray: error: the machine ran low on memory and Ray's memory monitor stopped a worker"
             + (f" ({used[1]} of {used[2]} in use)" if used else "")
-            + ": free memory, or measure less at once (fewer devices, --max-rows)",
+            + f": free memory, or measure less at once (fewer devices{rows})",
             file=sys.stderr,
         )
         return 1
