@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ from shard_ray.costmodel.models import (
 )
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.costmodel.spine import QUANTITIES, Spine, fit_spine, spine_shard_ms
+from shard_ray.costmodel.spine import QUANTITIES, Spine, fit_spine, physical_quantities, spine_shard_ms
 from shard_ray.costmodel.train import (
     MissingCommModelWarning,
     TrainConfig,
@@ -55,7 +56,7 @@ from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import TablePiece, replica, table_wise
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard, table_batch
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
@@ -113,6 +114,39 @@ def test_derived_zipf_histogram_matches_drawn_batches():
         drawn = reuse_histogram(zipf_indices(rows, exponent, int(REFERENCE_BATCH * pooling), rng))
         derived = zipf_reuse_histogram(rows, exponent, pooling)
         assert np.abs(np.subtract(drawn, derived)).sum() < 0.02
+
+
+def test_the_spine_counts_the_distinct_rows_a_batch_touches(pool):
+    """The spine's `rows` is the distinct rows a batch of the table touches, as the batches are drawn (measurement
+    procedure 3): histogram tables (the pool's, some with fewer rows than the reference batch touches) and Zipf
+    tables alike, at small batches and at the reference batch."""
+    tables = pool[:40] + [TableSpec(name="zipf", rows=3_500_000, dim=64, pooling_factor=40.0)]
+    for batch in (1024, 4096):
+        counted = physical_quantities(
+            torch.from_numpy(np.stack([table_features(t, t.dim) for t in tables])), math.log2(batch), 16.0
+        )[:, QUANTITIES.index("rows")]
+        for table, spine_rows in zip(tables, counted.tolist()):
+            drawn = len(np.unique(table_batch(table, MeasureConfig(batch_size=batch), 0).indices))
+            assert spine_rows * 1e3 == pytest.approx(drawn, rel=0.1, abs=30), (table.name, batch)
+
+
+def test_models_fitted_before_measurement_procedure_3_price_as_they_did():
+    """Model files fitted to procedure 2's batches (before a histogram table's batch sampled the reference traffic,
+    and before the per-row quantities) count distinct rows as those batches had them: the reference machine's shipped
+    models price shards as they did before (numbers from the release before procedure 3)."""
+    reference = CostModels.load(default_cost_model_path())
+    assert float(reference.compute.spine.sampled_rows) == 0.0
+    assert not reference.compute.spine.rates[:, QUANTITIES.index("rows") :].any()
+    histogram = (0.6, 0.2, 0.1, 0.05, 0.03, 0.02) + (0.0,) * 11
+    tables = [
+        TableSpec(name="hist", rows=200_000, dim=32, pooling_factor=20.0, reuse_histogram=histogram),
+        TableSpec(name="zipf", rows=3_500_000, dim=64, pooling_factor=40.0),
+        TableSpec(name="tiny", rows=40, dim=8, pooling_factor=1.0),
+    ]
+    shards = [[TablePiece.whole(t)] for t in tables] + [[TablePiece.whole(t) for t in tables]]
+    assert np.asarray(reference.predict_fused_shards(shards, 1024)) == pytest.approx(
+        np.array([[0.313108, 0.612455], [0.778982, 1.937278], [0.099347, 0.059052], [1.004963, 2.545823]]), rel=1e-5
+    )
 
 
 def test_range_check_names_each_table_outside_the_training_data(shipped):

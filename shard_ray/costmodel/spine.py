@@ -13,7 +13,11 @@ table-batched kernel does for one batch:
   allocated MB, `cache` fitted;
 - `output`: MB of pooled output (forward) or of its gradient (backward), batch x width x 4;
 - `touched_fp16`: `touched` again for fp16 tables, whose row updates convert to fp32 and back (on the
-  reference CPU their backward costs ten times an fp32 table's per MB touched).
+  reference CPU their backward costs ten times an fp32 table's per MB touched);
+- `rows`: thousands of distinct rows the batch touches, whatever their width (the backward's work per row: its
+  gradient's accumulation, its optimizer update);
+- `cold_rows`: the share of `rows` that misses the caches, as `cold` (on the Intel Xeon a row's update that misses
+  costs about 0.3-0.5 microseconds, about as much for 16 floats as for 64: a latency, not bytes).
 
 A shard costs, per phase,
 
@@ -42,25 +46,29 @@ import torch
 from torch import nn
 
 from shard_ray.costmodel.features import TABLE_FEATURES
-from shard_ray.workload.access import REFERENCE_BATCH
+from shard_ray.workload.access import BIN_ACCESS_COUNTS, REFERENCE_BATCH
 from shard_ray.workload.tables import REUSE_BINS
 
-QUANTITIES = ("table", "lookups", "gathered", "touched", "cold", "output", "touched_fp16")
+QUANTITIES = ("table", "lookups", "gathered", "touched", "cold", "output", "touched_fp16", "rows", "cold_rows")
 PHASES = ("fwd", "bwd")
 PRECISIONS = ("fp32", "fp16")
 # Where each feature sits in the extractor's vector.
 _WIDTH, _ROWS, _POOLING = (TABLE_FEATURES.index(n) for n in ("log2_width", "log10_rows", "log2_pooling_factor"))
 _FP16, _HIST = TABLE_FEATURES.index("fp16"), TABLE_FEATURES.index("reuse_bin_0")
-# A reuse bin's access count at the reference batch, as the batch generator takes it: bin 0 is one access,
-# bin k the middle of (2^(k-1), 2^k] (`shard_ray.workload.access.reuse_histogram_indices`).
-_BIN_COUNTS = torch.tensor([1.0] + [(2 ** (k - 1) + 1 + 2**k) / 2 for k in range(1, REUSE_BINS)], dtype=torch.float64)
+_BIN_COUNTS = torch.from_numpy(BIN_ACCESS_COUNTS)
 MB = 1e6
 # The cache sizes `fit_spine` tries (MB): the one that fits the measurements best is kept.
 CACHE_CHOICES_MB = (1.0, 4.0, 16.0, 64.0, 256.0)
 
 
-def physical_quantities(features: torch.Tensor, log_batch: torch.Tensor | float, cache_mb: float) -> torch.Tensor:
-    """[..., F] raw table features and log2 batch size -> [..., len(QUANTITIES)] physical quantities."""
+def physical_quantities(
+    features: torch.Tensor, log_batch: torch.Tensor | float, cache_mb: float, sampled_rows: bool = True
+) -> torch.Tensor:
+    """[..., F] raw table features and log2 batch size -> [..., len(QUANTITIES)] physical quantities.
+
+    `sampled_rows`: the distinct rows a batch touches as a sample of the reference batch's traffic, as batches are
+    drawn since measurement procedure 3; False: as procedure 2 drew a histogram table's, every row drawn looked up
+    max(1, count x batch / reference) times (models fitted before keep it, so they price as they were fitted)."""
     x = features.double()
     width = torch.exp2(x[..., _WIDTH])
     rows = torch.pow(10.0, x[..., _ROWS])
@@ -68,19 +76,37 @@ def physical_quantities(features: torch.Tensor, log_batch: torch.Tensor | float,
     element = 4.0 - 2.0 * fp16
     batch = torch.exp2(torch.as_tensor(log_batch, dtype=torch.float64)).expand(x.shape[:-1])
     lookups = batch * torch.exp2(x[..., _POOLING])
-    # Distinct rows a batch touches: each row of bin k is looked up max(1, count_k x batch / reference) times
-    # in a batch, as the generator draws it, so the lookups over the mean count per distinct row.
     histogram = x[..., _HIST : _HIST + REUSE_BINS].clamp(min=0)
     histogram = histogram / histogram.sum(dim=-1, keepdim=True).clamp(min=1e-12)
-    per_row = (histogram * torch.clamp(_BIN_COUNTS * batch.unsqueeze(-1) / REFERENCE_BATCH, min=1.0)).sum(dim=-1)
-    distinct = torch.minimum(rows, lookups / per_row.clamp(min=1.0))
+    counts = _BIN_COUNTS * batch.unsqueeze(-1) / REFERENCE_BATCH  # a bin's row's expected lookups in this batch
+    if sampled_rows:
+        # The reference batch's lookups over their mean count per row are its distinct rows (a table with fewer rows
+        # shares them out, each looked up more often); in this batch a row of bin k is looked up Poisson(counts_k)
+        # times, so touched with probability 1 - exp(-counts_k), as `reuse_histogram_indices` draws them.
+        at_reference = REFERENCE_BATCH * torch.exp2(x[..., _POOLING]) / (histogram * _BIN_COUNTS).sum(-1).clamp(min=1.0)
+        held = torch.minimum(rows, at_reference)
+        counts = counts * (at_reference / held).unsqueeze(-1)
+        distinct = torch.minimum(lookups, held * -(histogram * torch.expm1(-counts)).sum(dim=-1))
+    else:
+        distinct = torch.minimum(rows, lookups / (histogram * counts.clamp(min=1.0)).sum(dim=-1).clamp(min=1.0))
     row_mb = width * element / MB
     touched = distinct * row_mb
     table_mb = rows * row_mb
-    cold = touched * table_mb / (table_mb + cache_mb)
     output = batch * width * 4 / MB
+    cold_share = table_mb / (table_mb + cache_mb)
     return torch.stack(
-        [torch.ones_like(lookups), lookups / 1e3, lookups * row_mb, touched, cold, output, touched * fp16], dim=-1
+        [
+            torch.ones_like(lookups),
+            lookups / 1e3,
+            lookups * row_mb,
+            touched,
+            touched * cold_share,
+            output,
+            touched * fp16,
+            distinct / 1e3,
+            distinct * cold_share / 1e3,
+        ],
+        dim=-1,
     ).float()
 
 
@@ -123,13 +149,25 @@ class Spine(nn.Module):
         self.register_buffer("kernel_ms", torch.zeros(len(PHASES), len(PRECISIONS)))
         self.register_buffer("pair_rate", torch.zeros(len(PHASES), len(PRECISIONS)))
         self.register_buffer("cache_mb", torch.tensor(CACHE_CHOICES_MB[2]))
+        self.register_buffer("sampled_rows", torch.tensor(1.0))  # `physical_quantities`'s
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
+        # Files saved before measurement procedure 3 count distinct rows as procedure 2 drew them and have no rates
+        # for the per-row quantities (`rows`, `cold_rows`): 0, so they price as they were fitted.
+        state_dict.setdefault(prefix + "sampled_rows", torch.tensor(0.0))
+        rates = state_dict.get(prefix + "rates")
+        if rates is not None and rates.shape[-1] < len(QUANTITIES):
+            state_dict[prefix + "rates"] = torch.cat(
+                [rates, rates.new_zeros(*rates.shape[:-1], len(QUANTITIES) - rates.shape[-1])], dim=-1
+            )
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(
         self, features: torch.Tensor, log_batch: torch.Tensor | float, replicas: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[..., F] raw features (and [...] replica flags) -> [..., 2 + KERNEL_COLUMNS]: each table's own (fwd, bwd)
         ms, then its `kernel_columns`."""
-        quantities = physical_quantities(features, log_batch, float(self.cache_mb))
+        quantities = physical_quantities(features, log_batch, float(self.cache_mb), bool(self.sampled_rows))
         fp16 = (features[..., _FP16] > 0.5).float()
         return torch.cat([quantities @ self.rates.T, kernel_columns(quantities, fp16, replicas)], dim=-1)
 

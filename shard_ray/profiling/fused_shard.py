@@ -32,8 +32,11 @@ from shard_ray.workload.tables import TableBatch, TableSpec
 #   1: on CPU at most 200,000 rows allocated per table, lookups folded into them; the gang ran one set of
 #      collectives for every sharding type (until 2026-11);
 #   2: whole tables where the measuring process's memory share holds them (`shard_rows_cap`); the gang's
-#      collectives once per sharding type, as TorchRec runs them (`TypeCollectives`).
-MEASUREMENT_PROCEDURE = 2
+#      collectives once per sharding type, as TorchRec runs them (`TypeCollectives`);
+#   3: a histogram table's batches sample the reference batch's traffic, its hot rows the same in every batch
+#      (`shard_ray.workload.access.reuse_histogram_indices`; before, every row drawn was looked up at least once
+#      and the rows were drawn afresh each batch).
+MEASUREMENT_PROCEDURE = 3
 PROCEDURE_1_CPU_MAX_ROWS = 200_000
 # The share of a node's memory (a GPU's, on GPUs) its measuring processes fill with tables, optimizer
 # state and gradients, split evenly between them: the rest is for Ray, the store and the system.

@@ -16,9 +16,12 @@ from scipy.special import pdtr
 
 from shard_ray.workload.tables import REUSE_BINS, TableBatch, TableSpec
 
-# The public histogram describes one batch of 65536 samples; other batch sizes scale the
-# access counts of each row with the batch, so hot rows stay hot and cold rows stay single.
+# The public histogram describes one batch of 65536 samples; a batch of another size samples that traffic
+# (`reuse_histogram_indices`).
 REFERENCE_BATCH = 65536
+# A reuse bin's access count at the reference batch: bin 0 is one access, bin k the middle of (2^(k-1), 2^k], the
+# last ("more") taken as (32768, 65536].
+BIN_ACCESS_COUNTS = np.array([1.0] + [(2 ** (k - 1) + 1 + 2**k) / 2 for k in range(1, REUSE_BINS)])
 # Zipf ranks are spread over the row space by r -> r * m mod rows with m a prime that does not
 # divide rows: a permutation, so hot rows are not all at the start of the table (which would
 # make them look cache-friendly) and every row stays reachable. m < 2^20 keeps r * m inside
@@ -49,34 +52,33 @@ def scatter_rows(ranks: np.ndarray, rows: int) -> np.ndarray:
 
 
 def reuse_histogram_indices(
-    rows: int, histogram: tuple[float, ...], count: int, batch_size: int, rng: np.random.Generator
+    rows: int, histogram: tuple[float, ...], pooling_factor: float, count: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Row ids whose per-row access counts follow a 17-bin reuse histogram."""
+    """Row ids of `count` lookups of a table whose rows are looked up, over the reference batch, as its 17-bin
+    reuse histogram says.
+
+    The reference batch's REFERENCE_BATCH x pooling factor lookups fall on the histogram's rows, those of bin k
+    looked up BIN_ACCESS_COUNTS[k] times each. A batch of any size samples that traffic: each lookup falls in bin k
+    with the bin's share of the accesses, on one of its rows at random, so a row of count c is looked up
+    Poisson(c x batch / reference) times, and in a small batch most cold rows not at all, as in a sample of real
+    traffic. (Until measurement procedure 3 every row drawn was looked up at least once, which gave a batch of 1,024
+    samples up to 4 times the distinct rows: docs/measurement.md.) The bins' rows are fixed ranks, hottest first,
+    spread over the table by `scatter_rows` as a Zipf table's are, so a table's hot rows are the same in every batch.
+    """
     if count == 0:
         return np.zeros(0, dtype=np.int64)
     probs = np.asarray(histogram, dtype=np.float64)
-    # Bin k covers access counts (2^(k-1), 2^k]; bin 0 is exactly one access, the last bin
-    # ("more") is taken as (32768, 65536].
-    low = np.array([1] + [2 ** (k - 1) + 1 for k in range(1, len(probs))], dtype=np.float64)
-    high = np.array([1] + [2**k for k in range(1, len(probs))], dtype=np.float64)
-    scale = batch_size / REFERENCE_BATCH
-    expected = float(np.sum(probs * np.maximum(1.0, (low + high) / 2 * scale)))
-    draws = int(count / expected * 1.3) + 16
-    bins = rng.choice(len(probs), size=draws, p=probs)
-    counts = rng.uniform(low[bins], high[bins]) * scale
-    counts = np.maximum(1, np.rint(counts)).astype(np.int64)
-    while counts.sum() < count:
-        counts = np.concatenate([counts, counts])
-    cut = int(np.searchsorted(np.cumsum(counts), count)) + 1
-    counts = counts[:cut]
-    if cut <= rows <= 2**20:
-        unique_rows = rng.choice(rows, size=cut, replace=False)
-    else:
-        # With replacement: collisions are rare when rows >> cut and unavoidable when rows < cut.
-        unique_rows = rng.integers(0, rows, size=cut)
-    indices = np.repeat(unique_rows, counts)[:count]
-    rng.shuffle(indices)
-    return indices
+    probs = probs / probs.sum()
+    distinct = REFERENCE_BATCH * pooling_factor / float(probs @ BIN_ACCESS_COUNTS)
+    # A table with fewer rows than that shares them out among the bins alike.
+    bin_rows = np.where(probs > 0, np.maximum(1, np.rint(probs * min(distinct, rows))), 0).astype(np.int64)
+    hottest_first = np.arange(len(probs))[::-1]
+    starts = np.zeros(len(probs), dtype=np.int64)
+    starts[hottest_first] = np.concatenate([[0], np.cumsum(bin_rows[hottest_first])[:-1]])
+    accesses = probs * BIN_ACCESS_COUNTS
+    bins = rng.choice(len(probs), size=count, p=accesses / accesses.sum())
+    ranks = starts[bins] + (rng.random(count) * bin_rows[bins]).astype(np.int64)
+    return scatter_rows(ranks % rows, rows)
 
 
 def reuse_histogram_of(table: TableSpec) -> tuple[float, ...]:
@@ -138,7 +140,7 @@ def generate_table_batch(table: TableSpec, batch_size: int, rng: np.random.Gener
     lengths = draw_lengths(table.pooling_factor, batch_size, rng)
     count = int(lengths.sum())
     if table.reuse_histogram is not None:
-        indices = reuse_histogram_indices(table.rows, table.reuse_histogram, count, batch_size, rng)
+        indices = reuse_histogram_indices(table.rows, table.reuse_histogram, table.pooling_factor, count, rng)
     else:
         indices = zipf_indices(table.rows, table.effective_zipf_exponent, count, rng)
     return TableBatch(indices=indices, lengths=lengths)
