@@ -275,7 +275,11 @@ def calibrate(
     tuned = _fine_tuned(
         start, hardware, by_split, plan_split, comm_plans, micro, topology.devices_per_host_if_spanning, config
     )
-    tuned, comm_refused = refuse_comm_worse_than_chance(start, tuned, plan_split["val"] + plan_split["held_out"])
+    tuned, comm_refused = refuse_comm_worse_than_chance(
+        start,
+        tuned,
+        {"held-out": plan_split["held_out"], "validation and held-out": plan_split["val"] + plan_split["held_out"]},
+    )
     if comm_refused:
         log(comm_refused)
     kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
@@ -393,23 +397,28 @@ def fit_links(
 
 
 def refuse_comm_worse_than_chance(
-    start: CostModels, tuned: CostModels, plans: list[PlanMeasurement]
+    start: CostModels, tuned: CostModels, judged_on: dict[str, list[PlanMeasurement]]
 ) -> tuple[CostModels, str | None]:
-    """`tuned` with the starting comm model back where its fine-tuned one ranks the devices of the plans it was
-    not fit to (validation and held out) worse than chance (Spearman below 0), and why; else `tuned` and None.
-    A fit that orders all-to-alls backwards would steer every search the wrong way, whatever its MAPE."""
+    """`tuned` with the starting comm model back where its fine-tuned one ranks the devices of any of the sets of
+    plans it was not fit to (by name: the held-out plans whose figures `calibrate` prints, and those with the
+    validation plans) worse than chance (Spearman below 0), and why; else `tuned` and None. A fit that orders
+    all-to-alls backwards would steer every search the wrong way, whatever its MAPE."""
     if tuned.comm is start.comm:
         return tuned, None
-    judged = evaluate_comm(tuned, plans)
-    ranking = judged["spearman"]
-    if ranking is None or ranking >= 0:
+    backwards = [
+        (name, judged)
+        for name, plans in judged_on.items()
+        if (judged := evaluate_comm(tuned, plans))["spearman"] is not None and judged["spearman"] < 0
+    ]
+    if not backwards:
         return tuned, None
+    name, judged = backwards[0]
     info = tuned.info.model_copy(
         update={"comm_devices_per_host": start.info.comm_devices_per_host, "device_counts": start.info.device_counts}
     )
     reason = (
-        f"refused the fine-tuned comm model: it ranks the all-to-alls of the plans it was not fit to worse than "
-        f"chance (Spearman {ranking:.2f} over {judged['n']} devices); kept the starting one"
+        f"refused the fine-tuned comm model: it ranks the all-to-alls of the {name} plans worse than chance "
+        f"(Spearman {judged['spearman']:.2f} over {judged['n']} devices); kept the starting one"
     )
     return replace(tuned, comm=start.comm, info=info), reason
 
