@@ -10,9 +10,11 @@ import pytest
 from console import assert_refused, shard_ray_here
 
 from shard_ray.cli import main
+from shard_ray.costmodel.models import models_for
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
+from shard_ray.profiling.hardware import hardware_id
 from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
 
 RECORDED_AA = Path(__file__).parent / "data" / "aa_rounds.json"
@@ -331,11 +333,13 @@ def test_plan_measure_keeps_an_incumbent_no_plan_is_measured_faster_than(
 def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     ray_session, capsys, monkeypatch, tmp_path, table_file
 ):
-    """4 devices on this 2-core machine: compute measured (taking turns), all-to-alls priced and labelled."""
+    """4 devices on this 2-core machine: compute measured (taking turns), all-to-alls priced and labelled; a plan
+    priced by other models than `plan` picks now (as one made before a calibration) says so."""
     monkeypatch.chdir(tmp_path)
+    shutil.copy(models_for(hardware_id(threads=1)), tmp_path / "earlier.pt")
     made = shard_ray_here(
         capsys, "plan", "--tables", str(table_file), "--devices", "4", "--memory-gb", "1",
-        "--algo", "size_greedy", "--out", "four.json",
+        "--algo", "size_greedy", "--out", "four.json", "--cost-model", "earlier.pt",
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     result = shard_ray_here(
@@ -353,3 +357,4 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     # the shipped comm model measured 2-device gangs only: its 4-device prices are said to be extrapolated
     assert "all-to-alls were measured at 2 devices, so its prices at 4 are extrapolated" in result.stderr
     assert all(d["fwd_compute_ms"] > 0 and d["fwd_comm_ms"] > 0 for d in cost["devices"])
+    assert f"`shard-ray plan` now prices these tables with {models_for(hardware_id(threads=1))}" in result.stdout

@@ -238,6 +238,7 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    from shard_ray.costmodel.models import models_for
     from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_json
     from shard_ray.placement.base import priced
@@ -274,6 +275,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     estimated = plan.estimate.warnings if plan.estimate else []
     for line in dict.fromkeys([*estimated, *(w for w in cost.warnings if w not in told)]):  # each once
         print(f"warning: {line}", file=sys.stderr)
+    newer = models_for(cost.hardware, topology.devices_per_host_if_spanning, tables)
+    if plan.estimate and plan.estimate.cost_model and newer.resolve() != Path(plan.estimate.cost_model).resolve():
+        print(
+            f"note: the prices above are by the models this plan was made with; `shard-ray plan` now prices these "
+            f"tables with {newer} (calibrated since, or of this hardware), and may place them otherwise"
+        )
     if cost.rounds is not None:
         print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")
         print(
