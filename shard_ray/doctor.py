@@ -286,9 +286,17 @@ def models_finding(hardware: str) -> Finding:
     from shard_ray.costmodel.models import CostModels, hardware_models_path, shipped_models_path
 
     calibrated = hardware_models_path(hardware)
-    # models calibrated over hosts: the one-host file's name, then -hosts-of-L
-    over_hosts = sorted(calibrated.parent.glob(calibrated.stem + "-hosts-of-*.pt"))
+    # models calibrated over hosts: the one-host file's name, then -hosts-of-L; on a task's tables, then -tables-DIGEST
+    over_hosts = sorted(
+        p for p in calibrated.parent.glob(calibrated.stem + "-hosts-of-*.pt") if "-tables-" not in p.name
+    )
     hosts = f"; over hosts: {', '.join(str(p) for p in over_hosts)}" if over_hosts else ""
+    tasks = len({p.stem.rsplit("-tables-", 1)[1] for p in calibrated.parent.glob(calibrated.stem + "*-tables-*.pt")})
+    if tasks:
+        hosts += (
+            f"; models calibrated on the tables of {tasks} task{'s' if tasks > 1 else ''} in {calibrated.parent}, "
+            "which `plan` picks for those tables (`shard-ray models` lists them)"
+        )
     if calibrated.is_file():
         return Finding("cost models", "ok", f"{hardware}: calibrated models {calibrated}{hosts}")
     shipped = CostModels.load(shipped_models_path(hardware))
@@ -304,8 +312,8 @@ def models_finding(hardware: str) -> Finding:
     return Finding(
         "cost models",
         "note",
-        f"{hardware}: no models calibrated here"
-        + (" for one host" if over_hosts else "")
+        f"{hardware}: no models calibrated here for every task"
+        + (" on one host" if over_hosts else "")
         + f"; plans use the shipped models of {shipped.hardware}, extrapolated{hosts}",
         "shard-ray calibrate --tables YOUR_TABLES.json --devices N (on this hardware; minutes)",
     )

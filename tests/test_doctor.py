@@ -12,6 +12,7 @@ import yaml
 from ports import free_port
 
 from shard_ray.doctor import cuda_tag, expected_fbgemm, node_findings
+from shard_ray.workload.tables import TableSpec
 
 REPO = Path(__file__).resolve().parent.parent
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
@@ -133,12 +134,22 @@ def test_models_finding_names_the_models_each_host_layout_gets(tmp_path, monkeyp
 
     monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path))
     hardware = "cuda:NVIDIA A100-SXM4-80GB"
-    assert "no models calibrated here;" in models_finding(hardware).detail
+    assert "no models calibrated here for every task;" in models_finding(hardware).detail
     over_hosts = hardware_models_path(hardware, 8)
     over_hosts.parent.mkdir(parents=True)
     CostModels.load(default_cost_model_path()).save(over_hosts)
     finding = models_finding(hardware)
-    assert "no models calibrated here for one host" in finding.detail and str(over_hosts) in finding.detail
+    assert (
+        "no models calibrated here for every task on one host" in finding.detail and str(over_hosts) in finding.detail
+    )
+    assert "task" not in finding.detail.split("extrapolated")[1]
+    # a calibration on one task's tables (the default of `calibrate`) is named, not passed over
+    task = [TableSpec(name="t", rows=1000, dim=16, pooling_factor=1.0)]
+    CostModels.load(default_cost_model_path()).save(hardware_models_path(hardware, 8, task))
+    CostModels.load(default_cost_model_path()).save(hardware_models_path(hardware, None, task))
+    finding = models_finding(hardware)
+    assert f"models calibrated on the tables of 1 task in {over_hosts.parent}" in finding.detail, finding.detail
+    assert finding.detail.count(str(over_hosts)) == 1  # the task's file over hosts is not taken for hardware-wide
     CostModels.load(default_cost_model_path()).save(hardware_models_path(hardware))
     finding = models_finding(hardware)
     assert finding.level == "ok" and str(over_hosts) in finding.detail
