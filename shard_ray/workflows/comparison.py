@@ -271,7 +271,7 @@ def compare_plans(
     race = Race(names, config.rounds, config.min_rounds, config.confidence, incumbent)
     log(
         f"measuring {len(names)} distinct plans side by side on a {topology.num_devices}-device gang: "
-        f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s"
+        f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s, and at least {race.looks[0]} rounds (its first look)"
     )
     verdict, per_plan = _race_in_rounds(race, plans, tables, topology, gang, config, store, log)
     result = MeasuredComparison(
