@@ -249,6 +249,14 @@ def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     assert all(by_hash[key] == "fit" and split[key] == "held_out" for key in moved)
     assert all(by_hash[k] != "held_out" or split[k] == "held_out" for k in keys)  # the hash's own stay
     assert sum(name == "held_out" for name in splits(keys[:8], 0.2, MIN_HELD_OUT_PLANS).values()) <= 2  # a quarter
+    # 13 keys the hash splits lopsidedly at --held-out 0.5 (as 13 shards of 5 tables were): 10 held out, 3 to fit,
+    # none to validate; held-out keys go back to fit and a fit key to validation, so that a fit can be made and judged
+    drawn = [hashlib.sha256(f"s{i}".encode()).hexdigest() for i in range(400)]
+    held = [k for k in drawn if split_of(k, 0.5) == "held_out"]
+    lopsided = held[:10] + [k for k in drawn if split_of(k, 0.5) == "fit"][:3]
+    split = list(splits(lopsided, 0.5, MIN_HELD_OUT_PLANS).values())
+    assert (split.count("fit"), split.count("val"), split.count("held_out")) == (4, 1, 8)
+    assert list(splits(held[:13], 0.5, MIN_HELD_OUT_PLANS).values()).count("held_out") >= 3  # a quarter stays held out
 
 
 def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_warning(tmp_path, capsys):

@@ -117,14 +117,27 @@ def split_of(key: str, held_out: float) -> str:
 
 
 def splits(keys: list[str], held_out: float, least: int) -> dict[str, str]:
-    """Each key's split (`split_of`), with fit keys moved to the held-out split, lowest hash first, where the hash
-    leaves it fewer than `least` and a quarter of the keys allow: a task of few tables makes few distinct plans (the
-    README's four tables, 22, of which the hash held out 2), and a judgement needs `least` of them."""
+    """Each key's split (`split_of`), evened out where few keys leave the hash's draw lopsided: fit keys moved to the
+    held-out split, lowest hash first, where the hash leaves it fewer than `least` and a quarter of the keys allow (a
+    task of few tables makes few distinct plans: the README's four tables, 22, of which the hash held out 2, and a
+    judgement needs `least` of them); held-out keys moved back to fit, highest hash first, where the fit split has
+    fewer than FEWEST_FIT and the held-out one can spare them down to that quarter (13 shards of 5 tables at
+    --held-out 0.5: the hash held out 9 and left 3 to fit); and the fit split's highest hash moved to validation where
+    it has none and the fit split more than FEWEST_FIT (a tenth of the keys go there at --held-out 0.5)."""
     split = {key: split_of(key, held_out) for key in keys}
-    held = sum(name == "held_out" for name in split.values())
-    room = max(0, min(least, len(keys) // 4) - held)
-    for key in sorted((k for k in keys if split[k] == "fit"), key=lambda k: int(k[:8], 16))[:room]:
+    by_hash = sorted(keys, key=lambda k: int(k[:8], 16))
+    quarter = min(least, len(keys) // 4)
+    room = max(0, quarter - list(split.values()).count("held_out"))
+    for key in [k for k in by_hash if split[k] == "fit"][:room]:
         split[key] = "held_out"
+    wanted = FEWEST_FIT + ("val" not in split.values())  # one more where validation will take one
+    for key in reversed([k for k in by_hash if split[k] == "held_out"]):
+        if list(split.values()).count("fit") >= wanted or list(split.values()).count("held_out") <= max(1, quarter):
+            break
+        split[key] = "fit"
+    fits = [k for k in by_hash if split[k] == "fit"]
+    if "val" not in split.values() and len(fits) > FEWEST_FIT:
+        split[fits[-1]] = "val"
     return split
 
 
@@ -252,7 +265,7 @@ def calibrate(
     # The gang adds plans only, so these are the shards the fit uses.
     shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
     by_split = split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)
-    if len(by_split["fit"]) < 4 or not by_split["val"] or not by_split["held_out"]:
+    if len(by_split["fit"]) < FEWEST_FIT or not by_split["val"] or not by_split["held_out"]:
         raise ShardRayError(
             f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
             "give a larger --budget-minutes"
@@ -626,6 +639,8 @@ def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int
 
 # The fewest held-out shards and plans a choice between the starting and the fine-tuned models may rest on: with
 # fewer, one unlucky measurement decides it (a calibration once kept its models on 2 held-out plans).
+# The fewest shards a fit is made from.
+FEWEST_FIT = 4
 MIN_HELD_OUT_SHARDS = 8
 MIN_HELD_OUT_PLANS = 3
 # Batches of random shards (`--shards` each) and of random plans (`--plans`, at least 8) measured after the first,
