@@ -418,14 +418,11 @@ def refuse_comm_worse_than_chance(
     all-to-alls backwards would steer every search the wrong way, whatever its MAPE."""
     if tuned.comm is start.comm:
         return tuned, None
-    backwards = [
-        (name, judged)
-        for name, plans in judged_on.items()
-        if (judged := evaluate_comm(tuned, plans))["spearman"] is not None and judged["spearman"] < 0
-    ]
-    if not backwards:
+    judged_sets = ((name, evaluate_comm(tuned, plans)) for name, plans in judged_on.items())  # judged until one fails
+    backwards = next(((n, j) for n, j in judged_sets if j["spearman"] is not None and j["spearman"] < 0), None)
+    if backwards is None:
         return tuned, None
-    name, judged = backwards[0]
+    name, judged = backwards
     info = tuned.info.model_copy(
         update={"comm_devices_per_host": start.info.comm_devices_per_host, "device_counts": start.info.device_counts}
     )
@@ -637,10 +634,10 @@ def plan_error(models: CostModels, plans: list[PlanMeasurement], batch_size: int
     return accuracy(np.asarray(simulated), np.asarray([p.cost.cost_ms for p in plans]))
 
 
-# The fewest held-out shards and plans a choice between the starting and the fine-tuned models may rest on: with
-# fewer, one unlucky measurement decides it (a calibration once kept its models on 2 held-out plans).
 # The fewest shards a fit is made from.
 FEWEST_FIT = 4
+# The fewest held-out shards and plans a choice between the starting and the fine-tuned models may rest on: with
+# fewer, one unlucky measurement decides it (a calibration once kept its models on 2 held-out plans).
 MIN_HELD_OUT_SHARDS = 8
 MIN_HELD_OUT_PLANS = 3
 # Batches of random shards (`--shards` each) and of random plans (`--plans`, at least 8) measured after the first,
