@@ -17,7 +17,9 @@ table-batched kernel does for one batch:
 - `rows`: thousands of distinct rows the batch touches, whatever their width (the backward's work per row: its
   gradient's accumulation, its optimizer update);
 - `cold_rows`: the share of `rows` that misses the caches, as `cold` (on the Intel Xeon a row's update that misses
-  costs about 0.3-0.5 microseconds, about as much for 16 floats as for 64: a latency, not bytes).
+  costs about 0.3-0.5 microseconds, about as much for 16 floats as for 64: a latency, not bytes);
+- `bags`: thousands of pooled bags, the batch (a table's work per sample, whatever its width and pooling: on the
+  Intel Xeon a cheap table's backward costs about 0.14 ms at batch 512 and 0.4 at 2048).
 
 A shard costs, per phase,
 
@@ -49,7 +51,7 @@ from shard_ray.costmodel.features import TABLE_FEATURES
 from shard_ray.workload.access import BIN_ACCESS_COUNTS, REFERENCE_BATCH
 from shard_ray.workload.tables import REUSE_BINS
 
-QUANTITIES = ("table", "lookups", "gathered", "touched", "cold", "output", "touched_fp16", "rows", "cold_rows")
+QUANTITIES = ("table", "lookups", "gathered", "touched", "cold", "output", "touched_fp16", "rows", "cold_rows", "bags")
 PHASES = ("fwd", "bwd")
 PRECISIONS = ("fp32", "fp16")
 # Where each feature sits in the extractor's vector.
@@ -105,6 +107,7 @@ def physical_quantities(
             touched * fp16,
             distinct / 1e3,
             distinct * cold_share / 1e3,
+            batch / 1e3,
         ],
         dim=-1,
     ).float()
@@ -152,8 +155,9 @@ class Spine(nn.Module):
         self.register_buffer("sampled_rows", torch.tensor(1.0))  # `physical_quantities`'s
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
-        # Files saved before measurement procedure 3 count distinct rows as procedure 2 drew them and have no rates
-        # for the per-row quantities (`rows`, `cold_rows`): 0, so they price as they were fitted.
+        # Files saved before measurement procedure 3 count distinct rows as procedure 2 drew them; files saved before
+        # a quantity was added (`rows`, `cold_rows`, then `bags`) have no rate for it: 0, so they price as they were
+        # fitted.
         state_dict.setdefault(prefix + "sampled_rows", torch.tensor(0.0))
         rates = state_dict.get(prefix + "rates")
         if rates is not None and rates.shape[-1] < len(QUANTITIES):

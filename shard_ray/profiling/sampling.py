@@ -82,8 +82,9 @@ def microbenchmark_shards() -> list[list[TablePiece]]:
     ones, for a kernel's fixed cost, a table's own and the pairs), the lookups (pooling factors 1 to 256),
     the row width (dims 4 to 1024), the rows (100 to 10^7, in and far out of the caches: 2.6 GB at the most, which
     a measuring process holds whole on a machine of 12 GB and more) and the precision;
-    then mixed shards of 2 to 32 tables drawn from all of them. Tables follow the table file's default
-    access (Zipf 1.05). The same shards every time: a hardware's rates are comparable to another's.
+    then mixed shards of 2 to 32 tables drawn from all of them; then 64 to 256 small tables (1,000 rows; dims 16 and
+    64, pooling 1 and 8), where a term growing faster than the tables would show. Tables follow the table file's
+    default access (Zipf 1.05). The same shards every time: a hardware's rates are comparable to another's.
     """
     rng = np.random.default_rng(20261126)
 
@@ -101,4 +102,14 @@ def microbenchmark_shards() -> list[list[TablePiece]]:
     for _ in range(16):
         size = int(rng.integers(2, 33))
         series.append([everything[j] for j in sorted(rng.choice(len(everything), size=size, replace=False))])
+    # Last, so that the shards above stay as they were measured: many small tables, up to 256 in a shard. Fitted
+    # without them, the Intel Xeon's spine took the backward's cost per table and batch for pairs (tables x their
+    # output) and priced 256 tables of dim 64 at 27x their measurement; the kernels are linear in tables there.
+    for start, dim, pooling, counts in (
+        (200, 16, 1.0, (64, 128, 256)),
+        (500, 64, 1.0, (64, 128)),
+        (700, 16, 8.0, (64, 128)),
+    ):
+        many = [table(start + i, 1000, dim, pooling) for i in range(max(counts))]
+        series += [many[:count] for count in counts]
     return [[TablePiece.whole(t) for t in shard] for shard in series]
