@@ -88,6 +88,11 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     models.save(flags.out)
     for name, metrics in report.items():
         print(describe_accuracy(name, metrics))
+    fwd, bwd = models.step_overhead_ms
+    print(
+        f"overheads fitted to the train split's plans: a step's {fwd:.3f} ms forward and {bwd:.3f} ms backward a "
+        f"device, an input all-to-all's {models.input_overhead_ms:.3f} ms a device and sharding type"
+    )
     print(f"wrote {flags.out} (models of {models.hardware})")
     print(json.dumps(report))
 
@@ -102,6 +107,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         describe_accuracy,
         evaluate_comm,
         evaluate_device_compute,
+        evaluate_input_dist,
         main_hardware,
         newest_procedure,
         predicted_and_measured,
@@ -132,17 +138,18 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     held_out_plans = [p for p in plans if hardware != models.hardware or data_split(p.key) == "test"]
     result["device_compute"] = evaluate_device_compute(models, held_out_plans)
     result["comm"] = evaluate_comm(models, held_out_plans)
+    result["input_dist"] = evaluate_input_dist(models, held_out_plans)
     result["hardware"] = {"models": models.hardware, "measurements": hardware}
     if result["n"] == 0:
         raise ShardRayError(f"{flags.store} has no held-out or unseen shard measurements on {hardware}")
-    for name in ("seen", "unseen", "device_compute", "comm"):
+    for name in ("seen", "unseen", "device_compute", "comm", "input_dist"):
         print(describe_accuracy(name, result[name]))
     if tracking_uri is not None:
         flat = {"mape": result["mape"], "spearman": result["spearman"]}
         flat.update(
             {
                 f"{k}_{m}": result[k][m]
-                for k in ("seen", "unseen", "device_compute", "comm")
+                for k in ("seen", "unseen", "device_compute", "comm", "input_dist")
                 for m in ("mape", "spearman")
             }
         )

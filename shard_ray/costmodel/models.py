@@ -386,6 +386,10 @@ class CostModels:
     # gang's per-device compute (`shard_ray.costmodel.train.fit_step_overhead`), added to every device that holds
     # a piece.
     step_overhead_ms: tuple[float, float] = (0.0, 0.0)
+    # Each device's ms in an input all-to-all beyond its price as one all-to-all of its bytes, per sharding type: the
+    # gang runs three (split sizes, lengths, ids) and reassembles the lookups, where the comm model learned the
+    # pooled output's one (`shard_ray.costmodel.train.fit_input_overhead`).
+    input_overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         self.compute.eval()
@@ -499,6 +503,7 @@ class CostModels:
                 else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": self.comm.state_dict()},
                 "info": self.info.to_file(),
                 "step_overhead_ms": list(self.step_overhead_ms),
+                "input_overhead_ms": self.input_overhead_ms,
             },
             buffer,
         )
@@ -547,5 +552,12 @@ class CostModels:
             info = ModelInfo.model_validate(blob.get("info", {}))
         except ValidationError as err:
             raise ShardRayError(describe_validation_error(err, f"cost model file {source} is damaged: info")) from err
-        fwd, bwd = blob.get("step_overhead_ms", (0.0, 0.0))  # files from before it was fitted: none
-        return cls(compute=compute, comm=comm, hardware=blob["hardware"], info=info, step_overhead_ms=(fwd, bwd))
+        fwd, bwd = blob.get("step_overhead_ms", (0.0, 0.0))  # files from before they were fitted: none
+        return cls(
+            compute=compute,
+            comm=comm,
+            hardware=blob["hardware"],
+            info=info,
+            step_overhead_ms=(fwd, bwd),
+            input_overhead_ms=float(blob.get("input_overhead_ms", 0.0)),
+        )

@@ -165,7 +165,11 @@ class Pricer:
     def input_rows(self, inputs: np.ndarray, total: float, max_inputs: np.ndarray, devices: int) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float columns per sample, of `total` in all."""
         one_host = self.one_host_comm(inputs, total, max_inputs, devices, floor_phases=(1, 1))[:, 0]
-        return np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1])
+        return np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1]) + self.input_overhead(devices)
+
+    def input_overhead(self, devices: int) -> float:
+        """What a device's input all-to-all costs beyond its bytes' (`CostModels.input_overhead_ms`); none alone."""
+        return self.models.input_overhead_ms if devices > 1 else 0.0
 
     def link_rows(
         self, width: np.ndarray, total: float, devices: int, one_host: bool = False, links: LinkProfile | None = None
@@ -194,7 +198,8 @@ class Pricer:
         inputs = np.asarray(inputs, dtype=np.float64)
         # a device receives its pieces' ids for the other devices' samples: the backward's direction
         one_host = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, :1]
-        return np.maximum(self.over_hosts(one_host, inputs, (1,))[:, 0], self.link_floor(inputs)[:, 1])
+        over_links = np.maximum(self.over_hosts(one_host, inputs, (1,))[:, 0], self.link_floor(inputs)[:, 1])
+        return over_links + self.input_overhead(len(inputs))
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""

@@ -52,6 +52,7 @@ from shard_ray.costmodel.train import (
     evaluate_comm,
     evaluate_compute,
     evaluate_device_compute,
+    fit_input_overhead,
     fit_step_overhead,
     is_microbenchmark,
     train_comm_model,
@@ -605,8 +606,13 @@ def _fine_tuned(
         info.comm_devices_per_host = devices_per_host or None
         info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in fit_plans)})
     tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
-    # The step's overhead, fitted to this task's plans (the fit split) as the fine-tuned kernels price them.
-    return replace(tuned, step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]))
+    # The step's and the input all-to-all's overheads, fitted to this task's plans (the fit split) as the fine-tuned
+    # models price them.
+    return replace(
+        tuned,
+        step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]),
+        input_overhead_ms=fit_input_overhead(tuned, plan_split["fit"]),
+    )
 
 
 def _record_calibration(
