@@ -46,6 +46,8 @@ from shard_ray.costmodel.train import (
     compute_data,
     data_split,
     evaluate_device_compute,
+    evaluate_input_dist,
+    fit_input_overhead,
     fit_step_overhead,
     train_compute_model,
     train_cost_models,
@@ -265,6 +267,48 @@ def test_model_file_round_trip_and_bad_files(tmp_path, shipped):
         CostModels.load(junk)
     with pytest.raises(ShardRayError, match="not found"):
         CostModels.load(tmp_path / "none.pt")
+
+
+def test_the_input_overhead_is_the_gangs_median_excess_over_the_bytes_price_per_device_and_type(
+    tmp_path, shipped, pool
+):
+    """What the gang measures in a device's input all-to-all beyond its price as one all-to-all of its bytes is fitted
+    as its median over devices (a disturbed plan moves it little), kept in the model file, and added to every device
+    of a plan of more than one device, once per sharding type."""
+    tables, batch = pool[:8], 1024
+    bare = dataclasses.replace(shipped, input_overhead_ms=0.0)
+    rng = np.random.default_rng(0)
+    plans = []
+    for i in range(9):
+        plan = Plan.from_assignment(table_wise(tables), list(rng.integers(0, 3, len(tables))), 3, "random")
+        priced = Simulator(bare).plan_cost(plan, tables, batch).devices
+        disturbed = 3.0 if i == 0 else 1.0  # one plan measured on a busy core
+        devices = [d.model_copy(update={"input_dist_ms": d.input_dist_ms * disturbed + 0.4}) for d in priced]
+        cost = PlanCost(devices=devices, hardware=shipped.hardware, batch_size=batch)
+        plans.append(PlanMeasurement(key=str(i), plan=plan, tables=tables, cost=cost))
+    assert fit_input_overhead(bare, plans) == pytest.approx(0.4, abs=1e-4)
+    assert fit_input_overhead(bare, []) == 0.0
+    assert evaluate_input_dist(bare, plans[1:])["mape"] > 0.01
+
+    fitted = dataclasses.replace(bare, input_overhead_ms=fit_input_overhead(bare, plans))
+    assert evaluate_input_dist(fitted, plans[1:])["mape"] < 1e-4
+    fitted.save(tmp_path / "m.pt")
+    again = CostModels.load(tmp_path / "m.pt")
+    assert again.input_overhead_ms == pytest.approx(0.4, abs=1e-4)
+    two_types = Plan.from_assignment(
+        table_wise(tables[:4])
+        + [TablePiece(table=t, columns=c) for t in tables[4:] for c in ((0, t.dim // 2), (t.dim // 2, t.dim))],
+        [0, 1, 2, 0] + [1, 2] * 4,
+        3,
+        "mixed",
+    )
+    for plan, types in ((plans[1].plan, 1), (two_types, 2)):
+        before = Simulator(bare).plan_cost(plan, tables, batch).devices
+        after = Simulator(again).plan_cost(plan, tables, batch).devices
+        for b, a in zip(before, after):
+            assert a.input_dist_ms - b.input_dist_ms == pytest.approx(0.4 * types, abs=1e-4)
+    alone = Plan.from_assignment(table_wise(tables), [0] * len(tables), 1, "one device")
+    assert Simulator(again).plan_cost(alone, tables, batch).devices[0].input_dist_ms == 0.0
 
 
 def test_the_step_overhead_is_the_gangs_median_excess_over_the_kernels_and_prices_held_devices(tmp_path, shipped, pool):
