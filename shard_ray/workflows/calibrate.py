@@ -646,6 +646,10 @@ FEWEST_FIT = 4
 # fewer, one unlucky measurement decides it (a calibration once kept its models on 2 held-out plans).
 MIN_HELD_OUT_SHARDS = 8
 MIN_HELD_OUT_PLANS = 3
+# How much more a fit may misprice the held-out plans (MAPE, in points) and still count as no worse: on the Intel
+# Xeon, fits of Criteo's and the many-tiny-tables file better in every other held-out figure (compute 8.9% -> 8.3%
+# and 11.5% -> 4.2%) were refused for 0.1 point (5.0% -> 5.1%, 6.6% -> 6.7%), a difference no measurement resolves.
+PLAN_MAPE_TOLERANCE = 0.01
 # Batches of random shards (`--shards` each) and of random plans (`--plans`, at least 8) measured after the first,
 # while the held-out split has fewer than these and the measuring time lasts.
 MORE_BATCHES = 3
@@ -671,8 +675,9 @@ def choose_models(
     start_val: float, tuned_val: float, start_held_out: dict[str, Any], tuned_held_out: dict[str, Any]
 ) -> tuple[str, str]:
     """ "fine-tuned" or "starting", and why: the fine-tuned models are kept only when they are more
-    accurate on the validation shards and plans and price the held-out plans no worse, in error and
-    in ranking (a calibration that made the plan ranking worse was kept before, with no word). The
+    accurate on the validation shards and plans and price the held-out plans no worse, in error (within
+    PLAN_MAPE_TOLERANCE) and in ranking (a calibration that made the plan ranking worse was kept before, with no
+    word). The
     held-out plans take part in this choice, so their after figures are not independent of it."""
     if not tuned_val < start_val:
         return (
@@ -680,7 +685,7 @@ def choose_models(
             f"the fine-tuned models were no more accurate on validation (MAPE {start_val:.1%} -> {tuned_val:.1%})",
         )
     old, new = start_held_out["plan"], tuned_held_out["plan"]
-    if old["mape"] is not None and new["mape"] > old["mape"]:
+    if old["mape"] is not None and new["mape"] > old["mape"] + PLAN_MAPE_TOLERANCE:
         return (
             "starting",
             f"the fine-tuned models mispriced the held-out plans more (MAPE {old['mape']:.1%} -> {new['mape']:.1%})",
@@ -691,6 +696,8 @@ def choose_models(
             f"{new['spearman']:.3f})"
         )
     held_out = "no held-out plans to check them on" if old["mape"] is None else "no worse on the held-out plans"
+    if old["mape"] is not None and new["mape"] > old["mape"]:
+        held_out = f"within a point of the held-out plans' MAPE (MAPE {old['mape']:.1%} -> {new['mape']:.1%})"
     return "fine-tuned", f"more accurate on validation (MAPE {start_val:.1%} -> {tuned_val:.1%}) and {held_out}"
 
 
