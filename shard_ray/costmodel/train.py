@@ -36,6 +36,7 @@ from shard_ray.costmodel.models import (
     fused_shard_tensors,
 )
 from shard_ray.costmodel.pricing import analytic_devices_per_host, over_hosts
+from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.spine import fit_spine
 from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.profiling.fused_shard import FusedShardMeasurement
@@ -401,8 +402,6 @@ def fit_step_overhead(models: CostModels, plans: list[PlanMeasurement]) -> tuple
 def input_dist(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.ndarray, np.ndarray]:
     """The input all-to-all's priced and measured ms of every device of `plans` that run one set of all-to-alls (one
     sharding type) and whose gang timed them."""
-    from shard_ray.costmodel.simulator import Simulator  # the simulator prices with these models' kind: no cycle
-
     simulator = Simulator(models)
     priced, measured = [], []
     for pm in plans:
