@@ -3,15 +3,17 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from shard_ray.costmodel.models import CostModels, shipped_models_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.placement import place
+from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.hardware import hardware_id
-from shard_ray.workload.tables import load_tables
+from shard_ray.workload.tables import TableSpec, load_tables
 
 TABLES = Path(__file__).parents[1] / "experiments" / "tables"
 # A file written by hand in the README's minimal format, in no model's training data, whose 4.9 GiB of tables a
@@ -60,12 +62,6 @@ def test_the_shipped_models_price_many_small_tables_as_the_kernels_scale():
     """A shard of 128 small tables is priced as the kernels scale from 8, not as the square of its tables: a spine
     fitted to shards of at most 48 tables priced 128 on the Intel Xeon at 4.4x its measurement where 8 were 1.1x
     (docs/cost-models.md, the microbenchmark's many-table shards)."""
-    import torch
-
-    from shard_ray.plan.plan import TablePiece
-    from shard_ray.profiling.fused_shard import measure_fused_shard
-    from shard_ray.workload.tables import TableSpec
-
     shipped = CostModels.load(shipped_models_path(hardware_id(threads=1)))
     if hardware_id(threads=1) != shipped.hardware:
         pytest.skip(f"the shipped models are of {shipped.hardware}, this machine is {hardware_id(threads=1)}")

@@ -62,8 +62,9 @@ def reuse_histogram_indices(
     with the bin's share of the accesses, on one of its rows at random, so a row of count c is looked up
     Poisson(c x batch / reference) times, and in a small batch most cold rows not at all, as in a sample of real
     traffic. (Until measurement procedure 3 every row drawn was looked up at least once, which gave a batch of 1,024
-    samples several times the distinct rows: 3.3 times on pool table t193, docs/measurement.md.) The bins' rows are fixed ranks, hottest first,
-    spread over the table by `scatter_rows` as a Zipf table's are, so a table's hot rows are the same in every batch.
+    samples several times the distinct rows: 3.3 times on pool table t193, docs/measurement.md.) The bins' rows are
+    fixed ranks, hottest first, spread over the table by `scatter_rows` as a Zipf table's are, so a table's hot rows
+    are the same in every batch.
     """
     if count == 0:
         return np.zeros(0, dtype=np.int64)
