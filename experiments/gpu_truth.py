@@ -393,7 +393,8 @@ def report_plans(log: Path, plan_files: list[str]) -> None:
             d.fwd_compute_ms + d.bwd_compute_ms
             for d in simulator.plan_cost(plan, plan_tables(path), plan.settings.batch_size).devices
         ]
-        priced[name] = (max(then), max(now))
+        # to the microsecond: two plans whose slowest devices hold the same pieces tie, whatever the CPU's last bits
+        priced[name] = (round(max(then), 3), round(max(now), 3))
         over_then, over_now = ([measured[d] / price[d] for d in used] for price in (then, now))
         kinds = sorted({t.type for t in plan.tables.values()})
         print(

@@ -273,7 +273,7 @@ def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_war
     from shard_ray.costmodel.models import CostModels, describe_models, task_digest
 
     tables = [
-        TableSpec(name="huge", rows=1_000_000_000, dim=1024, pooling_factor=500),
+        TableSpec(name="huge", rows=100_000_000, dim=4096, pooling_factor=0.1),
         TableSpec(name="user_id", rows=2_000_000, dim=64, pooling_factor=1),
         TableSpec(name="category", rows=300, dim=16, pooling_factor=2),
     ]
@@ -348,10 +348,10 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
 
 
 def test_plan_says_on_the_console_which_prices_rest_on_the_correction_bound(capsys, user_home, tmp_path):
-    """A table far from every measurement (10^9 rows of 1024 floats, 500 lookups a sample) is priced by the spine
-    within the correction's bound, and `plan` names it on the console."""
+    """A table far from every measurement (10^8 rows of 4096 floats, four times the widest trained on, looked up by
+    one sample in ten) is priced by the spine within the correction's bound, and `plan` names it on the console."""
     (tmp_path / "tables.json").write_text(
-        '{"tables": [{"name": "huge", "rows": 1000000000, "dim": 1024, "pooling_factor": 500},\n'
+        '{"tables": [{"name": "huge", "rows": 100000000, "dim": 4096, "pooling_factor": 0.1},\n'
         '  {"name": "user_id", "rows": 2000000, "dim": 64, "pooling_factor": 1}]}\n'
     )
     result = shard_ray_here(

@@ -134,9 +134,10 @@ def test_the_spine_counts_the_distinct_rows_a_batch_touches(pool):
 
 def test_models_fitted_before_measurement_procedure_3_price_as_they_did():
     """Model files fitted to procedure 2's batches (before a histogram table's batch sampled the reference traffic,
-    and before the per-row quantities) count distinct rows as those batches had them: the reference machine's shipped
-    models price shards as they did before (numbers from the release before procedure 3)."""
-    reference = CostModels.load(default_cost_model_path())
+    and before the per-row quantities) count distinct rows as those batches had them: the reference machine's models
+    shipped until they were measured again by procedure 3 (kept in tests/data) price shards as they did before
+    (numbers from the release before procedure 3)."""
+    reference = CostModels.load(DATA / "cpu-reference-procedure2.pt")
     assert float(reference.compute.spine.sampled_rows) == 0.0
     assert not reference.compute.spine.rates[:, QUANTITIES.index("rows") :].any()
     histogram = (0.6, 0.2, 0.1, 0.05, 0.03, 0.02) + (0.0,) * 11

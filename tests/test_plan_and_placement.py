@@ -191,14 +191,17 @@ def test_infeasible_memory_is_a_clear_error(small_tables):
 
 
 def test_a_table_larger_than_a_device_is_split_to_fit_by_every_algorithm(small_tables):
-    """A table no device holds is cut into row ranges; every algorithm places the pieces."""
+    """A table no device holds is cut into pieces that do fit, by rows (or, in `cost_search` if the models prefer, by
+    columns); every algorithm places the pieces."""
     big = TableSpec(name="big", rows=3_000_000, dim=64, pooling_factor=20.0)  # 0.726 GB with Adagrad state
     tables = [*small_tables, big]
     topology = Topology(num_devices=4, memory_bytes=int(0.5 * GB))
     for name in ["size_greedy", "lookup_greedy", "random", "round_robin", "neuroshard", "cost_search", "dreamshard"]:
         plan = place(name, tables, topology, settings={"max_evaluations": 50_000} if name == "cost_search" else None)
-        rows = sorted(s.rows for s in plan.shards if s.table == "big")
-        assert len(rows) >= 2 and rows[0][0] == 0 and rows[-1][1] == big.rows, name
+        pieces = [((0, big.rows) if s.rows is None else s.rows, s.columns) for s in plan.shards if s.table == "big"]
+        area = sum((r1 - r0) * (c1 - c0) for (r0, r1), (c0, c1) in pieces)
+        assert len(pieces) >= 2 and area == big.rows * big.dim, name  # the pieces tile the table
+        assert all(rows != (0, big.rows) for rows, _ in pieces) or name == "cost_search", name
         assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes, name
     with pytest.raises(ShardRayError, match="table 'big' needs 0.726 GB .* even cut row-wise over all 2 devices"):
         place("size_greedy", tables, Topology(num_devices=2, memory_bytes=int(0.3 * GB)))
