@@ -279,6 +279,10 @@ def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tabl
     assert [p.sharding_type for p in by_device[0]] == ["table_wise", "column_wise", "row_wise", "data_parallel"]
     step = PlanStep(by_device, small_tables, 0, MeasureConfig(batch_size=32), torch.device("cpu"), [GB, GB])
     assert [c.kind for c in step.collectives] == ["table_wise", "column_wise", "row_wise"]
+    for collectives in step.collectives:  # the backward's ranges of columns are the type's columns, in their order
+        ranges = [(at, list(range(start, end))) for start, end, at in collectives.my_ranges]
+        assert [c for _, columns in ranges for c in columns] == collectives.my_columns.tolist()
+        assert [at for at, _ in ranges] == list(np.cumsum([0] + [len(c) for _, c in ranges])[:-1])
 
     pricer = Pricer(CostModels.load(default_cost_model_path()), Topology(num_devices=2, memory_bytes=GB))
     pieces, assign = mixed.assignment(small_tables)

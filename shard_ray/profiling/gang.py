@@ -120,6 +120,19 @@ class TypeCollectives:
         columns = [np.arange(starts[position[i]], starts[position[i] + 1]) for i in mine]
         own = np.concatenate(columns + [np.zeros(0, dtype=np.int64)])
         self.my_columns = None if len(own) == starts[-1] else torch.from_numpy(own).to(step.device)
+        # The same as ranges of consecutive columns, [start, end) in my output and where they begin in `own`: the
+        # backward writes its gradients into them a range at a time (`PlanStep.grad_dist`), as a scatter of
+        # single columns cost about as much as the all-to-all itself (docs/measurement.md).
+        self.my_ranges: list[tuple[int, int, int]] = []
+        at = 0
+        for i in mine:
+            first, last = int(starts[position[i]]), int(starts[position[i] + 1])
+            if self.my_ranges and self.my_ranges[-1][1] == first:  # joins the range of the piece before
+                start, _, begins = self.my_ranges.pop()
+                self.my_ranges.append((start, last, begins))
+            else:
+                self.my_ranges.append((first, last, at))
+            at += last - first
         # Input dist, prepared per batch: my samples' lookups for every device's pieces of this type.
         ranges = sample_ranges(config.batch_size, world)
         self.sends = []
@@ -271,7 +284,8 @@ class PlanStep:
             if collectives.my_columns is None:  # all my columns are of this type (the others' hold none of them)
                 grads = received
             else:
-                grads[:, collectives.my_columns] = received
+                for start, end, at in collectives.my_ranges:
+                    grads[:, start:end] = received[:, at : at + end - start]
         return grads, self.upstream.index_select(1, self.replica_columns)
 
     def sync_replicas(self) -> None:
