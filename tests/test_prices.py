@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,10 +24,24 @@ TABLES = Path(__file__).parents[1] / "experiments" / "tables"
 REFERENCE_FILES = ("ranking_model.json",)
 
 
-# Another gang measures again where a price misses: the whole machine sometimes runs slower for a while, both
-# plans alike (one gang of four measured them 1.2x slower than three others; once 1.75x; in one fresh-clone run
-# two gangs in a row). Interference only adds time, so the fastest gang's measurement is the undisturbed machine's.
-GANGS = 3
+# A gang's measurement of the same plans moves with the machine, both ways: a gang once measured both plans 1.2x,
+# once 1.75x, slower than the others; on the AMD EPYC eight gangs in a row measured the ranking model's cost_search
+# plan at 7.9-9.0 ms and one of them at 6.6 ms (priced 1.27x, as a CI run met it). The models are fitted to typical
+# gangs, so the median of three gangs judges, of five where it misses.
+GANGS, MORE_GANGS = 3, 2
+
+
+def measure_in_gangs(plans, tables, topology, gangs: int) -> list[list[float]]:
+    """Each plan's step in each of `gangs` new gangs (5 rounds each: in 3, a repetition moved a plan's median by up
+    to 20%, docs/results.md), every table whole."""
+    measured = []
+    for _ in range(gangs):
+        with DeviceGang(2) as gang:
+            costs = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=5)
+        for cost in costs:
+            assert not any("at most" in w for w in cost.warnings), cost.warnings
+        measured.append([cost.cost_ms for cost in costs])
+    return measured
 
 
 @pytest.mark.slow
@@ -40,20 +55,16 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_of_their_meas
         tables = load_tables(TABLES / name)
         topology = Topology(num_devices=2, memory_bytes=memory_cap_with_headroom(tables, 2, 1.5))
         plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
-        priced = [simulator.plan_cost(plan, tables, topology.batch_size).cost_ms for plan in plans]
-        fastest = [float("inf")] * len(plans)
-        for _ in range(GANGS):
-            with DeviceGang(2) as gang:
-                # 5 rounds: in 3, a repetition moved a plan's median by up to 20% (docs/results.md)
-                measured = gang.evaluate_rounds(plans, tables, MeasureConfig.for_topology(topology), rounds=5)
-            for cost in measured:
-                assert not any("at most" in w for w in cost.warnings), cost.warnings  # every table whole
-            fastest = [min(was, cost.cost_ms) for was, cost in zip(fastest, measured)]
-            ratios = [price / ms for price, ms in zip(priced, fastest)]
-            if all(0.75 <= ratio <= 1.25 for ratio in ratios):
-                break
+        priced = np.array([simulator.plan_cost(plan, tables, topology.batch_size).cost_ms for plan in plans])
+        measured = measure_in_gangs(plans, tables, topology, GANGS)
+        ratios = priced / np.median(measured, axis=0)
+        if not all(0.75 <= ratio <= 1.25 for ratio in ratios):
+            measured += measure_in_gangs(plans, tables, topology, MORE_GANGS)
+            ratios = priced / np.median(measured, axis=0)
         for plan, ratio in zip(plans, ratios):
-            assert 0.75 <= ratio <= 1.25, f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement"
+            assert 0.75 <= ratio <= 1.25, (
+                f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement (gangs measured {np.round(measured, 2).tolist()} ms)"
+            )
 
 
 @pytest.mark.slow
