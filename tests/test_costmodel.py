@@ -14,6 +14,7 @@ import torch
 
 from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
+from shard_ray.costmodel.collect import CollectConfig, draw_comm_plans
 from shard_ray.costmodel.coverage import corrections_at_bound, coverage_problems, training_coverage
 from shard_ray.costmodel.features import (
     NUM_SCALAR_FEATURES,
@@ -43,12 +44,15 @@ from shard_ray.costmodel.spine import QUANTITIES, Spine, fit_spine, physical_qua
 from shard_ray.costmodel.train import (
     MissingCommModelWarning,
     TrainConfig,
+    collective_sets,
     compute_data,
     data_split,
     evaluate_device_compute,
     evaluate_input_dist,
+    evaluate_mixed_comm,
     fit_input_overhead,
     fit_step_overhead,
+    fit_type_overhead,
     train_compute_model,
     train_cost_models,
 )
@@ -310,6 +314,66 @@ def test_the_input_overhead_is_the_gangs_median_excess_over_the_bytes_price_per_
             assert a.input_dist_ms - b.input_dist_ms == pytest.approx(0.4 * types, abs=1e-4)
     alone = Plan.from_assignment(table_wise(tables), [0] * len(tables), 1, "one device")
     assert Simulator(again).plan_cost(alone, tables, batch).devices[0].input_dist_ms == 0.0
+
+
+def test_each_sharding_type_beyond_the_first_is_the_gangs_median_excess_per_set_and_prices_every_device(
+    tmp_path, shipped, pool
+):
+    """What the gang measures in the all-to-alls of a plan of several sharding types beyond their price is fitted, per
+    set of all-to-alls beyond the first, as its median over devices (a disturbed plan moves it little), kept in the
+    model file and added to every device of a plan of several sets, none to a plan of one. The comm plans that
+    `collect` draws mixed are of several sets, reproducibly, and their column halves come in fours."""
+    tables, batch = pool[:8], 1024
+    config = CollectConfig(mixed=1.0, dims=(8, 16, 64))
+    drawn = draw_comm_plans(pool, 3, 9, config, seed=1)
+    assert drawn == draw_comm_plans(pool, 3, 9, config, seed=1)
+    table_wise_only = draw_comm_plans(pool, 3, 9, dataclasses.replace(config, mixed=0.0), seed=1)
+    assert [t for _, t in table_wise_only] == [t for _, t in drawn]  # the same tables, only sharded otherwise
+    bare = dataclasses.replace(shipped, type_overhead_ms=(0.0, 0.0, 0.0))
+    plans = []
+    for i, (plan, drawn_tables) in enumerate(drawn):
+        pieces = [p for shard in plan.pieces(drawn_tables) for p in shard]
+        assert all(p.columns[0] % 4 == 0 for p in pieces)
+        priced = Simulator(bare).plan_cost(plan, drawn_tables, batch)
+        more = collective_sets(PlanMeasurement(key=str(i), plan=plan, tables=drawn_tables, cost=priced)) - 1
+        disturbed = 3.0 if i == 0 else 1.0  # one plan measured on a busy core
+        devices = [
+            d.model_copy(
+                update={
+                    "input_dist_ms": d.input_dist_ms * disturbed + 0.2 * more,
+                    "fwd_comm_ms": d.fwd_comm_ms * disturbed + 0.3 * more,
+                    "bwd_comm_ms": d.bwd_comm_ms * disturbed + 0.5 * more,
+                }
+            )
+            for d in priced.devices
+        ]
+        cost = PlanCost(devices=devices, hardware=shipped.hardware, batch_size=batch)
+        plans.append(PlanMeasurement(key=str(i), plan=plan, tables=drawn_tables, cost=cost))
+    assert sum(collective_sets(p) >= 2 for p in plans) >= 6
+    assert fit_type_overhead(bare, plans) == pytest.approx((0.2, 0.3, 0.5), abs=1e-4)
+    assert fit_type_overhead(bare, []) == (0.0, 0.0, 0.0)
+    assert evaluate_mixed_comm(bare, plans[1:])["mape"] > 0.01
+
+    fitted = dataclasses.replace(bare, type_overhead_ms=fit_type_overhead(bare, plans))
+    assert evaluate_mixed_comm(fitted, plans[1:])["mape"] < 1e-4
+    fitted.save(tmp_path / "m.pt")
+    again = CostModels.load(tmp_path / "m.pt")
+    assert again.type_overhead_ms == pytest.approx((0.2, 0.3, 0.5), abs=1e-4)
+    two_types = Plan.from_assignment(
+        table_wise(tables[:4])
+        + [TablePiece(table=t, columns=c) for t in tables[4:] for c in ((0, t.dim // 2), (t.dim // 2, t.dim))],
+        [0, 1, 2, 0] + [1, 2] * 4,
+        3,
+        "mixed",
+    )
+    one_type = Plan.from_assignment(table_wise(tables), [0, 1, 2, 0, 1, 2, 0, 1], 3, "table-wise")
+    for plan, more in ((one_type, 0), (two_types, 1)):
+        before = Simulator(bare).plan_cost(plan, tables, batch).devices
+        after = Simulator(again).plan_cost(plan, tables, batch).devices
+        for b, a in zip(before, after):
+            assert a.input_dist_ms - b.input_dist_ms == pytest.approx(0.2 * more, abs=1e-4)
+            assert a.fwd_comm_ms - b.fwd_comm_ms == pytest.approx(0.3 * more, abs=1e-4)
+            assert a.bwd_comm_ms - b.bwd_comm_ms == pytest.approx(0.5 * more, abs=1e-4)
 
 
 def test_the_step_overhead_is_the_gangs_median_excess_over_the_kernels_and_prices_held_devices(tmp_path, shipped, pool):

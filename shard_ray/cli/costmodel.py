@@ -89,9 +89,11 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     for name, metrics in report.items():
         print(describe_accuracy(name, metrics))
     fwd, bwd = models.step_overhead_ms
+    more = models.type_overhead_ms
     print(
         f"overheads fitted to the train split's plans: a step's {fwd:.3f} ms forward and {bwd:.3f} ms backward a "
-        f"device, an input all-to-all's {models.input_overhead_ms:.3f} ms a device and sharding type"
+        f"device, an input all-to-all's {models.input_overhead_ms:.3f} ms a device and sharding type, and each "
+        f"sharding type beyond a plan's first {more[0]:.3f} ms input, {more[1]:.3f} forward, {more[2]:.3f} backward"
     )
     print(f"wrote {flags.out} (models of {models.hardware})")
     print(json.dumps(report))
@@ -108,6 +110,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         evaluate_comm,
         evaluate_device_compute,
         evaluate_input_dist,
+        evaluate_mixed_comm,
         main_hardware,
         newest_procedure,
         predicted_and_measured,
@@ -139,20 +142,16 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     result["device_compute"] = evaluate_device_compute(models, held_out_plans)
     result["comm"] = evaluate_comm(models, held_out_plans)
     result["input_dist"] = evaluate_input_dist(models, held_out_plans)
+    result["mixed_comm"] = evaluate_mixed_comm(models, held_out_plans)
     result["hardware"] = {"models": models.hardware, "measurements": hardware}
     if result["n"] == 0:
         raise ShardRayError(f"{flags.store} has no held-out or unseen shard measurements on {hardware}")
-    for name in ("seen", "unseen", "device_compute", "comm", "input_dist"):
+    parts = ("seen", "unseen", "device_compute", "comm", "input_dist", "mixed_comm")
+    for name in parts:
         print(describe_accuracy(name, result[name]))
     if tracking_uri is not None:
         flat = {"mape": result["mape"], "spearman": result["spearman"]}
-        flat.update(
-            {
-                f"{k}_{m}": result[k][m]
-                for k in ("seen", "unseen", "device_compute", "comm", "input_dist")
-                for m in ("mape", "spearman")
-            }
-        )
+        flat.update({f"{k}_{m}": result[k][m] for k in parts for m in ("mape", "spearman")})
         flat = {k: v for k, v in flat.items() if v is not None}
         log_costmodel_evaluation(
             flags.cost_model,

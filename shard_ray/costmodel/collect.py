@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.simulator import price_comm
-from shard_ray.plan.piece import TablePiece
+from shard_ray.plan.piece import TablePiece, data_parallel, row_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -35,6 +35,12 @@ class CollectConfig:
     max_tables: int = setting(16, "most tables in a compute shard", min=1)
     batch_sizes: tuple[int, ...] = setting((512, 1024, 2048), "batch sizes, comma-separated, used in turn", min=1)
     device_counts: tuple[int, ...] = setting((2,), "gang sizes for comm data, comma-separated", min=1)
+    mixed: float = setting(
+        0.3,
+        "share of the comm plans with tables split by rows or columns or replicated beside whole ones: several "
+        "sharding types, one set of all-to-alls each, as TorchRec's plans run",
+        min=0.0,
+    )
     dims: tuple[int, ...] = COLLECT_DIMS
     warmup: int = 2
     repeats: int = setting(7, "timed steps per sample", min=1)
@@ -76,8 +82,46 @@ def draw_comm_plans(
         tables = [augment_table(pool[j], rng, config.dims, f"c{i}") for j in sorted(chosen)]
         devices = varied_balance(rng, len(tables), num_devices)
         pieces = [TablePiece.whole(t) for t in tables]
+        # whether and how a plan is mixed is drawn apart, so the table-wise plans of a seed are those it always drew
+        mixing = np.random.default_rng([seed, i])
+        if mixing.random() < config.mixed:
+            pieces, devices = mix_sharding_types(pieces, devices, num_devices, mixing)
         plans.append((Plan.from_assignment(pieces, devices, num_devices, "comm_sample"), tables))
     return plans
+
+
+# Tables of at most this many rows may be replicated in a mixed comm plan: a replica's gradient all-reduce moves its
+# whole table, which for the pool's largest would outlast the all-to-alls measured beside it by far.
+REPLICA_ROWS = 100_000
+
+
+def mix_sharding_types(
+    pieces: list[TablePiece], devices: np.ndarray, num_devices: int, rng: np.random.Generator
+) -> tuple[list[TablePiece], list[int]]:
+    """A table-wise plan's pieces with 1 to 3 of its tables sharded otherwise: by rows over every device (TorchRec's
+    blocks), by columns in two halves on two devices, or (of at most `REPLICA_ROWS` rows) replicated on every device;
+    the rest stay where they were."""
+    changed = set(rng.choice(len(pieces), size=min(len(pieces), int(rng.integers(1, 4))), replace=False).tolist())
+    mixed, placed = [], []
+    for k, (piece, device) in enumerate(zip(pieces, devices)):
+        table = piece.table
+        kinds = ["row_wise"] + ["column_wise"] * (table.dim >= 8) + ["data_parallel"] * (table.rows <= REPLICA_ROWS)
+        kind = rng.choice(kinds) if k in changed else "table_wise"
+        if kind == "row_wise":
+            blocks = row_wise(table, num_devices)
+            mixed += blocks
+            placed += [block.devices[0] for block in blocks]
+        elif kind == "column_wise":
+            half = table.dim // 8 * 4  # fbgemm's columns come in fours
+            mixed += [TablePiece(table=table, columns=(0, half)), TablePiece(table=table, columns=(half, table.dim))]
+            placed += rng.choice(num_devices, size=2, replace=False).tolist()
+        elif kind == "data_parallel":
+            mixed += data_parallel(table, num_devices)
+            placed += list(range(num_devices))
+        else:
+            mixed.append(piece)
+            placed.append(int(device))
+    return mixed, placed
 
 
 def collect_comm(pool: list[TableSpec], config: CollectConfig, store: MeasurementStore) -> int:

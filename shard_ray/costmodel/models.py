@@ -390,6 +390,11 @@ class CostModels:
     # gang runs three (split sizes, lengths, ids) and reassembles the lookups, where the comm model learned the
     # pooled output's one (`shard_ray.costmodel.train.fit_input_overhead`).
     input_overhead_ms: float = 0.0
+    # Each device's (input, forward, backward) all-to-all ms for each set of collectives beyond a plan's first, beyond
+    # their bytes' price: a plan of several sharding types runs one set of all-to-alls for each, and each set assembles
+    # its own buffers (`TypeCollectives`), where the comm model learned plans of one set
+    # (`shard_ray.costmodel.train.fit_type_overhead`).
+    type_overhead_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
         self.compute.eval()
@@ -504,6 +509,7 @@ class CostModels:
                 "info": self.info.to_file(),
                 "step_overhead_ms": list(self.step_overhead_ms),
                 "input_overhead_ms": self.input_overhead_ms,
+                "type_overhead_ms": list(self.type_overhead_ms),
             },
             buffer,
         )
@@ -560,4 +566,5 @@ class CostModels:
             info=info,
             step_overhead_ms=(fwd, bwd),
             input_overhead_ms=float(blob.get("input_overhead_ms", 0.0)),
+            type_overhead_ms=tuple(float(ms) for ms in blob.get("type_overhead_ms", (0.0, 0.0, 0.0))),
         )

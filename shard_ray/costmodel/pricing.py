@@ -213,10 +213,15 @@ class Pricer:
         # One set of all-to-alls per sharding type the plan uses, each moving its pieces' columns (as TorchRec
         # and the gang run them: `TypeCollectives`); replicas move none.
         comm, input_dist = np.zeros((d, 2)), np.zeros(d)
-        for kind in np.unique(sizes.kinds[sizes.kinds >= 0]):
+        kinds = np.unique(sizes.kinds[sizes.kinds >= 0])
+        for kind in kinds:
             of_kind = sizes.kinds == kind
             comm += self.collectives(np.bincount(assign[of_kind], weights=sizes.widths[of_kind], minlength=d))
             input_dist += self.input_dist(np.bincount(assign[of_kind], weights=sizes.inputs[of_kind], minlength=d))
+        if len(kinds) > 1 and d > 1:  # every device takes part in every set, whether it holds pieces of it or not
+            extra = (len(kinds) - 1) * np.asarray(self.models.type_overhead_ms)
+            input_dist += extra[0]
+            comm += extra[1:]
         sync, host_sums = np.zeros(d), np.zeros((d, 2))
         if sizes.syncs.any():
             sync = self.collectives(np.bincount(assign, weights=sizes.syncs, minlength=d))[:, 1]

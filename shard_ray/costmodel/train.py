@@ -421,6 +421,46 @@ def fit_input_overhead(models: CostModels, plans: list[PlanMeasurement]) -> floa
     return max(float(np.median(measured - priced)), 0.0) if len(measured) else models.input_overhead_ms
 
 
+def collective_sets(pm: PlanMeasurement) -> int:
+    """How many sets of all-to-alls a measured plan runs: one for each sharding type of its pieces, replicas' none."""
+    return len({p.sharding_type for pieces in pm.plan.pieces(pm.tables) for p in pieces if not p.replicated})
+
+
+def mixed_comm(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (input, forward, backward) all-to-all ms [n, 3] that `models` price and that the gang measured on every
+    device of `plans` that run more than one set of all-to-alls and whose gang timed them, and each device's sets
+    beyond the first [n]."""
+    simulator = Simulator(models)
+    priced, measured, extra = [np.zeros((0, 3))], [np.zeros((0, 3))], []
+    for pm in plans:
+        sets = collective_sets(pm)
+        if pm.plan.num_devices < 2 or pm.cost.batch_size is None or pm.cost.priced_parts or sets < 2:
+            continue
+        devices = simulator.plan_cost(pm.plan, pm.tables, pm.cost.batch_size).devices
+        priced.append(np.array([[d.input_dist_ms, d.fwd_comm_ms, d.bwd_comm_ms] for d in devices]))
+        measured.append(np.array([[d.input_dist_ms, d.fwd_comm_ms, d.bwd_comm_ms] for d in pm.cost.devices]))
+        extra += [sets - 1] * len(devices)
+    return np.concatenate(priced), np.concatenate(measured), np.array(extra, dtype=np.float64)
+
+
+def fit_type_overhead(models: CostModels, plans: list[PlanMeasurement]) -> tuple[float, float, float]:
+    """Each device's (input, forward, backward) all-to-all ms for each set of collectives beyond a plan's first, beyond
+    their price without it: the median, over the devices of `plans` that run several sets (`mixed_comm`), of what the
+    gang measured less that price, per set beyond the first (at least 0); the models' own without such plans."""
+    priced, measured, extra = mixed_comm(replace(models, type_overhead_ms=(0.0, 0.0, 0.0)), plans)
+    if not len(extra):
+        return models.type_overhead_ms
+    per_set = np.maximum(np.median((measured - priced) / extra[:, None], axis=0), 0.0)
+    return float(per_set[0]), float(per_set[1]), float(per_set[2])
+
+
+def evaluate_mixed_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
+    """Predicted against measured input, forward and backward all-to-all ms per device of plans of several sets of
+    all-to-alls (`mixed_comm`)."""
+    priced, measured, _ = mixed_comm(models, plans)
+    return accuracy(priced.sum(axis=1), measured.sum(axis=1))
+
+
 def evaluate_input_dist(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
     """Predicted against measured input all-to-all ms per device (`input_dist`)."""
     return accuracy(*input_dist(models, plans))
@@ -566,12 +606,14 @@ def train_cost_models(
     if not config.no_step_overhead:
         models.step_overhead_ms = fit_step_overhead(models, plan_splits["train"])
     models.input_overhead_ms = fit_input_overhead(models, plan_splits["train"])
+    models.type_overhead_ms = fit_type_overhead(models, plan_splits["train"])
     report = {
         "compute_seen": evaluate_compute(models, splits["test"]),
         "compute_unseen": evaluate_compute(models, splits["unseen"]),
         "device_compute": evaluate_device_compute(models, plan_splits["test"]),
         "comm": evaluate_comm(models, plan_splits["test"]),
         "input_dist": evaluate_input_dist(models, plan_splits["test"]),
+        "mixed_comm": evaluate_mixed_comm(models, plan_splits["test"]),
     }
     models.info.held_out = report
     return models, report
@@ -608,4 +650,5 @@ def update_cost_models(
     updated = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
     updated.step_overhead_ms = models.step_overhead_ms if config.no_step_overhead else fit_step_overhead(updated, plans)
     updated.input_overhead_ms = fit_input_overhead(updated, plans)
+    updated.type_overhead_ms = fit_type_overhead(updated, plans)
     return updated
