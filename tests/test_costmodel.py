@@ -402,6 +402,15 @@ def test_the_step_overhead_is_the_gangs_median_excess_over_the_kernels_and_price
         plans.append(PlanMeasurement(key=str(i), plan=plan, tables=tables, cost=cost))
     assert fit_step_overhead(kernels, plans) == pytest.approx((0.3, 0.2), abs=1e-4)
     assert fit_step_overhead(kernels, []) == (0.0, 0.0)
+    # plans of several sharding types do not count: their replicas' backward is more than the kernels price
+    replicated = Plan.from_assignment(table_wise(tables[:6]) + [replica(tables[6], 3, k) for k in range(3)],
+                                      [0, 1, 2, 0, 1, 2, 0, 1, 2], 3, "mixed")  # fmt: skip
+    slow = [DeviceCost(device=d, fwd_compute_ms=5.0, bwd_compute_ms=9.0, fwd_comm_ms=0.1, bwd_comm_ms=0.1)
+            for d in range(3)]  # fmt: skip
+    mixed = [PlanMeasurement(key=f"m{i}", plan=replicated, tables=tables,
+                             cost=PlanCost(devices=slow, hardware=shipped.hardware, batch_size=batch))
+             for i in range(20)]  # fmt: skip
+    assert fit_step_overhead(kernels, plans + mixed) == pytest.approx((0.3, 0.2), abs=1e-4)
     assert evaluate_device_compute(kernels, plans[1:])["mape"] > 0.01
 
     fitted = dataclasses.replace(kernels, step_overhead_ms=fit_step_overhead(kernels, plans))

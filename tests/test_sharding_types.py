@@ -249,8 +249,8 @@ def test_cost_search_splits_the_costliest_table_where_the_tables_only_just_pack_
 
 def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tables):
     """As TorchRec runs a set of collectives for each sharding type a plan uses, so do the gang's step and the
-    pricing: a plan mixing types pays each set (a plan of table-wise tables and one column-wise table ran 10
-    all-to-alls a step in TorchRec, 5 with the column-wise table whole)."""
+    pricing: a plan mixing types pays each set, and each set beyond the first its overhead (a plan of table-wise
+    tables and one column-wise table ran 10 all-to-alls a step in TorchRec, 5 with the column-wise table whole)."""
     import numpy as np
     import torch
 
@@ -284,7 +284,8 @@ def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tabl
         assert [c for _, columns in ranges for c in columns] == collectives.my_columns.tolist()
         assert [at for at, _ in ranges] == list(np.cumsum([0] + [len(c) for _, c in ranges])[:-1])
 
-    pricer = Pricer(CostModels.load(default_cost_model_path()), Topology(num_devices=2, memory_bytes=GB))
+    models = CostModels.load(default_cost_model_path())
+    pricer = Pricer(models, Topology(num_devices=2, memory_bytes=GB))
     pieces, assign = mixed.assignment(small_tables)
     priced = pricer.plan_parts(pieces, assign)
     sizes = pricer.sizes(pieces)
@@ -292,6 +293,6 @@ def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tabl
     for kind in ("table_wise", "column_wise", "row_wise"):
         of_kind = np.array([p.sharding_type == kind for p in pieces])
         expected += pricer.collectives(np.bincount(assign[of_kind], weights=sizes.widths[of_kind], minlength=2))
-    assert np.allclose(priced.comm, expected)
+    assert np.allclose(priced.comm, expected + 2 * np.array(models.type_overhead_ms[1:]))
     one_set = pricer.collectives(np.bincount(assign, weights=sizes.widths, minlength=2))
     assert (priced.comm > one_set).all()

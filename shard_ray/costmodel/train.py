@@ -390,13 +390,20 @@ def device_compute(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np
 
 def fit_step_overhead(models: CostModels, plans: list[PlanMeasurement]) -> tuple[float, float]:
     """Each device's (fwd, bwd) ms in a measured step beyond its fused kernels as `models` price them: the median,
-    over the devices of `plans`, of what the gang measured less the kernels' price (at least 0); the models' own
-    without plans. The median, as a few devices measured on a disturbed core or with capped rows move it little."""
-    kernels, measured = device_compute(models, plans)
+    over the devices of `plans` of one sharding type, of what the gang measured less the kernels' price (at least 0);
+    the models' own without such plans. The median, as a few devices measured on a disturbed core or with capped rows
+    move it little; plans of one type, as the devices of mixed plans hold what the kernels price otherwise (replicas,
+    whose backward measured up to 1.8x its price where table-wise devices measured 0.83x: docs/cost-models.md)."""
+    kernels, measured = device_compute(models, [pm for pm in plans if len(sharding_types(pm)) == 1])
     if not len(measured):
         return models.step_overhead_ms
     fwd, bwd = np.maximum(np.median(measured - kernels, axis=0), 0.0)
     return float(fwd), float(bwd)
+
+
+def sharding_types(pm: PlanMeasurement) -> set[str]:
+    """The sharding types of a measured plan's pieces (a replica's `data_parallel` among them)."""
+    return {p.sharding_type for pieces in pm.plan.pieces(pm.tables) for p in pieces}
 
 
 def input_dist(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.ndarray, np.ndarray]:
@@ -405,8 +412,8 @@ def input_dist(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.nda
     simulator = Simulator(models)
     priced, measured = [], []
     for pm in plans:
-        kinds = {p.sharding_type for pieces in pm.plan.pieces(pm.tables) for p in pieces}
-        if pm.plan.num_devices < 2 or pm.cost.batch_size is None or pm.cost.priced_parts or len(kinds) != 1:
+        one_type = len(sharding_types(pm)) == 1
+        if pm.plan.num_devices < 2 or pm.cost.batch_size is None or pm.cost.priced_parts or not one_type:
             continue
         priced += [d.input_dist_ms for d in simulator.plan_cost(pm.plan, pm.tables, pm.cost.batch_size).devices]
         measured += [d.input_dist_ms for d in pm.cost.devices]
@@ -423,7 +430,7 @@ def fit_input_overhead(models: CostModels, plans: list[PlanMeasurement]) -> floa
 
 def collective_sets(pm: PlanMeasurement) -> int:
     """How many sets of all-to-alls a measured plan runs: one for each sharding type of its pieces, replicas' none."""
-    return len({p.sharding_type for pieces in pm.plan.pieces(pm.tables) for p in pieces if not p.replicated})
+    return len(sharding_types(pm) - {"data_parallel"})
 
 
 def mixed_comm(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
