@@ -406,14 +406,19 @@ def sharding_types(pm: PlanMeasurement) -> set[str]:
     return {p.sharding_type for pieces in pm.plan.pieces(pm.tables) for p in pieces}
 
 
+def collectives_timed(pm: PlanMeasurement) -> bool:
+    """Whether the gang timed a measured plan's collectives, per device: more than one device, none of them priced
+    instead (more devices than cores), and the batch recorded."""
+    return pm.plan.num_devices > 1 and pm.cost.batch_size is not None and not pm.cost.priced_parts
+
+
 def input_dist(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.ndarray, np.ndarray]:
     """The input all-to-all's priced and measured ms of every device of `plans` that run one set of all-to-alls (one
     sharding type) and whose gang timed them."""
     simulator = Simulator(models)
     priced, measured = [], []
     for pm in plans:
-        one_type = len(sharding_types(pm)) == 1
-        if pm.plan.num_devices < 2 or pm.cost.batch_size is None or pm.cost.priced_parts or not one_type:
+        if not collectives_timed(pm) or len(sharding_types(pm)) != 1:
             continue
         priced += [d.input_dist_ms for d in simulator.plan_cost(pm.plan, pm.tables, pm.cost.batch_size).devices]
         measured += [d.input_dist_ms for d in pm.cost.devices]
@@ -441,7 +446,7 @@ def mixed_comm(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.nda
     priced, measured, extra = [np.zeros((0, 3))], [np.zeros((0, 3))], []
     for pm in plans:
         sets = collective_sets(pm)
-        if pm.plan.num_devices < 2 or pm.cost.batch_size is None or pm.cost.priced_parts or sets < 2:
+        if not collectives_timed(pm) or sets < 2:
             continue
         devices = simulator.plan_cost(pm.plan, pm.tables, pm.cost.batch_size).devices
         priced.append(np.array([[d.input_dist_ms, d.fwd_comm_ms, d.bwd_comm_ms] for d in devices]))
