@@ -8,7 +8,7 @@ from shard_ray.costmodel.pricing import Pricer
 from shard_ray.plan import GB, Plan, Topology
 from shard_ray.plan.piece import table_wise
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import CompareConfig, compare_plans
@@ -77,6 +77,39 @@ def test_at_8_devices_on_2_cores_refinement_unloads_the_overloaded_device_measur
     # measured device by device: the plan's 7 non-empty devices first, then each step's, none twice
     assert refined.measured_shards >= 7 and again.measured_shards == 0
     assert again.plan.shards == refined.plan.shards and again.moves == refined.moves
+
+
+@pytest.mark.slow
+def test_a_step_whose_moves_measured_a_stall_is_measured_again_with_new_batches(ray_session, tmp_path):
+    """The moves of step 1 are planted in the store as a stall (a second per shard) at the step's batches: the
+    models price the best move gaining, so the step is measured again with new batches instead of stopping."""
+    tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=32.0) for i in range(6)]
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
+    pieces = table_wise(tables)
+    planted = Plan.from_assignment(pieces, np.zeros(6, dtype=np.int64), 2, "planted")
+    measure = MeasureConfig.for_topology(topology)
+    models = CostModels.load(default_cost_model_path())
+    config = RefineConfig(refine_steps=1, refine_proposals=2)
+    proposals = propose(Pricer(models, topology), pieces, np.zeros(6, dtype=np.int64), np.array([1.0, 0.0]), config)
+    step_1 = measure.model_copy(update={"seed": measure.seed + 1})
+    lines: list[str] = []
+    with MeasurementStore(tmp_path / "m.db") as store, ProfilingPool(2) as pool:
+        for p_pieces, p_assign, _ in proposals:
+            for d in range(2):
+                shard = [p for p, a in zip(p_pieces, p_assign) if a == d]
+                key = fused_shard_key(shard, step_1, pool.hardware)
+                store.put_fused_shard(
+                    FusedShardMeasurement(
+                        key=key, hardware=pool.hardware, tables=shard, config=step_1, fwd_ms=500.0, bwd_ms=500.0
+                    )
+                )
+        refined = refine(planted, tables, topology, models, pool, store, measure, config, lines.append)
+    retried = [line for line in lines if "measuring the step again with new batches" in line]
+    assert len(retried) == 1 and "gains -" in retried[0], lines
+    # device 0 at the first batches, then at the step's: the plan's device 0 (the moves' shards planted), and
+    # again at new batches with the moves' shards (like tables: both moves' are one pair of shards)
+    assert refined.measured_shards == 5, (refined.measured_shards, lines)
+    assert refined.after_ms < 100, lines  # the planted stall is not what the step kept
 
 
 def test_changed_devices_include_one_left_empty():

@@ -16,7 +16,11 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    it stands, measured again with the same batches (so a move is judged against the same minutes'
    measurement). The proposal with the lowest measured plan cost is taken when it gains more than
    `refine_min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
-   next step starts from it. Otherwise refinement stops, unless the plan as measured again has another
+   next step starts from it. Where none does but the models price the best one gaining more than that,
+   the step is measured again with new batches (`refine_retries` times), each device's shard
+   judged by its fastest measurement: a stall of the machine that slowed one shard for a whole
+   measurement (on a shared 2-core machine a 5-table shard once measured slower than the 6-table
+   shard it came from) does not end the refinement. Otherwise refinement stops, unless the plan as measured again has another
    slowest device than the one the moves were for (devices within noise of each other trade places
    from one measurement to the next): the next step then proposes moves off that one.
 
@@ -62,6 +66,12 @@ class RefineConfig:
     refine_targets: int = setting(3, "refinement: devices a piece may move to, those measured fastest", min=1)
     refine_min_gain: float = setting(
         0.03, "refinement: measured gain a move must make, a fraction of the plan cost (above the noise floor)", min=0
+    )
+    refine_retries: int = setting(
+        1,
+        "refinement: times a step is measured again, with new batches, when no move gains enough by measurement "
+        "though the models price the best one gaining more",
+        min=0,
     )
 
 
@@ -187,18 +197,29 @@ def _measured_best_move(
     # is judged against a measurement of the same minutes, not against one taken a step ago.
     num_devices = meter.topology.num_devices
     changed = [changed_devices(pieces, assign, p_pieces, p_assign, num_devices) for p_pieces, p_assign, _ in proposals]
-    now, *proposed = meter.compute(
-        [(pieces, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)],
-        meter.measure.seed + step,
-    )
-    costs = meter.costs(pieces, assign, now)
-    current = float(costs.max())
-    measured = [
-        (float(meter.costs(p_pieces, p_assign, {**now, **new}).max()), {**now, **new}, p_pieces, p_assign, words)
-        for (p_pieces, p_assign, words), new in zip(proposals, proposed)
-    ]
-    best_ms, best_compute, best_pieces, best_assign, words = min(measured, key=lambda m: m[0])
-    gain = 1 - best_ms / current
+    layouts = [(pieces, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)]
+    priced_gain = 1 - min(pricer.plan_cost(p[0], p[1]) for p in proposals) / pricer.plan_cost(pieces, assign)
+    fastest: list[dict[int, float]] = []
+    for attempt in range(config.refine_retries + 1):
+        # Each attempt's batches are new: step s of attempt a is seeded past every earlier attempt's steps.
+        again = meter.compute(layouts, meter.measure.seed + step + attempt * config.refine_steps)
+        fastest = again if not fastest else [{d: min(f[d], a[d]) for d in f} for f, a in zip(fastest, again)]
+        now, *proposed = fastest
+        costs = meter.costs(pieces, assign, now)
+        current = float(costs.max())
+        measured = [
+            (float(meter.costs(p_pieces, p_assign, {**now, **new}).max()), {**now, **new}, p_pieces, p_assign, words)
+            for (p_pieces, p_assign, words), new in zip(proposals, proposed)
+        ]
+        best_ms, best_compute, best_pieces, best_assign, words = min(measured, key=lambda m: m[0])
+        gain = 1 - best_ms / current
+        if gain > config.refine_min_gain or priced_gain <= config.refine_min_gain:
+            break
+        if attempt < config.refine_retries:
+            log(
+                f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
+                f"the models price the best {priced_gain:+.1%}; measuring the step again with new batches"
+            )
     if gain <= config.refine_min_gain:
         log(
             f"refinement step {step}: the best of {len(measured)} measured moves ({words}) gains {gain:+.1%}, "
