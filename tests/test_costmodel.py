@@ -14,7 +14,7 @@ import torch
 
 from shard_ray.cli import main
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.collect import CollectConfig, draw_comm_plans
+from shard_ray.costmodel.collect import REPLICA_ROWS, CollectConfig, draw_comm_plans, replicate_some
 from shard_ray.costmodel.coverage import corrections_at_bound, coverage_problems, training_coverage
 from shard_ray.costmodel.features import (
     NUM_SCALAR_FEATURES,
@@ -314,6 +314,21 @@ def test_the_input_overhead_is_the_gangs_median_excess_over_the_bytes_price_per_
             assert a.input_dist_ms - b.input_dist_ms == pytest.approx(0.4 * types, abs=1e-4)
     alone = Plan.from_assignment(table_wise(tables), [0] * len(tables), 1, "one device")
     assert Simulator(again).plan_cost(alone, tables, batch).devices[0].input_dist_ms == 0.0
+
+
+def test_collect_replicates_small_tables_of_a_share_of_its_compute_shards_reproducibly(pool):
+    """`--replicated` turns 1 to 3 tables of at most REPLICA_ROWS rows of a shard into replicas, with a generator of its
+    own: the same draw twice, the other shards and every table's spec unchanged, none at share 0."""
+    shards = draw_augmented_fused_shards(pool, 60, 12, (8, 16, 64), seed=4)
+    drawn = [replicate_some(s, 0.5, np.random.default_rng([4, i])) for i, s in enumerate(shards)]
+    assert drawn == [replicate_some(s, 0.5, np.random.default_rng([4, i])) for i, s in enumerate(shards)]
+    assert [replicate_some(s, 0.0, np.random.default_rng([4, i])) for i, s in enumerate(shards)] == shards
+    changed = [(before, after) for before, after in zip(shards, drawn) if before != after]
+    assert 15 <= len(changed) <= 45
+    for before, after in changed:
+        assert [p.table for p in before] == [p.table for p in after]
+        replicas = [p for p in after if p.replicated]
+        assert 1 <= len(replicas) <= 3 and all(p.table.rows <= REPLICA_ROWS and p.replicas == 2 for p in replicas)
 
 
 def test_each_sharding_type_beyond_the_first_is_the_gangs_median_excess_per_set_and_prices_every_device(
@@ -942,10 +957,10 @@ def test_the_spine_fit_recovers_the_rates_shards_were_made_with(pool):
     assert fitted.describe() == fit_spine(features, mask, log_batch, log_ms).describe()
 
 
-def test_replicas_beside_sharded_pieces_pay_a_kernel_of_their_own_and_the_fit_finds_its_cost(pool):
+def test_replicas_pay_a_kernel_of_their_own_and_their_dense_update_and_the_fit_finds_both(pool):
     """A device holding data-parallel replicas beside sharded pieces runs two kernels (`FusedShard`): the spine
-    prices a second launch of the replicas' precision, as measured on an H200 (docs/gpu.md), and shards made so,
-    some with replicas, are fitted back to their prices."""
+    prices a second launch of the replicas' precision, as measured on an H200 (docs/gpu.md), and each replica's
+    dense update by its whole table's MB; shards made so, some with replicas, are fitted back to their prices."""
     made = _spine_made_with_known_rates()
     shards = draw_augmented_fused_shards(pool, 200, 12, (4, 16, 64, 256), seed=2)
     features, mask = pad_fused_shards([pieces_features(s, 200_000) for s in shards])
@@ -960,13 +975,21 @@ def test_replicas_beside_sharded_pieces_pay_a_kernel_of_their_own_and_the_fit_fi
     fp16 = features[..., TABLE_FEATURES.index("fp16")]
     # A replica whose precision a sharded table of the shard shares: one launch of that precision more.
     shares = (replicas[:, 0] > 0) & ((fp16[:, 1:] == fp16[:, :1]) & (mask[:, 1:] > 0)).any(dim=1)
-    expected = launches.kernel_ms.T[fp16[:, 0].long()] * shares.unsqueeze(-1)
-    assert shares.sum() > 10
-    assert extra == pytest.approx(expected, abs=1e-5)
+    dense = QUANTITIES.index("dense")
+    rows = 10.0 ** features[:, 0, TABLE_FEATURES.index("log10_rows")].double()
+    width = 2.0 ** features[:, 0, TABLE_FEATURES.index("log2_width")].double()
+    table_mb = rows * width * (4.0 - 2.0 * fp16[:, 0].double()) / 1e6 * replicas[:, 0]  # the replica's whole table
+    expected = (
+        launches.kernel_ms.T[fp16[:, 0].long()] * shares.unsqueeze(-1)
+        + (table_mb.unsqueeze(-1) * launches.rates[:, dense].double()).float()
+    )
+    assert shares.sum() > 10 and (table_mb > 0).sum() > 60
+    assert extra == pytest.approx(expected, rel=1e-4, abs=1e-5)
     log_ms = torch.log(spine_shard_ms(made, features, mask, log_batch, replicas))
     fitted = fit_spine(features, mask, log_batch, log_ms, replicas)
     assert torch.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch, replicas), rel=1e-3)
     assert fitted.kernel_ms == pytest.approx(made.kernel_ms, rel=1e-3)
+    assert fitted.rates[:, dense] == pytest.approx(made.rates[:, dense], rel=1e-2)
 
 
 def test_a_device_with_replicas_is_priced_alike_by_its_shard_and_by_the_plans_sums(pool):

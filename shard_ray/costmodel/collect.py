@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from shard_ray.configfile import setting
 from shard_ray.costmodel.simulator import price_comm
-from shard_ray.plan.piece import TablePiece, data_parallel, row_wise
+from shard_ray.plan.piece import TablePiece, data_parallel, replica, row_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -41,6 +41,12 @@ class CollectConfig:
         "sharding types, one set of all-to-alls each, as TorchRec's plans run",
         min=0.0,
     )
+    replicated: float = setting(
+        0.2,
+        "share of the compute shards with 1 to 3 of their tables (those of at most 100,000 rows) as data-parallel "
+        "replicas of 2 devices, measured with their dense optimizer update",
+        min=0.0,
+    )
     dims: tuple[int, ...] = COLLECT_DIMS
     warmup: int = 2
     repeats: int = setting(7, "timed steps per sample", min=1)
@@ -52,9 +58,14 @@ def collect_compute(
 ) -> int:
     """Measure the microbenchmark's shards at every batch size, then `samples` random shards (batch sizes in turn);
     returns how many were new."""
-    shards = draw_augmented_fused_shards(
-        pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables
-    )
+    shards = [
+        replicate_some(shard, config.replicated, np.random.default_rng([config.seed, i]))
+        for i, shard in enumerate(
+            draw_augmented_fused_shards(
+                pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables
+            )
+        )
+    ]
     before = store.count()
     for b, batch_size in enumerate(config.batch_sizes):
         measure = MeasureConfig(batch_size=batch_size, warmup=config.warmup, repeats=config.repeats, seed=config.seed)
@@ -62,6 +73,16 @@ def collect_compute(
         print(f"batch {batch_size}: {len(group)} shards, the microbenchmark's first")
         profiler.measure(group, measure, store)
     return store.count() - before
+
+
+def replicate_some(shard: list[TablePiece], share: float, rng: np.random.Generator) -> list[TablePiece]:
+    """With probability `share`, the shard with 1 to 3 of its tables of at most `REPLICA_ROWS` rows as replicas (of 2
+    devices, the first's); drawn by a generator of its own, so the shards of a seed are those it always drew."""
+    small = [k for k, piece in enumerate(shard) if piece.table.rows <= REPLICA_ROWS]
+    if not small or rng.random() >= share:
+        return shard
+    chosen = set(rng.choice(small, size=min(len(small), int(rng.integers(1, 4))), replace=False).tolist())
+    return [replica(piece.table, 2, 0) if k in chosen else piece for k, piece in enumerate(shard)]
 
 
 def varied_balance(rng: np.random.Generator, count: int, num_devices: int) -> np.ndarray:

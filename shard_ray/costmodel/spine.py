@@ -19,7 +19,9 @@ table-batched kernel does for one batch:
 - `cold_rows`: the share of `rows` that misses the caches, as `cold` (on the Intel Xeon a row's update that misses
   costs about 0.3-0.5 microseconds, about as much for 16 floats as for 64: a latency, not bytes);
 - `bags`: thousands of pooled bags, the batch (a table's work per sample, whatever its width and pooling: on the
-  Intel Xeon a cheap table's backward costs about 0.14 ms at batch 512 and 0.4 at 2048).
+  Intel Xeon a cheap table's backward costs about 0.14 ms at batch 512 and 0.4 at 2048);
+- `dense`: MB of a data-parallel replica's whole table (0 for sharded pieces): its optimizer's update is dense, as
+  DistributedDataParallel's, reading the gradient and state of every row and writing it, touched or not.
 
 A shard costs, per phase,
 
@@ -51,7 +53,19 @@ from shard_ray.costmodel.features import TABLE_FEATURES
 from shard_ray.workload.access import BIN_ACCESS_COUNTS, REFERENCE_BATCH
 from shard_ray.workload.tables import REUSE_BINS
 
-QUANTITIES = ("table", "lookups", "gathered", "touched", "cold", "output", "touched_fp16", "rows", "cold_rows", "bags")
+QUANTITIES = (
+    "table",
+    "lookups",
+    "gathered",
+    "touched",
+    "cold",
+    "output",
+    "touched_fp16",
+    "rows",
+    "cold_rows",
+    "bags",
+    "dense",
+)
 PHASES = ("fwd", "bwd")
 PRECISIONS = ("fp32", "fp16")
 # Where each feature sits in the extractor's vector.
@@ -64,9 +78,14 @@ CACHE_CHOICES_MB = (1.0, 4.0, 16.0, 64.0, 256.0)
 
 
 def physical_quantities(
-    features: torch.Tensor, log_batch: torch.Tensor | float, cache_mb: float, sampled_rows: bool = True
+    features: torch.Tensor,
+    log_batch: torch.Tensor | float,
+    cache_mb: float,
+    sampled_rows: bool = True,
+    replicas: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[..., F] raw table features and log2 batch size -> [..., len(QUANTITIES)] physical quantities.
+    """[..., F] raw table features, log2 batch size (and [...] data-parallel replica flags; None: none) -> [...,
+    len(QUANTITIES)] physical quantities.
 
     `sampled_rows`: the distinct rows a batch touches as a sample of the reference batch's traffic, as batches are
     drawn since measurement procedure 3; False: as procedure 2 drew a histogram table's, every row drawn looked up
@@ -96,6 +115,7 @@ def physical_quantities(
     table_mb = rows * row_mb
     output = batch * width * 4 / MB
     cold_share = table_mb / (table_mb + cache_mb)
+    dense = torch.zeros_like(table_mb) if replicas is None else table_mb * replicas.double()
     return torch.stack(
         [
             torch.ones_like(lookups),
@@ -108,6 +128,7 @@ def physical_quantities(
             distinct / 1e3,
             distinct * cold_share / 1e3,
             batch / 1e3,
+            dense,
         ],
         dim=-1,
     ).float()
@@ -156,7 +177,7 @@ class Spine(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
         # Files saved before measurement procedure 3 count distinct rows as procedure 2 drew them; files saved before
-        # a quantity was added (`rows`, `cold_rows`, then `bags`) have no rate for it: 0, so they price as they were
+        # a quantity was added (`rows`, `cold_rows`, then `bags`, then `dense`) have no rate for it: 0, so they price as they were
         # fitted.
         state_dict.setdefault(prefix + "sampled_rows", torch.tensor(0.0))
         rates = state_dict.get(prefix + "rates")
@@ -171,7 +192,7 @@ class Spine(nn.Module):
     ) -> torch.Tensor:
         """[..., F] raw features (and [...] replica flags) -> [..., 2 + KERNEL_COLUMNS]: each table's own (fwd, bwd)
         ms, then its `kernel_columns`."""
-        quantities = physical_quantities(features, log_batch, float(self.cache_mb), bool(self.sampled_rows))
+        quantities = physical_quantities(features, log_batch, float(self.cache_mb), bool(self.sampled_rows), replicas)
         fp16 = (features[..., _FP16] > 0.5).float()
         return torch.cat([quantities @ self.rates.T, kernel_columns(quantities, fp16, replicas)], dim=-1)
 
@@ -228,7 +249,7 @@ def fit_spine(
     for cache_mb in CACHE_CHOICES_MB:
         spine = Spine()
         spine.cache_mb.fill_(cache_mb)
-        quantities = physical_quantities(features, log_batch.unsqueeze(-1), cache_mb)
+        quantities = physical_quantities(features, log_batch.unsqueeze(-1), cache_mb, replicas=replicas)
         columns = kernel_columns(quantities, (features[..., _FP16] > 0.5).float(), replicas)
         quantities, columns = ((x * mask.unsqueeze(-1)).sum(dim=1).double() for x in (quantities, columns))
         kernels, pairs, _ = kernel_terms(columns)
