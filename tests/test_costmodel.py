@@ -50,6 +50,8 @@ from shard_ray.costmodel.train import (
     evaluate_device_compute,
     evaluate_input_dist,
     evaluate_mixed_comm,
+    evaluate_replica_comm,
+    fit_all_reduce,
     fit_input_overhead,
     fit_step_overhead,
     fit_type_overhead,
@@ -61,7 +63,7 @@ from shard_ray.placement import place
 from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.plan.piece import TablePiece, replica, table_wise
+from shard_ray.plan.piece import TablePiece, data_parallel, replica, table_wise
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, measure_fused_shard, table_batch
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
@@ -389,6 +391,55 @@ def test_each_sharding_type_beyond_the_first_is_the_gangs_median_excess_per_set_
             assert a.input_dist_ms - b.input_dist_ms == pytest.approx(0.2 * more, abs=1e-4)
             assert a.fwd_comm_ms - b.fwd_comm_ms == pytest.approx(0.3 * more, abs=1e-4)
             assert a.bwd_comm_ms - b.bwd_comm_ms == pytest.approx(0.5 * more, abs=1e-4)
+
+
+def test_the_replicas_all_reduce_is_fitted_as_a_part_and_a_rate_per_bus_mb_and_prices_the_devices_holding_them(
+    tmp_path, shipped, pool
+):
+    """What the gang measures in the backward collectives of devices holding replicas beyond their all-to-alls' price
+    is fitted as ms for taking part plus ms per MB of gradient on the ring's bus, kept in the model file, and priced
+    on the devices that hold replicas, none on the others; a file without it prices the all-reduce as before."""
+    small = [t for t in pool if t.rows <= 100_000][:6]
+    whole = [t for t in pool if t.rows > 100_000][:4]
+    batch, plans = 1024, []
+    bare = dataclasses.replace(shipped, all_reduce_ms=(0.0, 0.0))
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        replicated = small[: 1 + i % len(small)]
+        devices = 2 + i % 2
+        pieces = table_wise(whole) + [p for t in replicated for p in data_parallel(t, devices)]
+        assign = list(rng.integers(0, devices, len(whole))) + [k for _ in replicated for k in range(devices)]
+        plan = Plan.from_assignment(pieces, assign, devices, "with replicas")
+        tables = whole + replicated
+        parts = Simulator(bare).plan_parts(plan, tables, batch)
+        mb = sum(t.rows * t.dim * t.bytes_per_element for t in replicated) / 1e6 * 2 * (devices - 1) / devices
+        priced = parts.plan_cost(shipped.hardware, batch).devices
+        measured = [
+            d.model_copy(update={"bwd_comm_ms": parts.comm[k, 1] + parts.host_sums[k, 1] + 0.3 + 0.5 * mb})
+            for k, d in enumerate(priced)
+        ]
+        cost = PlanCost(devices=measured, hardware=shipped.hardware, batch_size=batch)
+        plans.append(PlanMeasurement(key=str(i), plan=plan, tables=tables, cost=cost))
+    assert evaluate_replica_comm(bare, plans)["mape"] > 0.05
+    assert fit_all_reduce(bare, plans) == pytest.approx((0.3, 0.5), rel=1e-4)
+    assert fit_all_reduce(bare, plans[:1]) == (0.0, 0.0)  # 2 devices: too few to fit
+    fitted = dataclasses.replace(bare, all_reduce_ms=fit_all_reduce(bare, plans))
+    assert evaluate_replica_comm(fitted, plans)["mape"] < 1e-4
+    fitted.save(tmp_path / "m.pt")
+    again = CostModels.load(tmp_path / "m.pt")
+    assert again.all_reduce_ms == pytest.approx((0.3, 0.5), rel=1e-4)
+    # On 3 devices, one replica on devices 0 and 1 only (a replica pinned where the others are not): device 2 pays none.
+    pinned = [replica(small[0], 2, 0), replica(small[0], 2, 1)]
+    plan = Plan.from_assignment(table_wise(whole[:3]) + pinned, [0, 1, 2, 0, 1], 3, "pinned")
+    before = Simulator(bare).plan_parts(plan, whole[:3] + small[:1], batch)
+    after = Simulator(again).plan_parts(plan, whole[:3] + small[:1], batch)
+    mb = small[0].rows * small[0].dim * small[0].bytes_per_element / 1e6 * 2 * 2 / 3
+    assert after.sync == pytest.approx([0.3 + 0.5 * mb, 0.3 + 0.5 * mb, 0.0], abs=1e-4)
+    assert before.sync[:2] == pytest.approx(
+        Pricer(bare, Topology(num_devices=3, memory_bytes=GB, batch_size=batch))
+        .plan_parts(*plan.assignment(whole[:3] + small[:1]))
+        .sync[:2]
+    )
 
 
 def test_the_step_overhead_is_the_gangs_median_excess_over_the_kernels_and_prices_held_devices(tmp_path, shipped, pool):

@@ -90,10 +90,12 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
         print(describe_accuracy(name, metrics))
     fwd, bwd = models.step_overhead_ms
     more = models.type_overhead_ms
+    part, per_mb = models.all_reduce_ms
     print(
         f"overheads fitted to the train split's plans: a step's {fwd:.3f} ms forward and {bwd:.3f} ms backward a "
-        f"device, an input all-to-all's {models.input_overhead_ms:.3f} ms a device and sharding type, and each "
-        f"sharding type beyond a plan's first {more[0]:.3f} ms input, {more[1]:.3f} forward, {more[2]:.3f} backward"
+        f"device, an input all-to-all's {models.input_overhead_ms:.3f} ms a device and sharding type, each "
+        f"sharding type beyond a plan's first {more[0]:.3f} ms input, {more[1]:.3f} forward, {more[2]:.3f} backward, "
+        f"and the replicas' all-reduce {part:.3f} ms a device holding replicas plus {per_mb:.3f} ms per MB on the bus"
     )
     print(f"wrote {flags.out} (models of {models.hardware})")
     print(json.dumps(report))
@@ -111,6 +113,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         evaluate_device_compute,
         evaluate_input_dist,
         evaluate_mixed_comm,
+        evaluate_replica_comm,
         main_hardware,
         newest_procedure,
         predicted_and_measured,
@@ -143,10 +146,11 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     result["comm"] = evaluate_comm(models, held_out_plans)
     result["input_dist"] = evaluate_input_dist(models, held_out_plans)
     result["mixed_comm"] = evaluate_mixed_comm(models, held_out_plans)
+    result["replica_comm"] = evaluate_replica_comm(models, held_out_plans)
     result["hardware"] = {"models": models.hardware, "measurements": hardware}
     if result["n"] == 0:
         raise ShardRayError(f"{flags.store} has no held-out or unseen shard measurements on {hardware}")
-    parts = ("seen", "unseen", "device_compute", "comm", "input_dist", "mixed_comm")
+    parts = ("seen", "unseen", "device_compute", "comm", "input_dist", "mixed_comm", "replica_comm")
     for name in parts:
         print(describe_accuracy(name, result[name]))
     if tracking_uri is not None:

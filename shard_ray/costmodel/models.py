@@ -395,6 +395,11 @@ class CostModels:
     # its own buffers (`TypeCollectives`), where the comm model learned plans of one set
     # (`shard_ray.costmodel.train.fit_type_overhead`).
     type_overhead_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # The data-parallel replicas' gradient all-reduce on each device holding replicas: (ms for taking part, ms per MB
+    # of gradient on the ring's bus, 2(D-1)/D of the device's replicas' MB), fitted to what the gang measured in the
+    # backward collectives beyond the all-to-alls' price (`shard_ray.costmodel.train.fit_all_reduce`). (0, 0): none
+    # fitted, the comm model prices it as the all-to-all moving as many bytes (`shard_ray.costmodel.pricing.sync_width`).
+    all_reduce_ms: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         self.compute.eval()
@@ -510,6 +515,7 @@ class CostModels:
                 "step_overhead_ms": list(self.step_overhead_ms),
                 "input_overhead_ms": self.input_overhead_ms,
                 "type_overhead_ms": list(self.type_overhead_ms),
+                "all_reduce_ms": list(self.all_reduce_ms),
             },
             buffer,
         )
@@ -567,4 +573,5 @@ class CostModels:
             step_overhead_ms=(fwd, bwd),
             input_overhead_ms=float(blob.get("input_overhead_ms", 0.0)),
             type_overhead_ms=tuple(float(ms) for ms in blob.get("type_overhead_ms", (0.0, 0.0, 0.0))),
+            all_reduce_ms=tuple(float(ms) for ms in blob.get("all_reduce_ms", (0.0, 0.0))),
         )

@@ -201,6 +201,20 @@ class Pricer:
         over_links = np.maximum(self.over_hosts(one_host, inputs, (1,))[:, 0], self.link_floor(inputs)[:, 1])
         return over_links + self.input_overhead(len(inputs))
 
+    def all_reduce(self, widths: np.ndarray, gradient_mb: np.ndarray, holds: np.ndarray) -> np.ndarray:
+        """The replicas' gradient all-reduce ms [D] of devices with `widths` of `sync_width` columns, `gradient_mb` MB
+        of replicas' gradients and `holds` (whether each holds any): with `all_reduce_ms` fitted, its ms for taking
+        part plus its rate over the ring's bus bytes, 2(D-1)/D of the device's (over hosts, never below the links'
+        price: the fit saw one host's); else the comm model's price of the all-to-all moving as many bytes."""
+        if not any(self.models.all_reduce_ms):
+            return self.collectives(widths)[:, 1]
+        part, per_mb = self.models.all_reduce_ms
+        devices = len(widths)
+        fitted = holds * (part + per_mb * 2 * (devices - 1) / devices * gradient_mb)
+        if self.topology.devices_per_host_if_spanning is None:
+            return fitted
+        return np.maximum(fitted, self.link_floor(widths)[:, 1])
+
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
         return self.device_parts(encodings, sizes, assign).totals()
@@ -224,7 +238,11 @@ class Pricer:
             comm += extra[1:]
         sync, host_sums = np.zeros(d), np.zeros((d, 2))
         if sizes.syncs.any():
-            sync = self.collectives(np.bincount(assign, weights=sizes.syncs, minlength=d))[:, 1]
+            sync = self.all_reduce(
+                np.bincount(assign, weights=sizes.syncs, minlength=d),
+                np.bincount(assign, weights=sizes.gradient_mb, minlength=d),
+                np.bincount(assign, weights=sizes.syncs > 0, minlength=d) > 0,
+            )
         if sizes.host_sums.any():
             device_sums = np.bincount(assign, weights=sizes.host_sums, minlength=d)
             host_sums = host_reduce(
@@ -461,6 +479,13 @@ def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> floa
     return 3.0 * piece.allocated_rows(rows_cap) * piece.width / batch_size
 
 
+def gradient_mb(piece: TablePiece, rows_cap: int | None) -> float:
+    """MB of a data-parallel replica's dense gradient, which its all-reduce moves (0 for a sharded piece)."""
+    if not piece.replicated:
+        return 0.0
+    return piece.allocated_rows(rows_cap) * piece.width * piece.table.bytes_per_element / 1e6
+
+
 @dataclass
 class Candidate:
     """Pieces on devices with their simulated cost: a plan as the searches hold it."""
@@ -476,13 +501,14 @@ class Candidate:
 @dataclass(frozen=True)
 class PieceSizes:
     """Per piece: output all-to-all, input all-to-all, gradient all-reduce and intra-host partial-sum
-    widths (float columns), memory need (bytes), the devices it may go to ([n, D] bools), its
+    widths (float columns), a replica's gradient MB, memory need (bytes), the devices it may go to ([n, D] bools), its
     constraints group (-1: none) and the set of all-to-alls it travels in (its `sharding_type`'s place
     in COLLECTIVE_TYPES; -1: a replica, in none)."""
 
     widths: np.ndarray
     inputs: np.ndarray
     syncs: np.ndarray
+    gradient_mb: np.ndarray
     host_sums: np.ndarray
     need: np.ndarray
     allowed: np.ndarray
@@ -504,6 +530,7 @@ def piece_sizes(pieces: list[TablePiece], topology: Topology, rows_cap: int | No
         widths=np.array([output_width(p) for p in pieces], dtype=np.float64),
         inputs=np.array([input_width(p) for p in pieces], dtype=np.float64),
         syncs=np.array([sync_width(p, topology.batch_size, rows_cap) for p in pieces], dtype=np.float64),
+        gradient_mb=np.array([gradient_mb(p, rows_cap) for p in pieces], dtype=np.float64),
         host_sums=np.array([host_sum_width(p) for p in pieces], dtype=np.float64),
         need=np.array([p.memory_bytes(topology.optimizer) for p in pieces], dtype=np.int64),
         allowed=_allowed_devices(pieces, topology.num_devices),

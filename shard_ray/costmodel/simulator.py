@@ -12,7 +12,7 @@ from __future__ import annotations
 from shard_ray.costmodel.coverage import comm_extrapolation
 from shard_ray.costmodel.links import plan_links_between_hosts
 from shard_ray.costmodel.models import CostModels, models_for
-from shard_ray.costmodel.pricing import Pricer
+from shard_ray.costmodel.pricing import DeviceParts, Pricer
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import GB, Topology
@@ -25,9 +25,10 @@ class Simulator:
     def __init__(self, models: CostModels) -> None:
         self.models = models
 
-    def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
-        """The plan's predicted costs; over the hosts its settings record (`plan --devices-per-host`), if any, at
-        the rates between them it records, else at the ones `plan` would take today (`plan_links_between_hosts`)."""
+    def plan_parts(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> DeviceParts:
+        """The plan's predicted costs part by part; over the hosts its settings record (`plan --devices-per-host`), if
+        any, at the rates between them it records, else at the ones `plan` would take today
+        (`plan_links_between_hosts`)."""
         inter_host_gbps, host_link_gbps = plan_links_between_hosts(plan, self.models.links)
         topology = Topology(
             num_devices=plan.num_devices,
@@ -39,8 +40,11 @@ class Simulator:
             host_link_gbps=host_link_gbps,
         )
         pieces, assign = plan.assignment(tables)
-        parts = Pricer(self.models, topology).plan_parts(pieces, assign)
-        return parts.plan_cost(f"simulated:{self.models.hardware}", batch_size)
+        return Pricer(self.models, topology).plan_parts(pieces, assign)
+
+    def plan_cost(self, plan: Plan, tables: list[TableSpec], batch_size: int) -> PlanCost:
+        """The plan's predicted costs (`plan_parts`)."""
+        return self.plan_parts(plan, tables, batch_size).plan_cost(f"simulated:{self.models.hardware}", batch_size)
 
 
 def price_comm(

@@ -35,7 +35,7 @@ from shard_ray.costmodel.models import (
     comm_features,
     fused_shard_tensors,
 )
-from shard_ray.costmodel.pricing import analytic_devices_per_host, over_hosts
+from shard_ray.costmodel.pricing import analytic_devices_per_host, gradient_mb, over_hosts
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.spine import fit_spine
 from shard_ray.errors import ShardRayError, ShardRayWarning
@@ -457,13 +457,71 @@ def mixed_comm(models: CostModels, plans: list[PlanMeasurement]) -> tuple[np.nda
 
 def fit_type_overhead(models: CostModels, plans: list[PlanMeasurement]) -> tuple[float, float, float]:
     """Each device's (input, forward, backward) all-to-all ms for each set of collectives beyond a plan's first, beyond
-    their price without it: the median, over the devices of `plans` that run several sets (`mixed_comm`), of what the
-    gang measured less that price, per set beyond the first (at least 0); the models' own without such plans."""
-    priced, measured, extra = mixed_comm(replace(models, type_overhead_ms=(0.0, 0.0, 0.0)), plans)
+    their price without it: the median, over the devices of `plans` that run several sets (`mixed_comm`) and hold no
+    replicas (whose all-reduce is `fit_all_reduce`'s), of what the gang measured less that price, per set beyond the
+    first (at least 0); the models' own without such plans."""
+    without_replicas = [pm for pm in plans if "data_parallel" not in sharding_types(pm)]
+    priced, measured, extra = mixed_comm(replace(models, type_overhead_ms=(0.0, 0.0, 0.0)), without_replicas)
     if not len(extra):
         return models.type_overhead_ms
     per_set = np.maximum(np.median((measured - priced) / extra[:, None], axis=0), 0.0)
     return float(per_set[0]), float(per_set[1]), float(per_set[2])
+
+
+def replica_all_reduces(
+    models: CostModels, plans: list[PlanMeasurement]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every device holding replicas in `plans` whose gang timed their collectives: the backward collectives' ms the
+    gang measured [n], the models' price of their all-to-alls [n] and of the all-reduce [n], and the all-reduce's
+    regressors [n, 2]: 1 and the ring's bus MB, 2(D-1)/D of the device's replicas' gradient MB."""
+    simulator = Simulator(models)
+    measured, all_to_alls, priced, regressors = [], [], [], []
+    for pm in plans:
+        if not collectives_timed(pm) or "data_parallel" not in sharding_types(pm):
+            continue
+        parts = simulator.plan_parts(pm.plan, pm.tables, pm.cost.batch_size)
+        bus = 2 * (pm.plan.num_devices - 1) / pm.plan.num_devices
+        for d, (held, cost) in enumerate(zip(pm.plan.pieces(pm.tables), pm.cost.devices)):
+            if any(p.replicated for p in held):
+                measured.append(cost.bwd_comm_ms)
+                all_to_alls.append(parts.comm[d, 1] + parts.host_sums[d, 1])
+                priced.append(parts.sync[d])
+                regressors.append((1.0, bus * sum(gradient_mb(p, models.rows_cap) for p in held)))
+    return np.array(measured), np.array(all_to_alls), np.array(priced), np.array(regressors).reshape(-1, 2)
+
+
+def fit_all_reduce(models: CostModels, plans: list[PlanMeasurement]) -> tuple[float, float]:
+    """The replicas' all-reduce on a device (`CostModels.all_reduce_ms`): ms for taking part and ms per bus MB, fitted
+    to what the gang measured in the backward collectives of the devices holding replicas in `plans` beyond their
+    all-to-alls' price (`replica_all_reduces`), by non-negative least squares on the error relative to those
+    collectives' measured ms (on the reference CPU, weighed by the all-reduce's own ms, the many small ones pulled the
+    devices' price to a median 0.84x); the models' own with fewer than 4 such devices."""
+    from scipy.optimize import nnls  # here: scipy.optimize costs every importer of the models a second
+
+    measured, all_to_alls, _, regressors = replica_all_reduces(models, plans)
+    if len(measured) < 4:
+        return models.all_reduce_ms
+    weight = 1.0 / np.maximum(measured, 0.25)
+    (part, per_mb), _ = nnls(regressors * weight[:, None], (measured - all_to_alls) * weight)
+    return float(part), float(per_mb)
+
+
+def evaluate_replica_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
+    """Predicted against measured backward collectives (the all-to-alls and the replicas' all-reduce) ms per device
+    holding replicas (`replica_all_reduces`)."""
+    measured, all_to_alls, all_reduce, _ = replica_all_reduces(models, plans)
+    return accuracy(all_to_alls + all_reduce, measured)
+
+
+def fit_overheads(models: CostModels, plans: list[PlanMeasurement], step: bool = True) -> CostModels:
+    """`models` with what their networks do not price fitted to the gang's `plans`, in turn, each as the models with
+    the ones before it price: the step's overhead (kept where `step` is False), the input all-to-all's, each further
+    sharding type's, then the replicas' all-reduce."""
+    if step:
+        models = replace(models, step_overhead_ms=fit_step_overhead(models, plans))
+    models = replace(models, input_overhead_ms=fit_input_overhead(models, plans))
+    models = replace(models, type_overhead_ms=fit_type_overhead(models, plans))
+    return replace(models, all_reduce_ms=fit_all_reduce(models, plans))
 
 
 def evaluate_mixed_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str, float]:
@@ -615,10 +673,7 @@ def train_cost_models(
             coverage=data_coverage(train_data),
         ),
     )
-    if not config.no_step_overhead:
-        models.step_overhead_ms = fit_step_overhead(models, plan_splits["train"])
-    models.input_overhead_ms = fit_input_overhead(models, plan_splits["train"])
-    models.type_overhead_ms = fit_type_overhead(models, plan_splits["train"])
+    models = fit_overheads(models, plan_splits["train"], step=not config.no_step_overhead)
     report = {
         "compute_seen": evaluate_compute(models, splits["test"]),
         "compute_unseen": evaluate_compute(models, splits["unseen"]),
@@ -626,6 +681,7 @@ def train_cost_models(
         "comm": evaluate_comm(models, plan_splits["test"]),
         "input_dist": evaluate_input_dist(models, plan_splits["test"]),
         "mixed_comm": evaluate_mixed_comm(models, plan_splits["test"]),
+        "replica_comm": evaluate_replica_comm(models, plan_splits["test"]),
     }
     models.info.held_out = report
     return models, report
@@ -659,8 +715,7 @@ def update_cost_models(
     info = models.info.model_copy(
         deep=True, update={"updated_on": UpdatedOn(hardware=hardware, shards=len(measurements), plans=len(plans))}
     )
-    updated = CostModels(compute=compute, comm=comm, hardware=hardware, info=info)
-    updated.step_overhead_ms = models.step_overhead_ms if config.no_step_overhead else fit_step_overhead(updated, plans)
-    updated.input_overhead_ms = fit_input_overhead(updated, plans)
-    updated.type_overhead_ms = fit_type_overhead(updated, plans)
-    return updated
+    updated = CostModels(
+        compute=compute, comm=comm, hardware=hardware, info=info, step_overhead_ms=models.step_overhead_ms
+    )
+    return fit_overheads(updated, plans, step=not config.no_step_overhead)

@@ -52,9 +52,7 @@ from shard_ray.costmodel.train import (
     evaluate_comm,
     evaluate_compute,
     evaluate_device_compute,
-    fit_input_overhead,
-    fit_step_overhead,
-    fit_type_overhead,
+    fit_overheads,
     is_microbenchmark,
     train_comm_model,
     train_compute_model,
@@ -607,14 +605,8 @@ def _fine_tuned(
         info.comm_devices_per_host = devices_per_host or None
         info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in fit_plans)})
     tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
-    # The step's, the input all-to-all's and each further sharding type's overheads, fitted to this task's plans (the
-    # fit split) as the fine-tuned models price them.
-    tuned = replace(
-        tuned,
-        step_overhead_ms=fit_step_overhead(tuned, plan_split["fit"]),
-        input_overhead_ms=fit_input_overhead(tuned, plan_split["fit"]),
-    )
-    return replace(tuned, type_overhead_ms=fit_type_overhead(tuned, plan_split["fit"]))
+    # What the networks do not price, fitted to this task's plans (the fit split) as the fine-tuned models price them.
+    return fit_overheads(tuned, plan_split["fit"])
 
 
 def _record_calibration(
