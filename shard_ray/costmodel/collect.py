@@ -58,13 +58,11 @@ def collect_compute(
 ) -> int:
     """Measure the microbenchmark's shards at every batch size, then `samples` random shards (batch sizes in turn);
     returns how many were new."""
+    drawn = draw_augmented_fused_shards(
+        pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables
+    )
     shards = [
-        replicate_some(shard, config.replicated, np.random.default_rng([config.seed, i]))
-        for i, shard in enumerate(
-            draw_augmented_fused_shards(
-                pool, config.samples, config.max_tables, config.dims, config.seed, config.min_tables
-            )
-        )
+        replicate_some(s, config.replicated, np.random.default_rng([config.seed, i])) for i, s in enumerate(drawn)
     ]
     before = store.count()
     for b, batch_size in enumerate(config.batch_sizes):

@@ -177,8 +177,8 @@ class Spine(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object) -> None:
         # Files saved before measurement procedure 3 count distinct rows as procedure 2 drew them; files saved before
-        # a quantity was added (`rows`, `cold_rows`, then `bags`, then `dense`) have no rate for it: 0, so they price as they were
-        # fitted.
+        # a quantity was added (`rows`, `cold_rows`, then `bags`, then `dense`) have no rate for it: 0, so they price
+        # as they were fitted.
         state_dict.setdefault(prefix + "sampled_rows", torch.tensor(0.0))
         rates = state_dict.get(prefix + "rates")
         if rates is not None and rates.shape[-1] < len(QUANTITIES):

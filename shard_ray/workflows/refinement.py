@@ -20,9 +20,10 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    the step is measured again with new batches (`refine_retries` times), each device's shard
    judged by its fastest measurement: a stall of the machine that slowed one shard for a whole
    measurement (on a shared 2-core machine a 5-table shard once measured slower than the 6-table
-   shard it came from) does not end the refinement. Otherwise refinement stops, unless the plan as measured again has another
-   slowest device than the one the moves were for (devices within noise of each other trade places
-   from one measurement to the next): the next step then proposes moves off that one.
+   shard it came from) does not end the refinement. Otherwise refinement stops, unless the plan as
+   measured again has another slowest device than the one the moves were for (devices within noise of
+   each other trade places from one measurement to the next): the next step then proposes moves off
+   that one.
 
 The refined plan is then confirmed against the race's choice on the device gang with the one
 comparison procedure (`shard_ray.workflows.comparison`), by the caller: a kernel measured alone is not a
@@ -198,7 +199,7 @@ def _measured_best_move(
     num_devices = meter.topology.num_devices
     changed = [changed_devices(pieces, assign, p_pieces, p_assign, num_devices) for p_pieces, p_assign, _ in proposals]
     layouts = [(pieces, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)]
-    priced_gain = 1 - min(pricer.plan_cost(p[0], p[1]) for p in proposals) / pricer.plan_cost(pieces, assign)
+    priced_gain = 1 - pricer.plan_cost(*proposals[0][:2]) / pricer.plan_cost(pieces, assign)  # cheapest first
     fastest: list[dict[int, float]] = []
     for attempt in range(config.refine_retries + 1):
         # Each attempt's batches are new: step s of attempt a is seeded past every earlier attempt's steps.
