@@ -209,8 +209,7 @@ class Pricer:
         if not any(self.models.all_reduce_ms):
             return self.collectives(widths)[:, 1]
         part, per_mb = self.models.all_reduce_ms
-        devices = len(widths)
-        fitted = holds * (part + per_mb * 2 * (devices - 1) / devices * gradient_mb)
+        fitted = holds * (part + per_mb * ring_bus_mb(gradient_mb, len(widths)))
         if self.topology.devices_per_host_if_spanning is None:
             return fitted
         return np.maximum(fitted, self.link_floor(widths)[:, 1])
@@ -477,6 +476,12 @@ def sync_width(piece: TablePiece, batch_size: int, rows_cap: int | None) -> floa
     if not piece.replicated:
         return 0.0
     return 3.0 * piece.allocated_rows(rows_cap) * piece.width / batch_size
+
+
+def ring_bus_mb(gradient_mb: np.ndarray | float, devices: int) -> np.ndarray | float:
+    """The MB a ring all-reduce of `gradient_mb` moves on each device's link: 2(D-1)/D of it (the one formula the
+    all-reduce's price and its fit share)."""
+    return 2 * (devices - 1) / devices * gradient_mb
 
 
 def gradient_mb(piece: TablePiece, rows_cap: int | None) -> float:

@@ -35,7 +35,7 @@ from shard_ray.costmodel.models import (
     comm_features,
     fused_shard_tensors,
 )
-from shard_ray.costmodel.pricing import analytic_devices_per_host, gradient_mb, over_hosts
+from shard_ray.costmodel.pricing import analytic_devices_per_host, gradient_mb, over_hosts, ring_bus_mb
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.spine import fit_spine
 from shard_ray.errors import ShardRayError, ShardRayWarning
@@ -480,13 +480,13 @@ def replica_all_reduces(
         if not collectives_timed(pm) or "data_parallel" not in sharding_types(pm):
             continue
         parts = simulator.plan_parts(pm.plan, pm.tables, pm.cost.batch_size)
-        bus = 2 * (pm.plan.num_devices - 1) / pm.plan.num_devices
         for d, (held, cost) in enumerate(zip(pm.plan.pieces(pm.tables), pm.cost.devices)):
             if any(p.replicated for p in held):
                 measured.append(cost.bwd_comm_ms)
                 all_to_alls.append(parts.comm[d, 1] + parts.host_sums[d, 1])
                 priced.append(parts.sync[d])
-                regressors.append((1.0, bus * sum(gradient_mb(p, models.rows_cap) for p in held)))
+                mb = sum(gradient_mb(p, models.rows_cap) for p in held)
+                regressors.append((1.0, ring_bus_mb(mb, pm.plan.num_devices)))
     return np.array(measured), np.array(all_to_alls), np.array(priced), np.array(regressors).reshape(-1, 2)
 
 
