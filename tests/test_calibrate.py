@@ -416,3 +416,38 @@ def test_the_comm_model_is_fitted_only_to_all_to_alls_the_gang_timed():
     thin_split = {**timed, "val": []}
     thin = comm_kept_because(thin_split, comm_timed(thin_split))
     assert "1 plans with all-to-alls timed to fit it and 0 to validate it" in thin and "priced" not in thin
+
+
+def test_calibration_prices_by_the_spine_alone_where_that_prices_the_validation_shards_better():
+    """The fine-tuned compute model's spine alone (its correction 1 for every table) is kept where it prices the
+    validation shards better than the spine corrected by the network, and the corrected one where that does."""
+    from shard_ray.costmodel.models import CostModels, shipped_models_path
+    from shard_ray.costmodel.train import compute_data, step_compute_ms
+    from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig
+    from shard_ray.workflows.calibrate import spine_alone_where_better
+
+    corrected = CostModels.load(shipped_models_path("cpu:AMD EPYC:1thread")).compute
+    alone = corrected.without_correction()
+    tables = [TableSpec(name=f"t{i}", rows=10**i, dim=16 * (1 + i % 3), pooling_factor=1 + i) for i in range(2, 7)]
+    shards = [table_wise(tables[i : i + 2]) for i in range(4)]
+    config = MeasureConfig()
+
+    def measured_as(model) -> list[FusedShardMeasurement]:
+        """The shards measured at exactly `model`'s prices."""
+        empty = [
+            FusedShardMeasurement(key=f"{i}", hardware="", tables=s, config=config, fwd_ms=1.0, bwd_ms=1.0)
+            for i, s in enumerate(shards)
+        ]
+        data = compute_data(empty)
+        with torch.no_grad():
+            fwd_bwd = torch.exp(model(data.features, data.mask, data.log_batch, data.replicas)).tolist()
+        return [m.model_copy(update={"fwd_ms": f, "bwd_ms": b}) for m, (f, b) in zip(empty, fwd_bwd)]
+
+    # the correction moves these shards' prices: the two models differ where the choice is made
+    spine_priced = compute_data(measured_as(alone))
+    assert not torch.allclose(*(torch.as_tensor(step_compute_ms(m, spine_priced)[0]) for m in (corrected, alone)))
+    kept, said = spine_alone_where_better(corrected, spine_priced)
+    assert kept is not corrected and "the spine alone" in said and "validation MAPE 0.0%" in said
+    assert step_compute_ms(kept, spine_priced)[0] == pytest.approx(step_compute_ms(alone, spine_priced)[0])
+    kept, said = spine_alone_where_better(corrected, compute_data(measured_as(corrected)))
+    assert kept is corrected and "its learned correction" in said

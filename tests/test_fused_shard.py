@@ -334,3 +334,17 @@ def test_host_buffers_hold_at_most_a_shards_budget_and_reuse_what_fits():
     mixed = {"fp32 weights": (mb // 8, torch.float32, False), "fp32 state": (mb // 8, *state)}
     buffers.take_shard(mixed | {"fp16 weights": (2 * mb, torch.float16, False)}, budget=5 * mb)
     assert buffers.held_bytes() == 5 * mb
+
+
+def test_a_measuring_process_keeps_its_tables_from_shard_to_shard():
+    """A profiling actor measures every shard in the buffers it keeps (`measure_fused_shard` with its
+    `HostBuffers`): a fresh allocation of gigabytes for each shard timed its lookups 3-20 times slower in 13 of 46
+    builds on a virtual machine (docs/measurement.md, "Tables kept from shard to shard")."""
+    buffers = HostBuffers()
+    wide = [TablePiece.whole(TableSpec(name=f"t{i}", rows=20_000, dim=32, pooling_factor=2)) for i in range(2)]
+    first = measure_fused_shard(wide, SMALL, "", budget=2**30, host_buffers=buffers)
+    held = buffers.held_bytes()
+    # weights and the row-wise optimizer's state, one value a row
+    assert first.status == "ok" and held == 2 * 20_000 * (32 + 1) * 4
+    narrow = measure_fused_shard(wide[:1], SMALL.model_copy(update={"seed": 1}), "", budget=2**30, host_buffers=buffers)
+    assert narrow.status == "ok" and buffers.held_bytes() == held  # the first shard's buffers, reused

@@ -32,6 +32,7 @@ Both train on log ms, so the loss is relative error, not raw-ms MSE dominated by
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -279,6 +280,17 @@ class ComputeCostNet(nn.Module):
         # gives their logs. The clamp keeps exp finite (e^15 ms is hours) before training has settled.
         own_ms = torch.exp(out[..., :2].clamp(-15.0, 15.0))
         return torch.cat([own_ms, nn.functional.softplus(out[..., 2:])], dim=-1)
+
+    def without_correction(self) -> ComputeCostNet:
+        """A copy that prices by its spine alone: the network's correction 1 for every table (its last layer zeroed,
+        so that its raw outputs are 0 and `bounded_log_correction` of them is 0)."""
+        if self.spine is None:
+            raise ShardRayError("a compute model without a spine has no correction to switch off")
+        alone = copy.deepcopy(self)
+        with torch.no_grad():
+            alone.encoder[-1].weight.zero_()
+            alone.encoder[-1].bias.zero_()
+        return alone
 
     def correction_at_bound(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
         """[..., F] -> [...] bools: tables whose learned correction sits at its bound in either phase, so that

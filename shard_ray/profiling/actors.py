@@ -26,6 +26,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
     FusedShardMeasurement,
+    HostBuffers,
     MeasureConfig,
     fused_shard_key,
     measure_fused_shard,
@@ -44,6 +45,7 @@ class ProfilingActor:
         torch.set_num_threads(threads)
         self._hardware = hardware_id(threads)
         self._budget = memory_budget(measurement_device(), 1)
+        self._host_buffers = HostBuffers()
 
     def hardware(self) -> str:
         return self._hardware
@@ -69,7 +71,7 @@ class ProfilingActor:
         self._budget = memory_budget(measurement_device(), sharing)
 
     def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
-        return measure_fused_shard(pieces, config, self._hardware, self._budget)
+        return measure_fused_shard(pieces, config, self._hardware, self._budget, self._host_buffers)
 
 
 # Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises

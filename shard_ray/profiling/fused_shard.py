@@ -183,9 +183,11 @@ ADAGRAD_EPS = 1e-8  # fbgemm's default
 
 class HostBuffers:
     """Host memory for fused shards' weights and optimizer state, kept from one shard to the next by a process that
-    builds many in turn (a gang member: every plan of every round). fbgemm allocates and zeroes a shard's tables
-    each time it is built; on CPU, where whole tables are allocated, that zeroing took 93% of a gang member's busy
-    time over rounds of the ranking model's 2-device plan (docs/measurement.md). A buffer grows to the largest
+    builds many in turn (a gang member: every plan of every round; a profiling actor: every shard). fbgemm allocates
+    and zeroes a shard's tables each time it is built; on CPU, where whole tables are allocated, that zeroing took
+    93% of a gang member's busy time over rounds of the ranking model's 2-device plan, and a fresh allocation of
+    gigabytes timed its lookups 3-20 times slower in 13 of 46 builds on a virtual machine
+    (docs/measurement.md, "Tables kept from shard to shard"). A buffer grows to the largest
     shard asked of it and is reused, its contents whatever the last shard left: the steps time the same kernels
     over resident pages, as training's do. The optimizer state, one value a row, is zeroed as a new shard's is. One
     shard at a time may use it.
@@ -561,14 +563,19 @@ class FusedShardMeasurement(BaseModel):
 
 
 def measure_fused_shard(
-    pieces: list[TablePiece], config: MeasureConfig, hardware: str, budget: int | None = None
+    pieces: list[TablePiece],
+    config: MeasureConfig,
+    hardware: str,
+    budget: int | None = None,
+    host_buffers: HostBuffers | None = None,
 ) -> FusedShardMeasurement:
-    """Build and time one fused shard within `budget` bytes (`FusedShard`); out-of-memory and kernel errors are
-    recorded, not raised."""
+    """Build and time one fused shard within `budget` bytes (`FusedShard`, its tables in `host_buffers` where given:
+    a measuring process's own, kept from shard to shard); out-of-memory and kernel errors are recorded, not
+    raised."""
     key = fused_shard_key(pieces, config, hardware)
     taken = {"key": key, "hardware": hardware, "tables": pieces, "config": config}
     try:
-        shard = FusedShard(pieces, config, budget=budget)
+        shard = FusedShard(pieces, config, budget=budget, host_buffers=host_buffers)
         timing = time_fused_shard(shard)
     except (RuntimeError, MemoryError, ShardRayError) as err:
         reason = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__

@@ -454,7 +454,7 @@ class GangMember:
 
     def measure_shard(self, pieces: list[TablePiece], config: MeasureConfig, budget: int) -> FusedShardMeasurement:
         """This device's fused shard timed on its own, as a profiling actor times one (`measure_fused_shard`)."""
-        return measure_fused_shard(pieces, config, self.hardware, budget)
+        return measure_fused_shard(pieces, config, self.hardware, budget, self.host_buffers)
 
     def memory_budget(self, sharing: int) -> int:
         """This member's `memory_budget`, one of `sharing` members sharing its machine's memory (or its GPU's)."""

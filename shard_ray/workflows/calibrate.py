@@ -39,10 +39,11 @@ from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
 from shard_ray.costmodel.links import LinkProfile, fit_link_between_hosts, fit_link_rate
-from shard_ray.costmodel.models import CostModels, task_digest
+from shard_ray.costmodel.models import ComputeCostNet, CostModels, task_digest
 from shard_ray.costmodel.pricing import measured_collectives, slowest_of_each
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import (
+    ComputeData,
     TrainConfig,
     accuracy,
     comm_samples,
@@ -54,6 +55,8 @@ from shard_ray.costmodel.train import (
     evaluate_device_compute,
     fit_overheads,
     is_microbenchmark,
+    mape,
+    step_compute_ms,
     train_comm_model,
     train_compute_model,
 )
@@ -285,9 +288,10 @@ def calibrate(
     if comm_kept:
         log(comm_kept)
     comm_plans = None if comm_kept else timed
-    tuned = _fine_tuned(
+    tuned, compute_fit = _fine_tuned(
         start, hardware, by_split, plan_split, comm_plans, micro, topology.devices_per_host_if_spanning, config
     )
+    log(compute_fit)
     tuned, comm_refused = refuse_comm_worse_than_chance(
         start,
         tuned,
@@ -304,6 +308,7 @@ def calibrate(
         "hardware": hardware,
         "started_from": {"path": start_path, "hardware": start.hardware},
         **choice,
+        "compute_fit": compute_fit,
         "comm_kept": comm_kept,
         "comm_refused": comm_refused,
         "shards": {k: len(v) for k, v in by_split.items()},
@@ -588,16 +593,20 @@ def _fine_tuned(
     microbenchmark: list[FusedShardMeasurement],
     devices_per_host: int | None,
     config: CalibrateConfig,
-) -> CostModels:
+) -> tuple[CostModels, str]:
     """`start` fine-tuned on the fit split, stopped by the validation split, its spine first fitted to this hardware
-    (the microbenchmark's shards and the fit split's); its comm model fitted to `comm_plans`' fit split and stopped
+    (the microbenchmark's shards and the fit split's), its correction kept where it prices the validation shards
+    better than the spine alone (`spine_alone_where_better`, which it says); its comm model fitted to `comm_plans`' fit split and stopped
     by their validation split (the plans whose all-to-alls the gang timed), kept where None. Over hosts, the comm
     model is fit to all-to-alls measured over them: it learns their inter-host share, and prices it itself
     thereafter (`comm_devices_per_host`, `shard_ray.costmodel.pricing.analytic_devices_per_host`)."""
     train = TrainConfig(lr=config.lr, max_epochs=config.epochs, patience=30, minibatch=16, seed=config.seed)
     fit = compute_data(by_split["fit"])
     spine_data = compute_data(microbenchmark + by_split["fit"]) if microbenchmark else None
-    compute = train_compute_model(fit, compute_data(by_split["val"]), train, init=start.compute, spine_data=spine_data)
+    val = compute_data(by_split["val"])
+    compute, compute_fit = spine_alone_where_better(
+        train_compute_model(fit, val, train, init=start.compute, spine_data=spine_data), val
+    )
     comm, info = start.comm, start.info.model_copy(deep=True)
     if comm_plans is not None:
         fit_plans, val_plans = comm_plans["fit"], comm_plans["val"]
@@ -606,7 +615,28 @@ def _fine_tuned(
         info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in fit_plans)})
     tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
     # What the networks do not price, fitted to this task's plans (the fit split) as the fine-tuned models price them.
-    return fit_overheads(tuned, plan_split["fit"])
+    return fit_overheads(tuned, plan_split["fit"]), compute_fit
+
+
+def spine_alone_where_better(corrected: ComputeCostNet, val: ComputeData) -> tuple[ComputeCostNet, str]:
+    """The fine-tuned compute model, or its spine alone (`ComputeCostNet.without_correction`) where that prices the
+    validation shards better, and which it is. The spine refitted to this machine and task's shards, corrected by a
+    network trained on other tables on other days, priced the held-out shards worse than the spine alone in 10 of
+    12 calibrations of five table files on the AMD EPYC (docs/results.md, "Calibration with its defaults on the AMD
+    EPYC")."""
+    if corrected.spine is None or len(val) == 0:
+        return corrected, "compute: the fine-tuned network (no spine to price alone, or no validation shards)"
+    alone = corrected.without_correction()
+    with_it, without = (mape(*step_compute_ms(model, val)) for model in (corrected, alone))
+    if without < with_it:
+        return alone, (
+            f"compute: the spine alone, its learned correction off (validation MAPE {without:.1%}; corrected "
+            f"{with_it:.1%})"
+        )
+    return (
+        corrected,
+        f"compute: the spine and its learned correction (validation MAPE {with_it:.1%}; alone {without:.1%})",
+    )
 
 
 def _record_calibration(
