@@ -84,7 +84,9 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False)
     try:
         options = resources_per_device(use_gpus=False)
-        actors = {way: [Measurer.options(**options).remote(way == "kept") for _ in range(2)] for way in ("fresh", "kept")}
+        actors = {
+            way: [Measurer.options(**options).remote(way == "kept") for _ in range(2)] for way in ("fresh", "kept")
+        }
         measured: dict[str, list[FusedShardMeasurement]] = {"fresh": [], "kept": []}
         for start in range(0, len(stored), BLOCK):
             block = stored[start : start + BLOCK]
