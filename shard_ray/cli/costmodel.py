@@ -174,6 +174,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from shard_ray.costmodel.models import CostModels, hardware_models_path, models_for
     from shard_ray.costmodel.train import describe_accuracy
+    from shard_ray.plan.enumerator import pieces_to_place
     from shard_ray.plan.topology import GB, memory_cap_with_headroom
     from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
@@ -189,6 +190,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         whole_task = memory_cap_with_headroom(tables, flags.devices, float(flags.devices))
         topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
     topology = topology_flags.topology(flags.devices)
+    pieces_to_place(tables, topology)  # tables the devices cannot hold are refused before Ray starts
     hosts = topology.devices_per_host_if_spanning
     tracking_uri, experiment = tracking(args)
     start_path = str(flags.cost_model or models_for(hardware_id(threads=1), hosts))
@@ -265,6 +267,8 @@ def _models_line(models: CostModels) -> str:
         tables = ", ".join(calibrated.tables[:4]) + (", ..." if len(calibrated.tables) > 4 else "")
         fitted = f"calibrated on {len(calibrated.tables)} tables ({tables}; task {calibrated.task})"
         fitted += f" on {calibrated.at}" if calibrated.at else ""
+        if calibrated.chosen != "fine-tuned":
+            fitted += f", which kept the models it started from unchanged: {calibrated.reason}"
     if models.info.comm_devices_per_host:
         fitted += f", all-to-alls over hosts of {models.info.comm_devices_per_host} devices"
     if models.comm is None:

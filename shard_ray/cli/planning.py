@@ -50,7 +50,7 @@ class TopologyArgs:
     memory_gb: float | None = setting(
         None,
         "memory cap per device in GiB (weights + optimizer state); `plan` needs it, `evaluate` and `compare` read "
-        "it from the plan file when not given, `calibrate` caps nothing",
+        "it from the plan file when not given, `calibrate` caps its candidate plans by it when given (else nothing)",
         min=1e-9,
     )
     batch_size: int | None = setting(

@@ -261,6 +261,8 @@ def calibrate(
         candidate_plans(tables, topology, start_path, config.seed),
         key=lambda plan: simulator.plan_cost(plan, tables, topology.batch_size).cost_ms,
     )
+    if not candidates:
+        raise InfeasibleError(f"no algorithm could place these {len(tables)} tables on {topology.num_devices} devices")
     log(f"{len(candidates)} candidate plans: {', '.join(p.algorithm for p in candidates)}")
     # 2. compute data, most useful first, until the measuring time is spent
     hardware = _measure_shards(candidates, tables, topology, simulator, config, store, measure, shards_end, log)
@@ -622,20 +624,24 @@ def spine_alone_where_better(corrected: ComputeCostNet, val: ComputeData) -> tup
     """The fine-tuned compute model, or its spine alone (`ComputeCostNet.without_correction`) where that prices the
     validation shards better, and which it is. The spine refitted to this machine and task's shards, corrected by a
     network trained on other tables on other days, priced the held-out shards worse than the spine alone in 10 of
-    12 calibrations of five table files on the AMD EPYC (docs/results.md, "Calibration with its defaults on the AMD
+    12 calibrations of four table files on the AMD EPYC (docs/results.md, "Calibration with its defaults on the AMD
     EPYC")."""
     if corrected.spine is None or len(val) == 0:
-        return corrected, "compute: the fine-tuned network (no spine to price alone, or no validation shards)"
+        return (
+            corrected,
+            "the fine-tuned candidate prices compute by its network (no spine to price alone, or no validation shards)",
+        )
     alone = corrected.without_correction()
     with_it, without = (mape(*step_compute_ms(model, val)) for model in (corrected, alone))
     if without < with_it:
         return alone, (
-            f"compute: the spine alone, its learned correction off (validation MAPE {without:.1%}; corrected "
-            f"{with_it:.1%})"
+            f"the fine-tuned candidate prices compute by the spine alone, its learned correction off (validation "
+            f"shards' MAPE {without:.1%}; corrected {with_it:.1%})"
         )
     return (
         corrected,
-        f"compute: the spine and its learned correction (validation MAPE {with_it:.1%}; alone {without:.1%})",
+        f"the fine-tuned candidate prices compute by the spine and its learned correction (validation shards' MAPE "
+        f"{with_it:.1%}; alone {without:.1%})",
     )
 
 
@@ -705,7 +711,8 @@ def choose_models(
     if not tuned_val < start_val:
         return (
             "starting",
-            f"the fine-tuned models were no more accurate on validation (MAPE {start_val:.1%} -> {tuned_val:.1%})",
+            f"the fine-tuned models were no more accurate on validation (mean MAPE of {VALIDATION_PARTS}: "
+            f"{start_val:.1%} -> {tuned_val:.1%})",
         )
     old, new = start_held_out["plan"], tuned_held_out["plan"]
     if old["mape"] is not None and new["mape"] > old["mape"] + PLAN_MAPE_TOLERANCE:
@@ -721,7 +728,14 @@ def choose_models(
     held_out = "no held-out plans to check them on" if old["mape"] is None else "no worse on the held-out plans"
     if old["mape"] is not None and new["mape"] > old["mape"]:
         held_out = f"within a point of the held-out plans' MAPE (MAPE {old['mape']:.1%} -> {new['mape']:.1%})"
-    return "fine-tuned", f"more accurate on validation (MAPE {start_val:.1%} -> {tuned_val:.1%}) and {held_out}"
+    return "fine-tuned", (
+        f"more accurate on validation (mean MAPE of {VALIDATION_PARTS}: {start_val:.1%} -> {tuned_val:.1%}) and "
+        f"{held_out}"
+    )
+
+
+# What the validation error choosing between the starting and fine-tuned models is the mean of (`_error`).
+VALIDATION_PARTS = "compute, devices' compute and comm"
 
 
 def _error(scores: dict[str, Any]) -> float:
