@@ -268,11 +268,12 @@ def test_a_hardware_id_naming_no_kind_of_device_is_refused(tmp_path, table_file_
 def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path, table_file_path, monkeypatch):
     """`calibrate --memory-gb` too small for the tables: one line naming the need, exit 2, before Ray starts (it once
     started Ray, printed "0 candidate plans" and ended in a traceback)."""
-    import ray
-
     monkeypatch.setenv("HOME", str(tmp_path))
     out = tmp_path / "models.pt"
     argv = ["calibrate", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "0.00001"]
-    code, err = run([*argv, "--no-mlflow", "--store", str(tmp_path / "m.db"), "--out", str(out)])
-    assert_refused_cleanly(code, err, out)
-    assert "over the cap of 1e-05 GB per device" in err and not ray.is_initialized()
+    err, said = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(said):
+        code = main([*argv, "--no-mlflow", "--store", str(tmp_path / "m.db"), "--out", str(out)])
+    assert_refused_cleanly(code, err.getvalue().strip(), out)
+    # before Ray: nothing connected to it ("ray: started ..." or "ray: joined ...") nor planned
+    assert "over the cap of 1e-05 GB per device" in err.getvalue() and said.getvalue() == ""
