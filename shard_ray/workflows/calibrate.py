@@ -734,12 +734,13 @@ def choose_models(
     )
 
 
-# What the validation error choosing between the starting and fine-tuned models is the mean of (`_error`).
-VALIDATION_PARTS = "compute, devices' compute and comm"
+# The held-out parts whose MAPEs' mean chooses between the starting and fine-tuned models (`_error`), and as said.
+VALIDATION_KEYS = ("compute", "device_compute", "comm")
+VALIDATION_PARTS = ", ".join(key.replace("_", " ") for key in VALIDATION_KEYS)
 
 
 def _error(scores: dict[str, Any]) -> float:
     """One number to choose models by: the compute (fused shards and the plans' devices) and comm MAPEs, those that
     have data."""
-    values = [scores[k]["mape"] for k in ("compute", "device_compute", "comm") if scores[k]["mape"] is not None]
+    values = [scores[k]["mape"] for k in VALIDATION_KEYS if scores[k]["mape"] is not None]
     return float(np.mean(values)) if values else float("inf")
