@@ -1,9 +1,11 @@
 """All-to-alls measured across hosts emulated on this machine, beside what the cost models price them at.
 
     python experiments/comm_over_hosts.py --out comm-out [--rates 200mbit,1gbit] [--layouts 2x1,3x1,4x1,2x2] [--plans 4]
+        [--tables experiments/tables/criteo_kaggle.json]
 
 For each link rate and layout (HOSTSxDEVICES per host) it brings up an emulated cluster (`shard-ray hosts up`,
-root only), runs `--plans` random table-wise plans of Criteo Kaggle's tables on a gang spanning its hosts (3
+root only), runs `--plans` random table-wise plans of the tables (Criteo Kaggle's unless `--tables`; each record
+names its file) on a gang spanning its hosts (3
 interleaved rounds, batch 1024), and takes the cluster down. Every device's measured input distribution and
 forward and backward all-to-all is written beside three prices of it:
 
@@ -42,13 +44,11 @@ ROUNDS = 3
 TABLES = "experiments/tables/criteo_kaggle.json"
 
 
-def random_plans(num_devices: int, count: int, seed: int) -> list:
+def random_plans(tables: list, num_devices: int, count: int, seed: int) -> list:
     """`count` table-wise plans of the tables over `num_devices`, devices drawn with skewed to even shares."""
     from shard_ray.plan.piece import TablePiece
     from shard_ray.plan.plan import Plan
-    from shard_ray.workload.tables import load_tables
 
-    tables = load_tables(TABLES)
     rng = np.random.default_rng(seed)
     plans = []
     for i in range(count):
@@ -59,7 +59,7 @@ def random_plans(num_devices: int, count: int, seed: int) -> list:
     return plans
 
 
-def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None:
+def measure_inside(layout: str, plans: int, link_mbit: float, table_file: str, out: Path) -> None:
     """In host 0 of the cluster: measure the plans on a gang of every device and price them; write `out`."""
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.pricing import Pricer, input_width, inter_host_ms, output_width
@@ -72,10 +72,10 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
     hosts, per_host = (int(x) for x in layout.split("x"))
     devices = hosts * per_host
     connect_ray()
-    tables = load_tables(TABLES)
+    tables = load_tables(table_file)
     models = CostModels.load(default_cost_model_path())
     gbytes = link_mbit / 8 / 1e3
-    drawn = random_plans(devices, plans, seed=devices)
+    drawn = random_plans(tables, devices, plans, seed=devices)
     with DeviceGang(devices, devices_per_host=per_host) as gang:
         measured = gang.evaluate_rounds(drawn, tables, MeasureConfig(batch_size=BATCH, seed=0), rounds=ROUNDS)
     records = []
@@ -105,6 +105,7 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
             }
             records.append(
                 {
+                    "tables": table_file,
                     "layout": layout,
                     "link_mbit": link_mbit,
                     "plan": plan.algorithm,
@@ -124,7 +125,7 @@ def measure_inside(layout: str, plans: int, link_mbit: float, out: Path) -> None
     out.write_text(json.dumps(records, indent=1))
 
 
-def price_now(records: list[dict]) -> None:
+def price_now(records: list[dict], tables: list) -> None:
     """Adds to each record `now`: the device's all-to-alls as `plan --devices-per-host L --inter-host-gbps R` prices
     them today (the comm model's price, never below the links': `shard_ray.costmodel.links`), the plans drawn again
     from their seeds; and `shared`: the same with `--host-link-gbps R`, the host's devices sharing its one link, as
@@ -133,16 +134,16 @@ def price_now(records: list[dict]) -> None:
     from shard_ray.costmodel.pricing import Pricer
     from shard_ray.interop.torchrec import torchrec_table_wise_comms
     from shard_ray.plan.topology import GB, Topology
-    from shard_ray.workload.tables import load_tables
 
-    tables = load_tables(TABLES)
     models = CostModels.load(default_cost_model_path())
     fitted = fit_from_few(records, tables)
     for layout, link_mbit in sorted({(r["layout"], r["link_mbit"]) for r in records}):
         hosts, per_host = (int(x) for x in layout.split("x"))
         devices = hosts * per_host
         rows = [r for r in records if (r["layout"], r["link_mbit"]) == (layout, link_mbit)]
-        plans = {p.algorithm: p for p in random_plans(devices, 1 + max(int(r["plan"][6:]) for r in rows), devices)}
+        plans = {
+            p.algorithm: p for p in random_plans(tables, devices, 1 + max(int(r["plan"][6:]) for r in rows), devices)
+        }
         topology = Topology(
             num_devices=devices,
             memory_bytes=GB,
@@ -169,7 +170,7 @@ def price_now(records: list[dict]) -> None:
 
 
 # The link settings the runs asked for, in Mbit/s; a record's is the one nearest the rate its links achieved.
-NOMINAL_MBIT = (25, 200, 1000)
+NOMINAL_MBIT = (25, 50, 200, 1000)
 FEW_DEVICES = 4
 
 
@@ -211,7 +212,7 @@ def fit_from_few(records: list[dict], tables: list) -> dict[int, tuple[float, bo
         for r in few:
             key = (r["layout"], r["plan"])
             if key not in plans:
-                drawn = random_plans(_devices(r), int(r["plan"][6:]) + 1, _devices(r))
+                drawn = random_plans(tables, _devices(r), int(r["plan"][6:]) + 1, _devices(r))
                 plans[key] = next(p for p in drawn if p.algorithm == r["plan"])
             for part, (own, host) in received_mb(r, plans[key], tables).items():
                 rows.append(
@@ -309,6 +310,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rates", default="200mbit,1gbit")
     parser.add_argument("--layouts", default="2x1,3x1,4x1,2x2")
     parser.add_argument("--plans", type=int, default=4)
+    parser.add_argument("--tables", default=TABLES, help="the table file whose plans are measured")
     parser.add_argument("--reprice", default=None, help="price the records of an earlier run (its JSON) as today")
     parser.add_argument("--inside", default=None, help=argparse_hidden())
     parser.add_argument("--link-mbit", type=float, default=None, help=argparse_hidden())
@@ -320,14 +322,11 @@ def main(argv: list[str]) -> int:
         opened = gzip.open if args.reprice.endswith(".gz") else open
         with opened(args.reprice, "rt") as handle:
             records = json.load(handle)
-        price_now(records)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
-        summarise(records)
-        summarise_fit(records)
+        price_and_summarise(records, out)
         return 0
     if args.inside:
-        measure_inside(args.inside, args.plans, args.link_mbit, out)
+        measure_inside(args.inside, args.plans, args.link_mbit, args.tables, out)
         return 0
     from shard_ray.hosts import bring_up, command_in_head, tear_down
 
@@ -341,18 +340,29 @@ def main(argv: list[str]) -> int:
                 link = round(min(r.mbit_per_s for r in state.link_rates), 1)
                 part = out / f"{rate}-{layout}.json"
                 inside = [sys.executable, __file__, "--inside", layout, "--plans", str(args.plans)]
-                inside += ["--link-mbit", f"{link:.1f}", "--out", str(part.resolve())]
+                inside += ["--link-mbit", f"{link:.1f}", "--tables", args.tables, "--out", str(part.resolve())]
                 argv_in, env = command_in_head(state, inside)
                 subprocess.run(argv_in, env=env, check=True)
                 records += json.loads(part.read_text())
                 summarise([r for r in records if r["layout"] == layout and r["link_mbit"] == link])
             finally:
                 tear_down(state)
-    price_now(records)
-    (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
-    summarise(records)
-    summarise_fit(records)
+    price_and_summarise(records, out)
     return 0
+
+
+def price_and_summarise(records: list[dict], out: Path) -> None:
+    """Prices the records as today, table file by table file (records before `--tables` are Criteo Kaggle's), writes
+    them to `out` and prints the summaries."""
+    from shard_ray.workload.tables import load_tables
+
+    for table_file in sorted({r.get("tables", TABLES) for r in records}):
+        print(f"{table_file}:", flush=True)
+        same = [r for r in records if r.get("tables", TABLES) == table_file]
+        price_now(same, load_tables(table_file))
+        summarise(same)
+        summarise_fit(same)
+    (out / "comm_over_hosts.json").write_text(json.dumps(records, indent=1))
 
 
 def argparse_hidden() -> str:

@@ -1141,6 +1141,42 @@ def test_the_links_price_grows_with_the_bytes_and_never_falls_as_devices_are_add
     assert shipped.predict_comm(np.full(8, 128.0), 1024).max() < 0.1 * expected  # what the floor is for
 
 
+def test_replicas_all_reduce_over_hosts_is_priced_as_a_ring_crossing_the_links(shipped):
+    """Over hosts a replica's gradient all-reduce is never priced below a ring's bytes on the links: the bus bytes
+    2(D-1)/D of the gradient over a host's L links (a ring per NIC), or all of them over a link its host's devices
+    share; with the same gradient it never falls as hosts are added; every device holding a replica pays it, the
+    others none; and the lower bound stays below the plan's price."""
+    from shard_ray.costmodel.pricing import ring_bus_mb, ring_link_ms
+
+    table = TableSpec(name="dense_ish", rows=400_000, dim=64, pooling_factor=2.0)
+    other = TableSpec(name="other", rows=1_000, dim=16, pooling_factor=1.0)
+    mb = table.rows * table.dim * table.bytes_per_element / 1e6
+    links = link_profile(shipped.hardware)
+    before = 0.0
+    for devices in (8, 16, 32):
+        own = Topology(num_devices=devices, memory_bytes=4 * GB, devices_per_host=4, inter_host_gbps=0.05)
+        shared = own.model_copy(update={"host_link_gbps": 0.05})
+        pieces = data_parallel(table, devices) + table_wise([other])
+        assign = list(range(devices)) + [0]
+        sync = {name: Pricer(shipped, t).plan_parts(pieces, np.array(assign)).sync for name, t in
+                (("own", own), ("shared", shared))}  # fmt: skip
+        bus = ring_bus_mb(mb, devices)
+        fixed = links.collective_ms + 2 * (devices - 1) * links.message_ms
+        assert ring_link_ms(mb, devices, 4, 0.05, links) == pytest.approx(fixed + bus / 4 / 0.05)
+        assert ring_link_ms(mb, devices, 4, 0.05, links, 0.05) == pytest.approx(fixed + bus / 0.05)
+        assert (sync["own"] >= fixed + bus / 4 / 0.05 - 1e-9).all() and np.allclose(sync["own"], sync["own"][0])
+        assert (sync["shared"] >= fixed + bus / 0.05 - 1e-9).all()
+        assert sync["own"][0] >= before
+        before = sync["own"][0]
+        for topology in (own, shared):
+            priced = Pricer(shipped, topology).plan_parts(pieces, np.array(assign)).totals().max()
+            assert lower_bound_ms(shipped, [table, other], topology) <= priced
+    # a replica held on devices 0 and 1 of 8 only: the other devices take no part
+    pinned = [replica(table, 2, 0), replica(table, 2, 1)] + table_wise([other])
+    parts = Pricer(shipped, own.model_copy(update={"num_devices": 8})).plan_parts(pinned, np.array([0, 1, 2]))
+    assert parts.sync[0] > 0 and (parts.sync[2:] == 0).all()
+
+
 def test_link_profiles_are_matched_by_hardware_and_say_their_source():
     assert "NVLink 4" in link_profile("cuda:NVIDIA H100 80GB HBM3").source
     assert link_profile("cuda:NVIDIA H100 PCIe").intra_host_gbps == 64.0

@@ -18,6 +18,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     tracking_uri, experiment = tracking(args)
     config = settings_from(BenchmarkConfig, args, tracking_uri=tracking_uri, experiment=experiment)
+    config.check()  # refuse bad settings before Ray starts
     for path in config.table_files:  # refuse bad table files before Ray starts
         load_tables(path)
     connect(args, min_cpus=config.devices)

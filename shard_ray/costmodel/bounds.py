@@ -27,9 +27,10 @@ from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.costmodel.pricing import (
     Pricer,
     analytic_devices_per_host,
+    gradient_mb,
     input_width,
     receiving_ms,
-    sync_width,
+    ring_bus_mb,
 )
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, replica, row_block
@@ -77,10 +78,11 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
 def across_hosts_ms(models: CostModels, tables: list[TableSpec], topology: Topology) -> float:
     """The least the slowest device's collectives take over the links between hosts, whatever the plan (0 on one
     host): every table's pooled columns reach every device's samples, forward and backward, and its ids come in;
-    or, replicated, its gradient's all-reduce crosses the hosts (`sync_width`), whichever moves less. A sharded
-    table, split any way, brings the devices on average (H - 1)/(H D) of its columns per sample from other hosts
-    each way (`received_floats`), a replica (H - 1)/H of its all-reduce's; the slowest device receives at least
-    the average, and where a host's devices share its link (`Topology.host_link_gbps`), the host L times it.
+    or, replicated, its gradient's ring all-reduce crosses the hosts (`ring_link_ms`), whichever moves less. A
+    sharded table, split any way, brings the devices on average (H - 1)/(H D) of its columns per sample from other
+    hosts each way (`received_floats`), a replica its ring's bus bytes over the L devices' links; the slowest device
+    receives at least the average, and where a host's devices share its link (`Topology.host_link_gbps`), the host
+    L times it.
     Without it, a plan over slow links was priced thousands of times its bound."""
     h, d = topology.num_hosts, topology.num_devices
     if h < 2:
@@ -89,7 +91,7 @@ def across_hosts_ms(models: CostModels, tables: list[TableSpec], topology: Topol
     floats = sum(
         min(
             (2 * t.dim + input_width(TablePiece.whole(t))) * off_host / d,
-            sync_width(replica(t, d, 0), topology.batch_size, models.rows_cap) * off_host,
+            ring_inter_host_floats(gradient_mb(replica(t, d, 0), models.rows_cap), topology),
         )
         for t in tables
     )
@@ -99,6 +101,13 @@ def across_hosts_ms(models: CostModels, tables: list[TableSpec], topology: Topol
         moving = max(moving, receiving_ms(floats * topology.devices_per_host_or_all, batch, topology.host_link_gbps))
     links = models.links  # its fixed time and latency per peer: the topology changes only the rate inside a host
     return moving + links.collective_ms + links.message_ms * (d - 1)  # at least one collective crosses the hosts
+
+
+def ring_inter_host_floats(gradient_mb: float, topology: Topology) -> float:
+    """A replica's ring all-reduce of `gradient_mb` MB: what it brings each device's link between hosts, in float
+    columns per sample of the batch (`ring_link_ms`: the bus bytes over a host's L links)."""
+    bus_mb = ring_bus_mb(gradient_mb, topology.num_devices) / topology.devices_per_host_or_all
+    return bus_mb * 1e6 / 4 / topology.batch_size
 
 
 def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topology) -> torch.Tensor:

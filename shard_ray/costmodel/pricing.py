@@ -205,14 +205,22 @@ class Pricer:
         """The replicas' gradient all-reduce ms [D] of devices with `widths` of `sync_width` columns, `gradient_mb` MB
         of replicas' gradients and `holds` (whether each holds any): with `all_reduce_ms` fitted, its ms for taking
         part plus its rate over the ring's bus bytes, 2(D-1)/D of the device's (over hosts, never below the links'
-        price: the fit saw one host's); else the comm model's price of the all-to-all moving as many bytes."""
-        if not any(self.models.all_reduce_ms):
-            return self.collectives(widths)[:, 1]
-        part, per_mb = self.models.all_reduce_ms
-        fitted = holds * (part + per_mb * ring_bus_mb(gradient_mb, len(widths)))
-        if self.topology.devices_per_host_if_spanning is None:
-            return fitted
-        return np.maximum(fitted, self.link_floor(widths)[:, 1])
+        price: the fit saw one host's); else the comm model's price of the all-to-all moving as many bytes. Over hosts
+        never below the ring's price on the links (`ring_link_ms`)."""
+        if any(self.models.all_reduce_ms):
+            part, per_mb = self.models.all_reduce_ms
+            priced = holds * (part + per_mb * ring_bus_mb(gradient_mb, len(widths)))
+        else:
+            priced = self.collectives(widths)[:, 1]
+        topology = self.topology
+        if topology.devices_per_host_if_spanning is None:
+            return priced
+        # over hosts the ring's bytes cross the links: every device waits for the ring's slowest link
+        ring = ring_link_ms(
+            float(np.max(gradient_mb, initial=0.0)), len(widths), topology.devices_per_host_if_spanning,
+            topology.inter_host_gbps, self.links, topology.host_link_gbps,
+        )  # fmt: skip
+        return np.maximum(priced, holds * ring)
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
@@ -332,7 +340,7 @@ def over_hosts(
     whose ids travel as the backward's gradients do.
 
     The shipped comm model has not measured inter-host links; one calibrated over hosts has, and is
-    priced as it is (`analytic_devices_per_host`). Replicas' all-reduce is priced flat still.
+    priced as it is (`analytic_devices_per_host`). Replicas' all-reduce is priced as a ring (`ring_link_ms`).
     """
     d = len(widths)
     if devices_per_host is None or devices_per_host >= d:
@@ -482,6 +490,33 @@ def ring_bus_mb(gradient_mb: np.ndarray | float, devices: int) -> np.ndarray | f
     """The MB a ring all-reduce of `gradient_mb` moves on each device's link: 2(D-1)/D of it (the one formula the
     all-reduce's price and its fit share)."""
     return 2 * (devices - 1) / devices * gradient_mb
+
+
+def ring_link_ms(
+    gradient_mb: float,
+    devices: int,
+    devices_per_host: int,
+    inter_host_gbps: float,
+    links: LinkProfile,
+    host_link_gbps: float | None = None,
+) -> float:
+    """The links' price of a ring all-reduce of `gradient_mb` MB over `devices` on hosts of `devices_per_host`:
+    the profile's fixed time, a latency per ring step (2(D-1)), then each link's share of the ring's bus bytes
+    (`ring_bus_mb`), waiting for the slowest, as the ring is pipelined. Inside a host a device's ring neighbour
+    receives the bus bytes at the rate inside a host. Between hosts, NCCL runs a ring per NIC (a channel each, a
+    host's L devices' L NICs), each crossing every host boundary once with 1/L of the gradient: a NIC carries the
+    bus bytes / L; where a host's devices share one link (`host_link_gbps`), it carries them all. Hierarchical
+    all-reduces (reduce-scatter in the host, all-reduce between hosts, all-gather) move (H-1)/H of that between
+    hosts for (D-1)/D: at most 2x fewer, at 2 hosts, and as many as hosts grow."""
+    if devices < 2 or gradient_mb <= 0:
+        return 0.0
+    bus = ring_bus_mb(gradient_mb, devices)  # MB; MB over GB/s is ms
+    moving = bus / inter_host_gbps / devices_per_host
+    if host_link_gbps is not None:
+        moving = max(moving, bus / host_link_gbps)
+    if devices_per_host > 1:
+        moving = max(moving, bus / links.intra_host_gbps)
+    return links.collective_ms + links.message_ms * 2 * (devices - 1) + moving
 
 
 def gradient_mb(piece: TablePiece, rows_cap: int | None) -> float:

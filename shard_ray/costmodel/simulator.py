@@ -3,8 +3,8 @@
 The simulated cost uses the one cost definition (`shard_ray.plan.cost`): per device the
 predicted fused forward and backward of its shard plus its predicted collectives, and the plan
 costs its slowest device. The comm model learned the pooled embeddings' all-to-all; the input
-all-to-all (lookup ids and lengths) and data-parallel gradients' all-reduce are priced as the
-all-to-all moving as many bytes per device (`shard_ray.costmodel.pricing`).
+all-to-all (lookup ids and lengths) is priced as the all-to-all moving as many bytes per device, and data-parallel
+gradients' all-reduce as a ring (`shard_ray.costmodel.pricing`).
 """
 
 from __future__ import annotations

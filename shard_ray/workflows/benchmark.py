@@ -36,6 +36,7 @@ from shard_ray.costmodel.train import mape
 from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
+from shard_ray.placement.base import PlacementContext, with_fitted_links
 from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.profiling.gang import DeviceGang
@@ -68,6 +69,23 @@ class BenchmarkConfig:
         repeat=True,
     )
     devices: int = setting(2, "devices of the gang", min=1)
+    devices_per_host: int | None = setting(
+        None,
+        "devices on each host, ranks numbered host by host; it must divide --devices: the plans are made for hosts "
+        "of it and the gang spans them (default: one host holds every device)",
+        min=1,
+    )
+    inter_host_gbps: float | None = setting(
+        None,
+        "each device's GB/s to other hosts, pricing the traffic between them (default: the rate `calibrate` fitted "
+        "over such hosts where the models have one, else TorchRec's, capped at the rate inside a host)",
+        min=1e-9,
+    )
+    host_link_gbps: float | None = setting(
+        None,
+        "GB/s of one link a host's devices share to other hosts (an emulated cluster's), where they share one",
+        min=1e-9,
+    )
     batch_size: int = setting(1024, "global batch size", min=1)
     repeats: int = setting(10, "timed steps per plan and round; each part costs the fastest of them", min=1)
     rounds: int = setting(
@@ -100,6 +118,11 @@ class BenchmarkConfig:
             raise ShardRayError("nothing to benchmark: give tasks > 0 or table files")
         if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ShardRayError("devices, repeats and batch size must be at least 1")
+        if self.devices_per_host is not None and self.devices % self.devices_per_host:
+            raise ShardRayError(
+                f"--devices-per-host {self.devices_per_host} does not divide {self.devices} devices: give a device "
+                "count that fills whole hosts"
+            )
         if not 1 <= self.min_tables <= self.max_tables:
             raise ShardRayError(f"need 1 <= min_tables <= max_tables, got {self.min_tables} and {self.max_tables}")
         if not self.memory_headroom >= 1.0:
@@ -143,7 +166,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     write_json(settings_file, settings)
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
-    with DeviceGang(config.devices, comm_pricer=price_comm) as gang:
+    with DeviceGang(config.devices, devices_per_host=config.devices_per_host, comm_pricer=price_comm) as gang:
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
@@ -151,7 +174,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
                 print(f"{name}: measured by an earlier run ({done_file})", flush=True)
             else:
                 # the models calibrated for the gang's hardware and these tables, if any, as `plan` picks them
-                cost_model = config.cost_model or str(models_for(gang.hardware, None, tables))
+                cost_model = config.cost_model or str(models_for(gang.hardware, config.devices_per_host, tables))
                 models = CostModels.load(cost_model)
                 print(f"{name}: {describe_models(cost_model, models, tables)[0]}", flush=True)
                 done = _measure_task(name, tables, config, gang, cost_model, models, heuristics)
@@ -175,13 +198,25 @@ def _measure_task(
     heuristics: set[str],
 ) -> dict[str, Any]:
     """One task planned by every algorithm and raced on the gang: each algorithm's record, and what failed why."""
+    hosts = {
+        name: value
+        for name in ("devices_per_host", "inter_host_gbps", "host_link_gbps")
+        if (value := getattr(config, name)) is not None
+    }
     topology = Topology(
         num_devices=config.devices,
         memory_bytes=round(config.memory_gb * GB)
         if config.memory_gb is not None
         else memory_cap_with_headroom(tables, config.devices, config.memory_headroom),
         batch_size=config.batch_size,
+        **hosts,
     )
+    context = PlacementContext(
+        cost_model=cost_model, hardware=gang.hardware, devices_per_host=topology.devices_per_host_if_spanning
+    )
+    topology, rate_between_hosts = with_fitted_links(topology, context)
+    if rate_between_hosts:
+        print(f"{name}: {rate_between_hosts}", flush=True)
     compare = CompareConfig(
         rounds=config.rounds,
         budget_seconds=config.budget_seconds,
