@@ -195,6 +195,21 @@ def test_torchrec_planner_plans_every_type_shard_ray_runs():
     plan.check(tables)
 
 
+def test_torchrec_planner_over_hosts_of_one_device_gives_a_plan_that_checks():
+    """Over hosts of one device TorchRec calls a table on one rank table-row-wise (found by `bench` on 2 emulated
+    hosts, which refused the plan): recorded table-wise, as it is laid out."""
+    tables = [
+        TableSpec(name="user_id", rows=987_994, dim=64, pooling_factor=1.0),
+        TableSpec(name="seller", rows=1_000_000, dim=16, pooling_factor=1.0),
+        TableSpec(name="hist_items", rows=1_000_000, dim=32, pooling_factor=40.0),
+        TableSpec(name="hour", rows=24, dim=4, pooling_factor=1.0),
+    ]
+    topology = Topology(num_devices=2, memory_bytes=4 * GB, devices_per_host=1, inter_host_gbps=0.006)
+    plan = place("torchrec", tables, topology)
+    plan.check(tables)
+    assert {s.type for s in plan.table_shardings(tables).values()} <= {"table_wise", "column_wise", "data_parallel"}
+
+
 def test_export_of_a_searched_plan_and_bad_input(tmp_path, capsys):
     tables = generate_pool(PoolConfig(num_tables=12, seed=3))
     tables_file = tmp_path / "tables.json"

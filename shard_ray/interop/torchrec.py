@@ -259,9 +259,10 @@ class ExportedPlan(BaseModel):
 
 
 def _recorded_sharding(kind: str, ranks: list[int], topology: Topology) -> TableSharding:
-    """TorchRec's sharding of a table as a plan records it: column-wise in one piece is the table whole on its
-    rank, table-row-wise on one host row-wise over its devices (the same blocks on the same ranks)."""
-    if kind == "column_wise" and len(ranks) == 1:
+    """TorchRec's sharding of a table as a plan records it: column-wise in one piece, or table-row-wise on a host of
+    one device, is the table whole on its rank; table-row-wise on one host row-wise over its devices (the same blocks
+    on the same ranks)."""
+    if kind in ("column_wise", "table_row_wise") and len(ranks) == 1:
         return TableSharding(type="table_wise")
     if kind != "table_row_wise":
         return TableSharding(type=kind)
