@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from pages import page_line
+from pages import code_blocks, page_line
 
 from shard_ray.hosts import MAX_HOSTS, NODE_MEMORY_BYTES, _available_memory
 
@@ -194,6 +194,32 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
             for kind in ("table_row_wise", "row_wise")
         }
         assert priced["row_wise"] > 1.2 * priced["table_row_wise"], priced
+
+
+@needs_namespaces
+@pytest.mark.slow
+def test_bench_over_emulated_hosts_plans_for_them_on_a_gang_spanning_them():
+    """docs/commands.md's `bench` over 2 emulated hosts, on the README's table file: the algorithms plan for hosts of
+    one device (TorchRec's plan included, which over such hosts calls a table on one rank table-row-wise), the gang
+    spans both hosts and says so, and the report records the hosts. (Fewer algorithms and rounds than the page's
+    line: what is judged is that it runs over the hosts, not which plan wins.)"""
+    name = f"b{os.getpid() % 10**6}"
+    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
+        work = Path(folder)
+        env = _shell_env(work / "home")
+        tables = next(b for b in code_blocks(REPO / "README.md") if "cat > my_model.json" in b)
+        assert _run(tables, env, work).returncode == 0
+        layout = page_line("commands.md", "shard-ray hosts up --hosts 2").removeprefix("shard-ray hosts up ")
+        bench = page_line("commands.md", "shard-ray hosts run -- shard-ray bench").removeprefix(
+            "shard-ray hosts run -- "
+        )
+        bench += " --algorithms torchrec,cost_search,size_greedy --rounds 3 --repeats 4 --budget-seconds 30"
+        _, done = _run_in_cluster(name, layout, bench, env, work)
+        assert "the gang spanned 2 Ray nodes (host 0: devices [0], host 1: devices [1])" in done.stdout, done.stdout
+        out = work / bench.split("--out ")[1].split()[0]
+        report = json.loads((out / "benchmark.json").read_text())
+        assert report["tasks"] == 1 and report["settings"]["devices_per_host"] == 1, report["settings"]
+        assert set(report["per_task"]["my_model"]) == {"torchrec", "cost_search", "size_greedy"}, report["failures"]
 
 
 @needs_namespaces

@@ -38,6 +38,7 @@ from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
 from shard_ray.placement.base import PlacementContext, with_fitted_links
 from shard_ray.plan.cost import PlanRatio
+from shard_ray.plan.summary import gang_layout
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
@@ -167,6 +168,8 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
     with DeviceGang(config.devices, devices_per_host=config.devices_per_host, comm_pricer=price_comm) as gang:
+        if len(set(gang.hosts)) > 1:
+            print(gang_layout(gang.hosts), flush=True)
         for name, tables in tasks:
             done_file = out / "tasks" / f"{name}.json"
             if done_file.exists():
