@@ -441,8 +441,14 @@ def _wait_for_nodes(state: EmulatedHosts) -> None:
         dead = [h for h, pid in enumerate(state.pids) if not _group_alive(pid)]
         where = f"; stopped: host(s) {dead}, see {state.temp_dir}/host-N.log" if dead else ""
         raise ShardRayError(
-            f"{alive} of {state.hosts} Ray nodes came up{where} ({first_line(done.stderr) if done.stderr else 'no error'})"
+            f"{alive} of {state.hosts} Ray nodes came up{where} ({_last_line(done.stderr) or 'no error'})"
         )
+
+
+def _last_line(text: str) -> str:
+    """What a failed Python process said last: a traceback's exception, not its header."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _save(state: EmulatedHosts) -> None:
