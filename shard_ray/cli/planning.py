@@ -15,7 +15,14 @@ from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, PlanSettings
-from shard_ray.plan.topology import GB, Optimizer, Topology
+from shard_ray.plan.topology import (
+    GB,
+    Optimizer,
+    Topology,
+    devices_per_host_setting,
+    host_link_gbps_setting,
+    inter_host_gbps_setting,
+)
 from shard_ray.workflows.comparison import CompareConfig
 from shard_ray.workflows.refinement import RefineConfig
 
@@ -63,21 +70,8 @@ class TopologyArgs:
         "optimizer whose state counts towards memory (default: the one a plan file records, else "
         f"{Topology.model_fields['optimizer'].default})",
     )
-    devices_per_host: int | None = setting(
-        None,
-        "devices on each host (GPUs per node), ranks numbered host by host; it must divide the device count "
-        "(default: the plan file's, else one host holds every device)",
-        min=1,
-    )
-    inter_host_gbps: float | None = setting(
-        None,
-        "each device's bandwidth to other hosts in GB/s, for the traffic that crosses hosts when "
-        "--devices-per-host splits the devices "
-        "(default: the plan file's; for a new plan, the rate `calibrate` fitted over such hosts where the models "
-        f"have one, else {Topology.model_fields['inter_host_gbps'].default}, TorchRec's, or the rate inside a host "
-        "where that is lower)",
-        min=1e-9,
-    )
+    devices_per_host: int | None = devices_per_host_setting("the plan file's, else one host holds every device")
+    inter_host_gbps: float | None = inter_host_gbps_setting("the plan file's; for a new plan, ")
 
     intra_host_gbps: float | None = setting(
         None,
@@ -85,13 +79,7 @@ class TopologyArgs:
         "calibrated figure of the hardware the models price (default: the plan file's, else that figure)",
         min=1e-9,
     )
-    host_link_gbps: float | None = setting(
-        None,
-        "GB/s of the one link a host's devices share to other hosts (a NIC per host, not per GPU; an emulated "
-        "cluster's links), where they share one: a device then also waits for all its host receives over it "
-        "(default: the plan file's, else none shared: each device's own --inter-host-gbps)",
-        min=1e-9,
-    )
+    host_link_gbps: float | None = host_link_gbps_setting("the plan file's, else ")
 
     def topology(self, num_devices: int, recorded: PlanSettings | None = None) -> Topology:
         """The topology these flags give, a plan's `recorded` settings filling what is not given."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shard_ray.configfile import setting
 from shard_ray.workload.tables import TableSpec
 
 Optimizer = Literal["rowwise_adagrad", "sgd", "adam"]
@@ -92,3 +93,36 @@ def memory_cap_with_headroom(
     """A per-device cap `headroom` times an even split of all tables, and never below the largest table."""
     sizes = [shard_bytes(t, t.dim, optimizer) for t in tables]
     return int(max(headroom * sum(sizes) / num_devices, 1.05 * max(sizes))) + 1
+
+
+def devices_per_host_setting(default: str) -> Any:
+    """`--devices-per-host`, the hosts a topology's devices are on (`default`: what it is when not given)."""
+    return setting(
+        None,
+        "devices on each host (GPUs per node), ranks numbered host by host; it must divide the device count "
+        f"(default: {default})",
+        min=1,
+    )
+
+
+def inter_host_gbps_setting(default: str) -> Any:
+    """`--inter-host-gbps`, each device's rate to other hosts (`default`: what it is when not given)."""
+    torchrec = Topology.model_fields["inter_host_gbps"].default
+    return setting(
+        None,
+        "each device's bandwidth to other hosts in GB/s, for the traffic that crosses hosts when "
+        f"--devices-per-host splits the devices (default: {default}the rate `calibrate` fitted over such hosts where "
+        f"the models have one, else TorchRec's {torchrec}, or the rate inside a host where that is lower)",
+        min=1e-9,
+    )
+
+
+def host_link_gbps_setting(default: str) -> Any:
+    """`--host-link-gbps`, one link a host's devices share (`default`: what it is when not given)."""
+    return setting(
+        None,
+        "GB/s of the one link a host's devices share to other hosts (a NIC per host, not per GPU; an emulated "
+        "cluster's links), where they share one: a device then also waits for all its host receives over it "
+        f"(default: {default}none shared: each device's own --inter-host-gbps)",
+        min=1e-9,
+    )

@@ -39,7 +39,14 @@ from shard_ray.placement import algorithms
 from shard_ray.placement.base import PlacementContext, with_fitted_links
 from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.summary import gang_layout
-from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
+from shard_ray.plan.topology import (
+    GB,
+    Topology,
+    devices_per_host_setting,
+    host_link_gbps_setting,
+    inter_host_gbps_setting,
+    memory_cap_with_headroom,
+)
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -70,23 +77,10 @@ class BenchmarkConfig:
         repeat=True,
     )
     devices: int = setting(2, "devices of the gang", min=1)
-    devices_per_host: int | None = setting(
-        None,
-        "devices on each host, ranks numbered host by host; it must divide --devices: the plans are made for hosts "
-        "of it and the gang spans them (default: one host holds every device)",
-        min=1,
-    )
-    inter_host_gbps: float | None = setting(
-        None,
-        "each device's GB/s to other hosts, pricing the traffic between them (default: the rate `calibrate` fitted "
-        "over such hosts where the models have one, else TorchRec's, capped at the rate inside a host)",
-        min=1e-9,
-    )
-    host_link_gbps: float | None = setting(
-        None,
-        "GB/s of one link a host's devices share to other hosts (an emulated cluster's), where they share one",
-        min=1e-9,
-    )
+    # the plans are made for these hosts and the gang spans them
+    devices_per_host: int | None = devices_per_host_setting("one host holds every device")
+    inter_host_gbps: float | None = inter_host_gbps_setting("")
+    host_link_gbps: float | None = host_link_gbps_setting("")
     batch_size: int = setting(1024, "global batch size", min=1)
     repeats: int = setting(10, "timed steps per plan and round; each part costs the fastest of them", min=1)
     rounds: int = setting(
