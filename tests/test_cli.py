@@ -455,6 +455,18 @@ def test_calibrate_over_more_hosts_than_nodes_is_refused_before_measuring(tmp_pa
     assert_refused(capsys, argv, "a gang of 2 hosts with 2 devices each needs 2 Ray nodes", out)
 
 
+@pytest.mark.slow
+def test_bench_over_more_hosts_than_nodes_is_refused_and_leaves_nothing_that_refuses_the_next_run(
+    tmp_path, capsys, table_file
+):
+    """Found by a new user's walkthrough: a bench refused for want of Ray nodes wrote its settings first, and the
+    corrected command to the same folder was then refused for 'tasks measured with other settings'."""
+    out = tmp_path / "bench"
+    argv = ["bench", "--tasks", "0", "--tables", str(table_file), "--devices", "2", "--devices-per-host", "1"]
+    said = assert_refused(capsys, [*argv, "--no-mlflow", "--out", str(out)], "needs 2 Ray nodes", out / "tasks")
+    assert "shard-ray hosts run" in said
+
+
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
 
 

@@ -578,8 +578,9 @@ def check_hosts(num_devices: int, devices_per_host: int | None, use_gpus: bool |
         raise ShardRayError(
             f"a gang of {len(bundles)} hosts with {devices_per_host} device{'s' if devices_per_host > 1 else ''} each "
             f"needs {len(bundles)} Ray nodes of "
-            f"{bundles[0]} or more, but the cluster has {fitting} of them ({len(nodes)} nodes in all); join a "
-            "cluster with more nodes (--address), or plan for fewer hosts (a larger --devices-per-host)"
+            f"{bundles[0]} or more, but the cluster has {fitting} of them ({len(nodes)} node{'s' if len(nodes) != 1 else ''} "
+            "in all); join a cluster with more nodes (--address, or `shard-ray hosts run -- COMMAND` on hosts emulated "
+            "by `shard-ray hosts up`), or plan for fewer hosts (a larger --devices-per-host)"
         )
 
 

@@ -158,10 +158,11 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
         raise ShardRayError(
             f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it"
         )
-    write_json(settings_file, settings)
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
     with DeviceGang(config.devices, devices_per_host=config.devices_per_host, comm_pricer=price_comm) as gang:
+        # written once the gang stands: a gang the cluster refused leaves nothing that would refuse the next run
+        write_json(settings_file, settings)
         if len(set(gang.hosts)) > 1:
             print(gang_layout(gang.hosts), flush=True)
         for name, tables in tasks:
