@@ -1305,6 +1305,9 @@ def test_plan_over_hosts_takes_the_rate_calibrate_fitted_unless_given_one(capsys
         assert done.returncode == 0, done.stderr
         said = "between hosts: 0.006 GB/s a device (48 Mbit/s), the rate `calibrate` fitted" in done.stdout
         assert said == (name == "fitted"), done.stdout
+        # the plan's header says the rate that priced it, given or chosen (a walkthrough found a given one unsaid)
+        rate = {"fitted": "; between hosts 0.006 GB/s a device)", "given": "; between hosts 12.5 GB/s a device)"}
+        assert (rate[name] in done.stdout) if name in rate else "between hosts " not in done.stdout, done.stdout
         written = load_plan(tmp_path / f"{name}.json")
         costs[name] = written.estimate.predicted.cost_ms
         assert written.settings.inter_host_gbps == {"fitted": 0.006, "given": 12.5, "one": None}[name]

@@ -33,10 +33,14 @@ def format_plan_summary(
     header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GB':>10} {'mem %':>6}"
     if cost is not None:
         header += f" {'input':>8} {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
-    hosts = f" on {topology.num_hosts} hosts of {topology.devices_per_host_or_all}" if topology.num_hosts > 1 else ""
+    hosts, links = "", ""
+    if topology.num_hosts > 1:  # and the rates that price the traffic between them, given or chosen
+        hosts = f" on {topology.num_hosts} hosts of {topology.devices_per_host_or_all}"
+        links = f"; between hosts {topology.inter_host_gbps:g} GB/s a device"
+        links += f", one link of {topology.host_link_gbps:g} GB/s a host" if topology.host_link_gbps else ""
     lines = [
         f"plan '{plan.algorithm}' on {plan.num_devices} devices{hosts} "
-        f"({topology.memory_gb:.2f} GB each, batch {topology.batch_size}, {topology.optimizer})",
+        f"({topology.memory_gb:.2f} GB each, batch {topology.batch_size}, {topology.optimizer}{links})",
         header,
     ]
     costs = {d.device: d for d in cost.devices} if cost is not None else {}
