@@ -19,6 +19,7 @@ from shard_ray.plan.topology import (
     GB,
     Optimizer,
     Topology,
+    check_whole_hosts,
     devices_per_host_setting,
     host_link_gbps_setting,
     inter_host_gbps_setting,
@@ -95,12 +96,7 @@ class TopologyArgs:
             "intra_host_gbps": self.intra_host_gbps or recorded_values.get("intra_host_gbps"),
             "host_link_gbps": self.host_link_gbps or recorded_values.get("host_link_gbps"),
         }
-        per_host = values["devices_per_host"]
-        if per_host and num_devices % per_host:
-            raise ShardRayError(
-                f"--devices-per-host {per_host} does not divide {num_devices} devices: give a device count that "
-                "fills whole hosts"
-            )
+        check_whole_hosts(num_devices, values["devices_per_host"])
         return Topology(
             num_devices=num_devices, memory_bytes=int(memory_gb * GB), **{k: v for k, v in values.items() if v}
         )

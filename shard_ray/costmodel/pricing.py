@@ -204,9 +204,9 @@ class Pricer:
     def all_reduce(self, widths: np.ndarray, gradient_mb: np.ndarray, holds: np.ndarray) -> np.ndarray:
         """The replicas' gradient all-reduce ms [D] of devices with `widths` of `sync_width` columns, `gradient_mb` MB
         of replicas' gradients and `holds` (whether each holds any): with `all_reduce_ms` fitted, its ms for taking
-        part plus its rate over the ring's bus bytes, 2(D-1)/D of the device's (over hosts, never below the links'
-        price: the fit saw one host's); else the comm model's price of the all-to-all moving as many bytes. Over hosts
-        never below the ring's price on the links (`ring_link_ms`)."""
+        part plus its rate over the ring's bus bytes, 2(D-1)/D of the device's; else the comm model's price of the
+        all-to-all moving as many bytes. Over hosts never below the ring's price on the links (`ring_link_ms`): the
+        fit saw one host's."""
         if any(self.models.all_reduce_ms):
             part, per_mb = self.models.all_reduce_ms
             priced = holds * (part + per_mb * ring_bus_mb(gradient_mb, len(widths)))

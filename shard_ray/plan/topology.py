@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shard_ray.configfile import setting
+from shard_ray.errors import ShardRayError
 from shard_ray.workload.tables import TableSpec
 
 Optimizer = Literal["rowwise_adagrad", "sgd", "adam"]
@@ -93,6 +94,16 @@ def memory_cap_with_headroom(
     """A per-device cap `headroom` times an even split of all tables, and never below the largest table."""
     sizes = [shard_bytes(t, t.dim, optimizer) for t in tables]
     return int(max(headroom * sum(sizes) / num_devices, 1.05 * max(sizes))) + 1
+
+
+def check_whole_hosts(num_devices: int, devices_per_host: int | None) -> None:
+    """Refuse `--devices-per-host` that does not divide the device count, naming the flag (before `Topology`'s own
+    check, which a user's flags reach only once the work has started)."""
+    if devices_per_host and num_devices % devices_per_host:
+        raise ShardRayError(
+            f"--devices-per-host {devices_per_host} does not divide {num_devices} devices: give a device count that "
+            "fills whole hosts"
+        )
 
 
 def devices_per_host_setting(default: str) -> Any:

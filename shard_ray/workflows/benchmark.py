@@ -42,6 +42,7 @@ from shard_ray.plan.summary import gang_layout
 from shard_ray.plan.topology import (
     GB,
     Topology,
+    check_whole_hosts,
     devices_per_host_setting,
     host_link_gbps_setting,
     inter_host_gbps_setting,
@@ -113,11 +114,7 @@ class BenchmarkConfig:
             raise ShardRayError("nothing to benchmark: give tasks > 0 or table files")
         if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ShardRayError("devices, repeats and batch size must be at least 1")
-        if self.devices_per_host is not None and self.devices % self.devices_per_host:
-            raise ShardRayError(
-                f"--devices-per-host {self.devices_per_host} does not divide {self.devices} devices: give a device "
-                "count that fills whole hosts"
-            )
+        check_whole_hosts(self.devices, self.devices_per_host)
         if not 1 <= self.min_tables <= self.max_tables:
             raise ShardRayError(f"need 1 <= min_tables <= max_tables, got {self.min_tables} and {self.max_tables}")
         if not self.memory_headroom >= 1.0:
