@@ -3,6 +3,7 @@ resuming, the measured best."""
 
 import copy
 import json
+import math
 import re
 from pathlib import Path
 
@@ -62,8 +63,11 @@ def test_calibrate_saves_models_per_hardware_and_resumes(ray_session, capsys, us
     # thin held-out data: more random shards and plans were measured (4 tables make at most 15 distinct shards)
     assert report["shards"]["held_out"] >= 8 or "measured shards fall in the held-out split" in first.stdout
     assert report["plans"]["held_out"] >= 3 or "measured plans fall in the held-out split" in first.stdout
-    # the noise floor: the first candidate against a copy of itself on the gang
-    assert report["noise_floor"]["rounds"] == 3 and 0 <= report["noise_floor"]["round_spread"] < 0.5
+    # the noise floor: the first candidate against a copy of itself on the gang. How far apart the copies come is
+    # the machine's figure (17% here, 54.5% once on CI's machine): test_comparison's A/A twin judges the procedure.
+    floor = report["noise_floor"]
+    assert floor["rounds"] == 3 and math.isfinite(floor["round_spread"]) and floor["round_spread"] >= 0
+    assert floor["resolvable"] > 0 and f"rounds differ by {floor['round_spread']:.1%} (median)" in first.stdout
     assert "noise floor: a plan against a copy of itself (3 rounds)" in first.stdout
 
     # again, with MLflow in the default ./mlflow.db as a user gets it

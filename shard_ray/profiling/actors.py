@@ -106,6 +106,8 @@ class ProfilingPool:
             hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
             if len(hardware) != 1:
                 raise ShardRayError(f"profiling actors landed on different hardware: {sorted(hardware)}")
+            # the machine whose memory each actor shares (a GPU actor's device is its own)
+            self._machine: dict[Any, str] = {a: str(i) for i, a in enumerate(self.actors)}
             if not self.use_gpus:
                 self._pin()
         except BaseException:  # Ctrl-C or a dead actor while starting: no actor is left running
@@ -131,6 +133,7 @@ class ProfilingPool:
         self.actors = [a for a in self.actors if a in kept]
         # Ray nodes may share a machine (a cluster emulated on one): its memory is shared by all its actors.
         machines = ray.get([a.machine.remote() for a in self.actors])
+        self._machine = dict(zip(self.actors, machines))
         sharing = Counter(machines)
         ray.get([a.share_memory.remote(sharing[m]) for a, m in zip(self.actors, machines)])
 
@@ -146,8 +149,15 @@ class ProfilingPool:
         config: MeasureConfig,
         store: MeasurementStore,
         progress: bool = True,
+        alone: bool = False,
     ) -> list[FusedShardMeasurement]:
-        """Measure every shard not yet in `store`; returns all shards' measurements in input order."""
+        """Measure every shard not yet in `store`; returns all shards' measurements in input order. `alone`: each
+        shard with no other measured on its machine at the time, for measurements compared with each other.
+
+        CPU actors on one machine share its memory bandwidth: a shard measured beside another is slowed for all its
+        steps, while the last shard of a batch finishes alone, and the fastest step (`step_estimate`) favours it. A
+        5-table shard measured beside the 6-table shard it came from measured 0.92 of it (median of 8 on the 2-core
+        AMD EPYC), one at a time 0.785 (docs/measurement.md); GPU actors each have their own device."""
         keys = [fused_shard_key(pieces, config, self.hardware) for pieces in shards]
         known = store.known_keys(keys)
         todo = [i for i, key in enumerate(keys) if key not in known]
@@ -161,8 +171,13 @@ class ProfilingPool:
         idle = list(self.actors)
         capped = 0
         while queue or in_flight:
-            while queue and idle:
-                actor, index = idle.pop(), queue.popleft()
+            busy = {self._machine[actor] for actor, _ in in_flight.values()}
+            for actor in reversed(list(idle)):
+                if not queue or (alone and self._machine[actor] in busy):
+                    continue
+                index = queue.popleft()
+                idle.remove(actor)
+                busy.add(self._machine[actor])
                 in_flight[actor.measure.remote(shards[index], config)] = (actor, index)
             if not in_flight:
                 raise ShardRayError(f"every profiling actor died; {len(queue)} shards were left unmeasured")

@@ -2,8 +2,9 @@
 
 After `plan --measure`'s race, the plan it chose is refined step by step, top to bottom:
 
-1. Each device's fused shard is measured on the profiling actors (in parallel; every measurement
-   goes to the store and is looked up there first, so a refinement run again measures only what
+1. Each device's fused shard is measured on the profiling actors, one at a time on a machine (on
+   GPUs, in parallel: `ProfilingPool.measure`'s `alone`); every measurement goes to the store and
+   is looked up there first, so a refinement run again measures only what
    is new). A device's cost is its measured forward + backward plus its all-to-alls as the models
    price them (profiling actors time kernels, not collectives): the measured plan cost is the
    slowest device's.
@@ -12,15 +13,14 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    with one half moved. The models rank the moves by the simulated plan cost, and the best
    `refine_proposals` that fit in memory and lead to a layout not yet taken are kept (a swap
    taken back two steps later would only return to a plan already measured).
-3. The devices each proposal changes are measured, all proposals' at once and beside the plan as
+3. The devices each proposal changes are measured, all proposals' in one go with the plan as
    it stands, measured again with the same batches (so a move is judged against the same minutes'
    measurement). The proposal with the lowest measured plan cost is taken when it gains more than
    `refine_min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
    next step starts from it. Where none does but the models price the best one gaining more than that,
    the step is measured again with new batches (`refine_retries` times), each device's shard
    judged by its fastest measurement: a stall of the machine that slowed one shard for a whole
-   measurement (on a shared 2-core machine a 5-table shard once measured slower than the 6-table
-   shard it came from) does not end the refinement. Otherwise refinement stops, unless the plan as
+   measurement does not end the refinement. Otherwise refinement stops, unless the plan as
    measured again has another slowest device than the one the moves were for (devices within noise of
    each other trade places from one measurement to the next): the next step then proposes moves off
    that one.
@@ -113,7 +113,7 @@ class _Meter:
         flat = [shard for per_layout in shards for shard in per_layout if shard]
         keys = {fused_shard_key(shard, seeded, self.pool.hardware) for shard in flat}
         self.measured_shards += len(keys - self.store.known_keys(list(keys)))
-        results = iter(self.pool.measure(flat, seeded, self.store, progress=False))
+        results = iter(self.pool.measure(flat, seeded, self.store, progress=False, alone=True))
         computes = []
         for (_, _, devices), per_layout in zip(layouts, shards):
             compute = {}
