@@ -55,26 +55,25 @@ def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_
 
 @pytest.mark.slow
 @pytest.mark.alone  # it judges measured gains: beside the other tests' load a move once measured 28% worse
-def test_at_8_devices_on_2_cores_refinement_unloads_the_overloaded_device_measured_device_by_device(
-    ray_session, tmp_path
-):
-    """Ten like tables on 8 devices, four of them planted on device 0 and none on device 7: each device's shard is
-    measured on the 2-core profiling pool in turns, moves take device 0 down to at most 2 tables (the balance 10
-    tables on 8 devices allow), and a second run measures nothing new."""
+def test_at_8_devices_on_2_cores_refinement_unloads_the_overloaded_devices_one_after_another(ray_session, tmp_path):
+    """Ten like tables on 8 devices, four each planted on devices 0 and 1 and none on devices 4 to 7: each device's
+    shard is measured on the 2-core profiling pool in turns, moves take devices 0 and 1 down to 2 tables (the
+    balance 10 tables on 8 devices allow), and a second run measures nothing new. No single move lowers the plan
+    cost (the other overloaded device stays as slow): the first is kept for the device it unloads."""
     tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=32.0) for i in range(10)]
     topology = Topology(num_devices=8, memory_bytes=GB, batch_size=1024)
-    planted = Plan.from_assignment(table_wise(tables), np.array([0, 0, 0, 0, 1, 2, 3, 4, 5, 6]), 8, "planted")
+    planted = Plan.from_assignment(table_wise(tables), np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 3]), 8, "planted")
     measure = MeasureConfig.for_topology(topology)
     models = CostModels.load(default_cost_model_path())
-    config = RefineConfig(refine_steps=3)
+    config = RefineConfig(refine_steps=6)
     lines: list[str] = []
     with MeasurementStore(tmp_path / "m.db") as store, ProfilingPool(2) as pool:
         refined = refine(planted, tables, topology, models, pool, store, measure, config, lines.append)
         again = refine(planted, tables, topology, models, pool, store, measure, config, lambda _: None)
     per_device = np.bincount([s.device for s in refined.plan.shards], minlength=8)
-    assert per_device[0] <= 2 and per_device.max() <= 2 and len(refined.moves) >= 2, lines
+    assert per_device.max() <= 2 and len(refined.moves) >= 4, lines
     assert refined.after_ms < 0.8 * refined.before_ms, lines
-    # measured device by device: the plan's 7 non-empty devices first, then each step's, none twice
+    # measured device by device: the plan's 4 non-empty devices first, then each step's, none twice
     assert refined.measured_shards >= 7 and again.measured_shards == 0
     assert again.plan.shards == refined.plan.shards and again.moves == refined.moves
 

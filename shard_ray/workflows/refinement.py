@@ -4,26 +4,28 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
 
 1. Each device's fused shard is measured on the profiling actors, one at a time on a machine (on
    GPUs, in parallel: `ProfilingPool.measure`'s `alone`); every measurement goes to the store and
-   is looked up there first, so a refinement run again measures only what
-   is new). A device's cost is its measured forward + backward plus its all-to-alls as the models
-   price them (profiling actors time kernels, not collectives): the measured plan cost is the
-   slowest device's.
+   is looked up there first, so a refinement run again measures only what is new. A device's cost
+   is its measured forward + backward plus its all-to-alls as the models price them (profiling
+   actors time kernels, not collectives): the measured plan cost is the slowest device's.
 2. From the slowest device, the models propose moves: each of its movable pieces moved to one of
-   the `refine_targets` devices measured fastest, swapped with one of theirs, or split in two by columns
-   with one half moved. The models rank the moves by the simulated plan cost, and the best
-   `refine_proposals` that fit in memory and lead to a layout not yet taken are kept (a swap
-   taken back two steps later would only return to a plan already measured).
-3. The devices each proposal changes are measured, all proposals' in one go with the plan as
-   it stands, measured again with the same batches (so a move is judged against the same minutes'
-   measurement). The proposal with the lowest measured plan cost is taken when it gains more than
-   `refine_min_gain` (a fraction of the plan cost, set above the noise floor `doctor` reports), and the
-   next step starts from it. Where none does but the models price the best one gaining more than that,
-   the step is measured again with new batches (`refine_retries` times), each device's shard
-   judged by its fastest measurement: a stall of the machine that slowed one shard for a whole
-   measurement does not end the refinement. Otherwise refinement stops, unless the plan as
-   measured again has another slowest device than the one the moves were for (devices within noise of
-   each other trade places from one measurement to the next): the next step then proposes moves off
-   that one.
+   the `refine_targets` devices measured fastest, swapped with one of theirs, or split in two by
+   columns with one half moved. The models rank the moves by `unloading` (the simulated plan cost,
+   then the slowest of the two devices a move changes), and the best `refine_proposals` that fit in
+   memory and lead to a layout not yet taken are kept (a swap taken back two steps later would only
+   return to a plan already measured).
+3. The devices each proposal changes are measured, all proposals' in one go with the plan as it
+   stands, measured again with the same batches (so a move is judged against the same minutes'
+   measurement). The proposal best by measured `unloading` is taken when the slowest of the devices
+   it changes comes down by more than `refine_min_gain` (a fraction of their cost, set above the
+   noise floor `doctor` reports) and the plan cost does not rise; the next step starts from it. So
+   where several devices are within noise of the slowest, they are unloaded one step after another
+   and the plan cost falls once the last of them is. Where no move gains enough but the models
+   price the best one gaining more than that, the step is measured again with new batches
+   (`refine_retries` times), each device's shard judged by its fastest measurement: a stall of the
+   machine that slowed one shard for a whole measurement does not end the refinement. Otherwise
+   refinement stops, unless the plan as measured again has another slowest device than the one the
+   moves were for (devices within noise of each other trade places from one measurement to the
+   next): the next step then proposes moves off that one.
 
 The refined plan is then confirmed against the race's choice on the device gang with the one
 comparison procedure (`shard_ray.workflows.comparison`), by the caller: a kernel measured alone is not a
@@ -66,7 +68,10 @@ class RefineConfig:
     refine_proposals: int = setting(4, "refinement: moves measured per step, the models' best", min=1)
     refine_targets: int = setting(3, "refinement: devices a piece may move to, those measured fastest", min=1)
     refine_min_gain: float = setting(
-        0.03, "refinement: measured gain a move must make, a fraction of the plan cost (above the noise floor)", min=0
+        0.03,
+        "refinement: measured gain a move must make on the slowest device it changes, a fraction of that device's "
+        "cost (above the noise floor)",
+        min=0,
     )
     refine_retries: int = setting(
         1,
@@ -194,12 +199,14 @@ def _measured_best_move(
     if not proposals:
         log(f"refinement step {step}: no move off device {int(np.argmax(costs))} fits; stopping")
         return costs, None
-    # The plan as it stands is measured again beside the proposals, with the same batches: a move
+    # The plan as it stands is measured again with the proposals, with the same batches: a move
     # is judged against a measurement of the same minutes, not against one taken a step ago.
     num_devices = meter.topology.num_devices
     changed = [changed_devices(pieces, assign, p_pieces, p_assign, num_devices) for p_pieces, p_assign, _ in proposals]
     layouts = [(pieces, assign, list(range(num_devices)))] + [(p[0], p[1], c) for p, c in zip(proposals, changed)]
-    priced_gain = 1 - pricer.plan_cost(*proposals[0][:2]) / pricer.plan_cost(pieces, assign)  # cheapest first
+    priced_now = pricer.plan_parts(pieces, assign).totals()
+    priced_best = pricer.plan_parts(*proposals[0][:2]).totals()  # the models' best first
+    priced_gain = 1 - priced_best[changed[0]].max() / priced_now[changed[0]].max()
     fastest: list[dict[int, float]] = []
     for attempt in range(config.refine_retries + 1):
         # Each attempt's batches are new: step s of attempt a is seeded past every earlier attempt's steps.
@@ -209,11 +216,15 @@ def _measured_best_move(
         costs = meter.costs(pieces, assign, now)
         current = float(costs.max())
         measured = [
-            (float(meter.costs(p_pieces, p_assign, {**now, **new}).max()), {**now, **new}, p_pieces, p_assign, words)
-            for (p_pieces, p_assign, words), new in zip(proposals, proposed)
+            (unloading(meter.costs(p_pieces, p_assign, {**now, **new}), moved), {**now, **new}, p_pieces, p_assign)
+            for (p_pieces, p_assign, _), new, moved in zip(proposals, proposed, changed)
         ]
-        best_ms, best_compute, best_pieces, best_assign, words = min(measured, key=lambda m: m[0])
-        gain = 1 - best_ms / current
+        best = min(range(len(measured)), key=lambda m: measured[m][0])
+        (plan_ms, unloaded_ms), best_compute, best_pieces, best_assign = measured[best]
+        words, were_ms = proposals[best][2], float(costs[changed[best]].max())
+        # the gain on the devices the move changed, their slowest before and after; where the plan cost rises, the
+        # loss on it
+        gain = 1 - unloaded_ms / were_ms if plan_ms <= current else 1 - plan_ms / current
         if gain > config.refine_min_gain or priced_gain <= config.refine_min_gain:
             break
         if attempt < config.refine_retries:
@@ -228,9 +239,11 @@ def _measured_best_move(
             + ("" if int(np.argmax(costs)) != int(np.argmax(before)) else "; stopping")
         )
         return costs, None
+    devices = ", ".join(str(d) for d in changed[best])
     log(
-        f"refinement step {step}: {words}: {best_ms:.2f} ms against {current:.2f} ms for the plan as it stood, "
-        f"measured beside it with this step's batches ({gain:.1%} faster)"
+        f"refinement step {step}: {words}: devices {devices} at most {unloaded_ms:.2f} ms against {were_ms:.2f} ms "
+        f"({gain:.1%} lower), the plan {plan_ms:.2f} ms against {current:.2f} ms as it stood, measured beside it "
+        "with this step's batches"
     )
     return costs, (best_pieces, best_assign, best_compute, words)
 
@@ -259,8 +272,8 @@ def propose(
     taken: set[tuple] = frozenset(),
 ) -> list[tuple[list[TablePiece], np.ndarray, str]]:
     """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory and lead
-    to none of the layouts `taken` before: (pieces, assignment, the move in words), cheapest simulated plan
-    first."""
+    to none of the layouts `taken` before: (pieces, assignment, the move in words), the best `unloading` by the
+    simulated device costs first."""
     topology = pricer.topology
     sizes = pricer.sizes(pieces)
     slowest = int(np.argmax(costs))
@@ -268,34 +281,42 @@ def propose(
     # Row blocks, replicas and pieces pinned or grouped by constraints stay where they are.
     free = [p.rows is None and not p.replicated and p.devices is None and p.group is None for p in pieces]
     movable = [i for i in np.flatnonzero(assign == slowest) if free[i]]
-    candidates: list[tuple[list[TablePiece], np.ndarray, str]] = []
+    candidates: list[tuple[list[TablePiece], np.ndarray, str, int]] = []  # ... and the device the piece goes to
     for i in movable:
         name = pieces[i].describe()
         for t in targets:
             if sizes.allowed[i, t]:
                 moved = assign.copy()
                 moved[i] = t
-                candidates.append((pieces, moved, f"{name} moved from device {slowest} to {t}"))
+                candidates.append((pieces, moved, f"{name} moved from device {slowest} to {t}", t))
             for j in np.flatnonzero(assign == t):
                 if free[j] and sizes.allowed[i, t] and sizes.allowed[j, slowest]:
                     swapped = assign.copy()
                     swapped[i], swapped[j] = t, slowest
                     candidates.append(
-                        (pieces, swapped, f"{name} on device {slowest} swapped with {pieces[j].describe()}")
+                        (pieces, swapped, f"{name} on device {slowest} swapped with {pieces[j].describe()}", t)
                     )
             halves = split_piece(pieces[i], 2)
             if halves is not None and sizes.allowed[i, t]:
                 split_pieces = pieces[:i] + halves + pieces[i + 1 :]
                 split_assign = np.concatenate([assign[:i], [slowest, t], assign[i + 1 :]])
-                candidates.append((split_pieces, split_assign, f"{name} split by columns, one half to device {t}"))
+                candidates.append((split_pieces, split_assign, f"{name} split by columns, one half to device {t}", t))
     fitting = [
-        (c, pricer.plan_cost(c[0], c[1]))
-        for c in candidates
-        if layout_key(c[0], c[1]) not in taken
-        and (MemoryLedger.of_assignment(topology, c[1], pricer.sizes(c[0]).need).free >= 0).all()
+        ((c_pieces, c_assign, words), unloading(pricer.plan_parts(c_pieces, c_assign).totals(), [slowest, t]))
+        for c_pieces, c_assign, words, t in candidates
+        if layout_key(c_pieces, c_assign) not in taken
+        and (MemoryLedger.of_assignment(topology, c_assign, pricer.sizes(c_pieces).need).free >= 0).all()
     ]
     fitting.sort(key=lambda pair: pair[1])
     return [c for c, _ in fitting[: config.refine_proposals]]
+
+
+def unloading(device_ms: np.ndarray, changed: list[int]) -> tuple[float, float]:
+    """How a move is ranked, least first: the plan cost it leaves (its slowest device), then the slowest of the
+    devices it changed. Where other devices are as slow as the one a move unloads, the plan cost stays and the
+    second figure tells the moves apart: a plan of 8 devices whose slowest few are within noise of each other gets
+    faster only by unloading them one after the other."""
+    return float(device_ms.max()), float(device_ms[changed].max())
 
 
 def changed_devices(
