@@ -7,6 +7,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.plan import GB, Plan, Topology
 from shard_ray.plan.piece import table_wise
+from shard_ray.plan.plan import PlanSettings
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.gang import DeviceGang
@@ -133,3 +134,31 @@ def test_moves_never_lead_back_to_a_layout_already_taken():
     first = layout_key(*every[0][:2])
     later = propose(pricer, pieces, assign, costs, config, {first})
     assert first not in {layout_key(p, a) for p, a, _ in later} and len(later) == len(every) - 1
+
+
+@pytest.mark.parametrize("devices_per_host, rows_over", [(None, (0, 3)), (2, (2, 3))])
+def test_a_table_that_dominates_the_slowest_device_is_proposed_split_by_rows_over_its_host(devices_per_host, rows_over):
+    """A table of pooling factor 200 beside three small ones: among the moves off the slowest device, its rows split
+    over the device's host (TorchRec's table-row-wise; row-wise where one host holds every device), each block on
+    its own device, in a plan that checks."""
+    hot = TableSpec(name="hot", rows=400000, dim=64, pooling_factor=200.0)
+    tables = [hot] + [TableSpec(name=f"t{i}", rows=20000, dim=64, pooling_factor=4.0) for i in range(3)]
+    topology = Topology(num_devices=4, memory_bytes=GB, batch_size=1024, devices_per_host=devices_per_host)
+    pieces = table_wise(tables)
+    slowest = rows_over[0] if devices_per_host is None else 3
+    assign = np.array([slowest, 1, 2, 0 if slowest == 3 else 3])
+    pricer = Pricer(CostModels.load(default_cost_model_path()), topology)
+    costs = np.zeros(4)
+    costs[slowest] = 1.0
+    proposed = propose(pricer, pieces, assign, costs, RefineConfig(refine_proposals=50))
+    split = [(p, a) for p, a, words in proposed if f"split by rows over devices {rows_over[0]}-{rows_over[1]}" in words]
+    assert len(split) == 1, [words for _, _, words in proposed]
+    split_pieces, split_assign = split[0]
+    blocks = [(p, int(d)) for p, d in zip(split_pieces, split_assign) if p.table.name == "hot"]
+    assert sorted(d for _, d in blocks) == list(range(rows_over[0], rows_over[1] + 1))
+    made_for = PlanSettings(
+        memory_gb=1, batch_size=1024, optimizer=topology.optimizer, devices_per_host=devices_per_host
+    )
+    plan = Plan.from_assignment(split_pieces, split_assign, 4, "split").model_copy(update={"settings": made_for})
+    plan.check(tables)
+    assert plan.tables["hot"].type == ("row_wise" if devices_per_host is None else "table_row_wise")

@@ -8,8 +8,9 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    is its measured forward + backward plus its all-to-alls as the models price them (profiling
    actors time kernels, not collectives): the measured plan cost is the slowest device's.
 2. From the slowest device, the models propose moves: each of its movable pieces moved to one of
-   the `refine_targets` devices measured fastest, swapped with one of theirs, or split in two by
-   columns with one half moved. The models rank the moves by `unloading` (the simulated plan cost,
+   the `refine_targets` devices measured fastest, swapped with one of theirs, split in two by
+   columns with one half moved, or, a whole table, split by rows over the device's host
+   (`rows_over_host`). The models rank the moves by `unloading` (the simulated plan cost,
    then the slowest of the two devices a move changes), and the best `refine_proposals` that fit in
    memory and lead to a layout not yet taken are kept (a swap taken back two steps later would only
    return to a plan already measured).
@@ -48,8 +49,8 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import split_piece
 from shard_ray.plan.memory import MemoryLedger
-from shard_ray.plan.piece import TablePiece
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
+from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
 from shard_ray.workload.tables import TableSpec
@@ -176,6 +177,14 @@ def refine(
         moves.append(words)
         taken.add(layout_key(pieces, assign))
     refined = Candidate(pieces, assign, float(costs.max())).plan(topology.num_devices, f"{plan.algorithm}+refined")
+    # what the plan was made for, its hosts among them (a table split by rows inside a host is table-row-wise)
+    made_for = plan.settings or PlanSettings(
+        memory_gb=topology.memory_gb,
+        batch_size=topology.batch_size,
+        optimizer=topology.optimizer,
+        devices_per_host=topology.devices_per_host,
+    )
+    refined = refined.model_copy(update={"settings": made_for})
     refined.check(tables)
     refined.check_memory(tables, topology)
     return Refinement(refined, before, float(costs.max()), moves, meter.measured_shards)
@@ -281,34 +290,63 @@ def propose(
     # Row blocks, replicas and pieces pinned or grouped by constraints stay where they are.
     free = [p.rows is None and not p.replicated and p.devices is None and p.group is None for p in pieces]
     movable = [i for i in np.flatnonzero(assign == slowest) if free[i]]
-    candidates: list[tuple[list[TablePiece], np.ndarray, str, int]] = []  # ... and the device the piece goes to
+    candidates: list[tuple[list[TablePiece], np.ndarray, str, list[int]]] = []  # ... and the devices it changes
     for i in movable:
         name = pieces[i].describe()
+        blocks = rows_over_host(pieces[i], topology, slowest)
+        if blocks is not None:
+            held = [b.devices[0] for b in blocks]
+            candidates.append(
+                (
+                    pieces[:i] + blocks + pieces[i + 1 :],
+                    np.concatenate([assign[:i], held, assign[i + 1 :]]),
+                    f"{name} split by rows over devices {min(held)}-{max(held)}",
+                    sorted({*held, slowest}),
+                )
+            )
         for t in targets:
             if sizes.allowed[i, t]:
                 moved = assign.copy()
                 moved[i] = t
-                candidates.append((pieces, moved, f"{name} moved from device {slowest} to {t}", t))
+                candidates.append((pieces, moved, f"{name} moved from device {slowest} to {t}", [slowest, t]))
             for j in np.flatnonzero(assign == t):
                 if free[j] and sizes.allowed[i, t] and sizes.allowed[j, slowest]:
                     swapped = assign.copy()
                     swapped[i], swapped[j] = t, slowest
                     candidates.append(
-                        (pieces, swapped, f"{name} on device {slowest} swapped with {pieces[j].describe()}", t)
+                        (
+                            pieces,
+                            swapped,
+                            f"{name} on device {slowest} swapped with {pieces[j].describe()}",
+                            [slowest, t],
+                        )
                     )
             halves = split_piece(pieces[i], 2)
             if halves is not None and sizes.allowed[i, t]:
                 split_pieces = pieces[:i] + halves + pieces[i + 1 :]
                 split_assign = np.concatenate([assign[:i], [slowest, t], assign[i + 1 :]])
-                candidates.append((split_pieces, split_assign, f"{name} split by columns, one half to device {t}", t))
+                words = f"{name} split by columns, one half to device {t}"
+                candidates.append((split_pieces, split_assign, words, [slowest, t]))
     fitting = [
-        ((c_pieces, c_assign, words), unloading(pricer.plan_parts(c_pieces, c_assign).totals(), [slowest, t]))
-        for c_pieces, c_assign, words, t in candidates
+        ((c_pieces, c_assign, words), unloading(pricer.plan_parts(c_pieces, c_assign).totals(), changed))
+        for c_pieces, c_assign, words, changed in candidates
         if layout_key(c_pieces, c_assign) not in taken
         and (MemoryLedger.of_assignment(topology, c_assign, pricer.sizes(c_pieces).need).free >= 0).all()
     ]
     fitting.sort(key=lambda pair: pair[1])
     return [c for c, _ in fitting[: config.refine_proposals]]
+
+
+def rows_over_host(piece: TablePiece, topology: Topology, device: int) -> list[TablePiece] | None:
+    """The whole table of `piece` split by rows over the devices of `device`'s host, as TorchRec's table-row-wise
+    cuts it (row-wise over every device where one host holds them all): its lookups spread over the host's devices
+    and its pooled sums added up inside the host. None for a piece of a table, a replica, or a host of one device."""
+    local = topology.devices_per_host_or_all
+    if local == 1 or piece.width != piece.table.dim or piece.rows is not None or piece.replicated:
+        return None
+    if topology.devices_per_host is None:
+        return row_wise(piece.table, topology.num_devices)
+    return table_row_wise(piece.table, local, device // local)
 
 
 def unloading(device_ms: np.ndarray, changed: list[int]) -> tuple[float, float]:
