@@ -1,6 +1,7 @@
 """What better placement could gain on this hardware: every plan beside a measured balance bound.
 
     OMP_NUM_THREADS=1 python experiments/lower_bound.py --out experiments/results/lower_bound [--devices 2]
+        [--tasks 0 --tables ONE_FILE --plans WRITTEN_PLAN.json]
 
 Is a plan at 0.95x of the best baseline there to be found? For a synthetic test task (drawn as
 `experiments/calibration.py` draws it) and each public-shape table file, every algorithm's plan
@@ -45,7 +46,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.io import write_json
 from shard_ray.plan.piece import TablePiece
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, load_plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import MeasureConfig
@@ -72,6 +73,12 @@ class LowerBoundBenchmark:
     rounds: int = setting(7, "rounds, each measuring every shard with new batches", min=3)
     splits: int = setting(16, "random assignments of the tables to the devices measured beside the plans", min=0)
     batch_size: int = setting(1024, "global batch", min=1)
+    plans: tuple[str, ...] = setting(
+        (),
+        "plan files measured beside the algorithms' (e.g. what `plan --measure --refine` wrote), each named by its "
+        "file's stem; they must place every task's tables, so give them with one task's",
+        repeat=True,
+    )
 
 
 def run_task(
@@ -85,6 +92,10 @@ def run_task(
     models_path = str(default_cost_model_path())
     made = plan_with_algorithms(tables, topology, pool.hardware, [*SEARCHES, *BASELINES], cost_model=models_path)
     plans = {p.algorithm: p for p in made.plans}
+    for path in map(Path, config.plans):
+        given = load_plan(path)
+        given.check(tables)
+        plans[path.stem] = given
     simulator = Simulator(CostModels.load(models_path))
     whole = [TablePiece.whole(t) for t in tables]
     rng = np.random.default_rng(0)
@@ -145,7 +156,7 @@ def run_task(
             ]
             for n, p in plans.items()
         },
-        "over_best_baseline": {n: ratio(costs[n], costs[best]) for n in SEARCHES if n in costs},
+        "over_best_baseline": {n: ratio(costs[n], costs[best]) for n in costs if n not in BASELINES},
         "rounds": {"bound": bounds, **costs},
     }
 
