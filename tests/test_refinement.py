@@ -107,8 +107,10 @@ def test_a_step_whose_moves_measured_a_stall_is_measured_again_with_new_batches(
     retried = [line for line in lines if "measuring the step again with new batches" in line]
     assert len(retried) == 1 and "gains -" in retried[0], lines
     # device 0 at the first batches, then at the step's: the plan's device 0 (the moves' shards planted), and
-    # again at new batches with the moves' shards (like tables: both moves' are one pair of shards)
-    assert refined.measured_shards == 5, (refined.measured_shards, lines)
+    # again at new batches with the moves' shards (like tables: both moves' are one pair of shards); then the plan
+    # as it started and as refined, side by side at new batches: device 0 of each and the refined plan's device 1
+    assert refined.measured_shards == 8, (refined.measured_shards, lines)
+    assert "measured side by side with new batches" in lines[-1] and refined.after_ms < refined.before_ms, lines
     assert refined.after_ms < 100, lines  # the planted stall is not what the step kept
 
 

@@ -499,6 +499,11 @@ def refined_and_confirmed(
         )
         if not refined.moves:
             return plan
+        if refined.after_ms >= refined.before_ms:
+            print(
+                f"the refined plan measured no faster than {plan.algorithm}'s beside it: {plan.algorithm}'s is written"
+            )
+            return plan
         if len(distinct([(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)])) < 2:
             print(f"the moves kept lead back to {plan.algorithm}'s placement: it is written")
             return plan

@@ -157,7 +157,10 @@ class ProfilingPool:
         CPU actors on one machine share its memory bandwidth: a shard measured beside another is slowed for all its
         steps, while the last shard of a batch finishes alone, and the fastest step (`step_estimate`) favours it. A
         5-table shard measured beside the 6-table shard it came from measured 0.92 of it (median of 8 on the 2-core
-        AMD EPYC), one at a time 0.785 (docs/measurement.md); GPU actors each have their own device."""
+        AMD EPYC), one at a time 0.785 (docs/measurement.md); GPU actors each have their own device. Alone, a
+        machine's shards all go to one actor: each actor builds shards in buffers of its own (`HostBuffers`), whose
+        pages the kernel backs well or badly for as long as they are kept, and a 4-table shard measured on one
+        actor timed 6% slower than the 5-table shard it came from on the other, twice, with new batches."""
         keys = [fused_shard_key(pieces, config, self.hardware) for pieces in shards]
         known = store.known_keys(keys)
         todo = [i for i, key in enumerate(keys) if key not in known]
@@ -172,8 +175,9 @@ class ProfilingPool:
         capped = 0
         while queue or in_flight:
             busy = {self._machine[actor] for actor, _ in in_flight.values()}
+            usable = set(self.actors) if not alone else {self._first_on_machine(actor) for actor in self.actors}
             for actor in reversed(list(idle)):
-                if not queue or (alone and self._machine[actor] in busy):
+                if not queue or actor not in usable or (alone and self._machine[actor] in busy):
                     continue
                 index = queue.popleft()
                 idle.remove(actor)
@@ -206,6 +210,10 @@ class ProfilingPool:
                 file=sys.stderr,
             )
         return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
+
+    def _first_on_machine(self, actor: Any) -> Any:
+        """The pool's first actor on `actor`'s machine (GPU actors: itself)."""
+        return next(a for a in self.actors if self._machine[a] == self._machine[actor])
 
     def shutdown(self) -> None:
         for actor in self.actors:
