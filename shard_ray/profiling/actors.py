@@ -174,14 +174,11 @@ class ProfilingPool:
         idle = list(self.actors)
         capped = 0
         while queue or in_flight:
-            busy = {self._machine[actor] for actor, _ in in_flight.values()}
-            usable = set(self.actors) if not alone else {self._first_on_machine(actor) for actor in self.actors}
-            for actor in reversed(list(idle)):
-                if not queue or actor not in usable or (alone and self._machine[actor] in busy):
-                    continue
-                index = queue.popleft()
+            # alone: the first actor of each machine measures that machine's shards, one at a time
+            usable = self.actors if not alone else list({self._machine[a]: a for a in reversed(self.actors)}.values())
+            for actor in [a for a in reversed(idle) if a in usable][: len(queue)]:
                 idle.remove(actor)
-                busy.add(self._machine[actor])
+                index = queue.popleft()
                 in_flight[actor.measure.remote(shards[index], config)] = (actor, index)
             if not in_flight:
                 raise ShardRayError(f"every profiling actor died; {len(queue)} shards were left unmeasured")
@@ -210,10 +207,6 @@ class ProfilingPool:
                 file=sys.stderr,
             )
         return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
-
-    def _first_on_machine(self, actor: Any) -> Any:
-        """The pool's first actor on `actor`'s machine (GPU actors: itself)."""
-        return next(a for a in self.actors if self._machine[a] == self._machine[actor])
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -11,7 +11,7 @@ After `plan --measure`'s race, the plan it chose is refined step by step, top to
    the `refine_targets` devices measured fastest, swapped with one of theirs, split in two by
    columns with one half moved, or, a whole table, split by rows over the device's host
    (`rows_over_host`). The models rank the moves by `unloading` (the simulated plan cost,
-   then the slowest of the two devices a move changes), and the best `refine_proposals` that fit in
+   then the slowest of the devices a move changes), and the best `refine_proposals` that fit in
    memory and lead to a layout not yet taken are kept (a swap taken back two steps later would only
    return to a plan already measured).
 3. The devices each proposal changes are measured, all proposals' in one go with the plan as it
