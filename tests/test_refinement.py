@@ -5,6 +5,7 @@ import pytest
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer
+from shard_ray.costmodel.simulator import Simulator
 from shard_ray.plan import GB, Plan, Topology
 from shard_ray.plan.piece import table_wise
 from shard_ray.plan.plan import PlanSettings
@@ -13,7 +14,7 @@ from shard_ray.profiling.fused_shard import FusedShardMeasurement, MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import CompareConfig, compare_plans
-from shard_ray.workflows.refinement import RefineConfig, changed_devices, layout_key, propose, refine
+from shard_ray.workflows.refinement import RefineConfig, _Meter, changed_devices, layout_key, propose, refine
 from shard_ray.workload.tables import TableSpec
 
 
@@ -164,3 +165,26 @@ def test_a_table_that_dominates_the_slowest_device_is_proposed_split_by_rows_ove
     plan = Plan.from_assignment(split_pieces, split_assign, 4, "split").model_copy(update={"settings": made_for})
     plan.check(tables)
     assert plan.tables["hot"].type == ("row_wise" if devices_per_host is None else "table_row_wise")
+
+
+def test_refinement_prices_the_all_to_alls_over_the_hosts_the_plan_is_made_for():
+    """A layout refinement measures is priced with the plan's hosts and links, as `plan` priced it: over hosts
+    joined at 24 MB/s a device's all-to-alls cost tens of ms, where on one host they cost a few (a refinement that
+    priced its layouts as one host judged moves on 2 emulated hosts by all-to-alls 10x too cheap)."""
+    tables = [TableSpec(name=f"t{i}", rows=20000, dim=64, pooling_factor=4.0) for i in range(4)]
+    topology = Topology(num_devices=4, memory_bytes=GB, batch_size=1024, devices_per_host=2, inter_host_gbps=0.024)
+    models = CostModels.load(default_cost_model_path())
+    pieces, assign = table_wise(tables), np.array([0, 1, 2, 3])
+    zero = dict.fromkeys(range(4), 0.0)
+
+    def priced_by_meter(settings: PlanSettings) -> np.ndarray:
+        meter = _Meter(tables, topology, Simulator(models), None, None, MeasureConfig(), "x", settings)
+        return meter.costs(pieces, assign, zero)
+
+    made_for = PlanSettings.for_topology(topology)
+    plan = Plan.from_assignment(pieces, assign, 4, "x").model_copy(update={"settings": made_for})
+    priced = Simulator(models).plan_cost(plan, tables, 1024).devices
+    over_hosts = priced_by_meter(made_for)
+    assert np.allclose(over_hosts, [d.input_dist_ms + d.fwd_comm_ms + d.bwd_comm_ms for d in priced])
+    one_host = priced_by_meter(PlanSettings.for_topology(Topology(num_devices=4, memory_bytes=GB, batch_size=1024)))
+    assert over_hosts.max() > 3 * one_host.max()

@@ -193,14 +193,8 @@ def place(
 def _settings(topology: Topology, context: PlacementContext, source: str | None) -> PlanSettings:
     """What the plan is made for, as its file records it."""
     constraints = context.constraints
-    return PlanSettings(
-        memory_gb=topology.memory_gb,
-        batch_size=topology.batch_size,
-        optimizer=topology.optimizer,
-        devices_per_host=topology.devices_per_host,
-        inter_host_gbps=topology.inter_host_gbps if topology.num_hosts > 1 else None,
-        intra_host_gbps=topology.intra_host_gbps,
-        host_link_gbps=topology.host_link_gbps if topology.num_hosts > 1 else None,
+    return PlanSettings.for_topology(
+        topology,
         seed=context.seed,
         algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=source,

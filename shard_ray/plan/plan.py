@@ -182,6 +182,22 @@ class PlanSettings(BaseModel):
     source: str | None = None  # the file they were read from (a tuned-config file), if any
     constraints: dict[str, Any] | None = None  # the constraints file's content the plan was made under, if any
 
+    @classmethod
+    def for_topology(cls, topology: Topology, **made_with: Any) -> PlanSettings:
+        """What a plan for `topology` records of it (its rates between hosts only where it has hosts), with
+        `made_with`'s fields (seed, the algorithm's settings, ...)."""
+        over_hosts = topology.num_hosts > 1
+        return cls(
+            memory_gb=topology.memory_gb,
+            batch_size=topology.batch_size,
+            optimizer=topology.optimizer,
+            devices_per_host=topology.devices_per_host,
+            inter_host_gbps=topology.inter_host_gbps if over_hosts else None,
+            intra_host_gbps=topology.intra_host_gbps,
+            host_link_gbps=topology.host_link_gbps if over_hosts else None,
+            **made_with,
+        )
+
 
 class PlanEstimate(BaseModel):
     """What the cost models say of a plan: its predicted per-device costs and the task's lower bound."""

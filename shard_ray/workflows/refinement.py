@@ -108,6 +108,7 @@ class _Meter:
     store: MeasurementStore
     measure: MeasureConfig
     algorithm: str
+    settings: PlanSettings  # what the plan was made for: its hosts and their links price the all-to-alls
     measured_shards: int = 0  # shards measured on the actors, not found in the store
 
     def compute(
@@ -137,6 +138,7 @@ class _Meter:
     def costs(self, pieces: list[TablePiece], assign: np.ndarray, compute: dict[int, float]) -> np.ndarray:
         """Each device's measured compute plus its priced all-to-alls."""
         layout = Plan.from_assignment(pieces, assign, self.topology.num_devices, self.algorithm)
+        layout = layout.model_copy(update={"settings": self.settings})
         return measured_device_costs(self.simulator, layout, self.tables, self.topology.batch_size, compute)
 
 
@@ -153,7 +155,9 @@ def refine(
 ) -> Refinement:
     """`plan` refined by measured moves (module docstring); unchanged when no move gains enough."""
     pricer = Pricer(models, topology)
-    meter = _Meter(tables, topology, Simulator(models), pool, store, measure, plan.algorithm)
+    # what the plan was made for, its hosts among them (a table split by rows inside a host is table-row-wise)
+    made_for = plan.settings or PlanSettings.for_topology(topology)
+    meter = _Meter(tables, topology, Simulator(models), pool, store, measure, plan.algorithm, made_for)
     pieces, assign = plan.assignment(tables)
     (compute,) = meter.compute([(pieces, assign, list(range(topology.num_devices)))], measure.seed)
     costs = meter.costs(pieces, assign, compute)
@@ -184,13 +188,6 @@ def refine(
     if moves:
         before, after = _measured_side_by_side(meter, started, (pieces, assign), config, log)
     refined = Candidate(pieces, assign, after).plan(topology.num_devices, f"{plan.algorithm}+refined")
-    # what the plan was made for, its hosts among them (a table split by rows inside a host is table-row-wise)
-    made_for = plan.settings or PlanSettings(
-        memory_gb=topology.memory_gb,
-        batch_size=topology.batch_size,
-        optimizer=topology.optimizer,
-        devices_per_host=topology.devices_per_host,
-    )
     refined = refined.model_copy(update={"settings": made_for})
     refined.check(tables)
     refined.check_memory(tables, topology)
