@@ -16,6 +16,14 @@ priced), from the shipped models, as a user types it:
    models), then `shard-ray compare` of the written plan against TorchRec's, every heuristic's and the
    policy's: the separate run that confirms (or not) what step 1 wrote, and where the policy stands.
 
+Over hosts emulated on this machine (`shard-ray hosts up`), run it in host 0 with the layout and the rate `hosts up`
+printed, which every command of the run is given (TorchRec's planner plans with it too):
+
+    shard-ray hosts up --hosts 4 --devices-per-host 4 --rate 1gbit
+    shard-ray hosts run -- env OMP_NUM_THREADS=1 .venv/bin/python experiments/refinement.py --devices 16 \
+        --devices-per-host 4 --link-gbps 0.119 --out experiments/results/refinement_16dev_hosts
+    shard-ray hosts down
+
 Writes `refinement.json` and `refinement.md` (the figures docs/results.md quotes) to `--out`; the
 measurements go to one store there.
 """
@@ -54,6 +62,9 @@ class RefinementBenchmark:
     memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
     measure_budget: float = setting(150.0, "plan --measure-budget and compare --budget-seconds", min=1)
     budget_minutes: float = setting(5.0, "calibrate --budget-minutes", min=0.1)
+    batch_size: int = setting(1024, "global batch", min=1)
+    devices_per_host: int = setting(0, "devices a host (0: one host holds them all)", min=0)
+    link_gbps: float = setting(0.0, "over hosts: the GB/s of a host's one link, as `hosts up` measured it", min=0)
 
 
 def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[str, Any]:
@@ -61,23 +72,29 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     memory_gb = memory_cap_with_headroom(load_tables(tables_file), config.devices, config.memory_headroom) / GB
     store, plans = str(out / "measurements.db"), out / "plans" / name
     common = ["--tables", str(tables_file), "--devices", str(config.devices), "--memory-gb", f"{memory_gb:.4f}"]
+    common += ["--batch-size", str(config.batch_size)]
+    hosts = ["--devices-per-host", str(config.devices_per_host)] if config.devices_per_host else []
+    if config.link_gbps:
+        hosts += ["--inter-host-gbps", str(config.link_gbps), "--host-link-gbps", str(config.link_gbps)]
     written, models = plans / "written.json", out / "models" / f"{name}.pt"
     for folder in (plans, out / "models"):
         folder.mkdir(parents=True, exist_ok=True)
     calibration = json.loads(
         shard_ray(
-            "calibrate", *common, "--cost-model", str(default_cost_model_path()), "--store", store,
+            "calibrate", *common, *hosts[:2], "--cost-model", str(default_cost_model_path()), "--store", store,
             "--out", str(models), "--budget-minutes", str(config.budget_minutes), "--no-mlflow",
         ).strip().splitlines()[-1]
     )  # fmt: skip
     printed = shard_ray(
-        "plan", *common, "--algo", "cost_search", "--cost-model", str(models), "--out", str(written), "--measure",
+        "plan", *common, *hosts, "--algo", "cost_search", "--cost-model", str(models), "--out", str(written), "--measure",
         "--refine", "--measure-budget", str(config.measure_budget), "--store", store,
     )  # fmt: skip
     refinement = [line for line in printed.splitlines() if line.startswith("refinement")]
     for baseline in BASELINES:
-        shard_ray("plan", *common, "--algo", baseline, "--out", str(plans / f"{baseline}.json"))
-    shard_ray("plan", *common, "--algo", POLICY, "--cost-model", str(models), "--out", str(plans / f"{POLICY}.json"))
+        shard_ray("plan", *common, *hosts, "--algo", baseline, "--out", str(plans / f"{baseline}.json"))
+    shard_ray(
+        "plan", *common, *hosts, "--algo", POLICY, "--cost-model", str(models), "--out", str(plans / f"{POLICY}.json")
+    )
     shard_ray(
         "compare", "--tables", str(tables_file), "--plans", str(written),
         *(str(plans / f"{b}.json") for b in (*BASELINES, POLICY)), "--budget-seconds", str(config.measure_budget),
