@@ -87,14 +87,15 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     )  # fmt: skip
     printed = shard_ray(
         "plan", *common, *hosts, "--algo", "cost_search", "--cost-model", str(models), "--out", str(written), "--measure",
-        "--refine", "--measure-budget", str(config.measure_budget), "--store", store,
+        "--refine", "--measure-budget", str(config.measure_budget), "--store", store, "--no-mlflow",
     )  # fmt: skip
     refinement = [line for line in printed.splitlines() if line.startswith("refinement")]
     for baseline in BASELINES:
-        shard_ray("plan", *common, *hosts, "--algo", baseline, "--out", str(plans / f"{baseline}.json"))
+        shard_ray("plan", *common, *hosts, "--algo", baseline, "--out", str(plans / f"{baseline}.json"), "--no-mlflow")
     shard_ray(
-        "plan", *common, *hosts, "--algo", POLICY, "--cost-model", str(models), "--out", str(plans / f"{POLICY}.json")
-    )
+        "plan", *common, *hosts, "--algo", POLICY, "--cost-model", str(models), "--out", str(plans / f"{POLICY}.json"),
+        "--no-mlflow",
+    )  # fmt: skip
     shard_ray(
         "compare", "--tables", str(tables_file), "--plans", str(written),
         *(str(plans / f"{b}.json") for b in (*BASELINES, POLICY)), "--budget-seconds", str(config.measure_budget),
