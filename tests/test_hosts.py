@@ -145,6 +145,13 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
             assert len(devices) == 3
             # the hosts know each other's names, so gloo does not warn that it cannot name its peers
             assert "hostname of the client socket cannot be retrieved" not in done.stdout + done.stderr
+            assert "given no --devices-per-host" not in done.stderr
+            # the same plan made as for one host: measured over the links, priced without them, and said so
+            one_host = re.sub(r" --devices-per-host \S+ --inter-host-gbps \S+", "", plan).replace("plan3", "flat3")
+            assert _run(one_host, env, work).returncode == 0
+            done = _run(evaluate.replace("plan3", "flat3").replace("evaluated3", "flat3_evaluated"), env, work)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "the gang spans 3 Ray nodes, but was given no --devices-per-host" in done.stderr, done.stderr
         finally:
             down = _run(f"shard-ray hosts down {name}", env, work)
         assert down.returncode == 0, down.stderr

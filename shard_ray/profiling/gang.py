@@ -690,6 +690,13 @@ class DeviceGang:
         self.hosts = [numbering.setdefault(h["node"], len(numbering)) for h in hosts]
         self.warnings = self._oversubscription(hosts)
         self.take_turns = bool(self.warnings)
+        spanned = len(set(self.hosts))
+        if spanned > 1 and self.devices_per_host is None:
+            self.warnings.append(
+                f"the gang spans {spanned} Ray nodes, but was given no --devices-per-host: the plans are priced as on "
+                "one host, without the links between hosts; plan and measure with the layout (`--devices-per-host L`, "
+                "which `shard-ray hosts up` prints for its hosts)"
+            )
         link_bound = self.take_turns and emulated_link_mbit() is not None and len(set(self.hosts)) > 1
         self.priced_parts = list(PRICED_WHEN_SHARED) if self.take_turns and not link_bound else []
         if self.pin_cores and not self.use_gpus:
