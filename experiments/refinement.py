@@ -73,15 +73,15 @@ def run_task(tables_file: Path, config: RefinementBenchmark, out: Path) -> dict[
     store, plans = str(out / "measurements.db"), out / "plans" / name
     common = ["--tables", str(tables_file), "--devices", str(config.devices), "--memory-gb", f"{memory_gb:.4f}"]
     common += ["--batch-size", str(config.batch_size)]
-    hosts = ["--devices-per-host", str(config.devices_per_host)] if config.devices_per_host else []
-    if config.link_gbps:
-        hosts += ["--inter-host-gbps", str(config.link_gbps), "--host-link-gbps", str(config.link_gbps)]
+    layout = ["--devices-per-host", str(config.devices_per_host)] if config.devices_per_host else []
+    rates = ["--inter-host-gbps", str(config.link_gbps), "--host-link-gbps", str(config.link_gbps)]
+    hosts = layout + (rates if config.link_gbps else [])  # calibrate takes the layout only: it fits the rates
     written, models = plans / "written.json", out / "models" / f"{name}.pt"
     for folder in (plans, out / "models"):
         folder.mkdir(parents=True, exist_ok=True)
     calibration = json.loads(
         shard_ray(
-            "calibrate", *common, *hosts[:2], "--cost-model", str(default_cost_model_path()), "--store", store,
+            "calibrate", *common, *layout, "--cost-model", str(default_cost_model_path()), "--store", store,
             "--out", str(models), "--budget-minutes", str(config.budget_minutes), "--no-mlflow",
         ).strip().splitlines()[-1]
     )  # fmt: skip
