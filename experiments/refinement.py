@@ -19,9 +19,9 @@ priced), from the shipped models, as a user types it:
 Over hosts emulated on this machine (`shard-ray hosts up`), run it in host 0 with the layout and the rate `hosts up`
 printed, which every command of the run is given (TorchRec's planner plans with it too):
 
-    shard-ray hosts up --hosts 4 --devices-per-host 4 --rate 1gbit
+    shard-ray hosts up --hosts 4 --devices-per-host 4 --rate 300mbit
     shard-ray hosts run -- env OMP_NUM_THREADS=1 .venv/bin/python experiments/refinement.py --devices 16 \
-        --devices-per-host 4 --link-gbps 0.119 --out experiments/results/refinement_16dev_hosts
+        --devices-per-host 4 --link-gbps 0.0338 --batch-size 512 --out experiments/results/refinement_16dev_hosts
     shard-ray hosts down
 
 Writes `refinement.json` and `refinement.md` (the figures docs/results.md quotes) to `--out`; the
