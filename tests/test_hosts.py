@@ -149,7 +149,9 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
             # the same plan made as for one host: measured over the links, priced without them, and said so
             one_host = re.sub(r" --devices-per-host \S+ --inter-host-gbps \S+", "", plan).replace("plan3", "flat3")
             assert _run(one_host, env, work).returncode == 0
-            done = _run(evaluate.replace("plan3", "flat3").replace("evaluated3", "flat3_evaluated"), env, work)
+            # one round: the warning is said when the gang starts; the measurement is the 3 rounds' above
+            flat = evaluate.replace("plan3", "flat3").replace("evaluated3", "flat3_evaluated")
+            done = _run(flat.replace("--rounds 3", "--rounds 1"), env, work)
             assert done.returncode == 0, done.stdout + done.stderr
             assert "the gang spans 3 Ray nodes, but was given no --devices-per-host" in done.stderr, done.stderr
         finally:
@@ -203,72 +205,87 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
         assert priced["row_wise"] > 1.2 * priced["table_row_wise"], priced
 
 
+@pytest.fixture(scope="module")
+def two_hosts_at_50_mbit():
+    """docs/commands.md's two hosts of one device joined at 50 Mbit/s (`hosts up`, as a user types it), up once for the
+    tests that run commands in it and down after them, leaving no namespace: (its name, a shell's environment with
+    the home that knows it, what `hosts up` printed). Each test runs in a folder of its own."""
+    name = f"p{os.getpid() % 10**6}"
+    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
+        env = _shell_env(Path(folder) / "home")
+        layout = page_line("commands.md", "shard-ray hosts up --hosts 2").removeprefix("shard-ray hosts up ")
+        up = _run(f"shard-ray hosts up {layout} --name {name}", env, Path(folder))
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            yield name, env, up.stdout
+        finally:
+            down = _run(f"shard-ray hosts down {name}", env, Path(folder))
+        assert down.returncode == 0, down.stderr
+        assert not _namespaces(name)
+
+
 @needs_namespaces
 @pytest.mark.slow
 @pytest.mark.alone
-def test_bench_over_emulated_hosts_plans_for_them_on_a_gang_spanning_them():
-    """docs/commands.md's `bench` over 2 emulated hosts, on the README's table file: the algorithms plan for hosts of
-    one device (TorchRec's plan included, which over such hosts calls a table on one rank table-row-wise), the gang
+def test_bench_over_emulated_hosts_plans_for_them_on_a_gang_spanning_them(two_hosts_at_50_mbit, tmp_path):
+    """docs/commands.md's `bench` over its 2 emulated hosts, on the README's table file: the algorithms plan for hosts
+    of one device (TorchRec's plan included, which over such hosts calls a table on one rank table-row-wise), the gang
     spans both hosts and says so, and the report records the hosts. (Fewer algorithms and rounds than the page's
     line: what is judged is that it runs over the hosts, not which plan wins. Alone, as the other emulated clusters:
     beside the parallel pass on a 2-core machine, once, its Ray nodes did not come up.)"""
-    name = f"b{os.getpid() % 10**6}"
-    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
-        work = Path(folder)
-        env = _shell_env(work / "home")
-        tables = next(b for b in code_blocks(REPO / "README.md") if "cat > my_model.json" in b)
-        assert _run(tables, env, work).returncode == 0
-        layout = page_line("commands.md", "shard-ray hosts up --hosts 2").removeprefix("shard-ray hosts up ")
-        bench = page_line("commands.md", "shard-ray hosts run -- shard-ray bench").removeprefix(
-            "shard-ray hosts run -- "
-        )
-        bench += " --algorithms torchrec,cost_search,size_greedy --rounds 3 --repeats 4 --budget-seconds 30"
-        _, done = _run_in_cluster(name, layout, bench, env, work)
-        assert "the gang spanned 2 Ray nodes (host 0: devices [0], host 1: devices [1])" in done.stdout, done.stdout
-        out = work / bench.split("--out ")[1].split()[0]
-        report = json.loads((out / "benchmark.json").read_text())
-        assert report["tasks"] == 1 and report["settings"]["devices_per_host"] == 1, report["settings"]
-        assert set(report["per_task"]["my_model"]) == {"torchrec", "cost_search", "size_greedy"}, report["failures"]
+    name, env, _ = two_hosts_at_50_mbit
+    tables = next(b for b in code_blocks(REPO / "README.md") if "cat > my_model.json" in b)
+    assert _run(tables, env, tmp_path).returncode == 0
+    bench = page_line("commands.md", "shard-ray hosts run -- shard-ray bench").replace(
+        "hosts run --", f"hosts run {name} --"
+    )
+    bench += " --algorithms torchrec,cost_search,size_greedy --rounds 3 --repeats 4 --budget-seconds 30"
+    done = _run(bench, env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the gang spanned 2 Ray nodes (host 0: devices [0], host 1: devices [1])" in done.stdout, done.stdout
+    out = tmp_path / bench.split("--out ")[1].split()[0]
+    report = json.loads((out / "benchmark.json").read_text())
+    assert report["tasks"] == 1 and report["settings"]["devices_per_host"] == 1, report["settings"]
+    assert set(report["per_task"]["my_model"]) == {"torchrec", "cost_search", "size_greedy"}, report["failures"]
 
 
 @needs_namespaces
 @pytest.mark.slow
 @pytest.mark.alone
-def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve():
+def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve(two_hosts_at_50_mbit, tmp_path):
     """2 hosts of 1 device joined at 50 Mbit/s, where the links and not the 2 cores bound the all-to-alls:
     `calibrate` run inside the cluster, as a user types it, fits the rate between the hosts to the all-to-alls its
     gang measured, within 15% of the rate a TCP stream measured when the cluster came up (47-49 Mbit/s against 48
     in two runs), says so in one line and keeps it in the model file, where `plan` over such hosts takes it."""
-    name = f"c{os.getpid() % 10**6}"
-    with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
-        work = Path(folder)
-        env = _shell_env(work / "home")
-        # five small tables: the candidates' plans and 2 random ones give enough all-to-alls to fit the rate (18 of
-        # them), in about a minute, well inside the budget; too few held-out measurements to judge the models'
-        # fine-tuning by (it keeps the models it started from and says so), which this test does not judge
-        tables = [{"name": f"t{i}", "rows": 4_000 * (i + 1), "dim": 32, "pooling_factor": 1 + i % 4} for i in range(5)]
-        (work / "tables.json").write_text(json.dumps({"tables": tables}))
-        calibrate = (
-            "shard-ray calibrate --tables tables.json --devices 2 --devices-per-host 1 --inter-host-gbps 0.00625 "
-            "--memory-gb 1 --budget-minutes 2 --shards 0 --plans 2 --held-out 0.5 --noise-rounds 3 --warmup 1 --repeats 3 "
-            "--no-mlflow "
-            "--out calibrated.pt"
-        )
-        up, calibrated = _run_in_cluster(name, "--hosts 2 --devices-per-host 1 --rate 50mbit", calibrate, env, work)
-        link = max(float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", up.stdout).groups())
-        fitted = re.search(r"links between hosts: (\S+) GB/s \((\d+) Mbit/s\) achieved", calibrated.stdout)
-        assert fitted and float(fitted.group(2)) == pytest.approx(link, rel=0.15), (link, calibrated.stdout)
-        from shard_ray.costmodel.models import CostModels
+    name, env, up = two_hosts_at_50_mbit
+    assert "2 hosts of 1 device, links of 50 Mbit/s each way" in up, up  # the hosts the command below is given
+    # five small tables: the candidates' plans and 2 random ones give enough all-to-alls to fit the rate (18 of
+    # them), in about a minute, well inside the budget; too few held-out measurements to judge the models'
+    # fine-tuning by (it keeps the models it started from and says so), which this test does not judge
+    tables = [{"name": f"t{i}", "rows": 4_000 * (i + 1), "dim": 32, "pooling_factor": 1 + i % 4} for i in range(5)]
+    (tmp_path / "tables.json").write_text(json.dumps({"tables": tables}))
+    calibrate = (
+        "shard-ray calibrate --tables tables.json --devices 2 --devices-per-host 1 --inter-host-gbps 0.00625 "
+        "--memory-gb 1 --budget-minutes 2 --shards 0 --plans 2 --held-out 0.5 --noise-rounds 3 --warmup 1 --repeats 3 "
+        "--no-mlflow "
+        "--out calibrated.pt"
+    )
+    calibrated = _run(f"shard-ray hosts run {name} -- {calibrate}", env, tmp_path)
+    assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
+    link = max(float(r) for r in re.search(r"measured host 0 -> 1: (\d+), (\d+) Mbit/s", up).groups())
+    fitted = re.search(r"links between hosts: (\S+) GB/s \((\d+) Mbit/s\) achieved", calibrated.stdout)
+    assert fitted and float(fitted.group(2)) == pytest.approx(link, rel=0.15), (link, calibrated.stdout)
+    from shard_ray.costmodel.models import CostModels
 
-        kept = CostModels.load(work / "calibrated.pt").info.links
-        assert kept is not None and kept.inter_host_gbps == pytest.approx(float(fitted.group(1)), rel=1e-3)
-        # and a plan over such hosts with these models, given no rate, takes it
-        planned = _run(
-            "shard-ray plan --tables tables.json --devices 2 --devices-per-host 1 --memory-gb 1 --algo size_greedy "
-            "--cost-model calibrated.pt --out plan.json",
-            env,
-            work,
-        )
-        assert planned.returncode == 0 and "the rate `calibrate` fitted" in planned.stdout, planned.stderr
-        recorded = json.loads((work / "plan.json").read_text())["settings"]["inter_host_gbps"]
-        assert recorded == pytest.approx(kept.inter_host_gbps)
+    kept = CostModels.load(tmp_path / "calibrated.pt").info.links
+    assert kept is not None and kept.inter_host_gbps == pytest.approx(float(fitted.group(1)), rel=1e-3)
+    # and a plan over such hosts with these models, given no rate, takes it
+    planned = _run(
+        "shard-ray plan --tables tables.json --devices 2 --devices-per-host 1 --memory-gb 1 --algo size_greedy "
+        "--cost-model calibrated.pt --out plan.json",
+        env,
+        tmp_path,
+    )
+    assert planned.returncode == 0 and "the rate `calibrate` fitted" in planned.stdout, planned.stderr
+    recorded = json.loads((tmp_path / "plan.json").read_text())["settings"]["inter_host_gbps"]
+    assert recorded == pytest.approx(kept.inter_host_gbps)

@@ -215,6 +215,7 @@ def _first_tasks(runner) -> list[list[str]]:
     return drawn
 
 
+@pytest.mark.slow  # RLlib's PPO built twice and trained: a training test (20 s with its Ray), as the marker says
 def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool, capsys):
     from shard_ray.policy.ppo import build_algorithm, policy_network, resume_tasks, train_policy
 
