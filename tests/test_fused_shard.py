@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -274,10 +276,12 @@ def test_gpu_truth_times_each_device_alone_and_inside_a_training_step(tmp_path):
     plan = place("size_greedy", tables, Topology(num_devices=2, memory_bytes=2**30, batch_size=256))
     save_plan(tmp_path / "many_tiny.size_greedy.json", plan)
     script = [sys.executable, "experiments/gpu_truth.py"]
+    # one torch thread, as every test's own process has (conftest.py): beside the other workers, the CPU kernels' two
+    # threads waited on each other (21 CPU-s where one thread takes 12); on a GPU the threads play no part
     measured = subprocess.run(
         [*script, "--out", str(tmp_path / "out"), "--plans", str(tmp_path / "many_tiny.size_greedy.json"),
          "--rounds", "1", "--training-step"],
-        cwd=repo, capture_output=True, text=True, timeout=300,
+        cwd=repo, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert measured.returncode == 0, measured.stderr
     records = [json.loads(line) for line in (tmp_path / "out/gpu_log.jsonl").read_text().splitlines()]
