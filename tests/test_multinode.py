@@ -210,6 +210,8 @@ def test_doctor_reports_every_node(cluster, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Ray: 4 Ray nodes, 6 CPUs and 0 GPUs in all" in done.stdout  # the head and three workers
     assert done.stdout.count("fused kernels: a fused shard trained on cpu") == 5  # this machine, then each node
+    # the microbenchmark timed once: the nodes share this machine, whose shards were timed already
+    assert done.stdout.count("microbenchmark shards timed here") == 1, done.stdout
 
 
 def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, capsys, monkeypatch, tmp_path):

@@ -46,7 +46,9 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     print("\n".join(format_findings(findings)))
     hardware = {here["hardware"]} - {None}
     if not flags.this_machine:
-        summary, nodes, ray_findings = _cluster_findings(address)
+        summary, nodes, ray_findings = _cluster_findings(
+            address, {here["machine"]} if "microbenchmark" in here else set()
+        )
         print(f"Ray: {summary}")
         print("\n".join(format_findings(ray_findings)))
         findings += ray_findings
@@ -70,9 +72,12 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     print("no problems found")
 
 
-def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]], list[Finding]]:
-    """The cluster's summary, its nodes' reports and findings on Ray itself and its noise floor. With no
-    cluster named, a local Ray is started and runs a task (its one node is this machine, reported already)."""
+def _cluster_findings(
+    address: str | None, timed_machines: set[str]
+) -> tuple[str, list[tuple[str, dict]], list[Finding]]:
+    """The cluster's summary, its nodes' reports (the microbenchmark timed on none of `timed_machines`) and findings
+    on Ray itself and its noise floor. With no cluster named, a local Ray is started and runs a task (its one node is
+    this machine, reported already)."""
     import ray
 
     from shard_ray.doctor import Finding, cluster_reports, noise_finding, task_pid
@@ -95,7 +100,7 @@ def _cluster_findings(address: str | None) -> tuple[str, list[tuple[str, dict]],
             summary, nodes = "a local instance on this machine", []
             found = Finding("Ray", "ok", "a local Ray starts and runs tasks")
         else:
-            summary, nodes = cluster_reports()
+            summary, nodes = cluster_reports(timed_machines)
             found = Finding("Ray", "ok", connected.removeprefix("ray: "))
         return summary, nodes, [found, noise_finding()]
     finally:
