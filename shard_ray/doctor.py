@@ -17,9 +17,10 @@ import platform
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 # FBGEMM's compatibility table (pytorch.org/FBGEMM/general/Releases.html): release 1.N goes with
 # PyTorch 2.(N + 5) (1.0 with 2.5 through 1.5 with 2.10, and on: 1.6 with 2.11, 1.8 with 2.13).
@@ -368,12 +369,13 @@ def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[t
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
 
-    def on_each(function, of_nodes: list[dict], *args) -> list:
-        refs = []
+    def on_each(function: Callable[..., Any], of_nodes: list[dict], *args: Any) -> list:
+        """`function(*args)` run on each of `of_nodes` (with one of its GPUs where it has them), at once."""
+        remote, refs = ray.remote(function), []
         for node in of_nodes:
             options = {"num_cpus": 0, "num_gpus": 1 if node["Resources"].get("GPU", 0) else 0}
             strategy = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-            refs.append(ray.remote(function).options(scheduling_strategy=strategy, **options).remote(*args))
+            refs.append(remote.options(scheduling_strategy=strategy, **options).remote(*args))
         return ray.get(refs, timeout=600)
 
     reports = on_each(node_report, nodes, False)
