@@ -7,6 +7,8 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,21 +38,18 @@ def _namespaces(name: str) -> list[str]:
     return [ns for ns in listed if ns.startswith(f"srh-{name}-")]
 
 
-def _run_in_cluster(
-    name: str, layout: str, command: str, env: dict[str, str], cwd: Path
-) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
-    """`hosts up` with `layout`, `hosts run NAME -- command`, `hosts down`, as a user types them; what up and the
-    command printed. Down must leave no namespace."""
+@contextmanager
+def _emulated_cluster(name: str, layout: str, env: dict[str, str], cwd: Path) -> Iterator[str]:
+    """`hosts up` with `layout` and, after the block, `hosts down`, as a user types them; what up printed. Down must
+    leave no namespace."""
     up = _run(f"shard-ray hosts up {layout} --name {name}", env, cwd)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        done = _run(f"shard-ray hosts run {name} -- {command}", env, cwd)
-        assert done.returncode == 0, done.stdout + done.stderr
+        yield up.stdout
     finally:
         down = _run(f"shard-ray hosts down {name}", env, cwd)
     assert down.returncode == 0, down.stderr
     assert not _namespaces(name)
-    return up, done
 
 
 needs_namespaces = pytest.mark.skipif(
@@ -192,7 +191,9 @@ def test_over_slow_links_a_plan_keeping_its_sums_inside_a_host_measures_faster_a
             "shard-ray compare --tables tables.json --plans table_row_wise.json row_wise.json --rounds 6 --warmup 1 --repeats 4 "
             "--no-mlflow"
         )
-        _run_in_cluster(name, "--hosts 2 --devices-per-host 2 --rate 50mbit", f"{compare} --out cmp", env, work)
+        with _emulated_cluster(name, "--hosts 2 --devices-per-host 2 --rate 50mbit", env, work):
+            done = _run(f"shard-ray hosts run {name} -- {compare} --out cmp", env, work)
+        assert done.returncode == 0, done.stdout + done.stderr
         written = json.loads((work / "cmp" / "comparison.json").read_text())
         measured = {k: cost["cost_ms"] for k, cost in written["costs"].items()}
         ratio = written["comparison"]["ratios"]["row_wise"]
@@ -214,14 +215,8 @@ def two_hosts_at_50_mbit():
     with tempfile.TemporaryDirectory(prefix="shard-ray-hosts-") as folder:
         env = _shell_env(Path(folder) / "home")
         layout = page_line("commands.md", "shard-ray hosts up --hosts 2").removeprefix("shard-ray hosts up ")
-        up = _run(f"shard-ray hosts up {layout} --name {name}", env, Path(folder))
-        try:
-            assert up.returncode == 0, up.stdout + up.stderr
-            yield name, env, up.stdout
-        finally:
-            down = _run(f"shard-ray hosts down {name}", env, Path(folder))
-        assert down.returncode == 0, down.stderr
-        assert not _namespaces(name)
+        with _emulated_cluster(name, layout, env, Path(folder)) as up:
+            yield name, env, up
 
 
 @needs_namespaces
