@@ -220,14 +220,25 @@ def two_plans(tmp_path_factory) -> tuple[Path, Path, Path]:
 def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsys, monkeypatch, tmp_path, two_plans):
     """A real A/A comparison on the 2-device gang, as a user types it; its files and MLflow run."""
     table_file, plan, twin = two_plans
-    monkeypatch.chdir(tmp_path)
-    result = shard_ray_here(
-        capsys, "compare", "--tables", str(table_file), "--plans", str(plan), str(twin),
-        "--rounds", "10", "--repeats", "5", "--warmup", "1", "--out", "cmp",
-    )  # fmt: skip
+    here = tmp_path
+    monkeypatch.chdir(here)
+    argv = ("compare", "--tables", str(table_file), "--plans", str(plan), str(twin),
+            "--rounds", "10", "--repeats", "5", "--warmup", "1", "--out", "cmp")  # fmt: skip
+    result = shard_ray_here(capsys, *argv)
     assert result.returncode == 0, result.stderr
+    if "no plan is separated from every other" not in result.stdout:
+        # The race separates an A/A pair falsely at most alpha (5%) of the time, by design (CI met it once). As the docs' claims are, the separation is re-measured in a fresh race (a new gang, new batches);
+        # a lean of the devices (a real fault) separates the twin again, a false separation once in 400 runs.
+        # It runs in a folder of its own, as a user's second try with its own files and MLflow store (and, as a
+        # new process would, without the MLFLOW_TRACKING_URI that MLflow exported in this one).
+        here = tmp_path / "remeasured"
+        here.mkdir()
+        monkeypatch.chdir(here)
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        result = shard_ray_here(capsys, *argv)
+        assert result.returncode == 0, result.stderr
     assert "within noise" in result.stdout and "no plan is separated from every other" in result.stdout
-    written = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    written = json.loads((here / "cmp" / "comparison.json").read_text())
     comparison = MeasuredComparison.model_validate(written["comparison"])
     # tied: the lower cost (median round) is chosen, whichever plan was given first
     lower = min(("a", "twin"), key=lambda name: comparison.candidates[name].median_ms)
@@ -236,7 +247,7 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
     other = "twin" if lower == "a" else "a"
     ratio = comparison.ratios[other]
     assert ratio.low < 1 < ratio.high
-    assert set(written["costs"]) == {"a", "twin"} and (tmp_path / "cmp" / "comparison.png").stat().st_size > 0
+    assert set(written["costs"]) == {"a", "twin"} and (here / "cmp" / "comparison.png").stat().st_size > 0
     # one number per plan: the table's cost_ms, the result file's and MLflow's
     rows = [re.match(r"(a|twin) +([0-9.]+) ", line) for line in result.stdout.splitlines()]
     printed = {row.group(1): float(row.group(2)) for row in rows if row}  # the table's cost_ms column
@@ -245,7 +256,7 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
         assert printed[name] == round(comparison.candidates[name].median_ms, 2)
     from mlflow import MlflowClient
 
-    store = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    store = MlflowClient(tracking_uri=f"sqlite:///{here / 'mlflow.db'}")
     experiment = store.get_experiment_by_name("shard-ray")
     runs = {run.data.tags["kind"]: [] for run in store.search_runs([experiment.experiment_id])}
     for run in store.search_runs([experiment.experiment_id]):
