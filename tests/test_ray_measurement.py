@@ -6,20 +6,17 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from unsharded import assert_trains_as_one_unsharded_table, every_sharding_type_plan, sgd_step
 
 from shard_ray.cli import main
-from shard_ray.costmodel.simulator import price_comm
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
-from shard_ray.plan.piece import TablePiece
-from shard_ray.plan.plan import PlanSettings
 from shard_ray.profiling.actors import ProfilingPool, resources_per_device
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, fused_shard_key, initial_weights, sample_ranges
-from shard_ray.profiling.gang import DeviceGang, upstream_gradient
+from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key, sample_ranges
+from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.workload.tables import TableSpec
 
 CONFIG = MeasureConfig(batch_size=128, warmup=1, repeats=3)
 
@@ -112,6 +109,12 @@ def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
         capped = gang.evaluate(split, small_tables, CONFIG, shift=1)  # rank 1 runs device 0, every table
         assert any(w.startswith("device 0 measured with at most") for w in capped.warnings), capped.warnings
         gang.budgets = budgets
+
+        # The step's data plane on real Ray actors (its cases are tests/test_step_data_plane.py's, on gloo alone):
+        # a plan of every sharding type trains as one unsharded table.
+        tables, every_type = every_sharding_type_plan(small_tables)
+        config = sgd_step(seed=3)
+        assert_trains_as_one_unsharded_table(gang.step_values(every_type, tables, config), every_type, tables, config)
     finally:
         gang.shutdown()
 
@@ -142,54 +145,6 @@ def test_a_devices_tables_are_on_huge_pages_unless_turned_off(ray_session, monke
 def test_sample_ranges_cover_the_batch():
     assert sample_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert sample_ranges(1024, 7)[-1][1] == 1024
-
-
-def test_every_sharding_type_trains_as_one_unsharded_table(ray_session, small_tables):
-    """On the 2-device gang, table-, column-, row-wise, a grid and data-parallel give the pooled
-    embeddings and the updated weights one unsharded table gives for the same batch."""
-    tables = [*small_tables, TableSpec(name="g", rows=4000, dim=32, pooling_factor=6.0)]
-    plan = Plan(
-        num_devices=2,
-        algorithm="every-type",
-        shards=[
-            Shard(table="a", device=1, columns=(0, 32)),
-            Shard(table="b", device=0, columns=(0, 32)),
-            Shard(table="b", device=1, columns=(32, 64)),
-            Shard(table="c", device=0, columns=(0, 16), rows=(0, 300)),  # fp16, row-wise
-            Shard(table="c", device=1, columns=(0, 16), rows=(300, 800)),
-            Shard(table="d", device=1, columns=(0, 32), rows=(0, 30000)),
-            Shard(table="d", device=0, columns=(0, 32), rows=(30000, 100000)),
-            Shard(table="e", device=0, columns=(0, 8), replicated=True),
-            Shard(table="e", device=1, columns=(0, 8), replicated=True),
-            Shard(table="g", device=0, columns=(0, 16), rows=(0, 2500)),  # a grid
-            Shard(table="g", device=1, columns=(0, 16), rows=(2500, 4000)),
-            Shard(table="g", device=1, columns=(16, 32)),
-        ],
-    )
-    with DeviceGang(2) as gang:
-        assert_trains_as_one_unsharded_table(gang, plan, tables, seed=3)
-
-
-def assert_trains_as_one_unsharded_table(gang: DeviceGang, plan: Plan, tables: list[TableSpec], seed: int) -> None:
-    """One step of `plan` on `gang` gives the pooled embeddings and updated weights one unsharded table
-    gives for the same batch, and every piece trained."""
-    config = MeasureConfig(batch_size=96, optimizer="sgd", max_rows=10**6, seed=seed)
-    reference = FusedShard([TablePiece.whole(t) for t in tables], config, torch.device("cpu"))
-    reference.load_initial_weights()
-    pooled = reference.forward(0)
-    reference.backward(pooled, (upstream_gradient(96, pooled[0].shape[1], seed=seed), torch.zeros(0, 0)))
-    trained = dict(zip((t.name for t in tables), reference.piece_weights()))
-
-    values = gang.step_values(plan, tables, config)
-    embeddings = torch.cat([v["embeddings"] for v in values])
-    assert torch.allclose(embeddings, pooled[0].detach(), atol=1e-4)
-    for pieces, value in zip(plan.pieces(tables), values):
-        for piece, weights in zip(pieces, value["weights"]):
-            rows, columns = piece.row_range, piece.columns
-            expected = trained[piece.table.name][rows[0] : rows[1], columns[0] : columns[1]].float()
-            tolerance = 2e-3 if piece.table.precision == "fp16" else 1e-5
-            assert torch.allclose(weights, expected, atol=tolerance), piece.key
-            assert not torch.equal(weights, initial_weights(piece, None).to(weights.dtype)), piece.key  # it trained
 
 
 @pytest.mark.slow
@@ -351,34 +306,3 @@ def _dies_within(handle, seconds: float) -> bool:
             return True
         time.sleep(0.5)
     return False
-
-
-@pytest.mark.slow
-def test_table_row_wise_sums_inside_hosts_and_trains_as_one_unsharded_table(ray_session, small_tables):
-    """On a 4-device gang of 2 hosts, table-row-wise tables (on both hosts, two on one) are added up
-    inside their host and sent on in column slices, beside row-wise, column-wise and table-wise
-    tables: the pooled embeddings and updated weights are one unsharded table's for the same batch."""
-    tables = [*small_tables, TableSpec(name="few", rows=3, dim=12, pooling_factor=3.0)]
-    shards = [
-        Shard(table="a", device=2, columns=(0, 32), rows=(0, 2500)),  # table-row-wise on host 1
-        Shard(table="a", device=3, columns=(0, 32), rows=(2500, 5000)),
-        Shard(table="b", device=0, columns=(0, 32)),
-        Shard(table="b", device=3, columns=(32, 64)),
-        Shard(table="c", device=0, columns=(0, 16), rows=(0, 400)),  # fp16, table-row-wise on host 0
-        Shard(table="c", device=1, columns=(0, 16), rows=(400, 800)),
-        *[Shard(table="d", device=k, columns=(0, 32), rows=(k * 25000, (k + 1) * 25000)) for k in range(4)],  # row-wise
-        Shard(table="e", device=1, columns=(0, 8)),
-        Shard(table="few", device=2, columns=(0, 12), rows=(0, 2)),  # table-row-wise on host 1, slices of 6 columns
-        Shard(table="few", device=3, columns=(0, 12), rows=(2, 3)),
-    ]
-    plan = Plan(num_devices=4, algorithm="twrw", shards=shards)
-    plan.settings = PlanSettings(memory_gb=1, batch_size=96, optimizer="sgd", devices_per_host=2)
-    kinds = {name: sharding.type for name, sharding in plan.table_shardings(tables).items()}  # a hand-written plan
-    assert kinds == {
-        "a": "table_row_wise", "b": "column_wise", "c": "table_row_wise", "d": "row_wise", "e": "table_wise",
-        "few": "table_row_wise",
-    }  # fmt: skip
-    with DeviceGang(4, comm_pricer=price_comm) as gang:
-        assert_trains_as_one_unsharded_table(gang, plan, tables, seed=5)
-        measured = gang.evaluate(plan, tables, MeasureConfig(batch_size=96, optimizer="sgd", repeats=2, warmup=1))
-    assert measured.cost_ms > 0
