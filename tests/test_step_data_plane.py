@@ -1,5 +1,5 @@
 """The training step's data plane without Ray: each rank of a plan is a process of its own, joined to the others by
-torch.distributed's gloo (real all-to-alls), running `step_values`, what a gang's member runs.
+torch.distributed's gloo (real all-to-alls), running `PlanStep.values`, what a gang's member runs.
 
 What is checked is the step's bookkeeping: which columns each device sends whom (sharding type by sharding type),
 the lookups each device gathers, row-wise partial sums added up, table-row-wise sums inside a host (`HostSums`) and
@@ -23,7 +23,7 @@ from unsharded import assert_trains_as_one_unsharded_table, every_sharding_type_
 from shard_ray.plan import Plan, Shard
 from shard_ray.plan.plan import PlanSettings
 from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import step_values
+from shard_ray.profiling.gang import PlanStep
 from shard_ray.workload.tables import TableSpec
 
 # Ranks are forked from a server process that imported the step's modules once (it runs no threads, so forking it
@@ -40,7 +40,7 @@ def _member(rank: int, world: int, rendezvous: str, by_device, tables, config, r
         dist.init_process_group(
             "gloo", init_method=rendezvous, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
         )
-        value = step_values(by_device, tables, rank, config, torch.device("cpu"), [2**40] * world)
+        value = PlanStep(by_device, tables, rank, config, torch.device("cpu"), [2**40] * world).values()
         dist.destroy_process_group()
         results.put((rank, value["embeddings"].numpy(), [w.numpy() for w in value["weights"]], None))
     except BaseException:
@@ -48,7 +48,7 @@ def _member(rank: int, world: int, rendezvous: str, by_device, tables, config, r
 
 
 def step_values_without_ray(plan: Plan, tables: list[TableSpec], config: MeasureConfig, folder: Path) -> list[dict]:
-    """Every rank's `step_values` of `plan`, each rank a process, in rank order."""
+    """Every rank's `PlanStep.values` of `plan`, each rank a process, in rank order."""
     by_device = plan.pieces(tables)
     world = plan.num_devices
     results = FORKSERVER.Queue()

@@ -40,7 +40,7 @@ def every_sharding_type_plan(small_tables: list[TableSpec]) -> tuple[list[TableS
 def assert_trains_as_one_unsharded_table(
     values: list[dict], plan: Plan, tables: list[TableSpec], config: MeasureConfig
 ) -> None:
-    """One step of `plan` (each device's `step_values`) gives the pooled embeddings and updated weights one unsharded
+    """One step of `plan` (each device's `PlanStep.values`) gives the pooled embeddings and updated weights one unsharded
     table gives for the same batch, and every piece trained."""
     reference = FusedShard([TablePiece.whole(t) for t in tables], config, torch.device("cpu"))
     reference.load_initial_weights()

@@ -293,6 +293,14 @@ class PlanStep:
         for grad in self.shard.replica_gradients():
             dist.all_reduce(grad)
 
+    def values(self) -> dict:
+        """One step from `initial_weights`, in a process group joined: my samples' pooled embeddings (tables side by
+        side, in `tables` order) and my pieces' updated weights."""
+        self.shard.load_initial_weights()
+        _, embeddings = self.train_step(0, _untimed, _untimed)
+        weights = [w.detach().float().cpu().clone() for w in self.shard.piece_weights()]
+        return {"device": self.rank, "embeddings": embeddings.cpu(), "weights": weights}
+
     def train_step(self, batch: int, timed: Phase, timed_compute: Phase) -> tuple[tuple[float, ...], torch.Tensor]:
         """One training step on prepared batch `batch`, each phase run through `timed` (collectives) or
         `timed_compute` (kernels), which return (ms, result): the ms of the STEP_PARTS and my samples' pooled
@@ -422,24 +430,6 @@ def _untimed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return 0.0, fn()
 
 
-def step_values(
-    by_device: list[list[TablePiece]],
-    tables: list[TableSpec],
-    rank: int,
-    config: MeasureConfig,
-    device: torch.device,
-    budgets: list[int],
-    host_buffers: HostBuffers | None = None,
-) -> dict:
-    """Rank `rank`'s one step of a plan (`PlanStep`) from `initial_weights`, in a process group joined: its samples'
-    pooled embeddings (tables side by side, in `tables` order) and its pieces' updated weights."""
-    step = PlanStep(by_device, tables, rank, config, device, budgets, host_buffers)
-    step.shard.load_initial_weights()
-    _, embeddings = step.train_step(0, _untimed, _untimed)
-    weights = [w.detach().float().cpu().clone() for w in step.shard.piece_weights()]
-    return {"device": rank, "embeddings": embeddings.cpu(), "weights": weights}
-
-
 @dataclass(frozen=True)
 class _InputSend:
     lengths: torch.Tensor
@@ -564,8 +554,8 @@ class GangMember:
         config: MeasureConfig,
         budgets: list[int],
     ) -> dict:
-        """One step from `initial_weights` (`step_values`)."""
-        return step_values(by_device, tables, self.rank, config, self.device, budgets, self.host_buffers)
+        """One step from `initial_weights` (`PlanStep.values`)."""
+        return PlanStep(by_device, tables, self.rank, config, self.device, budgets, self.host_buffers).values()
 
 
 def gang_bundles(num_devices: int, devices_per_host: int | None, use_gpus: bool) -> tuple[list[dict[str, float]], str]:
