@@ -5,7 +5,7 @@ What is checked is the step's bookkeeping: which columns each device sends whom 
 the lookups each device gathers, row-wise partial sums added up, table-row-wise sums inside a host (`HostSums`) and
 the gradients going back the same way. One step of a plan from the same initial weights gives the pooled embeddings
 and the updated weights one unsharded table gives. A gang of Ray actors runs the same code
-(tests/test_ray_measurement.py checks it once there); here each plan takes about a second, not a gang's start.
+(tests/test_ray_measurement.py checks it once there); here a plan takes a few seconds on 2 cores, not a gang's start.
 """
 
 from __future__ import annotations
