@@ -92,6 +92,8 @@ def node_report(microbenchmark: bool = True) -> dict:
 # lookups, the widest rows, the most rows and the widest fp16 table; about a second on a CPU core.
 DOCTOR_MICROBENCHMARK = (0, 3, 6, 12, 17, 21, 24)
 DOCTOR_BATCH = 1024
+# The microbenchmark's median price over its measurement within which doctor finds the models hold here.
+PRICES_HOLD = (0.75, 1.33)
 
 
 def time_microbenchmark() -> list[list[float]]:
@@ -114,26 +116,31 @@ def time_microbenchmark() -> list[list[float]]:
     return [[i, m.fwd_ms, m.bwd_ms] for i, m in timed if m.status == "ok"]
 
 
-def prices_finding(report: dict) -> Finding | None:
-    """How the models `plan` uses for a node's hardware price the microbenchmark's shards timed there (None when none
-    were): the first sign that models of other hardware, or of an older measurement, are off here."""
+def microbenchmark_price_ratios(hardware: str, timed: list[list[float]]) -> tuple[str, list[float]]:
+    """The name of the models `plan` uses for `hardware`, and their prices of the microbenchmark's shards timed there
+    (`time_microbenchmark`'s rows) over those times, smallest first."""
     from shard_ray.costmodel.models import CostModels, models_for
     from shard_ray.profiling.sampling import microbenchmark_shards
 
+    path = models_for(hardware)
+    shards = microbenchmark_shards()
+    predicted = CostModels.load(path).predict_fused_shards([shards[int(i)] for i, _, _ in timed], DOCTOR_BATCH)
+    return path.name, sorted(p / (fwd + bwd) for p, (_, fwd, bwd) in zip(predicted.sum(axis=1), timed))
+
+
+def prices_finding(report: dict) -> Finding | None:
+    """How the models `plan` uses for a node's hardware price the microbenchmark's shards timed there (None when none
+    were): the first sign that models of other hardware, or of an older measurement, are off here."""
     timed = report.get("microbenchmark")
     if not timed or report.get("hardware") is None:
         return None
-    path = models_for(report["hardware"])
-    models = CostModels.load(path)
-    shards = microbenchmark_shards()
-    predicted = models.predict_fused_shards([shards[int(i)] for i, _, _ in timed], DOCTOR_BATCH).sum(axis=1)
-    ratios = sorted(p / (fwd + bwd) for p, (_, fwd, bwd) in zip(predicted, timed))
+    name, ratios = microbenchmark_price_ratios(report["hardware"], timed)
     median = ratios[len(ratios) // 2]
     detail = (
-        f"{report['hardware']}: the models {path.name} price {len(ratios)} microbenchmark shards timed here at "
+        f"{report['hardware']}: the models {name} price {len(ratios)} microbenchmark shards timed here at "
         f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x their measurement (median {median:.2f}x)"
     )
-    if 0.75 <= median <= 1.33:
+    if PRICES_HOLD[0] <= median <= PRICES_HOLD[1]:
         return Finding("prices", "ok", detail)
     return Finding(
         "prices",
