@@ -277,8 +277,10 @@ def mlflow_finding(tracking_uri: str) -> Finding:
         if not healthy:
             return Finding("MLflow", "problem", f"the tracking server at {tracking_uri} answers /health with an error")
         return Finding("MLflow", "ok", f"tracking server at {tracking_uri} is up")
-    if tracking_uri.startswith("sqlite:///"):
-        path = Path(tracking_uri.removeprefix("sqlite:///"))
+    from shard_ray.tracking.mlflow_runs import sqlite_database
+
+    path = sqlite_database(tracking_uri)
+    if path is not None:
         folder = path.parent if path.parent.exists() else Path.cwd()
         if not os.access(folder, os.W_OK):
             return Finding(

@@ -12,7 +12,12 @@ from shard_ray.plan import GB, Topology
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, default_tracking_uri, log_plan_evaluation
+from shard_ray.tracking.mlflow_runs import (
+    POLICY_EXPERIMENT,
+    default_tracking_uri,
+    log_plan_evaluation,
+    use_experiment,
+)
 from shard_ray.workload.tables import TableSpec, save_tables
 
 
@@ -71,6 +76,47 @@ def test_evaluation_run_carries_the_estimates_and_keeps_artifacts_beside_the_def
     assert {p.name for p in run_artifacts.iterdir()} == logged
     assert {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)} == logged
     assert (run_artifacts / "model_warnings.txt").read_text().splitlines() == plan.estimate.warnings
+
+
+def _schema(database: Path) -> list[tuple]:
+    """Every table's and index's definition, its lines as a set (MLflow's migrations write a table's constraints in
+    an order that differs from process to process), and the schema's version."""
+    import sqlite3
+
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        version = db.execute("SELECT * FROM alembic_version").fetchall()
+    return [
+        (kind, name, sorted(line.strip().rstrip(",") for line in (sql or "").splitlines())) for kind, name, sql in rows
+    ] + version
+
+
+def test_a_new_store_is_mlflows_schema_built_once_a_release_and_copied(tmp_path, monkeypatch):
+    """A new SQLite store is a copy of the empty schema built once for this MLflow release (MLflow migrates each new
+    store for seconds otherwise): the same tables, indexes and schema version as a store MLflow builds itself, opened
+    by MLflow as its own; a store that exists is left alone, and nothing half-written is left beside either."""
+    import mlflow
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
+    built_by_mlflow = tmp_path / "mlflow_alone.db"
+    SqlAlchemyStore(f"sqlite:///{built_by_mlflow}", str(tmp_path / "artifacts")).engine.dispose()
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        uri = f"sqlite:///{tmp_path / folder / 'mlflow.db'}"
+        experiment_id = use_experiment(uri, "shard-ray")
+        with mlflow.start_run(experiment_id=experiment_id):
+            mlflow.log_metric("cost_ms", 1.5)
+        assert _runs(uri, "shard-ray")["metrics.cost_ms"].tolist() == [1.5]
+        assert mlflow.get_experiment(experiment_id).artifact_location == (tmp_path / folder / "mlartifacts").as_uri()
+        assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["mlflow.db"]
+    (template,) = (tmp_path / "home" / "mlflow").iterdir()
+    assert template.name == f"empty-store-mlflow-{mlflow.__version__}.db"
+    assert _schema(template) == _schema(built_by_mlflow)
+    # a store with runs is opened, not replaced
+    uri = f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}"
+    use_experiment(uri, "shard-ray")
+    assert len(_runs(uri, "shard-ray")) == 1
 
 
 def test_a_plan_without_estimates_logs_no_estimate_metrics(tmp_path, small_tables):

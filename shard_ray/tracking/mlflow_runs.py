@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from shard_ray.io import shard_ray_home
 from shard_ray.plan.cost import STEP_PARTS, MeasuredComparison, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
@@ -46,10 +48,8 @@ def artifact_location(tracking_uri: str) -> str | None:
     None for other stores: a tracking server decides (`--artifacts-destination`). Left to itself,
     MLflow would put an SQLite store's artifacts in `./mlruns/` of whatever the working directory is.
     """
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    database = Path(tracking_uri.removeprefix("sqlite:///"))
-    return (database.resolve().parent / ARTIFACTS_FOLDER).as_uri()
+    database = sqlite_database(tracking_uri)
+    return None if database is None else (database.resolve().parent / ARTIFACTS_FOLDER).as_uri()
 
 
 def import_report_modules(tracking_uri: str | None) -> threading.Thread:
@@ -99,6 +99,58 @@ PLANS_VIEW_STATE = {
 UI_ADDRESS = "http://127.0.0.1:5000"  # where `ui_command` serves
 
 
+def sqlite_database(tracking_uri: str) -> Path | None:
+    """The database file of an SQLite store's URI; None for other stores."""
+    return Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+
+
+# MLflow builds a new SQLite store by running its schema's migrations one by one: 3.4-3.6 s of CPU on a 2-core
+# AMD EPYC (docs/commands.md), paid by the first command in every new folder. The empty schema is the same file for
+# one MLflow release: it is built once a release under shard-ray's home and copied into each new store.
+def create_store(tracking_uri: str) -> None:
+    """Give a new SQLite store MLflow's empty schema, copied from the one built for this MLflow release (built now
+    if none is). Stores that exist, and other kinds, are MLflow's to open as ever."""
+    database = sqlite_database(tracking_uri)
+    if database is None or "?" in tracking_uri or database.exists() or not database.parent.is_dir():
+        return
+    import mlflow
+
+    template = shard_ray_home() / "mlflow" / f"empty-store-mlflow-{mlflow.__version__}.db"
+    if not template.is_file() and not _build_empty_store(template):
+        return
+    copy = database.with_name(f".{database.name}.{os.getpid()}.new")
+    try:
+        shutil.copyfile(template, copy)
+        os.link(copy, database)  # never over a store another command created meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def _build_empty_store(template: Path) -> bool:
+    """MLflow's schema, built by MLflow's own initialisation (tables, then every migration), in `template`; False
+    where this MLflow has no such function (the store is then MLflow's to build)."""
+    import sqlalchemy
+
+    try:
+        from mlflow.store.db.utils import _initialize_tables
+    except ImportError:
+        return False
+    template.parent.mkdir(parents=True, exist_ok=True)
+    building = template.with_name(f".{template.name}.{os.getpid()}.new")
+    engine = sqlalchemy.create_engine(f"sqlite:///{building}")
+    try:
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        os.replace(building, template)  # whole or not at all, for commands building it at once
+    finally:
+        building.unlink(missing_ok=True)
+    return True
+
+
 def use_experiment(tracking_uri: str, experiment: str) -> str:
     """Point MLflow at `tracking_uri` and make `experiment` the active one; its id.
 
@@ -108,6 +160,7 @@ def use_experiment(tracking_uri: str, experiment: str) -> str:
     """
     import mlflow
 
+    create_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     view = (f"mlflow.sharedViewState.{PLANS_VIEW}", json.dumps(PLANS_VIEW_STATE))
     existing = mlflow.get_experiment_by_name(experiment)
