@@ -117,6 +117,14 @@ def test_a_new_store_is_mlflows_schema_built_once_a_release_and_copied(tmp_path,
     uri = f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}"
     use_experiment(uri, "shard-ray")
     assert len(_runs(uri, "shard-ray")) == 1
+    # where shard-ray's home cannot be written, MLflow builds the store itself
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "a_file" / "home"))
+    (tmp_path / "third").mkdir()
+    uri = f"sqlite:///{tmp_path / 'third' / 'mlflow.db'}"
+    use_experiment(uri, "shard-ray")
+    assert _schema(tmp_path / "third" / "mlflow.db") == _schema(built_by_mlflow)
+    assert sorted(p.name for p in (tmp_path / "third").iterdir()) == ["mlflow.db"]
 
 
 def test_a_plan_without_estimates_logs_no_estimate_metrics(tmp_path, small_tables):

@@ -116,13 +116,13 @@ def create_store(tracking_uri: str) -> None:
     import mlflow
 
     template = shard_ray_home() / "mlflow" / f"empty-store-mlflow-{mlflow.__version__}.db"
-    if not template.is_file() and not _build_empty_store(template):
-        return
     copy = database.with_name(f".{database.name}.{os.getpid()}.new")
     try:
+        if not template.is_file() and not _build_empty_store(template):
+            return
         shutil.copyfile(template, copy)
         os.link(copy, database)  # never over a store another command created meanwhile
-    except FileExistsError:
+    except OSError:  # created meanwhile, or a home or folder this user cannot write: MLflow's to open or refuse
         pass
     finally:
         copy.unlink(missing_ok=True)
