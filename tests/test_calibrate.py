@@ -244,10 +244,10 @@ def test_a_calibration_on_too_few_held_out_measurements_keeps_the_starting_model
 
 def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     """A task of few tables makes few distinct plans: the held-out split by hash is topped up to the fewest a
-    judgement needs from the fit split, lowest hash first, never past a quarter of the keys, validation untouched."""
+    judgement needs from the fit split, lowest hash first, never past a third of the keys, validation untouched."""
     import hashlib
 
-    from shard_ray.workflows.calibrate import MIN_HELD_OUT_PLANS, split_of, splits
+    from shard_ray.workflows.calibrate import MIN_HELD_OUT_PLANS, MIN_HELD_OUT_SHARDS, split_of, splits
 
     keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(22)]
     by_hash = {key: split_of(key, 0.2) for key in keys}
@@ -257,7 +257,11 @@ def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     moved = [key for key in keys if split[key] != by_hash[key]]
     assert all(by_hash[key] == "fit" and split[key] == "held_out" for key in moved)
     assert all(by_hash[k] != "held_out" or split[k] == "held_out" for k in keys)  # the hash's own stay
-    assert sum(name == "held_out" for name in splits(keys[:8], 0.2, MIN_HELD_OUT_PLANS).values()) <= 2  # a quarter
+    assert sum(name == "held_out" for name in splits(keys[:8], 0.2, MIN_HELD_OUT_PLANS).values()) <= 2  # a third
+    # 27 shards, as the own-tables guide's five tables make: the hash holds out 5, a quarter would allow 6, a third 8
+    shards = [hashlib.sha256(f"shard{i}".encode()).hexdigest() for i in range(27)]
+    assert sum(split_of(key, 0.2) == "held_out" for key in shards) < MIN_HELD_OUT_SHARDS
+    assert list(splits(shards, 0.2, MIN_HELD_OUT_SHARDS).values()).count("held_out") == MIN_HELD_OUT_SHARDS
     # 13 keys the hash splits lopsidedly at --held-out 0.5 (as 13 shards of 5 tables were): 10 held out, 3 to fit,
     # none to validate; held-out keys go back to fit and a fit key to validation, so that a fit can be made and judged
     drawn = [hashlib.sha256(f"s{i}".encode()).hexdigest() for i in range(400)]
@@ -265,7 +269,7 @@ def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     lopsided = held[:10] + [k for k in drawn if split_of(k, 0.5) == "fit"][:3]
     split = list(splits(lopsided, 0.5, MIN_HELD_OUT_PLANS).values())
     assert (split.count("fit"), split.count("val"), split.count("held_out")) == (4, 1, 8)
-    assert list(splits(held[:13], 0.5, MIN_HELD_OUT_PLANS).values()).count("held_out") >= 3  # a quarter stays held out
+    assert list(splits(held[:13], 0.5, MIN_HELD_OUT_PLANS).values()).count("held_out") >= 3  # a third stays held out
 
 
 def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_warning(tmp_path, capsys):

@@ -121,21 +121,22 @@ def split_of(key: str, held_out: float) -> str:
 
 def splits(keys: list[str], held_out: float, least: int) -> dict[str, str]:
     """Each key's split (`split_of`), evened out where few keys leave the hash's draw lopsided: fit keys moved to the
-    held-out split, lowest hash first, where the hash leaves it fewer than `least` and a quarter of the keys allow (a
-    task of few tables makes few distinct plans: the README's four tables, 22, of which the hash held out 2, and a
-    judgement needs `least` of them); held-out keys moved back to fit, highest hash first, where the fit split has
-    fewer than FEWEST_FIT and the held-out one can spare them down to that quarter (13 shards of 5 tables at
+    held-out split, lowest hash first, where the hash leaves it fewer than `least` and a third of the keys allow (a
+    task of few tables makes few distinct plans and shards: the README's four tables, 22 plans, of which the hash
+    held out 2; the own-tables guide's five, 27 shards, of which it held out 7 and a quarter would have allowed 6,
+    and a judgement needs `least` of them); held-out keys moved back to fit, highest hash first, where the fit split
+    has fewer than FEWEST_FIT and the held-out one can spare them down to that third (13 shards of 5 tables at
     --held-out 0.5: the hash held out 9 and left 3 to fit); and the fit split's highest hash moved to validation where
     it has none and the fit split more than FEWEST_FIT (a tenth of the keys go there at --held-out 0.5)."""
     split = {key: split_of(key, held_out) for key in keys}
     by_hash = sorted(keys, key=lambda k: int(k[:8], 16))
-    quarter = min(least, len(keys) // 4)
-    room = max(0, quarter - list(split.values()).count("held_out"))
+    third = min(least, len(keys) // 3)
+    room = max(0, third - list(split.values()).count("held_out"))
     for key in [k for k in by_hash if split[k] == "fit"][:room]:
         split[key] = "held_out"
     wanted = FEWEST_FIT + ("val" not in split.values())  # one more where validation will take one
     for key in reversed([k for k in by_hash if split[k] == "held_out"]):
-        if list(split.values()).count("fit") >= wanted or list(split.values()).count("held_out") <= max(1, quarter):
+        if list(split.values()).count("fit") >= wanted or list(split.values()).count("held_out") <= max(1, third):
             break
         split[key] = "fit"
     fits = [k for k in by_hash if split[k] == "fit"]
