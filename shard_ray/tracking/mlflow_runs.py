@@ -105,7 +105,7 @@ def sqlite_database(tracking_uri: str) -> Path | None:
 
 
 # MLflow builds a new SQLite store by running its schema's migrations one by one: 3.4-3.6 s of CPU on a 2-core
-# AMD EPYC (docs/commands.md), paid by the first command in every new folder. The empty schema is the same file for
+# AMD EPYC (docs/mlflow.md), paid by the first command in every new folder. The empty schema is the same file for
 # one MLflow release: it is built once a release under shard-ray's home and copied into each new store.
 def create_store(tracking_uri: str) -> None:
     """Give a new SQLite store MLflow's empty schema, copied from the one built for this MLflow release (built now
