@@ -116,16 +116,17 @@ def time_microbenchmark() -> list[list[float]]:
     return [[i, m.fwd_ms, m.bwd_ms] for i, m in timed if m.status == "ok"]
 
 
-def microbenchmark_price_ratios(hardware: str, timed: list[list[float]]) -> tuple[str, list[float]]:
-    """The name of the models `plan` uses for `hardware`, and their prices of the microbenchmark's shards timed there
-    (`time_microbenchmark`'s rows) over those times, smallest first."""
+def microbenchmark_price_ratios(hardware: str, timed: list[list[float]]) -> tuple[str, list[float], float]:
+    """The name of the models `plan` uses for `hardware`, their prices of the microbenchmark's shards timed there
+    (`time_microbenchmark`'s rows) over those times, smallest first, and the median the check judges by."""
     from shard_ray.costmodel.models import CostModels, models_for
     from shard_ray.profiling.sampling import microbenchmark_shards
 
     path = models_for(hardware)
     shards = microbenchmark_shards()
     predicted = CostModels.load(path).predict_fused_shards([shards[int(i)] for i, _, _ in timed], DOCTOR_BATCH)
-    return path.name, sorted(p / (fwd + bwd) for p, (_, fwd, bwd) in zip(predicted.sum(axis=1), timed))
+    ratios = sorted(p / (fwd + bwd) for p, (_, fwd, bwd) in zip(predicted.sum(axis=1), timed))
+    return path.name, ratios, ratios[len(ratios) // 2]
 
 
 def prices_finding(report: dict) -> Finding | None:
@@ -134,8 +135,7 @@ def prices_finding(report: dict) -> Finding | None:
     timed = report.get("microbenchmark")
     if not timed or report.get("hardware") is None:
         return None
-    name, ratios = microbenchmark_price_ratios(report["hardware"], timed)
-    median = ratios[len(ratios) // 2]
+    name, ratios, median = microbenchmark_price_ratios(report["hardware"], timed)
     detail = (
         f"{report['hardware']}: the models {name} price {len(ratios)} microbenchmark shards timed here at "
         f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x their measurement (median {median:.2f}x)"
