@@ -589,6 +589,48 @@ def test_simulator_prices_plans_with_the_one_cost_definition(shipped, small_tabl
     assert idle.fwd_compute_ms == 0 and idle.bwd_compute_ms == 0
 
 
+@pytest.mark.parametrize(
+    "topology",
+    [
+        Topology(num_devices=16, memory_bytes=64 * GB, devices_per_host=4, inter_host_gbps=0.05, host_link_gbps=0.1),
+        Topology(num_devices=2, memory_bytes=64 * GB),
+    ],
+    ids=["16-over-hosts", "2-on-one-host"],
+)
+def test_plans_priced_together_are_priced_bit_for_bit_as_alone(shipped, pool, topology):
+    """A search prices its candidates in one call (`Pricer.device_parts` of [B, N] assignments): every part of every
+    plan is what pricing it alone gives, bit for bit, and the budget counts the call as that many plans' calls, so
+    that the searches' plans are what they were with candidates priced one by one. Pieces of every sharding type
+    (replicas' all-reduce, table-row-wise sums inside hosts, several sets of all-to-alls), with and without the
+    all-reduce's fit."""
+    from shard_ray.costmodel.pricing import DeviceParts
+    from shard_ray.plan.enumerator import table_options
+
+    pieces = []
+    for k, table in enumerate(pool[:15]):
+        options = table_options(table, topology)
+        pieces += list(options.values())[k % len(options)]
+    assert len({p.sharding_type for p in pieces}) == (5 if topology.num_hosts > 1 else 4)
+    rng = np.random.default_rng(0)
+    assigns = np.array(
+        [
+            [rng.choice(sorted(p.devices)) if p.devices else rng.integers(topology.num_devices) for p in pieces]
+            for _ in range(7)
+        ]
+    )
+    for models in (shipped, dataclasses.replace(shipped, all_reduce_ms=(0.3, 0.5))):
+        pricer = Pricer(models, topology)
+        enc, sizes = pricer.encodings(pieces), pricer.sizes(pieces)
+        together = pricer.device_parts(enc, sizes, assigns)
+        counted = pricer.evaluations
+        for b, assign in enumerate(assigns):
+            alone = pricer.device_parts(enc, sizes, assign)
+            for part in dataclasses.fields(DeviceParts):
+                assert np.array_equal(getattr(together, part.name)[b], getattr(alone, part.name)), (part.name, b)
+        assert pricer.evaluations == 2 * counted  # the seven plans alone counted what the seven together did
+    assert together.sync.any() and (together.host_sums.any() or topology.num_hosts == 1)
+
+
 @pytest.mark.parametrize("algo", ["neuroshard", "cost_search"])
 def test_search_plans_are_valid_under_tight_memory(algo, pool):
     tables = pool[:24]

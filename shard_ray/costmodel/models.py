@@ -342,17 +342,18 @@ class CommCostNet(nn.Module):
 def comm_feature_rows(
     width: np.ndarray, total: np.ndarray | float, max_width: np.ndarray | float, batch_size: int, devices: int
 ) -> np.ndarray:
-    """[n, len(COMM_FEATURES)] for devices of `width` columns in plans of `total` columns."""
+    """[..., n, len(COMM_FEATURES)] for devices of `width` [..., n] columns in plans of `total` columns (per plan:
+    [..., 1] or a number), the widest `max_width`."""
     width = np.asarray(width, dtype=np.float64)
-    n = len(width)
-    total = np.broadcast_to(np.asarray(total, dtype=np.float64), (n,))
-    rows = np.empty((n, len(COMM_FEATURES)))  # filled column by column: a search builds these thousands of times
-    rows[:, 0] = np.log2(1.0 + width)
-    rows[:, 1] = np.log2(1.0 + total)
-    rows[:, 2] = np.log2(1.0 + np.asarray(max_width, dtype=np.float64))
-    rows[:, 3] = batch_context(batch_size)
-    rows[:, 4] = math.log2(devices)
-    rows[:, 5] = np.divide(width, total, out=np.zeros(n), where=total > 0)
+    total = np.broadcast_to(np.asarray(total, dtype=np.float64), width.shape)
+    # filled column by column: a search builds these thousands of times
+    rows = np.empty((*width.shape, len(COMM_FEATURES)))
+    rows[..., 0] = np.log2(1.0 + width)
+    rows[..., 1] = np.log2(1.0 + total)
+    rows[..., 2] = np.log2(1.0 + np.asarray(max_width, dtype=np.float64))
+    rows[..., 3] = batch_context(batch_size)
+    rows[..., 4] = math.log2(devices)
+    rows[..., 5] = np.divide(width, total, out=np.zeros(width.shape), where=total > 0)
     return rows.astype(np.float32)
 
 
@@ -470,11 +471,14 @@ class CostModels:
         return self.info.links or link_profile(self.hardware)
 
     def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Predicted (fwd, bwd) all-to-all ms [n, 2] of devices given by comm feature rows; zeros without a comm model.
-        The network runs in numpy on its weights as they are: a search or the policy prices a few rows thousands of
-        times, where torch's dispatch cost most of the call (docs/results.md, placing at scale)."""
+        """Predicted (fwd, bwd) all-to-all ms [..., n, 2] of devices given by comm feature rows [..., n, F]; zeros
+        without a comm model. The network runs in numpy on its weights as they are: a search or the policy prices a
+        few rows thousands of times, where torch's dispatch cost most of the call (docs/results.md, placing at
+        scale). Stacked rows (several plans' devices) are priced stack by stack, as numpy's matmul multiplies them:
+        a row's low bits change with the rows beside it in one product, and a plan priced among others is priced as
+        it is alone."""
         if self.comm is None:
-            return np.zeros((len(features), 2))
+            return np.zeros((*np.shape(features)[:-1], 2))
         rows = np.asarray(features, dtype=np.float32)
         for layer in self._comm_layers:
             rows = np.maximum(rows, 0.0) if layer is None else rows @ layer[0] + layer[1]

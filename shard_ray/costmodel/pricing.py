@@ -89,17 +89,20 @@ class Pricer:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
         return self.compute_parts(sums, counts).sum(axis=1)
 
-    def compute_parts(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
-        """Predicted (fwd, bwd) ms [n, 2] of shards given by encoding sums and table counts."""
-        self.evaluations += max(len(sums), CALL_EVALUATIONS)
+    def compute_parts(self, sums: torch.Tensor, counts: torch.Tensor, plans: int = 1) -> np.ndarray:
+        """Predicted (fwd, bwd) ms [n, 2] of shards given by encoding sums and table counts: in the budgets' count,
+        `plans` calls of n / `plans` shards (the devices of several plans priced at once count as each plan's own
+        call would: a search's budget ends where it did with the plans priced one by one)."""
+        self.evaluations += plans * max(len(sums) // plans, CALL_EVALUATIONS)
         return self.models.compute_from_sums(sums, counts)
 
     def collectives(self, widths: np.ndarray) -> np.ndarray:
-        """Predicted (fwd, bwd) ms [D, 2] of all-to-alls moving `widths` float columns per sample, hosts apart:
-        the comm model's price on one host (`one_host_comm`), its links' part priced over the hosts (`over_hosts`),
-        never below the links' price (`link_ms`)."""
+        """Predicted (fwd, bwd) ms [..., D, 2] of all-to-alls moving `widths` [..., D] float columns per sample,
+        hosts apart: the comm model's price on one host (`one_host_comm`), its links' part priced over the hosts
+        (`over_hosts`), never below the links' price (`link_ms`)."""
         widths = np.asarray(widths, dtype=np.float64)
-        one_host = self.one_host_comm(widths, float(widths.sum()), float(widths.max()), len(widths))
+        total, widest = widths.sum(axis=-1, keepdims=True), widths.max(axis=-1, keepdims=True)
+        one_host = self.one_host_comm(widths, total, widest, widths.shape[-1])
         return np.maximum(self.over_hosts(one_host, widths), self.link_floor(widths))
 
     def over_hosts(self, one_host: np.ndarray, widths: np.ndarray, phases: tuple[int, ...] = (0, 1)) -> np.ndarray:
@@ -112,7 +115,7 @@ class Pricer:
         )  # fmt: skip
 
     def link_floor(self, widths: np.ndarray) -> np.ndarray:
-        """The links' price (fwd, bwd) [D, 2] of an all-to-all of `widths` on this topology (`link_ms`)."""
+        """The links' price (fwd, bwd) [..., D, 2] of an all-to-all of `widths` [..., D] on this topology (`link_ms`)."""
         topology = self.topology
         return link_ms(
             widths,
@@ -126,14 +129,15 @@ class Pricer:
     def one_host_comm(
         self,
         width: np.ndarray,
-        total: float,
+        total: np.ndarray | float,
         max_width: np.ndarray | float,
         devices: int,
         floor_phases: tuple[int, int] = (0, 1),
     ) -> np.ndarray:
-        """The comm model's (fwd, bwd) ms [n, 2] of devices of `width` columns in plans of `total` columns (the
-        widest `max_width`) on one host of `devices`, never below the links' price there (its `floor_phases`
-        columns: the input all-to-all's ids travel as the backward's gradients do).
+        """The comm model's (fwd, bwd) ms [..., n, 2] of devices of `width` [..., n] columns in plans of `total`
+        columns (the widest `max_width`; per plan, [..., 1], or numbers) on one host of `devices`, never below the
+        links' price there (its `floor_phases` columns: the input all-to-all's ids travel as the backward's
+        gradients do).
 
         Past the largest gang the comm model measured it extrapolates to nothing (the shipped one prices 8
         devices at 0.0004 ms). There the links' price is scaled by the comm model's price over the links' at
@@ -143,8 +147,8 @@ class Pricer:
         width = np.asarray(width, dtype=np.float64)
         batch = self.topology.batch_size
         if devices == 1:
-            return np.zeros((len(width), 2))
-        floor = self.link_rows(width, total, devices, one_host=True)[:, floor_phases]
+            return np.zeros((*width.shape, 2))
+        floor = self.link_rows(width, total, devices, one_host=True)[..., floor_phases]
         measured = self.models.info.device_counts
         if not measured or devices <= max(measured):
             learned = self.models.comm_ms(comm_feature_rows(width, total, max_width, batch, devices))
@@ -154,7 +158,8 @@ class Pricer:
         total_then = width + rest * (largest - 1)
         features = comm_feature_rows(width, total_then, np.maximum(width, rest), batch, largest)
         # over the links the comm model learned on (the models' own profile), not a topology's other rate
-        floor_then = self.link_rows(width, total_then, largest, one_host=True, links=self.models.links)[:, floor_phases]
+        floor_then = self.link_rows(width, total_then, largest, one_host=True, links=self.models.links)
+        floor_then = floor_then[..., floor_phases]
         return floor * np.clip(self.models.comm_ms(features) / floor_then, 1.0, COMM_CORRECTION_BOUND)
 
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
@@ -174,13 +179,13 @@ class Pricer:
     def link_rows(
         self, width: np.ndarray, total: float, devices: int, one_host: bool = False, links: LinkProfile | None = None
     ) -> np.ndarray:
-        """`link_ms` (fwd, bwd) [n, 2] of devices of `width` columns in plans of `total` columns over `devices`,
+        """`link_ms` (fwd, bwd) [..., n, 2] of devices of `width` columns in plans of `total` columns over `devices`,
         without their places: their peers' columns spread evenly, a share of the peers on their host (none
         off it where `one_host`), their host mates receiving from other hosts what they do where the host's devices
         share its link (`Topology.host_link_gbps`); at `links` where given, else this topology's."""
         width = np.asarray(width, dtype=np.float64)
         if devices == 1:
-            return np.zeros((len(width), 2))
+            return np.zeros((*width.shape, 2))
         floats = two_columns((total - width) / devices, width * (devices - 1) / devices)
         local = devices if one_host else min(self.topology.devices_per_host or devices, devices)
         share = intra_host_share(devices, local)
@@ -193,75 +198,89 @@ class Pricer:
         )  # fmt: skip
 
     def input_dist(self, inputs: np.ndarray) -> np.ndarray:
-        """Predicted input all-to-all ms of devices receiving `inputs` float-equivalent columns per sample: over
-        hosts, each device receives its pieces' ids for the samples of devices off its host (`over_hosts`)."""
+        """Predicted input all-to-all ms [..., D] of devices receiving `inputs` [..., D] float-equivalent columns per
+        sample: over hosts, each device receives its pieces' ids for the samples of devices off its host
+        (`over_hosts`)."""
         inputs = np.asarray(inputs, dtype=np.float64)
+        devices = inputs.shape[-1]
+        total, most = inputs.sum(axis=-1, keepdims=True), inputs.max(axis=-1, keepdims=True)
         # a device receives its pieces' ids for the other devices' samples: the backward's direction
-        one_host = self.one_host_comm(inputs, float(inputs.sum()), float(inputs.max()), len(inputs), (1, 1))[:, :1]
-        over_links = np.maximum(self.over_hosts(one_host, inputs, (1,))[:, 0], self.link_floor(inputs)[:, 1])
-        return over_links + self.input_overhead(len(inputs))
+        one_host = self.one_host_comm(inputs, total, most, devices, (1, 1))[..., :1]
+        over_links = np.maximum(self.over_hosts(one_host, inputs, (1,))[..., 0], self.link_floor(inputs)[..., 1])
+        return over_links + self.input_overhead(devices)
 
     def all_reduce(self, widths: np.ndarray, gradient_mb: np.ndarray, holds: np.ndarray) -> np.ndarray:
-        """The replicas' gradient all-reduce ms [D] of devices with `widths` of `sync_width` columns, `gradient_mb` MB
-        of replicas' gradients and `holds` (whether each holds any): with `all_reduce_ms` fitted, its ms for taking
+        """The replicas' gradient all-reduce ms [..., D] of devices with `widths` [..., D] of `sync_width` columns,
+        `gradient_mb` MB of replicas' gradients and `holds` (whether each holds any): with `all_reduce_ms` fitted, its ms for taking
         part plus its rate over the ring's bus bytes, 2(D-1)/D of the device's; else the comm model's price of the
         all-to-all moving as many bytes. Over hosts never below the ring's price on the links (`ring_link_ms`): the
         fit saw one host's."""
         if any(self.models.all_reduce_ms):
             part, per_mb = self.models.all_reduce_ms
-            priced = holds * (part + per_mb * ring_bus_mb(gradient_mb, len(widths)))
+            priced = holds * (part + per_mb * ring_bus_mb(gradient_mb, widths.shape[-1]))
         else:
-            priced = self.collectives(widths)[:, 1]
+            priced = self.collectives(widths)[..., 1]
         topology = self.topology
         if topology.devices_per_host_if_spanning is None:
             return priced
         # over hosts the ring's bytes cross the links: every device waits for the ring's slowest link
         ring = ring_link_ms(
-            float(np.max(gradient_mb, initial=0.0)), len(widths), topology.devices_per_host_if_spanning,
-            topology.inter_host_gbps, self.links, topology.host_link_gbps,
+            np.max(gradient_mb, axis=-1, initial=0.0, keepdims=True), widths.shape[-1],
+            topology.devices_per_host_if_spanning, topology.inter_host_gbps, self.links, topology.host_link_gbps,
         )  # fmt: skip
         return np.maximum(priced, holds * ring)
 
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
-        """Every device's predicted step (the one cost definition's parts summed) with the pieces on `assign`."""
+        """Every device's predicted step [D] (the one cost definition's parts summed) with the pieces on `assign`
+        [N]; of several plans [B, D], with the pieces on each row of `assign` [B, N] (`device_parts`)."""
         return self.device_parts(encodings, sizes, assign).totals()
 
     def device_parts(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> DeviceParts:
-        """Every device's predicted step, part by part, with the pieces on `assign`: the one place a plan is priced."""
+        """Every device's predicted step, part by part, with the pieces on `assign` [N]: the one place a plan is
+        priced. Several plans of the same pieces at once with `assign` [B, N] (parts [B, D, ...]): a search's
+        candidates in one pass of array operations, not one each, every plan priced bit for bit as alone (each
+        device's sums add its pieces in their order, and the networks multiply each plan's rows apart)."""
         d = self.topology.num_devices
-        sums = torch.zeros(d, encodings.shape[1]).index_add_(0, torch.from_numpy(assign), encodings)
-        counts = torch.from_numpy(np.bincount(assign, minlength=d).astype(np.float32))
+        plans = np.atleast_2d(assign)
+        b = len(plans)
+        # Plan p's device k is row p * D + k of the flattened [B, D] arrays below.
+        rows = (plans + d * np.arange(b)[:, None]).ravel()
+
+        def per_device(weights: np.ndarray, pieces: np.ndarray | slice = slice(None)) -> np.ndarray:
+            """The pieces' `weights` [N] added up on each plan's devices: [B, D]."""
+            at = (plans[:, pieces] + d * np.arange(b)[:, None]).ravel()
+            return np.bincount(at, weights=np.tile(weights[pieces], b), minlength=b * d).reshape(b, d)
+
+        sums = torch.zeros(b * d, encodings.shape[1]).index_add_(0, torch.from_numpy(rows), encodings.repeat(b, 1))
+        counts = torch.from_numpy(np.bincount(rows, minlength=b * d).astype(np.float32))
         # One set of all-to-alls per sharding type the plan uses, each moving its pieces' columns (as TorchRec
         # and the gang run them: `TypeCollectives`); replicas move none.
-        comm, input_dist = np.zeros((d, 2)), np.zeros(d)
+        comm, input_dist = np.zeros((b, d, 2)), np.zeros((b, d))
         kinds = np.unique(sizes.kinds[sizes.kinds >= 0])
         for kind in kinds:
             of_kind = sizes.kinds == kind
-            comm += self.collectives(np.bincount(assign[of_kind], weights=sizes.widths[of_kind], minlength=d))
-            input_dist += self.input_dist(np.bincount(assign[of_kind], weights=sizes.inputs[of_kind], minlength=d))
+            comm += self.collectives(per_device(sizes.widths, of_kind))
+            input_dist += self.input_dist(per_device(sizes.inputs, of_kind))
         if len(kinds) > 1 and d > 1:  # every device takes part in every set, whether it holds pieces of it or not
             extra = (len(kinds) - 1) * np.asarray(self.models.type_overhead_ms)
             input_dist += extra[0]
             comm += extra[1:]
-        sync, host_sums = np.zeros(d), np.zeros((d, 2))
+        sync, host_sums = np.zeros((b, d)), np.zeros((b, d, 2))
         if sizes.syncs.any():
             sync = self.all_reduce(
-                np.bincount(assign, weights=sizes.syncs, minlength=d),
-                np.bincount(assign, weights=sizes.gradient_mb, minlength=d),
-                np.bincount(assign, weights=sizes.syncs > 0, minlength=d) > 0,
+                per_device(sizes.syncs), per_device(sizes.gradient_mb), per_device((sizes.syncs > 0) * 1.0) > 0
             )
         if sizes.host_sums.any():
-            device_sums = np.bincount(assign, weights=sizes.host_sums, minlength=d)
-            host_sums = host_reduce(
-                self.models, device_sums, self.topology.batch_size, self.topology.devices_per_host_or_all
-            )
-        return DeviceParts(
-            compute=self.compute_parts(sums, counts),
+            per_host = self.topology.devices_per_host_or_all
+            host_sums = host_reduce(self.models, per_device(sizes.host_sums), self.topology.batch_size, per_host)
+        parts = DeviceParts(
+            compute=self.compute_parts(sums, counts, plans=b).reshape(b, d, 2),
             comm=comm,
             input_dist=input_dist,
             sync=sync,
             host_sums=host_sums,
         )
+        return parts if np.ndim(assign) == 2 else parts.of_plan(0)
 
 
 @dataclass(frozen=True)
@@ -276,9 +295,12 @@ class DeviceParts:
 
     def totals(self) -> np.ndarray:
         """Each device's step ms."""
-        return (
-            self.compute.sum(axis=1) + self.comm.sum(axis=1) + self.input_dist + self.sync + self.host_sums.sum(axis=1)
-        )
+        parts = self.compute.sum(axis=-1) + self.comm.sum(axis=-1)
+        return parts + self.input_dist + self.sync + self.host_sums.sum(axis=-1)
+
+    def of_plan(self, index: int) -> DeviceParts:
+        """One plan's parts of several priced at once (`Pricer.device_parts`)."""
+        return DeviceParts(*(getattr(self, f.name)[index] for f in fields(self)))
 
     def plan_cost(self, hardware: str, batch_size: int) -> PlanCost:
         """The parts as a plan's predicted costs."""
@@ -300,21 +322,18 @@ class DeviceParts:
 
 
 def host_reduce(models: CostModels, host_sums: np.ndarray, batch_size: int, devices_per_host: int) -> np.ndarray:
-    """Each device's (fwd, bwd) ms [D, 2] adding up table-row-wise partial sums inside its host and sending the
+    """Each device's (fwd, bwd) ms [..., D, 2] adding up table-row-wise partial sums inside its host and sending the
     gradients back (TorchRec's intra-host reduce-scatter and all-gather), from its `host_sums` columns
     of partial sums per sample: each host's devices priced by the comm model as an all-to-all of
     those widths among them, which moves the same bytes (each device sends (L-1)/L of its sums)."""
-    sums = np.asarray(host_sums, dtype=np.float64).reshape(-1, devices_per_host)
+    device_sums = np.asarray(host_sums, dtype=np.float64)
+    sums = device_sums.reshape(-1, devices_per_host)
     totals = sums.sum(axis=1, keepdims=True)
     widest = sums.max(axis=1, keepdims=True)
-    features = comm_feature_rows(
-        sums.ravel(),
-        np.broadcast_to(totals, sums.shape).ravel(),
-        np.broadcast_to(widest, sums.shape).ravel(),
-        batch_size,
-        devices_per_host,
-    )
-    return np.where(sums.ravel()[:, None] > 0, models.comm_ms(features), 0.0)
+    features = comm_feature_rows(sums, totals, widest, batch_size, devices_per_host)
+    # each plan's devices priced in one product, as one plan's are (`CostModels.comm_ms`)
+    priced = models.comm_ms(features.reshape(*device_sums.shape, -1))
+    return np.where(device_sums[..., None] > 0, priced, 0.0)
 
 
 def over_hosts(
@@ -327,8 +346,8 @@ def over_hosts(
     phases: tuple[int, ...] = (0, 1),
     host_link_gbps: float | None = None,
 ) -> np.ndarray:
-    """All-to-all ms [D, len(phases)] of devices on hosts of `devices_per_host`, from the comm model's `predicted`
-    ms of the same devices on one host: the links' price on one host in it replaced by their price over the hosts
+    """All-to-all ms [..., D, len(phases)] of devices on hosts of `devices_per_host`, from the comm model's
+    `predicted` ms of the same devices on one host: the links' price on one host in it replaced by their price over the hosts
     (`link_ms`: what a device receives from its host mates and, at `inter_host_gbps`, from other hosts, and where
     a host's devices share one link of `host_link_gbps`, all its host receives over it).
 
@@ -342,27 +361,37 @@ def over_hosts(
     The shipped comm model has not measured inter-host links; one calibrated over hosts has, and is
     priced as it is (`analytic_devices_per_host`). Replicas' all-reduce is priced as a ring (`ring_link_ms`).
     """
-    d = len(widths)
+    d = np.shape(widths)[-1]
     if devices_per_host is None or devices_per_host >= d:
         return predicted
-    one_host = link_ms(widths, batch_size, None, inter_host_gbps, links)[:, phases]
-    hosts = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links, host_link_gbps)[:, phases]
+    one_host = link_ms(widths, batch_size, None, inter_host_gbps, links)[..., phases]
+    hosts = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links, host_link_gbps)[..., phases]
     return np.maximum(predicted - one_host, 0.0) + hosts
 
 
 def received_floats(widths: np.ndarray, devices_per_host: int | None) -> tuple[np.ndarray, np.ndarray]:
     """What an all-to-all of `widths` float columns per sample brings each device, per sample of the batch, from
-    its host mates and from other hosts ([D, 2] each: forward, backward), the batch split evenly: forward, its
-    1/D of the samples of every column held elsewhere; backward (and an input all-to-all of ids), its own columns
-    for the samples of the other devices."""
+    its host mates and from other hosts ([..., D, 2] each: forward, backward), the batch split evenly: forward,
+    its 1/D of the samples of every column held elsewhere; backward (and an input all-to-all of ids), its own
+    columns for the samples of the other devices."""
     widths = np.asarray(widths, dtype=np.float64)
-    d = len(widths)
+    d = widths.shape[-1]
     local = d if devices_per_host is None else min(devices_per_host, d)
-    hosts = np.arange(d) // local
-    own_host = np.bincount(hosts, weights=widths)[hosts]
+    own_host = host_totals(widths, local)
     intra = two_columns((own_host - widths) / d, widths * (local - 1) / d)
-    inter = two_columns((widths.sum() - own_host) / d, widths * (d - local) / d)
+    inter = two_columns((widths.sum(axis=-1, keepdims=True) - own_host) / d, widths * (d - local) / d)
     return intra, inter
+
+
+def host_totals(values: np.ndarray, devices_per_host: int) -> np.ndarray:
+    """Per device [..., D], the sum of `values` [..., D] over its host's devices, added in device order."""
+    d = values.shape[-1]
+    plans = int(np.prod(values.shape[:-1]))
+    hosts = np.arange(d) // devices_per_host
+    num_hosts = -(-d // devices_per_host)
+    at = (hosts + num_hosts * np.arange(plans)[:, None]).ravel()
+    totals = np.bincount(at, weights=values.ravel(), minlength=plans * num_hosts).reshape(plans, num_hosts)
+    return totals[:, hosts].reshape(values.shape)
 
 
 def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, inter_host_gbps: float) -> np.ndarray:
@@ -379,10 +408,10 @@ def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, in
 
 
 def two_columns(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """[n, 2] of two [n] columns: `np.stack(axis=1)`'s result without its checks, which cost a search more than
-    the arithmetic (it builds these thousands of times)."""
-    out = np.empty((len(second), 2))
-    out[:, 0], out[:, 1] = first, second
+    """[..., n, 2] of two [..., n] columns (`first` broadcast to `second`'s shape): `np.stack(axis=-1)`'s result
+    without its checks, which cost a search more than the arithmetic (it builds these thousands of times)."""
+    out = np.empty((*np.shape(second), 2))
+    out[..., 0], out[..., 1] = first, second
     return out
 
 
@@ -422,14 +451,14 @@ def link_ms(
     links: LinkProfile,
     host_link_gbps: float | None = None,
 ) -> np.ndarray:
-    """The links' price of an all-to-all (fwd, bwd) [D, 2] of `widths` float columns per sample: the profile's
+    """The links' price of an all-to-all (fwd, bwd) [..., D, 2] of `widths` [..., D] float columns per sample: the profile's
     fixed time and latency per peer, then the bytes each device receives from its host mates and from other hosts,
     each class at its rate, waiting for the slower (`shard_ray.costmodel.links`), and where a host's devices share
     one link of `host_link_gbps`, for all their host receives over it. It grows with the bytes and with the
     devices: no collective is priced near zero as devices are added."""
-    d = len(widths)
+    d = np.shape(widths)[-1]
     if d == 1:
-        return np.zeros((1, 2))
+        return np.zeros((*np.shape(widths), 2))
     intra, inter = received_floats(widths, devices_per_host)
     host_inter = None
     if host_link_gbps is not None and devices_per_host is not None and devices_per_host < d:
@@ -438,10 +467,9 @@ def link_ms(
 
 
 def host_received(inter: np.ndarray, devices_per_host: int) -> np.ndarray:
-    """Per device [D, 2], what its whole host receives from other hosts, from what each device does (`inter`,
+    """Per device [..., D, 2], what its whole host receives from other hosts, from what each device does (`inter`,
     `received_floats`'s second part): what crosses a link the host's devices share."""
-    hosts = np.arange(len(inter)) // devices_per_host
-    return np.stack([np.bincount(hosts, weights=inter[:, k])[hosts] for k in range(inter.shape[1])], axis=1)
+    return np.stack([host_totals(inter[..., k], devices_per_host) for k in range(inter.shape[-1])], axis=-1)
 
 
 def analytic_devices_per_host(models: CostModels, devices_per_host: int | None) -> int | None:
@@ -493,13 +521,13 @@ def ring_bus_mb(gradient_mb: np.ndarray | float, devices: int) -> np.ndarray | f
 
 
 def ring_link_ms(
-    gradient_mb: float,
+    gradient_mb: np.ndarray | float,
     devices: int,
     devices_per_host: int,
     inter_host_gbps: float,
     links: LinkProfile,
     host_link_gbps: float | None = None,
-) -> float:
+) -> np.ndarray:
     """The links' price of a ring all-reduce of `gradient_mb` MB over `devices` on hosts of `devices_per_host`:
     the profile's fixed time, a latency per ring step (2(D-1)), then each link's share of the ring's bus bytes
     (`ring_bus_mb`), waiting for the slowest, as the ring is pipelined. Inside a host a device's ring neighbour
@@ -507,16 +535,19 @@ def ring_link_ms(
     host's L devices' L NICs), each crossing every host boundary once with 1/L of the gradient: a NIC carries the
     bus bytes / L; where a host's devices share one link (`host_link_gbps`), it carries them all. Hierarchical
     all-reduces (reduce-scatter in the host, all-reduce between hosts, all-gather) move (H-1)/H of that between
-    hosts for (D-1)/D: at most 2x fewer, at 2 hosts, and as many as hosts grow."""
-    if devices < 2 or gradient_mb <= 0:
-        return 0.0
+    hosts for (D-1)/D: at most 2x fewer, at 2 hosts, and as many as hosts grow. Of several gradients (an array),
+    each one's."""
+    gradient_mb = np.asarray(gradient_mb, dtype=np.float64)
+    if devices < 2:
+        return np.zeros_like(gradient_mb)
     bus = ring_bus_mb(gradient_mb, devices)  # MB; MB over GB/s is ms
     moving = bus / inter_host_gbps / devices_per_host
     if host_link_gbps is not None:
-        moving = max(moving, bus / host_link_gbps)
+        moving = np.maximum(moving, bus / host_link_gbps)
     if devices_per_host > 1:
-        moving = max(moving, bus / links.intra_host_gbps)
-    return links.collective_ms + links.message_ms * 2 * (devices - 1) + moving
+        moving = np.maximum(moving, bus / links.intra_host_gbps)
+    ms = links.collective_ms + links.message_ms * 2 * (devices - 1) + moving
+    return np.where(gradient_mb > 0, ms, 0.0)
 
 
 def gradient_mb(piece: TablePiece, rows_cap: int | None) -> float:

@@ -50,8 +50,9 @@ def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiec
             if len(devices) > CANDIDATE_DEVICES:
                 now = pricer.device_costs(enc[:k], before, assign[:k])
                 devices = np.sort(devices[np.argsort(now[devices], kind="stable")[:CANDIDATE_DEVICES]])
-            with_it = sizes.take(slice(0, k + 1))
-            costs = [pricer.device_costs(enc[: k + 1], with_it, np.append(assign[:k], d)).max() for d in devices]
+            candidates = np.tile(assign[: k + 1], (len(devices), 1))
+            candidates[:, k] = devices
+            costs = pricer.device_costs(enc[: k + 1], sizes.take(slice(0, k + 1)), candidates).max(axis=1)
             devices = devices[[int(np.argmin(costs))]]
         assign[k] = devices[0]
         free[devices[0]] = False

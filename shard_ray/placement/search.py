@@ -245,9 +245,10 @@ def _greedy_passes(
             group_device[:, g] = device
     if not feasible.any():
         return None, stuck
-    costs = [float(pricer.device_costs(enc, sizes, assign[k]).max()) if feasible[k] else np.inf for k in range(s)]
+    costs = np.full(s, np.inf)
+    costs[feasible] = pricer.device_costs(enc, sizes, assign[feasible]).max(axis=1)
     best = int(np.argmin(costs))
-    return Candidate(pieces, assign[best], costs[best]), None
+    return Candidate(pieces, assign[best], float(costs[best])), None
 
 
 def local_search(
