@@ -251,7 +251,8 @@ class Pricer:
             at = (plans[:, pieces] + d * np.arange(b)[:, None]).ravel()
             return np.bincount(at, weights=np.tile(weights[pieces], b), minlength=b * d).reshape(b, d)
 
-        sums = torch.zeros(b * d, encodings.shape[1]).index_add_(0, torch.from_numpy(rows), encodings.repeat(b, 1))
+        each = encodings.repeat(b, 1) if b > 1 else encodings
+        sums = torch.zeros(b * d, encodings.shape[1]).index_add_(0, torch.from_numpy(rows), each)
         counts = torch.from_numpy(np.bincount(rows, minlength=b * d).astype(np.float32))
         # One set of all-to-alls per sharding type the plan uses, each moving its pieces' columns (as TorchRec
         # and the gang run them: `TypeCollectives`); replicas move none.

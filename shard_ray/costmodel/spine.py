@@ -138,9 +138,9 @@ def physical_quantities(
 # the table-batched kernels, then the same in the replicas' dense kernels. A device holding replicas beside sharded
 # pieces runs both: on an H200 the second kernel's launches cost as much as the first's (docs/gpu.md).
 KERNEL_COLUMNS = 8
-# Columns 0, 2, 4, 6 and 1, 3, 5, 7 (views, not gathers: a search prices thousands of shards); in each, the sharded
-# kernels' 2 precisions and the replicas'.
-_TABLES, _OUTPUTS = slice(0, None, 2), slice(1, None, 2)
+# Columns 0, 2, 4, 6: the tables of the sharded kernels' 2 precisions and the replicas' (a view, not a gather: a
+# search prices thousands of shards).
+_TABLES = slice(0, None, 2)
 
 
 def kernel_columns(quantities: torch.Tensor, fp16: torch.Tensor, replicas: torch.Tensor | None = None) -> torch.Tensor:
@@ -157,10 +157,11 @@ def kernel_terms(columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     """Shards' summed `kernel_columns` [..., KERNEL_COLUMNS] -> per weight precision [..., 2]: the kernels present
     (sharded pieces' and replicas' apart, each counted once), their pairs (each kernel's tables x their output
     MB) and the output MB of all of them."""
-    tables, output = columns[..., _TABLES], columns[..., _OUTPUTS]
-    kernels = tables[..., :2].clamp(max=1.0) + tables[..., 2:].clamp(max=1.0)
-    pairs = tables[..., :2] * output[..., :2] + tables[..., 2:] * output[..., 2:]
-    return kernels, pairs, output[..., :2] + output[..., 2:]
+    # [..., sharded or replicas, precision, (tables, output)]: one view, where slicing each column apart cost a
+    # search's pricing more than the arithmetic; the sums over the first two are each the pair's one addition
+    by_kind = columns.unflatten(-1, (2, len(PRECISIONS), 2))
+    tables, output = by_kind[..., 0], by_kind[..., 1]
+    return tables.clamp(max=1.0).sum(dim=-2), (tables * output).sum(dim=-2), output.sum(dim=-2)
 
 
 class Spine(nn.Module):

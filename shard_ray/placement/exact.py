@@ -46,11 +46,6 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
 
     def visit(k: int) -> None:
         nonlocal nodes
-        if k == len(pieces):
-            cost = float(pricer.device_costs(enc, sizes, assign).max())
-            if cost < best["cost"]:
-                best["cost"], best["assign"] = cost, assign.copy()
-            return
         nodes += 1
         if nodes > node_budget:
             return
@@ -64,7 +59,17 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             return
         idx = torch.tensor(devices)
         priced = pricer.compute(sums[idx] + enc[k], counts[idx] + 1)
-        for j in np.argsort(priced):
+        order = np.argsort(priced)
+        if k == len(pieces) - 1:  # the plans this last piece completes, priced in one call, kept in that order
+            leaves = [j for j in order if max(float(priced[j]), compute.max()) < best["cost"]]
+            plans = np.tile(assign, (len(leaves), 1))
+            plans[:, k] = [devices[j] for j in leaves]
+            costs = pricer.device_costs(enc, sizes, plans).max(axis=1) if leaves else []
+            for j, plan, cost in zip(leaves, plans, costs):
+                if max(float(priced[j]), compute.max()) < best["cost"] and cost < best["cost"]:
+                    best["cost"], best["assign"] = float(cost), plan
+            return
+        for j in order:
             x, new = devices[j], float(priced[j])
             if max(new, compute.max()) >= best["cost"]:
                 continue

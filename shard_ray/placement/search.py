@@ -168,8 +168,11 @@ def _greedy_passes(
     d, s = topology.num_devices, len(scales)
     widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
-    sums = torch.zeros(s, d, enc.shape[1])
-    counts = torch.zeros(s, d)
+    # each device's encoding sum and piece count per pass, in numpy: the same float32 sums as torch's, without its
+    # indexing's dispatch on every piece
+    encoded = enc.numpy()
+    sums = np.zeros((s, d, enc.shape[1]), dtype=np.float32)
+    counts = np.zeros((s, d), dtype=np.float32)
     current = np.zeros((s, d))  # each device's predicted compute as it fills
     dim_sum = np.zeros((s, d))
     ledger = MemoryLedger(topology, copies=s)
@@ -230,12 +233,13 @@ def _greedy_passes(
                     candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
                 picked = rows[:, None], candidates
                 priced = pricer.compute(
-                    (sums[picked] + enc[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
+                    torch.from_numpy((sums[picked] + encoded[i]).reshape(-1, enc.shape[1])),
+                    torch.from_numpy((counts[picked] + 1).reshape(-1)),
                 ).reshape(candidates.shape)
                 best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
                 device = candidates[rows, best]
                 current[rows, device] = priced[rows, best]
-                sums[rows, device] += enc[i]
+                sums[rows, device] += encoded[i]
                 counts[rows, device] += 1
         at = row_start + device
         flat_dim_sum[at] += widths[i]
