@@ -64,8 +64,8 @@ def measure_inside(layout: str, plans: int, link_mbit: float, table_file: str, o
     from shard_ray.costmodel.models import CostModels, default_cost_model_path
     from shard_ray.costmodel.pricing import Pricer, input_width, inter_host_ms, output_width
     from shard_ray.plan.topology import GB, Topology
-    from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.runtime import connect_ray
     from shard_ray.workload.tables import load_tables
 

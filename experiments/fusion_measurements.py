@@ -22,7 +22,7 @@ import numpy as np
 from shard_ray.arguments import Parser
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.synthetic import PoolConfig, generate_pool

@@ -23,8 +23,8 @@ from shard_ray.costmodel.simulator import price_comm
 from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.synthetic import PoolConfig, generate_pool

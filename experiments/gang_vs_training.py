@@ -43,8 +43,9 @@ from shard_ray.placement import place
 from shard_ray.plan.cost import STEP_PARTS
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.fused_shard import PROCEDURE_1_CPU_MAX_ROWS, MeasureConfig, sample_ranges, table_batch
+from shard_ray.profiling.fused_shard import sample_ranges, table_batch
 from shard_ray.profiling.gang import DeviceGang, upstream_gradient
+from shard_ray.profiling.procedure import PROCEDURE_1_CPU_MAX_ROWS, MeasureConfig
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.access import fold_rows
 from shard_ray.workload.tables import TableSpec, load_tables

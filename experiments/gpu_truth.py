@@ -45,8 +45,9 @@ from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import median_of
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import load_plan
-from shard_ray.profiling.fused_shard import FusedShard, MeasureConfig, measure_fused_shard, time_fused_shard
+from shard_ray.profiling.fused_shard import FusedShard, measure_fused_shard, time_fused_shard
 from shard_ray.profiling.hardware import hardware_id
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.sampling import draw_augmented_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import ratio_interval

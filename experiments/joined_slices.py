@@ -18,8 +18,8 @@ from shard_ray.costmodel.pricing import Candidate, Pricer
 from shard_ray.placement import search
 from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.topology import GB, Topology
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.tables import load_tables
 

@@ -49,7 +49,7 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan, load_plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workflows.benchmark import BenchmarkConfig

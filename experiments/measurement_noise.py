@@ -43,8 +43,8 @@ from shard_ray.placement import place
 from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.plan import Plan, save_plan
 from shard_ray.plan.topology import GB, Topology
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.runtime import connect_ray
 from shard_ray.workflows.comparison import CompareConfig, Race, compare_plans, distinct, twin
 from shard_ray.workload.tables import load_tables

@@ -30,8 +30,8 @@ from shard_ray.placement import place
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.runtime import connect_ray
 from shard_ray.workload.tables import TableSpec, load_tables
 

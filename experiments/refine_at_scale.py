@@ -27,7 +27,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.plan.plan import save_plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
 from shard_ray.workflows.comparison import plan_with_algorithms

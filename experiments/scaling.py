@@ -55,7 +55,7 @@ def placement_times(num_tables: int, devices: int, repeats: int, simulator: Simu
 
 def profiling_throughput(actor_counts: list[int], shards: int, repeats: int) -> dict[int, float]:
     from shard_ray.profiling.actors import ProfilingPool
-    from shard_ray.profiling.fused_shard import MeasureConfig
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.profiling.sampling import draw_fused_shards
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.runtime import connect_ray

@@ -42,7 +42,7 @@ from shard_ray.plan.cost import RoundsSummary
 from shard_ray.plan.piece import SHARDING_TYPES
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import GB, Topology, shard_bytes
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workload.tables import TableSpec, load_tables
 
 TABLES = Path(__file__).parent / "tables"

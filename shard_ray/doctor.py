@@ -101,7 +101,8 @@ def time_microbenchmark() -> list[list[float]]:
     them (on CPU with one thread, as a profiling actor has)."""
     import torch
 
-    from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+    from shard_ray.profiling.fused_shard import measure_fused_shard
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.profiling.sampling import microbenchmark_shards
 
     shards, threads = microbenchmark_shards(), torch.get_num_threads()
@@ -153,8 +154,9 @@ def prices_finding(report: dict) -> Finding | None:
 def _run_fused_shard() -> tuple[dict, str]:
     """A small fused shard, forward and backward with the optimizer, on the node's device, as profiling runs it."""
     from shard_ray.plan.piece import TablePiece
-    from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+    from shard_ray.profiling.fused_shard import measure_fused_shard
     from shard_ray.profiling.hardware import hardware_id, measurement_device
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.workload.tables import TableSpec
 
     hardware = hardware_id(threads=1)
@@ -341,8 +343,8 @@ def noise_finding() -> Finding:
     from shard_ray.errors import first_line
     from shard_ray.placement import place
     from shard_ray.plan.topology import GB, Topology
-    from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.workflows.comparison import noise_floor
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
 

@@ -328,15 +328,34 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
     assert (tmp_path / "t" / "train_000.json").exists()
 
 
-def test_help_and_bad_commands_answer_without_loading_torch_or_ray():
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["plan", "--help"],
+        ["compare", "--help"],
+        ["collect", "--help"],
+        ["plan", "--devices", "zero"],
+        ["plan", "--tables", "missing.json", "--devices", "2", "--memory-gb", "1", "--out", "p.json"],
+        ["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "1", "--hardware", "tpu", "--out", "p.json"],
+        ["evaluate", "--tables", "t.json", "--plan", "p.json", "--address", "http://127.0.0.1:8265"],
+    ],
+    ids=lambda argv: " ".join(argv),
+)
+def test_help_and_bad_commands_answer_without_loading_torch_or_ray(argv, tmp_path):
+    """Help and refusals of what a user typed answer in a fraction of a second: no torch, Ray or MLflow (2-4 s of
+    imports each time) before the input is known good."""
     code = (
         "import sys\n"
         "from shard_ray.cli import main\n"
-        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'ray', 'mlflow') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    (tmp_path / "t.json").write_text(json.dumps({"tables": [{"name": "a", "rows": 100, "dim": 8}]}))
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
+    if "--help" not in argv:
+        assert result.stderr.startswith(("shard-ray: error: ", "usage: ")), result.stderr
 
 
 @pytest.mark.parametrize("record", [None, "127.0.0.1:{port}"])

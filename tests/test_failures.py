@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
+from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 

@@ -8,19 +8,21 @@ from shard_ray.costmodel.train import OlderMeasurementsWarning, newest_procedure
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
     MAX_WARMUP_STEPS,
-    MEASUREMENT_PROCEDURE,
-    PROCEDURE_1_CPU_MAX_ROWS,
-    WARMUP_BATCHES,
     FusedShard,
     FusedShardMeasurement,
     HostBuffers,
-    MeasureConfig,
-    fused_shard_key,
     measure_fused_shard,
     memory_budget,
     shard_rows_cap,
     time_fused_shard,
     warmed_up,
+)
+from shard_ray.profiling.procedure import (
+    MEASUREMENT_PROCEDURE,
+    PROCEDURE_1_CPU_MAX_ROWS,
+    WARMUP_BATCHES,
+    MeasureConfig,
+    fused_shard_key,
 )
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, read_record

@@ -16,7 +16,7 @@ from console import shard_ray_here
 from shard_ray.costmodel.simulator import price_comm
 from shard_ray.placement import place
 from shard_ray.plan.topology import GB, Topology
-from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
+from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, plan_key
 

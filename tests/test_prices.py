@@ -13,9 +13,10 @@ from shard_ray.doctor import microbenchmark_price_ratios, time_microbenchmark
 from shard_ray.placement import place
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+from shard_ray.profiling.fused_shard import measure_fused_shard
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.hardware import hardware_id
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workload.tables import TableSpec, load_tables
 
 TABLES = Path(__file__).parents[1] / "experiments" / "tables"

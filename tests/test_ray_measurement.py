@@ -13,8 +13,9 @@ from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
 from shard_ray.profiling.actors import ProfilingPool, resources_per_device
-from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key, sample_ranges
+from shard_ray.profiling.fused_shard import sample_ranges
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 

@@ -10,8 +10,8 @@ import pytest
 from shard_ray.placement import place
 from shard_ray.plan import GB, Topology
 from shard_ray.plan.cost import DeviceCost, PlanCost
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.tracking.mlflow_runs import (
     POLICY_EXPERIMENT,
     default_tracking_uri,

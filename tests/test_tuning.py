@@ -9,7 +9,8 @@ from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels
 from shard_ray.plan.topology import GB
 from shard_ray.policy.network import load_policy
-from shard_ray.profiling.fused_shard import MeasureConfig, measure_fused_shard
+from shard_ray.profiling.fused_shard import measure_fused_shard
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.synthetic import PoolConfig, generate_pool

@@ -15,7 +15,7 @@ from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import CollectConfig
 from shard_ray.errors import ShardRayError
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workflows.comparison import CompareConfig
 
 if TYPE_CHECKING:
@@ -238,14 +238,9 @@ def cmd_collect(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.models import models_for
-    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_json
-    from shard_ray.placement.base import priced
     from shard_ray.plan.plan import load_plan
     from shard_ray.plan.summary import format_plan_summary, format_prediction
-    from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.tracking.mlflow_runs import import_report_modules, log_plan_evaluation
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(EvaluateArgs, args)
@@ -260,6 +255,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     )
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=plan.num_devices)
+    # the gang, the models and MLflow once the input and the cluster are known good: a refusal above answers at once
+    from shard_ray.costmodel.models import models_for
+    from shard_ray.costmodel.simulator import price_comm
+    from shard_ray.placement.base import priced
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.tracking.mlflow_runs import import_report_modules, log_plan_evaluation
+
     importing = import_report_modules(tracking_uri)  # while the gang starts
     with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
         importing.join()  # before measuring

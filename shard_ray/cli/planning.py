@@ -199,8 +199,6 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from shard_ray.placement import place
-    from shard_ray.placement.base import PlacementContext, priced, with_fitted_links
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
     from shard_ray.profiling.hardware import check_hardware_id, hardware_id
@@ -222,6 +220,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
     hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it
+    # the searches and the models (torch) once the input is known good: a refusal above answers at once
+    from shard_ray.placement import place
+    from shard_ray.placement.base import PlacementContext, priced, with_fitted_links
+
     context = PlacementContext(
         cost_model=flags.cost_model,
         hardware=hardware,
@@ -481,8 +483,8 @@ def refined_and_confirmed(
     from shard_ray.costmodel.models import CostModels
     from shard_ray.costmodel.simulator import price_comm
     from shard_ray.profiling.actors import ProfilingPool
-    from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison
     from shard_ray.workflows.refinement import refine

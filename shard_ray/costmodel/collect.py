@@ -10,20 +10,21 @@ stopped run started again measures only what is missing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
 
 from shard_ray.configfile import setting
-from shard_ray.costmodel.simulator import price_comm
 from shard_ray.plan.piece import TablePiece, data_parallel, replica, row_wise
 from shard_ray.plan.plan import Plan
-from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
-from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.sampling import augment_table, draw_augmented_fused_shards, microbenchmark_shards
-from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.tables import TableSpec
+
+if TYPE_CHECKING:  # Ray, torch and the store where data is collected, not in `collect`'s flags
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.store import MeasurementStore
 
 COLLECT_DIMS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -145,6 +146,10 @@ def mix_sharding_types(
 
 def collect_comm(pool: list[TableSpec], config: CollectConfig, store: MeasurementStore) -> int:
     """Measure `samples` plans per device count on a gang of that size; returns how many were new."""
+    from shard_ray.costmodel.simulator import price_comm
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.store import PlanMeasurement
+
     before = store.count("plan_measurements")
     for num_devices in config.device_counts:
         with DeviceGang(num_devices, comm_pricer=price_comm) as gang:

@@ -24,15 +24,9 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
-from shard_ray.profiling.fused_shard import (
-    FusedShardMeasurement,
-    HostBuffers,
-    MeasureConfig,
-    fused_shard_key,
-    measure_fused_shard,
-    memory_budget,
-)
+from shard_ray.profiling.fused_shard import FusedShardMeasurement, HostBuffers, measure_fused_shard, memory_budget
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
+from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
 
 MAX_RESTARTS = 8

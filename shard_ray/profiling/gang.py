@@ -52,7 +52,6 @@ from shard_ray.profiling.fused_shard import (
     FusedShard,
     FusedShardMeasurement,
     HostBuffers,
-    MeasureConfig,
     measure_fused_shard,
     memory_budget,
     piece_lookups,
@@ -63,6 +62,7 @@ from shard_ray.profiling.fused_shard import (
     warmed_up,
 )
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import plan_key
 from shard_ray.workload.tables import TableSpec
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import platform
 from functools import cache
-
-import torch
+from typing import TYPE_CHECKING
 
 from shard_ray.errors import ShardRayError
+
+if TYPE_CHECKING:  # torch where a device is asked about, not where an id a user typed is checked
+    import torch
 
 
 def _cpu_model() -> str:
@@ -25,10 +27,14 @@ def _cpu_model() -> str:
 @cache
 def measurement_device() -> torch.device:
     """The GPU Ray gave this process if any, else the CPU."""
+    import torch
+
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def hardware_id(threads: int | None = None) -> str:
+    import torch
+
     device = measurement_device()
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"

@@ -24,7 +24,7 @@ from shard_ray.io import shard_ray_home
 from shard_ray.plan.cost import STEP_PARTS, MeasuredComparison, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.fused_shard import content_digest
+from shard_ray.profiling.procedure import content_digest
 from shard_ray.workload.tables import TableSpec
 
 DEFAULT_EXPERIMENT = "shard-ray"

@@ -138,8 +138,8 @@ def measure_candidates(
     experiment: str,
 ) -> dict[str, float]:
     """Each candidate's plans of `tasks` measured on a gang; returns its mean measured cost over the shipped settings'."""
-    from shard_ray.profiling.fused_shard import MeasureConfig
     from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.tracking.mlflow_runs import log_plan_evaluation
 
     ratios: dict[str, list[float]] = {label: [] for label in candidates}

@@ -44,16 +44,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-# Student's t quantile from scipy.special (what scipy.stats.t.ppf calls), without scipy.stats' second of import
-from scipy.special import stdtrit
-
 from shard_ray.configfile import setting
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.plan.cost import MeasuredComparison, PlanCost, PlanRatio, RoundsSummary, median_of, median_round
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.fused_shard import MeasureConfig
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -72,6 +69,14 @@ class CompareConfig:
     confidence: float = 0.95
     warmup: int = 3
     repeats: int = 10
+
+
+def t_quantile(degrees: int, p: float) -> float:
+    """Student's t quantile, from scipy.special (what scipy.stats.t.ppf calls, without scipy.stats' second of
+    import), imported where a race is judged: commands that only read their flags skip its third of a second."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(degrees, p))
 
 
 LOOKS = 6  # looks a full-length race takes, the last at its most rounds
@@ -118,7 +123,7 @@ def ratio_interval(costs: Sequence[float], reference: Sequence[float], level: fl
     else:
         winsorized = np.clip(logs, logs[g], logs[n - g - 1])
         se = float(winsorized.std(ddof=1)) / ((1 - 2 * g / n) * math.sqrt(n))
-        half = float(stdtrit(n - 2 * g - 1, 1 - level / 2)) * se
+        half = t_quantile(n - 2 * g - 1, 1 - level / 2) * se
     low, high = math.exp(mean - half), math.exp(mean + half)
     return PlanRatio(ratio=math.exp(mean), low=low, high=high, separated=low > 1 or high < 1)
 
@@ -478,7 +483,7 @@ def resolvable(sd: float, config: CompareConfig, plans: int = 2) -> float:
         g = int(TRIM * n)
         if n - 2 * g < 2:
             continue
-        crit = float(stdtrit(n - 2 * g - 1, 1 - level / 2))
+        crit = t_quantile(n - 2 * g - 1, 1 - level / 2)
         smallest = min(smallest, crit * sd / ((1 - 2 * g / n) * math.sqrt(n)))
     return math.exp(smallest) - 1
 

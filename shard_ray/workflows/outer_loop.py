@@ -42,8 +42,8 @@ from shard_ray.policy.ppo import (
     validation_tasks,
 )
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import MeasureConfig
 from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.tables import TableSpec

@@ -46,19 +46,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shard_ray.configfile import setting
-from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import Candidate, Pricer
-from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
-from shard_ray.placement.search import split_piece
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
 from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.fused_shard import MeasureConfig, fused_shard_key
+from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.workload.tables import TableSpec
 
-if TYPE_CHECKING:  # Ray and SQLite only where a refinement runs, not in every `plan`
+if TYPE_CHECKING:  # Ray, SQLite and the models' torch only where a refinement runs, not in every `plan`'s flags
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.costmodel.simulator import Simulator
     from shard_ray.profiling.actors import ProfilingPool
     from shard_ray.profiling.store import MeasurementStore
 
@@ -154,6 +153,9 @@ def refine(
     log: Callable[[str], None] = print,
 ) -> Refinement:
     """`plan` refined by measured moves (module docstring); unchanged when no move gains enough."""
+    from shard_ray.costmodel.pricing import Candidate, Pricer
+    from shard_ray.costmodel.simulator import Simulator
+
     pricer = Pricer(models, topology)
     # what the plan was made for, its hosts among them (a table split by rows inside a host is table-row-wise)
     made_for = plan.settings or PlanSettings.for_topology(topology)
@@ -313,6 +315,8 @@ def propose(
     """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory and lead
     to none of the layouts `taken` before: (pieces, assignment, the move in words), the best `unloading` by the
     simulated device costs first."""
+    from shard_ray.placement.search import split_piece
+
     topology = pricer.topology
     sizes = pricer.sizes(pieces)
     slowest = int(np.argmax(costs))
