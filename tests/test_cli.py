@@ -376,19 +376,15 @@ def test_address_auto_with_no_cluster_is_one_line_and_status_2(tmp_path, table_f
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("namespaces of its own need root and unshare(1)")
-    plan = tmp_path / "plan.json"
-    done = run_cli(
-        "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1", "--algo", "size_greedy",
-        "--out", str(plan),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    plan = _two_device_plan(tmp_path)
     ray_tmp = tmp_path / "ray"
     ray_tmp.mkdir()
     if record is not None:
         record = record.format(port=free_port())
         (ray_tmp / "ray_current_cluster").write_text(record)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    evaluate = [SHARD_RAY, "evaluate", "--tables", str(table_file), "--plan", str(plan), "--address", "auto"]
+    evaluate = [SHARD_RAY, "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1"]
+    evaluate += ["--address", "auto"]
     inside = (
         f"mkdir -p /tmp/ray && mount --bind {ray_tmp} /tmp/ray && exec {shlex.join([*evaluate, '--out', 'r.json'])}"
     )

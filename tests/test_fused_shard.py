@@ -275,7 +275,8 @@ def test_gpu_truth_times_each_device_alone_and_inside_a_training_step(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     tables = load_tables(repo / "experiments/tables/many_tiny.json")
-    plan = place("size_greedy", tables, Topology(num_devices=2, memory_bytes=2**30, batch_size=256))
+    # a small batch: the CPU's dense step (MLPerf's MLPs, 100 steps a device) is what the test waits for
+    plan = place("size_greedy", tables, Topology(num_devices=2, memory_bytes=2**30, batch_size=32))
     save_plan(tmp_path / "many_tiny.size_greedy.json", plan)
     script = [sys.executable, "experiments/gpu_truth.py"]
     # one torch thread, as every test's own process has (conftest.py): beside the other workers, the CPU kernels' two
