@@ -339,22 +339,27 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
         ["plan", "--tables", "missing.json", "--devices", "2", "--memory-gb", "1", "--out", "p.json"],
         ["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "1", "--hardware", "tpu", "--out", "p.json"],
         ["evaluate", "--tables", "t.json", "--plan", "p.json", "--address", "http://127.0.0.1:8265"],
+        ["generate", "--out", "pool.json", "--num-tables", "30"],
+        ["tasks", "--tables", "t.json", "--out", "tasks", "--num-tasks", "1", "--min-tables", "1", "--max-tables", "1"],
     ],
     ids=lambda argv: " ".join(argv),
 )
 def test_help_and_bad_commands_answer_without_loading_torch_or_ray(argv, tmp_path):
-    """Help and refusals of what a user typed answer in a fraction of a second: no torch, Ray or MLflow (2-4 s of
-    imports each time) before the input is known good."""
+    """Help, refusals of what a user typed and the commands that need neither answer in a fraction of a second: no
+    torch, Ray or MLflow (2-4 s of imports each time) before the input is known good."""
     code = (
         "import sys\n"
         "from shard_ray.cli import main\n"
         f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('torch', 'ray', 'mlflow') if m in sys.modules))"
     )
-    (tmp_path / "t.json").write_text(json.dumps({"tables": [{"name": "a", "rows": 100, "dim": 8}]}))
+    tables = [{"name": f"t{i}", "rows": 100, "dim": 8, "pooling_factor": 1.0} for i in range(4)]
+    (tmp_path / "t.json").write_text(json.dumps({"tables": tables}))
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
-    if "--help" not in argv:
+    if argv[0] in ("generate", "tasks"):
+        assert result.stderr == "" and "wrote" in result.stdout, result.stdout + result.stderr
+    elif "--help" not in argv:
         assert result.stderr.startswith(("shard-ray: error: ", "usage: ")), result.stderr
 
 

@@ -202,3 +202,28 @@ def test_tasks_are_drawn_from_disjoint_pools(tmp_path):
         tables = load_tables(path)
         assert 5 <= len(tables) <= 9 and {t.dim for t in tables} <= {8, 24}
         assert ({t.name for t in tables} <= test_names) == path.name.startswith("test")
+
+
+def test_the_names_torchrec_refuses_are_torchs_own_and_a_table_file_reads_without_torch(tmp_path):
+    """The ModuleDict attributes written out in tables.py are those of the torch installed (a torch upgrade that
+    adds one fails here), and reading a table file does not import torch: it is what made `tasks` and every
+    refusal after reading the tables pay 2 s."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from shard_ray.workload.tables import MODULE_DICT_ATTRIBUTES
+
+    assert frozenset(dir(torch.nn.ModuleDict)) == MODULE_DICT_ATTRIBUTES
+    (tmp_path / "t.json").write_text(
+        '{"tables": [{"name": "a", "rows": 100, "dim": 8, "pooling_factor": 1}, {"name": "keys", "rows": 1, "dim": 4, "pooling_factor": 1}]}'
+    )
+    code = (
+        "import sys\n"
+        "from shard_ray.workload.tables import load_tables\n"
+        "try:\n    load_tables('t.json')\nexcept Exception as err:\n    print(err)\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1] == "False" and "'keys' is an attribute of torch.nn.ModuleDict" in done.stdout

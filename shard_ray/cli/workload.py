@@ -29,12 +29,13 @@ class TasksArgs:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from shard_ray.workload.dlrm_dataset import tables_from_dataset
     from shard_ray.workload.synthetic import generate_pool
     from shard_ray.workload.tables import save_tables
 
     flags = settings_from(GenerateArgs, args)
     if flags.from_dataset:
+        from shard_ray.workload.dlrm_dataset import tables_from_dataset  # torch reads the file: only here
+
         tables = tables_from_dataset(flags.from_dataset, dim=flags.dim)
         source = {"source": str(Path(flags.from_dataset).resolve())}
     else:

@@ -6,7 +6,6 @@ A table file is JSON or YAML: ``{"tables": [{"name": "t0", "rows": 1000, "dim": 
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -108,11 +107,27 @@ class TableSpec(BaseModel):
         return self.model_copy(update={"dim": dim})
 
 
-@functools.cache
-def _module_dict_attributes() -> frozenset[str]:
-    import torch
-
-    return frozenset(dir(torch.nn.ModuleDict))
+# `dir(torch.nn.ModuleDict)` at the torch pyproject.toml pins, the names TorchRec refuses as table names: written out so
+# that reading a table file does not import torch (2 s of every command that reads one, refusals and `tasks`
+# included); tests/test_workload.py checks them against the torch installed.
+MODULE_DICT_ATTRIBUTES = frozenset(
+    """
+    T_destination __annotations__ __call__ __class__ __contains__ __delattr__ __delitem__ __dict__ __dir__ __doc__
+    __eq__ __format__ __ge__ __getattr__ __getattribute__ __getitem__ __getstate__ __gt__ __hash__ __init__
+    __init_subclass__ __iter__ __le__ __len__ __lt__ __module__ __ne__ __new__ __reduce__ __reduce_ex__ __repr__
+    __setattr__ __setitem__ __setstate__ __sizeof__ __str__ __subclasshook__ __weakref__ _apply _call_impl
+    _compiled_call_impl _get_backward_hooks _get_backward_pre_hooks _get_name _load_from_state_dict
+    _maybe_warn_non_full_backward_hook _named_members _register_load_state_dict_pre_hook _register_state_dict_hook
+    _replicate_for_data_parallel _save_to_state_dict _slow_forward _version _wrapped_call_impl add_module apply
+    bfloat16 buffers call_super_init children clear compile cpu cuda double dump_patches eval extra_repr float
+    forward get_buffer get_extra_state get_parameter get_submodule half ipu items keys load_state_dict modules mtia
+    named_buffers named_children named_modules named_parameters parameters pop register_backward_hook
+    register_buffer register_forward_hook register_forward_pre_hook register_full_backward_hook
+    register_full_backward_pre_hook register_load_state_dict_post_hook register_load_state_dict_pre_hook
+    register_module register_parameter register_state_dict_post_hook register_state_dict_pre_hook requires_grad_
+    set_extra_state set_submodule share_memory state_dict to to_empty train type update values xpu zero_grad
+    """.split()
+)
 
 
 def torchrec_name_problem(name: str) -> str | None:
@@ -125,7 +140,7 @@ def torchrec_name_problem(name: str) -> str | None:
         return (
             f"table name {name!r} contains '.', which TorchRec refuses in table names (any other character is allowed)"
         )
-    if name in _module_dict_attributes():
+    if name in MODULE_DICT_ATTRIBUTES:
         return f"table name {name!r} is an attribute of torch.nn.ModuleDict, which TorchRec refuses as a table name"
     return None
 
