@@ -244,11 +244,12 @@ class Pricer:
         plans = np.atleast_2d(assign)
         b = len(plans)
         # Plan p's device k is row p * D + k of the flattened [B, D] arrays below.
-        rows = (plans + d * np.arange(b)[:, None]).ravel()
+        first_rows = d * np.arange(b)[:, None]
+        rows = (plans + first_rows).ravel()
 
         def per_device(weights: np.ndarray, pieces: np.ndarray | slice = slice(None)) -> np.ndarray:
             """The pieces' `weights` [N] added up on each plan's devices: [B, D]."""
-            at = (plans[:, pieces] + d * np.arange(b)[:, None]).ravel()
+            at = (plans[:, pieces] + first_rows).ravel()
             return np.bincount(at, weights=np.tile(weights[pieces], b), minlength=b * d).reshape(b, d)
 
         each = encodings.repeat(b, 1) if b > 1 else encodings

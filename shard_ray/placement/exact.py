@@ -61,12 +61,14 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
         priced = pricer.compute(sums[idx] + enc[k], counts[idx] + 1)
         order = np.argsort(priced)
         if k == len(pieces) - 1:  # the plans this last piece completes, priced in one call, kept in that order
-            leaves = [j for j in order if max(float(priced[j]), compute.max()) < best["cost"]]
+            slowest = compute.max()
+            leaves = [j for j in order if max(float(priced[j]), slowest) < best["cost"]]
             plans = np.tile(assign, (len(leaves), 1))
             plans[:, k] = [devices[j] for j in leaves]
             costs = pricer.device_costs(enc, sizes, plans).max(axis=1) if leaves else []
             for j, plan, cost in zip(leaves, plans, costs):
-                if max(float(priced[j]), compute.max()) < best["cost"] and cost < best["cost"]:
+                # cut as the loop below cuts, against the best plan so far: it may be a leaf of this same call
+                if max(float(priced[j]), slowest) < best["cost"] and cost < best["cost"]:
                     best["cost"], best["assign"] = float(cost), plan
             return
         for j in order:
