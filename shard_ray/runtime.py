@@ -21,6 +21,34 @@ LOCAL_DEVICES_PER_CORE = 4
 REACH_TIMEOUT_S = 5.0
 # How long it may take to answer its first call: milliseconds on an idle machine, so this is for a loaded one.
 ANSWER_TIMEOUT_S = 15.0
+# The local instance this process started and the environment it gave its worker processes (`measuring_env`).
+_local_ray: tuple[str, dict[str, str]] | None = None
+
+
+# Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises
+# allocations of 2 MB and more when THP_MEM_ALLOC_ENABLE is set; the kernel's default mode is madvise).
+# With 4 KB pages a table's random lookups miss the TLB, and how often depends on where each fresh
+# allocation lands: on the AMD EPYC a run's rounds of one plan spread by 22% with 4 KB pages and by
+# 11% with huge pages (median over 4 MLPerf plans, 3 `evaluate` runs each; experiments/huge_pages.py).
+# Whole runs still differ by more than that. GPU memory is not affected. THP_MEM_ALLOC_ENABLE=0 in
+# the driver's environment turns it off.
+def measuring_env() -> dict[str, str]:
+    """What the environment of a process that measures must hold before it loads torch."""
+    return {"THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1")}
+
+
+def measuring_runtime_env() -> dict[str, dict[str, str]]:
+    """Ray's `runtime_env` option for an actor that measures: empty where the local Ray this process started
+    gave its workers that environment already. An actor with an environment of its own cannot take one of the
+    worker processes Ray starts ahead with the instance, and waits for a new one to load Python, Ray and torch
+    (docs/commands.md: a 2-device gang's start)."""
+    if _local_ray is not None and ray.is_initialized() and _local_ray == (_gcs_address(), measuring_env()):
+        return {}
+    return {"runtime_env": {"env_vars": measuring_env()}}
+
+
+def _gcs_address() -> str:
+    return ray.get_runtime_context().gcs_address
 
 
 def _resolve(address: str) -> str:
@@ -130,14 +158,24 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
             "that many devices"
         )
     cpus = max(cores, min_cpus)
-    # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
-    ray.init(
-        address="local",
-        num_cpus=cpus,
-        include_dashboard=False,
-        object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-        logging_level=logging.WARNING,
-    )
+    # Its processes inherit the driver's environment: with the measuring one, the workers Ray starts ahead serve actors.
+    global _local_ray
+    workers_env = measuring_env()
+    added = {name: value for name, value in workers_env.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            logging_level=logging.WARNING,
+        )
+    finally:
+        for name in added:
+            del os.environ[name]
+    _local_ray = (_gcs_address(), workers_env)
     return f"ray: started a local instance with {cpus} CPUs"
 
 

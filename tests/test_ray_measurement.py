@@ -1,6 +1,9 @@
 """End to end on Ray: profiling actors, the measurement store, and a 2-device gang with real all-to-all."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,6 +144,42 @@ def test_a_devices_tables_are_on_huge_pages_unless_turned_off(ray_session, monke
     if THP_MODE_SET == "madvise":  # with "always" every process gets them
         monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
         assert ray.get(huge_page_kb_of_a_table.options(**resources_per_device(use_gpus=False)).remote()) == 0
+
+
+# A command's own local Ray, in a process of its own (this one may have joined the suite's): a measuring actor asks
+# for no environment of its own, and so takes a worker process Ray started with the instance; its tables still go
+# on huge pages, and THP_MEM_ALLOC_ENABLE=0 in the command's environment still turns them off.
+LOCAL_RAY_ACTOR = """
+import json, os, sys, time
+import ray
+from shard_ray.profiling.actors import resources_per_device
+from shard_ray.runtime import connect_ray
+
+@ray.remote
+def measuring_process():
+    def since_boot(stat):  # the process's start, in seconds since the machine's boot
+        return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return os.environ.get("THP_MEM_ALLOC_ENABLE"), since_boot(open("/proc/self/stat").read())
+
+connect_ray(None, 2)
+time.sleep(2)  # the workers Ray starts ahead are up
+options = resources_per_device(use_gpus=False)
+asked = float(open("/proc/uptime").read().split()[0])
+huge_pages, started = ray.get(measuring_process.options(**options).remote())
+print(json.dumps({"options": sorted(options), "huge_pages": huge_pages, "started_ahead": started < asked}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("huge_pages", [None, "0"])
+def test_a_commands_local_ray_measures_in_the_workers_it_started_ahead(huge_pages):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "THP_"))}
+    if huge_pages is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = huge_pages
+    done = subprocess.run([sys.executable, "-c", LOCAL_RAY_ACTOR], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"options": ["num_cpus"], "huge_pages": huge_pages or "1", "started_ahead": True}
 
 
 def test_sample_ranges_cover_the_batch():

@@ -28,6 +28,7 @@ from shard_ray.profiling.fused_shard import FusedShardMeasurement, HostBuffers, 
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
+from shard_ray.runtime import measuring_runtime_env
 
 MAX_RESTARTS = 8
 MAX_TASK_RETRIES = 3
@@ -68,18 +69,11 @@ class ProfilingActor:
         return measure_fused_shard(pieces, config, self._hardware, self._budget, self._host_buffers)
 
 
-# Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises
-# allocations of 2 MB and more when THP_MEM_ALLOC_ENABLE is set; the kernel's default mode is madvise).
-# With 4 KB pages a table's random lookups miss the TLB, and how often depends on where each fresh
-# allocation lands: on the AMD EPYC a run's rounds of one plan spread by 22% with 4 KB pages and by
-# 11% with huge pages (median over 4 MLPerf plans, 3 `evaluate` runs each; experiments/huge_pages.py).
-# Whole runs still differ by more than that. GPU memory is not affected. THP_MEM_ALLOC_ENABLE=0 in
-# the driver's environment turns it off.
 def resources_per_device(use_gpus: bool) -> dict[str, Any]:
-    """Ray options of an actor that holds one device: its resources and the measuring environment."""
+    """Ray options of an actor that holds one device: its resources and the measuring environment
+    (`measuring_runtime_env`: transparent huge pages for its tables)."""
     resources = {"num_cpus": 1, "num_gpus": 1} if use_gpus else {"num_cpus": 1}
-    huge_pages = os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
-    return {**resources, "runtime_env": {"env_vars": {"THP_MEM_ALLOC_ENABLE": huge_pages}}}
+    return {**resources, **measuring_runtime_env()}
 
 
 def cluster_has_gpus() -> bool:
