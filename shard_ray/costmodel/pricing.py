@@ -103,15 +103,23 @@ class Pricer:
         widths = np.asarray(widths, dtype=np.float64)
         total, widest = widths.sum(axis=-1, keepdims=True), widths.max(axis=-1, keepdims=True)
         one_host = self.one_host_comm(widths, total, widest, widths.shape[-1])
-        return np.maximum(self.over_hosts(one_host, widths), self.link_floor(widths))
+        floor = self.link_floor(widths)
+        return np.maximum(self.over_hosts(one_host, widths, floor=floor), floor)
 
-    def over_hosts(self, one_host: np.ndarray, widths: np.ndarray, phases: tuple[int, ...] = (0, 1)) -> np.ndarray:
-        """`over_hosts` on this topology's hosts and links, where the comm model did not price them itself."""
+    def over_hosts(
+        self,
+        one_host: np.ndarray,
+        widths: np.ndarray,
+        phases: tuple[int, ...] = (0, 1),
+        floor: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """`over_hosts` on this topology's hosts and links, where the comm model did not price them itself; `floor`,
+        the same widths' `link_floor` where the caller has it: their links' price over these hosts already."""
         topology = self.topology
         hosts = analytic_devices_per_host(self.models, topology.devices_per_host)
         return over_hosts(
             one_host, widths, topology.batch_size, hosts, topology.inter_host_gbps, self.links, phases,
-            topology.host_link_gbps,
+            topology.host_link_gbps, hosts_price=floor if hosts == topology.devices_per_host else None,
         )  # fmt: skip
 
     def link_floor(self, widths: np.ndarray) -> np.ndarray:
@@ -206,7 +214,8 @@ class Pricer:
         total, most = inputs.sum(axis=-1, keepdims=True), inputs.max(axis=-1, keepdims=True)
         # a device receives its pieces' ids for the other devices' samples: the backward's direction
         one_host = self.one_host_comm(inputs, total, most, devices, (1, 1))[..., :1]
-        over_links = np.maximum(self.over_hosts(one_host, inputs, (1,))[..., 0], self.link_floor(inputs)[..., 1])
+        floor = self.link_floor(inputs)
+        over_links = np.maximum(self.over_hosts(one_host, inputs, (1,), floor)[..., 0], floor[..., 1])
         return over_links + self.input_overhead(devices)
 
     def all_reduce(self, widths: np.ndarray, gradient_mb: np.ndarray, holds: np.ndarray) -> np.ndarray:
@@ -347,6 +356,7 @@ def over_hosts(
     links: LinkProfile,
     phases: tuple[int, ...] = (0, 1),
     host_link_gbps: float | None = None,
+    hosts_price: np.ndarray | None = None,
 ) -> np.ndarray:
     """All-to-all ms [..., D, len(phases)] of devices on hosts of `devices_per_host`, from the comm model's
     `predicted` ms of the same devices on one host: the links' price on one host in it replaced by their price over the hosts
@@ -362,12 +372,16 @@ def over_hosts(
 
     The shipped comm model has not measured inter-host links; one calibrated over hosts has, and is
     priced as it is (`analytic_devices_per_host`). Replicas' all-reduce is priced as a ring (`ring_link_ms`).
+    `hosts_price`: the links' price over the hosts ([..., D, 2], `link_ms` of these arguments) where the caller has
+    it already (a search prices the same widths' `link_floor`).
     """
     d = np.shape(widths)[-1]
     if devices_per_host is None or devices_per_host >= d:
         return predicted
     one_host = link_ms(widths, batch_size, None, inter_host_gbps, links)[..., phases]
-    hosts = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links, host_link_gbps)[..., phases]
+    if hosts_price is None:
+        hosts_price = link_ms(widths, batch_size, devices_per_host, inter_host_gbps, links, host_link_gbps)
+    hosts = hosts_price[..., phases]
     return np.maximum(predicted - one_host, 0.0) + hosts
 
 
