@@ -21,7 +21,8 @@ LOCAL_DEVICES_PER_CORE = 4
 REACH_TIMEOUT_S = 5.0
 # How long it may take to answer its first call: milliseconds on an idle machine, so this is for a loaded one.
 ANSWER_TIMEOUT_S = 15.0
-# The local instance this process started and the environment it gave its worker processes (`measuring_env`).
+# The local instance this process started (its node's id, new at every start) and the environment it gave its worker
+# processes (`measuring_env`).
 _local_ray: tuple[str, dict[str, str]] | None = None
 
 
@@ -42,13 +43,13 @@ def measuring_runtime_env() -> dict[str, dict[str, str]]:
     gave its workers that environment already. An actor with an environment of its own cannot take one of the
     worker processes Ray starts ahead with the instance, and waits for a new one to load Python, Ray and torch
     (docs/commands.md: a 2-device gang's start)."""
-    if _local_ray is not None and ray.is_initialized() and _local_ray == (_gcs_address(), measuring_env()):
+    if _local_ray is not None and ray.is_initialized() and _local_ray == (_node_id(), measuring_env()):
         return {}
     return {"runtime_env": {"env_vars": measuring_env()}}
 
 
-def _gcs_address() -> str:
-    return ray.get_runtime_context().gcs_address
+def _node_id() -> str:
+    return ray.get_runtime_context().get_node_id()
 
 
 def _resolve(address: str) -> str:
@@ -175,7 +176,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     finally:
         for name in added:
             del os.environ[name]
-    _local_ray = (_gcs_address(), workers_env)
+    _local_ray = (_node_id(), workers_env)
     return f"ray: started a local instance with {cpus} CPUs"
 
 

@@ -147,10 +147,10 @@ def test_a_devices_tables_are_on_huge_pages_unless_turned_off(ray_session, monke
 
 
 # A command's own local Ray, in a process of its own (this one may have joined the suite's): a measuring actor asks
-# for no environment of its own, and so takes a worker process Ray started with the instance; its tables still go
-# on huge pages, and THP_MEM_ALLOC_ENABLE=0 in the command's environment still turns them off.
+# for no environment of its own, and so takes a worker process Ray started with the instance, which has the measuring
+# environment: huge pages on, or off where the command's environment has THP_MEM_ALLOC_ENABLE=0.
 LOCAL_RAY_ACTOR = """
-import json, os, sys, time
+import json, os, time
 import ray
 from shard_ray.profiling.actors import resources_per_device
 from shard_ray.runtime import connect_ray
