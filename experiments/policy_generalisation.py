@@ -29,7 +29,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
-from shard_ray.policy.network import DeviceScorer, PolicyInfo, default_policy_path, load_policy, save_policy
+from shard_ray.policy.network import OptionScorer, PolicyInfo, default_policy_path, load_policy, save_policy
 from shard_ray.policy.ppo import PolicyConfig, validation_score, validation_tasks
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import split_pool
@@ -59,7 +59,7 @@ def main() -> None:
     }
     untrained = Path(tempfile.mkdtemp()) / "untrained.pt"
     torch.manual_seed(args.seed)
-    save_policy(untrained, DeviceScorer(), PolicyInfo(iterations=0))
+    save_policy(untrained, OptionScorer(), PolicyInfo(iterations=0))
     entries = [(name, name, None) for name in ALGORITHMS] + [
         ("dreamshard", "dreamshard", {"policy": args.policy}),
         (f"dreamshard best of {1 + args.samples}", "dreamshard", {"policy": args.policy, "samples": args.samples}),

@@ -10,18 +10,21 @@ from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
+from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
 from shard_ray.policy.env import (
     INFEASIBLE_PENALTY,
     NUM_CURRENT_FEATURES,
-    NUM_DEVICE_FEATURES,
+    NUM_OPTION_FEATURES,
+    Option,
     PlacementEnv,
     PlacementState,
+    observation_rows,
     pad_observation,
 )
 from shard_ray.policy.network import (
     MASKED_LOGIT,
-    DeviceScorer,
+    OptionScorer,
     PolicyInfo,
     default_policy_path,
     load_policy,
@@ -65,10 +68,10 @@ def test_state_masks_devices_without_room(models, small_tables):
     state = PlacementState(small_tables, topology, models)
     assert state.action_mask().all()
     state.place(0)  # the first table is the costliest; device 0 may now lack room for the next one
-    expected = state.ledger.free >= state.need[1]
+    expected = state.ledger.free >= state.ledger.need(state.piece)
     assert (state.action_mask() == expected).all()
     obs = state.observation()
-    assert (obs["action_mask"] == expected.astype(np.float32)).all()
+    assert (obs["action_mask"][:3] == expected.astype(np.float32)).all()  # the devices' rows, then any splits
     full = int(np.argmin(state.ledger.free))
     if not expected[full]:
         with pytest.raises(Exception, match="no room"):
@@ -91,8 +94,8 @@ def test_episode_return_is_minus_simulated_cost_over_lower_bound(models, pool):
         state = env.state
         if not info["feasible"]:
             continue
-        assert steps == len(state.pieces)
-        tables = [p.table for p in state.pieces]
+        assert state.done and len(state.placed) == len(state.assign)
+        tables = list({p.table.name: p.table for p in state.placed}.values())
         simulated = Simulator(models).plan_cost(state.plan("random"), tables, state.topology.batch_size)
         assert total == pytest.approx(-simulated.cost_ms / state.lower_bound, rel=1e-5)
         assert info["cost_over_lower_bound"] == pytest.approx(-total, rel=1e-6)
@@ -119,7 +122,9 @@ def test_past_its_candidates_a_step_scores_the_least_loaded_and_the_roomiest_and
             left_out = np.setdiff1d(feasible, chosen)
             assert state.ledger.free[left_out].max() <= state.ledger.free[np.setdiff1d(chosen, least)].min()
         obs = state.observation()
-        assert obs["devices"].shape == (len(chosen), NUM_DEVICE_FEATURES) and obs["action_mask"].all()
+        rows = len(state.options())  # the candidates, then the splits offered
+        assert state.options()[: len(chosen)] == [Option(device=int(c)) for c in chosen]
+        assert obs["options"].shape == (rows, NUM_OPTION_FEATURES) and obs["action_mask"][: len(chosen)].all()
         state.place(int(rng.choice(chosen)))
     simulated = Simulator(models).plan_cost(state.plan("random"), tables, topology.batch_size)
     assert state.cost == pytest.approx(simulated.cost_ms, rel=1e-5)
@@ -130,13 +135,15 @@ def test_a_policy_scores_every_device_up_to_its_candidates(models, small_tables)
     state = PlacementState(small_tables, topology, models, candidates=5)
     state.place(0)
     assert state.candidates().tolist() == [0, 1, 2, 3, 4]  # infeasible ones too, masked in the observation
-    assert state.observation()["devices"].shape[0] == 5
+    assert state.observation()["options"].shape[0] == 5 + len(state.splits())
 
 
 def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
-    tables = [TableSpec(name=f"t{i}", rows=100_000, dim=64, pooling_factor=2.0) for i in range(3)]
+    tables = [TableSpec(name=f"t{i}", rows=100_001, dim=64, pooling_factor=2.0) for i in range(3)]
     one = shard_bytes(tables[0], 64, "rowwise_adagrad")
-    topology = Topology(num_devices=2, memory_bytes=int(1.5 * one))  # one table per device: the third never fits
+    # Room for the three in all, one a device: the third fits nowhere whole, and split neither, as the larger row
+    # block (50,001 rows) and a column half (its rows' optimizer state besides) each need a little more than is left.
+    topology = Topology(num_devices=2, memory_bytes=3 * one // 2)
     state = PlacementState(tables, topology, models)
     state.place(0)
     last_step = state.place(1)
@@ -158,10 +165,11 @@ def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
 def test_padding_masks_extra_devices(models, small_tables):
     topology = Topology(num_devices=3, memory_bytes=memory_cap_with_headroom(small_tables, 3, 2.0))
     obs = PlacementState(small_tables, topology, models).observation()
-    padded = pad_observation(obs, 8)
-    assert padded["devices"].shape == (8, NUM_DEVICE_FEATURES) and padded["table"].shape == (NUM_CURRENT_FEATURES,)
-    assert padded["valid"].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
-    assert padded["action_mask"][3:].sum() == 0
+    rows = len(obs["valid"])  # 3 devices and any splits offered
+    padded = pad_observation(obs, 12)
+    assert padded["options"].shape == (12, NUM_OPTION_FEATURES) and padded["table"].shape == (NUM_CURRENT_FEATURES,)
+    assert padded["valid"].tolist() == [1] * rows + [0] * (12 - rows)
+    assert padded["action_mask"][rows:].sum() == 0
     with pytest.raises(Exception, match="exceed"):
         pad_observation(obs, 2)
 
@@ -169,16 +177,17 @@ def test_padding_masks_extra_devices(models, small_tables):
 @pytest.mark.parametrize("devices", [1, 2, 5, 16])
 def test_network_serves_any_device_count_and_ignores_padding(models, small_tables, devices):
     torch.manual_seed(0)
-    network = DeviceScorer(hidden=16)
+    network = OptionScorer(hidden=16)
     topology = Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(small_tables, devices, 2.0))
     obs = PlacementState(small_tables, topology, models).observation()
+    rows = len(obs["valid"])  # the devices and any splits offered
     batch = {k: torch.from_numpy(np.stack([v, v])) for k, v in obs.items()}
     logits, values = network(batch)
-    assert logits.shape == (2, devices) and values.shape == (2,)
-    padded = {k: torch.from_numpy(v).unsqueeze(0) for k, v in pad_observation(obs, 20).items()}
+    assert logits.shape == (2, rows) and values.shape == (2,)
+    padded = {k: torch.from_numpy(v).unsqueeze(0) for k, v in pad_observation(obs, 30).items()}
     padded_logits, padded_values = network(padded)
-    assert torch.allclose(padded_logits[0, :devices], logits[0], atol=1e-5)
-    assert (padded_logits[0, devices:] == MASKED_LOGIT).all()
+    assert torch.allclose(padded_logits[0, :rows], logits[0], atol=1e-5)
+    assert (padded_logits[0, rows:] == MASKED_LOGIT).all()
     assert torch.allclose(padded_values, values[:1], atol=1e-5)
     terminal = {k: torch.zeros_like(v) for k, v in padded.items()}
     assert torch.isfinite(torch.log_softmax(network(terminal)[0], dim=-1)).all()
@@ -200,9 +209,10 @@ def test_rllib_module_shapes(pool):
     obs = [env.reset(seed=s)[0] for s in range(3)]
     batch = {Columns.OBS: {k: torch.from_numpy(np.stack([o[k] for o in obs])) for k in obs[0]}}
     out = module.forward_train(batch)
-    assert out[Columns.ACTION_DIST_INPUTS].shape == (3, 4)
+    rows = observation_rows(4)  # max_devices 4: 4 devices' rows and the splits'
+    assert out[Columns.ACTION_DIST_INPUTS].shape == (3, rows)
     assert module.compute_values(batch, out[Columns.EMBEDDINGS]).shape == (3,)
-    assert module.forward_inference(batch)[Columns.ACTION_DIST_INPUTS].shape == (3, 4)
+    assert module.forward_inference(batch)[Columns.ACTION_DIST_INPUTS].shape == (3, rows)
 
 
 @pytest.mark.slow
@@ -211,7 +221,7 @@ def _first_tasks(runner) -> list[list[str]]:
     drawn = []
     for env in runner.env.unwrapped.envs:
         env.unwrapped.reset(seed=0)
-        drawn.append([p.table.name for p in env.unwrapped.state.pieces])
+        drawn.append([p.table.name for p in env.unwrapped.state.queue])
     return drawn
 
 
@@ -255,7 +265,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
 
 
 def test_policy_file_round_trip_and_bad_files(tmp_path):
-    network = DeviceScorer(hidden=8)
+    network = OptionScorer(hidden=8)
     save_policy(tmp_path / "p.pt", network, PolicyInfo(iterations=3))
     loaded, info = load_policy(tmp_path / "p.pt")
     assert info == PolicyInfo(iterations=3)
@@ -358,3 +368,34 @@ def test_a_policy_files_info_is_typed_and_keeps_what_this_version_does_not_know(
     torch.save(blob, tmp_path / "damaged.pt")
     with pytest.raises(ShardRayError, match="damaged.pt is damaged"):
         load_policy(tmp_path / "damaged.pt")
+
+
+@pytest.mark.parametrize("policy", ["untrained", "shipped"])
+@pytest.mark.parametrize(("pooling", "split"), [(100.0, True), (20.0, False)])
+def test_the_policy_splits_a_table_that_dominates_its_task_when_that_is_cheaper(
+    models, tmp_path, policy, pooling, split
+):
+    """A table of `pooling` lookups a sample among seven light ones on 4 devices. At 100 the policy splits it, and
+    its plan is priced below the best table-wise plan (branch and bound's); at 20 it keeps it whole, where that
+    best plan keeps it whole too. The untrained network (its prior alone) does so, and so does the shipped policy.
+    `place` checks every plan against the devices' memory."""
+    tables = [TableSpec(name="hot", rows=1_000_000, dim=64, pooling_factor=pooling)] + [
+        TableSpec(name=f"t{i}", rows=100_000, dim=32, pooling_factor=2.0) for i in range(7)
+    ]
+    topology = Topology(num_devices=4, memory_bytes=memory_cap_with_headroom(tables, 4, 1.5))
+    path = default_policy_path()
+    if policy == "untrained":
+        torch.manual_seed(0)
+        path = tmp_path / "untrained.pt"
+        save_policy(path, OptionScorer(), PolicyInfo(iterations=0))
+    simulator = Simulator(models)
+    best_whole = place("optimal", tables, topology)
+    placed = place("dreamshard", tables, topology, settings={"policy": str(path)})
+    whole_ms = simulator.plan_cost(best_whole, tables, topology.batch_size).cost_ms
+    placed_ms = simulator.plan_cost(placed, tables, topology.batch_size).cost_ms
+    assert (placed.tables["hot"].type != "table_wise") == split
+    assert best_whole.tables["hot"].type == "table_wise"
+    if split:
+        assert placed_ms < 0.9 * whole_ms
+    else:
+        assert placed_ms <= whole_ms * 1.05

@@ -239,6 +239,13 @@ class Pricer:
         )  # fmt: skip
         return np.maximum(priced, holds * ring)
 
+    def types_overhead(self, kinds: int) -> np.ndarray:
+        """What every device pays (input, forward, backward ms) for `kinds` sets of collectives instead of one: it takes
+        part in every set, whether it holds pieces of it or not."""
+        if kinds <= 1 or self.topology.num_devices == 1:
+            return np.zeros(3)
+        return (kinds - 1) * np.asarray(self.models.type_overhead_ms)
+
     def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step [D] (the one cost definition's parts summed) with the pieces on `assign`
         [N]; of several plans [B, D], with the pieces on each row of `assign` [B, N] (`device_parts`)."""
@@ -272,8 +279,8 @@ class Pricer:
             of_kind = sizes.kinds == kind
             comm += self.collectives(per_device(sizes.widths, of_kind))
             input_dist += self.input_dist(per_device(sizes.inputs, of_kind))
-        if len(kinds) > 1 and d > 1:  # every device takes part in every set, whether it holds pieces of it or not
-            extra = (len(kinds) - 1) * np.asarray(self.models.type_overhead_ms)
+        if len(kinds) > 1 and d > 1:
+            extra = self.types_overhead(len(kinds))
             input_dist += extra[0]
             comm += extra[1:]
         sync, host_sums = np.zeros((b, d)), np.zeros((b, d, 2))

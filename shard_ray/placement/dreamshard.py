@@ -1,4 +1,4 @@
-"""DreamShard: a trained placement policy places tables one by one on the estimated MDP.
+"""DreamShard: a trained placement policy places tables one by one on the estimated MDP, whole or split.
 
 The policy (`shard_ray.policy`) was trained with RLlib's PPO on costs the cost models predict;
 here it decodes without Ray (`shard_ray.policy.decode`): greedy, plus `samples` sampled plans,
@@ -26,7 +26,8 @@ class DreamShardConfig:
 @register(
     "dreamshard",
     "rl",
-    "DreamShard: an RLlib-trained policy places tables one by one on the cost model's estimated MDP",
+    "DreamShard: an RLlib-trained policy places tables one by one on the cost model's estimated MDP, each whole on a "
+    "device or split column-, row- or table-row-wise",
     settings=DreamShardConfig,
 )
 def dreamshard(context: PlacementContext) -> Placer:

@@ -1,6 +1,6 @@
 """Placing a task with a trained policy: greedy decoding, sampling, and rescue sampling.
 
-Greedy decoding takes each table's most likely device; with `samples` > 0 it also draws that
+Greedy decoding takes each step's most likely option; with `samples` > 0 it also draws that
 many plans from the policy and keeps the one the cost models price lowest. Should every one of
 them get stuck (a table fits on no device), it goes on sampling, up to `RESCUE_SAMPLES` plans,
 until one fits. No Ray: the policy runs in the caller's process.
@@ -17,7 +17,7 @@ from shard_ray.errors import InfeasibleError
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.env import PlacementState
-from shard_ray.policy.network import DeviceScorer
+from shard_ray.policy.network import OptionScorer
 from shard_ray.workload.tables import TableSpec
 
 RESCUE_SAMPLES = 32
@@ -25,13 +25,13 @@ RESCUE_SAMPLES = 32
 
 @torch.no_grad()
 def roll_out(
-    network: DeviceScorer,
+    network: OptionScorer,
     tables: list[TableSpec],
     topology: Topology,
     models: CostModels,
     generator: torch.Generator | None = None,
 ) -> PlacementState | None:
-    """One episode: the argmax device each step, or sampled ones with `generator`; None if stuck."""
+    """One episode: the argmax option each step, or sampled ones with `generator`; None if stuck."""
     state = PlacementState(tables, topology, models)
     while not state.done:
         if state.stuck():
@@ -42,12 +42,12 @@ def roll_out(
             slot = int(logits.argmax(dim=-1))
         else:
             slot = int(torch.multinomial(torch.softmax(logits[0], dim=-1), 1, generator=generator))
-        state.place(int(state.candidates()[slot]))
+        state.take(slot)
     return state
 
 
 def policy_placer(
-    network: DeviceScorer, models: CostModels, samples: int, seed: int
+    network: OptionScorer, models: CostModels, samples: int, seed: int
 ) -> Callable[[list[TableSpec], Topology], Plan]:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         generator = torch.Generator().manual_seed(seed)

@@ -1,23 +1,31 @@
-"""DreamShard's estimated MDP: place a task's tables one per step, priced by the cost models.
+"""DreamShard's estimated MDP with TorchRec's splits: place a task's tables one per step, priced by the cost models.
 
-`PlacementState` is one episode on one task: tables go table-wise, in order of predicted
-single-table cost, largest first; the action is the device of the current table. Observations
-are built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost
-models' predictions, so no hardware runs inside the RL loop. The same state drives training
+`PlacementState` is one episode on one task. Tables come in order of predicted single-table cost,
+largest first, and each step takes one of the current piece's options (`Option`): the piece whole
+on one of its candidate devices, or, for a table that dominates the task (its predicted cost alone
+at least `SPLIT_SHARE` of the task's lower bound) or that no device holds whole, a split as
+TorchRec's vocabulary has it: column-wise (two halves, which the next two steps place, never on
+one device), row-wise (a block on every device) or table-row-wise (a block on every device of one
+host, one option per host of the `SPLIT_HOSTS` least loaded). Observations are a row per option,
+built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost models'
+predictions, so no hardware runs inside the RL loop. The same state drives training
 (`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.policy.decode`).
 
+Prices: each sharding type present runs its own set of all-to-alls, as `Pricer.device_parts`
+prices a plan (`_collectives`), so a finished plan's cost is its simulated cost.
+
 Rewards are dense and telescoping: step t earns -(C_t - C_{t-1}) / L, where C_t is the
-simulated cost of the partial plan (its slowest device) and L the task's lower bound, so an
-episode's return is exactly minus the final plan's simulated cost over the lower bound. The
-ratio makes returns comparable across tasks of any size. An episode whose next table fits on no
-device ends early with a penalty of `INFEASIBLE_PENALTY`.
+simulated cost of the partial plan (its slowest device) and L the task's lower bound over plans of
+any sharding type, so an episode's return is exactly minus the final plan's simulated cost over
+the lower bound. The ratio makes returns comparable across tasks of any size. An episode whose
+next piece fits nowhere ends early with a penalty of `INFEASIBLE_PENALTY`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -26,42 +34,99 @@ import torch
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, pieces_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.costmodel.pricing import Pricer, single_costs
+from shard_ray.costmodel.pricing import Pricer, host_reduce, single_costs
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.enumerator import pieces_to_place
+from shard_ray.plan.enumerator import pieces_to_place, table_options
 from shard_ray.plan.memory import MemoryLedger
+from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece, row_wise, table_row_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
 
-DEVICE_FEATURES = (
+# How a step may split a whole table, in the order of the observation's split rows.
+SPLITS = ("column_wise", "row_wise", "table_row_wise")
+# A table is offered the splits when its predicted cost alone is at least this share of the task's lower bound (or
+# when no device holds it whole): splitting a smaller one adds collectives and cannot lower the slowest device much,
+# and pricing a row-wise split prices every device, so offering it to every table would make a step cost the devices.
+SPLIT_SHARE = 1.0
+# Splits are offered to this many of a task's tables at most, its costliest (and to any no device holds whole): each
+# offer prices the plan finished greedily once per option (`PlacementState.finish`), a step's cost grows with the task.
+SPLIT_TABLES = 32
+# Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
+SPLIT_HOSTS = 4
+MAX_SPLIT_OPTIONS = 2 + SPLIT_HOSTS
+
+OPTION_FEATURES = (
     "fwd_compute",  # predicted ms of the device's fused shard, over the lower bound
     "bwd_compute",
-    "comm",  # predicted forward + backward all-to-all ms, over the lower bound
+    "comm",  # predicted all-to-all ms (pooled embeddings and inputs, every set), over the lower bound
     "total",
-    "total_with_table",  # the device's predicted total were the current table put there
+    "total_with_table",  # the device's predicted total with the piece there (a split: the largest of its devices')
     "makespan_increase",  # how much the plan's slowest device would grow
-    "free_memory",  # share of the cap still free
-    "table_memory",  # the current table's memory over the device's free memory
+    "free_memory",  # share of the cap still free (a split: its devices' least)
+    "table_memory",  # the piece's memory over the device's free memory (a split: its pieces' largest such share)
     "width_share",  # the device's columns over the task's
     "log_tables",
-    # the shared features of the tables already there, summed, over the task's tables per device
+    # the shared features of the pieces already there, summed, over the task's tables per device
     *(f"sum_{name}" for name in TABLE_FEATURES[:NUM_SCALAR_FEATURES]),
-    "sum_reuse",  # the reuse histograms' mass (the number of tables), as one number
+    "sum_reuse",  # the reuse histograms' mass (the number of pieces), as one number
+    # which split the row is, one-hot; all zero: the piece whole on the row's device. A split's device features
+    # (all above but the with-table, increase and memory ones) are those of its device that ends slowest.
+    *(f"split_{kind}" for kind in SPLITS),
 )
-NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
-# The current table: its shared features, then its predicted cost alone, the share of the
+NUM_OPTION_FEATURES = len(OPTION_FEATURES)
+# The current piece: its shared features, then its predicted cost alone, the share of the
 # task's predicted single-table cost still to place after it, the progress, and log2 devices.
 NUM_CURRENT_FEATURES = NUM_TABLE_FEATURES + 4
 INFEASIBLE_PENALTY = 2.0
-# The most devices scored for a table, so that placing grows with the tables, not tables x devices (docs/policy.md):
+# The most devices scored for a piece, so that placing grows with the tables, not tables x devices (docs/policy.md):
 # on more devices, those with room for it, half the least loaded by predicted step and the rest the roomiest.
 CANDIDATES = 16
 
 
+def observation_rows(max_devices: int) -> int:
+    """The most option rows a step on up to `max_devices` devices has: its candidate devices and the splits."""
+    return min(max_devices, CANDIDATES) + MAX_SPLIT_OPTIONS
+
+
+class Option(NamedTuple):
+    """One action of a step: the piece whole on `device`, or the table split as `split` (on `host`, table-row-wise)."""
+
+    device: int = -1
+    split: str | None = None
+    host: int = -1
+
+
+class _Piece(NamedTuple):
+    """What a step needs of a piece, computed once per piece."""
+
+    encoding: torch.Tensor
+    width: float
+    input: float
+    host_sum: float
+    need: int
+    allowed: np.ndarray
+    kind: int
+    features: np.ndarray
+
+
+@dataclass
+class _Split:
+    """A split priced: its pieces on their devices, and every device's state were it taken."""
+
+    pieces: list[TablePiece]
+    devices: np.ndarray
+    fits: bool
+    compute: np.ndarray  # [len(devices), 2] the split's devices' predicted (fwd, bwd) with their piece
+    loads: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # widths, inputs, host sums, pieces per type
+    priced: tuple[np.ndarray, np.ndarray, np.ndarray]  # `_collectives` of the loads
+    totals: np.ndarray  # [D] every device's predicted step were it taken
+    finished: float = math.inf  # the predicted cost of the plan finished greedily after it (`PlacementState.finish`)
+
+
 class PlacementState:
-    """One task being placed table by table under the cost models; each step scores `candidates()`."""
+    """One task being placed piece by piece under the cost models; each step scores `options()`."""
 
     def __init__(
         self, tables: list[TableSpec], topology: Topology, models: CostModels, candidates: int = CANDIDATES
@@ -74,160 +139,453 @@ class PlacementState:
         pieces = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
         singles = single_costs(self.pricer, pieces)
         order = np.lexsort((-singles, [not p.restricted for p in pieces]))  # pieces with fixed devices first
-        self.singles = singles[order]
-        self.pieces = [pieces[i] for i in order]
-        self.encodings = self.pricer.encodings(self.pieces)
-        sizes = self.pricer.sizes(self.pieces)
-        self.widths, self.inputs, self.need, self.allowed = sizes.widths, sizes.inputs, sizes.need, sizes.allowed
-        self.features = pieces_features(self.pieces, models.rows_cap)
-        self.lower_bound = lower_bound_ms(models, tables, topology, column_wise=False)
-        d = topology.num_devices
-        self.sums = torch.zeros(d, self.encodings.shape[1])
+        self.queue = [pieces[i] for i in order]  # the pieces in placing order; a column split queues its halves
+        self.queue_singles = [float(singles[i]) for i in order]
+        self.position = 0  # the current piece's place in the queue
+        self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
+        self.singles_total = self.singles_left
+        self._pieces: dict[tuple, _Piece] = {}
+        self._describe(self.queue)
+        self.lower_bound = lower_bound_ms(models, tables, topology)
+        self.task_width = float(sum(t.dim for t in tables))
+        d, kinds = topology.num_devices, len(COLLECTIVE_TYPES)
+        self.sums = torch.zeros(d, self._pieces[self.queue[0].key].encoding.shape[0])
         self.counts = torch.zeros(d)
-        self.device_widths = np.zeros(d)
-        self.device_inputs = np.zeros(d)
+        # Each sharding type's columns and input columns per device, the table-row-wise partial sums, and the pieces
+        # of each type: what every device's collectives are priced from (`_collectives`).
+        self.widths = np.zeros((kinds, d))
+        self.inputs = np.zeros((kinds, d))
+        self.host_sums = np.zeros(d)
+        self.of_kind = np.zeros(kinds, dtype=np.int64)
         self.ledger = MemoryLedger(topology)
         self.feature_sums = np.zeros((d, NUM_TABLE_FEATURES), dtype=np.float64)
         self.compute_ms = np.zeros((d, 2))
+        self.kind_comm = np.zeros((kinds, d))  # each set's all-to-alls (pooled and input) per device, ms
+        self.host_ms = np.zeros(d)  # table-row-wise partial sums added up inside the host, ms
         self.comm_ms = np.zeros(d)
+        self.holding: dict[str, set[int]] = {}  # the devices holding a piece of each table
+        self.placed: list[TablePiece] = []
         self.assign: list[int] = []
         self.cost = 0.0
         self.max_candidates = candidates
         self._candidates: np.ndarray | None = None
-        self._what_if: np.ndarray | None = None
+        self._what_if: tuple[np.ndarray, np.ndarray] | None = None
+        self._splits: list[tuple[Option, _Split]] | None = None
+        self._whole_finished = math.inf  # the plan finished greedily after the piece whole (`finish`)
+        self.split_offers = 0  # the tables offered splits so far
+
+    def _describe(self, pieces: list[TablePiece]) -> None:
+        """Encode and size the pieces not yet known, all at once."""
+        new = list({p.key: p for p in pieces if p.key not in self._pieces}.values())
+        if not new:
+            return
+        encodings, sizes = self.pricer.encodings(new), self.pricer.sizes(new)
+        features = pieces_features(new, self.models.rows_cap)
+        for k, p in enumerate(new):
+            self._pieces[p.key] = _Piece(
+                encodings[k], float(sizes.widths[k]), float(sizes.inputs[k]), float(sizes.host_sums[k]),
+                int(sizes.need[k]), sizes.allowed[k], int(sizes.kinds[k]), features[k],
+            )  # fmt: skip
 
     @property
     def step_index(self) -> int:
-        return len(self.assign)
+        return self.position
 
     @property
     def done(self) -> bool:
-        return self.step_index == len(self.pieces)
+        return self.position == len(self.queue)
+
+    @property
+    def piece(self) -> TablePiece:
+        """The piece the current step places."""
+        return self.queue[self.position]
+
+    def _current(self) -> _Piece:
+        return self._pieces[self.piece.key]
 
     def action_mask(self) -> np.ndarray:
-        """Devices with room for the current table, among those it may go to (one, for a row-wise block)."""
-        return self.ledger.room(self.need[self.step_index]) & self.allowed[self.step_index]
+        """Devices with room for the current piece, among those it may go to (one, for a row block), holding none of
+        its table (two column halves on one device would run its lookups twice)."""
+        current = self._current()
+        mask = self.ledger.room(current.need) & current.allowed
+        holding = self.holding.get(self.piece.table.name)
+        if holding:
+            mask[list(holding)] = False
+        return mask
 
     def _device_totals(self) -> np.ndarray:
         return self.compute_ms.sum(axis=1) + self.comm_ms
 
     def candidates(self) -> np.ndarray:
-        """The devices scored for the current table, ascending: every device, up to `max_candidates` of them; on
+        """The devices scored for the current piece, ascending: every device, up to `max_candidates` of them; on
         more, among those with room for it, half the least loaded by predicted step and the rest the roomiest
         (each by device index on ties)."""
         if self._candidates is None:
-            mask = self.action_mask()
-            chosen = np.arange(len(mask))
-            if len(mask) > self.max_candidates:
-                chosen = np.flatnonzero(mask)
-            if len(chosen) > self.max_candidates:
-                half = self.max_candidates // 2
-                least_loaded = chosen[np.argsort(self._device_totals()[chosen], kind="stable")[:half]]
-                rest = np.setdiff1d(chosen, least_loaded, assume_unique=True)
-                roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: self.max_candidates - half]]
-                chosen = np.sort(np.concatenate([least_loaded, roomiest]))
-            self._candidates = chosen
+            self._candidates = self._choose_candidates(self.action_mask())
         return self._candidates
 
-    def what_if(self) -> np.ndarray:
-        """Predicted (fwd, bwd, comm) ms of each candidate device were the current table put there."""
-        if self._what_if is None:
-            self._what_if = self._rows_if(self.candidates())
-        return self._what_if
+    def _choose_candidates(self, mask: np.ndarray) -> np.ndarray:
+        chosen = np.arange(len(mask))
+        if len(mask) > self.max_candidates:
+            chosen = np.flatnonzero(mask)
+        if len(chosen) > self.max_candidates:
+            half = self.max_candidates // 2
+            least_loaded = chosen[np.argsort(self._device_totals()[chosen], kind="stable")[:half]]
+            rest = np.setdiff1d(chosen, least_loaded, assume_unique=True)
+            roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: self.max_candidates - half]]
+            chosen = np.sort(np.concatenate([least_loaded, roomiest]))
+        return chosen
 
-    def _rows_if(self, devices: np.ndarray) -> np.ndarray:
-        """Predicted (fwd, bwd, comm) ms of `devices` were the current table put there."""
-        i, d = self.step_index, self.topology.num_devices
+    def options(self) -> list[Option]:
+        """The current step's actions, in the observation's row order: its candidate devices, then the splits offered."""
+        return [Option(device=int(c)) for c in self.candidates()] + [option for option, _ in self.splits()]
+
+    def what_if(self) -> np.ndarray:
+        """Predicted (fwd, bwd, comm) ms of each candidate device were the current piece put there."""
+        if self._what_if is None:
+            self._what_if = self._rows_if(self._current(), self.candidates())
+        return self._what_if[0]
+
+    def _rows_if(self, piece: _Piece, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted (fwd, bwd, comm) ms of `devices` were `piece` put there, and the comm of its type's set alone."""
+        d, k = self.topology.num_devices, piece.kind
         at = torch.from_numpy(devices)
-        compute = self.models.compute_from_sums(self.sums[at] + self.encodings[i], self.counts[at] + 1)
-        widths = self.device_widths[devices] + self.widths[i]
-        total = self.device_widths.sum() + self.widths[i]
-        widest = np.maximum(self.device_widths.max(), widths)
-        comm = np.zeros(len(devices))
+        compute = self.models.compute_from_sums(self.sums[at] + piece.encoding, self.counts[at] + 1)
+        own = comm = np.zeros(len(devices))
         if d > 1:
-            inputs = self.device_inputs[devices] + self.inputs[i]
-            most = np.maximum(self.device_inputs.max(), inputs)
-            comm = self.pricer.comm_rows(widths, total, widest, d)
-            comm += self.pricer.input_rows(inputs, self.device_inputs.sum() + self.inputs[i], most, d)
-        return np.concatenate([compute, comm[:, None]], axis=1)
+            widths = self.widths[k, devices] + piece.width
+            widest = np.maximum(self.widths[k].max(), widths)
+            inputs = self.inputs[k, devices] + piece.input
+            most = np.maximum(self.inputs[k].max(), inputs)
+            own = self.pricer.comm_rows(widths, self.widths[k].sum() + piece.width, widest, d)
+            own += self.pricer.input_rows(inputs, self.inputs[k].sum() + piece.input, most, d)
+            comm = own + self._other_comm(k, devices)
+        return np.concatenate([compute, comm[:, None]], axis=1), own
+
+    def _other_comm(self, kind: int, devices: np.ndarray) -> np.ndarray | float:
+        """What `devices` pay for collectives besides the set of type `kind`, with a piece of that type added."""
+        others = self.of_kind > 0
+        sets = int(others.sum()) + (not others[kind])
+        others[kind] = False
+        if not others.any() and not self.host_sums.any():
+            return 0.0
+        paid = self.kind_comm[others][:, devices].sum(axis=0) + self.host_ms[devices]
+        return paid + self.pricer.types_overhead(sets).sum()
+
+    def _collectives(
+        self, widths: np.ndarray, inputs: np.ndarray, host_sums: np.ndarray, of_kind: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every device's all-to-alls [types, D] set by set, its table-row-wise host sums [D] and its comm in all [D],
+        as `Pricer.device_parts` prices a plan."""
+        d = self.topology.num_devices
+        kind_comm, host_ms = np.zeros_like(widths), np.zeros(d)
+        present = np.flatnonzero(of_kind)
+        for k in present:
+            kind_comm[k] = self.pricer.collectives(widths[k]).sum(axis=1) + self.pricer.input_dist(inputs[k])
+        if host_sums.any():
+            per_host = self.topology.devices_per_host_or_all
+            host_ms = host_reduce(self.models, host_sums, self.topology.batch_size, per_host).sum(axis=1)
+        comm = kind_comm[present].sum(axis=0) + host_ms + self.pricer.types_overhead(len(present)).sum()
+        return kind_comm, host_ms, comm
+
+    def _offers_splits(self) -> bool:
+        piece = self.piece
+        whole = piece.rows is None and piece.columns == (0, piece.table.dim) and not piece.replicated
+        if self.topology.num_devices == 1 or not whole or piece.restricted:
+            return False
+        dominant = self.queue_singles[self.position] >= SPLIT_SHARE * self.lower_bound
+        return (dominant and self.split_offers < SPLIT_TABLES) or not self.action_mask().any()
+
+    def splits(self) -> list[tuple[Option, _Split]]:
+        """The splits offered to the current piece, each priced, and the plan finished greedily after it; none for a
+        piece of a table, or for a table that neither dominates the task (`SPLIT_SHARE`, `SPLIT_TABLES`) nor lacks
+        a device with room for it whole."""
+        if self._splits is None:
+            self._splits = []
+            if self._offers_splits():
+                self.split_offers += 1
+                table, topology = self.piece.table, self.topology
+                options = table_options(table, topology, allowed=SPLITS)
+                if "column_wise" in options:
+                    self._splits.append((Option(split="column_wise"), self._price_halves(options["column_wise"])))
+                if "row_wise" in options:
+                    blocks = options["row_wise"]
+                    self._splits.append((Option(split="row_wise"), self._price_split(blocks)))
+                if "table_row_wise" in options:
+                    per_host = topology.devices_per_host_or_all
+                    slowest = self._device_totals().reshape(topology.num_hosts, per_host).max(axis=1)
+                    for host in np.argsort(slowest, kind="stable")[:SPLIT_HOSTS]:
+                        blocks = table_row_wise(table, per_host, int(host))
+                        self._splits.append((Option(split="table_row_wise", host=int(host)), self._price_split(blocks)))
+                for _, split in self._splits:
+                    if split.fits:
+                        split.finished = self.finish(split.pieces, split.devices)
+                whole = self._best_whole()
+                self._whole_finished = math.inf if whole is None else self.finish([self.piece], np.array([whole]))
+        return self._splits
+
+    def _best_whole(self) -> int | None:
+        """The candidate device the prior prefers for the piece whole (the plan's cost raised least, then the device's
+        total with it), if any has room."""
+        mask = self.action_mask()[self.candidates()]
+        if not mask.any():
+            return None
+        with_table = self.what_if().sum(axis=1)
+        raised = np.maximum(with_table, self.cost)
+        order = np.lexsort((with_table, raised))
+        return int(self.candidates()[next(k for k in order if mask[k])])
+
+    def finish(self, pieces: list[TablePiece], devices: np.ndarray) -> float:
+        """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
+        turn, on the device with room whose predicted step so far (its pieces' costs alone added) is lowest: how a
+        split's price shows past its own step (its sets of collectives every device pays, whatever comes next)."""
+        loads = self._device_totals().copy()
+        free = self.ledger.free.copy()
+        for piece, device in zip(pieces, devices):
+            described = self._pieces[piece.key]
+            free[device] -= described.need
+            loads[device] += self.pricer.compute(described.encoding[None], torch.ones(1))[0]
+        placed, assign = [*self.placed, *pieces], [*self.assign, *(int(a) for a in devices)]
+        rest = self.queue[self.position + 1 :]
+        self._describe(rest)
+        for piece, single in zip(rest, self.queue_singles[self.position + 1 :]):
+            described = self._pieces[piece.key]
+            room = (free >= described.need) & described.allowed
+            if room.any():
+                device = int(np.argmin(np.where(room, loads, np.inf)))
+                loads[device] += single
+                free[device] -= described.need
+                placed.append(piece)
+                assign.append(device)
+                continue
+            # a table with room nowhere goes row-wise, as a step would split it to fit
+            blocks = row_wise(piece.table, self.topology.num_devices) if piece.rows is None else []
+            self._describe(blocks)
+            needs = np.array([self._pieces[b.key].need for b in blocks])
+            if not blocks or (free[: len(blocks)] < needs).any():
+                return math.inf
+            free[: len(blocks)] -= needs
+            loads[: len(blocks)] += single / len(blocks)
+            placed.extend(blocks)
+            assign.extend(range(len(blocks)))
+        return self.pricer.plan_cost(placed, np.array(assign))
+
+    def _price_halves(self, halves: list[TablePiece]) -> _Split:
+        """The column halves on the two candidate devices where each half alone would make the lowest total."""
+        self._describe(halves)
+        half = self._pieces[halves[0].key]
+        mask = self.ledger.room(half.need)
+        devices = self._choose_candidates(mask)
+        rows, _ = self._rows_if(half, devices)
+        order = np.argsort(np.where(mask[devices], rows.sum(axis=1), np.inf), kind="stable")
+        return self._price_split(halves, devices[order[:2]])
+
+    def _price_split(self, pieces: list[TablePiece], devices: np.ndarray | None = None) -> _Split:
+        """Every device's predicted step were `pieces` put on `devices` (default: each pinned one's device), one a
+        device, every set of collectives priced again."""
+        self._describe(pieces)
+        if devices is None:
+            devices = np.array([p.devices[0] for p in pieces])
+        described = [self._pieces[p.key] for p in pieces]
+        at = torch.from_numpy(devices)
+        encodings = torch.stack([p.encoding for p in described])
+        compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
+        widths, inputs, host_sums, of_kind = (
+            self.widths.copy(),
+            self.inputs.copy(),
+            self.host_sums.copy(),
+            self.of_kind.copy(),
+        )
+        for p, device in zip(described, devices):
+            widths[p.kind, device] += p.width
+            inputs[p.kind, device] += p.input
+            host_sums[device] += p.host_sum
+            of_kind[p.kind] += 1
+        priced = self._collectives(widths, inputs, host_sums, of_kind)
+        compute_ms = self.compute_ms.copy()
+        compute_ms[devices] = compute
+        fits = len(devices) == len(pieces) and bool(
+            (self.ledger.free[devices] >= np.array([p.need for p in described])).all()
+        )
+        return _Split(
+            pieces, devices, fits, compute, (widths, inputs, host_sums, of_kind), priced,
+            compute_ms.sum(axis=1) + priced[2],
+        )  # fmt: skip
 
     def observation(self) -> dict[str, np.ndarray]:
-        """Rows of the candidate devices [C, NUM_DEVICE_FEATURES] (`candidates()`), the current table
-        [NUM_CURRENT_FEATURES], the masks."""
-        i, d, n = self.step_index, self.topology.num_devices, len(self.pieces)
+        """Rows of the options [R, NUM_OPTION_FEATURES] (`options()`), the current piece [NUM_CURRENT_FEATURES], the
+        masks."""
+        i, d = self.position, self.topology.num_devices
+        current = self._current()
         c = self.candidates()
         scale = self.lower_bound
-        totals = self._device_totals()[c]
+        totals = self._device_totals()
         with_table = self.what_if().sum(axis=1)
-        per_device_share = max(n / d, 1.0)
-        sums = self.feature_sums[c] / per_device_share
-        free = self.ledger.free[c]
-        devices = np.column_stack(
+        free = self.ledger.free
+        splits = self.splits()
+        # a split's device features are those of its device that ends slowest
+        slowest = np.array([s.devices[np.argmax(s.totals[s.devices])] for _, s in splits], dtype=np.int64)
+        rows = np.concatenate([c, slowest])
+        raised = np.maximum(with_table, self.cost) - self.cost
+        split_with, split_raised = self._split_prices(with_table, raised)
+        split_free = np.array([free[s.devices].min() for _, s in splits])
+        split_memory = [
+            max(self._pieces[p.key].need / max(free[a], 1) for p, a in zip(s.pieces, s.devices)) for _, s in splits
+        ]
+        per_device_share = max(len(self.queue) / d, 1.0)
+        sums = self.feature_sums[rows] / per_device_share
+        one_hot = np.zeros((len(rows), len(SPLITS)))
+        for k, (option, _) in enumerate(splits):
+            one_hot[len(c) + k, SPLITS.index(option.split)] = 1.0
+        options = np.column_stack(
             [
-                self.compute_ms[c] / scale,
-                self.comm_ms[c] / scale,
-                totals / scale,
-                with_table / scale,
-                (np.maximum(with_table, self.cost) - self.cost) / scale,
-                free / self.topology.memory_bytes,
-                np.minimum(self.need[i] / np.maximum(free, 1), 2.0),
-                self.device_widths[c] / self.widths.sum(),
-                np.log1p(self.counts.numpy()[c]),
+                self.compute_ms[rows] / scale,
+                self.comm_ms[rows] / scale,
+                totals[rows] / scale,
+                np.concatenate([with_table, split_with]) / scale,
+                np.concatenate([raised, split_raised]) / scale,
+                np.concatenate([free[c], split_free]) / self.topology.memory_bytes,
+                np.minimum(np.concatenate([current.need / np.maximum(free[c], 1), split_memory]), 2.0),
+                self.widths.sum(axis=0)[rows] / self.task_width,
+                np.log1p(self.counts.numpy()[rows]),
                 sums[:, :NUM_SCALAR_FEATURES],
                 sums[:, NUM_SCALAR_FEATURES:].sum(axis=1),
+                one_hot,
             ]
         )
-        current = np.concatenate(
+        piece = np.concatenate(
             [
-                self.features[i],
-                [self.singles[i] / scale, self.singles[i + 1 :].sum() / self.singles.sum(), i / n, math.log2(d)],
+                current.features,
+                [
+                    self.queue_singles[i] / scale,
+                    (self.singles_left - self.queue_singles[i]) / self.singles_total,
+                    i / len(self.queue),
+                    math.log2(d),
+                ],
             ]
         )
         return {
-            "devices": devices.astype(np.float32),
-            "table": current.astype(np.float32),
-            "action_mask": self.action_mask()[c].astype(np.float32),
-            "valid": np.ones(len(c), dtype=np.float32),
+            "options": options.astype(np.float32),
+            "table": piece.astype(np.float32),
+            "action_mask": self.option_mask().astype(np.float32),
+            "valid": np.ones(len(rows), dtype=np.float32),
         }
 
+    def _split_prices(self, with_table: np.ndarray, raised: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each split's total with the table and raise of the plan's cost, as the prior reads them: its own step's
+        (the largest of its devices' totals, the plan's cost raised), moved by what it costs more or less than the
+        best whole placement (or, with none, than the best split) once the plan is finished greedily (`finish`). A
+        split's price shows later than a whole table's: every device pays its sets of collectives from then on."""
+        splits = self.splits()
+        own_with = np.array([s.totals[s.devices].max() for _, s in splits])
+        own_raised = np.array([max(s.totals.max(), self.cost) - self.cost for _, s in splits])
+        finished = np.array([s.finished for _, s in splits])
+        if not len(splits) or not np.isfinite(finished).any():
+            return own_with, own_raised
+        whole = self._best_whole()
+        if whole is not None and math.isfinite(self._whole_finished):
+            k = int(np.searchsorted(self.candidates(), whole))
+            moved = finished - self._whole_finished
+            with_split, raised_split = with_table[k] + moved, raised[k] + moved
+        else:
+            moved = finished - finished[np.isfinite(finished)].min()
+            with_split, raised_split = own_with + moved, own_raised + moved
+        known = np.isfinite(finished)
+        return np.where(known, with_split, own_with), np.where(known, raised_split, own_raised)
+
+    def option_mask(self) -> np.ndarray:
+        """Which of `options()` may be taken."""
+        return np.concatenate([self.action_mask()[self.candidates()], [s.fits for _, s in self.splits()]]).astype(bool)
+
+    def take(self, slot: int) -> float:
+        """Take option `slot` of `options()`; the step's reward."""
+        candidates = self.candidates()
+        if slot < len(candidates):
+            return self.place(int(candidates[slot]))
+        option, split = self.splits()[slot - len(candidates)]
+        if not split.fits:
+            raise ShardRayError(f"{self.piece.describe()} split {option.split} does not fit beside the rest")
+        if option.split == "column_wise":  # the halves are the next two steps' pieces
+            self._queue_halves(split.pieces)
+            return 0.0
+        for piece, device in zip(split.pieces, split.devices):
+            self._put(piece, int(device))
+        self.compute_ms[split.devices] = split.compute
+        self.widths, self.inputs, self.host_sums, self.of_kind = split.loads
+        self.kind_comm, self.host_ms, self.comm_ms = split.priced
+        return self._advance()
+
+    def _queue_halves(self, halves: list[TablePiece]) -> None:
+        singles = single_costs(self.pricer, halves)
+        i = self.position
+        self.singles_left += float(singles.sum()) - self.queue_singles[i]
+        self.singles_total += float(singles.sum()) - self.queue_singles[i]
+        self.queue[i : i + 1] = halves
+        self.queue_singles[i : i + 1] = [float(s) for s in singles]
+        self._candidates = self._what_if = self._splits = None
+
+    def _put(self, piece: TablePiece, device: int) -> None:
+        """Add `piece` to `device`'s sums, counts and memory (not its prices)."""
+        described = self._pieces[piece.key]
+        self.sums[device] += described.encoding
+        self.counts[device] += 1
+        self.ledger.take(device, described.need)
+        self.feature_sums[device] += described.features
+        self.holding.setdefault(piece.table.name, set()).add(device)
+        self.placed.append(piece)
+        self.assign.append(device)
+
     def place(self, device: int) -> float:
-        """Put the current table on `device`; the step's reward."""
-        i = self.step_index
+        """Put the current piece whole on `device`; the step's reward."""
         if not self.action_mask()[device]:
-            raise ShardRayError(f"device {device} has no room for {self.pieces[i].describe()}")
+            raise ShardRayError(f"device {device} has no room for {self.piece.describe()}")
+        current = self._current()
         c = self.candidates()
         slot = int(np.searchsorted(c, device))
-        row = self.what_if()[slot] if slot < len(c) and c[slot] == device else self._rows_if(np.array([device]))[0]
-        self.sums[device] += self.encodings[i]
-        self.counts[device] += 1
-        self.device_widths[device] += self.widths[i]
-        self.ledger.take(device, self.need[i])
-        self.feature_sums[device] += self.features[i]
+        if slot < len(c) and c[slot] == device:
+            self.what_if()
+            row, own = self._what_if[0][slot], self._what_if[1][slot]
+        else:
+            rows, owns = self._rows_if(current, np.array([device]))
+            row, own = rows[0], owns[0]
+        self._put(self.piece, device)
         self.compute_ms[device] = row[:2]
-        self.device_inputs[device] += self.inputs[i]
-        self.assign.append(device)
+        self.widths[current.kind, device] += current.width
+        self.inputs[current.kind, device] += current.input
+        self.host_sums[device] += current.host_sum
+        self.of_kind[current.kind] += 1
         # Every device's all-to-alls priced again each step, on up to `max_candidates` devices; on more, every
         # `max_candidates` steps and at the end, and the device placed on takes its what-if price in between: the
         # others' columns did not change, only the plan's total (a step then costs the candidates, not the devices).
         d = self.topology.num_devices
-        if d <= self.max_candidates or self.step_index % self.max_candidates == 0 or self.done:
-            self.comm_ms = self.pricer.collectives(self.device_widths).sum(axis=1) + self.pricer.input_dist(
-                self.device_inputs
+        if (
+            d <= self.max_candidates
+            or (self.position + 1) % self.max_candidates == 0
+            or self.position + 1 == len(self.queue)
+        ):
+            self.kind_comm, self.host_ms, self.comm_ms = self._collectives(
+                self.widths, self.inputs, self.host_sums, self.of_kind
             )
         else:
+            self.kind_comm[current.kind, device] = own
             self.comm_ms[device] = row[2]
-        self._candidates = self._what_if = None
+        return self._advance()
+
+    def _advance(self) -> float:
+        self.singles_left -= self.queue_singles[self.position]
+        self.position += 1
+        self._candidates = self._what_if = self._splits = None
         previous, self.cost = self.cost, float(self._device_totals().max())
         return -(self.cost - previous) / self.lower_bound
 
     def stuck(self) -> bool:
-        """True when the next table fits on no device."""
-        return not self.done and not self.action_mask().any()
+        """True when the current piece fits nowhere, whole or split."""
+        return not self.done and not self.option_mask().any()
 
     def plan(self, algorithm: str) -> Plan:
         if not self.done:
-            raise ShardRayError(f"the plan is incomplete: {self.step_index} of {len(self.pieces)} tables placed")
-        return Plan.from_assignment(self.pieces, self.assign, self.topology.num_devices, algorithm)
+            raise ShardRayError(f"the plan is incomplete: {self.position} of {len(self.queue)} pieces placed")
+        return Plan.from_assignment(self.placed, self.assign, self.topology.num_devices, algorithm)
 
 
 @dataclass
@@ -239,7 +597,7 @@ class EnvConfig:
     max_tables: int = 25
     dims: tuple[int, ...] = (16, 32, 64, 128)
     devices: tuple[int, ...] = (4,)
-    max_devices: int = 8  # observations are padded to this many devices
+    max_devices: int = 8  # observations are padded to this many devices' options (`observation_rows`)
     memory_headroom: tuple[float, float] = (1.3, 2.0)  # drawn per task: cap over an even split
     batch_size: int = 1024
     # The model file's content, so env runners on any node need no access to the file; empty: the shipped models.
@@ -258,22 +616,22 @@ class EnvConfig:
         return asdict(self)
 
 
-def pad_observation(obs: dict[str, np.ndarray], max_devices: int) -> dict[str, np.ndarray]:
-    """Pad the device axis to `max_devices`; padded devices are masked out of actions and of the value."""
-    d = obs["devices"].shape[0]
-    if d > max_devices:
-        raise ShardRayError(f"{d} devices exceed the {max_devices} this environment pads to")
-    devices = np.zeros((max_devices, NUM_DEVICE_FEATURES), dtype=np.float32)
-    devices[:d] = obs["devices"]
-    padded = {"devices": devices, "table": obs["table"]}
+def pad_observation(obs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """Pad the option axis to `rows`; padded rows are masked out of actions and of the value."""
+    d = obs["options"].shape[0]
+    if d > rows:
+        raise ShardRayError(f"{d} options exceed the {rows} this environment pads to")
+    options = np.zeros((rows, NUM_OPTION_FEATURES), dtype=np.float32)
+    options[:d] = obs["options"]
+    padded = {"options": options, "table": obs["table"]}
     for key in ("action_mask", "valid"):
-        padded[key] = np.zeros(max_devices, dtype=np.float32)
+        padded[key] = np.zeros(rows, dtype=np.float32)
         padded[key][:d] = obs[key]
     return padded
 
 
 class PlacementEnv(gym.Env):
-    """A new task from the pool every episode; observations padded to `max_devices`."""
+    """A new task from the pool every episode; observations padded to `max_devices`' options (`observation_rows`)."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = EnvConfig(**(config or {}))
@@ -286,10 +644,10 @@ class PlacementEnv(gym.Env):
             self.models = CostModels.from_bytes(self.config.cost_model, "the environment's cost models")
         else:
             self.models = CostModels.load(default_cost_model_path())
-        m = self.config.max_devices
+        m = self.rows = observation_rows(self.config.max_devices)
         self.observation_space = gym.spaces.Dict(
             {
-                "devices": gym.spaces.Box(-np.inf, np.inf, (m, NUM_DEVICE_FEATURES), np.float32),
+                "options": gym.spaces.Box(-np.inf, np.inf, (m, NUM_OPTION_FEATURES), np.float32),
                 "table": gym.spaces.Box(-np.inf, np.inf, (NUM_CURRENT_FEATURES,), np.float32),
                 "action_mask": gym.spaces.Box(0.0, 1.0, (m,), np.float32),
                 "valid": gym.spaces.Box(0.0, 1.0, (m,), np.float32),
@@ -327,16 +685,15 @@ class PlacementEnv(gym.Env):
             self.rng = np.random.default_rng((seed, self.resumed_after) if self.resumed_after else seed)
         tables, topology = self.draw_task()
         self.state = PlacementState(tables, topology, self.models)
-        return pad_observation(self.state.observation(), self.config.max_devices), {}
+        return pad_observation(self.state.observation(), self.rows), {}
 
     def step(self, action: int) -> tuple[dict, float, bool, bool, dict]:
         state = self.state
         assert state is not None, "reset() before step()"
-        candidates = state.candidates()
-        mask = state.action_mask()[candidates]
+        mask = state.option_mask()
         # a padded or full device is never sampled under the mask; should one come, fall back to a valid one
         slot = int(action) if action < len(mask) and mask[action] else int(np.flatnonzero(mask)[0])
-        reward = state.place(int(candidates[slot]))
+        reward = state.take(slot)
         info: dict[str, Any] = {}
         if state.done:
             info = {"cost_over_lower_bound": state.cost / state.lower_bound, "feasible": True}
@@ -345,13 +702,13 @@ class PlacementEnv(gym.Env):
         if state.stuck():
             info = {"feasible": False}
             return self._final_observation(), reward - INFEASIBLE_PENALTY, True, False, info
-        return pad_observation(state.observation(), self.config.max_devices), reward, False, False, info
+        return pad_observation(state.observation(), self.rows), reward, False, False, info
 
     def _final_observation(self) -> dict[str, np.ndarray]:
         """Terminal observations are never acted on; an all-zero one keeps the spaces' shapes."""
-        m = self.config.max_devices
+        m = self.rows
         return {
-            "devices": np.zeros((m, NUM_DEVICE_FEATURES), dtype=np.float32),
+            "options": np.zeros((m, NUM_OPTION_FEATURES), dtype=np.float32),
             "table": np.zeros(NUM_CURRENT_FEATURES, dtype=np.float32),
             "action_mask": np.zeros(m, dtype=np.float32),
             "valid": np.zeros(m, dtype=np.float32),

@@ -1,6 +1,6 @@
 """The RLlib face of the placement network: a TorchRLModule with a value function for PPO.
 
-Action masking happens inside `DeviceScorer.logits` (finite masked logits, so a terminal
+Action masking happens inside `OptionScorer.logits` (finite masked logits, so a terminal
 observation with no valid device gives no NaN); the module only hands RLlib the logits, and
 the pooled device summary as the embeddings the value function reuses in training.
 """
@@ -14,14 +14,14 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-from shard_ray.policy.network import DeviceScorer
+from shard_ray.policy.network import OptionScorer
 
 
 class DevicePolicyModule(TorchRLModule, ValueFunctionAPI):
     """model_config: {"hidden": int}."""
 
     def setup(self) -> None:
-        self.network = DeviceScorer(hidden=int(self.model_config.get("hidden", 128)))
+        self.network = OptionScorer(hidden=int(self.model_config.get("hidden", 128)))
 
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         obs = batch[Columns.OBS]

@@ -1,14 +1,15 @@
 """The placement policy's network, and the policy file that ships it.
 
-Every device is scored by the same weights from its own row, the current table and a summary
-of all devices (a masked max and mean of their embeddings), so one network serves any number
-of devices and tables. The value reads the same max and mean reduction.
+Every option of a step (a candidate device for the piece whole, or a split) is scored by the same
+weights from its own row, the current piece and a summary of all options (a masked max and mean
+of their embeddings), so one network serves any number of devices and tables. The value reads
+the same max and mean reduction.
 
-Scores start from a prior: minus learnable non-negative weights times the device's predicted
-increase of the plan's cost and its predicted total with the table (observation features). So
-an untrained policy already takes the cost model's greedy choice, and PPO learns what the
-greedy choice misses (memory left for the tables still to come, and what they will cost)
-instead of first rediscovering it. Plain torch: RLlib
+Scores start from a prior: minus learnable non-negative weights times the option's predicted
+increase of the plan's cost and its devices' predicted total with the piece (observation
+features). So an untrained policy already takes the cost model's greedy choice, splits
+included, and PPO learns what the greedy choice misses (memory left for the tables still to
+come, and what they will cost) instead of first rediscovering it. Plain torch: RLlib
 wraps it for training (`shard_ray.policy.module`), and placing with a trained policy needs
 neither Ray nor RLlib.
 """
@@ -26,14 +27,16 @@ from torch import nn
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file, write_atomic
-from shard_ray.policy.env import DEVICE_FEATURES, NUM_CURRENT_FEATURES, NUM_DEVICE_FEATURES
+from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES, OPTION_FEATURES
 
-FORMAT = "shard-ray-policy/1"
+FORMAT = "shard-ray-policy/2"
+# Policies of format 1 scored devices only, from fewer features: their weights do not fit this network.
+UNSPLIT_FORMAT = "shard-ray-policy/1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DEFAULT_PRETRAINED = "cpu-reference.pt"
 # A masked logit: finite, so an all-masked row (a terminal observation) gives no NaN.
 MASKED_LOGIT = -1e9
-PRIOR_FEATURES = [DEVICE_FEATURES.index("makespan_increase"), DEVICE_FEATURES.index("total_with_table")]
+PRIOR_FEATURES = [OPTION_FEATURES.index("makespan_increase"), OPTION_FEATURES.index("total_with_table")]
 # Initial prior weights: a 0.1 x lower-bound increase of the plan's cost is 5 logits.
 PRIOR_INIT = (50.0, 5.0)
 
@@ -49,21 +52,21 @@ def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
     )
 
 
-class DeviceScorer(nn.Module):
+class OptionScorer(nn.Module):
     def __init__(self, hidden: int = 128) -> None:
         super().__init__()
         self.hidden = hidden
-        self.embed_device = _mlp(NUM_DEVICE_FEATURES + NUM_CURRENT_FEATURES, hidden, hidden)
+        self.embed_option = _mlp(NUM_OPTION_FEATURES + NUM_CURRENT_FEATURES, hidden, hidden)
         self.score = _mlp(3 * hidden, hidden, 1)
         self.value_head = _mlp(2 * hidden, hidden, 1)
         # softplus^-1 of the initial weights, so the weights stay non-negative while learnt
         self.prior_weights = nn.Parameter(torch.log(torch.expm1(torch.tensor(PRIOR_INIT))))
 
     def embed(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Device embeddings [B, D, H] and their masked max and mean over valid devices [B, 2H]."""
-        devices, table, valid = obs["devices"], obs["table"], obs["valid"]
-        joined = torch.cat([devices, table.unsqueeze(-2).expand(*devices.shape[:-1], table.shape[-1])], dim=-1)
-        h = self.embed_device(joined)
+        """Option embeddings [B, R, H] and their masked max and mean over valid options [B, 2H]."""
+        options, table, valid = obs["options"], obs["table"], obs["valid"]
+        joined = torch.cat([options, table.unsqueeze(-2).expand(*options.shape[:-1], table.shape[-1])], dim=-1)
+        h = self.embed_option(joined)
         v = valid.unsqueeze(-1)
         count = v.sum(dim=-2)
         mean = (h * v).sum(dim=-2) / count.clamp(min=1.0)
@@ -73,7 +76,7 @@ class DeviceScorer(nn.Module):
 
     def logits(self, obs: dict[str, torch.Tensor], h: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         context = pooled.unsqueeze(-2).expand(*h.shape[:-1], pooled.shape[-1])
-        prior = obs["devices"][..., PRIOR_FEATURES] @ nn.functional.softplus(self.prior_weights)
+        prior = obs["options"][..., PRIOR_FEATURES] @ nn.functional.softplus(self.prior_weights)
         scores = self.score(torch.cat([h, context], dim=-1)).squeeze(-1) - prior
         return torch.where(obs["action_mask"] > 0, scores, torch.full_like(scores, MASKED_LOGIT))
 
@@ -81,7 +84,7 @@ class DeviceScorer(nn.Module):
         return self.value_head(pooled).squeeze(-1)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Masked device logits [B, D] and values [B]."""
+        """Masked option logits [B, R] and values [B]."""
         h, pooled = self.embed(obs)
         return self.logits(obs, h, pooled), self.value(pooled)
 
@@ -105,7 +108,7 @@ class PolicyInfo(BaseModel):
         return self.model_dump(exclude_unset=True, exclude_none=True)
 
 
-def save_policy(path: str | os.PathLike[str], network: DeviceScorer, info: PolicyInfo) -> None:
+def save_policy(path: str | os.PathLike[str], network: OptionScorer, info: PolicyInfo) -> None:
     buffer = io.BytesIO()
     torch.save(
         {"format": FORMAT, "hidden": network.hidden, "state": network.state_dict(), "info": info.to_file()}, buffer
@@ -113,7 +116,7 @@ def save_policy(path: str | os.PathLike[str], network: DeviceScorer, info: Polic
     write_atomic(path, buffer.getvalue())
 
 
-def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, PolicyInfo]:
+def load_policy(path: str | os.PathLike[str]) -> tuple[OptionScorer, PolicyInfo]:
     """A policy file, or a `policy train` output folder holding `policy.pt`."""
     path = Path(path)
     if path.is_dir():
@@ -124,9 +127,15 @@ def load_policy(path: str | os.PathLike[str]) -> tuple[DeviceScorer, PolicyInfo]
         data = path.read_bytes()
     except OSError as err:
         raise ShardRayError(f"cannot read policy file {path}: {first_line(err)}") from err
-    blob = read_torch_file(data, str(path), "policy", "a shard-ray policy", FORMAT, "`policy train` writes policy.pt")
+    written_by = "`policy train` writes policy.pt"
+    blob = read_torch_file(data, str(path), "policy", "a shard-ray policy", FORMAT, written_by, UNSPLIT_FORMAT)
+    if blob["format"] == UNSPLIT_FORMAT:
+        raise ShardRayError(
+            f"policy file {path} is of an earlier release ({UNSPLIT_FORMAT}: it places tables whole only); train one "
+            "for this release with `shard-ray policy train`, or leave --policy out for the shipped one"
+        )
     try:
-        network = DeviceScorer(blob["hidden"])
+        network = OptionScorer(blob["hidden"])
         network.load_state_dict(blob["state"])
         info = PolicyInfo.model_validate(blob.get("info", {}))
     except (KeyError, RuntimeError, TypeError, ValidationError) as err:

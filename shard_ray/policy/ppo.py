@@ -25,7 +25,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
-from shard_ray.policy.network import DeviceScorer, PolicyInfo, save_policy
+from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
 from shard_ray.torch_threads import one_torch_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
@@ -132,10 +132,10 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
     return ppo.build_algo()
 
 
-def policy_network(algo: Any) -> DeviceScorer:
+def policy_network(algo: Any) -> OptionScorer:
     """The trained network, detached from RLlib (a copy on the CPU)."""
     module = algo.get_module()
-    network = DeviceScorer(module.network.hidden)
+    network = OptionScorer(module.network.hidden)
     network.load_state_dict({k: v.detach().cpu() for k, v in module.network.state_dict().items()})
     network.eval()
     return network
@@ -302,7 +302,7 @@ def validation_tasks(
 
 
 def validation_score(
-    network: DeviceScorer, tasks: list[tuple[list[TableSpec], Topology]], models: CostModels
+    network: OptionScorer, tasks: list[tuple[list[TableSpec], Topology]], models: CostModels
 ) -> tuple[float, int]:
     """Greedy decoding's mean simulated cost over the table-wise lower bound on `tasks`, and how often it got stuck.
 

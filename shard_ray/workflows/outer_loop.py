@@ -30,7 +30,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.decode import policy_placer
-from shard_ray.policy.network import DeviceScorer, PolicyInfo
+from shard_ray.policy.network import OptionScorer, PolicyInfo
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,
     PolicyConfig,
@@ -76,7 +76,7 @@ class OuterLoopConfig:
 
 
 def measure_policy_plans(
-    network: DeviceScorer,
+    network: OptionScorer,
     tasks: list[tuple[list[TableSpec], Topology]],
     models: CostModels,
     gang: DeviceGang,
