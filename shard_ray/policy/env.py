@@ -23,6 +23,7 @@ next piece fits nowhere ends early with a penalty of `INFEASIBLE_PENALTY`.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -52,7 +53,7 @@ SPLITS = ("column_wise", "row_wise", "table_row_wise")
 SPLIT_SHARE = 1.0
 # Splits are offered to this many of a task's tables at most, its costliest (and to any no device holds whole): each
 # offer prices the plan finished greedily once per option (`PlacementState.finish`), a step's cost grows with the task.
-SPLIT_TABLES = 32
+SPLIT_TABLES = 16
 # Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
 SPLIT_HOSTS = 4
 MAX_SPLIT_OPTIONS = 2 + SPLIT_HOSTS
@@ -123,6 +124,25 @@ class _Split:
     priced: tuple[np.ndarray, np.ndarray, np.ndarray]  # `_collectives` of the loads
     totals: np.ndarray  # [D] every device's predicted step were it taken
     finished: float = math.inf  # the predicted cost of the plan finished greedily after it (`PlacementState.finish`)
+
+
+def _least_loaded_with_room(
+    heap: list[tuple[float, int]], loads: np.ndarray, free: np.ndarray, piece: _Piece
+) -> int | None:
+    """The device of least load (then lowest index) with room for `piece` among those it may go to, taken off `heap`
+    (entries (load, device), those of an older load skipped; the others popped on the way pushed back); None if none."""
+    passed, found = [], None
+    while heap:
+        load, device = heapq.heappop(heap)
+        if load != loads[device]:
+            continue
+        if free[device] >= piece.need and piece.allowed[device]:
+            found = device
+            break
+        passed.append((load, device))
+    for entry in passed:
+        heapq.heappush(heap, entry)
+    return found
 
 
 class PlacementState:
@@ -337,38 +357,67 @@ class PlacementState:
 
     def finish(self, pieces: list[TablePiece], devices: np.ndarray) -> float:
         """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
-        turn, on the device with room whose predicted step so far (its pieces' costs alone added) is lowest: how a
-        split's price shows past its own step (its sets of collectives every device pays, whatever comes next)."""
-        loads = self._device_totals().copy()
-        free = self.ledger.free.copy()
-        for piece, device in zip(pieces, devices):
-            described = self._pieces[piece.key]
+        turn, on the device with room whose predicted step so far (its pieces' costs alone added) is lowest, a table
+        with room nowhere row-wise: how a split's price shows past its own step (its sets of collectives every device
+        pays, whatever comes next)."""
+        d = self.topology.num_devices
+        loads, free = self._device_totals().copy(), self.ledger.free.copy()
+        added = [(self._pieces[p.key], int(a)) for p, a in zip(pieces, devices)]
+        for described, device in added:
             free[device] -= described.need
-            loads[device] += self.pricer.compute(described.encoding[None], torch.ones(1))[0]
-        placed, assign = [*self.placed, *pieces], [*self.assign, *(int(a) for a in devices)]
-        rest = self.queue[self.position + 1 :]
-        self._describe(rest)
+            loads[device] += self.models.compute_from_sums(described.encoding[None], torch.ones(1)).sum()
+        rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, halves when queued
+        heap = [(load, k) for k, load in enumerate(loads)]  # the least loaded device first, then the lowest index
+        heapq.heapify(heap)
         for piece, single in zip(rest, self.queue_singles[self.position + 1 :]):
             described = self._pieces[piece.key]
-            room = (free >= described.need) & described.allowed
-            if room.any():
-                device = int(np.argmin(np.where(room, loads, np.inf)))
+            device = _least_loaded_with_room(heap, loads, free, described)
+            if device is not None:
                 loads[device] += single
                 free[device] -= described.need
-                placed.append(piece)
-                assign.append(device)
+                heapq.heappush(heap, (loads[device], device))
+                added.append((described, device))
                 continue
-            # a table with room nowhere goes row-wise, as a step would split it to fit
-            blocks = row_wise(piece.table, self.topology.num_devices) if piece.rows is None else []
+            # A table with room nowhere goes row-wise, as a step would split it to fit; where its blocks do not fit
+            # either, on the roomiest device all the same: the finished plan prices what comes after a choice, and
+            # whether a later piece finds room depends on choices this greedy finish does not make (steps mask them).
+            blocks = row_wise(piece.table, d) if piece.rows is None else []
             self._describe(blocks)
             needs = np.array([self._pieces[b.key].need for b in blocks])
             if not blocks or (free[: len(blocks)] < needs).any():
-                return math.inf
+                device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
+                loads[device] += single
+                free[device] -= described.need
+                heap = [(load, k) for k, load in enumerate(loads)]
+                heapq.heapify(heap)
+                added.append((described, device))
+                continue
             free[: len(blocks)] -= needs
             loads[: len(blocks)] += single / len(blocks)
-            placed.extend(blocks)
-            assign.extend(range(len(blocks)))
-        return self.pricer.plan_cost(placed, np.array(assign))
+            added.extend((self._pieces[b.key], k) for k, b in enumerate(blocks))
+            heap = [(load, k) for k, load in enumerate(loads)]
+            heapq.heapify(heap)
+        at = torch.tensor([a for _, a in added], dtype=torch.int64)
+        sums = self.sums.index_add(0, at, torch.stack([p.encoding for p, _ in added]))
+        counts = self.counts.index_add(0, at, torch.ones(len(added)))
+        _, _, comm = self._collectives(*self._loads_with(added))
+        return float((self.models.compute_from_sums(sums, counts).sum(axis=1) + comm).max())
+
+    def _loads_with(self, added: list[tuple[_Piece, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The collectives' loads (`widths`, `inputs`, `host_sums`, `of_kind`) with the `added` pieces on their devices."""
+        widths, inputs, host_sums, of_kind = (
+            self.widths.copy(),
+            self.inputs.copy(),
+            self.host_sums.copy(),
+            self.of_kind.copy(),
+        )
+        kinds = np.array([p.kind for p, _ in added], dtype=np.int64)
+        at = np.array([a for _, a in added], dtype=np.int64)
+        np.add.at(widths, (kinds, at), [p.width for p, _ in added])
+        np.add.at(inputs, (kinds, at), [p.input for p, _ in added])
+        np.add.at(host_sums, at, [p.host_sum for p, _ in added])
+        of_kind += np.bincount(kinds, minlength=len(of_kind))
+        return widths, inputs, host_sums, of_kind
 
     def _price_halves(self, halves: list[TablePiece]) -> _Split:
         """The column halves on the two candidate devices where each half alone would make the lowest total."""
@@ -390,25 +439,15 @@ class PlacementState:
         at = torch.from_numpy(devices)
         encodings = torch.stack([p.encoding for p in described])
         compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
-        widths, inputs, host_sums, of_kind = (
-            self.widths.copy(),
-            self.inputs.copy(),
-            self.host_sums.copy(),
-            self.of_kind.copy(),
-        )
-        for p, device in zip(described, devices):
-            widths[p.kind, device] += p.width
-            inputs[p.kind, device] += p.input
-            host_sums[device] += p.host_sum
-            of_kind[p.kind] += 1
-        priced = self._collectives(widths, inputs, host_sums, of_kind)
+        loads = self._loads_with([(p, int(a)) for p, a in zip(described, devices)])
+        priced = self._collectives(*loads)
         compute_ms = self.compute_ms.copy()
         compute_ms[devices] = compute
         fits = len(devices) == len(pieces) and bool(
             (self.ledger.free[devices] >= np.array([p.need for p in described])).all()
         )
         return _Split(
-            pieces, devices, fits, compute, (widths, inputs, host_sums, of_kind), priced,
+            pieces, devices, fits, compute, loads, priced,
             compute_ms.sum(axis=1) + priced[2],
         )  # fmt: skip
 

@@ -304,7 +304,7 @@ def validation_tasks(
 def validation_score(
     network: OptionScorer, tasks: list[tuple[list[TableSpec], Topology]], models: CostModels
 ) -> tuple[float, int]:
-    """Greedy decoding's mean simulated cost over the table-wise lower bound on `tasks`, and how often it got stuck.
+    """Greedy decoding's mean simulated cost over the lower bound on `tasks`, and how often it got stuck.
 
     A task where it gets stuck (the next table fits nowhere) scores 1 + INFEASIBLE_PENALTY.
     """

@@ -4,7 +4,7 @@ Space: learning rate, entropy bonus, SGD epochs per iteration, clip range, GAE l
 minibatch and network width. The task shape (pool, table counts, devices, tables placed per
 iteration) is the user's and is not swept. Each trial trains PPO on the estimated MDP and,
 after every iteration, reports the simulated cost of greedy decoding on validation tasks
-over their table-wise lower bound (the same tasks for every trial); ASHA stops the trials
+over their lower bound (the same tasks for every trial); ASHA stops the trials
 that trail. Each report carries a checkpoint (RLlib's state and the policy file), so a failed
 or resumed trial goes on from it. The best trial's configuration is saved for
 `policy train --config`, and its policy as OUT/best_policy.pt for `plan --policy`.
