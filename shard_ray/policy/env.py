@@ -208,10 +208,6 @@ class PlacementState:
             )  # fmt: skip
 
     @property
-    def step_index(self) -> int:
-        return self.position
-
-    @property
     def done(self) -> bool:
         return self.position == len(self.queue)
 
@@ -363,9 +359,10 @@ class PlacementState:
         d = self.topology.num_devices
         loads, free = self._device_totals().copy(), self.ledger.free.copy()
         added = [(self._pieces[p.key], int(a)) for p, a in zip(pieces, devices)]
-        for described, device in added:
+        alone = self.models.compute_from_sums(torch.stack([p.encoding for p, _ in added]), torch.ones(len(added)))
+        for (described, device), single in zip(added, alone.sum(axis=1)):
             free[device] -= described.need
-            loads[device] += self.models.compute_from_sums(described.encoding[None], torch.ones(1)).sum()
+            loads[device] += single
         rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, halves when queued
         heap = [(load, k) for k, load in enumerate(loads)]  # the least loaded device first, then the lowest index
         heapq.heapify(heap)
