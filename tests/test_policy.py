@@ -276,6 +276,11 @@ def test_policy_file_round_trip_and_bad_files(tmp_path):
         load_policy(tmp_path / "bad.pt")
     with pytest.raises(Exception, match="not found"):
         load_policy(tmp_path / "missing.pt")
+    # a policy of an earlier release scored devices only: refused by name, not as a damaged file
+    blob = torch.load(tmp_path / "p.pt", weights_only=True) | {"format": "shard-ray-policy/1"}
+    torch.save(blob, tmp_path / "earlier.pt")
+    with pytest.raises(ShardRayError, match=r"earlier.pt is of an earlier release \(shard-ray-policy/1"):
+        load_policy(tmp_path / "earlier.pt")
 
 
 def test_plan_with_dreamshard(tmp_path, table_file, capsys):
