@@ -126,6 +126,13 @@ class _Split:
     finished: float = math.inf  # the predicted cost of the plan finished greedily after it (`PlacementState.finish`)
 
 
+def _heap_of(loads: np.ndarray) -> list[tuple[float, int]]:
+    """The devices as a heap of (load, device): the least loaded first, then the lowest index."""
+    heap = [(load, k) for k, load in enumerate(loads)]
+    heapq.heapify(heap)
+    return heap
+
+
 def _least_loaded_with_room(
     heap: list[tuple[float, int]], loads: np.ndarray, free: np.ndarray, piece: _Piece
 ) -> int | None:
@@ -191,7 +198,9 @@ class PlacementState:
         self._candidates: np.ndarray | None = None
         self._what_if: tuple[np.ndarray, np.ndarray] | None = None
         self._splits: list[tuple[Option, _Split]] | None = None
-        self._whole_finished = math.inf  # the plan finished greedily after the piece whole (`finish`)
+        # Where splits are offered: the device the prior prefers for the piece whole (`_best_whole`), and the plan
+        # finished greedily after it there (`finish`).
+        self._whole: tuple[int | None, float] = (None, math.inf)
         self.split_offers = 0  # the tables offered splits so far
 
     def _describe(self, pieces: list[TablePiece]) -> None:
@@ -337,7 +346,7 @@ class PlacementState:
                     if split.fits:
                         split.finished = self.finish(split.pieces, split.devices)
                 whole = self._best_whole()
-                self._whole_finished = math.inf if whole is None else self.finish([self.piece], np.array([whole]))
+                self._whole = (whole, math.inf if whole is None else self.finish([self.piece], np.array([whole])))
         return self._splits
 
     def _best_whole(self) -> int | None:
@@ -364,8 +373,7 @@ class PlacementState:
             free[device] -= described.need
             loads[device] += single
         rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, halves when queued
-        heap = [(load, k) for k, load in enumerate(loads)]  # the least loaded device first, then the lowest index
-        heapq.heapify(heap)
+        heap = _heap_of(loads)
         for piece, single in zip(rest, self.queue_singles[self.position + 1 :]):
             described = self._pieces[piece.key]
             device = _least_loaded_with_room(heap, loads, free, described)
@@ -385,15 +393,13 @@ class PlacementState:
                 device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
                 loads[device] += single
                 free[device] -= described.need
-                heap = [(load, k) for k, load in enumerate(loads)]
-                heapq.heapify(heap)
+                heap = _heap_of(loads)
                 added.append((described, device))
                 continue
             free[: len(blocks)] -= needs
             loads[: len(blocks)] += single / len(blocks)
             added.extend((self._pieces[b.key], k) for k, b in enumerate(blocks))
-            heap = [(load, k) for k, load in enumerate(loads)]
-            heapq.heapify(heap)
+            heap = _heap_of(loads)
         at = torch.tensor([a for _, a in added], dtype=torch.int64)
         sums = self.sums.index_add(0, at, torch.stack([p.encoding for p, _ in added]))
         counts = self.counts.index_add(0, at, torch.ones(len(added)))
@@ -518,10 +524,10 @@ class PlacementState:
         finished = np.array([s.finished for _, s in splits])
         if not len(splits) or not np.isfinite(finished).any():
             return own_with, own_raised
-        whole = self._best_whole()
-        if whole is not None and math.isfinite(self._whole_finished):
+        whole, whole_finished = self._whole
+        if whole is not None and math.isfinite(whole_finished):
             k = int(np.searchsorted(self.candidates(), whole))
-            moved = finished - self._whole_finished
+            moved = finished - whole_finished
             with_split, raised_split = with_table[k] + moved, raised[k] + moved
         else:
             moved = finished - finished[np.isfinite(finished)].min()
@@ -586,10 +592,7 @@ class PlacementState:
             row, own = rows[0], owns[0]
         self._put(self.piece, device)
         self.compute_ms[device] = row[:2]
-        self.widths[current.kind, device] += current.width
-        self.inputs[current.kind, device] += current.input
-        self.host_sums[device] += current.host_sum
-        self.of_kind[current.kind] += 1
+        self.widths, self.inputs, self.host_sums, self.of_kind = self._loads_with([(current, device)])
         # Every device's all-to-alls priced again each step, on up to `max_candidates` devices; on more, every
         # `max_candidates` steps and at the end, and the device placed on takes its what-if price in between: the
         # others' columns did not change, only the plan's total (a step then costs the candidates, not the devices).
