@@ -22,13 +22,16 @@ from shard_ray.workload.tables import TableSpec
 @pytest.mark.slow
 @pytest.mark.alone
 def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_session, tmp_path):
-    """Six like tables on device 0 of 2: measured moves balance them, a second run measures nothing
+    """Four like tables on device 0 of 2: measured moves balance them two and two, a second run measures nothing
     new and reaches the same plan, and the gang confirms the refined plan faster."""
-    tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=32.0) for i in range(6)]
+    # Each move unloads a quarter or a third of the device's compute: with six tables of pooling factor 32, the move
+    # from five tables to four measured 5-14% here (the all-to-alls priced alike on both devices) and once 0.1% in
+    # CI, under the 3% a move must gain.
+    tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=64.0) for i in range(4)]
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
-    planted = Plan.from_assignment(table_wise(tables), np.zeros(6, dtype=np.int64), 2, "planted")
+    planted = Plan.from_assignment(table_wise(tables), np.zeros(4, dtype=np.int64), 2, "planted")
     # The profilers' defaults (3 warm-up steps, the fastest of 10): with the fastest of 5 after 1, a stall once lasted
-    # a whole measurement, and moving a table off the device that held all six measured 0.8% faster.
+    # a whole measurement, and moving a table off the device that held six measured 0.8% faster.
     measure = MeasureConfig.for_topology(topology)
     models = CostModels.load(default_cost_model_path())
     lines: list[str] = []
@@ -40,7 +43,7 @@ def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_
             planted, tables, topology, models, pool, store, measure, RefineConfig(refine_steps=4), lambda _: None
         )
     assert refined.moves and refined.after_ms < 0.85 * refined.before_ms, lines
-    assert sorted(np.bincount([s.device for s in refined.plan.shards], minlength=2)) in ([2, 4], [3, 3]), lines
+    assert sorted(np.bincount([s.device for s in refined.plan.shards], minlength=2)) == [2, 2], lines
     assert refined.measured_shards >= 3 and again.measured_shards == 0
     assert again.plan.shards == refined.plan.shards and again.moves == refined.moves
     assert any("moved from device 0 to 1" in line or "swapped" in line for line in lines)
@@ -81,19 +84,21 @@ def test_at_8_devices_on_2_cores_refinement_unloads_the_overloaded_devices_one_a
     assert again.plan.shards == refined.plan.shards and again.moves == refined.moves
 
 
+# Alone: its retry judges a measured gain (beside the other tests' load a 5-table shard measured 7% over 6). Four
+# tables of pooling factor 64: alone, moving one of six of pooling factor 32 once gained 1.9%, under the 3% a move must.
 @pytest.mark.slow
-@pytest.mark.alone  # its retry judges a measured gain: beside the other tests' load a 5-table shard measured 7% over 6
+@pytest.mark.alone
 def test_a_step_whose_moves_measured_a_stall_is_measured_again_with_new_batches(ray_session, tmp_path):
     """The moves of step 1 are planted in the store as a stall (a second per shard) at the step's batches: the
     models price the best move gaining, so the step is measured again with new batches instead of stopping."""
-    tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=32.0) for i in range(6)]
+    tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=64.0) for i in range(4)]
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
     pieces = table_wise(tables)
-    planted = Plan.from_assignment(pieces, np.zeros(6, dtype=np.int64), 2, "planted")
+    planted = Plan.from_assignment(pieces, np.zeros(4, dtype=np.int64), 2, "planted")
     measure = MeasureConfig.for_topology(topology)
     models = CostModels.load(default_cost_model_path())
     config = RefineConfig(refine_steps=1, refine_proposals=2)
-    proposals = propose(Pricer(models, topology), pieces, np.zeros(6, dtype=np.int64), np.array([1.0, 0.0]), config)
+    proposals = propose(Pricer(models, topology), pieces, np.zeros(4, dtype=np.int64), np.array([1.0, 0.0]), config)
     step_1 = measure.model_copy(update={"seed": measure.seed + 1})
     lines: list[str] = []
     with MeasurementStore(tmp_path / "m.db") as store, ProfilingPool(2) as pool:
