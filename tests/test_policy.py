@@ -12,6 +12,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
+from shard_ray.policy.decode import best_option
 from shard_ray.policy.env import (
     INFEASIBLE_PENALTY,
     NUM_CURRENT_FEATURES,
@@ -24,6 +25,7 @@ from shard_ray.policy.env import (
 )
 from shard_ray.policy.network import (
     MASKED_LOGIT,
+    DecodingScorer,
     OptionScorer,
     PolicyInfo,
     default_policy_path,
@@ -191,6 +193,30 @@ def test_network_serves_any_device_count_and_ignores_padding(models, small_table
     assert torch.allclose(padded_values, values[:1], atol=1e-5)
     terminal = {k: torch.zeros_like(v) for k, v in padded.items()}
     assert torch.isfinite(torch.log_softmax(network(terminal)[0], dim=-1)).all()
+
+
+def test_placing_scores_options_as_the_trained_network_does(models):
+    """Decoding's numpy scores (`DecodingScorer`) are the torch network's to float32 rounding, step by step of an
+    episode with splits offered, padded rows and masked options included, and choose the same options: like devices
+    score alike to the last bits, which the two round differently, so decoding takes the first of a tie."""
+    network, _ = load_policy(default_policy_path())
+    scorer = DecodingScorer(network)
+    tables = [TableSpec(name="hot", rows=1_000_000, dim=64, pooling_factor=100.0)] + generate_pool(
+        PoolConfig(num_tables=30, seed=5)
+    )
+    topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.3))
+    state = PlacementState(tables, topology, models)
+    splits_seen = 0
+    with torch.no_grad():
+        while not state.done:
+            obs = pad_observation(state.observation(), observation_rows(16) + 2)
+            expected, _ = network({k: torch.from_numpy(v).unsqueeze(0) for k, v in obs.items()})
+            logits = scorer.logits(obs)
+            np.testing.assert_allclose(logits, expected[0].numpy(), rtol=1e-5, atol=1e-4)
+            assert best_option(logits) == best_option(expected[0].numpy())
+            splits_seen += len(state.splits())
+            state.take(best_option(logits))
+    assert splits_seen > 0
 
 
 def test_rllib_module_shapes(pool):

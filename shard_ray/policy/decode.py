@@ -1,6 +1,6 @@
 """Placing a task with a trained policy: greedy decoding, sampling, and rescue sampling.
 
-Greedy decoding takes each step's most likely option; with `samples` > 0 it also draws that
+Greedy decoding takes each step's most likely option (the first of a tie); with `samples` > 0 it also draws that
 many plans from the policy and keeps the one the cost models price lowest. Should every one of
 them get stuck (a table fits on no device), it goes on sampling, up to `RESCUE_SAMPLES` plans,
 until one fits. No Ray: the policy runs in the caller's process.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from shard_ray.costmodel.models import CostModels
@@ -17,13 +18,20 @@ from shard_ray.errors import InfeasibleError
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.env import PlacementState
-from shard_ray.policy.network import OptionScorer
+from shard_ray.policy.network import DecodingScorer, OptionScorer
 from shard_ray.workload.tables import TableSpec
 
 RESCUE_SAMPLES = 32
+# Options whose logits are closer than this are a tie, taken in the options' order (devices by index): like devices
+# score alike but for float rounding, which numpy's products and torch's round differently.
+TIE_LOGITS = 1e-3
 
 
-@torch.no_grad()
+def best_option(logits: np.ndarray) -> int:
+    """Greedy decoding's choice: the first option within `TIE_LOGITS` of the highest logit."""
+    return int(np.flatnonzero(logits >= logits.max() - TIE_LOGITS)[0])
+
+
 def roll_out(
     network: OptionScorer,
     tables: list[TableSpec],
@@ -31,17 +39,17 @@ def roll_out(
     models: CostModels,
     generator: torch.Generator | None = None,
 ) -> PlacementState | None:
-    """One episode: the argmax option each step, or sampled ones with `generator`; None if stuck."""
+    """One episode: the best option each step (`best_option`), or sampled ones with `generator`; None if stuck."""
+    scorer = DecodingScorer(network)
     state = PlacementState(tables, topology, models)
     while not state.done:
         if state.stuck():
             return None
-        obs = {k: torch.from_numpy(v).unsqueeze(0) for k, v in state.observation().items()}
-        logits, _ = network(obs)
+        logits = scorer.logits(state.observation())
         if generator is None:
-            slot = int(logits.argmax(dim=-1))
+            slot = best_option(logits)
         else:
-            slot = int(torch.multinomial(torch.softmax(logits[0], dim=-1), 1, generator=generator))
+            slot = int(torch.multinomial(torch.softmax(torch.from_numpy(logits), dim=-1), 1, generator=generator))
         state.take(slot)
     return state
 

@@ -126,7 +126,7 @@ class _Split:
     finished: float = math.inf  # the predicted cost of the plan finished greedily after it (`PlacementState.finish`)
 
 
-def _heap_of(loads: np.ndarray) -> list[tuple[float, int]]:
+def _heap_of(loads: list[float]) -> list[tuple[float, int]]:
     """The devices as a heap of (load, device): the least loaded first, then the lowest index."""
     heap = [(load, k) for k, load in enumerate(loads)]
     heapq.heapify(heap)
@@ -134,7 +134,7 @@ def _heap_of(loads: np.ndarray) -> list[tuple[float, int]]:
 
 
 def _least_loaded_with_room(
-    heap: list[tuple[float, int]], loads: np.ndarray, free: np.ndarray, piece: _Piece
+    heap: list[tuple[float, int]], loads: list[float], free: list[int], piece: _Piece
 ) -> int | None:
     """The device of least load (then lowest index) with room for `piece` among those it may go to, taken off `heap`
     (entries (load, device), those of an older load skipped; the others popped on the way pushed back); None if none."""
@@ -366,10 +366,11 @@ class PlacementState:
         with room nowhere row-wise: how a split's price shows past its own step (its sets of collectives every device
         pays, whatever comes next)."""
         d = self.topology.num_devices
-        loads, free = self._device_totals().copy(), self.ledger.free.copy()
+        # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
+        loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
         added = [(self._pieces[p.key], int(a)) for p, a in zip(pieces, devices)]
         alone = self.models.compute_from_sums(torch.stack([p.encoding for p, _ in added]), torch.ones(len(added)))
-        for (described, device), single in zip(added, alone.sum(axis=1)):
+        for (described, device), single in zip(added, alone.sum(axis=1).tolist()):
             free[device] -= described.need
             loads[device] += single
         rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, halves when queued
@@ -388,16 +389,17 @@ class PlacementState:
             # whether a later piece finds room depends on choices this greedy finish does not make (steps mask them).
             blocks = row_wise(piece.table, d) if piece.rows is None else []
             self._describe(blocks)
-            needs = np.array([self._pieces[b.key].need for b in blocks])
-            if not blocks or (free[: len(blocks)] < needs).any():
+            needs = [self._pieces[b.key].need for b in blocks]
+            if not blocks or any(f < n for f, n in zip(free, needs)):
                 device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
                 loads[device] += single
                 free[device] -= described.need
                 heap = _heap_of(loads)
                 added.append((described, device))
                 continue
-            free[: len(blocks)] -= needs
-            loads[: len(blocks)] += single / len(blocks)
+            for k, need in enumerate(needs):
+                free[k] -= need
+                loads[k] += single / len(blocks)
             added.extend((self._pieces[b.key], k) for k, b in enumerate(blocks))
             heap = _heap_of(loads)
         at = torch.tensor([a for _, a in added], dtype=torch.int64)

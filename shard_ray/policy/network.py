@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
@@ -87,6 +88,44 @@ class OptionScorer(nn.Module):
         """Masked option logits [B, R] and values [B]."""
         h, pooled = self.embed(obs)
         return self.logits(obs, h, pooled), self.value(pooled)
+
+
+class DecodingScorer:
+    """`OptionScorer`'s option logits in numpy on its weights as they are, for placing a task: a step scores about
+    20 rows, where torch's dispatch and the value head, which placing does not need, took most of the time
+    (docs/policy.md). Training keeps the torch network; these logits agree with its to float32 rounding."""
+
+    def __init__(self, network: OptionScorer) -> None:
+        self.embed = _numpy_layers(network.embed_option)
+        self.score = _numpy_layers(network.score)
+        self.prior = nn.functional.softplus(network.prior_weights).detach().numpy()
+
+    def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        """Masked option logits [R] of one observation (`PlacementState.observation`), as `OptionScorer.forward`."""
+        options, valid = obs["options"], obs["valid"] > 0
+        joined = np.concatenate([options, np.broadcast_to(obs["table"], (len(options), len(obs["table"])))], axis=1)
+        h = _run_layers(joined, self.embed)
+        if valid.any():
+            pooled = np.concatenate([h[valid].max(axis=0), h[valid].mean(axis=0)])
+        else:
+            pooled = np.zeros(2 * h.shape[1], dtype=h.dtype)
+        context = np.broadcast_to(pooled, (len(h), len(pooled)))
+        scores = _run_layers(np.concatenate([h, context], axis=1), self.score)[:, 0]
+        scores = scores - options[:, PRIOR_FEATURES] @ self.prior
+        return np.where(obs["action_mask"] > 0, scores, np.float32(MASKED_LOGIT))
+
+
+def _numpy_layers(mlp: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`_mlp`'s linear layers as (weight transposed, bias), views on the parameters (tanh between them)."""
+    return [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in mlp if isinstance(m, nn.Linear)]
+
+
+def _run_layers(rows: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    for k, (weight, bias) in enumerate(layers):
+        rows = rows @ weight + bias
+        if k < len(layers) - 1:
+            rows = np.tanh(rows)
+    return rows
 
 
 class PolicyInfo(BaseModel):
