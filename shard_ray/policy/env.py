@@ -6,7 +6,8 @@ on one of its candidate devices, or, for a table that dominates the task (its pr
 at least `SPLIT_SHARE` of the task's lower bound) or that no device holds whole, a split as
 TorchRec's vocabulary has it: column-wise (two halves, which the next two steps place, never on
 one device), row-wise (a block on every device) or table-row-wise (a block on every device of one
-host, one option per host of the `SPLIT_HOSTS` least loaded). Observations are a row per option,
+host, one option per host of the `SPLIT_HOSTS` least loaded); where a row-wise set of collectives
+already runs, the row-wise splits to later tables too (`PlacementState._splits_offered`). Observations are a row per option,
 built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost models'
 predictions, so no hardware runs inside the RL loop. The same state drives training
 (`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.policy.decode`).
@@ -57,6 +58,8 @@ SPLIT_TABLES = 16
 # Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
 SPLIT_HOSTS = 4
 MAX_SPLIT_OPTIONS = 2 + SPLIT_HOSTS
+# The sets of collectives a table may join by splitting by rows where one already runs (`_splits_offered`).
+_ROW_KINDS = [COLLECTIVE_TYPES.index(kind) for kind in ("row_wise", "table_row_wise")]
 
 OPTION_FEATURES = (
     "fwd_compute",  # predicted ms of the device's fused shard, over the lower bound
@@ -313,24 +316,33 @@ class PlacementState:
         comm = kind_comm[present].sum(axis=0) + host_ms + self.pricer.types_overhead(len(present)).sum()
         return kind_comm, host_ms, comm
 
-    def _offers_splits(self) -> bool:
+    def _splits_offered(self) -> tuple[str, ...]:
+        """The sharding types the current piece is offered, of `SPLITS`: every one to a table that dominates the
+        task or that no device holds whole; where a row-wise set of collectives already runs (a table too big for
+        any device went row-wise, say), the row-wise ones, so that a table may join that set rather than keep a set
+        of its own going beside it; none to a piece of a table."""
         piece = self.piece
         whole = piece.rows is None and piece.columns == (0, piece.table.dim) and not piece.replicated
         if self.topology.num_devices == 1 or not whole or piece.restricted:
-            return False
-        dominant = self.queue_singles[self.position] >= SPLIT_SHARE * self.lower_bound
-        return (dominant and self.split_offers < SPLIT_TABLES) or not self.action_mask().any()
+            return ()
+        if not self.action_mask().any():
+            return SPLITS
+        if self.split_offers >= SPLIT_TABLES:
+            return ()
+        if self.queue_singles[self.position] >= SPLIT_SHARE * self.lower_bound:
+            return SPLITS
+        return ("row_wise", "table_row_wise") if self.of_kind[_ROW_KINDS].any() else ()
 
     def splits(self) -> list[tuple[Option, _Split]]:
-        """The splits offered to the current piece, each priced, and the plan finished greedily after it; none for a
-        piece of a table, or for a table that neither dominates the task (`SPLIT_SHARE`, `SPLIT_TABLES`) nor lacks
-        a device with room for it whole."""
+        """The splits offered to the current piece (`_splits_offered`), each priced, and the plan finished greedily
+        after it."""
         if self._splits is None:
             self._splits = []
-            if self._offers_splits():
+            offered = self._splits_offered()
+            if offered:
                 self.split_offers += 1
                 table, topology = self.piece.table, self.topology
-                options = table_options(table, topology, allowed=SPLITS)
+                options = table_options(table, topology, allowed=offered)
                 if "column_wise" in options:
                     self._splits.append((Option(split="column_wise"), self._price_halves(options["column_wise"])))
                 if "row_wise" in options:
