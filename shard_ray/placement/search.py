@@ -35,7 +35,7 @@ from shard_ray.placement.options import choose_types
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.enumerator import pieces_to_place, table_options
 from shard_ray.plan.memory import MemoryLedger
-from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, row_wise
+from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, row_wise, split_piece
 from shard_ray.plan.plan import Plan, SearchReport
 from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
@@ -363,16 +363,6 @@ def rows_split(
     ):
         return None
     return row_wise(table, topology.num_devices)
-
-
-def split_piece(piece: TablePiece, ways: int) -> list[TablePiece] | None:
-    """The piece's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
-    the piece is a row-wise block, a replica or in a constraints group."""
-    start, width = piece.columns[0], piece.width
-    if width % (4 * ways) or piece.rows is not None or piece.replicated or piece.group is not None:
-        return None
-    step = width // ways
-    return [piece.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]
 
 
 def beam_search(

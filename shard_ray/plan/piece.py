@@ -177,3 +177,13 @@ def replica(table: TableSpec, num_devices: int, device: int) -> TablePiece:
 def data_parallel(table: TableSpec, num_devices: int) -> list[TablePiece]:
     """The table replicated on every device, replica k pinned to device k."""
     return [replica(table, num_devices, k) for k in range(num_devices)]
+
+
+def split_piece(piece: TablePiece, ways: int) -> list[TablePiece] | None:
+    """The piece's columns in `ways` equal slices, or None when slices would not be multiples of 4 or
+    the piece is a row-wise block, a replica or in a constraints group."""
+    start, width = piece.columns[0], piece.width
+    if width % (4 * ways) or piece.rows is not None or piece.replicated or piece.group is not None:
+        return None
+    step = width // ways
+    return [piece.model_copy(update={"columns": (start + k * step, start + (k + 1) * step)}) for k in range(ways)]

@@ -4,8 +4,8 @@
 largest first, and each step takes one of the current piece's options (`Option`): the piece whole
 on one of its candidate devices, or, for a table that dominates the task (its predicted cost alone
 at least `SPLIT_SHARE` of the task's lower bound) or that no device holds whole, a split as
-TorchRec's vocabulary has it: column-wise (two halves, which the next two steps place, never on
-one device), row-wise (a block on every device) or table-row-wise (a block on every device of one
+TorchRec's vocabulary has it: column-wise (in halves, and on 4 devices or more in quarters, which
+the next steps place, never two on one device), row-wise (a block on every device) or table-row-wise (a block on every device of one
 host, one option per host of the `SPLIT_HOSTS` least loaded); where a row-wise set of collectives
 already runs, the row-wise splits to later tables too (`PlacementState._splits_offered`). Observations are a row per option,
 built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost models'
@@ -40,7 +40,7 @@ from shard_ray.costmodel.pricing import Pricer, host_reduce, single_costs
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.enumerator import pieces_to_place, table_options
 from shard_ray.plan.memory import MemoryLedger
-from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece, row_wise, table_row_wise
+from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece, row_wise, split_piece, table_row_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.workload.tables import TableSpec
@@ -57,7 +57,7 @@ SPLIT_SHARE = 1.0
 SPLIT_TABLES = 16
 # Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
 SPLIT_HOSTS = 4
-MAX_SPLIT_OPTIONS = 2 + SPLIT_HOSTS
+MAX_SPLIT_OPTIONS = 3 + SPLIT_HOSTS
 # The sets of collectives a table may join by splitting by rows where one already runs (`_splits_offered`).
 _ROW_KINDS = [COLLECTIVE_TYPES.index(kind) for kind in ("row_wise", "table_row_wise")]
 
@@ -345,6 +345,9 @@ class PlacementState:
                 options = table_options(table, topology, allowed=offered)
                 if "column_wise" in options:
                     self._splits.append((Option(split="column_wise"), self._price_halves(options["column_wise"])))
+                    quarters = split_piece(self.piece, 4)
+                    if quarters is not None and topology.num_devices >= 4:
+                        self._splits.append((Option(split="column_wise"), self._price_halves(quarters)))
                 if "row_wise" in options:
                     blocks = options["row_wise"]
                     self._splits.append((Option(split="row_wise"), self._price_split(blocks)))
@@ -444,7 +447,7 @@ class PlacementState:
         devices = self._choose_candidates(mask)
         rows, _ = self._rows_if(half, devices)
         order = np.argsort(np.where(mask[devices], rows.sum(axis=1), np.inf), kind="stable")
-        return self._price_split(halves, devices[order[:2]])
+        return self._price_split(halves, devices[order[: len(halves)]])
 
     def _price_split(self, pieces: list[TablePiece], devices: np.ndarray | None = None) -> _Split:
         """Every device's predicted step were `pieces` put on `devices` (default: each pinned one's device), one a

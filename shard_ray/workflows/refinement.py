@@ -48,7 +48,7 @@ import numpy as np
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.memory import MemoryLedger
-from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
+from shard_ray.plan.piece import TablePiece, row_wise, split_piece, table_row_wise
 from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
@@ -315,8 +315,6 @@ def propose(
     """The models' best `config.refine_proposals` moves off the measured slowest device that fit in memory and lead
     to none of the layouts `taken` before: (pieces, assignment, the move in words), the best `unloading` by the
     simulated device costs first."""
-    from shard_ray.placement.search import split_piece
-
     topology = pricer.topology
     sizes = pricer.sizes(pieces)
     slowest = int(np.argmax(costs))
