@@ -5,11 +5,12 @@ largest first, and each step takes one of the current piece's options (`Option`)
 on one of its candidate devices, or, for a table that dominates the task (its predicted cost alone
 at least `SPLIT_SHARE` of the task's lower bound) or that no device holds whole, a split as
 TorchRec's vocabulary has it: column-wise (in halves, and on 4 devices or more in quarters, which
-the next steps place, never two on one device), row-wise (a block on every device) or table-row-wise (a block on every device of one
-host, one option per host of the `SPLIT_HOSTS` least loaded); where a row-wise set of collectives
-already runs, the row-wise splits to later tables too (`PlacementState._splits_offered`). Observations are a row per option,
-built from the shared feature extractor (`shard_ray.costmodel.features`) and the cost models'
-predictions, so no hardware runs inside the RL loop. The same state drives training
+the next steps place, never two on one device), row-wise (a block on every device) or
+table-row-wise (a block on every device of one host, one option per host of the `SPLIT_HOSTS`
+least loaded); where a row-wise set of collectives already runs, the row-wise splits to later
+tables too (`PlacementState._splits_offered`). Observations are a row per option, built from the
+shared feature extractor (`shard_ray.costmodel.features`) and the cost models' predictions, so no
+hardware runs inside the RL loop. The same state drives training
 (`PlacementEnv`, drawing a task per episode) and inference (`shard_ray.policy.decode`).
 
 Prices: each sharding type present runs its own set of all-to-alls, as `Pricer.device_parts`
@@ -169,7 +170,7 @@ class PlacementState:
         pieces = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
         singles = single_costs(self.pricer, pieces)
         order = np.lexsort((-singles, [not p.restricted for p in pieces]))  # pieces with fixed devices first
-        self.queue = [pieces[i] for i in order]  # the pieces in placing order; a column split queues its halves
+        self.queue = [pieces[i] for i in order]  # the pieces in placing order; a column split queues its slices
         self.queue_singles = [float(singles[i]) for i in order]
         self.position = 0  # the current piece's place in the queue
         self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
@@ -233,7 +234,7 @@ class PlacementState:
 
     def action_mask(self) -> np.ndarray:
         """Devices with room for the current piece, among those it may go to (one, for a row block), holding none of
-        its table (two column halves on one device would run its lookups twice)."""
+        its table (two column slices on one device would run its lookups twice)."""
         current = self._current()
         mask = self.ledger.room(current.need) & current.allowed
         holding = self.holding.get(self.piece.table.name)
@@ -344,10 +345,10 @@ class PlacementState:
                 table, topology = self.piece.table, self.topology
                 options = table_options(table, topology, allowed=offered)
                 if "column_wise" in options:
-                    self._splits.append((Option(split="column_wise"), self._price_halves(options["column_wise"])))
+                    self._splits.append((Option(split="column_wise"), self._price_slices(options["column_wise"])))
                     quarters = split_piece(self.piece, 4)
                     if quarters is not None and topology.num_devices >= 4:
-                        self._splits.append((Option(split="column_wise"), self._price_halves(quarters)))
+                        self._splits.append((Option(split="column_wise"), self._price_slices(quarters)))
                 if "row_wise" in options:
                     blocks = options["row_wise"]
                     self._splits.append((Option(split="row_wise"), self._price_split(blocks)))
@@ -388,7 +389,7 @@ class PlacementState:
         for (described, device), single in zip(added, alone.sum(axis=1).tolist()):
             free[device] -= described.need
             loads[device] += single
-        rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, halves when queued
+        rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, slices when queued
         heap = _heap_of(loads)
         for piece, single in zip(rest, self.queue_singles[self.position + 1 :]):
             described = self._pieces[piece.key]
@@ -439,15 +440,16 @@ class PlacementState:
         of_kind += np.bincount(kinds, minlength=len(of_kind))
         return widths, inputs, host_sums, of_kind
 
-    def _price_halves(self, halves: list[TablePiece]) -> _Split:
-        """The column halves on the two candidate devices where each half alone would make the lowest total."""
-        self._describe(halves)
-        half = self._pieces[halves[0].key]
-        mask = self.ledger.room(half.need)
+    def _price_slices(self, slices: list[TablePiece]) -> _Split:
+        """The column slices on the candidate devices where each slice alone would make the lowest total, one a
+        device."""
+        self._describe(slices)
+        one = self._pieces[slices[0].key]
+        mask = self.ledger.room(one.need)
         devices = self._choose_candidates(mask)
-        rows, _ = self._rows_if(half, devices)
+        rows, _ = self._rows_if(one, devices)
         order = np.argsort(np.where(mask[devices], rows.sum(axis=1), np.inf), kind="stable")
-        return self._price_split(halves, devices[order[: len(halves)]])
+        return self._price_split(slices, devices[order[: len(slices)]])
 
     def _price_split(self, pieces: list[TablePiece], devices: np.ndarray | None = None) -> _Split:
         """Every device's predicted step were `pieces` put on `devices` (default: each pinned one's device), one a
@@ -564,8 +566,8 @@ class PlacementState:
         option, split = self.splits()[slot - len(candidates)]
         if not split.fits:
             raise ShardRayError(f"{self.piece.describe()} split {option.split} does not fit beside the rest")
-        if option.split == "column_wise":  # the halves are the next two steps' pieces
-            self._queue_halves(split.pieces)
+        if option.split == "column_wise":  # the slices are the next steps' pieces
+            self._queue_slices(split.pieces)
             return 0.0
         for piece, device in zip(split.pieces, split.devices):
             self._put(piece, int(device))
@@ -574,12 +576,12 @@ class PlacementState:
         self.kind_comm, self.host_ms, self.comm_ms = split.priced
         return self._advance()
 
-    def _queue_halves(self, halves: list[TablePiece]) -> None:
-        singles = single_costs(self.pricer, halves)
+    def _queue_slices(self, slices: list[TablePiece]) -> None:
+        singles = single_costs(self.pricer, slices)
         i = self.position
         self.singles_left += float(singles.sum()) - self.queue_singles[i]
         self.singles_total += float(singles.sum()) - self.queue_singles[i]
-        self.queue[i : i + 1] = halves
+        self.queue[i : i + 1] = slices
         self.queue_singles[i : i + 1] = [float(s) for s in singles]
         self._candidates = self._what_if = self._splits = None
 
