@@ -1,7 +1,7 @@
 """Placing a task with a trained policy: greedy decoding, sampling, and rescue sampling.
 
-Greedy decoding takes each step's most likely option (the first of a tie); with `samples` > 0 it also draws that
-many plans from the policy and keeps the one the cost models price lowest. Should every one of
+Greedy decoding takes each step's most likely option (the first of a tie); with `samples` > 0 it
+also draws that many plans from the policy and keeps the one the cost models price lowest. Should every one of
 them get stuck (a table fits on no device), it goes on sampling, up to `RESCUE_SAMPLES` plans,
 until one fits. No Ray: the policy runs in the caller's process.
 """
