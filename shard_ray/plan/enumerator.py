@@ -10,7 +10,16 @@ from collections.abc import Sequence
 
 from shard_ray.errors import InfeasibleError
 from shard_ray.plan.constraints import Constraints
-from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, data_parallel, replica, row_block, row_wise, table_row_wise
+from shard_ray.plan.piece import (
+    SHARDING_TYPES,
+    TablePiece,
+    data_parallel,
+    replica,
+    row_block,
+    row_wise,
+    split_piece,
+    table_row_wise,
+)
 from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
@@ -55,7 +64,7 @@ def table_options(
         "row_wise": lambda: row_wise(table, d),
         # host 0's blocks; the search tries the table on other hosts (`shard_ray.placement.options`)
         "table_row_wise": lambda: table_row_wise(table, local, 0),
-        "column_wise": lambda: [whole.model_copy(update={"columns": (k * half, (k + 1) * half)}) for k in range(2)],
+        "column_wise": lambda: split_piece(whole, 2),
         "data_parallel": lambda: data_parallel(table, d),
     }
     possible = {
