@@ -459,6 +459,34 @@ def test_tables_join_the_row_wise_set_a_table_too_big_for_any_device_starts(mode
     assert placed_ms <= 1.02 * simulator.plan_cost(searched, tables, topology.batch_size).cost_ms
 
 
+def test_a_later_dominant_table_does_not_hide_what_splitting_an_earlier_one_saves(models):
+    """A hand-written task on 16 devices with two tables that dominate it, and 40 small ones. A split's price is the
+    plan finished greedily after it; with the second table put whole there, its cost alone was the finished plan's
+    whatever the first step chose, and the untrained prior kept both tables whole. The finish also prices the later
+    table split (`PlacementState.finish`), and the prior now puts the first table in column quarters, priced below
+    the plan that starts by putting it whole (the plan before the change: both whole, 6.95x the bound)."""
+    tables = [
+        TableSpec(name="first", rows=2_000_000, dim=64, pooling_factor=100.0),
+        TableSpec(name="later", rows=2_000_000, dim=128, pooling_factor=60.0),
+        *(TableSpec(name=f"small_{i}", rows=200_000, dim=32, pooling_factor=4.0) for i in range(40)),
+    ]
+    topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.5))
+    torch.manual_seed(0)
+    scorer = DecodingScorer(OptionScorer())
+
+    def greedy_from(state: PlacementState) -> PlacementState:
+        while not state.done:
+            state.take(best_option(scorer.logits(state.observation())))
+        return state
+
+    split = greedy_from(PlacementState(tables, topology, models))
+    first = [s for s in split.plan("dreamshard").shards if s.table == "first"]
+    assert sorted(s.columns for s in first) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    whole = PlacementState(tables, topology, models)
+    whole.take(0)  # the first table whole on the first candidate: at the first step every device is empty
+    assert split.cost < greedy_from(whole).cost
+
+
 def test_the_policy_splits_a_table_in_quarters_where_halves_still_dominate(models, tmp_path):
     """MLPerf DLRM-DCNv2's shapes on 8 devices: a half of its table of pooling factor 100 still costs two thirds of
     the whole (priced alone 10.4 of 15.8 ms: lookups, not columns, cost there), and the untrained network's prior

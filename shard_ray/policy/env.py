@@ -156,6 +156,20 @@ def _least_loaded_with_room(
     return found
 
 
+def _distinct_least_loaded(
+    heap: list[tuple[float, int]], loads: list[float], free: list[int], pieces: list[_Piece]
+) -> list[tuple[_Piece, int]] | None:
+    """Each of `pieces` on the least loaded device with room for it, never two on one (`_least_loaded_with_room`:
+    the devices found are taken off `heap`); None where one finds none."""
+    taken = []
+    for piece in pieces:
+        device = _least_loaded_with_room(heap, loads, free, piece)
+        if device is None:
+            return None
+        taken.append((piece, device))
+    return taken
+
+
 class PlacementState:
     """One task being placed piece by piece under the cost models; each step scores `options()`."""
 
@@ -176,6 +190,7 @@ class PlacementState:
         self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
         self.singles_total = self.singles_left
         self._pieces: dict[tuple, _Piece] = {}
+        self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}  # `_finishing_slices`'
         self._describe(self.queue)
         self.lower_bound = lower_bound_ms(models, tables, topology)
         self.task_width = float(sum(t.dim for t in tables))
@@ -377,10 +392,26 @@ class PlacementState:
         return int(self.candidates()[next(k for k in order if mask[k])])
 
     def finish(self, pieces: list[TablePiece], devices: np.ndarray) -> float:
+        """The predicted cost of the plan with `pieces` on `devices`, finished greedily (`_finish`): the lower of the
+        later pieces each put whole and, where a later table dominates the task, those tables split in column slices.
+        Put whole, such a table's cost alone is the finished plan's cost whatever comes before it, so that every
+        earlier choice would be priced alike (a table halved where quarters were cheaper, say); split always, a
+        later table would pay a set of collectives its own step may not choose (beside a row-wise set, say)."""
+        later = self.queue_singles[self.position + 1 :]
+        dominant = max(later, default=0.0)
+        if dominant < SPLIT_SHARE * self.lower_bound:
+            return self._finish(pieces, devices, split_later=False)
+        split = self._finish(pieces, devices, split_later=True)
+        # Put whole, the costliest later table alone prices the finished plan at least that (the models are monotone
+        # in what a device holds): a split finish below it is the lower one, without pricing the other.
+        return split if split < dominant else min(split, self._finish(pieces, devices, split_later=False))
+
+    def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: bool) -> float:
         """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
         turn, on the device with room whose predicted step so far (its pieces' costs alone added) is lowest, a table
-        with room nowhere row-wise: how a split's price shows past its own step (its sets of collectives every device
-        pays, whatever comes next)."""
+        with room nowhere row-wise, and with `split_later` a table that dominates the task in column quarters (else
+        halves, `_finishing_slices`), one a device, on the least loaded with room: how a split's price shows past its
+        own step (its sets of collectives every device pays, whatever comes next)."""
         d = self.topology.num_devices
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
@@ -393,6 +424,18 @@ class PlacementState:
         heap = _heap_of(loads)
         for piece, single in zip(rest, self.queue_singles[self.position + 1 :]):
             described = self._pieces[piece.key]
+            split = split_later and single >= SPLIT_SHARE * self.lower_bound
+            slices, singles = self._finishing_slices(piece) if split else ([], [])
+            taken = _distinct_least_loaded(heap, loads, free, [self._pieces[s.key] for s in slices]) if slices else None
+            if taken is not None:
+                for (sliced, device), alone in zip(taken, singles):
+                    loads[device] += alone
+                    free[device] -= sliced.need
+                    heapq.heappush(heap, (loads[device], device))
+                added.extend(taken)
+                continue
+            if slices:  # a slice found no room: the devices taken off the heap go back, the table whole
+                heap = _heap_of(loads)
             device = _least_loaded_with_room(heap, loads, free, described)
             if device is not None:
                 loads[device] += single
@@ -423,6 +466,20 @@ class PlacementState:
         counts = self.counts.index_add(0, at, torch.ones(len(added)))
         _, _, comm = self._collectives(*self._loads_with(added))
         return float((self.models.compute_from_sums(sums, counts).sum(axis=1) + comm).max())
+
+    def _finishing_slices(self, piece: TablePiece) -> tuple[list[TablePiece], list[float]]:
+        """How `_finish` splits a later piece that dominates the task (offered the splits when its step comes,
+        `_splits_offered`), and each slice's predicted cost alone: a whole table in column quarters on 4 devices or
+        more, else halves, described; none for a piece of a table or where its columns do not split so."""
+        whole = piece.rows is None and piece.columns == (0, piece.table.dim) and not piece.replicated
+        if not whole or piece.restricted:
+            return [], []
+        if piece.key not in self._later_slices:
+            slices = (split_piece(piece, 4) if self.topology.num_devices >= 4 else None) or split_piece(piece, 2) or []
+            self._describe(slices)
+            singles = single_costs(self.pricer, slices).tolist() if slices else []
+            self._later_slices[piece.key] = (slices, singles)
+        return self._later_slices[piece.key]
 
     def _loads_with(self, added: list[tuple[_Piece, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The collectives' loads (`widths`, `inputs`, `host_sums`, `of_kind`) with the `added` pieces on their devices."""
