@@ -458,6 +458,8 @@ def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ra
         (["--algo", "random", "--incumbent", "x.json"], "--incumbent is the plan --measure races against"),
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
         (["--algo", "cost_search", "--set", "time_budget_s=3"], "use max_evaluations"),
+        (["--algo", "cost_search", "--set", "start=policies"], "start must be one of greedy, policy"),
+        (["--algo", "cost_search", "--policy", "runs/policy"], "give --set start=policy too"),
     ],
 )
 def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsys, table_file, flags, message):

@@ -12,6 +12,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
+from shard_ray.plan.constraints import load_constraints
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
 from shard_ray.policy.decode import best_option
 from shard_ray.policy.env import (
@@ -485,6 +486,38 @@ def test_a_later_dominant_table_does_not_hide_what_splitting_an_earlier_one_save
     whole = PlacementState(tables, topology, models)
     whole.take(0)  # the first table whole on the first candidate: at the first step every device is empty
     assert split.cost < greedy_from(whole).cost
+
+
+def test_cost_search_starting_from_the_policy_keeps_what_the_policy_found(models, tmp_path):
+    """cost_search with `start=policy` begins its beam from the shipped policy's plan beside the greedy grid's: on the
+    hand-written task above, where the grid keeps both dominant tables whole, its plan is priced no higher than the
+    policy's and below its own from the grid alone; with a constraints file (which the policy does not take) the
+    start is refused in one line."""
+    tables = [
+        TableSpec(name="first", rows=2_000_000, dim=64, pooling_factor=100.0),
+        TableSpec(name="later", rows=2_000_000, dim=128, pooling_factor=60.0),
+        *(TableSpec(name=f"small_{i}", rows=200_000, dim=32, pooling_factor=4.0) for i in range(40)),
+    ]
+    topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.5))
+    simulator = Simulator(models)
+
+    def priced(plan) -> float:
+        return simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
+
+    from_grid = place("cost_search", tables, topology)
+    from_policy = place("cost_search", tables, topology, settings={"start": "policy"})
+    assert priced(from_policy) <= priced(place("dreamshard", tables, topology))
+    assert priced(from_policy) < priced(from_grid)
+    constraints = tmp_path / "constraints.json"
+    constraints.write_text(json.dumps({"tables": {"first": {"types": ["table_wise"]}}}))
+    with pytest.raises(ShardRayError, match="takes no constraints file"):
+        place(
+            "cost_search",
+            tables,
+            topology,
+            settings={"start": "policy"},
+            constraints=load_constraints(str(constraints)),
+        )
 
 
 def test_the_policy_splits_a_table_in_quarters_where_halves_still_dominate(models, tmp_path):

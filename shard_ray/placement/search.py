@@ -40,6 +40,8 @@ from shard_ray.plan.plan import Plan, SearchReport
 from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
+# Where cost_search's beam may start (`SearchConfig.start`).
+STARTS = ("greedy", "policy")
 # cost_search's budget in model evaluations: the searches of the public model shapes at 2 devices
 # finish within it, and thousands of tables on hundreds of devices take 7-12 s on one AMD EPYC core.
 MAX_EVALUATIONS = 300_000
@@ -68,9 +70,17 @@ class SearchConfig(SearchBudget):
     # beam expansion stops at 50%, local search of the beam at 70%, the sharding types' choice (and a
     # last local search) at 100%; a phase the settings leave out gives its share to the one before.
     max_evaluations: int | None = MAX_EVALUATIONS
+    # Where the beam starts: the greedy grid's plan ("greedy", NeuroShard's start), or that and the DreamShard
+    # policy's greedy plan ("policy": `policy`'s, else the shipped one), the beam keeping the cheaper first.
+    start: str = "greedy"
+    policy: str | None = None
 
     def check(self) -> None:
         super().check()
+        if self.start not in STARTS:
+            raise ShardRayError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
+        if self.policy is not None and self.start != "policy":
+            raise ShardRayError("a policy is what start=policy starts from: give --set start=policy too")
         if not self.scales or any(not s > 0 for s in self.scales):
             raise ShardRayError(f"scales must be positive numbers, got {list(self.scales)}")
         if self.beam_width < 1 or self.branching < 1:
@@ -386,13 +396,21 @@ def beam_search(
     expand_share = 0.5 if config.local_search_steps or choosing_types else 1.0
     start_until, expand_until = spending.until(0.3), spending.until(expand_share)
     refine_until, last = spending.until(0.7 if choosing_types else 1.0), spending.until(1.0)
-    start = packed_start(
-        pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints, start_until
-    )
+    if config.start == "policy" and constraints is not None:
+        raise ShardRayError(
+            "start=policy starts from the DreamShard policy's plan, which takes no constraints file: leave the "
+            "constraints out or start from the greedy grid (start=greedy)"
+        )
+    starts = [
+        packed_start(pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints, start_until)
+    ]
+    if config.start == "policy":
+        starts += policy_start(pricer, tables, config.policy)
+    starts.sort(key=lambda c: c.cost)
     progress = _Progress(spending, name)
-    progress.show("greedy start", start.cost)
+    progress.show("start", starts[0].cost)
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
-    beam, everything, seen = [start], [start], {_signature(start.pieces)}
+    beam, everything, seen = starts, list(starts), {_signature(c.pieces) for c in starts}
     for _ in range(config.beam_depth):
         splits = []
         for state in beam:
@@ -434,6 +452,20 @@ def beam_search(
         progress.show("sharding types", best.cost)
     progress.close()
     return joined_columns(pricer, best), spending.cut_short()
+
+
+def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) -> list[Candidate]:
+    """The DreamShard policy's greedy plan (`shard_ray.policy.decode`) as a state of the search: none where it gets
+    stuck (a table fits nowhere)."""
+    from shard_ray.policy.decode import roll_out
+    from shard_ray.policy.network import default_policy_path, load_policy
+
+    network, _ = load_policy(policy or default_policy_path())
+    state = roll_out(network, tables, pricer.topology, pricer.models)
+    if state is None:
+        return []
+    pieces, assign = state.plan("dreamshard").assignment(tables)
+    return [Candidate(pieces, assign, pricer.plan_cost(pieces, assign))]
 
 
 def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
