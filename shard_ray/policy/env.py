@@ -156,6 +156,13 @@ def _least_loaded_with_room(
     return found
 
 
+def _whole_table(piece: TablePiece) -> bool:
+    """Whether `piece` is its table whole, sharded nowhere yet and free to be split (no constraints file pins it)."""
+    return (
+        piece.rows is None and piece.columns == (0, piece.table.dim) and not piece.replicated and not piece.restricted
+    )
+
+
 def _distinct_least_loaded(
     heap: list[tuple[float, int]], loads: list[float], free: list[int], pieces: list[_Piece]
 ) -> list[tuple[_Piece, int]] | None:
@@ -338,8 +345,7 @@ class PlacementState:
         any device went row-wise, say), the row-wise ones, so that a table may join that set rather than keep a set
         of its own going beside it; none to a piece of a table."""
         piece = self.piece
-        whole = piece.rows is None and piece.columns == (0, piece.table.dim) and not piece.replicated
-        if self.topology.num_devices == 1 or not whole or piece.restricted:
+        if self.topology.num_devices == 1 or not _whole_table(piece):
             return ()
         if not self.action_mask().any():
             return SPLITS
@@ -471,8 +477,7 @@ class PlacementState:
         """How `_finish` splits a later piece that dominates the task (offered the splits when its step comes,
         `_splits_offered`), and each slice's predicted cost alone: a whole table in column quarters on 4 devices or
         more, else halves, described; none for a piece of a table or where its columns do not split so."""
-        whole = piece.rows is None and piece.columns == (0, piece.table.dim) and not piece.replicated
-        if not whole or piece.restricted:
+        if not _whole_table(piece):
             return [], []
         if piece.key not in self._later_slices:
             slices = (split_piece(piece, 4) if self.topology.num_devices >= 4 else None) or split_piece(piece, 2) or []
