@@ -460,17 +460,23 @@ def test_tables_join_the_row_wise_set_a_table_too_big_for_any_device_starts(mode
     assert placed_ms <= 1.02 * simulator.plan_cost(searched, tables, topology.batch_size).cost_ms
 
 
+def two_dominant_tables() -> list[TableSpec]:
+    """A hand-written task: two tables that dominate it on 16 devices (the second after the first, by cost alone) and
+    40 small ones."""
+    return [
+        TableSpec(name="first", rows=2_000_000, dim=64, pooling_factor=100.0),
+        TableSpec(name="later", rows=2_000_000, dim=128, pooling_factor=60.0),
+        *(TableSpec(name=f"small_{i}", rows=200_000, dim=32, pooling_factor=4.0) for i in range(40)),
+    ]
+
+
 def test_a_later_dominant_table_does_not_hide_what_splitting_an_earlier_one_saves(models):
     """A hand-written task on 16 devices with two tables that dominate it, and 40 small ones. A split's price is the
     plan finished greedily after it; with the second table put whole there, its cost alone was the finished plan's
     whatever the first step chose, and the untrained prior kept both tables whole. The finish also prices the later
     table split (`PlacementState.finish`), and the prior now puts the first table in column quarters, priced below
     the plan that starts by putting it whole (the plan before the change: both whole, 6.95x the bound)."""
-    tables = [
-        TableSpec(name="first", rows=2_000_000, dim=64, pooling_factor=100.0),
-        TableSpec(name="later", rows=2_000_000, dim=128, pooling_factor=60.0),
-        *(TableSpec(name=f"small_{i}", rows=200_000, dim=32, pooling_factor=4.0) for i in range(40)),
-    ]
+    tables = two_dominant_tables()
     topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.5))
     torch.manual_seed(0)
     scorer = DecodingScorer(OptionScorer())
@@ -493,11 +499,7 @@ def test_cost_search_starting_from_the_policy_keeps_what_the_policy_found(models
     hand-written task above, where the grid keeps both dominant tables whole, its plan is priced no higher than the
     policy's and below its own from the grid alone; with a constraints file (which the policy does not take) the
     start is refused in one line."""
-    tables = [
-        TableSpec(name="first", rows=2_000_000, dim=64, pooling_factor=100.0),
-        TableSpec(name="later", rows=2_000_000, dim=128, pooling_factor=60.0),
-        *(TableSpec(name=f"small_{i}", rows=200_000, dim=32, pooling_factor=4.0) for i in range(40)),
-    ]
+    tables = two_dominant_tables()
     topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.5))
     simulator = Simulator(models)
 
