@@ -247,6 +247,35 @@ def test_cost_search_splits_the_costliest_table_where_the_tables_only_just_pack_
     assert "cat_20" in split, split
 
 
+def test_cost_search_splits_every_table_that_dominates_the_task_at_once(capsys, tmp_path):
+    """Five like tables, each alone above an even share of the task, among 40 small ones on 16 devices (a file
+    written by hand): splitting one of them prices no lower while the next still sets the plan's cost, so the beam, a
+    split a level, kept all five whole; packed with all five split at once, they are halved and the plan is priced
+    lower. `--set split_dominant=false` is the beam alone."""
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.simulator import Simulator
+
+    tables_file = tmp_path / "five_dominant.json"
+    big = [f'{{"name": "big{i}", "rows": 100000, "dim": 128, "pooling_factor": 40}}' for i in range(5)]
+    small = [f'{{"name": "small{i}", "rows": 10000, "dim": 16, "pooling_factor": 2}}' for i in range(40)]
+    tables_file.write_text('{"tables": [\n' + ",\n".join(big + small) + "\n]}\n")
+    tables = load_tables(tables_file)
+    simulator = Simulator(CostModels.load(default_cost_model_path()))
+    plans = {}
+    for name, flags in (("split", []), ("beam", ["--set", "split_dominant=false"])):
+        out = tmp_path / f"{name}.json"
+        result = shard_ray_here(
+            capsys, "plan", "--tables", str(tables_file), "--devices", "16", "--memory-gb", "1",
+            "--algo", "cost_search", *flags, "--out", str(out),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        plans[name] = load_plan(out)
+    assert {plans["beam"].tables[f"big{i}"].type for i in range(5)} == {"table_wise"}
+    assert {plans["split"].tables[f"big{i}"].type for i in range(5)} == {"column_wise"}
+    priced = {name: simulator.plan_cost(plan, tables, 1024).cost_ms for name, plan in plans.items()}
+    assert priced["split"] < 0.9 * priced["beam"], priced
+
+
 def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tables):
     """As TorchRec runs a set of collectives for each sharding type a plan uses, so do the gang's step and the
     pricing: a plan mixing types pays each set, and each set beyond the first its overhead (a plan of table-wise

@@ -9,8 +9,9 @@ costliest tables reruns the greedy for each candidate split and keeps the best `
 `cost_search` (ours) adds what the published search leaves out: splits into halves and
 quarters, splits by rows (a table row-wise over every device, the rest re-packed as the greedy
 start packs, so several large tables can go row-wise together where one alone would not fit beside
-the others whole), and local search (moves and swaps off the slowest device, judged by the simulated
-cost of the whole plan) on the final beam's states, all within a budget of model evaluations
+the others whole), the tables packed with every one that dominates the task split at once, and local
+search (moves and swaps off the slowest device, judged by the simulated cost of the whole plan) on the
+best of the final beam's states and that packing, all within a budget of model evaluations
 (`shard_ray.placement.budget`), so that a plan is the same on an idle or a busy machine.
 
 Pricing is incremental (`shard_ray.costmodel.pricing`).
@@ -74,6 +75,11 @@ class SearchConfig(SearchBudget):
     # policy's greedy plan ("policy": `policy`'s, else the shipped one), the beam keeping the cheaper first.
     start: str = "greedy"
     policy: str | None = None
+    # The tables packed with every one that dominates the task split by columns at once (`dominant_split_packing`)
+    # joins the beam's states as a candidate for local search: the beam, a split a level, does not reach it where
+    # splitting one such table alone prices no lower (each split adds a set of collectives every device pays, while
+    # the next such table still sets the cost).
+    split_dominant: bool = True
 
     def check(self) -> None:
         super().check()
@@ -111,6 +117,7 @@ NEUROSHARD = SearchConfig(
     sharding_types=("table_wise", "column_wise"),
     data_parallel_over_hosts=False,
     max_evaluations=None,
+    split_dominant=False,
 )
 COST_SEARCH = SearchConfig()
 # Searches still running after this many seconds show a progress bar.
@@ -401,15 +408,15 @@ def beam_search(
             "start=policy starts from the DreamShard policy's plan, which takes no constraints file: leave the "
             "constraints out or start from the greedy grid (start=greedy)"
         )
-    starts = [
-        packed_start(pricer, pieces_to_place(tables, pricer.topology, constraints), config, constraints, start_until)
-    ]
+    splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
+    pieces = pieces_to_place(tables, pricer.topology, constraints)
+    starts = [packed_start(pricer, pieces, config, constraints, start_until)]
     if config.start == "policy":
         starts += policy_start(pricer, tables, config.policy)
     starts.sort(key=lambda c: c.cost)
+    split_packing = dominant_split_packing(pricer, pieces, splittable, config, constraints, start_until)
     progress = _Progress(spending, name)
     progress.show("start", starts[0].cost)
-    splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     beam, everything, seen = starts, list(starts), {_signature(c.pieces) for c in starts}
     for _ in range(config.beam_depth):
         splits = []
@@ -438,7 +445,7 @@ def beam_search(
             break
         beam = sorted(children, key=lambda c: c.cost)[: config.beam_width]
         everything += beam
-    finalists = sorted(everything, key=lambda c: c.cost)[: config.beam_width]
+    finalists = sorted(everything + split_packing, key=lambda c: c.cost)[: config.beam_width]
     if config.local_search_steps:
         finalists = [local_search(pricer, c, config.local_search_steps, until=refine_until) for c in finalists]
     best = min(finalists, key=lambda c: c.cost)
@@ -452,6 +459,35 @@ def beam_search(
         progress.show("sharding types", best.cost)
     progress.close()
     return joined_columns(pricer, best), spending.cut_short()
+
+
+def dominant_split_packing(
+    pricer: Pricer,
+    pieces: list[TablePiece],
+    splittable: set[str],
+    config: SearchConfig,
+    constraints: Constraints | None,
+    until: PhaseEnd | None = None,
+) -> list[Candidate]:
+    """The greedy grid's plan (`packed_start`) with every piece that dominates the task split by columns at once: a
+    piece whose cost alone is at least an even share of all pieces' (their sum over the devices), of a table
+    `splittable`, in the fewest of `config.split_ways` that bring each slice under that share, else the most. None
+    where `config.split_dominant` is off, no piece dominates or the split pieces do not pack."""
+    if not config.split_dominant:
+        return []
+    singles = single_costs(pricer, pieces)
+    share = float(singles.sum()) / pricer.topology.num_devices
+    split: list[TablePiece] = []
+    for piece, single in zip(pieces, singles.tolist()):
+        ways = [w for w in sorted(config.split_ways) if single / w < share] or [max(config.split_ways)]
+        slices = split_piece(piece, ways[0]) if single >= share and piece.table.name in splittable else None
+        split += slices or [piece]
+    if len(split) == len(pieces):
+        return []
+    try:
+        return [packed_start(pricer, split, config, constraints, until)]
+    except InfeasibleError:
+        return []
 
 
 def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) -> list[Candidate]:
