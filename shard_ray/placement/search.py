@@ -392,9 +392,10 @@ def beam_search(
     """Split search: each level splits one of the costliest pieces of each beam state by columns (or,
     where `config.sharding_types` has row-wise, a whole table by rows) and re-packs the rest.
 
-    With local search configured, it refines the final beam's states and keeps the best; then each
-    table's sharding type is chosen among `config.sharding_types` on the simulated cost. Returns the
-    best plan and why the budget cut the search short (None when it finished).
+    With local search configured, it refines the best of the states the beam reached and, with
+    `config.split_dominant`, the packing of every dominant table split (`dominant_split_packing`), and
+    keeps the best; then each table's sharding type is chosen among `config.sharding_types` on the
+    simulated cost. Returns the best plan and why the budget cut the search short (None when it finished).
     """
     spending = Spending(pricer, config)
     types = config.types_for(pricer.topology)
@@ -479,8 +480,10 @@ def dominant_split_packing(
     share = float(singles.sum()) / pricer.topology.num_devices
     split: list[TablePiece] = []
     for piece, single in zip(pieces, singles.tolist()):
-        ways = [w for w in sorted(config.split_ways) if single / w < share] or [max(config.split_ways)]
-        slices = split_piece(piece, ways[0]) if single >= share and piece.table.name in splittable else None
+        slices = None
+        if single >= share and piece.table.name in splittable:
+            fewest = next((w for w in sorted(config.split_ways) if single / w < share), max(config.split_ways))
+            slices = split_piece(piece, fewest)
         split += slices or [piece]
     if len(split) == len(pieces):
         return []
