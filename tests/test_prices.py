@@ -30,8 +30,24 @@ REFERENCE_FILES = ("ranking_model.json",)
 # A gang's measurement of the same plans moves with the machine, both ways: a gang once measured both plans 1.2x,
 # once 1.75x, slower than the others; on the AMD EPYC eight gangs in a row measured the ranking model's cost_search
 # plan at 7.9-9.0 ms and one of them at 6.6 ms (priced 1.27x, as a CI run met it). The models are fitted to typical
-# gangs, so the median of three gangs judges, of five where it misses.
+# gangs, so the median of three gangs judges. Where it misses, two more gangs and the second fastest of the five: a
+# host taking CPU time only slows gangs, and CI's run of 2026-12-02 measured that plan at 8.2 and 8.5 ms in two gangs,
+# 10.8 in one and 15.1 and 19.3 ms in two (both plans slow together), whose median priced it 0.72x; the second
+# fastest of five outvotes one fast gang as it does two slow ones.
 GANGS, MORE_GANGS = 3, 2
+
+
+def judged_steps(measured: list[list[float]]) -> np.ndarray:
+    """Each plan's step as the test judges it from the gangs' measurements (one row per gang): the median of three,
+    the second fastest of five."""
+    if len(measured) <= GANGS:
+        return np.median(measured, axis=0)
+    return np.sort(measured, axis=0)[1]
+
+
+def cpu_times() -> np.ndarray:
+    """The host's CPU time so far as /proc/stat counts it (user, nice, system, idle, iowait, irq, softirq, steal)."""
+    return np.array(Path("/proc/stat").read_text().split("\n")[0].split()[1:9], dtype=float)
 
 
 def measure_in_gangs(plans, tables, topology, gangs: int) -> list[list[float]]:
@@ -73,15 +89,18 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_where_doctor_
         topology = Topology(num_devices=2, memory_bytes=memory_cap_with_headroom(tables, 2, 1.5))
         plans = [place(algo, tables, topology, seed=0) for algo in ("cost_search", "size_greedy")]
         priced = np.array([simulator.plan_cost(plan, tables, topology.batch_size).cost_ms for plan in plans])
+        before = cpu_times()
         measured = measure_in_gangs(plans, tables, topology, GANGS)
-        ratios = priced / np.median(measured, axis=0)
+        ratios = priced / judged_steps(measured)
         if not all(expected(ratio) for ratio in ratios):
             measured += measure_in_gangs(plans, tables, topology, MORE_GANGS)
-            ratios = priced / np.median(measured, axis=0)
+            ratios = priced / judged_steps(measured)
+        spent = cpu_times() - before
         for plan, ratio in zip(plans, ratios):
             assert expected(ratio), (
                 f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement, not {claim} (the microbenchmark "
-                f"{speed:.2f}x; gangs measured {np.round(measured, 2).tolist()} ms)"
+                f"{speed:.2f}x; gangs measured {np.round(measured, 2).tolist()} ms; the host stole "
+                f"{spent[7] / spent.sum():.0%} of the CPU time meanwhile)"
             )
 
 
