@@ -112,6 +112,7 @@ class _Piece(NamedTuple):
     host_sum: float
     need: int
     allowed: np.ndarray
+    anywhere: bool  # `allowed` holds every device
     kind: int
     features: np.ndarray
 
@@ -199,6 +200,7 @@ class PlacementState:
         self._pieces: dict[tuple, _Piece] = {}
         self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}  # `_finishing_slices`'
         self._describe(self.queue)
+        self.queue_described = [self._pieces[p.key] for p in self.queue]  # the queue's pieces as `_describe` has them
         self.lower_bound = lower_bound_ms(models, tables, topology)
         self.task_width = float(sum(t.dim for t in tables))
         d, kinds = topology.num_devices, len(COLLECTIVE_TYPES)
@@ -239,7 +241,7 @@ class PlacementState:
         for k, p in enumerate(new):
             self._pieces[p.key] = _Piece(
                 encodings[k], float(sizes.widths[k]), float(sizes.inputs[k]), float(sizes.host_sums[k]),
-                int(sizes.need[k]), sizes.allowed[k], int(sizes.kinds[k]), features[k],
+                int(sizes.need[k]), sizes.allowed[k], bool(sizes.allowed[k].all()), int(sizes.kinds[k]), features[k],
             )  # fmt: skip
 
     @property
@@ -282,7 +284,9 @@ class PlacementState:
         if len(chosen) > self.max_candidates:
             half = self.max_candidates // 2
             least_loaded = chosen[np.argsort(self._device_totals()[chosen], kind="stable")[:half]]
-            rest = np.setdiff1d(chosen, least_loaded, assume_unique=True)
+            others = np.ones(len(mask), dtype=bool)
+            others[least_loaded] = False
+            rest = chosen[others[chosen]]
             roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: self.max_candidates - half]]
             chosen = np.sort(np.concatenate([least_loaded, roomiest]))
         return chosen
@@ -426,12 +430,28 @@ class PlacementState:
         for (described, device), single in zip(added, alone.sum(axis=1).tolist()):
             free[device] -= described.need
             loads[device] += single
-        rest = self.queue[self.position + 1 :]  # described: the task's pieces at the start, slices when queued
+        later = self.position + 1
         heap = _heap_of(loads)
-        for piece, single in zip(rest, self.queue_singles[self.position + 1 :]):
-            described = self._pieces[piece.key]
-            split = split_later and single >= SPLIT_SHARE * self.lower_bound
-            slices, singles = self._finishing_slices(piece) if split else ([], [])
+        dominates = SPLIT_SHARE * self.lower_bound if split_later else math.inf
+        replace, append = heapq.heapreplace, added.append  # the loop's calls, looked up once
+        for piece, described, single in zip(
+            self.queue[later:], self.queue_described[later:], self.queue_singles[later:]
+        ):
+            # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
+            load, device = heap[0]
+            need = described.need
+            if (
+                single < dominates
+                and load == loads[device]
+                and free[device] >= need
+                and (described.anywhere or described.allowed[device])
+            ):
+                loads[device] = load = load + single
+                free[device] -= need
+                replace(heap, (load, device))
+                append((described, device))
+                continue
+            slices, singles = self._finishing_slices(piece) if single >= dominates else ([], [])
             taken = _distinct_least_loaded(heap, loads, free, [self._pieces[s.key] for s in slices]) if slices else None
             if taken is not None:
                 for (sliced, device), alone in zip(taken, singles):
@@ -644,6 +664,8 @@ class PlacementState:
         self.singles_left += float(singles.sum()) - self.queue_singles[i]
         self.singles_total += float(singles.sum()) - self.queue_singles[i]
         self.queue[i : i + 1] = slices
+        self._describe(slices)
+        self.queue_described[i : i + 1] = [self._pieces[p.key] for p in slices]
         self.queue_singles[i : i + 1] = [float(s) for s in singles]
         self._candidates = self._what_if = self._splits = None
 
