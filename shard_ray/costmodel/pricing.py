@@ -53,6 +53,9 @@ class Pricer:
             )
         self._encodings: dict[tuple, torch.Tensor] = {}
         self._sizes: dict[tuple, tuple] = {}
+        # On one host, no link shared with other hosts, a device's links' price is the floor `one_host_comm` keeps
+        # already: `comm_rows` and `input_rows` need not price the links again (each step of the policy calls both).
+        self._links_are_floor = topology.num_hosts == 1 and topology.host_link_gbps is None
         # Shards priced by the compute model so far (a call at least `CALL_EVALUATIONS`): the work a
         # search's budget counts.
         self.evaluations = 0
@@ -173,12 +176,16 @@ class Pricer:
     def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
         """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
         one_host = self.one_host_comm(width, total, max_width, devices)
+        if self._links_are_floor:
+            return one_host.sum(axis=1)
         return np.maximum(one_host, self.link_rows(width, total, devices)).sum(axis=1)
 
     def input_rows(self, inputs: np.ndarray, total: float, max_inputs: np.ndarray, devices: int) -> np.ndarray:
         """Predicted input all-to-all ms of devices receiving `inputs` float columns per sample, of `total` in all."""
         one_host = self.one_host_comm(inputs, total, max_inputs, devices, floor_phases=(1, 1))[:, 0]
-        return np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1]) + self.input_overhead(devices)
+        if not self._links_are_floor:
+            one_host = np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1])
+        return one_host + self.input_overhead(devices)
 
     def input_overhead(self, devices: int) -> float:
         """What a device's input all-to-all costs beyond its bytes' (`CostModels.input_overhead_ms`); none alone."""
