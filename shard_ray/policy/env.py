@@ -695,7 +695,11 @@ class PlacementState:
             row, own = rows[0], owns[0]
         self._put(self.piece, device)
         self.compute_ms[device] = row[:2]
-        self.widths, self.inputs, self.host_sums, self.of_kind = self._loads_with([(current, device)])
+        # the collectives' loads with the piece added, in place (`_loads_with` copies them, for what-ifs)
+        self.widths[current.kind, device] += current.width
+        self.inputs[current.kind, device] += current.input
+        self.host_sums[device] += current.host_sum
+        self.of_kind[current.kind] += 1
         # Every device's all-to-alls priced again each step, on up to `max_candidates` devices; on more, every
         # `max_candidates` steps and at the end, and the device placed on takes its what-if price in between: the
         # others' columns did not change, only the plan's total (a step then costs the candidates, not the devices).
