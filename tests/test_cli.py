@@ -497,6 +497,17 @@ def plan_with(tables: Path, out: Path, *flags: str) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
+def test_version_prints_the_installed_release():
+    """`shard-ray --version`, as docs/commands.md gives it: the release pip installed, status 0; after a command it
+    is no flag of that command's, refused in one line."""
+    from importlib.metadata import version
+
+    done = subprocess.run([SHARD_RAY, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"shard-ray {version('shard-ray')}", done
+    done = subprocess.run([SHARD_RAY, "plan", "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done
+
+
 @pytest.mark.slow
 def test_a_search_cut_by_its_budget_plans_alike_beside_a_busy_process(tmp_path):
     """Budgets count model evaluations: the same plan on an idle machine and beside processes

@@ -30,6 +30,7 @@ from shard_ray.quiet import quiet_output
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command's flags, or, given `command`, with that command's group only."""
     parser = Parser(prog="shard-ray", description="Shard embedding tables over devices; measure the plans on Ray.")
+    parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the installed release and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     groups = dict.fromkeys(c.group for c in COMMANDS.values())
     wanted = {COMMANDS[command].group} if command in COMMANDS else set(groups) if command is None else set()
@@ -40,6 +41,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if group not in wanted:
             sub.add_parser(name, help=help)
     return parser
+
+
+class _PrintVersion(argparse.Action):
+    """`--version`: the release pip installed, looked up only when asked (a job run from its working folder, by
+    PYTHONPATH, has none: it says so)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            release = version("shard-ray")
+        except PackageNotFoundError:
+            release = "(not installed: run from its source folder)"
+        print(f"shard-ray {release}")
+        parser.exit()
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
