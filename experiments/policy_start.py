@@ -25,6 +25,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.placement.search import MAX_EVALUATIONS
+from shard_ray.plan.plan import Plan
 from shard_ray.policy.ppo import PolicyConfig, validation_tasks
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import split_pool
@@ -32,6 +33,13 @@ from shard_ray.workload.tasks import split_pool
 TABLES_FOR_DEVICES = {16: (80, 120), 32: (120, 200), 64: (200, 300)}
 LADDER = (2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, MAX_EVALUATIONS)
 STARTS = ("greedy", "policy")
+
+
+def median_seconds(first: Plan, tables, topology, settings: dict, repeats: int) -> float:
+    """The median placement seconds of `first` and `repeats` - 1 more runs of `cost_search` with `settings`."""
+    seconds = [first.placement_seconds]
+    seconds += [place("cost_search", tables, topology, settings=settings).placement_seconds for _ in range(repeats - 1)]
+    return statistics.median(seconds)
 
 
 def time_to_quality(tables, topology, simulator: Simulator, start: str, quality: float, repeats: int) -> dict:
@@ -42,11 +50,11 @@ def time_to_quality(tables, topology, simulator: Simulator, start: str, quality:
         plan = place("cost_search", tables, topology, settings=settings)
         cost = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
         if cost <= quality * (1 + 1e-12):
-            seconds = [plan.placement_seconds]
-            seconds += [
-                place("cost_search", tables, topology, settings=settings).placement_seconds for _ in range(repeats - 1)
-            ]
-            return {"budget": budget, "seconds": statistics.median(seconds), "cost_ms": cost}
+            return {
+                "budget": budget,
+                "seconds": median_seconds(plan, tables, topology, settings, repeats),
+                "cost_ms": cost,
+            }
     return {"budget": None, "seconds": None, "cost_ms": cost}
 
 
@@ -75,10 +83,8 @@ def main() -> None:
         for k, (tables, topology) in enumerate(validation_tasks(test_pool, config, args.tasks, args.seed)):
             final = place("cost_search", tables, topology)
             quality = simulator.plan_cost(final, tables, topology.batch_size).cost_ms
-            seconds = [final.placement_seconds]
-            seconds += [place("cost_search", tables, topology).placement_seconds for _ in range(args.repeats - 1)]
             row = {"devices": devices, "task": k, "tables": len(tables), "quality_ms": quality}
-            row["default_seconds"] = statistics.median(seconds)
+            row["default_seconds"] = median_seconds(final, tables, topology, {}, args.repeats)
             row["bound_ms"] = lower_bound_ms(models, tables, topology)
             for start in STARTS:
                 row[start] = time_to_quality(tables, topology, simulator, start, quality, args.repeats)

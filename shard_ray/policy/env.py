@@ -663,8 +663,7 @@ class PlacementState:
         i = self.position
         self.singles_left += float(singles.sum()) - self.queue_singles[i]
         self.singles_total += float(singles.sum()) - self.queue_singles[i]
-        self.queue[i : i + 1] = slices
-        self._describe(slices)
+        self.queue[i : i + 1] = slices  # described when `_price_slices` priced them
         self.queue_described[i : i + 1] = [self._pieces[p.key] for p in slices]
         self.queue_singles[i : i + 1] = [float(s) for s in singles]
         self._candidates = self._what_if = self._splits = None
