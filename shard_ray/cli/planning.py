@@ -30,6 +30,7 @@ from shard_ray.workflows.refinement import RefineConfig
 if TYPE_CHECKING:
     from shard_ray.plan.constraints import Constraints
     from shard_ray.plan.cost import MeasuredComparison
+    from shard_ray.profiling.gang import DeviceActors
     from shard_ray.workflows.comparison import ComparedPlans
     from shard_ray.workload.tables import TableSpec
 
@@ -251,10 +252,17 @@ def cmd_plan(args: argparse.Namespace) -> None:
         plan = explained(plan, tables, topology, flags, constraints)
     raced = None
     if flags.measure:
+        from shard_ray.costmodel.simulator import price_comm
+        from shard_ray.profiling.gang import DeviceActors
+
         race = settings_from(MeasureRaceArgs, args).config()
-        plan, raced = measured_best(plan, tables, topology, flags, race, constraints, incumbent)
-        if refine_config.refine:
-            plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config)
+        # one gang for the race, the refinement's shards and its confirmation
+        with DeviceActors(
+            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
+        ) as devices:
+            plan, raced = measured_best(plan, tables, topology, flags, race, constraints, devices, incumbent)
+            if refine_config.refine:
+                plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config, devices)
     save_plan(flags.out, plan)
     print(f"wrote {flags.out}: {plan.algorithm}'s plan{_why_written(plan.measured)}")
     tracking_uri, experiment = tracking(args)
@@ -390,20 +398,20 @@ def measured_best(
     flags: PlanArgs,
     config: CompareConfig,
     constraints: Constraints | None,
+    devices: DeviceActors,
     incumbent: Plan | None = None,
 ) -> tuple[Plan, ComparedPlans | None]:
-    """`plan` compared with every baseline's plan and the `incumbent` on the gang (`shard_ray.workflows.comparison`);
+    """`plan` compared with every baseline's plan and the `incumbent` on the devices' gang
+    (`shard_ray.workflows.comparison`);
     the chosen plan, with the comparison, and what was compared (None where every candidate placed the tables
     alike). The incumbent (without one, TorchRec's plan where TorchRec planned the task) is kept unless a plan is
     separated as faster than it; without either, among plans the hardware cannot tell apart, the one of the lowest
     measured cost is chosen.
 
     Under constraints, only the baselines that honour them race (their plans made under them)."""
-    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.placement import algorithms
     from shard_ray.placement.base import priced
     from shard_ray.plan.summary import gang_layout
-    from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison
@@ -419,10 +427,8 @@ def measured_best(
     kept = INCUMBENT if incumbent is not None else ("torchrec" if "torchrec" in dict(named) else None)
     if kept is None:
         print("no incumbent (TorchRec's planner made no plan of this task, and --incumbent is not given)")
-    with (
-        DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang,
-        MeasurementStore(flags.store) as store,
-    ):
+    with MeasurementStore(flags.store) as store:
+        gang = devices.gang()
         compared = compare_plans(named, tables, topology, gang, config, store, incumbent=kept)
         spanned = gang_layout(gang.hosts) if len(set(gang.hosts)) > 1 else None
     result = compared.result
@@ -474,16 +480,20 @@ def pricing_models(plan: Plan, tables: list[TableSpec], topology: Topology, flag
 
 
 def refined_and_confirmed(
-    plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs, race: CompareConfig, config: RefineConfig
+    plan: Plan,
+    tables: list[TableSpec],
+    topology: Topology,
+    flags: PlanArgs,
+    race: CompareConfig,
+    config: RefineConfig,
+    devices: DeviceActors,
 ) -> Plan:
-    """The race's choice refined by measured moves (`shard_ray.workflows.refinement`), then compared with it on the
-    gang by the one procedure: the refined plan is written only when that comparison separates it faster."""
+    """The race's choice refined by measured moves (`shard_ray.workflows.refinement`) on the devices' profiling
+    actors, then compared with it on their gang by the one procedure: the refined plan is written only when that
+    comparison separates it faster."""
     import ray
 
     from shard_ray.costmodel.models import CostModels
-    from shard_ray.costmodel.simulator import price_comm
-    from shard_ray.profiling.actors import ProfilingPool
-    from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workflows.comparison import claims, compare_plans, distinct, format_comparison
@@ -492,7 +502,7 @@ def refined_and_confirmed(
     actors = max(1, min(topology.num_devices, int(ray.cluster_resources().get("CPU", 1))))
     measure = MeasureConfig.for_topology(topology, warmup=race.warmup, repeats=race.repeats)
     with MeasurementStore(flags.store) as store:
-        with ProfilingPool(actors) as pool:
+        with devices.pool(actors) as pool:
             models = CostModels.load(pricing_models(plan, tables, topology, flags, pool.hardware))
             refined = refine(plan, tables, topology, models, pool, store, measure, config)
         print(
@@ -510,12 +520,14 @@ def refined_and_confirmed(
             print(f"the moves kept lead back to {plan.algorithm}'s placement: it is written")
             return plan
         print(f"confirming the refined plan against {plan.algorithm}'s on the gang")
-        with DeviceGang(
-            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
-        ) as gang:
-            compared = compare_plans(
-                [(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)], tables, topology, gang, race, store
-            )
+        compared = compare_plans(
+            [(refined.plan.algorithm, refined.plan), (plan.algorithm, plan)],
+            tables,
+            topology,
+            devices.gang(),
+            race,
+            store,
+        )
     result = compared.result
     print("\n".join([format_comparison(result), *claims(result, set())]))
     if result.chosen == refined.plan.algorithm and result.separated:

@@ -16,7 +16,7 @@ import os
 import sys
 from collections import Counter, deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 import torch
@@ -61,9 +61,10 @@ class ProfilingActor:
     def pin(self, core: int) -> None:
         pin_to({core})
 
-    def share_memory(self, sharing: int) -> None:
-        """Measure as one of `sharing` measuring processes sharing this machine's memory (`memory_budget`)."""
+    def share_memory(self, sharing: int) -> int:
+        """Measure as one of `sharing` measuring processes sharing this machine's memory: its `memory_budget`."""
         self._budget = memory_budget(measurement_device(), sharing)
+        return self._budget
 
     def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
         return measure_fused_shard(pieces, config, self._hardware, self._budget, self._host_buffers)
@@ -80,12 +81,39 @@ def cluster_has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) >= 1
 
 
-class ProfilingPool:
-    """`num_actors` profiling actors; GPUs are used when the cluster has them unless told not to."""
+class Lender(Protocol):
+    """A set of device actors a profiling pool may measure on instead of its own (`DeviceGang`)."""
 
-    def __init__(self, num_actors: int, use_gpus: bool | None = None, threads: int = 1) -> None:
+    use_gpus: bool
+    hardware: str
+
+    def lends(self, actors: int, threads: int, use_gpus: bool | None) -> bool:
+        """Whether its actors can be `actors` profiling actors measuring on `threads` threads."""
+        ...
+
+    def lent_members(self) -> tuple[list[Any], list[str]]:
+        """The actors, ready to measure, and each one's machine."""
+        ...
+
+
+class ProfilingPool:
+    """`num_actors` profiling actors; GPUs are used when the cluster has them unless told not to.
+
+    Given a `gang` whose members can be the actors (`DeviceGang.lends`: as many devices as actors, each its own),
+    the pool measures on the gang's members and starts none of its own: a command that profiles shards and
+    measures plans starts one set of device actors (each loads Python, Ray, torch and fbgemm: about 3 s of CPU).
+    """
+
+    def __init__(
+        self, num_actors: int, use_gpus: bool | None = None, threads: int = 1, gang: Lender | None = None
+    ) -> None:
         if num_actors < 1:
             raise ValueError("a profiling pool needs at least one actor")
+        self.actors: list[Any] = []  # the pool's own
+        self._gang = gang if gang is not None and gang.lends(num_actors, threads, use_gpus) else None
+        if self._gang is not None:
+            self.use_gpus, self.hardware = self._gang.use_gpus, self._gang.hardware
+            return
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
         # Spread over the nodes: on a cluster, every node's devices profile.
         options = {**resources_per_device(self.use_gpus), "scheduling_strategy": "SPREAD"}
@@ -149,6 +177,7 @@ class ProfilingPool:
         machine's shards all go to one actor: each actor builds shards in buffers of its own (`HostBuffers`), whose
         pages the kernel backs well or badly for as long as they are kept, and a 4-table shard measured on one
         actor timed 6% slower than the 5-table shard it came from on the other, twice, with new batches."""
+        actors, machine_of = self._measuring_actors()
         keys = [fused_shard_key(pieces, config, self.hardware) for pieces in shards]
         known = store.known_keys(keys)
         todo = [i for i, key in enumerate(keys) if key not in known]
@@ -159,11 +188,11 @@ class ProfilingPool:
         queue = deque(first_of_key.values())
         bar = tqdm(total=len(queue), desc="profiling shards", unit="shard", disable=not progress)
         in_flight: dict[ray.ObjectRef, tuple[ProfilingActor, int]] = {}
-        idle = list(self.actors)
+        idle = list(actors)
         capped = 0
         while queue or in_flight:
             # alone: the first actor of each machine measures that machine's shards, one at a time
-            usable = self.actors if not alone else list({self._machine[a]: a for a in reversed(self.actors)}.values())
+            usable = actors if not alone else list({machine_of[a]: a for a in reversed(actors)}.values())
             for actor in [a for a in reversed(idle) if a in usable][: len(queue)]:
                 idle.remove(actor)
                 index = queue.popleft()
@@ -176,10 +205,13 @@ class ProfilingPool:
                 try:
                     measurement = ray.get(ref)
                 except ray.exceptions.RayActorError:
-                    # out of restarts (or retries): the actor leaves, its shard goes to the others
-                    self.actors.remove(actor)
+                    # out of restarts (or retries; a gang's member has none): the actor leaves, its shard goes to
+                    # the others (a gang is started again before its next use)
+                    actors.remove(actor)
+                    if actor in self.actors:
+                        self.actors.remove(actor)
                     queue.append(index)
-                    bar.write(f"a profiling actor died for good; {len(self.actors)} left")
+                    bar.write(f"a profiling actor died for good; {len(actors)} left")
                     continue
                 idle.append(actor)
                 store.put_fused_shard(measurement)
@@ -196,7 +228,15 @@ class ProfilingPool:
             )
         return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
 
+    def _measuring_actors(self) -> tuple[list[Any], dict[Any, str]]:
+        """The actors that measure (the pool's own, or its gang's members) and each one's machine."""
+        if self._gang is None:
+            return list(self.actors), self._machine
+        members, machines = self._gang.lent_members()
+        return members, dict(zip(members, machines))
+
     def shutdown(self) -> None:
+        """Stop the pool's own actors (a gang's members are the gang's to stop)."""
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []

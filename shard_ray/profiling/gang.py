@@ -47,7 +47,7 @@ from shard_ray.hosts import emulated_link_mbit
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
 from shard_ray.plan.piece import COLLECTIVE_TYPES, TablePiece
 from shard_ray.plan.plan import Plan
-from shard_ray.profiling.actors import cluster_has_gpus, resources_per_device
+from shard_ray.profiling.actors import ProfilingPool, cluster_has_gpus, resources_per_device
 from shard_ray.profiling.fused_shard import (
     FusedShard,
     FusedShardMeasurement,
@@ -447,6 +447,7 @@ class GangMember:
         self.device = measurement_device()
         self.hardware = hardware_id(threads)
         self.host_buffers = HostBuffers()
+        self.budget = memory_budget(self.device, 1)  # until `share_memory` says how many share the machine
 
     def host(self) -> dict:
         return {
@@ -460,13 +461,16 @@ class GangMember:
     def pin(self, core: int) -> None:
         pin_to({core})
 
-    def measure_shard(self, pieces: list[TablePiece], config: MeasureConfig, budget: int) -> FusedShardMeasurement:
-        """This device's fused shard timed on its own, as a profiling actor times one (`measure_fused_shard`)."""
-        return measure_fused_shard(pieces, config, self.hardware, budget, self.host_buffers)
+    def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
+        """A fused shard timed on its own, as a profiling actor times one (`measure_fused_shard`), within this
+        member's memory budget (`share_memory`)."""
+        return measure_fused_shard(pieces, config, self.hardware, self.budget, self.host_buffers)
 
-    def memory_budget(self, sharing: int) -> int:
-        """This member's `memory_budget`, one of `sharing` members sharing its machine's memory (or its GPU's)."""
-        return memory_budget(self.device, sharing)
+    def share_memory(self, sharing: int) -> int:
+        """Measure as one of `sharing` members sharing its machine's memory (or its GPU's): this member's
+        `memory_budget`, kept for `measure` and returned for the plans' steps, which size every rank's shard."""
+        self.budget = memory_budget(self.device, sharing)
+        return self.budget
 
     def rendezvous_address(self) -> str:
         ip = ray.util.get_node_ip_address()
@@ -686,7 +690,7 @@ class DeviceGang:
         # emulated cluster's do); on GPUs each has its own.
         sharing = Counter(h["machine"] for h in hosts)
         self.budgets = ray.get(
-            [m.memory_budget.remote(1 if self.use_gpus else sharing[h["machine"]]) for m, h in zip(self.members, hosts)]
+            [m.share_memory.remote(1 if self.use_gpus else sharing[h["machine"]]) for m, h in zip(self.members, hosts)]
         )
         # Which devices share a host: nodes numbered in rank order of first appearance.
         numbering: dict[str, int] = {}
@@ -723,6 +727,28 @@ class DeviceGang:
                 self._driver_cores = free_cores()
                 pin_to(spare)
         self.rotate_cores(0)
+
+    def lends(self, actors: int, threads: int, use_gpus: bool | None) -> bool:
+        """Whether the members can be `actors` profiling actors measuring on `threads` threads (`ProfilingPool`'s
+        `gang`): as many members as actors, on the devices a pool's own would hold (each a GPU, or a core it is
+        pinned to, sharing its machine's memory with as many), so that their shards measure as the pool's would."""
+        pinned = sum(len(ranks) for ranks, _ in self._pinned) == self.num_devices
+        return (
+            actors == self.num_devices
+            and threads == self.threads
+            and use_gpus in (None, self.use_gpus)
+            and (self.use_gpus or pinned)
+        )
+
+    def lent_members(self) -> tuple[list[Any], list[str]]:
+        """The members as profiling actors, each on the core `rotate_cores(0)` gives it (shards timed apart may
+        have moved them), and each member's machine; a gang that lost a member is started again first."""
+
+        def pinned() -> tuple[list[Any], list[str]]:
+            self.rotate_cores(0)
+            return list(self.members), [machine for machine, _ in self._machines]
+
+        return self._surviving_lost_members(pinned)
 
     def rotate_cores(self, shift: int) -> None:
         """Move each node's members `shift` places along their cores. Cores of one machine are not alike (the
@@ -843,7 +869,7 @@ class DeviceGang:
                         member = self.members[rank]
                         member.pin.remote(core)  # an actor runs its calls in order: pinned before it measures
                         shard = pieces[device_of[rank]]
-                        in_flight[member.measure_shard.remote(shard, config, self.budgets[rank])] = (
+                        in_flight[member.measure.remote(shard, config)] = (
                             machine,
                             core,
                             rank,
@@ -994,3 +1020,35 @@ class DeviceGang:
         except Exception:  # noqa: BLE001  the actors are killed next either way
             pass
         self._stop()
+
+
+class DeviceActors:
+    """A command's device actors: one gang of `num_devices` (the `DeviceGang` options), started the first time it is
+    asked for (`gang`) and stopped when the block ends, and profiling pools (`pool`) that measure on its members
+    where they can be the pool's actors (`DeviceGang.lends`), so that a command that profiles shards and measures
+    plans starts one set of actors, each loading Python, Ray, torch and fbgemm once."""
+
+    def __init__(self, num_devices: int, **gang_options: Any) -> None:
+        self.num_devices = num_devices
+        self._gang_options = gang_options
+        self._gang: DeviceGang | None = None
+
+    def __enter__(self) -> DeviceActors:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._gang is not None:
+            self._gang.__exit__(kind, *exc)
+            self._gang = None
+
+    def gang(self) -> DeviceGang:
+        """The command's gang, started on the first call."""
+        if self._gang is None:
+            self._gang = DeviceGang(self.num_devices, **self._gang_options)
+        return self._gang
+
+    def pool(self, actors: int) -> ProfilingPool:
+        """A profiling pool of `actors`: on the gang's members where there are as many (the gang started for it,
+        which the command's plans then measure on), else actors of its own."""
+        gang = self.gang() if actors == self.num_devices > 1 else None
+        return ProfilingPool(actors, gang=gang)

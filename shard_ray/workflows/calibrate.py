@@ -65,9 +65,8 @@ from shard_ray.placement import algorithms, place
 from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import FusedShardMeasurement
-from shard_ray.profiling.gang import DeviceGang, check_hosts
+from shard_ray.profiling.gang import DeviceActors, check_hosts
 from shard_ray.profiling.procedure import MEASUREMENT_PROCEDURE, MeasureConfig, content_digest, fused_shard_key
 from shard_ray.profiling.sampling import draw_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
@@ -260,19 +259,26 @@ def calibrate(
     if not candidates:
         raise InfeasibleError(f"no algorithm could place these {len(tables)} tables on {topology.num_devices} devices")
     log(f"{len(candidates)} candidate plans: {', '.join(p.algorithm for p in candidates)}")
-    # 2. compute data, most useful first, until the measuring time is spent
-    hardware = _measure_shards(candidates, tables, topology, simulator, config, store, measure, shards_end, log)
-    # Before the gang starts: with too few shards, the plans' measurements could not save the calibration.
-    # The gang adds plans only, so these are the shards the fit uses.
-    shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
-    by_split = split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)
-    if len(by_split["fit"]) < FEWEST_FIT or not by_split["val"] or not by_split["held_out"]:
-        raise ShardRayError(
-            f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
-            "give a larger --budget-minutes"
+    # One set of device actors where the gang's members can profile too (as many devices as actors): the gang starts
+    # first and lends them to the profiling pool; else the pool starts its own, and the gang after the shards.
+    with DeviceActors(
+        topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
+    ) as devices:
+        # 2. compute data, most useful first, until the measuring time is spent
+        hardware = _measure_shards(
+            candidates, tables, topology, simulator, config, store, measure, shards_end, log, devices
         )
-    # 3. communication data on the gang
-    floor = _measure_plans(candidates, tables, topology, config, store, measure, measuring_ends, log)
+        # Before the plans are measured: with too few shards, the plans' measurements could not save the
+        # calibration. The gang adds plans only, so these are the shards the fit uses.
+        shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
+        by_split = split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)
+        if len(by_split["fit"]) < FEWEST_FIT or not by_split["val"] or not by_split["held_out"]:
+            raise ShardRayError(
+                f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
+                "give a larger --budget-minutes"
+            )
+        # 3. communication data on the gang
+        floor = _measure_plans(candidates, tables, topology, config, store, measure, measuring_ends, log, devices)
     measuring_seconds = time.monotonic() - began
     # 4. fit and compare on held-out data
     _, plans = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
@@ -499,10 +505,11 @@ def _measure_shards(
     measure: MeasureConfig,
     shards_end: float,
     log: Callable[[str], None],
+    devices: DeviceActors,
 ) -> str:
     """The candidates' decisive shards, every table alone, the microbenchmark's shards (which fit the compute
-    model's spine to this hardware) and drawn shards measured on the profiling actors, most useful first, until
-    `shards_end`; the actors' hardware."""
+    model's spine to this hardware) and drawn shards measured on the profiling actors (the gang's members where
+    they can be, `DeviceActors.pool`), most useful first, until `shards_end`; the actors' hardware."""
     decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
     most_tables = max(len(pieces) for pieces in decisive)
     wanted = unique_shards(
@@ -511,7 +518,7 @@ def _measure_shards(
         + microbenchmark_shards()
         + draw_fused_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
-    with ProfilingPool(config.actors) as pool:
+    with devices.pool(config.actors) as pool:
         known = store.known_keys([fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted])
         log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
         for more in range(MORE_BATCHES + 1):
@@ -549,36 +556,37 @@ def _measure_plans(
     measure: MeasureConfig,
     measuring_ends: float,
     log: Callable[[str], None],
+    devices: DeviceActors,
 ) -> NoiseFloor | None:
-    """The candidates and random plans measured on the gang, those not in the store, until the measuring time is
-    spent; the noise floor, a candidate against a copy of itself (None on one device, which has no gang)."""
+    """The candidates and random plans measured on the devices' gang, those not in the store, until the measuring
+    time is spent; the noise floor, a candidate against a copy of itself (None on one device, which has no gang)."""
     if topology.num_devices == 1:
         return None
+    gang = devices.gang()
     plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
-    with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
-        floor = noise_floor(candidates[0], tables, topology, gang, measure, config.noise_rounds)
-        log(f"noise floor: {floor.describe()}")
-        for more in range(MORE_BATCHES + 1):
-            if more:
-                hosts = topology.devices_per_host_if_spanning
-                _, measured = task_measurements(store, tables, gang.hardware, measure, hosts)
-                held_out = len(split_measurements(measured, config.held_out, MIN_HELD_OUT_PLANS)["held_out"])
-                if held_out >= MIN_HELD_OUT_PLANS or time.monotonic() > measuring_ends:
-                    break
-                drawn = random_plans(tables, topology.num_devices, max(config.plans, 8), config.seed + more)
-                keys = {gang.plan_key(plan, tables, measure): plan for plan in drawn}
-                known = store.known_keys(list(keys), table="plan_measurements")
-                plans = unmeasured("plans", keys, known, held_out, MIN_HELD_OUT_PLANS, log)
-                if not plans:
-                    break
-            for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
-                key = gang.plan_key(plan, tables, measure)
-                if store.known_keys([key], table="plan_measurements"):
-                    continue
-                if time.monotonic() > measuring_ends:
-                    break
-                cost = gang.evaluate(plan, tables, measure)
-                store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
+    floor = noise_floor(candidates[0], tables, topology, gang, measure, config.noise_rounds)
+    log(f"noise floor: {floor.describe()}")
+    for more in range(MORE_BATCHES + 1):
+        if more:
+            hosts = topology.devices_per_host_if_spanning
+            _, measured = task_measurements(store, tables, gang.hardware, measure, hosts)
+            held_out = len(split_measurements(measured, config.held_out, MIN_HELD_OUT_PLANS)["held_out"])
+            if held_out >= MIN_HELD_OUT_PLANS or time.monotonic() > measuring_ends:
+                break
+            drawn = random_plans(tables, topology.num_devices, max(config.plans, 8), config.seed + more)
+            keys = {gang.plan_key(plan, tables, measure): plan for plan in drawn}
+            known = store.known_keys(list(keys), table="plan_measurements")
+            plans = unmeasured("plans", keys, known, held_out, MIN_HELD_OUT_PLANS, log)
+            if not plans:
+                break
+        for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
+            key = gang.plan_key(plan, tables, measure)
+            if store.known_keys([key], table="plan_measurements"):
+                continue
+            if time.monotonic() > measuring_ends:
+                break
+            cost = gang.evaluate(plan, tables, measure)
+            store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
     return floor
 
 

@@ -19,9 +19,8 @@ from shard_ray.io import write_json
 from shard_ray.placement import algorithms
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.fused_shard import FusedShardMeasurement
-from shard_ray.profiling.gang import DeviceGang
+from shard_ray.profiling.gang import DeviceActors
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
@@ -77,10 +76,13 @@ def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
     print("== 1. workload")
     tables, topology = _workload(config)
     print("\n== 2. profiling fused shards on Ray actors")
-    _profile(config, tables, topology)
-    print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
-    compare = CompareConfig(rounds=config.rounds, budget_seconds=config.budget_seconds, repeats=config.repeats)
-    with DeviceGang(config.num_devices, comm_pricer=price_comm) as gang:
+    print(connect_ray(config.address, min_cpus=config.num_devices))
+    # one set of device actors: the gang's members profile the shards where there are as many as profiling actors
+    with DeviceActors(config.num_devices, comm_pricer=price_comm) as devices:
+        _profile(config, tables, topology, devices)
+        print("\n== 3. planning with every algorithm, then measuring every plan on a gang of devices")
+        compare = CompareConfig(rounds=config.rounds, budget_seconds=config.budget_seconds, repeats=config.repeats)
+        gang = devices.gang()
         comparison = compare_algorithms(
             tables,
             topology,
@@ -160,13 +162,12 @@ def _workload(config: DemoConfig) -> tuple[list[TableSpec], Topology]:
     return tables, topology
 
 
-def _profile(config: DemoConfig, tables: list[TableSpec], topology: Topology) -> None:
+def _profile(config: DemoConfig, tables: list[TableSpec], topology: Topology, devices: DeviceActors) -> None:
     """Fused shards of the task measured on profiling actors, and what fusing saved."""
-    print(connect_ray(config.address, min_cpus=config.num_devices))
     measure_config = MeasureConfig.for_topology(topology, repeats=config.repeats, seed=config.seed)
     shards = draw_fused_shards(tables, config.profile_shards, config.max_tables_per_shard, seed=config.seed)
     with (
-        ProfilingPool(num_actors=min(2, config.num_devices)) as profiler,
+        devices.pool(min(2, config.num_devices)) as profiler,
         MeasurementStore(config.workdir / "measurements.db") as store,
     ):
         measurements = profiler.measure(shards, measure_config, store)

@@ -202,7 +202,7 @@ def run_outer_loop(
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
         gang = resources.enter_context(DeviceGang(loop.gang_devices, comm_pricer=price_comm))
-        profiler = resources.enter_context(ProfilingPool(loop.profiling_actors))
+        profiler = resources.enter_context(ProfilingPool(loop.profiling_actors, gang=gang))
         if profiler.hardware != models.hardware:
             print(
                 f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}"
