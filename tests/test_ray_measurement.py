@@ -332,6 +332,36 @@ def test_pool_and_gang_are_shut_down_when_their_block_raises(ray_session):
         assert _dies_within(handle, seconds=30)
 
 
+@pytest.mark.slow
+def test_a_pool_of_as_many_actors_as_the_gang_has_devices_measures_on_its_members(ray_session, tmp_path, small_tables):
+    """A command's device actors (`DeviceActors`): a pool of as many actors as the gang has devices starts none of its
+    own and measures on the gang's members, which then run plans as before; a member lost since, the gang starts again
+    before it is lent; a pool of fewer actors starts its own. Leaving the block stops the members."""
+    from shard_ray.profiling.gang import DeviceActors
+
+    shards = draw_fused_shards(small_tables, count=4, max_tables=2, seed=0)
+    topology = Topology(num_devices=2, memory_bytes=GB, batch_size=CONFIG.batch_size)
+    plan = place("size_greedy", small_tables, topology)
+    with DeviceActors(2) as devices, MeasurementStore(tmp_path / "m.db") as store:
+        with devices.pool(2) as pool:
+            gang = devices.gang()
+            members = list(gang.members)
+            assert pool.actors == [] and pool.hardware == gang.hardware
+            assert all(m.status == "ok" for m in pool.measure(shards[:2], CONFIG, store, progress=False))
+        assert gang.members == members  # the pool's block stops none of them
+        assert gang.evaluate(plan, small_tables, CONFIG).cost_ms > 0
+        ray_session.kill(members[0], no_restart=True)
+        assert _dies_within(members[0], seconds=30)
+        with devices.pool(2) as pool:  # lent again: the gang started anew
+            assert all(m.status == "ok" for m in pool.measure(shards[2:], CONFIG, store, progress=False))
+        assert gang.restarts == 1 and members[0] not in gang.members
+        assert gang.evaluate(plan, small_tables, CONFIG).cost_ms > 0
+        with devices.pool(1) as own:
+            assert len(own.actors) == 1 and own.actors[0] not in gang.members
+        members = list(gang.members)
+    assert all(_dies_within(m, seconds=30) for m in members)
+
+
 def _dies_within(handle, seconds: float) -> bool:
     """Whether the actor is gone within `seconds` (ray.kill is asynchronous: a call may slip in first)."""
     import time
