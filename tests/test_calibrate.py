@@ -214,7 +214,9 @@ def test_calibration_measures_every_candidates_slowest_device_first():
 
 
 @pytest.mark.slow
-def test_calibrate_with_too_few_shards_is_refused_before_the_gang_starts(ray_session, capsys, user_home, tmp_path):
+def test_calibrate_with_too_few_shards_is_refused_before_the_plans_are_measured(
+    ray_session, capsys, user_home, tmp_path
+):
     """Too few shards to fit and check models on (one table has one shard) ends in one line and exit 2
     before the plans' measurements (the noise floor and the comm data could not save it), and no models
     are written."""
