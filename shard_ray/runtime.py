@@ -24,6 +24,8 @@ ANSWER_TIMEOUT_S = 15.0
 # The local instance this process started (its node's id, new at every start) and the environment it gave its worker
 # processes (`measuring_env`).
 _local_ray: tuple[str, dict[str, str]] | None = None
+# The GCS address of the Ray this process joined at an address (one it did not start), whose life goes on after it.
+_joined_gcs: str | None = None
 
 
 # Measuring processes back large tensors with transparent huge pages (PyTorch's CPU allocator madvises
@@ -46,6 +48,12 @@ def measuring_runtime_env() -> dict[str, dict[str, str]]:
     if _local_ray is not None and ray.is_initialized() and _local_ray == (_node_id(), measuring_env()):
         return {}
     return {"runtime_env": {"env_vars": measuring_env()}}
+
+
+def joined_ray() -> bool:
+    """Whether this process joined, at an address, a Ray it did not start (a `ray start` head, a cluster, the Ray of
+    a `ray job submit` job): one that goes on after the command, where a gang may be kept for the next one."""
+    return ray.is_initialized() and _joined_gcs == ray.get_runtime_context().gcs_address
 
 
 def _node_id() -> str:
@@ -142,6 +150,8 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
                 f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "
                 "the head's HOST:PORT in --address or RAY_ADDRESS"
             ) from None
+        global _joined_gcs
+        _joined_gcs = ray.get_runtime_context().gcs_address
         resources = ray.cluster_resources()
         devices = int(resources.get("GPU", 0) or resources.get("CPU", 0))
         if min_cpus > devices:

@@ -254,6 +254,9 @@ def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert done.stdout.count(f"ray: joined cluster at 127.0.0.1:{port}") == 2, done.stdout
         assert "started a local instance" not in done.stdout
+        # the first left its gang on the head, and the second took it rather than start one
+        assert done.stderr.count("gang: left on this Ray for the next command for 60 s") == 2, done.stderr
+        assert done.stderr.count("gang: took the 2-device gang an earlier command left on this Ray") == 1, done.stderr
         ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
         assert subprocess.run(ready, env=env, capture_output=True, timeout=60).returncode == 0
         # a shell without the page's RAY_AUTH_MODE, or with another token: told so in a line at once, where Ray
@@ -268,6 +271,77 @@ def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_
             done = subprocess.run(evaluate, env=shell, cwd=tmp_path, capture_output=True, text=True, timeout=120)
             lines = done.stderr.strip().splitlines()
             assert done.returncode == 2 and len(lines) == 1 and said in lines[0], done.stderr
+
+
+# Run joined to a head: how many CPUs it has free and whether the gangs' keeper is there; a 2-device gang in a
+# process then killed with no chance to hand its gang back, its members' process ids printed.
+HEAD_STATE = """
+import json, ray
+ray.init(logging_level="ERROR")
+keeper = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "gang-keeper"]
+print(json.dumps({"free": ray.available_resources().get("CPU", 0), "all": ray.cluster_resources()["CPU"],
+                  "keeper": bool(keeper)}))
+"""
+KILLED_DRIVER = """
+import os, signal, sys, ray
+from shard_ray.runtime import connect_ray
+from shard_ray.profiling.gang import DeviceGang
+connect_ray()
+gang = DeviceGang(2)
+print(" ".join(str(h["pid"]) for h in ray.get([m.host.remote() for m in gang.members])), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_path, table_file):
+    """A command joined to a head leaves its gang there for `SHARD_RAY_KEEP_GANG_S` seconds (docs/commands.md), after
+    which its members, its devices and the keeper are gone; a driver killed while it holds a gang leaves nothing."""
+
+    def head_state(env: dict[str, str]) -> dict:
+        done = subprocess.run([sys.executable, "-c", HEAD_STATE], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def until(check, what: str, within_s: float = 60.0) -> None:
+        deadline = time.monotonic() + within_s
+        while not check():
+            assert time.monotonic() < deadline, f"not within {within_s:.0f} s: {what}"
+            time.sleep(1.0)
+
+    with ray_head() as (_, port, env):
+        env = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+        bin_env = {**env, "PATH": f"{BIN}:{env['PATH']}"}
+        plan = [str(BIN / "shard-ray"), "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1"]
+        subprocess.run([*plan, "--algo", "size_greedy", "--out", "plan.json"], cwd=tmp_path, env=bin_env, check=True)
+        evaluate = [str(BIN / "shard-ray"), "evaluate", "--tables", str(table_file), "--plan", "plan.json"]
+        evaluate += ["--rounds", "1", "--warmup", "1", "--repeats", "2", "--out", "result.json"]
+        done = subprocess.run(evaluate, cwd=tmp_path, env={**bin_env, "SHARD_RAY_KEEP_GANG_S": "3"},
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0 and "gang: left on this Ray for the next command for 3 s" in done.stderr, done
+        until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
+              "the kept gang's devices freed and the keeper gone")  # fmt: skip
+
+        killed = subprocess.run([sys.executable, "-c", KILLED_DRIVER], env=env, capture_output=True, text=True,
+                                timeout=300)  # fmt: skip
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        pids = [int(pid) for pid in killed.stdout.split()]
+        assert len(pids) == 2
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+        until(lambda: all(gone(pid) for pid in pids), "the killed driver's members ended")
+        until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
+              "the killed driver's devices freed and the keeper gone")  # fmt: skip
+        # a bad setting is refused in a line
+        done = subprocess.run(evaluate, cwd=tmp_path, env={**bin_env, "SHARD_RAY_KEEP_GANG_S": "soon"},
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and "SHARD_RAY_KEEP_GANG_S='soon'" in lines[0], done.stderr
 
 
 def _run_the_benchmark_job(tmp_path: Path, address: str, env: dict[str, str], mlflow_server: str) -> None:

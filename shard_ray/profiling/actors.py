@@ -26,6 +26,7 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import FusedShardMeasurement, HostBuffers, measure_fused_shard, memory_budget
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
+from shard_ray.profiling.keeper import release_kept_gang
 from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import measuring_runtime_env
@@ -114,6 +115,7 @@ class ProfilingPool:
         if self._gang is not None:
             self.use_gpus, self.hardware = self._gang.use_gpus, self._gang.hardware
             return
+        release_kept_gang()  # a gang kept for a later command would hold the devices these actors need
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
         # Spread over the nodes: on a cluster, every node's devices profile.
         options = {**resources_per_device(self.use_gpus), "scheduling_strategy": "SPREAD"}

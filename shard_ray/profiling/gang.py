@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,8 +63,10 @@ from shard_ray.profiling.fused_shard import (
     warmed_up,
 )
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
+from shard_ray.profiling.keeper import KEEP_ENV, gang_keeper, gang_shape, keep_seconds, release_kept_gang
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import plan_key
+from shard_ray.runtime import joined_ray
 from shard_ray.workload.tables import TableSpec
 
 # Runs one phase of a step: (its ms, its result).
@@ -604,6 +607,9 @@ class DeviceGang:
     Should a member die during a plan (its process killed, its node lost), the surviving members
     are stuck in a collective: the gang kills them all, starts a new gang in their place and runs
     the plan again, up to `max_retries` times.
+
+    Joined to a Ray it did not start (`joined_ray`), a command takes the gang of its shape an earlier command left
+    with the cluster's keeper, and leaves its own there when it is done (`shard_ray.profiling.keeper`).
     """
 
     def __init__(
@@ -637,6 +643,17 @@ class DeviceGang:
         self._rounds = 0
         self._settled = False  # whether the members have run a plan (see `run_steps`)
         self._group: PlacementGroup | None = None
+        self._hosts_seen: list[dict] = []  # each member's `host()` when it started
+        self._keep_s = keep_seconds() if joined_ray() else 0.0
+        self._token = uuid.uuid4().hex  # this gang's name with the keeper
+        self._shape = gang_shape(
+            devices=num_devices,
+            devices_per_host=devices_per_host,
+            use_gpus=self.use_gpus,
+            threads=threads,
+            pin_cores=pin_cores,
+            collective_timeout_s=collective_timeout_s,
+        )
         self._start()
         for warning in self.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -652,10 +669,16 @@ class DeviceGang:
             self._stop()
 
     def _start(self) -> None:
-        """Reserve the devices, start the members and join them; on any failure nothing is left running."""
+        """Reserve the devices, start the members and join them; on any failure nothing is left running. Where a
+        gang of this shape is kept (`keeper`), take it instead; any other kept gang frees its devices first."""
         bundles, strategy = gang_bundles(self.num_devices, self.devices_per_host, self.use_gpus)
         check_hosts(self.num_devices, self.devices_per_host, self.use_gpus)
-        self._group = placement_group(bundles, strategy=strategy)
+        if self._keep_s:
+            if self._take_kept():
+                return
+        else:
+            release_kept_gang()
+        self._group = placement_group(bundles, strategy=strategy, lifetime="detached" if self._keep_s else None)
         try:
             try:
                 ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
@@ -667,12 +690,58 @@ class DeviceGang:
                     f"{available.get('GPU', 0):.0f} GPUs free"
                 ) from err
             self._start_members()
+            if self._keep_s:
+                self._call_keeper("hold", self._token, ray.get_runtime_context().get_job_id(), self._record())
         except BaseException:
             self._stop()
             raise
 
+    def _call_keeper(self, method: str, *args: Any) -> Any:
+        """`method(*args)` on the cluster's keeper, started again should it have ended meanwhile (it ends when it
+        has nothing to keep)."""
+        for attempt in range(2):
+            keeper = gang_keeper(create=True)
+            try:
+                return ray.get(getattr(keeper, method).remote(*args))
+            except ray.exceptions.RayActorError:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _record(self) -> dict:
+        """What the keeper keeps of this gang: its members and devices, and what a command learns when it starts."""
+        return {
+            "members": list(self.members),
+            "group": self._group,
+            "hosts": self._hosts_seen,
+            "budgets": self.budgets,
+            "settled": self._settled,
+        }
+
+    def _take_kept(self) -> bool:
+        """Whether a gang of this shape was kept, now this command's (its members checked alive and pinned again)."""
+        kept = self._call_keeper("lend", self._shape, self._token, ray.get_runtime_context().get_job_id())
+        if kept is None:
+            return False
+        self.members, self._group = kept["members"], kept["group"]
+        try:
+            self._take(kept["hosts"], kept["budgets"])
+        except ray.exceptions.RayActorError:  # a member died while kept: a new gang instead
+            self._stop()
+            return False
+        self._settled = kept["settled"]
+        print(
+            f"gang: took the {self.num_devices}-device gang an earlier command left on this Ray ({KEEP_ENV}: kept "
+            f"{self._keep_s:g} s after each command)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
     def _start_members(self) -> None:
         options = resources_per_device(self.use_gpus)
+        if self._keep_s:  # outlives this command, with the keeper (which stops it should this driver die)
+            options["lifetime"] = "detached"
         per_bundle = self.devices_per_host or 1
         self.members = [
             GangMember.options(
@@ -684,14 +753,21 @@ class DeviceGang:
             for rank in range(self.num_devices)
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
-        self.hardware = hosts[0]["hardware"]
-        self._machines = [(h["machine"], tuple(h["cores"])) for h in hosts]
         # Each rank's memory budget: the members on a machine share its memory (Ray nodes may share a machine, as an
         # emulated cluster's do); on GPUs each has its own.
         sharing = Counter(h["machine"] for h in hosts)
-        self.budgets = ray.get(
+        budgets = ray.get(
             [m.share_memory.remote(1 if self.use_gpus else sharing[h["machine"]]) for m, h in zip(self.members, hosts)]
         )
+        self._take(hosts, budgets)
+        address = ray.get(self.members[0].rendezvous_address.remote())
+        ray.get([m.join.remote(address, self.collective_timeout_s) for m in self.members])
+
+    def _take(self, hosts: list[dict], budgets: list[int]) -> None:
+        """What this command knows of its members from their `host()` and memory budgets; each pinned to its core."""
+        self._hosts_seen, self.budgets = hosts, budgets
+        self.hardware = hosts[0]["hardware"]
+        self._machines = [(h["machine"], tuple(h["cores"])) for h in hosts]
         # Which devices share a host: nodes numbered in rank order of first appearance.
         numbering: dict[str, int] = {}
         self.hosts = [numbering.setdefault(h["node"], len(numbering)) for h in hosts]
@@ -708,8 +784,6 @@ class DeviceGang:
         self.priced_parts = list(PRICED_WHEN_SHARED) if self.take_turns and not link_bound else []
         if self.pin_cores and not self.use_gpus:
             self._pin(hosts)
-        address = ray.get(self.members[0].rendezvous_address.remote())
-        ray.get([m.join.remote(address, self.collective_timeout_s) for m in self.members])
 
     def _pin(self, hosts: list[dict]) -> None:
         """Each member on a core of its own where its machine has enough, the last cores; this driver, where it
@@ -758,12 +832,17 @@ class DeviceGang:
             moved = [cores[(i + shift) % len(cores)] for i in range(len(ranks))]
             ray.get([self.members[r].pin.remote(core) for r, core in zip(ranks, moved)])
 
-    def _stop(self) -> None:
+    def _unpin_driver(self) -> None:
         if self._driver_cores is not None:
             pin_to(set(self._driver_cores))
             self._driver_cores = None
+
+    def _stop(self) -> None:
+        self._unpin_driver()
         for member in self.members:
             ray.kill(member)
+        if self._keep_s and (self.members or self._group is not None):
+            self._call_keeper("drop", self._token)
         self.members = []
         self._settled = False
         if self._group is not None:
@@ -1015,6 +1094,18 @@ class DeviceGang:
         return [median_round(costs) for costs in per_plan]
 
     def shutdown(self) -> None:
+        """Leave the gang with the cluster's keeper for the next command (joined to a Ray it did not start), else
+        stop its members."""
+        if self._keep_s and self.members:
+            self._unpin_driver()
+            self._call_keeper("keep", self._token, self._shape, self._record(), self._keep_s)
+            print(
+                f"gang: left on this Ray for the next command for {self._keep_s:g} s ({KEEP_ENV}; 0 keeps none)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.members, self._group = [], None
+            return
         try:
             ray.get([m.leave.remote() for m in self.members], timeout=30)
         except Exception:  # noqa: BLE001  the actors are killed next either way
