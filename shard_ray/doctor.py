@@ -378,6 +378,9 @@ def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[t
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from shard_ray.profiling.keeper import release_kept_gang
+
+    release_kept_gang()  # its GPUs, and its cores and memory beside the microbenchmark
     nodes = [n for n in ray.nodes() if n["Alive"]]
 
     def on_each(function: Callable[..., Any], of_nodes: list[dict], *args: Any) -> list:

@@ -129,6 +129,9 @@ def build_algorithm(config: PolicyConfig, pool: list[TableSpec], cost_model: str
         .debugging(seed=config.seed, log_level="ERROR", log_sys_usage=False)
         .reporting(metrics_num_episodes_for_smoothing=200)
     )
+    from shard_ray.profiling.keeper import release_kept_gang
+
+    release_kept_gang()  # its devices to RLlib's workers
     return ppo.build_algo()
 
 

@@ -188,7 +188,10 @@ def gang_keeper(create: bool) -> Any | None:
 
 
 def release_kept_gang() -> None:
-    """Free the devices a kept gang holds, before a gang or pool of another shape reserves its own."""
+    """Free the devices a kept gang holds, before a gang or pool of another shape, Tune's trials or RLlib's workers
+    ask for theirs."""
+    if not ray.is_initialized():
+        return
     keeper = gang_keeper(create=False)
     if keeper is not None:
         try:

@@ -76,6 +76,7 @@ def run_sweep(
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
+    from shard_ray.profiling.keeper import release_kept_gang
     from shard_ray.tracking.mlflow_runs import use_experiment
     from shard_ray.tuning.progress import TrialProgress
 
@@ -112,6 +113,7 @@ def run_sweep(
                     tracking_uri=tracking_uri, experiment_name=experiment, tags={"kind": f"tune-{kind}", **tags}
                 )
             )
+        release_kept_gang()  # its devices to the trials
         tuner = tune.Tuner(
             resourced,
             param_space=space,
