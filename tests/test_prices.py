@@ -9,7 +9,7 @@ import torch
 
 from shard_ray.costmodel.models import CostModels, shipped_models_path
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.doctor import microbenchmark_price_ratios, time_microbenchmark
+from shard_ray.doctor import PRICES_HOLD, microbenchmark_price_ratios, time_microbenchmark
 from shard_ray.placement import place
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -63,11 +63,28 @@ def measure_in_gangs(plans, tables, topology, gangs: int) -> list[list[float]]:
     return measured
 
 
-# A machine of the models' hardware id is not always of their speed: CI's AMD EPYC of 2026-11-29 ran about 2.5x slower
-# than the one the models were made on, doctor's check priced the microbenchmark there at a median 0.31x, and the
-# ranking model's plans at 0.41-0.42x (docs/results.md, "Prices on a slower machine of one name"). Machines the models
-# hold on gave that check 0.92-1.35x; outside these bounds the machine is not of the models' speed.
+# A machine of the models' hardware id is not always of their speed, and doctor's check says which way: CI's AMD EPYC
+# of 2026-11-29 ran about 2.5x slower than the one the models were made on, the check priced the microbenchmark there
+# at a median 0.31x and the ranking model's plans were 0.41-0.42x; CI's machine of 2026-12-02 ran faster, the check
+# 1.65x and the cost_search plan 1.44x (docs/results.md, "Prices on machines of other speeds"). Where the check finds
+# the prices hold (doctor's PRICES_HOLD), the plans are within a quarter; where it finds them off, the plans are not
+# off the other way, and beyond MODELS_SPEED they are off its way by more than a quarter (the plans' error grows as
+# about the 0.75th power of the check's, so between PRICES_HOLD and these bounds a plan may still be within a quarter).
 MODELS_SPEED = (0.6, 1.67)
+
+
+def expected_price_ratios(speed: float):
+    """What the plans' price over their measurement must be where doctor's check found the median `speed`, and the
+    claim in words."""
+    if PRICES_HOLD[0] <= speed <= PRICES_HOLD[1]:
+        return (lambda ratio: 0.75 <= ratio <= 1.25), "within a quarter"
+    if speed < MODELS_SPEED[0]:
+        return (lambda ratio: ratio < 0.75), f"below 0.75x, as doctor's {speed:.2f}x says"
+    if speed > MODELS_SPEED[1]:
+        return (lambda ratio: ratio > 1.25), f"above 1.25x, as doctor's {speed:.2f}x says"
+    if speed < PRICES_HOLD[0]:
+        return (lambda ratio: ratio <= 1.25), f"not above 1.25x, as doctor's {speed:.2f}x finds them low"
+    return (lambda ratio: ratio >= 0.75), f"not below 0.75x, as doctor's {speed:.2f}x finds them high"
 
 
 @pytest.mark.slow
@@ -77,12 +94,7 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_where_doctor_
     if hardware_id(threads=1) != shipped.hardware:
         pytest.skip(f"the shipped models are of {shipped.hardware}, this machine is {hardware_id(threads=1)}")
     _, _, speed = microbenchmark_price_ratios(shipped.hardware, time_microbenchmark())  # doctor's median
-    if MODELS_SPEED[0] <= speed <= MODELS_SPEED[1]:
-        expected, claim = (lambda ratio: 0.75 <= ratio <= 1.25), "within a quarter"
-    elif speed < MODELS_SPEED[0]:  # doctor tells the user the models price low here: so must the plans be
-        expected, claim = (lambda ratio: ratio < 0.75), f"below 0.75x, as doctor's {speed:.2f}x says"
-    else:
-        expected, claim = (lambda ratio: ratio > 1.25), f"above 1.25x, as doctor's {speed:.2f}x says"
+    expected, claim = expected_price_ratios(speed)
     simulator = Simulator(shipped)
     for name in REFERENCE_FILES:
         tables = load_tables(TABLES / name)
