@@ -295,7 +295,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_path, table_file):
     """A command joined to a head leaves its gang there for `SHARD_RAY_KEEP_GANG_S` seconds (docs/commands.md), after
-    which its members, its devices and the keeper are gone; a driver killed while it holds a gang leaves nothing."""
+    which its members, its devices and the keeper are gone; a driver killed while it holds a gang, one it started or one
+    it took, leaves nothing."""
 
     def head_state(env: dict[str, str]) -> dict:
         done = subprocess.run([sys.executable, "-c", HEAD_STATE], env=env, capture_output=True, text=True, timeout=120)
@@ -321,12 +322,6 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
         until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
               "the kept gang's devices freed and the keeper gone")  # fmt: skip
 
-        killed = subprocess.run([sys.executable, "-c", KILLED_DRIVER], env=env, capture_output=True, text=True,
-                                timeout=300)  # fmt: skip
-        assert killed.returncode == -9, killed.stderr[-2000:]
-        pids = [int(pid) for pid in killed.stdout.split()]
-        assert len(pids) == 2
-
         def gone(pid: int) -> bool:
             try:
                 os.kill(pid, 0)
@@ -334,9 +329,20 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
                 return True
             return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
 
-        until(lambda: all(gone(pid) for pid in pids), "the killed driver's members ended")
-        until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
-              "the killed driver's devices freed and the keeper gone")  # fmt: skip
+        # killed holding a gang it started (no keeper running yet), then one an earlier command left
+        for kept in (False, True):
+            if kept:
+                done = subprocess.run(evaluate, cwd=tmp_path, env=bin_env, capture_output=True, text=True, timeout=600)
+                assert done.returncode == 0 and "gang: left on this Ray" in done.stderr, done
+            killed = subprocess.run([sys.executable, "-c", KILLED_DRIVER], env=env, capture_output=True, text=True,
+                                    timeout=300)  # fmt: skip
+            assert killed.returncode == -9, killed.stderr[-2000:]
+            assert ("gang: took the 2-device gang" in killed.stderr) == kept, killed.stderr[-2000:]
+            pids = [int(pid) for pid in killed.stdout.split()]
+            assert len(pids) == 2
+            until(lambda: all(gone(pid) for pid in pids), "the killed driver's members ended")
+            until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
+                  "the killed driver's devices freed and the keeper gone")  # fmt: skip
         # a bad setting is refused in a line
         done = subprocess.run(evaluate, cwd=tmp_path, env={**bin_env, "SHARD_RAY_KEEP_GANG_S": "soon"},
                               capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -63,7 +63,14 @@ from shard_ray.profiling.fused_shard import (
     warmed_up,
 )
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
-from shard_ray.profiling.keeper import KEEP_ENV, gang_keeper, gang_shape, keep_seconds, release_kept_gang
+from shard_ray.profiling.keeper import (
+    KEEP_ENV,
+    gang_group_name,
+    gang_keeper,
+    gang_shape,
+    keep_seconds,
+    release_kept_gang,
+)
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import plan_key
 from shard_ray.runtime import joined_ray
@@ -646,6 +653,7 @@ class DeviceGang:
         self._hosts_seen: list[dict] = []  # each member's `host()` when it started
         self._keep_s = keep_seconds() if joined_ray() else 0.0
         self._token = uuid.uuid4().hex  # this gang's name with the keeper
+        self._lent = False  # whether the keeper lent this command its gang (and stops it should this driver die)
         self._shape = gang_shape(
             devices=num_devices,
             devices_per_host=devices_per_host,
@@ -673,12 +681,17 @@ class DeviceGang:
         gang of this shape is kept (`keeper`), take it instead; any other kept gang frees its devices first."""
         bundles, strategy = gang_bundles(self.num_devices, self.devices_per_host, self.use_gpus)
         check_hosts(self.num_devices, self.devices_per_host, self.use_gpus)
+        job = ray.get_runtime_context().get_job_id()
         if self._keep_s:
-            if self._take_kept():
+            if gang_keeper(create=False) is not None and self._take_kept(job):  # none: nothing is kept
                 return
         else:
             release_kept_gang()
-        self._group = placement_group(bundles, strategy=strategy, lifetime="detached" if self._keep_s else None)
+        self._group = placement_group(
+            bundles,
+            strategy=strategy,
+            **({"lifetime": "detached", "name": gang_group_name(job)} if self._keep_s else {}),
+        )
         try:
             try:
                 ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
@@ -690,8 +703,8 @@ class DeviceGang:
                     f"{available.get('GPU', 0):.0f} GPUs free"
                 ) from err
             self._start_members()
-            if self._keep_s:
-                self._call_keeper("hold", self._token, ray.get_runtime_context().get_job_id(), self._record())
+            if self._keep_s:  # started, where there is none, to stop this gang should this driver die holding it
+                gang_keeper(create=True)
         except BaseException:
             self._stop()
             raise
@@ -718,12 +731,12 @@ class DeviceGang:
             "settled": self._settled,
         }
 
-    def _take_kept(self) -> bool:
+    def _take_kept(self, job: str) -> bool:
         """Whether a gang of this shape was kept, now this command's (its members checked alive and pinned again)."""
-        kept = self._call_keeper("lend", self._shape, self._token, ray.get_runtime_context().get_job_id())
+        kept = self._call_keeper("lend", self._shape, self._token, job)
         if kept is None:
             return False
-        self.members, self._group = kept["members"], kept["group"]
+        self.members, self._group, self._lent = kept["members"], kept["group"], True
         try:
             self._take(kept["hosts"], kept["budgets"])
         except ray.exceptions.RayActorError:  # a member died while kept: a new gang instead
@@ -841,8 +854,9 @@ class DeviceGang:
         self._unpin_driver()
         for member in self.members:
             ray.kill(member)
-        if self._keep_s and (self.members or self._group is not None):
+        if self._lent:
             self._call_keeper("drop", self._token)
+            self._lent = False
         self.members = []
         self._settled = False
         if self._group is not None:
@@ -1104,7 +1118,7 @@ class DeviceGang:
                 file=sys.stderr,
                 flush=True,
             )
-            self.members, self._group = [], None
+            self.members, self._group, self._lent = [], None, False
             return
         try:
             ray.get([m.leave.remote() for m in self.members], timeout=30)

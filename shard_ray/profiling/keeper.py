@@ -9,7 +9,10 @@ starting new ones (docs/commands.md: a 2-device gang's start is most of what `co
 Every gang, kept or not, is its own command's: the keeper lends a kept gang to one command at a time, stops it when
 its time is up or when a gang or pool of another shape is to start (it would hold the devices that one needs), and
 stops the gang of a command whose driver has died (its job ended without handing it back): a kept gang's members
-and devices outlive the command that started them (Ray's detached lifetime), and nothing else would stop them.
+and devices outlive the command that started them (Ray's detached lifetime), and nothing else would stop them. A
+command's new gang is not announced to the keeper (whose start would wait on its members' starts, 2 s of the first
+command's): its placement group is named by the command's job (`gang_group_name`), and the keeper frees every such
+group of an ended job that it neither keeps nor lends, its members ending with it.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import hashlib
 import os
 import threading
 import time
+import uuid
 from importlib import resources
 from typing import Any
 
 import ray
-from ray.util.placement_group import remove_placement_group
+from ray import PlacementGroupID
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from shard_ray import __version__
 from shard_ray.errors import ShardRayError
@@ -63,6 +68,15 @@ def _measuring_code_digest() -> str:
 def gang_shape(**settings: Any) -> str:
     """The key a kept gang is taken by: its settings (devices, hosts, threads, ...) and the measuring code's digest."""
     return repr(sorted(settings.items())) + "@" + _measuring_code_digest()
+
+
+GROUP_PREFIX = "shard-ray-gang"
+
+
+def gang_group_name(job: str) -> str:
+    """A new name for the placement group of a gang `job` starts on a Ray it joined (the keeper frees it after `job`
+    should it be left behind)."""
+    return f"{GROUP_PREFIX}/{job}/{uuid.uuid4().hex}"
 
 
 def stop_gang(gang: dict) -> None:
@@ -114,12 +128,6 @@ class GangKeeper:
             stop_gang(kept[1])
         return kept is not None
 
-    def hold(self, token: str, job: str, gang: dict) -> None:
-        """A gang a command started, to be stopped should its driver die before it is handed back."""
-        with self._lock:
-            self._called()
-            self._held[token] = (job, gang)
-
     def keep(self, token: str, shape: str, gang: dict, seconds: float) -> None:
         """Keep the command's gang for `seconds`; a gang kept before it is stopped (one is kept at a time)."""
         with self._lock:
@@ -150,9 +158,13 @@ class GangKeeper:
                 pass
 
     def _stop_expired_and_orphaned(self) -> None:
-        with self._lock:
-            held_jobs = {job for job, _ in self._held.values()}
-        dead = {j["JobID"] for j in ray._private.state.jobs() if j["IsDead"]} & held_jobs if held_jobs else set()
+        jobs = {j["JobID"]: j["IsDead"] for j in ray._private.state.jobs()}
+        dead = {job for job, is_dead in jobs.items() if is_dead}
+        groups = {
+            g["placement_group_id"]: g["name"].split("/")[1]
+            for g in ray.util.placement_group_table().values()
+            if g["name"].startswith(GROUP_PREFIX + "/") and g["state"] != "REMOVED"
+        }
         # A node told to stop (`ray stop`, SIGTERM to `ray start --block`) waits for its actors to end, 30 s at most:
         # a kept gang ends at once, and so does the keeper where its own node stops.
         draining = {
@@ -166,10 +178,22 @@ class GangKeeper:
                 self._kept = None
             for token in [t for t, (job, _) in self._held.items() if job in dead]:
                 stopping.append(self._held.pop(token)[1])
+            # The new gangs of ended commands (killed before they handed them back): neither kept nor lent.
+            owned = {gang["group"].id.hex() for _, gang in self._held.values()}
+            owned |= {self._kept[1]["group"].id.hex()} if self._kept is not None else set()
+            orphaned = [group for group, job in groups.items() if job in dead and group not in owned]
+            running = any(job not in dead for group, job in groups.items() if group not in owned)
         for gang in stopping:
             stop_gang(gang)
+        for group in orphaned:  # its members end with it
+            remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(group))))
         with self._lock:
-            idle = self._kept is None and not self._held and time.monotonic() - self._last_call > KEEPER_IDLE_S
+            idle = (
+                self._kept is None
+                and not self._held
+                and not running
+                and time.monotonic() - self._last_call > KEEPER_IDLE_S
+            )
             self._ending = idle or ray.get_runtime_context().get_node_id() in draining
         if self._ending:  # nothing left to keep, or its node stopping: the keeper's own process ends too
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
