@@ -9,7 +9,10 @@ Runs, as a user types them (`python -m shard_ray.cli`, the console script's code
   joined to a running head (`ray start --head --block`, started and stopped here by its process group): the whole
   command and its phases, from when each line of its output appeared: start (to its `ray:` line: imports and
   Ray), gang (to `measuring ...`: pricing and the gang's start), measuring (to the last round's line), report
-  (the table, the chart, MLflow: to the last line) and exit (to the process's end).
+  (the table, the chart, MLflow: to the last line) and exit (to the process's end);
+- joined, that `compare` once more right after: it takes the gang the first left on the head
+  (`shard_ray.profiling.keeper`), where the release keeps gangs. Before each release's joined runs the head's kept
+  gang, if any, is stopped (untimed), so that the first starts a gang and another release finds the devices free.
 Each release runs once unrecorded first (its MLflow store made), then `--repeats` times, the releases in turn;
 the medians are reported. `--previous COMMIT` runs that commit's code too, from a git worktree put first on
 PYTHONPATH, in the same environment. Writes command_costs.json and command_costs.md to --out.
@@ -107,8 +110,19 @@ def measure_release(code: Path | None, work: Path, env: dict[str, str], address:
             result["plan"] = {"total": took}
     compare = ["compare", "--tables", str(TABLES), "--plans", *plans, "--rounds", "6", "--out", str(work / "cmp")]
     result["compare, local Ray"] = phases(*timed_lines(compare, {**env, "RAY_ADDRESS": ""}, work))
-    result["compare, joined"] = phases(*timed_lines(compare, {**env, "RAY_ADDRESS": address}, work))
+    joined = {**env, "RAY_ADDRESS": address}
+    release_kept_gang(joined)
+    result["compare, joined"] = phases(*timed_lines(compare, joined, work))
+    result["compare, joined again"] = phases(*timed_lines(compare, joined, work))
+    release_kept_gang(joined)
     return result
+
+
+def release_kept_gang(env: dict[str, str]) -> None:
+    """Stop the gang a command left on the head (this checkout's code does it)."""
+    script = "import ray; ray.init(); from shard_ray.profiling.keeper import release_kept_gang; release_kept_gang()"
+    subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONPATH": str(REPO)}, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
 def medians(runs: list[dict[str, dict]]) -> dict[str, dict[str, float]]:

@@ -683,7 +683,9 @@ class DeviceGang:
         check_hosts(self.num_devices, self.devices_per_host, self.use_gpus)
         job = ray.get_runtime_context().get_job_id()
         if self._keep_s:
-            if gang_keeper(create=False) is not None and self._take_kept(job):  # none: nothing is kept
+            if gang_keeper(create=False) is None:  # nothing is kept; the keeper starts while the members do (it
+                gang_keeper(create=True)  # frees this gang's devices should this driver die holding it)
+            elif self._take_kept(job):
                 return
         else:
             release_kept_gang()
@@ -703,8 +705,6 @@ class DeviceGang:
                     f"{available.get('GPU', 0):.0f} GPUs free"
                 ) from err
             self._start_members()
-            if self._keep_s:  # started, where there is none, to stop this gang should this driver die holding it
-                gang_keeper(create=True)
         except BaseException:
             self._stop()
             raise
