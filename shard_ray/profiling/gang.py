@@ -654,6 +654,7 @@ class DeviceGang:
         self._keep_s = keep_seconds() if joined_ray() else 0.0
         self._token = uuid.uuid4().hex  # this gang's name with the keeper
         self._lent = False  # whether the keeper lent this command its gang (and stops it should this driver die)
+        self._keeper_starting: ray.ObjectRef | None = None  # the keeper's answer once it has started
         self._shape = gang_shape(
             devices=num_devices,
             devices_per_host=devices_per_host,
@@ -683,8 +684,10 @@ class DeviceGang:
         check_hosts(self.num_devices, self.devices_per_host, self.use_gpus)
         job = ray.get_runtime_context().get_job_id()
         if self._keep_s:
-            if gang_keeper(create=False) is None:  # nothing is kept; the keeper starts while the members do (it
-                gang_keeper(create=True)  # frees this gang's devices should this driver die holding it)
+            if gang_keeper(create=False) is None:
+                # Nothing is kept. The keeper, which frees this gang should this driver die holding it, starts while
+                # the members do.
+                self._keeper_starting = gang_keeper(create=True).ready.remote()
             elif self._take_kept(job):
                 return
         else:
@@ -720,6 +723,16 @@ class DeviceGang:
                 if attempt:
                     raise
         raise AssertionError("unreachable")
+
+    def _await_keeper(self) -> None:
+        """Wait for the keeper this gang's start started, before the gang measures: the keeper's process starting
+        would take time on the measured cores (on 2 cores it took seconds more while the members measured)."""
+        if self._keeper_starting is not None:
+            starting, self._keeper_starting = self._keeper_starting, None
+            try:
+                ray.get(starting)
+            except ray.exceptions.RayActorError:  # it ended meanwhile (having had nothing to keep): started again
+                self._call_keeper("ready")
 
     def _record(self) -> dict:
         """What the keeper keeps of this gang: its members and devices, and what a command learns when it starts."""
@@ -926,6 +939,7 @@ class DeviceGang:
             try:
                 if not self.members:
                     self._start()
+                self._await_keeper()
                 return run()
             except ray.exceptions.RayActorError as err:
                 if attempt == self.max_retries:

@@ -143,11 +143,10 @@ class GangKeeper:
             self._called()
             self._held.pop(token, None)
 
-    def kept_members(self) -> list[Any]:
-        """The kept gang's members (none when no gang is kept)."""
+    def ready(self) -> None:
+        """Answers once the keeper has started."""
         with self._lock:
             self._called()
-            return list(self._kept[1]["members"]) if self._kept is not None else []
 
     def _watch(self) -> None:
         while True:
