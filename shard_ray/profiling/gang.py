@@ -65,6 +65,7 @@ from shard_ray.profiling.fused_shard import (
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.keeper import (
     KEEP_ENV,
+    KEEPER_NAMESPACE,
     gang_group_name,
     gang_keeper,
     gang_shape,
@@ -655,6 +656,7 @@ class DeviceGang:
         self._token = uuid.uuid4().hex  # this gang's name with the keeper
         self._lent = False  # whether the keeper lent this command its gang (and stops it should this driver die)
         self._keeper_starting: ray.ObjectRef | None = None  # the keeper's answer once it has started
+        self._group_name = ""  # a kept gang's placement group's name (`gang_group_name`), its members' by it
         self._shape = gang_shape(
             devices=num_devices,
             devices_per_host=devices_per_host,
@@ -692,10 +694,9 @@ class DeviceGang:
                 return
         else:
             release_kept_gang()
+        self._group_name = gang_group_name(job) if self._keep_s else ""
         self._group = placement_group(
-            bundles,
-            strategy=strategy,
-            **({"lifetime": "detached", "name": gang_group_name(job)} if self._keep_s else {}),
+            bundles, strategy=strategy, **({"lifetime": "detached", "name": self._group_name} if self._keep_s else {})
         )
         try:
             try:
@@ -734,11 +735,16 @@ class DeviceGang:
             except ray.exceptions.RayActorError:  # it ended meanwhile (having had nothing to keep): started again
                 self._call_keeper("ready")
 
+    def _member_names(self) -> list[str]:
+        """The names of a kept gang's members (in the keeper's namespace), by its placement group's."""
+        return [f"{self._group_name}/{rank}" for rank in range(self.num_devices)]
+
     def _record(self) -> dict:
         """What the keeper keeps of this gang: its members and devices, and what a command learns when it starts."""
         return {
-            "members": list(self.members),
+            "members": self._member_names(),  # names: a handle would have the keeper import this module and torch
             "group": self._group,
+            "group_name": self._group_name,
             "hosts": self._hosts_seen,
             "budgets": self.budgets,
             "settled": self._settled,
@@ -749,10 +755,11 @@ class DeviceGang:
         kept = self._call_keeper("lend", self._shape, self._token, job)
         if kept is None:
             return False
-        self.members, self._group, self._lent = kept["members"], kept["group"], True
+        self._group, self._group_name, self._lent = kept["group"], kept["group_name"], True
         try:
+            self.members = [ray.get_actor(name, namespace=KEEPER_NAMESPACE) for name in kept["members"]]
             self._take(kept["hosts"], kept["budgets"])
-        except ray.exceptions.RayActorError:  # a member died while kept: a new gang instead
+        except (ValueError, ray.exceptions.RayActorError):  # a member died while kept: a new gang instead
             self._stop()
             return False
         self._settled = kept["settled"]
@@ -766,12 +773,14 @@ class DeviceGang:
 
     def _start_members(self) -> None:
         options = resources_per_device(self.use_gpus)
-        if self._keep_s:  # outlives this command, with the keeper (which stops it should this driver die)
-            options["lifetime"] = "detached"
         per_bundle = self.devices_per_host or 1
+        names = self._member_names() if self._keep_s else [None] * self.num_devices
+        if self._keep_s:  # outlives this command, with the keeper (which stops it should this driver die)
+            options |= {"lifetime": "detached", "namespace": KEEPER_NAMESPACE}
         self.members = [
             GangMember.options(
                 **options,
+                name=names[rank],
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=rank // per_bundle
                 ),

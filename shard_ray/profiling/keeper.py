@@ -80,11 +80,8 @@ def gang_group_name(job: str) -> str:
 
 
 def stop_gang(gang: dict) -> None:
-    """Kill a gang's members and free its devices (its placement group)."""
-    for member in gang["members"]:
-        ray.kill(member)
-    if gang["group"] is not None:
-        remove_placement_group(gang["group"])
+    """Free a gang's devices: its placement group, whose removal ends the members in it."""
+    remove_placement_group(gang["group"])
 
 
 @ray.remote(num_cpus=0)
