@@ -10,9 +10,10 @@ Every gang, kept or not, is its own command's: the keeper lends a kept gang to o
 its time is up or when a gang or pool of another shape is to start (it would hold the devices that one needs), and
 stops the gang of a command whose driver has died (its job ended without handing it back): a kept gang's members
 and devices outlive the command that started them (Ray's detached lifetime), and nothing else would stop them. A
-command's new gang is not announced to the keeper (whose start would wait on its members' starts, 2 s of the first
-command's): its placement group is named by the command's job (`gang_group_name`), and the keeper frees every such
-group of an ended job that it neither keeps nor lends, its members ending with it.
+command's new gang is not handed to the keeper until the command is done with it (the keeper starts while the
+members do, and would import the members' module and torch to take their handles): its placement group and members
+are named by the command's job (`gang_group_name`), and the keeper frees every such group of an ended job that it
+neither keeps nor lends, its members ending with it.
 """
 
 from __future__ import annotations
