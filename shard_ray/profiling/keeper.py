@@ -175,9 +175,9 @@ class GangKeeper:
                 self._kept = None
             for token in [t for t, (job, _) in self._held.items() if job in dead]:
                 stopping.append(self._held.pop(token)[1])
-            # The new gangs of ended commands (killed before they handed them back): neither kept nor lent.
-            owned = {gang["group"].id.hex() for _, gang in self._held.values()}
-            owned |= {self._kept[1]["group"].id.hex()} if self._kept is not None else set()
+            # The new gangs of ended commands (killed before they handed them back): neither kept, lent nor stopped.
+            accounted = [gang for _, gang in self._held.values()] + stopping + ([self._kept[1]] if self._kept else [])
+            owned = {gang["group"].id.hex() for gang in accounted}
             orphaned = [group for group, job in groups.items() if job in dead and group not in owned]
             running = any(job not in dead for group, job in groups.items() if group not in owned)
         for gang in stopping:
