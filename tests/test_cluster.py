@@ -343,11 +343,12 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
             until(lambda: all(gone(pid) for pid in pids), "the killed driver's members ended")
             until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
                   "the killed driver's devices freed and the keeper gone")  # fmt: skip
-        # a bad setting is refused in a line
+        # a bad setting is refused in a line, before the command joins the head
         done = subprocess.run(evaluate, cwd=tmp_path, env={**bin_env, "SHARD_RAY_KEEP_GANG_S": "soon"},
                               capture_output=True, text=True, timeout=300)  # fmt: skip
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and "SHARD_RAY_KEEP_GANG_S='soon'" in lines[0], done.stderr
+        assert "ray:" not in done.stdout, done.stdout
 
 
 def _run_the_benchmark_job(tmp_path: Path, address: str, env: dict[str, str], mlflow_server: str) -> None:

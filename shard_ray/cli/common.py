@@ -43,6 +43,8 @@ def tracking(args: argparse.Namespace) -> tuple[str | None, str]:
 
 def connect(args: argparse.Namespace, min_cpus: int = 1) -> None:
     """Join the cluster the flags name, or start a local Ray, and say which."""
+    from shard_ray.profiling.keeper import keep_seconds
     from shard_ray.runtime import connect_ray
 
+    keep_seconds()  # a bad SHARD_RAY_KEEP_GANG_S is refused before joining
     print(connect_ray(args.address, min_cpus=min_cpus))
