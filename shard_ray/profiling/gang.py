@@ -684,17 +684,17 @@ class DeviceGang:
         gang of this shape is kept (`keeper`), take it instead; any other kept gang frees its devices first."""
         bundles, strategy = gang_bundles(self.num_devices, self.devices_per_host, self.use_gpus)
         check_hosts(self.num_devices, self.devices_per_host, self.use_gpus)
-        job = ray.get_runtime_context().get_job_id()
         if self._keep_s:
+            job = ray.get_runtime_context().get_job_id()
             if gang_keeper(create=False) is None:
                 # Nothing is kept. The keeper, which frees this gang should this driver die holding it, starts while
                 # the members do.
                 self._keeper_starting = gang_keeper(create=True).ready.remote()
             elif self._take_kept(job):
                 return
+            self._group_name = gang_group_name(job)
         else:
             release_kept_gang()
-        self._group_name = gang_group_name(job) if self._keep_s else ""
         self._group = placement_group(
             bundles, strategy=strategy, **({"lifetime": "detached", "name": self._group_name} if self._keep_s else {})
         )
