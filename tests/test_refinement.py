@@ -26,7 +26,9 @@ def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_
     new and reaches the same plan, and the gang confirms the refined plan faster."""
     # Each move unloads a quarter or a third of the device's compute: with six tables of pooling factor 32, the move
     # from five tables to four measured 5-14% here (the all-to-alls priced alike on both devices) and once 0.1% in
-    # CI, under the 3% a move must gain.
+    # CI, under the 3% a move must gain. With these four tables the first move measured 25% here and, in one CI run
+    # of 2026-12-03, 0.9% in both of the step's two measurements (the default one retry): the step is measured up to
+    # four times (`refine_retries`), each shard judged by its fastest.
     tables = [TableSpec(name=f"t{i}", rows=20000, dim=128, pooling_factor=64.0) for i in range(4)]
     topology = Topology(num_devices=2, memory_bytes=GB, batch_size=1024)
     planted = Plan.from_assignment(table_wise(tables), np.zeros(4, dtype=np.int64), 2, "planted")
@@ -34,16 +36,14 @@ def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_
     # a whole measurement, and moving a table off the device that held six measured 0.8% faster.
     measure = MeasureConfig.for_topology(topology)
     models = CostModels.load(default_cost_model_path())
+    config = RefineConfig(refine_steps=4, refine_retries=3)
     lines: list[str] = []
     with MeasurementStore(tmp_path / "m.db") as store, ProfilingPool(2) as pool:
-        refined = refine(
-            planted, tables, topology, models, pool, store, measure, RefineConfig(refine_steps=4), lines.append
-        )
-        again = refine(
-            planted, tables, topology, models, pool, store, measure, RefineConfig(refine_steps=4), lambda _: None
-        )
-    assert refined.moves and refined.after_ms < 0.85 * refined.before_ms, lines
-    assert sorted(np.bincount([s.device for s in refined.plan.shards], minlength=2)) == [2, 2], lines
+        refined = refine(planted, tables, topology, models, pool, store, measure, config, lines.append)
+        again = refine(planted, tables, topology, models, pool, store, measure, config, lambda _: None)
+    said = "\n".join(lines)  # a string, which pytest prints whole (a list it cuts)
+    assert refined.moves and refined.after_ms < 0.85 * refined.before_ms, said
+    assert sorted(np.bincount([s.device for s in refined.plan.shards], minlength=2)) == [2, 2], said
     assert refined.measured_shards >= 3 and again.measured_shards == 0
     assert again.plan.shards == refined.plan.shards and again.moves == refined.moves
     assert any("moved from device 0 to 1" in line or "swapped" in line for line in lines)
@@ -56,7 +56,7 @@ def test_refinement_improves_a_planted_bad_plan_and_caches_its_measurements(ray_
             CompareConfig(rounds=20, budget_seconds=120, warmup=1, repeats=5),
             log=lambda _: None,
         )
-    assert compared.result.chosen == "refined" and compared.result.separated, (lines, compared.result)
+    assert compared.result.chosen == "refined" and compared.result.separated, f"{said}\n{compared.result}"
 
 
 @pytest.mark.slow
@@ -77,8 +77,9 @@ def test_at_8_devices_on_2_cores_refinement_unloads_the_overloaded_devices_one_a
         refined = refine(planted, tables, topology, models, pool, store, measure, config, lines.append)
         again = refine(planted, tables, topology, models, pool, store, measure, config, lambda _: None)
     per_device = np.bincount([s.device for s in refined.plan.shards], minlength=8)
-    assert per_device.max() <= 2 and len(refined.moves) >= 4, lines
-    assert refined.after_ms < 0.8 * refined.before_ms, lines
+    said = "\n".join(lines)
+    assert per_device.max() <= 2 and len(refined.moves) >= 4, said
+    assert refined.after_ms < 0.8 * refined.before_ms, said
     # measured device by device: the plan's 4 non-empty devices first, then each step's, none twice
     assert refined.measured_shards >= 7 and again.measured_shards == 0
     assert again.plan.shards == refined.plan.shards and again.moves == refined.moves
