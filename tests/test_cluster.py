@@ -273,14 +273,20 @@ def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_
             assert done.returncode == 2 and len(lines) == 1 and said in lines[0], done.stderr
 
 
-# Run joined to a head: how many CPUs it has free and whether the gangs' keeper is there; a 2-device gang in a
-# process then killed with no chance to hand its gang back, its members' process ids printed.
-HEAD_STATE = """
-import json, ray
+# Run joined to a head: its free CPUs and whether the gangs' keeper is there, looked at until every CPU is free and
+# the keeper gone or the seconds given are up, what it saw last printed; a 2-device gang in a process then killed with
+# no chance to hand its gang back, its members' process ids printed.
+HEAD_FREED = """
+import json, sys, time, ray
 ray.init(logging_level="ERROR")
-keeper = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == "gang-keeper"]
-print(json.dumps({"free": ray.available_resources().get("CPU", 0), "all": ray.cluster_resources()["CPU"],
-                  "keeper": bool(keeper)}))
+deadline = time.monotonic() + float(sys.argv[1])
+while True:
+    keeper = any(a["name"] == "gang-keeper" for a in ray.util.list_named_actors(all_namespaces=True))
+    state = {"free": ray.available_resources().get("CPU", 0), "all": ray.cluster_resources()["CPU"], "keeper": keeper}
+    if state["free"] == state["all"] and not keeper or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+print(json.dumps(state))
 """
 KILLED_DRIVER = """
 import os, signal, sys, ray
@@ -298,10 +304,14 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
     which its members, its devices and the keeper are gone; a driver killed while it holds a gang, one it started or one
     it took, leaves nothing."""
 
-    def head_state(env: dict[str, str]) -> dict:
-        done = subprocess.run([sys.executable, "-c", HEAD_STATE], env=env, capture_output=True, text=True, timeout=120)
+    def head_freed(env: dict[str, str], what: str, within_s: float = 60.0) -> None:
+        """Every device free and the keeper gone within `within_s`, as one driver polling the head sees it (a driver
+        a poll started Python and Ray afresh: 2 CPU-s each)."""
+        done = subprocess.run([sys.executable, "-c", HEAD_FREED, str(within_s)], env=env, capture_output=True,
+                              text=True, timeout=within_s + 120)  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        state = json.loads(done.stdout.strip().splitlines()[-1])
+        assert state["free"] == state["all"] and not state["keeper"], f"not within {within_s:.0f} s: {what}: {state}"
 
     def until(check, what: str, within_s: float = 60.0) -> None:
         deadline = time.monotonic() + within_s
@@ -319,8 +329,7 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
         done = subprocess.run(evaluate, cwd=tmp_path, env={**bin_env, "SHARD_RAY_KEEP_GANG_S": "3"},
                               capture_output=True, text=True, timeout=600)  # fmt: skip
         assert done.returncode == 0 and "gang: left on this Ray for the next command for 3 s" in done.stderr, done
-        until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
-              "the kept gang's devices freed and the keeper gone")  # fmt: skip
+        head_freed(env, "the kept gang's devices freed and the keeper gone")
 
         def gone(pid: int) -> bool:
             try:
@@ -341,8 +350,7 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
             pids = [int(pid) for pid in killed.stdout.split()]
             assert len(pids) == 2
             until(lambda: all(gone(pid) for pid in pids), "the killed driver's members ended")
-            until(lambda: (lambda state: state["free"] == state["all"] and not state["keeper"])(head_state(env)),
-                  "the killed driver's devices freed and the keeper gone")  # fmt: skip
+            head_freed(env, "the killed driver's devices freed and the keeper gone")
         # a bad setting is refused in a line, before the command joins the head
         done = subprocess.run(evaluate, cwd=tmp_path, env={**bin_env, "SHARD_RAY_KEEP_GANG_S": "soon"},
                               capture_output=True, text=True, timeout=300)  # fmt: skip

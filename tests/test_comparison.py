@@ -311,8 +311,11 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
 def test_plan_measure_keeps_an_incumbent_no_plan_is_measured_faster_than(
     ray_session, capsys, monkeypatch, tmp_path, two_plans
 ):
-    """`plan --measure --incumbent FILE`: 2 rounds (intervals of one degree of freedom) separate nothing, so the
-    incumbent, a hand-edited plan no algorithm makes, is written whatever the medians say, and the output says so."""
+    """`plan --measure --incumbent FILE`: over 2 rounds (intervals of one degree of freedom) the incumbent, a
+    hand-edited plan no algorithm makes, is written whatever the medians say, and the output says so; unless, at
+    most at the procedure's alpha, two rounds agree so closely that a plan is separated as faster than it (once in
+    the parallel pass of 2026-12-03: cost_search's plan): then that plan is written, its interval with the
+    incumbent excluding 1, and the output says that."""
     table_file, _, twin = two_plans
     monkeypatch.chdir(tmp_path)
     result = shard_ray_here(
@@ -323,11 +326,18 @@ def test_plan_measure_keeps_an_incumbent_no_plan_is_measured_faster_than(
     written = load_plan(tmp_path / "plan.json")
     measured = written.measured
     assert measured.incumbent is not None and "incumbent" in measured.incumbent.split("=")
-    assert measured.chosen == measured.incumbent and not measured.separated and measured.rounds == 2
-    placement = {(s.table, s.device, s.columns) for s in written.shards}
-    assert placement == {(s.table, s.device, s.columns) for s in load_plan(twin).shards}
-    assert f"no plan is separated as faster than the incumbent ({measured.incumbent}), which is kept" in result.stdout
-    assert f"the incumbent ({measured.incumbent}), kept: no plan measured faster than it" in result.stdout
+    assert measured.rounds == 2, result.stdout
+    if measured.chosen == measured.incumbent:
+        placement = {(s.table, s.device, s.columns) for s in written.shards}
+        assert placement == {(s.table, s.device, s.columns) for s in load_plan(twin).shards}
+        assert not measured.separated
+        kept = f"no plan is separated as faster than the incumbent ({measured.incumbent}), which is kept"
+        assert kept in result.stdout
+        assert f"the incumbent ({measured.incumbent}), kept: no plan measured faster than it" in result.stdout
+    else:
+        assert measured.ratios[measured.incumbent].low > 1, result.stdout
+        said = f"separated as faster than the incumbent ({measured.incumbent})", "is separated from every other plan"
+        assert any(words in result.stdout for words in said), result.stdout
     # measured with the others, and priced by the models that priced them
     assert measured.incumbent in measured.predicted_ms and len(measured.candidates) >= 3
     # an incumbent of other devices is refused before anything is measured
