@@ -305,8 +305,8 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
     it took, leaves nothing."""
 
     def head_freed(env: dict[str, str], what: str, within_s: float = 60.0) -> None:
-        """Every device free and the keeper gone within `within_s`, as one driver polling the head sees it (a driver
-        a poll started Python and Ray afresh: 2 CPU-s each)."""
+        """Every device free and the keeper gone within `within_s`, as one driver polling the head sees it (a new
+        process for each look started Python and Ray afresh, about 2 CPU-s a look)."""
         done = subprocess.run([sys.executable, "-c", HEAD_FREED, str(within_s)], env=env, capture_output=True,
                               text=True, timeout=within_s + 120)  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
