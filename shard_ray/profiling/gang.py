@@ -740,9 +740,9 @@ class DeviceGang:
         return [f"{self._group_name}/{rank}" for rank in range(self.num_devices)]
 
     def _record(self) -> dict:
-        """What the keeper keeps of this gang: its members and devices, and what a command learns when it starts."""
+        """What the keeper keeps of this gang: its devices, the name its members' names derive from (a handle would
+        have the keeper import this module and torch), and what a command learns when it starts."""
         return {
-            "members": self._member_names(),  # names: a handle would have the keeper import this module and torch
             "group": self._group,
             "group_name": self._group_name,
             "hosts": self._hosts_seen,
@@ -757,7 +757,7 @@ class DeviceGang:
             return False
         self._group, self._group_name, self._lent = kept["group"], kept["group_name"], True
         try:
-            self.members = [ray.get_actor(name, namespace=KEEPER_NAMESPACE) for name in kept["members"]]
+            self.members = [ray.get_actor(name, namespace=KEEPER_NAMESPACE) for name in self._member_names()]
             self._take(kept["hosts"], kept["budgets"])
         except (ValueError, ray.exceptions.RayActorError):  # a member died while kept: a new gang instead
             self._stop()
