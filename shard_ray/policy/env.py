@@ -223,6 +223,9 @@ class PlacementState:
         self.assign: list[int] = []
         self.cost = 0.0
         self.max_candidates = candidates
+        # What a step computes once and reads several times, cleared when the next step begins (`_new_step`).
+        self._action_mask: np.ndarray | None = None
+        self._option_mask: np.ndarray | None = None
         self._candidates: np.ndarray | None = None
         self._what_if: tuple[np.ndarray, np.ndarray] | None = None
         self._splits: list[tuple[Option, _Split]] | None = None
@@ -259,12 +262,14 @@ class PlacementState:
     def action_mask(self) -> np.ndarray:
         """Devices with room for the current piece, among those it may go to (one, for a row block), holding none of
         its table (two column slices on one device would run its lookups twice)."""
-        current = self._current()
-        mask = self.ledger.room(current.need) & current.allowed
-        holding = self.holding.get(self.piece.table.name)
-        if holding:
-            mask[list(holding)] = False
-        return mask
+        if self._action_mask is None:
+            current = self._current()
+            mask = self.ledger.room(current.need) & current.allowed
+            holding = self.holding.get(self.piece.table.name)
+            if holding:
+                mask[list(holding)] = False
+            self._action_mask = mask
+        return self._action_mask
 
     def _device_totals(self) -> np.ndarray:
         return self.compute_ms.sum(axis=1) + self.comm_ms
@@ -638,7 +643,10 @@ class PlacementState:
 
     def option_mask(self) -> np.ndarray:
         """Which of `options()` may be taken."""
-        return np.concatenate([self.action_mask()[self.candidates()], [s.fits for _, s in self.splits()]]).astype(bool)
+        if self._option_mask is None:
+            fits = [s.fits for _, s in self.splits()]
+            self._option_mask = np.concatenate([self.action_mask()[self.candidates()], fits]).astype(bool)
+        return self._option_mask
 
     def take(self, slot: int) -> float:
         """Take option `slot` of `options()`; the step's reward."""
@@ -666,7 +674,10 @@ class PlacementState:
         self.queue[i : i + 1] = slices  # described when `_price_slices` priced them
         self.queue_described[i : i + 1] = [self._pieces[p.key] for p in slices]
         self.queue_singles[i : i + 1] = [float(s) for s in singles]
-        self._candidates = self._what_if = self._splits = None
+        self._new_step()
+
+    def _new_step(self) -> None:
+        self._action_mask = self._option_mask = self._candidates = self._what_if = self._splits = None
 
     def _put(self, piece: TablePiece, device: int) -> None:
         """Add `piece` to `device`'s sums, counts and memory (not its prices)."""
@@ -719,7 +730,7 @@ class PlacementState:
     def _advance(self) -> float:
         self.singles_left -= self.queue_singles[self.position]
         self.position += 1
-        self._candidates = self._what_if = self._splits = None
+        self._new_step()
         previous, self.cost = self.cost, float(self._device_totals().max())
         return -(self.cost - previous) / self.lower_bound
 
