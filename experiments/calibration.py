@@ -30,7 +30,8 @@ from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.io import write_json
 from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, memory_cap_with_headroom
-from shard_ray.workflows.benchmark import BenchmarkConfig, benchmark_tasks
+from shard_ray.workflows.benchmark import benchmark_tasks
+from shard_ray.workflows.settings import BenchmarkConfig
 from shard_ray.workload.tables import load_tables, save_tables
 
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")

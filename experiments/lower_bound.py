@@ -52,9 +52,9 @@ from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
-from shard_ray.workflows.benchmark import BenchmarkConfig
 from shard_ray.workflows.comparison import plan_with_algorithms, ratio_interval
 from shard_ray.workflows.refinement import measured_device_costs
+from shard_ray.workflows.settings import BenchmarkConfig
 from shard_ray.workload.tables import TableSpec, load_tables
 
 SEARCHES = ("cost_search", "dreamshard")

@@ -30,7 +30,8 @@ from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.policy.network import OptionScorer, PolicyInfo, default_policy_path, load_policy, save_policy
-from shard_ray.policy.ppo import PolicyConfig, validation_score, validation_tasks
+from shard_ray.policy.ppo import validation_score, validation_tasks
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import split_pool
 

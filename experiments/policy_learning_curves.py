@@ -21,13 +21,13 @@ from shard_ray.arguments import Parser
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.io import write_atomic, write_json
 from shard_ray.policy.ppo import (
-    PolicyConfig,
     build_algorithm,
     episode_return,
     policy_network,
     validation_score,
     validation_tasks,
 )
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.runtime import connect_ray
 from shard_ray.torch_threads import one_torch_thread
 from shard_ray.workload.synthetic import PoolConfig, generate_pool

@@ -26,7 +26,8 @@ from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.placement.search import MAX_EVALUATIONS
 from shard_ray.plan.plan import Plan
-from shard_ray.policy.ppo import PolicyConfig, validation_tasks
+from shard_ray.policy.ppo import validation_tasks
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import split_pool
 

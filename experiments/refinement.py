@@ -45,8 +45,8 @@ from shard_ray.costmodel.models import default_cost_model_path
 from shard_ray.io import write_json
 from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, memory_cap_with_headroom
-from shard_ray.workflows.benchmark import BenchmarkConfig
 from shard_ray.workflows.comparison import ratio_interval
+from shard_ray.workflows.settings import BenchmarkConfig
 from shard_ray.workload.tables import load_tables
 
 POLICY = "dreamshard"  # the shipped policy, planning with the calibrated models

@@ -392,7 +392,8 @@ def test_plan_says_on_the_console_which_prices_rest_on_the_correction_bound(caps
 def test_calibration_leaves_the_plans_a_share_of_the_measuring_time():
     """The shards stop with `plan_share` of the measuring time left where a gang measures plans (at 8 devices on
     2 cores they once spent all of it, and the judgement rested on 1 plan); on one device they take all of it."""
-    from shard_ray.workflows.calibrate import CalibrateConfig, measuring_deadlines
+    from shard_ray.workflows.calibrate import measuring_deadlines
+    from shard_ray.workflows.settings import CalibrateConfig
 
     config = CalibrateConfig(budget_minutes=5.0)
     measuring = 60 * 5.0 * (1 - config.fit_share)

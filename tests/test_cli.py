@@ -298,7 +298,7 @@ def test_a_commands_defaults_are_its_settings_dataclass(tmp_path, capsys):
 def test_tuned_file_is_overridden_by_flags_given(tmp_path):
     from shard_ray.cli import build_parser
     from shard_ray.cli.flags import settings_from
-    from shard_ray.costmodel.train import TrainConfig
+    from shard_ray.costmodel.settings import TrainConfig
 
     args = build_parser("costmodel").parse_args(
         ["costmodel", "train", "--tables", "p", "--out", "m.pt", "--lr", "0.01"]
@@ -335,6 +335,13 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
         ["plan", "--help"],
         ["compare", "--help"],
         ["collect", "--help"],
+        ["calibrate", "--help"],
+        ["costmodel", "train", "--epochs", "0"],
+        ["models", "--bogus"],
+        ["policy", "train", "--help"],
+        ["policy", "outer-loop", "--rounds", "zero"],
+        ["bench", "--devices", "0"],
+        ["demo", "--help"],
         ["plan", "--devices", "zero"],
         ["plan", "--tables", "missing.json", "--devices", "2", "--memory-gb", "1", "--out", "p.json"],
         ["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "1", "--hardware", "tpu", "--out", "p.json"],

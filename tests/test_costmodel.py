@@ -39,11 +39,11 @@ from shard_ray.costmodel.models import (
     task_digest,
 )
 from shard_ray.costmodel.pricing import Pricer
+from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.spine import QUANTITIES, Spine, fit_spine, physical_quantities, spine_shard_ms
 from shard_ray.costmodel.train import (
     MissingCommModelWarning,
-    TrainConfig,
     collective_sets,
     compute_data,
     data_split,

@@ -37,7 +37,8 @@ from shard_ray.policy.network import (
     load_policy,
     save_policy,
 )
-from shard_ray.policy.ppo import PolicyConfig, env_config
+from shard_ray.policy.ppo import env_config
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables
@@ -379,7 +380,8 @@ def test_outer_loop_measures_updates_and_trains(ray_session, tmp_path, pool):
     """One round of DreamShard's loop in-process, with MLflow; its resume after a kill is tests/test_failures.py's
     `test_outer_loop_killed_mid_round_resumes`."""
     from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.workflows.outer_loop import OuterLoopConfig, run_outer_loop
+    from shard_ray.workflows.outer_loop import run_outer_loop
+    from shard_ray.workflows.settings import OuterLoopConfig
 
     config = tiny_config(devices=(2,), min_tables=3, max_tables=4)
     loop = OuterLoopConfig(

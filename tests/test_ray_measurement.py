@@ -243,7 +243,8 @@ def test_evaluate_command_writes_result_and_mlflow_run(ray_session, tmp_path, ta
 def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
     import mlflow
 
-    from shard_ray.workflows.demo import DemoConfig, run_demo
+    from shard_ray.workflows.demo import run_demo
+    from shard_ray.workflows.settings import DemoConfig
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     comparison = run_demo(

@@ -1,8 +1,10 @@
 """The `shard-ray` command: one module per command group, each with its parser and handlers side by side.
 
 Every flag is generated from a settings dataclass (`shard_ray.cli.flags`), so a command's
-defaults live in one place. Only the group of the command being run is imported (its
-settings live next to torch and Ray), so `shard-ray --help` and bad commands answer at once.
+defaults live in one place. Only the group of the command being run is imported, and the settings its flags derive
+from live in modules without torch, Ray or MLflow (`profiling/procedure.py`, the `settings.py` of costmodel, policy
+and workflows), so help and bad flags answer at once; `tune`'s do not yet (its search sweep's settings take
+cost_search's budget from the search module, which imports torch).
 User errors print one line, `shard-ray: error: ...`, and exit with status 2; so does, with status 1, a worker
 stopped by Ray's memory monitor.
 """

@@ -8,8 +8,7 @@ import json
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import add_settings, settings_from
-from shard_ray.workflows.benchmark import BenchmarkConfig
-from shard_ray.workflows.demo import DemoConfig
+from shard_ray.workflows.settings import BenchmarkConfig, DemoConfig
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

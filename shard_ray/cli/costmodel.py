@@ -14,12 +14,12 @@ from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_trackin
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
-from shard_ray.costmodel.train import TrainConfig
+from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.errors import ShardRayError
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.models import CostModels
-from shard_ray.workflows.calibrate import CalibrateConfig
+from shard_ray.workflows.settings import CalibrateConfig
 
 
 @dataclass(frozen=True)

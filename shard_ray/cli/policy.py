@@ -13,9 +13,9 @@ from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import add_ray, add_tracking, connect, tracking
 from shard_ray.cli.flags import add_settings, merged_settings, settings_from
 from shard_ray.configfile import dataclass_from, setting
-from shard_ray.policy.ppo import PolicyConfig
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
-from shard_ray.workflows.outer_loop import OuterLoopConfig
+from shard_ray.workflows.settings import OuterLoopConfig
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from torch import nn
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, pieces_features
 from shard_ray.costmodel.info import ModelInfo
 from shard_ray.costmodel.links import LinkProfile, link_profile
+from shard_ray.costmodel.settings import FUSIONS
 from shard_ray.costmodel.spine import Spine
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, shard_ray_home, write_atomic
@@ -62,9 +63,6 @@ FORMAT = "shard-ray-costmodels/3"
 FREE_FORMAT = "shard-ray-costmodels/2"
 # Files of the first format have no `contention` term: they load as subadditive models.
 SUBADDITIVE_FORMAT = "shard-ray-costmodels/1"
-# What fusion the compute model may learn: "free" (saving or costing, both terms) or "subadditive"
-# (the concave term only: fusing never costs more than running apart, and the bound is tighter).
-FUSIONS = ("free", "subadditive")
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 DEFAULT_PRETRAINED = "cpu-reference.pt"
 

@@ -21,14 +21,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from shard_ray.configfile import setting
 from shard_ray.costmodel.coverage import training_coverage
 from shard_ray.costmodel.features import batch_context
 from shard_ray.costmodel.info import Coverage, ModelInfo, UpdatedOn
 from shard_ray.costmodel.links import plan_links_between_hosts
 from shard_ray.costmodel.models import (
     COMM_FEATURES,
-    FUSIONS,
     CommCostNet,
     ComputeCostNet,
     CostModels,
@@ -36,6 +34,7 @@ from shard_ray.costmodel.models import (
     fused_shard_tensors,
 )
 from shard_ray.costmodel.pricing import analytic_devices_per_host, gradient_mb, over_hosts, ring_bus_mb
+from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.spine import fit_spine
 from shard_ray.errors import ShardRayError, ShardRayWarning
@@ -47,59 +46,6 @@ from shard_ray.torch_threads import one_torch_thread
 
 class MissingCommModelWarning(ShardRayWarning):
     """Models were trained without a communication model, so the links' profile alone prices their all-to-alls."""
-
-
-LOSSES = ("mse", "huber", "l1")  # on log ms, so every one is a relative error
-FEATURE_SCALINGS = ("standardise", "minmax", "none")  # of the log-scaled table features
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    hidden: int = setting(128, "encoder width", min=1)
-    depth: int = setting(2, "encoder layers", min=1)
-    fusion: str = setting(
-        "free",
-        "what fusing tables may do to a shard's compute: 'free' (save or cost, per phase) or 'subadditive' "
-        "(never cost more than the tables apart; a tighter lower bound)",
-        choices=FUSIONS,
-    )
-    comm_hidden: int = 64
-    comm_depth: int = 2
-    lr: float = setting(2e-3, "learning rate", min=0)
-    weight_decay: float = 1e-5
-    max_epochs: int = setting(400, "most epochs; early stopping usually ends sooner", flag="--epochs", min=1)
-    minibatch: int = 64
-    patience: int = setting(40, "epochs without validation gain before stopping", min=1)
-    loss: str = setting("mse", "loss on log ms", choices=LOSSES)
-    feature_scaling: str = setting("standardise", "how features are scaled", choices=FEATURE_SCALINGS)
-    seed: int = setting(0, "random seed")
-    no_spine: bool = setting(
-        False,
-        "train the network alone, without the physical spine it corrects (shard_ray/costmodel/spine.py): "
-        "the models before format 3",
-    )
-    no_step_overhead: bool = setting(
-        False,
-        "leave each device's step overhead at 0 instead of fitting it to the plans (the shipped models: "
-        "docs/cost-models.md says why)",
-    )
-
-    def check(self) -> None:
-        for name in ("hidden", "depth", "comm_hidden", "comm_depth", "max_epochs", "minibatch", "patience"):
-            if getattr(self, name) < 1:
-                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0 < self.lr < 1:
-            raise ShardRayError(f"the learning rate must be between 0 and 1, got {self.lr}")
-        if not 0 <= self.weight_decay < 1:
-            raise ShardRayError(f"weight_decay must be in [0, 1), got {self.weight_decay}")
-        if self.fusion not in FUSIONS:
-            raise ShardRayError(f"unknown fusion {self.fusion!r}; known: {', '.join(FUSIONS)}")
-        if self.loss not in LOSSES:
-            raise ShardRayError(f"unknown loss {self.loss!r}; known: {', '.join(LOSSES)}")
-        if self.feature_scaling not in FEATURE_SCALINGS:
-            raise ShardRayError(
-                f"unknown feature scaling {self.feature_scaling!r}; known: {', '.join(FEATURE_SCALINGS)}"
-            )
 
 
 def log_loss(predicted: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:

@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from shard_ray.configfile import dataclass_from, setting
+from shard_ray.costmodel.settings import FEATURE_SCALINGS, LOSSES, TrainConfig
 from shard_ray.costmodel.train import (
-    FEATURE_SCALINGS,
-    LOSSES,
     ComputeData,
-    TrainConfig,
     compute_data,
     compute_splits,
     mape,

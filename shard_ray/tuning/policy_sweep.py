@@ -21,7 +21,7 @@ from typing import Any
 from shard_ray.configfile import dataclass_from, setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
-from shard_ray.policy.ppo import PolicyConfig
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 

@@ -91,8 +91,8 @@ def search_config_from(trial: dict[str, Any], max_evaluations: int) -> SearchCon
 
 
 def validation_tasks(pool: list[TableSpec], settings: SearchSweepConfig) -> list[Task]:
-    from shard_ray.policy.ppo import PolicyConfig
     from shard_ray.policy.ppo import validation_tasks as draw
+    from shard_ray.policy.settings import PolicyConfig
 
     shape = PolicyConfig(
         min_tables=settings.min_tables,

@@ -22,18 +22,17 @@ import csv
 import io
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shard_ray.configfile import setting
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, describe_models, models_for
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import mape
-from shard_ray.errors import ShardRayError, did_you_mean
+from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import algorithms
 from shard_ray.placement.base import PlacementContext, with_fitted_links
@@ -42,14 +41,11 @@ from shard_ray.plan.summary import gang_layout
 from shard_ray.plan.topology import (
     GB,
     Topology,
-    check_whole_hosts,
-    devices_per_host_setting,
-    host_link_gbps_setting,
-    inter_host_gbps_setting,
     memory_cap_with_headroom,
 )
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.workflows.comparison import AlgorithmComparison, CompareConfig, compare_algorithms, format_comparison
+from shard_ray.workflows.settings import BenchmarkConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -64,68 +60,6 @@ COLUMNS = (
     ("best_or_tied", "tasks best or tied for best"),
     ("failed_tasks", "tasks failed"),
 )
-
-
-@dataclass(frozen=True)
-class BenchmarkConfig:
-    tasks: int = setting(5, "synthetic test-pool tasks; 0 for only --tables", min=0)
-    min_tables: int = setting(20, "fewest tables in a synthetic task", min=1)
-    max_tables: int = setting(40, "most tables in a synthetic task", min=1)
-    table_files: tuple[str, ...] = setting(
-        (),
-        "a table file to benchmark as a task of its own; repeat (or comma-separate) for more",
-        flag="--tables",
-        repeat=True,
-    )
-    devices: int = setting(2, "devices of the gang", min=1)
-    # the plans are made for these hosts and the gang spans them
-    devices_per_host: int | None = devices_per_host_setting("one host holds every device")
-    inter_host_gbps: float | None = inter_host_gbps_setting("")
-    host_link_gbps: float | None = host_link_gbps_setting("")
-    batch_size: int = setting(1024, "global batch size", min=1)
-    repeats: int = setting(10, "timed steps per plan and round; each part costs the fastest of them", min=1)
-    rounds: int = setting(
-        12,
-        "most interleaved rounds per task (every plan once a round, fresh batches); the comparison stops once it decides",
-        min=3,
-    )
-    budget_seconds: float = setting(120.0, "seconds of measuring per task", min=1)
-    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
-    memory_gb: float | None = setting(
-        None,
-        "memory cap per device in GiB, the one the tables will train under (default: --memory-headroom's)",
-        min=1e-9,
-    )
-    cost_model: str | None = setting(
-        None,
-        "cost model file (default: the models calibrated for the gang's hardware, else the shipped ones of its hardware)",
-    )
-    policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
-    algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")
-    seed: int = setting(100, "random seed")
-    out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed")
-    tracking_uri: str | None = None  # None: no MLflow
-    experiment: str = "shard-ray-benchmark"
-
-    def check(self) -> None:
-        if self.tasks < 0:
-            raise ShardRayError(f"tasks must be 0 or more, got {self.tasks}")
-        if self.tasks == 0 and not self.table_files:
-            raise ShardRayError("nothing to benchmark: give tasks > 0 or table files")
-        if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
-            raise ShardRayError("devices, repeats and batch size must be at least 1")
-        check_whole_hosts(self.devices, self.devices_per_host)
-        if not 1 <= self.min_tables <= self.max_tables:
-            raise ShardRayError(f"need 1 <= min_tables <= max_tables, got {self.min_tables} and {self.max_tables}")
-        if not self.memory_headroom >= 1.0:
-            raise ShardRayError(f"memory headroom must be at least 1, got {self.memory_headroom}")
-        known = {a.name for a in algorithms()}
-        unknown = [a for a in self.algorithms if a not in known]
-        if unknown:
-            raise ShardRayError(
-                f"unknown algorithm(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-                + did_you_mean(unknown[0], known)
-            )
 
 
 def benchmark_tasks(config: BenchmarkConfig) -> list[tuple[str, list[TableSpec]]]:

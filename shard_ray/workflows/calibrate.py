@@ -35,16 +35,15 @@ from typing import Any, TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from shard_ray.configfile import setting
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
 from shard_ray.costmodel.links import LinkProfile, fit_link_between_hosts, fit_link_rate
 from shard_ray.costmodel.models import ComputeCostNet, CostModels, task_digest
 from shard_ray.costmodel.pricing import measured_collectives, slowest_of_each
+from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import (
     ComputeData,
-    TrainConfig,
     accuracy,
     comm_samples,
     comm_timed,
@@ -71,30 +70,12 @@ from shard_ray.profiling.procedure import MEASUREMENT_PROCEDURE, MeasureConfig, 
 from shard_ray.profiling.sampling import draw_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workflows.comparison import NoiseFloor, noise_floor
+from shard_ray.workflows.settings import CalibrateConfig
 from shard_ray.workload.tables import TableSpec
 
 # Families whose plans are the candidates: the baselines and the model-based searches (the RL
 # policy and TorchRec's planner place from the same models' prices or none at all).
 CANDIDATE_FAMILIES = ("heuristic", "search")
-
-
-@dataclass(frozen=True)
-class CalibrateConfig:
-    budget_minutes: float = setting(5.0, "time for measuring and fitting; measuring stops in time to fit", min=0.1)
-    actors: int = setting(2, "profiling actors, one device each", min=1)
-    shards: int = setting(60, "random fused shards of the task's tables, after the candidates' shards", min=0)
-    plans: int = setting(16, "random-balance plans measured on the gang, after the candidate plans", min=0)
-    warmup: int = setting(2, "untimed steps before each measurement", min=0)
-    repeats: int = setting(7, "timed steps per measurement; each part costs the fastest of them", min=1)
-    held_out: float = setting(0.2, "share of the measurements held out for the before/after accuracy", min=0.05)
-    noise_rounds: int = setting(8, "rounds of the noise floor, the first candidate against a copy of itself", min=3)
-    lr: float = setting(5e-4, "fine-tuning learning rate", min=0)
-    epochs: int = setting(300, "most fine-tuning epochs; early stopping usually ends sooner", min=1)
-    fit_share: float = 0.2  # of the budget, kept for fitting
-    # Of the measuring time, kept for the plans where a gang measures them: at 8 devices on 2 cores the shards once
-    # spent all of it, and the held-out judgement rested on 1 plan (docs/results.md).
-    plan_share: float = 0.4
-    seed: int = setting(0, "random seed")
 
 
 @dataclass

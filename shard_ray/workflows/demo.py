@@ -8,12 +8,10 @@ real all-to-all, log each to MLflow and print the comparison.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from shard_ray.configfile import setting
 from shard_ray.costmodel.simulator import price_comm
 from shard_ray.io import write_json
 from shard_ray.placement import algorithms
@@ -33,29 +31,10 @@ from shard_ray.workflows.comparison import (
     compare_algorithms,
     format_comparison,
 )
+from shard_ray.workflows.settings import DemoConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, save_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    workdir: Path = setting(
-        Path("shard-ray-out/demo"), "where files are written", flag="--out", old_names=("--workdir",)
-    )
-    num_devices: int = setting(2, "devices in the gang", flag="--devices", min=1)
-    num_tables: int = setting(16, "tables in the demo task", min=1)
-    profile_shards: int = setting(12, "random multi-table shards to profile", min=0)
-    max_tables_per_shard: int = 6
-    memory_headroom: float = 1.5  # cap = headroom x (all tables' bytes / devices)
-    batch_size: int = 1024
-    repeats: int = 10
-    rounds: int = setting(12, "most interleaved rounds of every plan (the comparison stops once it decides)", min=3)
-    budget_seconds: float = setting(60.0, "seconds of measuring plans", min=1)
-    seed: int = setting(0, "random seed")
-    tracking_uri: str | None = None
-    experiment: str = "shard-ray"
-    address: str | None = None
 
 
 def fused_vs_singles(measurements: list[FusedShardMeasurement]) -> float | None:
@@ -69,7 +48,7 @@ def fused_vs_singles(measurements: list[FusedShardMeasurement]) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
-def run_demo(config: DemoConfig = DemoConfig()) -> AlgorithmComparison:
+def run_demo(config: DemoConfig) -> AlgorithmComparison:
     workdir = config.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     tracking_uri = config.tracking_uri or default_tracking_uri()

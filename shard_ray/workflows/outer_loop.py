@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator, price_comm
-from shard_ray.costmodel.train import TrainConfig, mape, update_cost_models
+from shard_ray.costmodel.train import mape, update_cost_models
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology
@@ -33,7 +33,6 @@ from shard_ray.policy.decode import policy_placer
 from shard_ray.policy.network import OptionScorer, PolicyInfo
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,
-    PolicyConfig,
     build_algorithm,
     policy_network,
     restore_checkpoint,
@@ -41,38 +40,14 @@ from shard_ray.policy.ppo import (
     train_iterations,
     validation_tasks,
 )
+from shard_ray.policy.settings import PolicyConfig
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.gang import DeviceGang
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
+from shard_ray.workflows.settings import OuterLoopConfig
 from shard_ray.workload.tables import TableSpec
-
-
-@dataclass(frozen=True)
-class OuterLoopConfig:
-    rounds: int = setting(5, "rounds of measure / update / train", min=1)
-    tasks_per_round: int = setting(4, "policy plans measured per round", min=1)
-    ppo_iterations_per_round: int = setting(10, "PPO iterations per round", flag="--ppo-iterations", min=1)
-    gang_devices: int = setting(2, "devices of the measuring gang (and of the measured tasks)", min=1)
-    profiling_actors: int = setting(2, "profiling actors", flag="--actors", min=1)
-    repeats: int = setting(7, "timed steps per measurement; medians are kept", min=1)
-    update_epochs: int = setting(40, "most epochs of each cost-model update", min=1)
-    update_lr: float = 5e-4
-    seed: int = 0
-
-    def check(self) -> None:
-        for name in (
-            "rounds",
-            "tasks_per_round",
-            "ppo_iterations_per_round",
-            "gang_devices",
-            "profiling_actors",
-            "repeats",
-            "update_epochs",
-        ):
-            if getattr(self, name) < 1:
-                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 def measure_policy_plans(
