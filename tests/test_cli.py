@@ -342,6 +342,7 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
         ["policy", "outer-loop", "--rounds", "zero"],
         ["bench", "--devices", "0"],
         ["demo", "--help"],
+        ["tune", "search", "--max-evaluations", "0"],
         ["plan", "--devices", "zero"],
         ["plan", "--tables", "missing.json", "--devices", "2", "--memory-gb", "1", "--out", "p.json"],
         ["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "1", "--hardware", "tpu", "--out", "p.json"],

@@ -2,9 +2,8 @@
 
 Every flag is generated from a settings dataclass (`shard_ray.cli.flags`), so a command's
 defaults live in one place. Only the group of the command being run is imported, and the settings its flags derive
-from live in modules without torch, Ray or MLflow (`profiling/procedure.py`, the `settings.py` of costmodel, policy
-and workflows), so help and bad flags answer at once; `tune`'s do not yet (its search sweep's settings take
-cost_search's budget from the search module, which imports torch).
+from live in modules without torch, Ray or MLflow (`profiling/procedure.py`, the `settings.py` of costmodel, policy,
+workflows and tuning), so help and bad flags answer at once.
 User errors print one line, `shard-ray: error: ...`, and exit with status 2; so does, with status 1, a worker
 stopped by Ray's memory monitor.
 """

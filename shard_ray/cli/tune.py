@@ -15,9 +15,7 @@ from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.policy import add_policy_flags, policy_inputs
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
-from shard_ray.tuning.costmodel_sweep import CostModelSweepConfig
-from shard_ray.tuning.policy_sweep import PolicySweepConfig
-from shard_ray.tuning.search_sweep import SearchSweepConfig
+from shard_ray.tuning.settings import CostModelSweepConfig, PolicySweepConfig, SearchSweepConfig
 from shard_ray.tuning.sweep import SweepConfig
 
 TRIALS = {"costmodel": 16, "search": 24, "policy": 8}

@@ -12,11 +12,11 @@ The best trial by validation MAPE is saved as a `TrainConfig` for `costmodel tra
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import dataclass_from, setting
+from shard_ray.configfile import dataclass_from
 from shard_ray.costmodel.settings import FEATURE_SCALINGS, LOSSES, TrainConfig
 from shard_ray.costmodel.train import (
     ComputeData,
@@ -28,23 +28,11 @@ from shard_ray.costmodel.train import (
 )
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.store import MeasurementStore
+from shard_ray.tuning.settings import CostModelSweepConfig
 from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 
 METRIC = "val_mape"
 SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "patience", "loss", "feature_scaling")
-
-
-@dataclass(frozen=True)
-class CostModelSweepConfig:
-    max_epochs: int = setting(300, "largest epoch budget a trial may draw", min=1)
-    report_every: int = setting(10, "epochs between a trial's reports (ASHA's time unit)", min=1)
-    grace_reports: int = setting(3, "reports before ASHA may stop a trial", min=1)
-    seed: int = 0
-
-    def check(self) -> None:
-        for name in ("max_epochs", "report_every", "grace_reports"):
-            if getattr(self, name) < 1:
-                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 def search_space(settings: CostModelSweepConfig) -> dict[str, Any]:

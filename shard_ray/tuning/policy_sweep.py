@@ -14,29 +14,19 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import dataclass_from, setting
+from shard_ray.configfile import dataclass_from
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.errors import ShardRayError
 from shard_ray.policy.settings import PolicyConfig
+from shard_ray.tuning.settings import PolicySweepConfig
 from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "validation_over_bound"
 SWEPT = ("lr", "entropy_coeff", "num_epochs", "clip_param", "lambda_", "minibatch_size", "hidden")
-
-
-@dataclass(frozen=True)
-class PolicySweepConfig:
-    grace_iterations: int = setting(3, "iterations before ASHA may stop a trial", min=1)
-    validation_tasks: int = setting(8, "tasks each trial is scored on", min=1)
-
-    def check(self) -> None:
-        if self.grace_iterations < 1 or self.validation_tasks < 1:
-            raise ShardRayError("grace_iterations and validation_tasks must be at least 1")
 
 
 def search_space(base: PolicyConfig) -> dict[str, Any]:

@@ -15,50 +15,22 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import dataclass_from, setting
+from shard_ray.configfile import dataclass_from
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator, price_comm
-from shard_ray.errors import ShardRayError
 from shard_ray.placement.search import COST_SEARCH, MAX_EVALUATIONS, SearchConfig, search_placer
 from shard_ray.plan.topology import Topology
+from shard_ray.tuning.settings import SearchSweepConfig
 from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
 SPLITS = {"halves": (2,), "halves+quarters": (2, 4), "halves+quarters+eighths": (2, 4, 8)}
 Task = tuple[list[TableSpec], Topology]
-
-
-@dataclass(frozen=True)
-class SearchSweepConfig:
-    tasks: int = setting(8, "validation tasks every trial plans", min=1)
-    min_tables: int = setting(20, "fewest tables in a validation task", min=1)
-    max_tables: int = setting(40, "most tables in a validation task", min=1)
-    devices: int = setting(2, "devices of the tasks and the measuring gang", min=1)
-    memory_headroom: float = setting(1.5, "memory cap over an even split of a task's bytes", min=1)
-    batch_size: int = setting(1024, "global batch size", min=1)
-    max_evaluations: int = setting(MAX_EVALUATIONS, "model evaluations each plan's search may spend", min=1)
-    measure_top: int = setting(2, "best simulated settings measured on the gang; 0: none", min=0)
-    measure_tasks: int = setting(3, "validation tasks measured", min=1)
-    repeats: int = setting(5, "timed steps per measured plan", min=1)
-    seed: int = 0
-
-    def check(self) -> None:
-        for name in ("tasks", "min_tables", "max_tables", "devices", "measure_tasks", "repeats", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.min_tables > self.max_tables:
-            raise ShardRayError("min_tables must not exceed max_tables")
-        if self.measure_top < 0:
-            raise ShardRayError(f"measure_top must be 0 or more, got {self.measure_top}")
-        if not self.memory_headroom >= 1.0:
-            raise ShardRayError(f"memory_headroom must be at least 1, got {self.memory_headroom}")
-        if self.max_evaluations < 1:
-            raise ShardRayError(f"max_evaluations must be at least 1, got {self.max_evaluations}")
 
 
 def search_space() -> dict[str, Any]:
@@ -179,6 +151,7 @@ def tune_search(
     from ray import tune
 
     settings.check()
+    settings = replace(settings, max_evaluations=settings.max_evaluations or MAX_EVALUATIONS)
     model_path = Path(cost_model) if cost_model else default_cost_model_path()
     models = CostModels.load(model_path)
     tasks = validation_tasks(pool, settings)
