@@ -12,8 +12,8 @@ from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.interop.torchrec import export_plan, sharding_plan
 from shard_ray.placement import place
-from shard_ray.plan.piece import row_wise, table_row_wise
-from shard_ray.plan.plan import Plan, PlanSettings, Shard, load_plan
+from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
+from shard_ray.plan.plan import Plan, PlanSettings, Shard, load_plan, save_plan
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, save_tables
@@ -182,6 +182,25 @@ def test_row_wise_export_is_torchrec_own_layout(tmp_path):
     ])  # fmt: skip
     with pytest.raises(ShardRayError, match="table 'few''s row shards are not TorchRec's row-wise layout"):
         export_plan(uneven, tables)
+
+
+def test_export_for_cpu_ranks_refuses_row_wise_tables_and_writes_nothing(tmp_path, capsys):
+    """TorchRec's CPU ranks run no row-wise table: `export --device cpu` says so when it exports, in a line, where
+    the ranks would otherwise fail at their first step (`torchrec_step` said so only when it ran them)."""
+    tables = [
+        TableSpec(name="big", rows=1_000_003, dim=16, pooling_factor=2.0),
+        TableSpec(name="few", rows=5, dim=8, pooling_factor=1.0),
+    ]
+    pieces = row_wise(tables[0], 2) + [TablePiece.whole(tables[1])]
+    plan = Plan.from_assignment(pieces, [0, 1, 0], 2, "row_wise")
+    plan_file, tables_file, out = tmp_path / "plan.json", tmp_path / "tables.json", tmp_path / "cpu.json"
+    save_plan(plan_file, plan)
+    save_tables(tables_file, tables)
+    argv = ["export", "--plan", str(plan_file), "--tables", str(tables_file), "--out", str(out)]
+    assert main([*argv, "--device", "cpu"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "TorchRec runs row-wise shards on GPUs only, and this plan has them: big" in line and not out.exists()
+    assert main(argv) == 0 and json.loads(out.read_text())["tables"]["big"]["sharding_type"] == "row_wise"
 
 
 def test_torchrec_planner_plans_every_type_shard_ray_runs():

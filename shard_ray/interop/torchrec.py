@@ -312,13 +312,27 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
                     ExportedShard(offsets=(0, s.columns[0]), sizes=(table.rows, s.width), rank=s.device) for s in shards
                 ],
             )
-    return ExportedPlan(
+    exported_plan = ExportedPlan(
         module_path=module_path,
         world_size=plan.num_devices,
         local_world_size=plan.settings.devices_per_host if plan.settings is not None else None,
         device_type=device_type,
         tables=exported,
     )
+    if device_type == "cpu":
+        check_cpu_ranks(exported_plan)
+    return exported_plan
+
+
+def check_cpu_ranks(exported: ExportedPlan) -> None:
+    """Refuse a plan for CPU ranks with row-wise or table-row-wise tables: TorchRec runs their input distribution on
+    GPUs only, so CPU ranks would fail at their first step; refused when exported, before any rank starts."""
+    rows = sorted(n for n, t in exported.tables.items() if t.sharding_type in ("row_wise", "table_row_wise"))
+    if rows:
+        raise ShardRayError(
+            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(rows)}; plan with a "
+            "constraints file giving these tables `not_types: [row_wise]` for CPU ranks"
+        )
 
 
 def _row_wise_export(table: TableSpec, shards: list[Shard], world_size: int) -> ExportedTable:

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from shard_ray.arguments import Parser
 from shard_ray.errors import ShardRayError
-from shard_ray.interop.torchrec import embedding_bag_configs, load_export, load_sharding_plan
+from shard_ray.interop.torchrec import check_cpu_ranks, embedding_bag_configs, load_export, load_sharding_plan
 from shard_ray.plan.topology import format_gb
 from shard_ray.workload.tables import BYTES_PER_ELEMENT, TableSpec, load_tables
 
@@ -136,12 +136,7 @@ def run(tables_file: str, plan_file: str, batch: int) -> dict[int, dict[str, Any
     tables = load_tables(tables_file)  # a bad table file is refused here, not in every rank
     if exported.device_type != "cpu":
         raise ShardRayError(f"{plan_file} is exported for {exported.device_type}: export with --device cpu to run here")
-    row_wise = sorted(n for n, t in exported.tables.items() if t.sharding_type in ("row_wise", "table_row_wise"))
-    if row_wise:
-        raise ShardRayError(
-            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(row_wise)}; plan with a "
-            "constraints file giving these tables `not_types: [row_wise]` to try a plan here"
-        )
+    check_cpu_ranks(exported)  # a file exported for CPU ranks before export refused row-wise tables for them
     # TorchRec allocates every table in full (no row cap, as the profilers have): refuse what memory cannot hold
     weights = sum(t.rows * t.dim * BYTES_PER_ELEMENT[t.precision] for t in tables)
     available = _available_memory()
