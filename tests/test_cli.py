@@ -334,6 +334,7 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
         ["--help"],
         ["plan", "--help"],
         ["compare", "--help"],
+        ["compare", "--tables", "t.json", "--plans", "missing.json", "other.json"],
         ["collect", "--help"],
         ["calibrate", "--help"],
         ["costmodel", "train", "--epochs", "0"],

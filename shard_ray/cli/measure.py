@@ -99,12 +99,8 @@ class CompareArgs:
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.simulator import price_comm
     from shard_ray.io import write_atomic, write_json
-    from shard_ray.placement.base import priced
     from shard_ray.plan.plan import load_plan
-    from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.tracking.mlflow_runs import import_report_modules, log_comparison
     from shard_ray.workflows.comparison import CompareConfig, compare_plans, distinct, format_comparison, ratio_chart
     from shard_ray.workload.tables import load_tables
 
@@ -129,6 +125,12 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for name in merged:
         if "=" in name:
             print(f"{name.replace('=', ' and ')} place the tables identically: measured once, as {name}")
+    # the files checked: what measures and prices them (torch, Ray) only now
+    from shard_ray.costmodel.simulator import price_comm
+    from shard_ray.placement.base import priced
+    from shard_ray.profiling.gang import DeviceGang
+    from shard_ray.tracking.mlflow_runs import import_report_modules, log_comparison
+
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=topology.num_devices)
     importing = import_report_modules(tracking_uri)  # while the gang starts
