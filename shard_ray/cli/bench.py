@@ -12,15 +12,16 @@ from shard_ray.workflows.settings import BenchmarkConfig, DemoConfig
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from shard_ray.workflows.benchmark import headline, run_benchmark
     from shard_ray.workload.tables import load_tables
 
     tracking_uri, experiment = tracking(args)
     config = settings_from(BenchmarkConfig, args, tracking_uri=tracking_uri, experiment=experiment)
-    config.check()  # refuse bad settings before Ray starts
-    for path in config.table_files:  # refuse bad table files before Ray starts
+    for path in config.table_files:  # refuse bad table files before torch loads and Ray starts
         load_tables(path)
+    config.check()  # refuse bad settings before Ray starts
     connect(args, min_cpus=config.devices)
+    from shard_ray.workflows.benchmark import headline, run_benchmark
+
     report = run_benchmark(config)
     print(f"wrote benchmark.md, .csv, .png and .json to {config.out}")
     print(json.dumps(headline(report)))

@@ -76,14 +76,17 @@ def existing_store(path: str) -> str:
 
 def cmd_costmodel_train(args: argparse.Namespace) -> None:
     from shard_ray.configfile import load_tuned
-    from shard_ray.costmodel.train import describe_accuracy, train_cost_models
-    from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(TrainArgs, args)
     train_tables = {t.name for t in load_tables(flags.tables)}
     config = settings_from(TrainConfig, args, tuned=load_tuned(flags.config, "costmodel") if flags.config else None)
-    with MeasurementStore(existing_store(flags.store)) as store:
+    store_path = existing_store(flags.store)
+    # the input checked: what trains (torch) only now
+    from shard_ray.costmodel.train import describe_accuracy, train_cost_models
+    from shard_ray.profiling.store import MeasurementStore
+
+    with MeasurementStore(store_path) as store:
         models, report = train_cost_models(store, train_tables, config, flags.hardware)
     models.save(flags.out)
     for name, metrics in report.items():
@@ -172,14 +175,8 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.models import CostModels, hardware_models_path, models_for
-    from shard_ray.costmodel.train import describe_accuracy
     from shard_ray.plan.enumerator import pieces_to_place
     from shard_ray.plan.topology import GB, memory_cap_with_headroom
-    from shard_ray.profiling.hardware import hardware_id
-    from shard_ray.profiling.store import MeasurementStore
-    from shard_ray.tracking.mlflow_runs import log_calibration
-    from shard_ray.workflows.calibrate import calibrate
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(CalibrateArgs, args)
@@ -191,6 +188,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         topology_flags = replace(topology_flags, memory_gb=whole_task / GB)
     topology = topology_flags.topology(flags.devices)
     pieces_to_place(tables, topology)  # tables the devices cannot hold are refused before Ray starts
+    # the task checked: what measures and fits (torch, Ray, MLflow) only now
+    from shard_ray.costmodel.models import CostModels, hardware_models_path, models_for
+    from shard_ray.costmodel.train import describe_accuracy
+    from shard_ray.profiling.hardware import hardware_id
+    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.tracking.mlflow_runs import log_calibration
+    from shard_ray.workflows.calibrate import calibrate
+
     hosts = topology.devices_per_host_if_spanning
     tracking_uri, experiment = tracking(args)
     start_path = str(flags.cost_model or models_for(hardware_id(threads=1), hosts))

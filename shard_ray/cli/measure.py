@@ -188,14 +188,15 @@ def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[Table
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from shard_ray.profiling.actors import ProfilingPool
-    from shard_ray.profiling.sampling import draw_fused_shards
-    from shard_ray.profiling.store import MeasurementStore
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(ProfileArgs, args)
     timing = settings_from(MeasureArgs, args)
-    tables = load_tables(flags.tables)
+    tables = load_tables(flags.tables)  # before torch loads
+    from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.sampling import draw_fused_shards
+    from shard_ray.profiling.store import MeasurementStore
+
     config = MeasureConfig(
         batch_size=flags.batch_size,
         warmup=timing.warmup,

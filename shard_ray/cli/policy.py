@@ -50,12 +50,13 @@ def policy_inputs(
 ) -> tuple[PolicyArgs, PolicyConfig, list]:
     """The flags' inputs, PPO settings (defaults < tuned file < flags given) and pool, checked before Ray starts."""
     from shard_ray.configfile import load_tuned
-    from shard_ray.costmodel.models import CostModels
-    from shard_ray.policy.ppo import env_config
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(PolicyArgs, args)
-    pool = load_tables(flags.tables)
+    pool = load_tables(flags.tables)  # before torch loads
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.policy.ppo import env_config
+
     tuned = load_tuned(flags.config, "policy") if flags.config else None
     values = merged_settings(PolicyConfig, args, tuned, defaults, **fixed)
     # the minibatch cannot exceed the batch, and observations must have room for every task's devices
@@ -69,9 +70,9 @@ def policy_inputs(
 
 
 def cmd_policy_train(args: argparse.Namespace) -> None:
+    flags, config, pool = policy_inputs(args)
     from shard_ray.policy.ppo import train_policy
 
-    flags, config, pool = policy_inputs(args)
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=1 + config.num_env_runners)
     policy_file = train_policy(pool, config, flags.out, flags.cost_model, tracking_uri, experiment)
@@ -79,9 +80,9 @@ def cmd_policy_train(args: argparse.Namespace) -> None:
 
 
 def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
+    flags, config, pool = policy_inputs(args, iterations=1)
     from shard_ray.workflows.outer_loop import run_outer_loop
 
-    flags, config, pool = policy_inputs(args, iterations=1)
     loop = settings_from(OuterLoopConfig, args, seed=config.seed)
     store = settings_from(OuterLoopArgs, args).store
     tracking_uri, experiment = tracking(args)

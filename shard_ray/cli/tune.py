@@ -71,7 +71,6 @@ def report(best: Path) -> None:
 
 
 def cmd_tune_costmodel(args: argparse.Namespace) -> None:
-    from shard_ray.tuning.costmodel_sweep import tune_cost_models
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(CostModelSweepArgs, args)
@@ -79,6 +78,8 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     sweep = sweep_settings(args, "costmodel")
     settings = settings_from(CostModelSweepConfig, args, seed=sweep.seed)
     existing_store(flags.store)
+    from shard_ray.tuning.costmodel_sweep import tune_cost_models  # the input checked: torch only now
+
     tracking_uri, experiment = tracking(args)
     connect(args)
     out = settings_from(SweepOut, args).out
@@ -86,8 +87,6 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
 
 
 def cmd_tune_search(args: argparse.Namespace) -> None:
-    from shard_ray.costmodel.models import CostModels
-    from shard_ray.tuning.search_sweep import tune_search
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(SearchSweepArgs, args)
@@ -98,6 +97,9 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
         raise ShardRayError(
             f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many"
         )
+    from shard_ray.costmodel.models import CostModels  # the input checked: torch only now
+    from shard_ray.tuning.search_sweep import tune_search
+
     if flags.cost_model is not None:
         CostModels.load(flags.cost_model)
     tracking_uri, experiment = tracking(args)
@@ -107,9 +109,9 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
 
 
 def cmd_tune_policy(args: argparse.Namespace) -> None:
+    flags, base, pool = policy_inputs(args, defaults=POLICY_TRIAL_ITERATIONS)
     from shard_ray.tuning.policy_sweep import tune_policy
 
-    flags, base, pool = policy_inputs(args, defaults=POLICY_TRIAL_ITERATIONS)
     sweep = sweep_settings(args, "policy", seed=base.seed)
     settings = settings_from(PolicySweepConfig, args)
     tracking_uri, experiment = tracking(args)
