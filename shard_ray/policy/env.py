@@ -117,6 +117,37 @@ class _Piece(NamedTuple):
     features: np.ndarray
 
 
+class _Pieces(NamedTuple):
+    """Described pieces as arrays, row by row: what pricing a set of them on their devices reads."""
+
+    encodings: torch.Tensor
+    kinds: np.ndarray
+    widths: np.ndarray
+    inputs: np.ndarray
+    host_sums: np.ndarray
+
+    @staticmethod
+    def of(described: list[_Piece]) -> _Pieces:
+        return _Pieces(
+            torch.stack([p.encoding for p in described]),
+            np.array([p.kind for p in described], dtype=np.int64),
+            np.array([p.width for p in described]),
+            np.array([p.input for p in described]),
+            np.array([p.host_sum for p in described]),
+        )
+
+    def rows(self, index: np.ndarray) -> _Pieces:
+        return _Pieces(
+            self.encodings[torch.from_numpy(index)], self.kinds[index], self.widths[index], self.inputs[index],
+            self.host_sums[index],
+        )  # fmt: skip
+
+    def followed_by(self, other: _Pieces) -> _Pieces:
+        return _Pieces(
+            torch.cat([self.encodings, other.encodings]), *(np.concatenate([a, b]) for a, b in zip(self[1:], other[1:]))
+        )
+
+
 @dataclass
 class _Split:
     """A split priced: its pieces on their devices, and every device's state were it taken."""
@@ -201,6 +232,7 @@ class PlacementState:
         self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}  # `_finishing_slices`'
         self._describe(self.queue)
         self.queue_described = [self._pieces[p.key] for p in self.queue]  # the queue's pieces as `_describe` has them
+        self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
         self.lower_bound = lower_bound_ms(models, tables, topology)
         self.task_width = float(sum(t.dim for t in tables))
         d, kinds = topology.num_devices, len(COLLECTIVE_TYPES)
@@ -430,17 +462,28 @@ class PlacementState:
         d = self.topology.num_devices
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
-        added = [(self._pieces[p.key], int(a)) for p, a in zip(pieces, devices)]
-        alone = self.models.compute_from_sums(torch.stack([p.encoding for p, _ in added]), torch.ones(len(added)))
-        for (described, device), single in zip(added, alone.sum(axis=1).tolist()):
+        # What the plan adds, in order: rows of the queue's pieces (`_queue_pieces`) and, past them, of `besides` (the
+        # pieces placed, then any later table split), each on its device in `at`.
+        queued = len(self.queue)
+        besides = [self._pieces[p.key] for p in pieces]
+        rows, at = list(range(queued, queued + len(besides))), [int(a) for a in devices]
+        alone = self.models.compute_from_sums(torch.stack([p.encoding for p in besides]), torch.ones(len(besides)))
+        for described, device, single in zip(besides, at, alone.sum(axis=1).tolist()):
             free[device] -= described.need
             loads[device] += single
         later = self.position + 1
         heap = _heap_of(loads)
         dominates = SPLIT_SHARE * self.lower_bound if split_later else math.inf
-        replace, append = heapq.heapreplace, added.append  # the loop's calls, looked up once
-        for piece, described, single in zip(
-            self.queue[later:], self.queue_described[later:], self.queue_singles[later:]
+        replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
+
+        def add_besides(placed: list[tuple[_Piece, int]]) -> None:
+            for described, device in placed:
+                add_row(queued + len(besides))
+                add_at(device)
+                besides.append(described)
+
+        for row, piece, described, single in zip(
+            range(later, queued), self.queue[later:], self.queue_described[later:], self.queue_singles[later:]
         ):
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
@@ -454,7 +497,8 @@ class PlacementState:
                 loads[device] = load = load + single
                 free[device] -= need
                 replace(heap, (load, device))
-                append((described, device))
+                add_row(row)
+                add_at(device)
                 continue
             slices, singles = self._finishing_slices(piece) if single >= dominates else ([], [])
             taken = _distinct_least_loaded(heap, loads, free, [self._pieces[s.key] for s in slices]) if slices else None
@@ -463,7 +507,7 @@ class PlacementState:
                     loads[device] += alone
                     free[device] -= sliced.need
                     heapq.heappush(heap, (loads[device], device))
-                added.extend(taken)
+                add_besides(taken)
                 continue
             if slices:  # a slice found no room: the devices taken off the heap go back, the table whole
                 heap = _heap_of(loads)
@@ -472,7 +516,8 @@ class PlacementState:
                 loads[device] += single
                 free[device] -= described.need
                 heapq.heappush(heap, (loads[device], device))
-                added.append((described, device))
+                add_row(row)
+                add_at(device)
                 continue
             # A table with room nowhere goes row-wise, as a step would split it to fit; where its blocks do not fit
             # either, on the roomiest device all the same: the finished plan prices what comes after a choice, and
@@ -485,17 +530,21 @@ class PlacementState:
                 loads[device] += single
                 free[device] -= described.need
                 heap = _heap_of(loads)
-                added.append((described, device))
+                add_row(row)
+                add_at(device)
                 continue
             for k, need in enumerate(needs):
                 free[k] -= need
                 loads[k] += single / len(blocks)
-            added.extend((self._pieces[b.key], k) for k, b in enumerate(blocks))
+            add_besides([(self._pieces[b.key], k) for k, b in enumerate(blocks)])
             heap = _heap_of(loads)
-        at = torch.tensor([a for _, a in added], dtype=torch.int64)
-        sums = self.sums.index_add(0, at, torch.stack([p.encoding for p, _ in added]))
-        counts = self.counts.index_add(0, at, torch.ones(len(added)))
-        _, _, comm = self._collectives(*self._loads_with(added))
+        if self._queue_pieces is None:
+            self._queue_pieces = _Pieces.of(self.queue_described)
+        added = self._queue_pieces.followed_by(_Pieces.of(besides)).rows(np.array(rows, dtype=np.int64))
+        devices_at = np.array(at, dtype=np.int64)
+        sums = self.sums.index_add(0, torch.from_numpy(devices_at), added.encodings)
+        counts = self.counts.index_add(0, torch.from_numpy(devices_at), torch.ones(len(at)))
+        _, _, comm = self._collectives(*self._loads_with(added, devices_at))
         return float((self.models.compute_from_sums(sums, counts).sum(axis=1) + comm).max())
 
     def _finishing_slices(self, piece: TablePiece) -> tuple[list[TablePiece], list[float]]:
@@ -511,20 +560,18 @@ class PlacementState:
             self._later_slices[piece.key] = (slices, singles)
         return self._later_slices[piece.key]
 
-    def _loads_with(self, added: list[tuple[_Piece, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The collectives' loads (`widths`, `inputs`, `host_sums`, `of_kind`) with the `added` pieces on their devices."""
+    def _loads_with(self, added: _Pieces, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The collectives' loads (`widths`, `inputs`, `host_sums`, `of_kind`) with the `added` pieces on devices `at`."""
         widths, inputs, host_sums, of_kind = (
             self.widths.copy(),
             self.inputs.copy(),
             self.host_sums.copy(),
             self.of_kind.copy(),
         )
-        kinds = np.array([p.kind for p, _ in added], dtype=np.int64)
-        at = np.array([a for _, a in added], dtype=np.int64)
-        np.add.at(widths, (kinds, at), [p.width for p, _ in added])
-        np.add.at(inputs, (kinds, at), [p.input for p, _ in added])
-        np.add.at(host_sums, at, [p.host_sum for p, _ in added])
-        of_kind += np.bincount(kinds, minlength=len(of_kind))
+        np.add.at(widths, (added.kinds, at), added.widths)
+        np.add.at(inputs, (added.kinds, at), added.inputs)
+        np.add.at(host_sums, at, added.host_sums)
+        of_kind += np.bincount(added.kinds, minlength=len(of_kind))
         return widths, inputs, host_sums, of_kind
 
     def _price_slices(self, slices: list[TablePiece]) -> _Split:
@@ -545,10 +592,10 @@ class PlacementState:
         if devices is None:
             devices = np.array([p.devices[0] for p in pieces])
         described = [self._pieces[p.key] for p in pieces]
+        added = _Pieces.of(described)
         at = torch.from_numpy(devices)
-        encodings = torch.stack([p.encoding for p in described])
-        compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
-        loads = self._loads_with([(p, int(a)) for p, a in zip(described, devices)])
+        compute = self.models.compute_from_sums(self.sums[at] + added.encodings, self.counts[at] + 1)
+        loads = self._loads_with(added, devices.astype(np.int64))
         priced = self._collectives(*loads)
         compute_ms = self.compute_ms.copy()
         compute_ms[devices] = compute
@@ -674,6 +721,7 @@ class PlacementState:
         self.queue[i : i + 1] = slices  # described when `_price_slices` priced them
         self.queue_described[i : i + 1] = [self._pieces[p.key] for p in slices]
         self.queue_singles[i : i + 1] = [float(s) for s in singles]
+        self._queue_pieces = None
         self._new_step()
 
     def _new_step(self) -> None:
