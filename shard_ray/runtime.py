@@ -169,13 +169,6 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
             "that many devices"
         )
     cpus = max(cores, min_cpus)
-    start_local_ray(cpus)
-    return f"ray: started a local instance with {cpus} CPUs"
-
-
-def start_local_ray(cpus: int, log_to_driver: bool = True) -> None:
-    """Start a new local Ray of `cpus` logical CPUs in this process, whose workers started ahead have the measuring
-    environment (`measuring_env`), so that measuring actors take them (`measuring_runtime_env`)."""
     # Its processes inherit the driver's environment: with the measuring one, the workers Ray starts ahead serve actors.
     global _local_ray
     workers_env = measuring_env()
@@ -189,12 +182,12 @@ def start_local_ray(cpus: int, log_to_driver: bool = True) -> None:
             include_dashboard=False,
             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
             logging_level=logging.WARNING,
-            log_to_driver=log_to_driver,
         )
     finally:
         for name in added:
             del os.environ[name]
     _local_ray = (_node_id(), workers_env)
+    return f"ray: started a local instance with {cpus} CPUs"
 
 
 def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:

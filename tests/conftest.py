@@ -34,14 +34,13 @@ def mlflow_uri_left_as_found():
 @pytest.fixture
 def ray_session():
     """A small local Ray, started once and kept for the tests after; 4 logical CPUs so a pool and a
-    gang can overlap. Started as a command starts its own (`start_local_ray`), so that measuring actors take the
-    workers it starts ahead. (The multi-node tests shut it down and bring up their cluster instead.)"""
+    gang can overlap. (The multi-node tests shut it down and bring up their cluster instead.)"""
     import ray
 
-    from shard_ray.runtime import start_local_ray
-
     if not ray.is_initialized():
-        start_local_ray(4, log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False
+        )
     return ray
 
 
