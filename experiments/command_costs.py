@@ -20,6 +20,7 @@ PYTHONPATH, in the same environment. Writes command_costs.json and command_costs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from releases import checkout_of, is_commit
 
 from shard_ray.arguments import Parser
 from shard_ray.io import write_atomic, write_json
@@ -152,16 +155,16 @@ def main() -> None:
     parser.add_argument("--previous", help="a commit whose code runs the same commands, alternately")
     parser.add_argument("--out", default="experiments/results/command_costs")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="command-costs-") as folder:
+    if args.previous and not is_commit(args.previous):
+        parser.error(f"--previous {args.previous}: no such commit in this repository")
+    with tempfile.TemporaryDirectory(prefix="command-costs-") as folder, contextlib.ExitStack() as stack:
         temp = Path(folder)
         # a token of the benchmark's own: Ray turns authentication on where ~/.ray/auth_token exists
         env = {**os.environ, "SHARD_RAY_HOME": str(temp / "home"), "RAY_AUTH_MODE": "token",
                "RAY_AUTH_TOKEN": secrets.token_hex(16)}  # fmt: skip
         releases: dict[str, Path | None] = {"this checkout": None}
         if args.previous:
-            worktree = temp / "previous"
-            subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.previous], cwd=REPO, check=True)
-            releases[f"previous ({args.previous})"] = worktree
+            releases[f"previous ({args.previous})"] = stack.enter_context(checkout_of(args.previous, temp / "previous"))
         head, address = start_head(env, temp / "ray")
         try:
             runs: dict[str, list[dict]] = {name: [] for name in releases}
@@ -175,8 +178,6 @@ def main() -> None:
                         runs[name].append(run)
         finally:
             stop_process_group(head, 15)
-            if args.previous:
-                subprocess.run(["git", "worktree", "remove", "--force", str(temp / "previous")], cwd=REPO)
     results = {name: medians(r) for name, r in runs.items()}
     out = Path(args.out)
     write_json(out / "command_costs.json", {"medians": results, "runs": runs})

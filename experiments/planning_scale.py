@@ -12,17 +12,30 @@ fresh process (so the peak resident memory is its own), killed after `--timeout`
 process reports the placement time (`place`'s, the search alone), the wall time of `place`
 (with the estimate: simulated cost, lower bound, model warnings), its peak RSS, and, under
 the shipped models, the plan's simulated cost and the task's lower bound. Writes Markdown and JSON to `--out`; the last printed line is JSON.
+
+    OMP_NUM_THREADS=1 python experiments/planning_scale.py --sizes 100x8,856x64,5136x512 \
+        --algorithms cost_search,neuroshard,dreamshard --previous 221ca62 --repeats 2
+
+`--previous COMMIT` plans every size with that commit's code too (its `planning_scale.py --one`, from a git worktree
+put first on PYTHONPATH, in this environment), the two releases in turn plan by plan, `--repeats` times over: side by
+side in one run, so that a change of the machine's speed (on a shared host, up to twice from hour to hour) falls on
+both.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from releases import REPO, checkout_of, is_commit
 
 from shard_ray.arguments import Parser
 from shard_ray.io import write_atomic, write_json
@@ -67,12 +80,20 @@ def plan_once(algorithm: str, num_tables: int, num_devices: int, devices_per_hos
 
 
 def run_child(
-    algorithm: str, num_tables: int, num_devices: int, timeout: float, devices_per_host: int | None = None
+    algorithm: str,
+    num_tables: int,
+    num_devices: int,
+    timeout: float,
+    devices_per_host: int | None = None,
+    code: Path | None = None,
 ) -> dict:
-    command = [sys.executable, __file__, "--one", f"{algorithm}:{num_tables}x{num_devices}"]
+    """Plan one size in a fresh process with the code at `code` (None: this checkout's)."""
+    script = (code or REPO) / "experiments" / "planning_scale.py"
+    command = [sys.executable, str(script), "--one", f"{algorithm}:{num_tables}x{num_devices}"]
     command += ["--devices-per-host", str(devices_per_host)] if devices_per_host else []
+    env = {**os.environ, "PYTHONPATH": str(code)} if code else None
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"failed": f"no plan within {timeout:.0f} s"}
     if done.returncode != 0:
@@ -80,25 +101,33 @@ def run_child(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def markdown(results: dict[str, dict[str, dict]]) -> list[str]:
-    sizes = list(next(iter(results.values())))
+def markdown(results: dict[str, dict[str, dict[str, list[dict]]]]) -> list[str]:
+    """A row per algorithm (and release, where there are two), a column per size: each run's placement time, the
+    first's wall time with the estimate, peak memory, simulated cost and its gap to the lower bound."""
+    first = next(iter(results.values()))
+    sizes = list(next(iter(first.values())))
     lines = [
         "| algorithm | " + " | ".join(f"{s.replace('x', ' tables, ')} devices" for s in sizes) + " |",
         "|---|" + "---|" * len(sizes),
     ]
-    for algorithm, by_size in results.items():
-        cells = []
-        for size in sizes:
-            r = by_size[size]
-            if "failed" in r:
-                cells.append(r["failed"])
-                continue
-            gap = r["simulated_cost_ms"] / r["lower_bound_ms"] - 1
-            cells.append(
-                f"{r['placement_seconds']:.1f} s ({r['wall_seconds']:.1f} s), {r['peak_rss_gb']:.2f} GB, "
-                f"{r['simulated_cost_ms']:.1f} ms (+{gap:.0%})"
-            )
-        lines.append(f"| {algorithm} | " + " | ".join(cells) + " |")
+    for algorithm in first:
+        for release, by_algorithm in results.items():
+            cells = []
+            for size in sizes:
+                runs = by_algorithm[algorithm][size]
+                failed = [r["failed"] for r in runs if "failed" in r]
+                if failed:
+                    cells.append(failed[0])
+                    continue
+                r = runs[0]
+                gap = r["simulated_cost_ms"] / r["lower_bound_ms"] - 1
+                cells.append(
+                    ", ".join(f"{run['placement_seconds']:.2f}" for run in runs)
+                    + f" s ({r['wall_seconds']:.1f} s), {r['peak_rss_gb']:.2f} GB, "
+                    f"{r['simulated_cost_ms']:.3f} ms (+{gap:.0%})"
+                )
+            label = algorithm if len(results) == 1 else f"{algorithm}, {release}"
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -108,6 +137,8 @@ def main() -> None:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per plan (default %(default)s)")
     parser.add_argument("--devices-per-host", type=int, help="devices on each host (default: one host)")
+    parser.add_argument("--previous", help="a commit whose code plans the same sizes, plan by plan in turn")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every plan (default %(default)s)")
     parser.add_argument("--out", default="experiments/results/planning_scale")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # ALGORITHM:TABLESxDEVICES, in the child process
     args = parser.parse_args()
@@ -116,21 +147,36 @@ def main() -> None:
         tables, devices = map(int, size.split("x"))
         print(json.dumps(plan_once(algorithm, tables, devices, args.devices_per_host)))
         return
-    sizes = args.sizes.split(",")
-    results: dict[str, dict[str, dict]] = {}
-    for algorithm in args.algorithms.split(","):
-        results[algorithm] = {}
-        for size in sizes:
-            tables, devices = map(int, size.split("x"))
-            results[algorithm][size] = run_child(algorithm, tables, devices, args.timeout, args.devices_per_host)
-            print(f"{algorithm:<20} {size:>10}  {results[algorithm][size]}", flush=True)
+    if args.previous and not is_commit(args.previous):
+        parser.error(f"--previous {args.previous}: no such commit in this repository")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give 1 or more")
+    sizes = [tuple(map(int, size.split("x"))) for size in args.sizes.split(",")]
+    algorithms = args.algorithms.split(",")
+    with tempfile.TemporaryDirectory(prefix="planning-scale-") as folder, contextlib.ExitStack() as stack:
+        releases: dict[str, Path | None] = {"this checkout": None}
+        if args.previous:
+            releases[f"previous ({args.previous})"] = stack.enter_context(
+                checkout_of(args.previous, Path(folder) / "previous")
+            )
+        results = {r: {a: {f"{t}x{d}": [] for t, d in sizes} for a in algorithms} for r in releases}
+        for repeat in range(args.repeats):
+            for algorithm in algorithms:
+                for tables, devices in sizes:
+                    for release, code in releases.items():
+                        run = run_child(algorithm, tables, devices, args.timeout, args.devices_per_host, code)
+                        results[release][algorithm][f"{tables}x{devices}"].append(run)
+                        print(f"{algorithm:<20} {tables}x{devices:<8} {release} run {repeat + 1}: {run}", flush=True)
     out = Path(args.out)
     write_json(out / "planning_scale.json", results)
     lines = [
         "Placement time (the search alone), in parentheses with the estimate `plan` prints; peak memory of "
         "the planning process; simulated cost under the shipped models, and how far above the lower bound. "
         "One core (OMP_NUM_THREADS=1), a fresh process per plan"
-        + (f"; hosts of {args.devices_per_host} devices." if args.devices_per_host else "."),
+        + (f"; hosts of {args.devices_per_host} devices" if args.devices_per_host else "")
+        + (f"; this checkout and commit {args.previous} plan by plan in turn" if args.previous else "")
+        + (f"; {args.repeats} runs each, their placement times in order" if args.repeats > 1 else "")
+        + ".",
         "",
         *markdown(results),
     ]

@@ -438,3 +438,34 @@ def test_greedy_passes_by_single_costs_put_each_piece_where_the_greedy_says(head
             assert found is None
         else:
             assert found is not None and found.assign.tolist() == expected.tolist()
+
+
+@pytest.mark.slow
+def test_the_placement_benchmark_times_another_release_beside_this_one_and_removes_its_checkout(tmp_path):
+    """`experiments/planning_scale.py --previous COMMIT`, as docs/results.md runs it: each plan by this checkout's code
+    and by the commit's, in turn, in the one report; the commit's worktree gone after; a name no commit has refused in
+    a line before anything runs."""
+    import subprocess
+    import sys
+
+    repository = Path(__file__).resolve().parent.parent
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repository, capture_output=True, text=True).stdout
+    script = [sys.executable, "experiments/planning_scale.py", "--sizes", "12x2", "--algorithms", "size_greedy"]
+    done = subprocess.run([*script, "--previous", "HEAD", "--repeats", "2", "--out", str(tmp_path)], cwd=repository,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "planning_scale.json").read_text())
+    assert list(results) == ["this checkout", "previous (HEAD)"]
+    for release in results.values():  # the same code, so the same plan, twice each
+        runs = release["size_greedy"]["12x2"]
+        assert len(runs) == 2 and runs[0]["simulated_cost_ms"] == runs[1]["simulated_cost_ms"] > 0
+    table = (tmp_path / "planning_scale.md").read_text()
+    assert "| size_greedy, this checkout |" in table and "| size_greedy, previous (HEAD) |" in table
+    after = subprocess.run(["git", "worktree", "list"], cwd=repository, capture_output=True, text=True).stdout
+    assert after == worktrees
+    refused = subprocess.run([*script, "--previous", "no-such-commit"], cwd=repository, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "shard-ray: error: --previous no-such-commit: no such commit in this repository "
+        "(see python experiments/planning_scale.py --help)"
+    ]
