@@ -259,6 +259,7 @@ def test_replicas_of_one_width_are_updated_together_as_each_table_row_by_row():
             offset += piece.table.rows * piece.width
 
 
+@pytest.mark.slow  # a training step of gloo ranks: 13-16 s of `make test-fast`'s 93
 def test_gpu_truth_times_each_device_alone_and_inside_a_training_step(tmp_path):
     """`experiments/gpu_truth.py --plans ... --training-step`, as docs/gpu.md runs it on a GPU, here on fbgemm's CPU
     kernels: every device of the plan is timed by the procedure, back to back, inside the DLRM step and as the

@@ -87,6 +87,7 @@ def test_torchrec_estimator_prices_a_table_wise_tables_all_to_alls_by_its_bytes_
     assert fast["long"][0] > fast["narrow"][0] == fast["wide"][0] > 0
 
 
+@pytest.mark.slow  # a training step of gloo ranks: 13-16 s of `make test-fast`'s 93
 def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
     tables = generate_pool(PoolConfig(num_tables=8, seed=11))
     tables = [
