@@ -1,0 +1,114 @@
+"""Benchmark: how far below the policy's prior a search or sampling places tables, by memory cap, simulated.
+
+    OMP_NUM_THREADS=1 python experiments/policy_headroom.py --rows-log-sigma 0.7 --tables 64-128 --memory 1.02,1.1
+    OMP_NUM_THREADS=1 python experiments/policy_headroom.py --tables 80-120 --memory 1.05,1.2,1.65 --large
+
+The policy issue asks training to price 5% below the untrained network, whose prior is the cost models' greedy
+choice: this shows whether any method here finds plans that far below it. Tasks of `--tables` tables drawn (seed
+`--seed`) from the held-out half of the synthetic pool (`generate_pool`, its rows' log-normal spread
+`--rows-log-sigma`: 2.0, the default pool's, makes a few tables far larger than the rest; 0.7 keeps them within about
+an order of magnitude, so that a cap near an even split binds every device), on `--devices` devices whose memory is
+each `--memory` times an even split (never below 1.05x the largest table: `memory_cap_with_headroom`). On each task:
+the untrained network (the prior), the shipped policy, its best of 16 samples, `cost_search` with its defaults and,
+with `--large`, a larger `cost_search` (beam 6 by 5, 6 branches, 3,000 local-search steps, 5,000,000 evaluations).
+Each plan priced by the shipped models over the task's lower bound; the mean over tasks. Writes `policy_headroom.md`
+and `policy_headroom.json` to `--out`; the last printed line is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shard_ray.arguments import Parser
+from shard_ray.costmodel.bounds import lower_bound_ms
+from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import InfeasibleError
+from shard_ray.io import write_atomic, write_json
+from shard_ray.placement import place
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
+from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
+
+LARGE = {"beam_width": 6, "beam_depth": 5, "branching": 6, "local_search_steps": 3000, "max_evaluations": 5_000_000}
+
+
+def main() -> None:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=16)
+    parser.add_argument("--tables", default="64-128", help="fewest-most tables of a task (default %(default)s)")
+    parser.add_argument("--memory", default="1.02,1.1", help="caps over an even split, comma-separated")
+    parser.add_argument("--rows-log-sigma", type=float, default=2.0, help="the pool's spread of rows (default 2.0)")
+    parser.add_argument("--tasks", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--large", action="store_true", help="also the larger cost_search")
+    parser.add_argument("--out", default="experiments/results/policy_headroom")
+    args = parser.parse_args()
+    try:
+        fewest, most = map(int, args.tables.split("-"))
+        caps = [float(c) for c in args.memory.split(",")]
+    except ValueError:
+        parser.error(f"--tables {args.tables} --memory {args.memory}: give FEWEST-MOST and numbers, comma-separated")
+    if not 1 <= fewest <= most or min(caps) <= 0 or args.tasks < 1 or args.devices < 2:
+        parser.error("give 1 <= FEWEST <= MOST tables, caps above 0, 1 or more tasks and 2 or more devices")
+
+    models = CostModels.load(default_cost_model_path())
+    simulator = Simulator(models)
+    _, pool = split_pool(generate_pool(PoolConfig(rows_log_sigma=args.rows_log_sigma)), 0.5, 0)
+    untrained = Path(tempfile.mkdtemp()) / "untrained.pt"
+    torch.manual_seed(0)
+    save_policy(untrained, OptionScorer(), PolicyInfo(iterations=0))
+    entries = [
+        ("prior", "dreamshard", {"policy": str(untrained)}),
+        ("shipped policy", "dreamshard", {}),
+        ("its best of 16 samples", "dreamshard", {"samples": 16}),
+        ("cost_search", "cost_search", {}),
+    ] + ([("the larger search", "cost_search", LARGE)] if args.large else [])
+    results: dict[str, dict[str, list[float | None]]] = {}
+    for cap in caps:
+        rng = np.random.default_rng(args.seed)
+        results[str(cap)] = {label: [] for label, _, _ in entries}
+        for task in range(args.tasks):
+            tables = draw_task(pool, TaskConfig(min_tables=fewest, max_tables=most), rng)
+            memory = memory_cap_with_headroom(tables, args.devices, cap)
+            topology = Topology(num_devices=args.devices, memory_bytes=memory, batch_size=1024)
+            bound = lower_bound_ms(models, tables, topology)
+            for label, algorithm, settings in entries:
+                try:
+                    plan = place(algorithm, tables, topology, settings=settings)
+                    ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / bound
+                except InfeasibleError:
+                    ratio = None
+                results[str(cap)][label].append(ratio)
+            row = {label: None if r[-1] is None else round(r[-1], 3) for label, r in results[str(cap)].items()}
+            print(f"memory {cap}x, task {task} ({len(tables)} tables): {row}", flush=True)
+
+    def mean(ratios: list[float | None]) -> str:
+        placed = [r for r in ratios if r is not None]
+        failed = len(ratios) - len(placed)
+        return (f"{statistics.mean(placed):.3f}" if placed else "—") + (f" ({failed} failed)" if failed else "")
+
+    lines = [
+        f"Simulated cost over the lower bound, the mean of {args.tasks} tasks of {args.tables} held-out tables "
+        f"(seed {args.seed}, the pool's rows' log sigma {args.rows_log_sigma}) on {args.devices} devices.",
+        "",
+        "| memory over an even split | " + " | ".join(label for label, _, _ in entries) + " |",
+        "|---|" + "---:|" * len(entries),
+    ]
+    lines += [f"| {cap} | " + " | ".join(mean(r) for r in by.values()) + " |" for cap, by in results.items()]
+    out = Path(args.out)
+    write_atomic(out / "policy_headroom.md", "\n".join(lines) + "\n")
+    write_json(out / "policy_headroom.json", {"settings": vars(args), "ratios": results})
+    print("\n".join(lines))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
