@@ -37,7 +37,7 @@ from shard_ray.policy.network import (
     load_policy,
     save_policy,
 )
-from shard_ray.policy.ppo import env_config
+from shard_ray.policy.ppo import env_config, validation_score, validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -265,7 +265,20 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     policy_file = train_policy(pool, tiny_config(iterations=1), out, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert policy_file.exists() and (out / "checkpoint" / "algorithm_state.pkl").exists()
     network, info = load_policy(out)  # the folder works as well as the file
-    assert info.iterations == 1 and info.hardware == CostModels.load(default_cost_model_path()).hardware
+    models = CostModels.load(default_cost_model_path())
+    assert info.iterations == 1 and info.hardware == models.hardware
+    # the file holds the network that priced the held-out tasks cheaper, the untrained one's or iteration 1's, and
+    # says which; the log says so too
+    record = info.validation
+    assert record["tasks"] == 8 and record["iteration"] in (0, 1) and record["score"] <= record["prior"]
+    held_out = validation_tasks(pool, tiny_config(), 8, 1)
+    assert validation_score(network, held_out, models)[0] == record["score"]
+    printed = capsys.readouterr().out
+    assert (
+        f"8 tasks drawn apart from training's; the network training starts from prices them at {record['prior']:.4f}x"
+        in printed
+    )
+    assert "held-out check, iteration 1: " in printed and "policy.pt keeps " in printed
 
     algo = build_algorithm(tiny_config(), pool)
     try:
@@ -278,11 +291,16 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
         assert first == again != algo.env_runner_group.foreach_env_runner(_first_tasks)
     finally:
         algo.stop()
-    for key, value in network.state_dict().items():
-        assert torch.equal(value, restored.state_dict()[key]), key
+    last = validation_score(restored, held_out, models)[0]
+    assert record["score"] == min(record["prior"], last) and (record["iteration"] == 1) == (last < record["prior"])
+    if record["iteration"] == 1:
+        for key, value in network.state_dict().items():
+            assert torch.equal(value, restored.state_dict()[key]), key
 
     train_policy(pool, tiny_config(iterations=2), out)  # resumes: one more iteration, not two
-    assert load_policy(policy_file)[1].iterations == 2
+    resumed = load_policy(policy_file)[1]
+    assert resumed.iterations == 2 and resumed.validation["prior"] == record["prior"]  # judged against the same start
+    assert resumed.validation["score"] <= record["score"]
     train_policy(pool, tiny_config(iterations=2), out)
     assert "nothing to train: 2 iterations done, --iterations 2 asked for in all" in capsys.readouterr().out
     with pytest.raises(ShardRayError, match=r"the checkpoint in .* was trained with other settings .*new --out"):

@@ -37,11 +37,11 @@ class OuterLoopArgs:
 
 
 def add_policy_flags(
-    parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None, iterations: bool = True
+    parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None, exclude: tuple[str, ...] = ()
 ) -> None:
-    """The flags of a policy's training: inputs, PPO settings, Ray and MLflow."""
+    """The flags of a policy's training: inputs, PPO settings but those `exclude` names, Ray and MLflow."""
     add_settings(parser, PolicyArgs)
-    add_settings(parser, PolicyConfig, defaults=defaults, exclude=() if iterations else ("iterations",))
+    add_settings(parser, PolicyConfig, defaults=defaults, exclude=exclude)
     add_ray(parser)
 
 
@@ -104,6 +104,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     add_settings(q, OuterLoopConfig)
     add_settings(q, OuterLoopArgs)
-    add_policy_flags(q, iterations=False)
+    # its rounds set the iterations, and its policy.pt is the last round's: the models change from round to round, so
+    # held-out scores under one round's models do not judge another's network
+    add_policy_flags(q, exclude=("iterations", "validation_tasks"))
     add_tracking(q, POLICY_EXPERIMENT)
     q.set_defaults(run=cmd_policy_outer_loop)

@@ -142,6 +142,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "policy", help="sweep PPO's hyperparameters (objective: simulated cost on validation tasks, ASHA)"
     )
     add_settings(q, PolicySweepConfig)
-    add_policy_flags(q, defaults=POLICY_TRIAL_ITERATIONS)
+    # the sweep's own --validation-tasks scores its trials
+    add_policy_flags(q, defaults=POLICY_TRIAL_ITERATIONS, exclude=("validation_tasks",))
     add_sweep_flags(q, "policy")
     q.set_defaults(run=cmd_tune_policy)

@@ -14,7 +14,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +173,10 @@ def train_iterations(
     info: PolicyInfo,
     checkpoint_every: int,
     on_iteration: Callable[[int, dict[str, Any]], None] | None = None,
+    held_out: HeldOut | None = None,
 ) -> list[float]:
-    """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns."""
+    """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns.
+    With `held_out`, the policy file holds the network that has priced its tasks cheapest so far, not the last."""
     returns = []
     with one_torch_thread():  # the driver samples and learns (on a cluster its env runners and learners do)
         while algo.iteration < iterations:
@@ -190,7 +192,11 @@ def train_iterations(
                 on_iteration(algo.iteration, result)
             if algo.iteration % checkpoint_every == 0 or algo.iteration == iterations:
                 save_checkpoint(algo, checkpoint_dir)
-                save_policy(policy_file, policy_network(algo), info.model_copy(update={"iterations": algo.iteration}))
+                network, update = policy_network(algo), {"iterations": algo.iteration}
+                if held_out is not None:
+                    print(held_out.judge(network, algo.iteration), flush=True)
+                    network, update = held_out.kept(), update | {"validation": held_out.record()}
+                save_policy(policy_file, network, info.model_copy(update=update))
     return returns
 
 
@@ -215,7 +221,8 @@ def train_policy(
     )
     algo = build_algorithm(config, pool, cost_model)
     try:
-        if restore_checkpoint(algo, checkpoint_dir):
+        resumed = restore_checkpoint(algo, checkpoint_dir)
+        if resumed:
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
             resume_tasks(algo)
             if algo.iteration >= config.iterations:
@@ -223,6 +230,13 @@ def train_policy(
                     f"nothing to train: {algo.iteration} iterations done, --iterations {config.iterations} asked for "
                     "in all; give more to train further"
                 )
+        held_out = None
+        if config.validation_tasks:
+            tasks = validation_tasks(pool, config, config.validation_tasks, config.seed + 1)
+            held_out = HeldOut.resumed(policy_file, tasks, models) if resumed else None
+            if held_out is None:  # the network as it starts: the untrained one's prior, on a new run
+                held_out = HeldOut.starting(policy_network(algo), algo.iteration, tasks, models)
+                print(held_out.describe_start(), flush=True)
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
         try:
             train_iterations(
@@ -233,6 +247,7 @@ def train_policy(
                 info,
                 config.checkpoint_every,
                 on_iteration=logger.log_iteration if logger else None,
+                held_out=held_out,
             )
         finally:
             if logger:
@@ -284,6 +299,73 @@ def validation_score(
         else:
             scores.append(state.cost / state.lower_bound)
     return float(np.mean(scores)), stuck
+
+
+@dataclass
+class HeldOut:
+    """Tasks drawn apart from training's that judge the network at every save, and the network that has priced them
+    cheapest so far (greedy decoding's mean cost over the lower bound, `validation_score`), the network training
+    started from among them: PPO's sampled returns moved without a trend on the shipped policy's training, and the
+    last iteration's network priced tasks above its untrained prior (docs/results.md), so training keeps what the
+    held-out tasks show, and says whether it beat the prior."""
+
+    tasks: list[tuple[list[TableSpec], Topology]]
+    models: CostModels
+    prior: float  # the score of the network training started from
+    score: float  # the score of the network kept
+    iteration: int  # the iteration of the network kept
+    state: dict[str, Any]  # its weights
+    hidden: int
+
+    @classmethod
+    def starting(cls, network: OptionScorer, iteration: int, tasks: list, models: CostModels) -> HeldOut:
+        score, _ = validation_score(network, tasks, models)
+        state = {k: v.clone() for k, v in network.state_dict().items()}
+        return cls(tasks, models, score, score, iteration, state, network.hidden)
+
+    @classmethod
+    def resumed(cls, policy_file: Path, tasks: list, models: CostModels) -> HeldOut | None:
+        """The check a resumed run's policy file records (None: a file written without one)."""
+        from shard_ray.policy.network import load_policy
+
+        if not policy_file.is_file():
+            return None
+        network, info = load_policy(policy_file)
+        record = info.validation
+        if record.get("tasks") != len(tasks):
+            return None
+        return cls(tasks, models, record["prior"], record["score"], record["iteration"], network.state_dict(),
+                   network.hidden)  # fmt: skip
+
+    def judge(self, network: OptionScorer, iteration: int) -> str:
+        """Score `network` and keep it if it prices the tasks below the network kept; a line saying what was kept."""
+        score, stuck = validation_score(network, self.tasks, self.models)
+        if score < self.score:
+            self.score, self.iteration, self.hidden = score, iteration, network.hidden
+            self.state = {k: v.clone() for k, v in network.state_dict().items()}
+        against = f"{score:.4f}x the bound" + (f", stuck on {stuck}" if stuck else "")
+        return f"held-out check, iteration {iteration}: {against}; {self.describe_kept()}"
+
+    def describe_start(self) -> str:
+        return (
+            f"held-out check: {len(self.tasks)} tasks drawn apart from training's; the network training starts from "
+            f"prices them at {self.prior:.4f}x the bound"
+        )
+
+    def describe_kept(self) -> str:
+        if self.score >= self.prior:
+            return f"policy.pt keeps the network training started from ({self.prior:.4f}x): none priced them lower"
+        gain = 1 - self.score / self.prior
+        return f"policy.pt keeps iteration {self.iteration}'s ({self.score:.4f}x, {gain:.1%} below the start)"
+
+    def kept(self) -> OptionScorer:
+        network = OptionScorer(self.hidden)
+        network.load_state_dict(self.state)
+        network.eval()
+        return network
+
+    def record(self) -> dict[str, Any]:
+        return {"tasks": len(self.tasks), "prior": self.prior, "score": self.score, "iteration": self.iteration}
 
 
 class MlflowIterationLogger:

@@ -31,6 +31,12 @@ class PolicyConfig:
     memory_headroom: tuple[float, float] = (1.3, 2.0)
     batch_size: int = setting(1024, "global batch size priced", min=1)
     checkpoint_every: int = setting(5, "save the algorithm and policy.pt every this many iterations", min=1)
+    validation_tasks: int = setting(
+        8,
+        "tasks drawn apart from training's (seed + 1) that judge the network at every save: policy.pt keeps the one "
+        "that prices them cheapest, the untrained network's prior among them; 0 keeps the last",
+        min=0,
+    )
     seed: int = setting(0, "random seed")
 
     def check(self) -> None:
@@ -39,6 +45,8 @@ class PolicyConfig:
                 raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.minibatch_size > self.train_batch_size:
             raise ShardRayError("minibatch_size must not exceed train_batch_size")
+        if self.validation_tasks < 0:
+            raise ShardRayError(f"validation_tasks must be 0 or more, got {self.validation_tasks}")
         if self.num_env_runners < 0 or self.num_learners < 0:
             raise ShardRayError("env runners and learners must be 0 or more")
         if not 0 < self.lr < 1:
