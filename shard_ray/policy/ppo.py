@@ -356,7 +356,7 @@ class HeldOut:
         if self.score >= self.prior:
             return f"policy.pt keeps the network training started from ({self.prior:.4f}x): none priced them lower"
         gain = 1 - self.score / self.prior
-        return f"policy.pt keeps iteration {self.iteration}'s ({self.score:.4f}x, {gain:.1%} below the start)"
+        return f"policy.pt keeps iteration {self.iteration}'s ({self.score:.4f}x, {gain:.2%} below the start)"
 
     def kept(self) -> OptionScorer:
         network = OptionScorer(self.hidden)
