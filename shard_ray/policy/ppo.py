@@ -232,10 +232,11 @@ def train_policy(
                 )
         held_out = None
         if config.validation_tasks:
-            tasks = validation_tasks(pool, config, config.validation_tasks, config.seed + 1)
-            held_out = HeldOut.resumed(policy_file, tasks, models) if resumed else None
+            seed = config.seed + 1
+            tasks = validation_tasks(pool, config, config.validation_tasks, seed)
+            held_out = HeldOut.resumed(policy_file, tasks, seed, models) if resumed else None
             if held_out is None:  # the network as it starts: the untrained one's prior, on a new run
-                held_out = HeldOut.starting(policy_network(algo), algo.iteration, tasks, models)
+                held_out = HeldOut.starting(policy_network(algo), algo.iteration, tasks, seed, models)
                 print(held_out.describe_start(), flush=True)
         logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
         try:
@@ -310,6 +311,7 @@ class HeldOut:
     held-out tasks show, and says whether it beat the prior."""
 
     tasks: list[tuple[list[TableSpec], Topology]]
+    seed: int  # the tasks' draw
     models: CostModels
     prior: float  # the score of the network training started from
     score: float  # the score of the network kept
@@ -318,23 +320,23 @@ class HeldOut:
     hidden: int
 
     @classmethod
-    def starting(cls, network: OptionScorer, iteration: int, tasks: list, models: CostModels) -> HeldOut:
+    def starting(cls, network: OptionScorer, iteration: int, tasks: list, seed: int, models: CostModels) -> HeldOut:
         score, _ = validation_score(network, tasks, models)
         state = {k: v.clone() for k, v in network.state_dict().items()}
-        return cls(tasks, models, score, score, iteration, state, network.hidden)
+        return cls(tasks, seed, models, score, score, iteration, state, network.hidden)
 
     @classmethod
-    def resumed(cls, policy_file: Path, tasks: list, models: CostModels) -> HeldOut | None:
-        """The check a resumed run's policy file records (None: a file written without one)."""
+    def resumed(cls, policy_file: Path, tasks: list, seed: int, models: CostModels) -> HeldOut | None:
+        """The check a resumed run's policy file records (None: a file written without one, or of other tasks)."""
         from shard_ray.policy.network import load_policy
 
         if not policy_file.is_file():
             return None
         network, info = load_policy(policy_file)
         record = info.validation
-        if record.get("tasks") != len(tasks):
+        if (record.get("tasks"), record.get("seed")) != (len(tasks), seed):
             return None
-        return cls(tasks, models, record["prior"], record["score"], record["iteration"], network.state_dict(),
+        return cls(tasks, seed, models, record["prior"], record["score"], record["iteration"], network.state_dict(),
                    network.hidden)  # fmt: skip
 
     def judge(self, network: OptionScorer, iteration: int) -> str:
@@ -365,7 +367,13 @@ class HeldOut:
         return network
 
     def record(self) -> dict[str, Any]:
-        return {"tasks": len(self.tasks), "prior": self.prior, "score": self.score, "iteration": self.iteration}
+        return {
+            "tasks": len(self.tasks),
+            "seed": self.seed,
+            "prior": self.prior,
+            "score": self.score,
+            "iteration": self.iteration,
+        }
 
 
 class MlflowIterationLogger:
