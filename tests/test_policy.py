@@ -280,7 +280,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     assert validation_score(network, held_out, models)[0] == record["score"]
     printed = capsys.readouterr().out
     assert (
-        f"8 tasks drawn apart from training's; the network training starts from prices them at {record['prior']:.4f}x"
+        f"8 tasks drawn apart from training's (seed 1); the untrained network prices them at {record['prior']:.4f}x"
         in printed
     )
     assert "held-out check, iteration 1: " in printed and "policy.pt keeps " in printed
@@ -308,9 +308,17 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     assert resumed.validation["score"] <= record["score"]
     train_policy(pool, tiny_config(iterations=2), out)
     assert "nothing to train: 2 iterations done, --iterations 2 asked for in all" in capsys.readouterr().out
-    with pytest.raises(ShardRayError, match=r"the checkpoint in .* was trained with other settings .*new --out"):
+    with pytest.raises(
+        ShardRayError,
+        match=r"the checkpoint in .* was trained with other settings \(--hidden 32 there, --hidden 16 here\): .*new --out",
+    ):
         train_policy(pool, tiny_config(iterations=3, hidden=16), out)  # a network of another width
     assert load_policy(policy_file)[1].iterations == 2
+    capsys.readouterr()
+    train_policy(pool, tiny_config(iterations=3, seed=5), out)  # other held-out tasks: judged from where it resumes
+    assert "iteration 2's network, which this run resumed from prices them at" in capsys.readouterr().out
+    record = load_policy(policy_file)[1].validation
+    assert record["seed"] == 6 and record["start"] == 2 and record["iteration"] in (2, 3)
 
     import mlflow
 

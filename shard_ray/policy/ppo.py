@@ -148,21 +148,43 @@ def save_checkpoint(algo: Any, checkpoint_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def restore_checkpoint(algo: Any, checkpoint_dir: Path) -> bool:
+def restore_checkpoint(algo: Any, checkpoint_dir: Path, config: PolicyConfig | None = None) -> bool:
     """Restore the last whole checkpoint, if any (the previous one when a kill fell between the swap's renames)."""
     checkpoint_dir = checkpoint_dir.resolve()
     for candidate in (checkpoint_dir, checkpoint_dir.with_name(checkpoint_dir.name + ".old")):
         if (candidate / "algorithm_state.pkl").exists():
             try:
                 algo.restore_from_path(str(candidate))
-            except RuntimeError as err:  # torch's state_dict mismatch: a network of another shape
-                first = str(err).strip().splitlines()[0]
+            except RuntimeError:  # torch's state_dict mismatch: a network of another shape
                 raise ShardRayError(
-                    f"the checkpoint in {candidate} was trained with other settings ({first}): resume it with the "
-                    f"settings it was made with (its policy.pt records them), or train into a new --out"
+                    f"the checkpoint in {candidate} was trained with other settings "
+                    f"({_shape_difference(checkpoint_dir.parent / 'policy.pt', config)}): resume it with the settings "
+                    "it was made with (its policy.pt records them), or train into a new --out"
                 ) from None
             return True
     return False
+
+
+# The settings that shape the network and its observations: a checkpoint of others does not load.
+SHAPE_SETTINGS = ("hidden", "max_devices")
+
+
+def _shape_difference(policy_file: Path, config: PolicyConfig | None) -> str:
+    """Which of `SHAPE_SETTINGS` the policy file beside a checkpoint records otherwise than `config`, as flags."""
+    from shard_ray.policy.network import load_policy
+
+    try:
+        recorded = load_policy(policy_file)[1].config
+    except ShardRayError:
+        recorded = {}
+    given = asdict(config) if config is not None else {}
+    differ = [name for name in SHAPE_SETTINGS if name in recorded and name in given and recorded[name] != given[name]]
+    if not differ:
+        return "another network shape: " + " or ".join(f"--{n.replace('_', '-')}" for n in SHAPE_SETTINGS)
+    flags = [f"--{name.replace('_', '-')}" for name in differ]
+    there = " and ".join(f"{flag} {recorded[name]}" for flag, name in zip(flags, differ))
+    here = " and ".join(f"{flag} {given[name]}" for flag, name in zip(flags, differ))
+    return f"{there} there, {here} here"
 
 
 def train_iterations(
@@ -221,7 +243,7 @@ def train_policy(
     )
     algo = build_algorithm(config, pool, cost_model)
     try:
-        resumed = restore_checkpoint(algo, checkpoint_dir)
+        resumed = restore_checkpoint(algo, checkpoint_dir, config)
         if resumed:
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
             resume_tasks(algo)
@@ -313,7 +335,8 @@ class HeldOut:
     tasks: list[tuple[list[TableSpec], Topology]]
     seed: int  # the tasks' draw
     models: CostModels
-    prior: float  # the score of the network training started from
+    start: int  # the iteration of the network training started from: 0, the untrained one, on a new run
+    prior: float  # its score
     score: float  # the score of the network kept
     iteration: int  # the iteration of the network kept
     state: dict[str, Any]  # its weights
@@ -323,7 +346,7 @@ class HeldOut:
     def starting(cls, network: OptionScorer, iteration: int, tasks: list, seed: int, models: CostModels) -> HeldOut:
         score, _ = validation_score(network, tasks, models)
         state = {k: v.clone() for k, v in network.state_dict().items()}
-        return cls(tasks, seed, models, score, score, iteration, state, network.hidden)
+        return cls(tasks, seed, models, iteration, score, score, iteration, state, network.hidden)
 
     @classmethod
     def resumed(cls, policy_file: Path, tasks: list, seed: int, models: CostModels) -> HeldOut | None:
@@ -336,8 +359,8 @@ class HeldOut:
         record = info.validation
         if (record.get("tasks"), record.get("seed")) != (len(tasks), seed):
             return None
-        return cls(tasks, seed, models, record["prior"], record["score"], record["iteration"], network.state_dict(),
-                   network.hidden)  # fmt: skip
+        return cls(tasks, seed, models, record.get("start", 0), record["prior"], record["score"], record["iteration"],
+                   network.state_dict(), network.hidden)  # fmt: skip
 
     def judge(self, network: OptionScorer, iteration: int) -> str:
         """Score `network` and keep it if it prices the tasks below the network kept; a line saying what was kept."""
@@ -348,15 +371,21 @@ class HeldOut:
         against = f"{score:.4f}x the bound" + (f", stuck on {stuck}" if stuck else "")
         return f"held-out check, iteration {iteration}: {against}; {self.describe_kept()}"
 
+    def _the_start(self) -> str:
+        if self.start == 0:
+            return "the untrained network"
+        return f"iteration {self.start}'s network, which this run resumed from"
+
     def describe_start(self) -> str:
+        resumed = "" if self.start == 0 else " (policy.pt held no check of these tasks: another --seed or count)"
         return (
-            f"held-out check: {len(self.tasks)} tasks drawn apart from training's; the network training starts from "
-            f"prices them at {self.prior:.4f}x the bound"
+            f"held-out check: {len(self.tasks)} tasks drawn apart from training's (seed {self.seed}); "
+            f"{self._the_start()} prices them at {self.prior:.4f}x the bound{resumed}"
         )
 
     def describe_kept(self) -> str:
         if self.score >= self.prior:
-            return f"policy.pt keeps the network training started from ({self.prior:.4f}x): none priced them lower"
+            return f"policy.pt keeps the start, {self._the_start()} ({self.prior:.4f}x): none priced them lower"
         gain = 1 - self.score / self.prior
         return f"policy.pt keeps iteration {self.iteration}'s ({self.score:.4f}x, {gain:.2%} below the start)"
 
@@ -370,6 +399,7 @@ class HeldOut:
         return {
             "tasks": len(self.tasks),
             "seed": self.seed,
+            "start": self.start,
             "prior": self.prior,
             "score": self.score,
             "iteration": self.iteration,

@@ -172,7 +172,7 @@ def run_outer_loop(
     # Whatever happens, the MLflow run is closed and the gang, the pool and RLlib are stopped (in that order).
     with ExitStack() as resources:
         resources.callback(algo.stop)
-        restore_checkpoint(algo, checkpoint_dir)
+        restore_checkpoint(algo, checkpoint_dir, policy_config)
         set_cost_models(algo, models)
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
