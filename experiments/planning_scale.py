@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from releases import REPO, checkout_of, is_commit
+from releases import REPO, checkout_of, file_at, is_commit
 
 from shard_ray.arguments import Parser
 from shard_ray.io import write_atomic, write_json
@@ -134,12 +134,12 @@ def markdown(results: dict[str, dict[str, dict[str, list[dict]]]]) -> list[str]:
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=SIZES, help="TABLESxDEVICES, comma-separated (default %(default)s)")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per plan (default %(default)s)")
     parser.add_argument("--devices-per-host", type=int, help="devices on each host (default: one host)")
     parser.add_argument("--previous", help="a commit whose code plans the same sizes, plan by plan in turn")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every plan (default %(default)s)")
-    parser.add_argument("--out", default="experiments/results/planning_scale")
+    parser.add_argument("--out", default="experiments/results/planning_scale", help="folder (default %(default)s)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # ALGORITHM:TABLESxDEVICES, in the child process
     args = parser.parse_args()
     if args.one:
@@ -149,10 +149,23 @@ def main() -> None:
         return
     if args.previous and not is_commit(args.previous):
         parser.error(f"--previous {args.previous}: no such commit in this repository")
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: give 1 or more")
-    sizes = [tuple(map(int, size.split("x"))) for size in args.sizes.split(",")]
+    if args.previous and "--one" not in file_at(args.previous, "experiments/planning_scale.py"):
+        parser.error(f"--previous {args.previous}: that commit's experiments/planning_scale.py cannot plan one size")
+    if args.repeats < 1 or not args.timeout > 0:
+        parser.error(f"--repeats {args.repeats} --timeout {args.timeout:g}: give 1 or more runs and seconds above 0")
+    try:
+        sizes = [(int(t), int(d)) for t, d in (size.split("x") for size in args.sizes.split(","))]
+    except ValueError:
+        sizes = []
+    if not sizes or min(min(size) for size in sizes) < 1:
+        parser.error(f"--sizes {args.sizes}: give TABLESxDEVICES, comma-separated, each at least 1 (e.g. 856x64)")
+    from shard_ray.placement import algorithms as registered
+
     algorithms = args.algorithms.split(",")
+    known = {info.name for info in registered()}
+    unknown = [name for name in algorithms if name not in known]
+    if unknown:
+        parser.error(f"--algorithms: unknown {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     with tempfile.TemporaryDirectory(prefix="planning-scale-") as folder, contextlib.ExitStack() as stack:
         releases: dict[str, Path | None] = {"this checkout": None}
         if args.previous:
@@ -170,7 +183,8 @@ def main() -> None:
     out = Path(args.out)
     write_json(out / "planning_scale.json", results)
     lines = [
-        "Placement time (the search alone), in parentheses with the estimate `plan` prints; peak memory of "
+        "Placement time (the search alone), in parentheses the wall time of `place` with the estimate `plan` prints; "
+        "peak memory of "
         "the planning process; simulated cost under the shipped models, and how far above the lower bound. "
         "One core (OMP_NUM_THREADS=1), a fresh process per plan"
         + (f"; hosts of {args.devices_per_host} devices" if args.devices_per_host else "")
@@ -181,6 +195,7 @@ def main() -> None:
         *markdown(results),
     ]
     write_atomic(out / "planning_scale.md", "\n".join(lines) + "\n")
+    print(f"wrote {out / 'planning_scale.md'} and {out / 'planning_scale.json'}")
     print(json.dumps(results))
 
 

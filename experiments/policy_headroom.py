@@ -18,6 +18,7 @@ and `policy_headroom.json` to `--out`; the last printed line is JSON.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import tempfile
 from pathlib import Path
@@ -32,7 +33,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
-from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
 from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -42,22 +43,33 @@ LARGE = {"beam_width": 6, "beam_depth": 5, "branching": 6, "local_search_steps":
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=16)
+    parser.add_argument("--devices", type=int, default=16, help="devices of every task (default %(default)s)")
     parser.add_argument("--tables", default="64-128", help="fewest-most tables of a task (default %(default)s)")
-    parser.add_argument("--memory", default="1.02,1.1", help="caps over an even split, comma-separated")
-    parser.add_argument("--rows-log-sigma", type=float, default=2.0, help="the pool's spread of rows (default 2.0)")
-    parser.add_argument("--tasks", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--memory", default="1.02,1.1", help="caps over an even split, comma-separated (default %(default)s)"
+    )
+    parser.add_argument(
+        "--rows-log-sigma", type=float, default=2.0, help="the pool's spread of rows (default %(default)s)"
+    )
+    parser.add_argument("--tasks", type=int, default=5, help="tasks a cap (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=7, help="the tasks' draw (default %(default)s)")
     parser.add_argument("--large", action="store_true", help="also the larger cost_search")
-    parser.add_argument("--out", default="experiments/results/policy_headroom")
+    parser.add_argument("--out", default="experiments/results/policy_headroom", help="folder (default %(default)s)")
     args = parser.parse_args()
     try:
         fewest, most = map(int, args.tables.split("-"))
+    except ValueError:
+        parser.error(f"--tables {args.tables}: give FEWEST-MOST, two whole numbers (e.g. 64-128)")
+    try:
         caps = [float(c) for c in args.memory.split(",")]
     except ValueError:
-        parser.error(f"--tables {args.tables} --memory {args.memory}: give FEWEST-MOST and numbers, comma-separated")
-    if not 1 <= fewest <= most or min(caps) <= 0 or args.tasks < 1 or args.devices < 2:
-        parser.error("give 1 <= FEWEST <= MOST tables, caps above 0, 1 or more tasks and 2 or more devices")
+        parser.error(f"--memory {args.memory}: give caps over an even split, numbers comma-separated (e.g. 1.02,1.1)")
+    if not 1 <= fewest <= most:
+        parser.error(f"--tables {args.tables}: give 1 <= FEWEST <= MOST")
+    if not all(math.isfinite(c) and c >= 1 for c in caps):
+        parser.error(f"--memory {args.memory}: every cap at least 1 (below an even split the tables do not fit)")
+    if args.tasks < 1 or args.devices < 2:
+        parser.error(f"--tasks {args.tasks} --devices {args.devices}: give 1 or more tasks and 2 or more devices")
 
     models = CostModels.load(default_cost_model_path())
     simulator = Simulator(models)
@@ -72,12 +84,16 @@ def main() -> None:
         ("cost_search", "cost_search", {}),
     ] + ([("the larger search", "cost_search", LARGE)] if args.large else [])
     results: dict[str, dict[str, list[float | None]]] = {}
+    floored: dict[str, int] = {}  # tasks a cap whose cap `memory_cap_with_headroom` raised to its floor
     for cap in caps:
         rng = np.random.default_rng(args.seed)
         results[str(cap)] = {label: [] for label, _, _ in entries}
+        floored[str(cap)] = 0
         for task in range(args.tasks):
             tables = draw_task(pool, TaskConfig(min_tables=fewest, max_tables=most), rng)
             memory = memory_cap_with_headroom(tables, args.devices, cap)
+            even = sum(shard_bytes(t, t.dim, "rowwise_adagrad") for t in tables) / args.devices
+            floored[str(cap)] += memory > cap * even + 1  # raised to 1.05x the largest table
             topology = Topology(num_devices=args.devices, memory_bytes=memory, batch_size=1024)
             bound = lower_bound_ms(models, tables, topology)
             for label, algorithm, settings in entries:
@@ -95,18 +111,24 @@ def main() -> None:
         failed = len(ratios) - len(placed)
         return (f"{statistics.mean(placed):.3f}" if placed else "—") + (f" ({failed} failed)" if failed else "")
 
+    tasks = f"{args.tasks} task" + ("s" if args.tasks > 1 else "")
     lines = [
-        f"Simulated cost over the lower bound, the mean of {args.tasks} tasks of {args.tables} held-out tables "
-        f"(seed {args.seed}, the pool's rows' log sigma {args.rows_log_sigma}) on {args.devices} devices.",
+        f"Simulated cost over the lower bound, the mean of {tasks} of {args.tables} held-out tables (seed {args.seed}, "
+        f"the pool's rows' log sigma {args.rows_log_sigma}) on {args.devices} devices. A cap is never below 1.05x the "
+        "task's largest table: the last column counts the tasks where that floor, not the cap asked for, set it.",
         "",
-        "| memory over an even split | " + " | ".join(label for label, _, _ in entries) + " |",
-        "|---|" + "---:|" * len(entries),
+        "| memory over an even split | " + " | ".join(label for label, _, _ in entries) + " | cap at the floor |",
+        "|---|" + "---:|" * (len(entries) + 1),
     ]
-    lines += [f"| {cap} | " + " | ".join(mean(r) for r in by.values()) + " |" for cap, by in results.items()]
+    lines += [
+        f"| {cap} | " + " | ".join(mean(r) for r in by.values()) + f" | {floored[cap]} of {args.tasks} |"
+        for cap, by in results.items()
+    ]
     out = Path(args.out)
     write_atomic(out / "policy_headroom.md", "\n".join(lines) + "\n")
-    write_json(out / "policy_headroom.json", {"settings": vars(args), "ratios": results})
+    write_json(out / "policy_headroom.json", {"settings": vars(args), "ratios": results, "at_the_floor": floored})
     print("\n".join(lines))
+    print(f"wrote {out / 'policy_headroom.md'} and {out / 'policy_headroom.json'}")
     print(json.dumps(results))
 
 

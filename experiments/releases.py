@@ -18,6 +18,12 @@ def is_commit(name: str) -> bool:
     return found.returncode == 0
 
 
+def file_at(commit: str, path: str) -> str:
+    """The text of `path` at `commit` ("" where it has no such file)."""
+    shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True)
+    return shown.stdout if shown.returncode == 0 else ""
+
+
 @contextlib.contextmanager
 def checkout_of(commit: str, folder: Path) -> Iterator[Path]:
     """`commit`'s files in a git worktree at `folder`, removed after: its code runs with `folder` first on

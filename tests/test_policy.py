@@ -391,6 +391,7 @@ def test_the_shipped_policy_places_5136_tables_on_512_devices_as_cost_search_pri
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
+    assert f"placed by the shipped policy {default_policy_path()}" in planned.stdout  # which network, said
     tables, plan = load_tables(tmp_path / "pool.json"), load_plan(tmp_path / "plan.json")
     topology = Topology(num_devices=512, memory_bytes=int(24 * GB))
     assert {s.table for s in plan.shards} == {t.name for t in tables}
