@@ -377,7 +377,7 @@ class HeldOut:
         return f"iteration {self.start}'s network, which this run resumed from"
 
     def describe_start(self) -> str:
-        resumed = "" if self.start == 0 else " (policy.pt held no check of these tasks: another --seed or count)"
+        resumed = "" if self.start == 0 else " (policy.pt held no check of these tasks)"
         return (
             f"held-out check: {len(self.tasks)} tasks drawn apart from training's (seed {self.seed}); "
             f"{self._the_start()} prices them at {self.prior:.4f}x the bound{resumed}"
