@@ -127,16 +127,23 @@ def test_the_shipped_models_price_many_small_tables_as_the_kernels_scale():
         pytest.skip(f"the shipped models are of {shipped.hardware}, this machine is {hardware_id(threads=1)}")
     config, threads = MeasureConfig(batch_size=1024), torch.get_num_threads()
     torch.set_num_threads(1)  # as a profiling actor measures
+    shards = {
+        count: [
+            TablePiece.whole(TableSpec(name=f"small{i}", rows=1000, dim=16, pooling_factor=1)) for i in range(count)
+        ]
+        for count in (8, 128)
+    }
+    # The two shards in turn, each judged by its fastest, so that a spell of the host falls on both: measured one after
+    # the other, the 8 tables (0.24-0.30 ms here) were once priced at 1.67x their measurement and the 128 (4.3-4.9 ms)
+    # at 1.05x (a fresh clone's alone pass, 2026-12-03), where they are priced at about 1.2x and 0.97x
+    measured: dict[int, list[float]] = {count: [] for count in shards}
     try:
-        ratios = []
-        for count in (8, 128):
-            pieces = [
-                TablePiece.whole(TableSpec(name=f"small{i}", rows=1000, dim=16, pooling_factor=1)) for i in range(count)
-            ]
-            measured = min(measure_fused_shard(pieces, config, "").bwd_ms for _ in range(3))
-            ratios.append(float(shipped.predict_fused_shards([pieces], 1024)[0, 1]) / measured)
+        for _ in range(3):
+            for count, pieces in shards.items():
+                measured[count].append(measure_fused_shard(pieces, config, "").bwd_ms)
     finally:
         torch.set_num_threads(threads)
+    ratios = [float(shipped.predict_fused_shards([shards[c]], 1024)[0, 1]) / min(measured[c]) for c in shards]
     assert 2 / 3 <= ratios[1] / ratios[0] <= 3 / 2, (
         f"backward priced {ratios[0]:.2f}x at 8 tables, {ratios[1]:.2f}x at 128"
     )
