@@ -142,8 +142,8 @@ class PolicyInfo(BaseModel):
     pool_tables: int | None = None  # tables of the pool its episodes were drawn from
     loop: dict[str, Any] = {}  # the outer loop's settings, for a policy `policy outer-loop` trained
     iterations: int | None = None  # PPO iterations done
-    # The held-out check that chose the network the file holds (`shard_ray.policy.ppo.HeldOut`): the tasks it drew,
-    # the untrained network's score on them (the prior's), the score of the network kept and the iteration it is of.
+    # The held-out check that chose the network the file holds (`shard_ray.policy.ppo.HeldOut.record`): how many
+    # tasks and their seed, the iteration training started from and its score, the kept network's score and iteration.
     validation: dict[str, Any] = {}
 
     def to_file(self) -> dict[str, Any]:
