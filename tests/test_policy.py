@@ -37,7 +37,7 @@ from shard_ray.policy.network import (
     load_policy,
     save_policy,
 )
-from shard_ray.policy.ppo import env_config, validation_score, validation_tasks
+from shard_ray.policy.ppo import env_config, held_out_tasks, validation_score, validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -168,6 +168,10 @@ def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):
     obs, reward, done, _, info = env.step(1)
     # the step's own reward (the models' price may fall as the devices even out), less the penalty
     assert done and info == {"feasible": False} and reward == pytest.approx(last_step - INFEASIBLE_PENALTY)
+    # the held-out check scores the task as the episode's return has it, greedy decoding stuck as above
+    torch.manual_seed(0)
+    score, stuck = validation_score(OptionScorer(), [(tables, topology)], models)
+    assert stuck == 1 and score == pytest.approx(state.cost / state.lower_bound + INFEASIBLE_PENALTY)
 
 
 def test_padding_masks_extra_devices(models, small_tables):
@@ -257,6 +261,21 @@ def _first_tasks(runner) -> list[list[str]]:
     return drawn
 
 
+def test_the_held_out_check_draws_tasks_like_trainings_and_beyond_them(pool):
+    """`policy train`'s held-out tasks: as many like training's as asked, and as many on each of 2x and 8x its most
+    devices, with as many tables a device as its largest tasks (at most the pool's) and memory at the low end of its
+    headroom range."""
+    config = tiny_config()  # 4-6 tables on 2 or 3 devices, memory 1.3-2.0x an even split
+    tasks = held_out_tasks(pool, config, 8, 1)
+    like, twice, eight = tasks[:8], tasks[8:16], tasks[16:]
+    assert len(tasks) == 24 and like == validation_tasks(pool, config, 8, 1)
+    assert {t.num_devices for _, t in twice} == {6} and {t.num_devices for _, t in eight} == {24}
+    assert all(8 <= len(tables) <= 12 for tables, _ in twice) and all(32 <= len(tables) <= 48 for tables, _ in eight)
+    for tables, topology in twice + eight:
+        assert topology.memory_bytes == memory_cap_with_headroom(tables, topology.num_devices, 1.3)
+    assert all(len(tables) == 20 for tables, _ in held_out_tasks(pool[:20], config, 2, 1)[4:])  # the pool's, at most
+
+
 @pytest.mark.slow  # RLlib's PPO built twice and trained: a training test (20 s with its Ray), as the marker says
 def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, pool, capsys):
     from shard_ray.policy.ppo import build_algorithm, policy_network, resume_tasks, train_policy
@@ -271,17 +290,17 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     # says which; the log says so too
     record = info.validation
     assert (
-        record["tasks"] == 8
+        record["tasks"] == 24
         and record["seed"] == 1
         and record["iteration"] in (0, 1)
         and record["score"] <= record["prior"]
     )
-    held_out = validation_tasks(pool, tiny_config(), 8, 1)
+    held_out = held_out_tasks(pool, tiny_config(), 8, 1)
     assert validation_score(network, held_out, models)[0] == record["score"]
     printed = capsys.readouterr().out
     assert (
-        f"8 tasks drawn apart from training's (seed 1); the untrained network prices them at {record['prior']:.4f}x"
-        in printed
+        "24 tasks drawn apart from training's (seed 1), on 2, 3, 6 and 24 devices; the untrained network prices them "
+        f"at {record['prior']:.4f}x" in printed
     )
     assert "held-out check, iteration 1: " in printed and "policy.pt keeps " in printed
 

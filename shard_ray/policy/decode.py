@@ -38,13 +38,14 @@ def roll_out(
     topology: Topology,
     models: CostModels,
     generator: torch.Generator | None = None,
-) -> PlacementState | None:
-    """One episode: the best option each step (`best_option`), or sampled ones with `generator`; None if stuck."""
+) -> PlacementState:
+    """One episode: the best option each step (`best_option`), or sampled ones with `generator`; it ends where the next
+    piece fits nowhere (`PlacementState.stuck`), its state then not `done`."""
     scorer = DecodingScorer(network)
     state = PlacementState(tables, topology, models)
     while not state.done:
         if state.stuck():
-            return None
+            return state
         logits = scorer.logits(state.observation())
         if generator is None:
             slot = best_option(logits)
@@ -63,10 +64,10 @@ def policy_placer(
         finished += [roll_out(network, tables, topology, models, generator) for _ in range(samples)]
         tries = 1 + samples
         # When memory is so tight that greedy decoding gets stuck, sampled plans may still fit.
-        while all(s is None for s in finished) and tries < 1 + RESCUE_SAMPLES:
+        while not any(s.done for s in finished) and tries < 1 + RESCUE_SAMPLES:
             finished.append(roll_out(network, tables, topology, models, generator))
             tries += 1
-        done = [s for s in finished if s is not None]
+        done = [s for s in finished if s.done]
         if not done:
             raise InfeasibleError(
                 f"the policy found no placement within {topology.memory_gb:.3f} GB per device ({tries} tries); "

@@ -33,8 +33,9 @@ class PolicyConfig:
     checkpoint_every: int = setting(5, "save the algorithm and policy.pt every this many iterations", min=1)
     validation_tasks: int = setting(
         8,
-        "tasks drawn apart from training's (seed + 1) that judge the network at every save: policy.pt keeps the one "
-        "that prices them cheapest, the untrained network's prior among them; 0 keeps the last",
+        "tasks drawn apart from training's (seed + 1), and as many on 2x and on 8x its most devices, that judge the "
+        "network at every save: policy.pt keeps the one that prices them cheapest, the untrained network's prior "
+        "among them; 0 keeps the last",
         min=0,
     )
     seed: int = setting(0, "random seed")

@@ -57,16 +57,16 @@ def policy_trial(
     from shard_ray.policy.network import PolicyInfo, save_policy
     from shard_ray.policy.ppo import (
         build_algorithm,
+        held_out_tasks,
         policy_network,
         restore_checkpoint,
         save_checkpoint,
         validation_score,
-        validation_tasks,
     )
 
     config = policy_config_from(trial, base)
     models = CostModels.from_bytes(models_bytes)
-    tasks = validation_tasks(pool, config, settings.validation_tasks, config.seed + 1)
+    tasks = held_out_tasks(pool, config, settings.validation_tasks, config.seed + 1)
     scratch = Path(tempfile.mkdtemp(prefix="shard-ray-policy-trial-"))
     (scratch / "costmodels.pt").write_bytes(models_bytes)  # env runners read the models' bytes from here
     algo = build_algorithm(config, pool, str(scratch / "costmodels.pt"))

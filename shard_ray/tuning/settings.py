@@ -56,7 +56,9 @@ class SearchSweepConfig:
 @dataclass(frozen=True)
 class PolicySweepConfig:
     grace_iterations: int = setting(3, "iterations before ASHA may stop a trial", min=1)
-    validation_tasks: int = setting(8, "tasks each trial is scored on", min=1)
+    validation_tasks: int = setting(
+        8, "tasks like training's each trial is scored on, and as many on 2x and on 8x its most devices", min=1
+    )
 
     def check(self) -> None:
         if self.grace_iterations < 1 or self.validation_tasks < 1:
