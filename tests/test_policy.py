@@ -627,3 +627,24 @@ def test_the_policy_splits_a_table_in_quarters_where_halves_still_dominate(model
     searched = place("cost_search", tables, topology)
     placed_ms = simulator.plan_cost(placed, tables, topology.batch_size).cost_ms
     assert placed_ms <= simulator.plan_cost(searched, tables, topology.batch_size).cost_ms
+
+
+@pytest.mark.slow  # a subprocess importing torch, drawing the test pool and planning a task twice: 6 s here
+def test_the_policy_against_search_benchmark_runs_as_documented(tmp_path):
+    """`experiments/policy_against_search.py` as docs/results.md runs it, on one 8-device task: both plans priced
+    over the task's lower bound, the ratio the two prices', and a device count it has no tasks for refused in one
+    line."""
+    repo = Path(__file__).resolve().parent.parent
+    script = [sys.executable, "experiments/policy_against_search.py"]
+    done = subprocess.run(
+        [*script, "--devices", "8", "--tasks", "1", "--out", str(tmp_path)],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads((tmp_path / "policy_against_search.json").read_text())["tasks"]
+    assert row["devices"] == 8 and 40 <= row["tables"] <= 60
+    assert row["policy"]["over_bound"] >= 1 and row["search"]["over_bound"] >= 1  # the bound is one
+    assert row["ratio"] == row["policy"]["cost_ms"] / row["search"]["cost_ms"]
+    assert "| 8 | 1 | " in (tmp_path / "policy_against_search.md").read_text()
+    refused = subprocess.run([*script, "--devices", "7"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and "--devices 7" in refused.stderr
