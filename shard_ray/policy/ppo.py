@@ -354,11 +354,10 @@ def validation_score(
 @dataclass
 class HeldOut:
     """Tasks drawn apart from training's (`held_out_tasks`) that judge the network at every save, and the network that
-    has priced them
-    cheapest so far (greedy decoding's mean cost over the lower bound, `validation_score`), the network training
-    started from among them: PPO's sampled returns moved without a trend on the shipped policy's training, and the
-    last iteration's network priced tasks above its untrained prior (docs/results.md), so training keeps what the
-    held-out tasks show, and says whether it beat the prior."""
+    has priced them cheapest so far (greedy decoding's mean cost over the lower bound, `validation_score`), the network
+    training started from among them: PPO's sampled returns moved without a trend on the shipped policy's training,
+    and the last iteration's network priced tasks above its untrained prior (docs/results.md), so training keeps what
+    the held-out tasks show, and says whether it beat the prior."""
 
     tasks: list[tuple[list[TableSpec], Topology]]
     seed: int  # the tasks' draw
