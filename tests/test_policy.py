@@ -261,6 +261,22 @@ def _first_tasks(runner) -> list[list[str]]:
     return drawn
 
 
+def test_a_policy_file_says_which_network_its_held_out_check_kept():
+    """What `plan --algo dreamshard` prints after the policy file's path: the network the file holds."""
+    record = {"tasks": 24, "seed": 1, "start": 0, "prior": 4.0, "score": 4.0, "iteration": 0}
+    assert PolicyInfo(iterations=30, validation=record).network_kept() == (
+        "the untrained network, which its held-out check kept over 30 PPO iterations (none priced its tasks lower)"
+    )
+    record |= {"score": 3.8, "iteration": 10}
+    assert PolicyInfo(iterations=30, validation=record).network_kept() == (
+        "iteration 10 of 30 PPO iterations, 5.00% below its start on its held-out tasks"
+    )
+    record |= {"start": 10}  # resumed from iteration 10 and nothing priced lower since
+    assert PolicyInfo(iterations=12, validation=record).network_kept().startswith("iteration 10's network, which")
+    assert PolicyInfo(iterations=30).network_kept() == "30 PPO iterations"  # trained without the check
+    assert PolicyInfo().network_kept() == ""
+
+
 def test_the_held_out_check_draws_tasks_like_trainings_and_beyond_them(pool):
     """`policy train`'s held-out tasks: as many like training's as asked, and as many on each of 2x and 8x its most
     devices, with as many tables a device as its largest tasks (at most the pool's) and memory at the low end of its
@@ -410,7 +426,7 @@ def test_the_shipped_policy_places_5136_tables_on_512_devices_as_cost_search_pri
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
-    assert f"placed by the shipped policy {default_policy_path()}" in planned.stdout  # which network, said
+    assert f"placed by the shipped policy {default_policy_path()}: " in planned.stdout  # which network, said
     tables, plan = load_tables(tmp_path / "pool.json"), load_plan(tmp_path / "plan.json")
     topology = Topology(num_devices=512, memory_bytes=int(24 * GB))
     assert {s.table for s in plan.shards} == {t.name for t in tables}

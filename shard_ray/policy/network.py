@@ -149,6 +149,22 @@ class PolicyInfo(BaseModel):
     def to_file(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True, exclude_none=True)
 
+    def network_kept(self) -> str:
+        """Which network the file holds, as training's held-out check chose it (empty where the file says nothing)."""
+        done = f"{self.iterations} PPO iterations" if self.iterations else ""
+        record = self.validation
+        if not record or "iteration" not in record:
+            return done
+        if record["iteration"] == record.get("start", 0):
+            start = (
+                "the untrained network" if record["iteration"] == 0 else f"iteration {record['iteration']}'s network"
+            )
+            return f"{start}, which its held-out check kept over {done or 'training'} (none priced its tasks lower)"
+        gain = 1 - record["score"] / record["prior"]
+        return (
+            f"iteration {record['iteration']} of {done or 'training'}, {gain:.2%} below its start on its held-out tasks"
+        )
+
 
 def save_policy(path: str | os.PathLike[str], network: OptionScorer, info: PolicyInfo) -> None:
     buffer = io.BytesIO()
