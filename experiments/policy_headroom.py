@@ -33,7 +33,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
-from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
+from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -92,8 +92,7 @@ def main() -> None:
         for task in range(args.tasks):
             tables = draw_task(pool, TaskConfig(min_tables=fewest, max_tables=most), rng)
             memory = memory_cap_with_headroom(tables, args.devices, cap)
-            even = sum(shard_bytes(t, t.dim, "rowwise_adagrad") for t in tables) / args.devices
-            floored[str(cap)] += memory > cap * even + 1  # raised to 1.05x the largest table
+            floored[str(cap)] += memory == memory_cap_with_headroom(tables, args.devices, 0.0)  # the floor alone
             topology = Topology(num_devices=args.devices, memory_bytes=memory, batch_size=1024)
             bound = lower_bound_ms(models, tables, topology)
             for label, algorithm, settings in entries:
