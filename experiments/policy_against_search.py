@@ -11,6 +11,11 @@ each, the policy (`--policy`, default the shipped one) and `cost_search` with it
 priced by the shipped models (simulated, no hardware) over the task's lower bound, and each placement timed (one
 core: run with `OMP_NUM_THREADS=1`). Writes `policy_against_search.md` and `policy_against_search.json` to `--out`;
 the last printed line is JSON.
+
+`--tables FILE` draws the tasks from a table file instead (one kept outside the repository, say, so that nothing is
+fitted to the files in `experiments/tables/`), its tables as the file has them (dims included): on each device count
+tasks of as many tables as above, at most the file's; a file of no more tables than a count's fewest, or any file at
+512 devices, is one task, whole.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+
+import numpy as np
 
 from shard_ray.arguments import Parser
 from shard_ray.costmodel.bounds import lower_bound_ms
@@ -31,14 +38,29 @@ from shard_ray.policy.network import default_policy_path, load_policy
 from shard_ray.policy.ppo import validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, load_tables
 from shard_ray.workload.tasks import split_pool
 
 TABLES_FOR_DEVICES = {8: (40, 60), 16: (80, 120), 32: (120, 200), 64: (200, 300)}
 AT_SCALE = {512: 5136}  # devices: tables of `generate_pool`, one task
 
 
-def tasks_on(devices: int, count: int, seed: int) -> list[tuple[list[TableSpec], Topology]]:
+def tasks_on(
+    devices: int, count: int, seed: int, pool: list[TableSpec] | None = None
+) -> list[tuple[list[TableSpec], Topology]]:
+    """The held-out tasks on `devices`: drawn from the test pool of `generate_pool`'s tables, or from `pool` (a table
+    file's tables, kept as they are) where given."""
+    if pool is not None:
+        low, high = TABLES_FOR_DEVICES.get(devices, (len(pool), len(pool)))
+        if len(pool) <= low:
+            draws = [pool]
+        else:
+            rng = np.random.default_rng(seed)
+            sizes = rng.integers(low, min(high, len(pool)) + 1, size=count)
+            draws = [[pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False))] for n in sizes]
+        memory = float(np.mean(PolicyConfig().memory_headroom))  # validation_tasks' cap: the middle of the range
+        return [(tables, Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, memory)))
+                for tables in draws]  # fmt: skip
     if devices in AT_SCALE:
         tables = generate_pool(PoolConfig(num_tables=AT_SCALE[devices]))
         memory = memory_cap_with_headroom(tables, devices, 1.5)
@@ -58,6 +80,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="the held-out tasks' seed (default %(default)s)")
     parser.add_argument("--policy", default=None, help="policy file or folder (default: the shipped policy)")
     parser.add_argument(
+        "--tables", default=None, help="draw the tasks from this table file (default: the synthetic test pool)"
+    )
+    parser.add_argument(
         "--out", default="experiments/results/policy_against_search", help="folder (default %(default)s)"
     )
     args = parser.parse_args()
@@ -75,11 +100,18 @@ def main() -> None:
     except ShardRayError as err:
         parser.error(f"--policy: {err}")
 
+    pool = None
+    if args.tables is not None:
+        try:
+            pool = load_tables(args.tables)
+        except ShardRayError as err:
+            parser.error(f"--tables: {err}")
+
     models = CostModels.load(default_cost_model_path())
     simulator = Simulator(models)
     rows = []
     for devices in device_counts:
-        for k, (tables, topology) in enumerate(tasks_on(devices, args.tasks, args.seed)):
+        for k, (tables, topology) in enumerate(tasks_on(devices, args.tasks, args.seed, pool)):
             bound = lower_bound_ms(models, tables, topology)
             row = {"devices": devices, "task": k, "tables": len(tables), "bound_ms": bound}
             for label, algorithm, settings in (
@@ -94,7 +126,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
 
     lines = [
-        f"The policy ({args.policy or 'the shipped one'}) against `cost_search`, priced by the shipped models; held-out tasks (seed {args.seed}). "
+        f"The policy ({args.policy or 'the shipped one'}) against `cost_search`, priced by the shipped models; held-out tasks "
+        f"({f'of {args.tables}, ' if args.tables else ''}seed {args.seed}). "
         "Cost over the task's lower bound and placement seconds on one core, the mean over tasks; the policy's cost "
         "over `cost_search`'s, the mean and the range over tasks.",
         "",

@@ -645,11 +645,11 @@ def test_the_policy_splits_a_table_in_quarters_where_halves_still_dominate(model
     assert placed_ms <= simulator.plan_cost(searched, tables, topology.batch_size).cost_ms
 
 
-@pytest.mark.slow  # a subprocess importing torch, drawing the test pool and planning a task twice: 6 s here
+@pytest.mark.slow  # subprocesses importing torch, drawing the test pool and planning tasks: about 15 s here
 def test_the_policy_against_search_benchmark_runs_as_documented(tmp_path):
     """`experiments/policy_against_search.py` as docs/results.md runs it, on one 8-device task: both plans priced
     over the task's lower bound, the ratio the two prices', and a device count it has no tasks for refused in one
-    line."""
+    line; then on a table file of the user's (`--tables`)."""
     repo = Path(__file__).resolve().parent.parent
     script = [sys.executable, "experiments/policy_against_search.py"]
     done = subprocess.run(
@@ -664,3 +664,26 @@ def test_the_policy_against_search_benchmark_runs_as_documented(tmp_path):
     assert "| 8 | 1 | " in (tmp_path / "policy_against_search.md").read_text()
     refused = subprocess.run([*script, "--devices", "7"], cwd=repo, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and "--devices 7" in refused.stderr
+
+    # a table file of the user's (written by hand, the minimal format): its tables as written, the whole file one task
+    # on each device count, since it holds fewer than any count's tasks; a file that is not there, refused in a line
+    mine = tmp_path / "mine.json"
+    mine.write_text(
+        '{"tables": [{"name": "user_id", "rows": 3000000, "dim": 64, "pooling_factor": 1},\n'
+        '  {"name": "item_id", "rows": 800000, "dim": 48, "pooling_factor": 3},\n'
+        '  {"name": "history", "rows": 800000, "dim": 48, "pooling_factor": 40},\n'
+        '  {"name": "city", "rows": 4000, "dim": 8, "pooling_factor": 1},\n'
+        '  {"name": "hour", "rows": 24, "dim": 4, "pooling_factor": 1}]}\n'
+    )
+    done = subprocess.run(
+        [*script, "--tables", str(mine), "--devices", "8,16", "--tasks", "3", "--out", str(tmp_path / "mine")],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((tmp_path / "mine" / "policy_against_search.json").read_text())["tasks"]
+    assert [(r["devices"], r["tables"]) for r in rows] == [(8, 5), (16, 5)]
+    assert f"of {mine}, seed 7" in (tmp_path / "mine" / "policy_against_search.md").read_text()
+    refused = subprocess.run(
+        [*script, "--tables", str(tmp_path / "absent.json")], cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and "absent.json" in refused.stderr
