@@ -227,3 +227,15 @@ def test_the_names_torchrec_refuses_are_torchs_own_and_a_table_file_reads_withou
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines()[-1] == "False" and "'keys' is an attribute of torch.nn.ModuleDict" in done.stdout
+
+
+def test_a_zipf_histogram_skips_only_the_cdf_values_that_are_one_to_the_last_bit():
+    """`zipf_reuse_histogram` sets P(count <= k) to 1 without computing it where the mean is below `_CERTAIN_BELOW`:
+    there `pdtr` returns exactly 1.0, so the histograms are those of computing every value."""
+    from scipy.special import pdtr
+
+    from shard_ray.workload.access import _BIN_TOPS, _CERTAIN_BELOW
+
+    for top, certain in zip(_BIN_TOPS, _CERTAIN_BELOW):
+        means = np.geomspace(1e-14, certain, 5000)
+        assert (pdtr(top, means) == 1.0).all(), top

@@ -103,7 +103,8 @@ _RANK_GROUP_RATIO = 1.01
 def _certain_below(counts: np.ndarray) -> np.ndarray:
     """For each count k, a mean m up to which P(Poisson(m) > k) < 2^-60, by Chernoff's bound
     exp(-m) (e m / (k + 1))^(k + 1), which grows with m below k + 1 (found by bisection, from below): there the CDF at k
-    is 1 to the last bit of a float64, and `pdtr` returns 1.0 (checked on 6 million means from 1e-12 to 1e5)."""
+    is 1 to the last bit of a float64, and `pdtr` returns 1.0 (checked on 6 million means and counts, the means
+    from 1e-12 to 1e5)."""
     a = counts + 1.0
     low, high = np.zeros_like(a), a.copy()
     for _ in range(200):
@@ -113,13 +114,13 @@ def _certain_below(counts: np.ndarray) -> np.ndarray:
     return low
 
 
-_BIN_TOPS = np.exp2(np.arange(REUSE_BINS - 1))  # the counts bins 0..14 end at: 1, 2, 4, ..., 2^14
+_BIN_TOPS = np.exp2(np.arange(REUSE_BINS - 1))  # the counts the bins but the last end at: 1, 2, 4, ..., 2^15
 _CERTAIN_BELOW = _certain_below(_BIN_TOPS)
 
 
 # Kept for as many distinct tables as the largest tasks hold: a placement describes every table several times over,
 # so a cache smaller than the task misses on every call (5,136 tables given by Zipf exponents, the README's full
-# format, on 512 devices: 37,728 misses at 1-3 ms each, 65 of `cost_search`'s 82 s). An entry is about 0.7 kB.
+# format, on 512 devices: 37,728 misses at 1-3 ms each, 65 s of a profiled 82 s `cost_search`). An entry is under 1 kB.
 @functools.lru_cache(maxsize=2**16)
 def zipf_reuse_histogram(rows: int, exponent: float, pooling_factor: float) -> tuple[float, ...]:
     """Expected reuse histogram of a Zipf table over the reference batch, as `zipf_indices` draws it.
