@@ -58,8 +58,8 @@ def tasks_on(
             rng = np.random.default_rng(seed)
             sizes = rng.integers(low, min(high, len(pool)) + 1, size=count)
             draws = [[pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False))] for n in sizes]
-        memory = float(np.mean(PolicyConfig().memory_headroom))  # validation_tasks' cap: the middle of the range
-        return [(tables, Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, memory)))
+        headroom = float(np.mean(PolicyConfig().memory_headroom))  # validation_tasks' cap: the middle of the range
+        return [(tables, Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, headroom)))
                 for tables in draws]  # fmt: skip
     if devices in AT_SCALE:
         tables = generate_pool(PoolConfig(num_tables=AT_SCALE[devices]))
