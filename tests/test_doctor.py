@@ -11,7 +11,8 @@ import pytest
 import yaml
 from ports import free_port
 
-from shard_ray.doctor import cuda_tag, expected_fbgemm, node_findings
+from shard_ray.costmodel.models import CostModels, models_for
+from shard_ray.doctor import DOCTOR_BATCH, cuda_tag, doctor_shards, expected_fbgemm, node_findings, prices_finding
 from shard_ray.workload.tables import TableSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -169,3 +170,23 @@ def test_models_finding_on_an_h200_names_the_shipped_gpu_models_and_their_missin
     assert other.level == "note" and "plans use the shipped models of cuda:NVIDIA H100 80GB HBM3, extrapolated" in (
         other.detail
     )
+
+
+def test_the_prices_check_finds_the_models_off_where_only_rows_that_miss_the_caches_are():
+    """A node whose microbenchmark the models price within the quarter but whose cold-rows shard they price 1.6x, as
+    an Intel Xeon of the shipped models' name did (docs/results.md, "Prices where the caches differ"), gets a note
+    with `calibrate` as the fix; priced within the quarter on every shard, an ok."""
+    hardware = "cpu:Intel(R) Xeon(R) Processor:1thread"
+    priced = CostModels.load(models_for(hardware)).predict_fused_shards(doctor_shards(), DOCTOR_BATCH)
+
+    def report(cold_ratio: float) -> dict:
+        ratios = [1.2] * (len(priced) - 1) + [cold_ratio]  # each shard's price over its time
+        timed = [[i, fwd / ratio, bwd / ratio] for i, ((fwd, bwd), ratio) in enumerate(zip(priced, ratios))]
+        return {"hardware": hardware, "microbenchmark": timed}
+
+    held, off = prices_finding(report(1.1)), prices_finding(report(1.6))
+    assert held.level == "ok" and "(median 1.20x) and a shard of rows that miss the caches at 1.10x" in held.detail
+    assert off.level == "note" and "at 1.60x: off by more than a quarter" in off.detail
+    assert off.fix.startswith("shard-ray calibrate")
+    # a report without the cold-rows shard (timed where it failed) is judged by the median alone
+    assert prices_finding({"hardware": hardware, "microbenchmark": report(1.6)["microbenchmark"][:-1]}).level == "ok"

@@ -9,7 +9,7 @@ import torch
 
 from shard_ray.costmodel.models import CostModels, shipped_models_path
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.doctor import PRICES_HOLD, microbenchmark_price_ratios, time_microbenchmark
+from shard_ray.doctor import PRICES_HOLD, PricesCheck, check_prices, time_microbenchmark
 from shard_ray.placement import place
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -66,25 +66,31 @@ def measure_in_gangs(plans, tables, topology, gangs: int) -> list[list[float]]:
 # A machine of the models' hardware id is not always of their speed, and doctor's check says which way: CI's AMD EPYC
 # of 2026-11-29 ran about 2.5x slower than the one the models were made on, the check priced the microbenchmark there
 # at a median 0.31x and the ranking model's plans were 0.41-0.42x; CI's machine of 2026-12-02 ran faster, the check
-# 1.65x and the cost_search plan 1.44x (docs/results.md, "Prices on machines of other speeds"). Where the check finds
+# 1.65x and the cost_search plan 1.44x (docs/results.md, "Prices on machines of other speeds"); CI's Intel Xeon of
+# 2026-12-03 had the microbenchmark at a median 1.17x and the plan at 1.34x, where the check's cold-rows shard, timed
+# since, priced 1.66x on a machine like it (docs/results.md, "Prices where the caches differ"). Where the check finds
 # the prices hold (doctor's PRICES_HOLD), the plans are within a quarter; where it finds them off, the plans are not
-# off the other way, and beyond MODELS_SPEED they are off its way by more than a quarter (the plans' error grows as
-# about the 0.75th power of the check's, so between PRICES_HOLD and these bounds a plan may still be within a quarter).
+# off the other way, and where the microbenchmark's median is beyond MODELS_SPEED they are off its way by more than a
+# quarter (the plans' error grows as about the 0.75th power of the median's, so between PRICES_HOLD and these bounds
+# a plan may still be within a quarter).
 MODELS_SPEED = (0.6, 1.67)
 
 
-def expected_price_ratios(speed: float):
-    """What the plans' price over their measurement must be where doctor's check found the median `speed`, and the
-    claim in words."""
-    if PRICES_HOLD[0] <= speed <= PRICES_HOLD[1]:
+def expected_price_ratios(check: PricesCheck):
+    """What the plans' price over their measurement must be where doctor's check found `check`, and the claim in
+    words."""
+    median, figures = check.median, [f for f in (check.median, check.cold) if f is not None]
+    if check.holds:
         return (lambda ratio: 0.75 <= ratio <= 1.25), "within a quarter"
-    if speed < MODELS_SPEED[0]:
-        return (lambda ratio: ratio < 0.75), f"below 0.75x, as doctor's {speed:.2f}x says"
-    if speed > MODELS_SPEED[1]:
-        return (lambda ratio: ratio > 1.25), f"above 1.25x, as doctor's {speed:.2f}x says"
-    if speed < PRICES_HOLD[0]:
-        return (lambda ratio: ratio <= 1.25), f"not above 1.25x, as doctor's {speed:.2f}x finds them low"
-    return (lambda ratio: ratio >= 0.75), f"not below 0.75x, as doctor's {speed:.2f}x finds them high"
+    if median < MODELS_SPEED[0]:
+        return (lambda ratio: ratio < 0.75), f"below 0.75x, as doctor's median {median:.2f}x says"
+    if median > MODELS_SPEED[1]:
+        return (lambda ratio: ratio > 1.25), f"above 1.25x, as doctor's median {median:.2f}x says"
+    # the figure the check found off: furthest from 1 of those beyond PRICES_HOLD
+    off = max((f for f in figures if not PRICES_HOLD[0] <= f <= PRICES_HOLD[1]), key=lambda f: abs(np.log(f)))
+    if off < 1:
+        return (lambda ratio: ratio <= 1.25), f"not above 1.25x, as doctor finds them low ({check.describe()})"
+    return (lambda ratio: ratio >= 0.75), f"not below 0.75x, as doctor finds them high ({check.describe()})"
 
 
 @pytest.mark.slow
@@ -93,8 +99,8 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_where_doctor_
     shipped = CostModels.load(shipped_models_path(hardware_id(threads=1)))
     if hardware_id(threads=1) != shipped.hardware:
         pytest.skip(f"the shipped models are of {shipped.hardware}, this machine is {hardware_id(threads=1)}")
-    _, _, speed = microbenchmark_price_ratios(shipped.hardware, time_microbenchmark())  # doctor's median
-    expected, claim = expected_price_ratios(speed)
+    check = check_prices(shipped.hardware, time_microbenchmark())  # doctor's
+    expected, claim = expected_price_ratios(check)
     simulator = Simulator(shipped)
     for name in REFERENCE_FILES:
         tables = load_tables(TABLES / name)
@@ -110,8 +116,8 @@ def test_the_shipped_models_price_reference_plans_within_a_quarter_where_doctor_
         spent = cpu_times() - before
         for plan, ratio in zip(plans, ratios):
             assert expected(ratio), (
-                f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement, not {claim} (the microbenchmark "
-                f"{speed:.2f}x; gangs measured {np.round(measured, 2).tolist()} ms; the host stole "
+                f"{name}, {plan.algorithm}: priced {ratio:.2f}x its measurement, not {claim} (doctor: "
+                f"{check.describe()}; gangs measured {np.round(measured, 2).tolist()} ms; the host stole "
                 f"{spent[7] / spent.sum():.0%} of the CPU time meanwhile)"
             )
 
