@@ -35,7 +35,7 @@ from releases import checkout_of, is_commit
 
 from shard_ray.arguments import Parser
 from shard_ray.io import write_atomic, write_json
-from shard_ray.runtime import stop_process_group
+from shard_ray.process_groups import stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = REPO / "experiments" / "tables" / "criteo_kaggle.json"

@@ -20,7 +20,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pydantic import BaseModel
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import shard_ray_home, write_atomic
+from shard_ray.process_groups import group_alive, stop_groups
 
 INTERFACE = "eth0"
 # Where `ip netns exec NS` finds the files it puts over those of /etc in NS (iproute2's convention).
@@ -222,16 +222,7 @@ def listed() -> list[EmulatedHosts]:
 def tear_down(state: EmulatedHosts) -> None:
     """Stop the processes `state` records (their whole process groups: each was started in a session of its own),
     delete its namespaces (and with them its links), its Ray temp folder and its state file."""
-    for pid in state.pids:
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + TERM_GRACE_S
-    while any(_group_alive(pid) for pid in state.pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in state.pids:
-        _signal_group(pid, signal.SIGKILL)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while any(_group_alive(pid) for pid in state.pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    stop_groups(state.pids, TERM_GRACE_S, STOP_TIMEOUT_S)
     for ns in reversed(state.namespaces):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
@@ -413,7 +404,7 @@ def _wait_for_head(state: EmulatedHosts) -> None:
     probe = f"import socket; socket.create_connection(('{host_ip(0)}', {HEAD_PORT}), timeout=1).close()"
     deadline = time.monotonic() + NODES_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _group_alive(state.pids[0]):
+        if not group_alive(state.pids[0]):
             raise ShardRayError(f"the head's Ray node stopped while starting; see {state.temp_dir}/host-0.log")
         probed = subprocess.run(
             ["ip", "netns", "exec", namespace(state.name, 0), sys.executable, "-c", probe], capture_output=True
@@ -438,7 +429,7 @@ def _wait_for_nodes(state: EmulatedHosts) -> None:
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=NODES_TIMEOUT_S + 60)
     alive = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "0"
     if done.returncode != 0 or alive != str(state.hosts):
-        dead = [h for h, pid in enumerate(state.pids) if not _group_alive(pid)]
+        dead = [h for h, pid in enumerate(state.pids) if not group_alive(pid)]
         where = f"; stopped: host(s) {dead}, see {state.temp_dir}/host-N.log" if dead else ""
         raise ShardRayError(
             f"{alive} of {state.hosts} Ray nodes came up{where} ({_last_line(done.stderr) or 'no error'})"
@@ -461,26 +452,6 @@ def _run(argv: list[str], timeout: float = 60) -> str:
         message = first_line(done.stderr.strip() or done.stdout.strip() or f"status {done.returncode}")
         raise ShardRayError(f"`{' '.join(argv[:6])}` failed: {message}")
     return done.stdout
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_alive(pid: int) -> bool:
-    # A leader started by this process stays a zombie, and its group alive, until reaped.
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _available_memory() -> int:

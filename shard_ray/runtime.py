@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import subprocess
 
 import ray
 
@@ -188,14 +186,3 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
             del os.environ[name]
     _local_ray = (_node_id(), workers_env)
     return f"ray: started a local instance with {cpus} CPUs"
-
-
-def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
-    """End `process`, started in a session of its own (a `ray start --head --block`, a server), and everything it
-    started: SIGTERM to its group, SIGKILL after `grace_s` seconds."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)

@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -11,7 +13,9 @@ from shard_ray.workload.tables import TableSpec
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Models a developer calibrated on this machine (~/.shard-ray/models) would change what `plan`
 # picks in every test: the suite plans from the shipped models unless a test says otherwise.
+# Removed when the process ends (each pytest-xdist worker has its own): left, every run kept one a process.
 os.environ["SHARD_RAY_HOME"] = tempfile.mkdtemp(prefix="shard-ray-home-")
+atexit.register(shutil.rmtree, os.environ["SHARD_RAY_HOME"], ignore_errors=True)
 # `make test` runs the quick tests three at a time on two cores: torch's threads in each would only wait on one another.
 torch.set_num_threads(1)
 

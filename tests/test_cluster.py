@@ -16,7 +16,7 @@ import yaml
 from pages import page_block, page_line
 from ports import free_port
 
-from shard_ray.runtime import stop_process_group
+from shard_ray.process_groups import stop_process_group
 
 # Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -186,8 +186,9 @@ class _Head:
         self.shell.wait(timeout=30)  # the head is gone, and with it the shell that waited on it
 
     def close(self) -> None:
-        if self.shell.poll() is None:
-            stop_process_group(self.shell, 5)
+        # Also where the page's `kill $RAY_HEAD` ended the head: its processes end after it, and one still writing a
+        # session's logs kept the folder from being removed (a fresh clone's run of 2026-12-03).
+        stop_process_group(self.shell, 5)
         self.home.cleanup()
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from pages import code_blocks, page_line
 
 from shard_ray.hosts import MAX_HOSTS, NODE_MEMORY_BYTES, _available_memory
+from shard_ray.process_groups import group_alive, stop_process_group
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / ".venv" / "bin"
@@ -284,3 +286,25 @@ def test_calibrate_across_emulated_hosts_recovers_the_rate_their_links_achieve(t
     assert planned.returncode == 0 and "the rate `calibrate` fitted" in planned.stdout, planned.stderr
     recorded = json.loads((tmp_path / "plan.json").read_text())["settings"]["inter_host_gbps"]
     assert recorded == pytest.approx(kept.inter_host_gbps)
+
+
+def test_a_process_group_is_stopped_whole_after_its_leader_has_ended():
+    """A group whose leader has ended and whose members ignore SIGTERM, as a Ray head's processes outlive the page's
+    `kill $RAY_HEAD` for a while: stopping it SIGKILLs what is left after the grace and returns once nothing is."""
+    group = subprocess.Popen(
+        ["bash", "-c", "for _ in 1 2; do (trap '' TERM; echo ready; exec sleep 60) & done; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert [group.stdout.readline().strip() for _ in range(2)] == ["ready", "ready"]
+        os.kill(group.pid, 9)  # the leader alone
+        group.wait(timeout=10)
+        assert group_alive(group.pid)  # its members go on
+        started = time.monotonic()
+        stop_process_group(group, grace_s=0.5)
+        assert not group_alive(group.pid) and time.monotonic() - started >= 0.5
+    finally:
+        if group_alive(group.pid):
+            os.killpg(group.pid, 9)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shard_ray.cli import main
-from shard_ray.runtime import stop_process_group
+from shard_ray.process_groups import stop_process_group
 from tests.console import shard_ray_here
 from tests.ports import free_port
 
