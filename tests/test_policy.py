@@ -597,6 +597,27 @@ def test_a_later_dominant_table_does_not_hide_what_splitting_an_earlier_one_save
     assert split.cost < greedy_from(whole).cost
 
 
+def test_the_finish_balances_all_to_alls_where_tables_differ_in_width(models):
+    """Tasks of narrow and wide tables (dims 8 and 256; none whose cost alone would set the finished plan's) on 16
+    devices: finished balancing the devices' compute alone, a plan piles wide tables where their all-to-alls make
+    devices the slowest; balancing what each piece adds to its device's all-to-alls too (`_comm_rates`) finishes it
+    lower, and `finish` prices the lower (docs/policy.md)."""
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        tables = [
+            TableSpec(name=f"t{i}", rows=int(10 ** rng.uniform(3, 6)), dim=int(rng.choice([8, 256])),
+                      pooling_factor=float(10 ** rng.uniform(0, 1.3)))
+            for i in range(96)
+        ]  # fmt: skip
+        state = PlacementState(
+            tables, Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.65)), models
+        )
+        first = ([state.piece], np.array([state._best_whole()]))
+        compute_alone, with_comm = (state._finish(*first, split_later=False, charges_comm=c) for c in (False, True))
+        assert with_comm < 0.99 * compute_alone, (with_comm, compute_alone)
+        assert state.finish(*first) <= with_comm
+
+
 def test_cost_search_starting_from_the_policy_keeps_what_the_policy_found(models, tmp_path):
     """cost_search with `start=policy` begins its beam from the shipped policy's plan beside the greedy grid's: on the
     hand-written task above, where the grid keeps both dominant tables whole, its plan is priced no higher than the

@@ -230,6 +230,7 @@ class PlacementState:
         self.singles_total = self.singles_left
         self._pieces: dict[tuple, _Piece] = {}
         self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}  # `_finishing_slices`'
+        self._rates: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # `_comm_rates`' at a position
         self._describe(self.queue)
         self.queue_described = [self._pieces[p.key] for p in self.queue]  # the queue's pieces as `_describe` has them
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
@@ -439,23 +440,33 @@ class PlacementState:
         return int(self.candidates()[next(k for k in order if mask[k])])
 
     def finish(self, pieces: list[TablePiece], devices: np.ndarray) -> float:
-        """The predicted cost of the plan with `pieces` on `devices`, finished greedily (`_finish`): the lower of the
-        later pieces each put whole and, where a later table dominates the task, those tables split in column slices.
-        Put whole, such a table's cost alone is the finished plan's cost whatever comes before it, so that every
-        earlier choice would be priced alike (a table halved where quarters were cheaper, say); split always, a
-        later table would pay a set of collectives its own step may not choose (beside a row-wise set, say)."""
+        """The predicted cost of the plan with `pieces` on `devices`, finished greedily (`_finish`): the lowest of the
+        later pieces each put whole and, where a later table dominates the task, those tables split in column slices,
+        each way balancing the devices' compute alone and their compute and all-to-alls (`_comm_rates`). Put whole,
+        such a table's cost alone is the finished plan's cost whatever comes before it, so that every earlier choice
+        would be priced alike (a table halved where quarters were cheaper, say); split always, a later table would pay
+        a set of collectives its own step may not choose (beside a row-wise set, say). Balancing compute alone, where
+        a device's all-to-alls are half its step, every option of a dominant table finished at about one price;
+        balancing both alone, plans of 512 devices were priced higher (docs/results.md)."""
         later = self.queue_singles[self.position + 1 :]
         dominant = max(later, default=0.0)
-        if dominant < SPLIT_SHARE * self.lower_bound:
-            return self._finish(pieces, devices, split_later=False)
-        split = self._finish(pieces, devices, split_later=True)
-        # Put whole, the costliest later table alone prices the finished plan at least that (the models are monotone
-        # in what a device holds): a split finish below it is the lower one, without pricing the other.
-        return split if split < dominant else min(split, self._finish(pieces, devices, split_later=False))
+        finished = []
+        for charges_comm in (False, True):
+            if dominant < SPLIT_SHARE * self.lower_bound:
+                finished.append(self._finish(pieces, devices, split_later=False, charges_comm=charges_comm))
+                continue
+            split = self._finish(pieces, devices, split_later=True, charges_comm=charges_comm)
+            # Put whole, the costliest later table alone prices the finished plan at least that (the models are
+            # monotone in what a device holds): a split finish below it is the lower one, without pricing the other.
+            if split >= dominant:
+                split = min(split, self._finish(pieces, devices, split_later=False, charges_comm=charges_comm))
+            finished.append(split)
+        return min(finished)
 
-    def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: bool) -> float:
+    def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: bool, charges_comm: bool) -> float:
         """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
-        turn, on the device with room whose predicted step so far (its pieces' costs alone added) is lowest, a table
+        turn, on the device with room whose predicted step so far (its pieces' costs alone added, and with
+        `charges_comm` what each adds to its all-to-alls, `_comm_rates`) is lowest, a table
         with room nowhere row-wise, and with `split_later` a table that dominates the task in column quarters (else
         halves, `_finishing_slices`), one a device, on the least loaded with room: how a split's price shows past its
         own step (its sets of collectives every device pays, whatever comes next)."""
@@ -468,9 +479,14 @@ class PlacementState:
         besides = [self._pieces[p.key] for p in pieces]
         rows, at = list(range(queued, queued + len(besides))), [int(a) for a in devices]
         alone = self.models.compute_from_sums(torch.stack([p.encoding for p in besides]), torch.ones(len(besides)))
+        per_width, per_input = self._comm_rates() if charges_comm else (np.zeros(len(self.widths)),) * 2
+
+        def comm_of(described: _Piece) -> float:
+            return float(per_width[described.kind] * described.width + per_input[described.kind] * described.input)
+
         for described, device, single in zip(besides, at, alone.sum(axis=1).tolist()):
             free[device] -= described.need
-            loads[device] += single
+            loads[device] += single + comm_of(described)
         later = self.position + 1
         heap = _heap_of(loads)
         dominates = SPLIT_SHARE * self.lower_bound if split_later else math.inf
@@ -488,13 +504,14 @@ class PlacementState:
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
             need = described.need
+            step = single + comm_of(described)
             if (
                 single < dominates
                 and load == loads[device]
                 and free[device] >= need
                 and (described.anywhere or described.allowed[device])
             ):
-                loads[device] = load = load + single
+                loads[device] = load = load + step
                 free[device] -= need
                 replace(heap, (load, device))
                 add_row(row)
@@ -504,7 +521,7 @@ class PlacementState:
             taken = _distinct_least_loaded(heap, loads, free, [self._pieces[s.key] for s in slices]) if slices else None
             if taken is not None:
                 for (sliced, device), alone in zip(taken, singles):
-                    loads[device] += alone
+                    loads[device] += alone + comm_of(sliced)
                     free[device] -= sliced.need
                     heapq.heappush(heap, (loads[device], device))
                 add_besides(taken)
@@ -513,7 +530,7 @@ class PlacementState:
                 heap = _heap_of(loads)
             device = _least_loaded_with_room(heap, loads, free, described)
             if device is not None:
-                loads[device] += single
+                loads[device] += step
                 free[device] -= described.need
                 heapq.heappush(heap, (loads[device], device))
                 add_row(row)
@@ -527,7 +544,7 @@ class PlacementState:
             needs = [self._pieces[b.key].need for b in blocks]
             if not blocks or any(f < n for f, n in zip(free, needs)):
                 device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
-                loads[device] += single
+                loads[device] += step
                 free[device] -= described.need
                 heap = _heap_of(loads)
                 add_row(row)
@@ -535,7 +552,7 @@ class PlacementState:
                 continue
             for k, need in enumerate(needs):
                 free[k] -= need
-                loads[k] += single / len(blocks)
+                loads[k] += step / len(blocks)
             add_besides([(self._pieces[b.key], k) for k, b in enumerate(blocks)])
             heap = _heap_of(loads)
         if self._queue_pieces is None:
@@ -546,6 +563,35 @@ class PlacementState:
         counts = self.counts.index_add(0, torch.from_numpy(devices_at), torch.ones(len(at)))
         _, _, comm = self._collectives(*self._loads_with(added, devices_at))
         return float((self.models.compute_from_sums(sums, counts).sum(axis=1) + comm).max())
+
+    def _comm_rates(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each sharding type's all-to-all ms per float column of width and per input column of a piece, as `_finish`
+        charges a later piece to the device it puts it on: how much one device's price rises over the others' (a
+        column more on every device would raise them all alike and balance nothing), at the widths and inputs the
+        queue's pieces will bring, spread evenly over the devices (the price is not linear in them); by finite
+        differences on device 0, once a step."""
+        if self._rates is not None and self._rates[0] == self.position:
+            return self._rates[1]
+        d, kinds = self.topology.num_devices, len(self.widths)
+        left = self.queue_described[self.position :]
+        of_left = np.array([p.kind for p in left], dtype=np.int64)
+        widths = self.widths + np.bincount(of_left, [p.width for p in left], kinds)[:, None] / d
+        inputs = self.inputs + np.bincount(of_left, [p.input for p in left], kinds)[:, None] / d
+        per_width, per_input = np.zeros(kinds), np.zeros(kinds)
+        for k in range(kinds):
+            of_kind = self.of_kind.copy()
+            of_kind[k] = max(of_kind[k], 1)  # the set the piece would join, priced as running
+            _, _, before = self._collectives(widths, inputs, self.host_sums, of_kind)
+            for rates, loads, step in ((per_width, widths, 64.0), (per_input, inputs, 1.0)):
+                step = max(float(loads[k].mean()), step)
+                more = loads.copy()
+                more[k, 0] += step
+                priced = (more, inputs) if loads is widths else (widths, more)
+                _, _, after = self._collectives(*priced, self.host_sums, of_kind)
+                rise = after - before
+                rates[k] = max(rise[0] - (float(np.median(rise[1:])) if d > 1 else 0.0), 0.0) / step
+        self._rates = (self.position, (per_width, per_input))
+        return per_width, per_input
 
     def _finishing_slices(self, piece: TablePiece) -> tuple[list[TablePiece], list[float]]:
         """How `_finish` splits a later piece that dominates the task (offered the splits when its step comes,
