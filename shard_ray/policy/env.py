@@ -466,10 +466,10 @@ class PlacementState:
     def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: bool, charges_comm: bool) -> float:
         """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
         turn, on the device with room whose predicted step so far (its pieces' costs alone added, and with
-        `charges_comm` what each adds to its all-to-alls, `_comm_rates`) is lowest, a table
-        with room nowhere row-wise, and with `split_later` a table that dominates the task in column quarters (else
-        halves, `_finishing_slices`), one a device, on the least loaded with room: how a split's price shows past its
-        own step (its sets of collectives every device pays, whatever comes next)."""
+        `charges_comm` what each adds to its all-to-alls, `_comm_rates`) is lowest, a table with room nowhere
+        row-wise, and with `split_later` a table that dominates the task in column quarters (else halves,
+        `_finishing_slices`), one a device, on the least loaded with room: how a split's price shows past its own step
+        (its sets of collectives every device pays, whatever comes next)."""
         d = self.topology.num_devices
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
@@ -582,8 +582,8 @@ class PlacementState:
             of_kind = self.of_kind.copy()
             of_kind[k] = max(of_kind[k], 1)  # the set the piece would join, priced as running
             _, _, before = self._collectives(widths, inputs, self.host_sums, of_kind)
-            for rates, loads, step in ((per_width, widths, 64.0), (per_input, inputs, 1.0)):
-                step = max(float(loads[k].mean()), step)
+            for rates, loads, least in ((per_width, widths, 64.0), (per_input, inputs, 1.0)):
+                step = max(float(loads[k].mean()), least)
                 more = loads.copy()
                 more[k, 0] += step
                 priced = (more, inputs) if loads is widths else (widths, more)
