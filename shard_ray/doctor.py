@@ -12,6 +12,7 @@ a `problem` (something shard-ray needs is missing or broken), each problem with 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import platform
 import re
@@ -152,9 +153,19 @@ class PricesCheck:
 
     @property
     def holds(self) -> bool:
-        return all(
-            PRICES_HOLD[0] <= figure <= PRICES_HOLD[1] for figure in (self.median, self.cold) if figure is not None
+        return all(PRICES_HOLD[0] <= figure <= PRICES_HOLD[1] for figure in self.figures)
+
+    @property
+    def figures(self) -> list[float]:
+        """What the check judges by: the microbenchmark's median and the cold-rows shard's ratio, where timed."""
+        return [figure for figure in (self.median, self.cold) if figure is not None]
+
+    def off_way(self) -> str:
+        """Which way the prices are off, in words: by the figure furthest from 1 beyond PRICES_HOLD."""
+        off = max(
+            (f for f in self.figures if not PRICES_HOLD[0] <= f <= PRICES_HOLD[1]), key=lambda f: abs(math.log(f))
         )
+        return f"{'high' if off > 1 else 'low'}: the models price this machine's kernels {'slower' if off > 1 else 'faster'} than they run"
 
     def describe(self) -> str:
         """The check in words."""
@@ -192,8 +203,9 @@ def prices_finding(report: dict) -> Finding | None:
     return Finding(
         "prices",
         "note",
-        detail + ": off by more than a quarter",
-        "shard-ray calibrate --tables YOUR_TABLES.json --devices N (fits the models' spine to this machine)",
+        f"{detail}: off by more than a quarter, {check.off_way()}",
+        "shard-ray calibrate --tables YOUR_TABLES.json --devices N --for-hardware (fits the models' spine to this "
+        "machine, for every task on it)",
     )
 
 

@@ -501,7 +501,8 @@ def _measure_shards(
     )
     with devices.pool(config.actors) as pool:
         known = store.known_keys([fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted])
-        log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; measuring the rest")
+        rest = "measuring the rest" if len(known) < len(wanted) else "none left to measure"
+        log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; {rest}")
         for more in range(MORE_BATCHES + 1):
             if more:
                 shards, _ = task_measurements(
