@@ -152,20 +152,25 @@ class PricesCheck:
         return self.ratios[len(self.ratios) // 2]
 
     @property
-    def holds(self) -> bool:
-        return all(PRICES_HOLD[0] <= figure <= PRICES_HOLD[1] for figure in self.figures)
-
-    @property
     def figures(self) -> list[float]:
         """What the check judges by: the microbenchmark's median and the cold-rows shard's ratio, where timed."""
         return [figure for figure in (self.median, self.cold) if figure is not None]
 
+    @property
+    def off(self) -> float | None:
+        """The figure furthest from 1 of those beyond PRICES_HOLD; None where the prices hold."""
+        beyond = [figure for figure in self.figures if not PRICES_HOLD[0] <= figure <= PRICES_HOLD[1]]
+        return max(beyond, key=lambda figure: abs(math.log(figure))) if beyond else None
+
+    @property
+    def holds(self) -> bool:
+        return self.off is None
+
     def off_way(self) -> str:
-        """Which way the prices are off, in words: by the figure furthest from 1 beyond PRICES_HOLD."""
-        off = max(
-            (f for f in self.figures if not PRICES_HOLD[0] <= f <= PRICES_HOLD[1]), key=lambda f: abs(math.log(f))
-        )
-        return f"{'high' if off > 1 else 'low'}: the models price this machine's kernels {'slower' if off > 1 else 'faster'} than they run"
+        """Which way the prices are off, in words (where they are: `off`)."""
+        if (self.off or 1.0) > 1:
+            return "high: the models price this machine's kernels slower than they run"
+        return "low: the models price this machine's kernels faster than they run"
 
     def describe(self) -> str:
         """The check in words."""

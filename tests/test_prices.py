@@ -9,7 +9,7 @@ import torch
 
 from shard_ray.costmodel.models import CostModels, shipped_models_path
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.doctor import PRICES_HOLD, PricesCheck, check_prices, time_microbenchmark
+from shard_ray.doctor import PricesCheck, check_prices, time_microbenchmark
 from shard_ray.placement import place
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
@@ -79,16 +79,14 @@ MODELS_SPEED = (0.6, 1.67)
 def expected_price_ratios(check: PricesCheck):
     """What the plans' price over their measurement must be where doctor's check found `check`, and the claim in
     words."""
-    median, figures = check.median, [f for f in (check.median, check.cold) if f is not None]
+    median = check.median
     if check.holds:
         return (lambda ratio: 0.75 <= ratio <= 1.25), "within a quarter"
     if median < MODELS_SPEED[0]:
         return (lambda ratio: ratio < 0.75), f"below 0.75x, as doctor's median {median:.2f}x says"
     if median > MODELS_SPEED[1]:
         return (lambda ratio: ratio > 1.25), f"above 1.25x, as doctor's median {median:.2f}x says"
-    # the figure the check found off: furthest from 1 of those beyond PRICES_HOLD
-    off = max((f for f in figures if not PRICES_HOLD[0] <= f <= PRICES_HOLD[1]), key=lambda f: abs(np.log(f)))
-    if off < 1:
+    if check.off < 1:  # the figure the check found off, furthest from 1
         return (lambda ratio: ratio <= 1.25), f"not above 1.25x, as doctor finds them low ({check.describe()})"
     return (lambda ratio: ratio >= 0.75), f"not below 0.75x, as doctor finds them high ({check.describe()})"
 
