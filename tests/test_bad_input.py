@@ -276,4 +276,4 @@ def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path
         code = main([*argv, "--no-mlflow", "--store", str(tmp_path / "m.db"), "--out", str(out)])
     assert_refused_cleanly(code, err.getvalue().strip(), out)
     # before Ray: nothing connected to it ("ray: started ..." or "ray: joined ...") nor planned
-    assert "over the cap of 1e-05 GB per device" in err.getvalue() and said.getvalue() == ""
+    assert "over the cap of 1e-05 GiB per device" in err.getvalue() and said.getvalue() == ""

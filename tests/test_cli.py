@@ -130,7 +130,7 @@ def test_plan_refuses_missing_file_unknown_algo_and_infeasible_memory(tmp_path, 
     assert_refused(
         capsys,
         base + ["--tables", str(table_file), "--memory-gb", "0.000001", "--algo", "size_greedy"],
-        "table 'a' needs 0.000615 GB",
+        "table 'a' needs 0.000615 GiB",
         out,
     )
     assert_refused(

@@ -173,12 +173,12 @@ def test_greedy_respects_memory_before_balance():
 
 
 def test_infeasible_memory_is_a_clear_error(small_tables):
-    with pytest.raises(ShardRayError, match=r"table 'a' needs 0.000615 GB .* over the cap of 9.31e-07 GB per device"):
+    with pytest.raises(ShardRayError, match=r"table 'a' needs 0.000615 GiB .* over the cap of 9.31e-07 GiB per device"):
         place("size_greedy", small_tables, Topology(num_devices=2, memory_bytes=1000))
     # They fit in all, but do not pack: three tables of 0.6 devices on two devices.
     three = [TableSpec(name=f"t{i}", rows=1000, dim=64, pooling_factor=1.0) for i in range(3)]
     cap = int(shard_bytes(three[0], 64, "rowwise_adagrad") / 0.6)
-    with pytest.raises(ShardRayError, match="table 't2' needs .* GB .* but no device has that much free"):
+    with pytest.raises(ShardRayError, match="table 't2' needs .* GiB .* but no device has that much free"):
         place("size_greedy", three, Topology(num_devices=2, memory_bytes=cap))
     # The search splits to fit the packing: a table or more goes row-wise (or, if the models prefer, by columns).
     plan = place("cost_search", three, Topology(num_devices=2, memory_bytes=cap))
@@ -203,7 +203,7 @@ def test_a_table_larger_than_a_device_is_split_to_fit_by_every_algorithm(small_t
         assert len(pieces) >= 2 and area == big.rows * big.dim, name  # the pieces tile the table
         assert all(rows != (0, big.rows) for rows, _ in pieces) or name == "cost_search", name
         assert max(plan.device_memory_bytes(tables, topology)) <= topology.memory_bytes, name
-    with pytest.raises(ShardRayError, match="table 'big' needs 0.726 GB .* even cut row-wise over all 2 devices"):
+    with pytest.raises(ShardRayError, match="table 'big' needs 0.726 GiB .* even cut row-wise over all 2 devices"):
         place("size_greedy", tables, Topology(num_devices=2, memory_bytes=int(0.3 * GB)))
 
 
@@ -265,7 +265,7 @@ def test_row_wise_cuts_and_pins_as_torchrec():
 
 def test_tables_larger_than_all_devices_together_are_refused():
     tables = [TableSpec(name=f"t{i}", rows=1_000_000, dim=64, pooling_factor=1.0) for i in range(10)]
-    with pytest.raises(ShardRayError, match=r"the tables need 2.42 GB .* more than the 2 devices' 0.6 GB together"):
+    with pytest.raises(ShardRayError, match=r"the tables need 2.42 GiB .* more than the 2 devices' 0.6 GiB together"):
         place("size_greedy", tables, Topology(num_devices=2, memory_bytes=int(0.3 * GB)))
 
 

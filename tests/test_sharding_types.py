@@ -92,9 +92,10 @@ def test_a_table_too_large_for_a_device_under_a_pin_is_refused_by_name(capsys, t
     )  # fmt: skip
     assert result.returncode == 2
     assert (
-        "table 'huge' needs 24.2 GB" in result.stderr and "constraints allow (table_wise, column_wise)" in result.stderr
+        "table 'huge' needs 24.2 GiB" in result.stderr
+        and "constraints allow (table_wise, column_wise)" in result.stderr
     )
-    assert "row-wise over all devices would need 6.05 GB a device" in result.stderr
+    assert "row-wise over all devices would need 6.05 GiB a device" in result.stderr
 
 
 @pytest.mark.slow

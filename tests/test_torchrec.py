@@ -39,7 +39,7 @@ def test_torchrec_planner_refuses_what_does_not_fit():
     with pytest.raises(ShardRayError, match="TorchRec's planner found no plan") as refused:
         place("torchrec", tables, Topology(num_devices=2, memory_bytes=GB // 4, batch_size=1024))
     # which table does not fit, and by how much, by shard-ray's memory model
-    assert "table 'big' needs 4.81 GB" in str(refused.value) and "over the cap of 0.25 GB" in str(refused.value)
+    assert "table 'big' needs 4.81 GiB" in str(refused.value) and "over the cap of 0.25 GiB" in str(refused.value)
     assert str(refused.value) == str(refused.value).strip()
 
 

@@ -476,8 +476,8 @@ class Plan(BaseModel):
         for device, used in enumerate(self.device_memory_bytes(tables, topology)):
             if used > topology.memory_bytes:
                 raise InfeasibleError(
-                    f"plan needs {used / GB:.3f} GB on device {device}, over the cap of "
-                    f"{topology.memory_gb:.3f} GB (weights + {topology.optimizer} state)"
+                    f"plan needs {used / GB:.3f} GiB on device {device}, over the cap of "
+                    f"{topology.memory_gb:.3f} GiB (weights + {topology.optimizer} state)"
                 )
 
 

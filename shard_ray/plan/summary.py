@@ -30,7 +30,7 @@ def format_plan_summary(
     `lower_bound_ms`, the task's lower bound on the simulated cost, is printed under it when given.
     """
     memory = plan.device_memory_bytes(tables, topology)
-    header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GB':>10} {'mem %':>6}"
+    header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GiB':>10} {'mem %':>6}"
     if cost is not None:
         header += f" {'input':>8} {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
     hosts, links = "", ""
@@ -40,7 +40,7 @@ def format_plan_summary(
         links += f", one link of {topology.host_link_gbps:g} GB/s a host" if topology.host_link_gbps else ""
     lines = [
         f"plan '{plan.algorithm}' on {plan.num_devices} devices{hosts} "
-        f"({topology.memory_gb:.2f} GB each, batch {topology.batch_size}, {topology.optimizer}{links})",
+        f"({topology.memory_gb:.2f} GiB each, batch {topology.batch_size}, {topology.optimizer}{links})",
         header,
     ]
     costs = {d.device: d for d in cost.devices} if cost is not None else {}

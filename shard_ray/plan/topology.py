@@ -15,8 +15,8 @@ GB = 1024**3
 
 
 def format_gb(nbytes: float) -> str:
-    """Bytes as GB (GiB, as every cap here) to three significant digits, so small tables do not read 0.000 GB."""
-    return f"{nbytes / GB:.3g} GB"
+    """Bytes as GiB (as every cap here) to three significant digits, so small tables do not read 0.000 GiB."""
+    return f"{nbytes / GB:.3g} GiB"
 
 
 class Topology(BaseModel):

@@ -70,7 +70,7 @@ def policy_placer(
         done = [s for s in finished if s.done]
         if not done:
             raise InfeasibleError(
-                f"the policy found no placement within {topology.memory_gb:.3f} GB per device ({tries} tries); "
+                f"the policy found no placement within {topology.memory_gb:.3f} GiB per device ({tries} tries); "
                 "give more memory, or use cost_search, which also splits tables to fit them together"
             )
         return min(done, key=lambda s: s.cost).plan("dreamshard")

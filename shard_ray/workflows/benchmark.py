@@ -285,7 +285,7 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
         f"{config.tasks} synthetic test tasks of {config.min_tables}-{config.max_tables} unseen tables"
         + (f", table files {', '.join(Path(p).name for p in config.table_files)}" if config.table_files else "")
         + f"), {config.devices} devices, batch {config.batch_size}, memory "
-        + (f"{config.memory_gb:g} GB a device, " if config.memory_gb else f"{config.memory_headroom}x an even split, ")
+        + (f"{config.memory_gb:g} GiB a device, " if config.memory_gb else f"{config.memory_headroom}x an even split, ")
         + f"measured on `{report['hardware']}`"
         + (" (CPU devices: one core each)" if report["hardware"].startswith("cpu") else "")
         + f"; best single heuristic: {report['best_single_heuristic']}",

@@ -136,7 +136,7 @@ def _workload(config: DemoConfig) -> tuple[list[TableSpec], Topology]:
     )
     print(
         f"pool of {len(pool)} synthetic tables -> {workdir / 'pool.json'}; task of {len(tables)} test tables -> {task_file}\n"
-        f"{topology.num_devices} devices, {topology.memory_gb:.3f} GB each, batch {topology.batch_size}"
+        f"{topology.num_devices} devices, {topology.memory_gb:.3f} GiB each, batch {topology.batch_size}"
     )
     return tables, topology
 
