@@ -242,6 +242,12 @@ def test_a_calibration_on_too_few_held_out_measurements_keeps_the_starting_model
     # `calibrate` prints it after "kept the starting models: ", which it does not say again
     assert why is not None and "(8 shards, 2 plans;" in why and "kept the starting" not in why and "--plans" in why
     assert "--plans" not in too_thin_to_judge(3, 0, with_plans=False)
+    # where the tables made no new shards when more were wanted, more --shards would measure nothing new: only a
+    # larger --held-out is advised; where plans are short too and could still be drawn, both ways are
+    ran_out = too_thin_to_judge(5, MIN_HELD_OUT_PLANS, with_plans=True, ran_out={"shards": True, "plans": False})
+    assert "no more distinct shards" in ran_out and "--held-out" in ran_out and "--shards" not in ran_out
+    both = too_thin_to_judge(5, 2, with_plans=True, ran_out={"shards": True, "plans": False})
+    assert "give more --shards and --plans" in both and "no more distinct" not in both
 
 
 def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():

@@ -225,9 +225,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"  {describe_accuracy(part.replace('_', ' ') + ' after', report['after'][part])}")
     print(f"kept the {result.chosen} models: {report['reason']}")
     if min(report["shards"]["held_out"], report["shards"]["val"]) < 10:
+        # where these tables made no new shards, more --shards would measure nothing new
+        firmer = "a larger --held-out" if report["ran_out"]["shards"] else "more --shards or --budget-minutes"
         print(
             f"note: {report['shards']['val']} validation and {report['shards']['held_out']} held-out shards: "
-            "few, so the choice and the figures above are indicative; more --shards or --budget-minutes firm them up"
+            f"few, so the choice and the figures above are indicative; {firmer} firms them up"
         )
     if tracking_uri is not None:
         run_id = log_calibration(report, str(out), tracking_uri, experiment)

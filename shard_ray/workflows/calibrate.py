@@ -246,7 +246,7 @@ def calibrate(
         topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
     ) as devices:
         # 2. compute data, most useful first, until the measuring time is spent
-        hardware = _measure_shards(
+        hardware, shards_ran_out = _measure_shards(
             candidates, tables, topology, simulator, config, store, measure, shards_end, log, devices
         )
         # Before the plans are measured: with too few shards, the plans' measurements could not save the
@@ -259,7 +259,9 @@ def calibrate(
                 "give a larger --budget-minutes"
             )
         # 3. communication data on the gang
-        floor = _measure_plans(candidates, tables, topology, config, store, measure, measuring_ends, log, devices)
+        floor, plans_ran_out = _measure_plans(
+            candidates, tables, topology, config, store, measure, measuring_ends, log, devices
+        )
     measuring_seconds = time.monotonic() - began
     # 4. fit and compare on held-out data
     _, plans = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
@@ -284,7 +286,8 @@ def calibrate(
     )
     if comm_refused:
         log(comm_refused)
-    kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size)
+    ran_out = {"shards": shards_ran_out, "plans": plans_ran_out}
+    kept, choice = _kept_models(start, tuned, hardware, by_split, plan_split, topology.batch_size, ran_out)
     links, said = fit_links(plans, topology, kept, hardware)
     log(said)
     if links is not None:
@@ -298,6 +301,7 @@ def calibrate(
         "comm_refused": comm_refused,
         "shards": {k: len(v) for k, v in by_split.items()},
         "plans": {k: len(v) for k, v in plan_split.items()},
+        "ran_out": ran_out,
         "measuring_seconds": measuring_seconds,
         "seconds": time.monotonic() - began,
         "noise_floor": asdict(floor) if floor else None,
@@ -430,9 +434,11 @@ def _kept_models(
     by_split: dict[str, list],
     plan_split: dict[str, list[PlanMeasurement]],
     batch_size: int,
+    ran_out: dict[str, bool],
 ) -> tuple[CostModels, dict[str, Any]]:
     """The fine-tuned models where they are better on validation and no worse on held-out data, else the starting
-    ones (as models of `hardware`); both's held-out accuracy and the choice, for the report."""
+    ones (as models of `hardware`); both's held-out accuracy and the choice, for the report. `ran_out`: whether the
+    tables made no more new shards and plans when more were wanted (what to advise where too few are held out)."""
 
     def scores(models: CostModels, split: str) -> dict[str, Any]:
         return {
@@ -443,7 +449,7 @@ def _kept_models(
         }
 
     before, tuned_held_out = scores(start, "held_out"), scores(tuned, "held_out")
-    thin = too_thin_to_judge(len(by_split["held_out"]), len(plan_split["held_out"]), any(plan_split.values()))
+    thin = too_thin_to_judge(len(by_split["held_out"]), len(plan_split["held_out"]), any(plan_split.values()), ran_out)
     if thin is not None:
         chosen, reason = "starting", thin
     else:
@@ -487,10 +493,11 @@ def _measure_shards(
     shards_end: float,
     log: Callable[[str], None],
     devices: DeviceActors,
-) -> str:
+) -> tuple[str, bool]:
     """The candidates' decisive shards, every table alone, the microbenchmark's shards (which fit the compute
     model's spine to this hardware) and drawn shards measured on the profiling actors (the gang's members where
-    they can be, `DeviceActors.pool`), most useful first, until `shards_end`; the actors' hardware."""
+    they can be, `DeviceActors.pool`), most useful first, until `shards_end`; the actors' hardware, and whether
+    the tables made no new shards when more were wanted for the held-out split."""
     decisive = decisive_shards(candidates, tables, simulator, topology.batch_size)
     most_tables = max(len(pieces) for pieces in decisive)
     wanted = unique_shards(
@@ -517,7 +524,7 @@ def _measure_shards(
                 keys = {fused_shard_key(pieces, measure, pool.hardware): pieces for pieces in drawn}
                 wanted = unmeasured("shards", keys, store.known_keys(list(keys)), held_out, MIN_HELD_OUT_SHARDS, log)
                 if not wanted:
-                    break
+                    return pool.hardware, True
             with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
                 for start_index in range(0, len(wanted), 2 * config.actors):
                     if time.monotonic() > shards_end:
@@ -526,7 +533,7 @@ def _measure_shards(
                     chunk = wanted[start_index : start_index + 2 * config.actors]
                     pool.measure(chunk, measure, store, progress=False)
                     bar.update(len(chunk))
-        return pool.hardware
+        return pool.hardware, False
 
 
 def _measure_plans(
@@ -539,11 +546,12 @@ def _measure_plans(
     measuring_ends: float,
     log: Callable[[str], None],
     devices: DeviceActors,
-) -> NoiseFloor | None:
+) -> tuple[NoiseFloor | None, bool]:
     """The candidates and random plans measured on the devices' gang, those not in the store, until the measuring
-    time is spent; the noise floor, a candidate against a copy of itself (None on one device, which has no gang)."""
+    time is spent; the noise floor, a candidate against a copy of itself (None on one device, which has no gang),
+    and whether the tables made no new plans when more were wanted for the held-out split."""
     if topology.num_devices == 1:
-        return None
+        return None, False
     gang = devices.gang()
     plans = candidates + random_plans(tables, topology.num_devices, config.plans, config.seed)
     floor = noise_floor(candidates[0], tables, topology, gang, measure, config.noise_rounds)
@@ -560,7 +568,7 @@ def _measure_plans(
             known = store.known_keys(list(keys), table="plan_measurements")
             plans = unmeasured("plans", keys, known, held_out, MIN_HELD_OUT_PLANS, log)
             if not plans:
-                break
+                return floor, True
         for plan in tqdm(plans, desc="calibration: plans", unit="plan"):
             key = gang.plan_key(plan, tables, measure)
             if store.known_keys([key], table="plan_measurements"):
@@ -569,7 +577,7 @@ def _measure_plans(
                 break
             cost = gang.evaluate(plan, tables, measure)
             store.put_plan(PlanMeasurement(key=key, plan=plan, tables=tables, cost=cost))
-    return floor
+    return floor, False
 
 
 def _fine_tuned(
@@ -671,20 +679,28 @@ PLAN_MAPE_TOLERANCE = 0.01
 MORE_BATCHES = 3
 
 
-def too_thin_to_judge(shards: int, plans: int, with_plans: bool) -> str | None:
+def too_thin_to_judge(shards: int, plans: int, with_plans: bool, ran_out: dict[str, bool] | None = None) -> str | None:
     """Why `shards` held-out shards (and `plans` held-out plans, `with_plans`: the task has a gang) are too few to
-    choose the fine-tuned models on; None when they are enough."""
-    if shards >= MIN_HELD_OUT_SHARDS and (plans >= MIN_HELD_OUT_PLANS or not with_plans):
+    choose the fine-tuned models on, and what would give more; None when they are enough. `ran_out` says of
+    "shards" and "plans" whether the tables made no new ones when more were wanted: then more --shards or --plans
+    would measure nothing new, and only a larger --held-out helps."""
+    counted = {"shards": (shards, MIN_HELD_OUT_SHARDS), "plans": (plans, MIN_HELD_OUT_PLANS) if with_plans else (0, 0)}
+    short = [kind for kind, (count, fewest) in counted.items() if count < fewest]
+    if not short:
         return None
     need = f"at least {MIN_HELD_OUT_SHARDS} shards" + (f" and {MIN_HELD_OUT_PLANS} plans" if with_plans else "")
-    return (
-        f"too few held-out measurements to judge the fit on ({shards} shards"
-        + (f", {plans} plans" if with_plans else "")
-        + f"; {need} are needed); give more --shards"
-        + (" and --plans" if with_plans else "")
-        + " (or a larger --budget-minutes) to measure enough, or, where the tables make few distinct ones, a larger"
-        " --held-out"
-    )
+    held = f"{shards} shards" + (f", {plans} plans" if with_plans else "")
+    if all((ran_out or {}).get(kind, False) for kind in short):
+        advice = (
+            f"these tables make no more distinct {' or '.join(short)} to measure: a larger --held-out (0.2 by default) "
+            "judges the fit on more of those measured"
+        )
+    else:
+        advice = (
+            "give more --shards" + (" and --plans" if with_plans else "") + " (or a larger --budget-minutes) to "
+            "measure enough, or, where the tables make few distinct ones, a larger --held-out"
+        )
+    return f"too few held-out measurements to judge the fit on ({held}; {need} are needed); {advice}"
 
 
 def choose_models(
