@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -106,8 +107,9 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
     assert "plan.json" in {a.path for a in mlflow_client(folder / "mlflow.db").list_artifacts(races[0].info.run_id)}
     raced = mlflow_runs(folder / "mlflow.db", f"tags.mlflow.parentRunId = '{races[0].info.run_id}'")
     assert len(raced) == len(plan.measured.candidates)  # one per distinct plan raced
-    table = {line.split()[0]: float(line.split()[1]) for line in measured.stdout.splitlines() if line.split()
-             and line.split()[0] in plan.measured.candidates}  # fmt: skip
+    # the table's rows: a plan's name, then its cost_ms (the verdict's line also starts with a name: "X is separated")
+    rows = (re.match(r"(\S+) +(\d+\.\d+) ", line) for line in measured.stdout.splitlines())
+    table = {row[1]: float(row[2]) for row in rows if row and row[1] in plan.measured.candidates}
     for run in raced:
         name = run.data.tags["mlflow.runName"].removeprefix("my_model/")
         assert run.data.metrics["cost_ms"] == round(plan.measured.candidates[name].median_ms, 3)
