@@ -488,6 +488,13 @@ class PlacementState:
             free[device] -= described.need
             loads[device] += single + comm_of(described)
         later = self.position + 1
+        if self._queue_pieces is None:
+            self._queue_pieces = _Pieces.of(self.queue_described)
+        # each later piece's step: its cost alone and its charge, as `comm_of` prices one, for the whole queue at once
+        queue = self._queue_pieces
+        steps = np.array(self.queue_singles[later:])
+        if charges_comm:
+            steps += (per_width[queue.kinds] * queue.widths + per_input[queue.kinds] * queue.inputs)[later:]
         heap = _heap_of(loads)
         dominates = SPLIT_SHARE * self.lower_bound if split_later else math.inf
         replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
@@ -498,13 +505,16 @@ class PlacementState:
                 add_at(device)
                 besides.append(described)
 
-        for row, piece, described, single in zip(
-            range(later, queued), self.queue[later:], self.queue_described[later:], self.queue_singles[later:]
+        for row, piece, described, single, step in zip(
+            range(later, queued),
+            self.queue[later:],
+            self.queue_described[later:],
+            self.queue_singles[later:],
+            steps.tolist(),
         ):
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
             need = described.need
-            step = single + comm_of(described)
             if (
                 single < dominates
                 and load == loads[device]
@@ -555,8 +565,6 @@ class PlacementState:
                 loads[k] += step / len(blocks)
             add_besides([(self._pieces[b.key], k) for k, b in enumerate(blocks)])
             heap = _heap_of(loads)
-        if self._queue_pieces is None:
-            self._queue_pieces = _Pieces.of(self.queue_described)
         added = self._queue_pieces.followed_by(_Pieces.of(besides)).rows(np.array(rows, dtype=np.int64))
         devices_at = np.array(at, dtype=np.int64)
         sums = self.sums.index_add(0, torch.from_numpy(devices_at), added.encodings)
