@@ -1,3 +1,4 @@
+import gc
 import json
 from pathlib import Path
 
@@ -151,6 +152,24 @@ def test_every_baseline_gives_a_valid_plan_within_memory(name, small_tables):
     assert max(plan.device_memory_bytes(small_tables, topology)) <= topology.memory_bytes
     assert plan.algorithm == name and plan.placement_seconds > 0
     assert plan.settings.memory_gb == pytest.approx(topology.memory_gb)
+
+
+def test_placing_leaves_pythons_collector_as_it_found_it(small_tables):
+    """`place` freezes the objects alive before it while it places (their full collections cost a search at scale):
+    thawed after, also after a refusal, and a caller's freeze is left as it was."""
+    topology = Topology(num_devices=2, memory_bytes=GB)
+    place("cost_search", small_tables, topology)
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(ShardRayError):
+        place("size_greedy", small_tables, Topology(num_devices=2, memory_bytes=1000))
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        place("size_greedy", small_tables, topology)
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_greedy_balances_its_proxy():
