@@ -234,6 +234,7 @@ class PlacementState:
         self._describe(self.queue)
         self.queue_described = [self._pieces[p.key] for p in self.queue]  # the queue's pieces as `_describe` has them
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
+        self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
         self.lower_bound = lower_bound_ms(models, tables, topology)
         self.task_width = float(sum(t.dim for t in tables))
         d, kinds = topology.num_devices, len(COLLECTIVE_TYPES)
@@ -490,6 +491,7 @@ class PlacementState:
         later = self.position + 1
         if self._queue_pieces is None:
             self._queue_pieces = _Pieces.of(self.queue_described)
+            self._queue_needs = ([p.need for p in self.queue_described], [p.anywhere for p in self.queue_described])
         # each later piece's step: its cost alone and its charge, as `comm_of` prices one, for the whole queue at once
         queue = self._queue_pieces
         steps = np.array(self.queue_singles[later:])
@@ -505,21 +507,17 @@ class PlacementState:
                 add_at(device)
                 besides.append(described)
 
-        for row, piece, described, single, step in zip(
-            range(later, queued),
-            self.queue[later:],
-            self.queue_described[later:],
-            self.queue_singles[later:],
-            steps.tolist(),
+        needs, anywhere = self._queue_needs
+        for row, single, step, need, free_to_go in zip(
+            range(later, queued), self.queue_singles[later:], steps.tolist(), needs[later:], anywhere[later:]
         ):
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
-            need = described.need
             if (
                 single < dominates
                 and load == loads[device]
                 and free[device] >= need
-                and (described.anywhere or described.allowed[device])
+                and (free_to_go or self.queue_described[row].allowed[device])
             ):
                 loads[device] = load = load + step
                 free[device] -= need
@@ -527,6 +525,7 @@ class PlacementState:
                 add_row(row)
                 add_at(device)
                 continue
+            piece, described = self.queue[row], self.queue_described[row]
             slices, singles = self._finishing_slices(piece) if single >= dominates else ([], [])
             taken = _distinct_least_loaded(heap, loads, free, [self._pieces[s.key] for s in slices]) if slices else None
             if taken is not None:
