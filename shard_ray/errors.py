@@ -34,18 +34,45 @@ def first_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+# The most invalid fields one message names; past them it says how many more there are.
+MOST_FIELDS_NAMED = 3
+
+
 def describe_validation_error(err: ValidationError, what: str, document: object = None) -> str:
-    """One line naming the first invalid field of `what` and why; given the `document` validated, an entry of
-    a list that has a name is called by it (`table 'C4': rows`, not `tables.3.rows`)."""
-    first = err.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(root)"
-    named = _named_entry(document, first["loc"])
+    """One line naming the invalid fields of `what` and why (`MOST_FIELDS_NAMED` at most), so that a file with two
+    mistakes is mended in one go; given the `document` validated, an entry of a list that has a name is called by
+    it (`table 'C4': rows`, not `tables.3.rows`). A field not allowed beside a required one missing from the same
+    entry, whose name is close to it, is named as a misspelling of it (`poolin_factor: not a field (did you mean
+    pooling_factor?)`) in place of the two."""
+    errors = err.errors()
+    missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+    meant: set[tuple] = set()
+    problems = []
+    for error in errors:
+        loc = tuple(error["loc"])
+        message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+        if error["type"] == "extra_forbidden" and loc:
+            fields = {str(m[-1]): m for m in missing if m[:-1] == loc[:-1] and m not in meant}
+            close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.6)
+            if close:
+                meant.add(fields[close[0]])
+                message = f"not a field (did you mean {close[0]}?)"
+        problems.append((loc, message))
+    described = [f"{_location(loc, document)}: {message}" for loc, message in problems if loc not in meant]
+    more = len(described) - MOST_FIELDS_NAMED
+    named = "; ".join(described[:MOST_FIELDS_NAMED]) + (f"; and {more} more" if more > 0 else "")
+    return f"{what}: {named}"
+
+
+def _location(loc: tuple, document: object) -> str:
+    """Where an invalid field is: `table 'C4': rows` where the document's list entry has a name, else `tables.3.rows`."""
+    location = ".".join(str(part) for part in loc) or "(root)"
+    named = _named_entry(document, loc)
     if named:
         name, depth = named
-        rest = ".".join(str(part) for part in first["loc"][depth:])
-        location = f"{str(first['loc'][depth - 2]).removesuffix('s')} {name!r}" + (f": {rest}" if rest else "")
-    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
-    return f"{what}: {location}: {message}"
+        rest = ".".join(str(part) for part in loc[depth:])
+        location = f"{str(loc[depth - 2]).removesuffix('s')} {name!r}" + (f": {rest}" if rest else "")
+    return location
 
 
 def _named_entry(document: object, location: tuple) -> tuple[str, int] | None:

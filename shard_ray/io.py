@@ -37,9 +37,13 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
+        detail = first_line(err)
+        mark = getattr(err, "problem_mark", None)  # YAML's own message names the construct, not where it broke
+        if mark is not None:
+            detail = f"{getattr(err, 'problem', None) or detail}: line {mark.line + 1} column {mark.column + 1}"
         # Name the format tried and the ones read, so that a .csv or .toml file is not called invalid CSV
         raise ShardRayError(
-            f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({first_line(err)}); "
+            f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({detail}); "
             f"{what} files are read as JSON, or as YAML when named .yaml or .yml"
         ) from err
 

@@ -89,6 +89,10 @@ GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
         (json.dumps({"tables": [GOOD | {"rows": "lots"}]}), "rows"),
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
         (json.dumps({"tables": [GOOD | {"extra": 1}]}), "extra"),
+        (  # every mistake of the file in its one line
+            json.dumps({"tables": [GOOD | {"rows": -5}, GOOD | {"name": "t1", "dim": 30}]}),
+            "table 't0': rows: Input should be greater than 0; table 't1': dim: dim must be a multiple of 4",
+        ),
     ],
 )
 def test_plan_refuses_bad_table_files(tmp_path, capsys, content, message):
@@ -109,6 +113,25 @@ def test_plan_refuses_bad_table_files(tmp_path, capsys, content, message):
         str(out),
     ]
     assert_refused(capsys, argv, message, leftover=out)
+
+
+def test_a_misspelt_field_is_named_as_one_not_as_the_field_it_left_missing(tmp_path, capsys):
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [{k.replace("pooling", "poolin"): v for k, v in GOOD.items()}]}))
+    argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "random"]
+    out = tmp_path / "plan.json"
+    message = f"table file {tables}: table 't0': poolin_factor: not a field (did you mean "
+    err = assert_refused(capsys, [*argv, "--out", str(out)], message, leftover=out)
+    assert err.endswith("(did you mean pooling_factor?)") and "Field required" not in err
+
+
+def test_a_yaml_table_file_that_does_not_parse_is_refused_with_where_it_broke(tmp_path, capsys):
+    tables = tmp_path / "tables.yaml"
+    tables.write_text("tables:\n  - {name: a, rows: 5, dim: 16, pooling_factor: 1\n  - {name: b, rows: 5, dim: 16}\n")
+    argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "random"]
+    out = tmp_path / "plan.json"
+    message = f"table file {tables} is not valid YAML (expected ',' or '}}', but got '{{': line 3 column 5)"
+    assert_refused(capsys, [*argv, "--out", str(out)], message, leftover=out)
 
 
 def test_plan_refuses_missing_file_unknown_algo_and_infeasible_memory(tmp_path, capsys, table_file):
