@@ -41,11 +41,24 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
         mark = getattr(err, "problem_mark", None)  # YAML's own message names the construct, not where it broke
         if mark is not None:
             detail = f"{getattr(err, 'problem', None) or detail}: line {mark.line + 1} column {mark.column + 1}"
+        elif isinstance(err, json.JSONDecodeError):
+            detail += _trailing_comma(err)
         # Name the format tried and the ones read, so that a .csv or .toml file is not called invalid CSV
         raise ShardRayError(
             f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({detail}); "
             f"{what} files are read as JSON, or as YAML when named .yaml or .yml"
         ) from err
+
+
+def _trailing_comma(err: json.JSONDecodeError) -> str:
+    """Where JSON found nothing after a comma (a last entry with a comma after it, which JavaScript allows), the
+    comma's place: Python's message points past it, at the next line's `]` or `}`."""
+    before = err.doc[: err.pos].rstrip()
+    if not before.endswith(",") or err.doc[err.pos : err.pos + 1] not in ("]", "}"):
+        return ""
+    line = before.count("\n") + 1
+    column = len(before) - (before.rfind("\n") + 1)
+    return f"; a comma with nothing after it at line {line} column {column}?"
 
 
 def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected: str) -> M:

@@ -125,12 +125,18 @@ def test_a_misspelt_field_is_named_as_one_not_as_the_field_it_left_missing(tmp_p
     assert err.endswith("(did you mean pooling_factor?)") and "Field required" not in err
 
 
-def test_a_yaml_table_file_that_does_not_parse_is_refused_with_where_it_broke(tmp_path, capsys):
+def test_a_table_file_that_does_not_parse_is_refused_with_where_it_broke(tmp_path, capsys):
     tables = tmp_path / "tables.yaml"
     tables.write_text("tables:\n  - {name: a, rows: 5, dim: 16, pooling_factor: 1\n  - {name: b, rows: 5, dim: 16}\n")
     argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "random"]
     out = tmp_path / "plan.json"
     message = f"table file {tables} is not valid YAML (expected ',' or '}}', but got '{{': line 3 column 5)"
+    assert_refused(capsys, [*argv, "--out", str(out)], message, leftover=out)
+    # JSON's message points past a comma with nothing after it, at the next line: the comma's place is named too
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [GOOD]}, indent=1).replace("}\n ]", "},\n ]"))
+    argv[2] = str(tables)
+    message = "(Expecting value: line 9 column 2 (char 98); a comma with nothing after it at line 8 column 4?)"
     assert_refused(capsys, [*argv, "--out", str(out)], message, leftover=out)
 
 
