@@ -16,6 +16,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing shard-ray and its pinned stack into $(VENV) (1 to 2 minutes; pip prints only errors)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | $(QUIET_PIP)
 	# torchrec's wheel requires the CUDA fbgemm-gpu; fbgemm-gpu-cpu provides the same module here
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps torchrec==1.8.0 2>&1 | $(QUIET_PIP)

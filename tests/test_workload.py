@@ -1,6 +1,7 @@
 import gzip
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -239,3 +240,78 @@ def test_a_zipf_histogram_skips_only_the_cdf_values_that_are_one_to_the_last_bit
     for top, certain in zip(_BIN_TOPS, _CERTAIN_BELOW):
         means = np.geomspace(1e-14, certain, 5000)
         assert (pdtr(top, means) == 1.0).all(), top
+
+
+def test_zipf_histograms_a_command_derived_are_read_back_by_the_next_bit_for_bit(tmp_path):
+    """`shard-ray plan` on a table file in the README's minimal format keeps the Zipf histograms it derived in
+    shard-ray's home (`KeptHistograms`) at its exit; the next process reads each back, without deriving it, exactly
+    as deriving it gives it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from shard_ray.workload.access import derive_zipf_histogram
+
+    tables = write(tmp_path, json.dumps({"tables": [
+        {"name": "users", "rows": 2_000_000, "dim": 64, "pooling_factor": 1.0},
+        {"name": "item_id", "rows": 300_000, "dim": 32, "pooling_factor": 20.0},
+        {"name": "ads", "rows": 5000, "dim": 16, "pooling_factor": 3.0, "zipf_exponent": 1.2},
+    ]}))  # fmt: skip
+    env = {**os.environ, "SHARD_RAY_HOME": str(tmp_path / "home")}
+    shard_ray = str(Path(sys.executable).parent / "shard-ray")  # the console script `make setup` installs
+    plan = [shard_ray, "plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search"]
+    done = subprocess.run([*plan, "--out", "plan.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (kept,) = (tmp_path / "home" / "cache").iterdir()
+    assert kept.name.startswith("zipf-histograms-") and kept.suffix == ".npz"
+    # the tables, and their data-parallel replicas on 2 devices, as `plan` priced them
+    keys = [
+        (t.rows, t.effective_zipf_exponent, t.pooling_factor * share) for t in load_tables(tables) for share in (1, 0.5)
+    ]
+    read_back = (
+        "import json, sys\n"
+        "import shard_ray.workload.access as access\n"
+        "def derive(*key):\n    raise AssertionError(f'derived {key} again')\n"
+        "access.derive_zipf_histogram = derive\n"
+        "print(json.dumps([access.zipf_reuse_histogram(*key) for key in json.loads(sys.argv[1])]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", read_back, json.dumps(keys)], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [tuple(h) for h in json.loads(done.stdout)] == [derive_zipf_histogram(*key) for key in keys]
+    # the same plan again: nothing new to keep, the file as it was
+    before = kept.stat().st_mtime_ns
+    done = subprocess.run([*plan, "--out", "again.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert kept.stat().st_mtime_ns == before
+    assert (
+        json.loads((tmp_path / "again.json").read_text())["shards"]
+        == json.loads((tmp_path / "plan.json").read_text())["shards"]
+    )
+
+
+def test_a_damaged_or_unwritable_file_of_kept_histograms_is_derived_around(tmp_path, monkeypatch):
+    """A file of kept histograms that is not one reads as empty and is replaced by a good one; a home that cannot be
+    written keeps nothing and fails nothing."""
+    from shard_ray.workload.access import KeptHistograms, derive_zipf_histogram
+
+    key = (123_456, 1.05, 7.0)
+    histogram = derive_zipf_histogram(*key)
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
+    path = KeptHistograms.path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a numpy archive")
+    damaged = KeptHistograms()
+    assert damaged.get(key) is None
+    damaged.add(key, histogram)
+    damaged.save()
+    assert KeptHistograms().get(key) == histogram
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "a_file" / "home"))
+    unwritable = KeptHistograms()
+    assert unwritable.get(key) is None
+    unwritable.add(key, histogram)
+    unwritable.save()
+    assert KeptHistograms().get(key) is None

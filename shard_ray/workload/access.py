@@ -6,14 +6,21 @@ row ids for all of them, sample-major, as the fbgemm kernels take them.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import hashlib
+import io
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
+import scipy
 
 # scipy.special, not scipy.stats: the same Poisson CDF kernel for a third of the import (every actor imports this)
 from scipy.special import pdtr
 
+from shard_ray.io import shard_ray_home, write_atomic
 from shard_ray.workload.tables import REUSE_BINS, TableBatch, TableSpec
 
 # The public histogram describes one batch of 65536 samples; a batch of another size samples that traffic
@@ -123,6 +130,17 @@ _CERTAIN_BELOW = _certain_below(_BIN_TOPS)
 # format, on 512 devices: 37,728 misses at 1-3 ms each, 65 s of a profiled 82 s `cost_search`). An entry is under 1 kB.
 @functools.lru_cache(maxsize=2**16)
 def zipf_reuse_histogram(rows: int, exponent: float, pooling_factor: float) -> tuple[float, ...]:
+    """Expected reuse histogram of a Zipf table over the reference batch, as `zipf_indices` draws it
+    (`derive_zipf_histogram`), or as an earlier command on this machine derived it (`KEPT_HISTOGRAMS`)."""
+    key = (rows, exponent, pooling_factor)
+    histogram = KEPT_HISTOGRAMS.get(key)
+    if histogram is None:
+        histogram = derive_zipf_histogram(rows, exponent, pooling_factor)
+        KEPT_HISTOGRAMS.add(key, histogram)
+    return histogram
+
+
+def derive_zipf_histogram(rows: int, exponent: float, pooling_factor: float) -> tuple[float, ...]:
     """Expected reuse histogram of a Zipf table over the reference batch, as `zipf_indices` draws it.
 
     `zipf_indices` draws rank r (0-based) with the probability the continuous power law puts on
@@ -156,6 +174,86 @@ def zipf_reuse_histogram(rows: int, exponent: float, pooling_factor: float) -> t
     per_bin = np.diff(np.concatenate([zero, cdf, np.ones_like(zero)], axis=1), axis=1)
     rows_per_bin = (members[:, None] * per_bin).sum(axis=0)
     return tuple(float(p) for p in rows_per_bin / rows_per_bin.sum())
+
+
+class KeptHistograms:
+    """Zipf histograms derived by earlier commands on this machine, in `$SHARD_RAY_HOME/cache/` (else
+    ~/.shard-ray/cache/), one file for this derivation: this module's source, numpy's and scipy's releases and Python's
+    name the file, so a histogram is read back only where deriving it again gives the same bits.
+
+    Deriving one takes 1.0-1.5 ms (`pdtr`), twice a table (the table and its data-parallel replicas): a table file
+    of thousands of tables in the README's minimal format spent most of a `plan` there (docs/commands.md). A
+    process reads the file at its first Zipf table, and at its exit adds what it derived (the file read again and
+    written whole, so that commands ending together each keep theirs, but for a race's loser). A file that cannot
+    be read is taken as empty and one that cannot be written is left: the histograms are derived as before."""
+
+    # About 160 bytes an entry: at most 21 MB, a few large tasks' tables; the oldest go first.
+    MOST = 2**17
+
+    def __init__(self) -> None:
+        self._index: dict[tuple[int, float, float], int] | None = None  # a key's row in `_values`
+        self._values = np.zeros((0, REUSE_BINS))
+        self._new: dict[tuple[int, float, float], tuple[float, ...]] = {}
+
+    @staticmethod
+    def path() -> Path:
+        return shard_ray_home() / "cache" / f"zipf-histograms-{_derivation_digest()}.npz"
+
+    def get(self, key: tuple[int, float, float]) -> tuple[float, ...] | None:
+        if key in self._new:
+            return self._new[key]
+        if self._index is None:
+            keys, self._values = self._read()
+            self._index = {
+                (int(rows), exponent, pooling): k for k, (rows, exponent, pooling) in enumerate(keys.tolist())
+            }
+        at = self._index.get(key)
+        return None if at is None else tuple(self._values[at].tolist())
+
+    def add(self, key: tuple[int, float, float], histogram: tuple[float, ...]) -> None:
+        if not self._new:
+            atexit.register(self.save)
+        self._new[key] = histogram
+
+    def save(self) -> None:
+        """Add the histograms derived since the file was read to what it holds now."""
+        if not self._new:
+            return
+        keys, values = self._read()
+        kept = {tuple(k): v for k, v in zip(keys.tolist(), values)}
+        kept.update({(float(r), e, p): np.asarray(h) for (r, e, p), h in self._new.items()})
+        newest = list(kept.items())[-self.MOST :]
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            keys=np.array([k for k, _ in newest], dtype=np.float64).reshape(-1, 3),
+            values=np.array([v for _, v in newest], dtype=np.float64).reshape(-1, REUSE_BINS),
+        )
+        try:
+            write_atomic(self.path(), buffer.getvalue())
+        except OSError:  # a home this user cannot write: nothing kept
+            pass
+        self._new.clear()
+
+    def _read(self) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            with np.load(self.path(), allow_pickle=False) as held:
+                keys, values = held["keys"], held["values"]
+            if keys.ndim == 2 and keys.shape[1] == 3 and values.shape == (len(keys), REUSE_BINS):
+                return keys.astype(np.float64), values.astype(np.float64)
+        except (OSError, ValueError, KeyError, EOFError):  # none yet, or not a file of this kind: as if empty
+            pass
+        return np.zeros((0, 3)), np.zeros((0, REUSE_BINS))
+
+
+@functools.cache
+def _derivation_digest() -> str:
+    """What names the file of kept histograms: whatever could change a derived histogram's bits."""
+    release = f"{Path(__file__).read_bytes().hex()} {np.__version__} {scipy.__version__} {sys.version}"
+    return hashlib.sha256(release.encode()).hexdigest()[:16]
+
+
+KEPT_HISTOGRAMS = KeptHistograms()
 
 
 def generate_table_batch(table: TableSpec, batch_size: int, rng: np.random.Generator) -> TableBatch:
