@@ -56,6 +56,10 @@ SPLIT_SHARE = 1.0
 # Splits are offered to this many of a task's tables at most, its costliest (and to any no device holds whole): each
 # offer prices the plan finished greedily once per option (`PlacementState.finish`), a step's cost grows with the task.
 SPLIT_TABLES = 16
+# Where `finish` splits a later table that dominates the task by rows rather than columns: a column slice of it costs
+# at least this share of the table alone (its cost is in its lookups, which a column slice keeps and only its rows
+# divide: a narrow table of hundreds of lookups a sample).
+LOOKUP_BOUND = 0.5
 # Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
 SPLIT_HOSTS = 4
 MAX_SPLIT_OPTIONS = 3 + SPLIT_HOSTS
@@ -101,6 +105,16 @@ class Option(NamedTuple):
     device: int = -1
     split: str | None = None
     host: int = -1
+
+
+class _LaterSplit(NamedTuple):
+    """How `_finish` splits the later tables that dominate the task: those costlier alone than the lower bound, or
+    with `above_slowest` only those costlier alone than the slowest device once the option is taken (whole, each
+    would be the slowest); in column slices, or with `by_rows` one whose column slice costs at least `LOOKUP_BOUND` of
+    it whole in row-wise blocks (`_finishing_slices`)."""
+
+    above_slowest: bool
+    by_rows: bool
 
 
 class _Piece(NamedTuple):
@@ -209,6 +223,20 @@ def _distinct_least_loaded(
     return taken
 
 
+def _slices_with_room(
+    heap: list[tuple[float, int]], loads: list[float], free: list[int], slices: list[TablePiece], pieces: list[_Piece]
+) -> list[tuple[_Piece, int]] | None:
+    """Where `_finish` puts a later table's `slices` (`pieces` as described): row-wise blocks each on its own device,
+    column slices on the least loaded devices, one a device (`_distinct_least_loaded`); None where one finds no room
+    (or there are none)."""
+    if not slices:
+        return None
+    if slices[0].devices:
+        taken = [(described, piece.devices[0]) for described, piece in zip(pieces, slices)]
+        return taken if all(free[device] >= described.need for described, device in taken) else None
+    return _distinct_least_loaded(heap, loads, free, pieces)
+
+
 class PlacementState:
     """One task being placed piece by piece under the cost models; each step scores `options()`."""
 
@@ -229,8 +257,10 @@ class PlacementState:
         self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
         self.singles_total = self.singles_left
         self._pieces: dict[tuple, _Piece] = {}
-        self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}  # `_finishing_slices`'
+        # `_finishing_slices`' by piece and whether by rows
+        self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}
         self._rates: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # `_comm_rates`' at a position
+        self._ways: tuple[int, list[_LaterSplit]] | None = None  # `_later_splits`' at a position
         self._describe(self.queue)
         self.queue_described = [self._pieces[p.key] for p in self.queue]  # the queue's pieces as `_describe` has them
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
@@ -454,23 +484,41 @@ class PlacementState:
         finished = []
         for charges_comm in (False, True):
             if dominant < SPLIT_SHARE * self.lower_bound:
-                finished.append(self._finish(pieces, devices, split_later=False, charges_comm=charges_comm))
+                finished.append(self._finish(pieces, devices, None, charges_comm))
                 continue
-            split = self._finish(pieces, devices, split_later=True, charges_comm=charges_comm)
+            split = min(self._finish(pieces, devices, way, charges_comm) for way in self._later_splits())
             # Put whole, the costliest later table alone prices the finished plan at least that (the models are
             # monotone in what a device holds): a split finish below it is the lower one, without pricing the other.
             if split >= dominant:
-                split = min(split, self._finish(pieces, devices, split_later=False, charges_comm=charges_comm))
+                split = min(split, self._finish(pieces, devices, None, charges_comm))
             finished.append(split)
         return min(finished)
 
-    def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: bool, charges_comm: bool) -> float:
+    def _later_splits(self) -> list[_LaterSplit]:
+        """The ways `finish` splits the later tables that dominate the task (`_LaterSplit`), each way priced and the
+        lowest kept: every one in column slices; only those costlier alone than the slowest device, in column slices;
+        and, where one of those is a table of its lookups (`LOOKUP_BOUND`), only those, that one by rows. The first
+        alone split tables a step would keep whole; the second alone, or by rows alone, priced plans of 64 devices
+        higher on one pool or the other (docs/results.md)."""
+        if self._ways is None or self._ways[0] != self.position:
+            ways = [_LaterSplit(above_slowest=False, by_rows=False), _LaterSplit(above_slowest=True, by_rows=False)]
+            bound = SPLIT_SHARE * self.lower_bound
+            later = zip(self.queue[self.position + 1 :], self.queue_singles[self.position + 1 :])
+            if any(single >= bound and self._goes_by_rows(piece, single) for piece, single in later):
+                ways.append(_LaterSplit(above_slowest=True, by_rows=True))
+            self._ways = (self.position, ways)
+        return self._ways[1]
+
+    def _finish(
+        self, pieces: list[TablePiece], devices: np.ndarray, split_later: _LaterSplit | None, charges_comm: bool
+    ) -> float:
         """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
         turn, on the device with room whose predicted step so far (its pieces' costs alone added, and with
         `charges_comm` what each adds to its all-to-alls, `_comm_rates`) is lowest, a table with room nowhere
-        row-wise, and with `split_later` a table that dominates the task in column quarters (else halves,
-        `_finishing_slices`), one a device, on the least loaded with room: how a split's price shows past its own step
-        (its sets of collectives every device pays, whatever comes next)."""
+        row-wise, and with `split_later` the later tables that dominate the task split its way (`_LaterSplit`,
+        `_finishing_slices`): a column slice a device, on the least loaded with room, or a row-wise block on each
+        device: how a split's price shows past its own step (its sets of collectives every device pays, whatever comes
+        next)."""
         d = self.topology.num_devices
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
@@ -498,7 +546,17 @@ class PlacementState:
         if charges_comm:
             steps += (per_width[queue.kinds] * queue.widths + per_input[queue.kinds] * queue.inputs)[later:]
         heap = _heap_of(loads)
-        dominates = SPLIT_SHARE * self.lower_bound if split_later else math.inf
+        dominates = math.inf if split_later is None else SPLIT_SHARE * self.lower_bound
+        if split_later is not None and split_later.above_slowest:
+            # a way that splits what another way `_later_splits` lists splits finishes as that one: not priced twice
+            if max(loads) <= dominates:
+                return math.inf
+            dominates = max(loads)
+            if split_later.by_rows and not any(
+                single >= dominates and self._goes_by_rows(piece, single)
+                for piece, single in zip(self.queue[later:], self.queue_singles[later:])
+            ):
+                return math.inf
         replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
 
         def add_besides(placed: list[tuple[_Piece, int]]) -> None:
@@ -526,8 +584,9 @@ class PlacementState:
                 add_at(device)
                 continue
             piece, described = self.queue[row], self.queue_described[row]
-            slices, singles = self._finishing_slices(piece) if single >= dominates else ([], [])
-            taken = _distinct_least_loaded(heap, loads, free, [self._pieces[s.key] for s in slices]) if slices else None
+            by_rows = split_later is not None and split_later.by_rows
+            slices, singles = self._finishing_slices(piece, single, by_rows) if single >= dominates else ([], [])
+            taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
             if taken is not None:
                 for (sliced, device), alone in zip(taken, singles):
                     loads[device] += alone + comm_of(sliced)
@@ -600,18 +659,33 @@ class PlacementState:
         self._rates = (self.position, (per_width, per_input))
         return per_width, per_input
 
-    def _finishing_slices(self, piece: TablePiece) -> tuple[list[TablePiece], list[float]]:
+    def _finishing_slices(
+        self, piece: TablePiece, single: float, by_rows: bool
+    ) -> tuple[list[TablePiece], list[float]]:
         """How `_finish` splits a later piece that dominates the task (offered the splits when its step comes,
         `_splits_offered`), and each slice's predicted cost alone: a whole table in column quarters on 4 devices or
-        more, else halves, described; none for a piece of a table or where its columns do not split so."""
+        more, else halves, described; where a column slice costs at least `LOOKUP_BOUND` of the table alone, in
+        row-wise blocks, one a device (a column slice keeps every lookup of the table: a narrow table of many lookups a
+        sample costs its lookups, which only its rows divide); none for a piece of a table or where its columns do not
+        split so."""
         if not _whole_table(piece):
             return [], []
-        if piece.key not in self._later_slices:
-            slices = (split_piece(piece, 4) if self.topology.num_devices >= 4 else None) or split_piece(piece, 2) or []
+        if (piece.key, by_rows) not in self._later_slices:
+            d = self.topology.num_devices
+            slices = (split_piece(piece, 4) if d >= 4 else None) or split_piece(piece, 2) or []
             self._describe(slices)
             singles = single_costs(self.pricer, slices).tolist() if slices else []
-            self._later_slices[piece.key] = (slices, singles)
-        return self._later_slices[piece.key]
+            if by_rows and slices and max(singles) >= LOOKUP_BOUND * single:
+                slices = row_wise(piece.table, d)
+                self._describe(slices)
+                singles = single_costs(self.pricer, slices).tolist()
+            self._later_slices[(piece.key, by_rows)] = (slices, singles)
+        return self._later_slices[(piece.key, by_rows)]
+
+    def _goes_by_rows(self, piece: TablePiece, single: float) -> bool:
+        """Whether `_finishing_slices` splits `piece` by rows where the way allows it."""
+        slices, _ = self._finishing_slices(piece, single, by_rows=True)
+        return bool(slices) and bool(slices[0].devices)
 
     def _loads_with(self, added: _Pieces, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The collectives' loads (`widths`, `inputs`, `host_sums`, `of_kind`) with the `added` pieces on devices `at`."""
