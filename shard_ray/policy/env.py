@@ -472,8 +472,9 @@ class PlacementState:
 
     def finish(self, pieces: list[TablePiece], devices: np.ndarray) -> float:
         """The predicted cost of the plan with `pieces` on `devices`, finished greedily (`_finish`): the lowest of the
-        later pieces each put whole and, where a later table dominates the task, those tables split in column slices,
-        each way balancing the devices' compute alone and their compute and all-to-alls (`_comm_rates`). Put whole,
+        later pieces each put whole and, where a later table dominates the task, those tables split in each of the ways
+        `_later_splits` lists, each way balancing the devices' compute alone and their compute and all-to-alls
+        (`_comm_rates`). Put whole,
         such a table's cost alone is the finished plan's cost whatever comes before it, so that every earlier choice
         would be priced alike (a table halved where quarters were cheaper, say); split always, a later table would pay
         a set of collectives its own step may not choose (beside a row-wise set, say). Balancing compute alone, where
