@@ -654,6 +654,18 @@ def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
     return pricer.compute(enc, torch.ones(len(pieces)))
 
 
+# A table whose column slice costs at least this share of it whole costs its lookups: a column slice keeps every lookup
+# of the table, which only its rows divide (a narrow table of hundreds of lookups a sample: on a 64-device task of the
+# generator's pool, 16 columns and 200 lookups, its quarter 79% of it; docs/results.md).
+LOOKUP_BOUND = 0.5
+
+
+def costs_its_lookups(slice_costs: list[float] | np.ndarray, single: float) -> bool:
+    """Whether a table that costs `single` alone is one of its lookups, its column slices costing `slice_costs` alone:
+    where the searches split it at once, they split it by rows."""
+    return len(slice_costs) > 0 and float(max(slice_costs)) >= LOOKUP_BOUND * single
+
+
 def measured_collectives(plans: list[PlanMeasurement], devices_per_host: int | None) -> np.ndarray:
     """Every device's measured all-to-alls in plans that run one set of them (one sharding type, no replicas, no
     sums inside hosts) and whose gang timed them (not priced them: more devices than cores), as rows [n, 5]: the MB it received from its host mates, the MB from other hosts

@@ -37,7 +37,7 @@ import torch
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, pieces_features
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.costmodel.pricing import Pricer, host_reduce, single_costs
+from shard_ray.costmodel.pricing import Pricer, costs_its_lookups, host_reduce, single_costs
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.enumerator import pieces_to_place, table_options
 from shard_ray.plan.memory import MemoryLedger
@@ -56,10 +56,6 @@ SPLIT_SHARE = 1.0
 # Splits are offered to this many of a task's tables at most, its costliest (and to any no device holds whole): each
 # offer prices the plan finished greedily once per option (`PlacementState.finish`), a step's cost grows with the task.
 SPLIT_TABLES = 16
-# Where `finish` splits a later table that dominates the task by rows rather than columns: a column slice of it costs
-# at least this share of the table alone (its cost is in its lookups, which a column slice keeps and only its rows
-# divide: a narrow table of hundreds of lookups a sample).
-LOOKUP_BOUND = 0.5
 # Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
 SPLIT_HOSTS = 4
 MAX_SPLIT_OPTIONS = 3 + SPLIT_HOSTS
@@ -110,8 +106,8 @@ class Option(NamedTuple):
 class _LaterSplit(NamedTuple):
     """How `_finish` splits the later tables that dominate the task: those costlier alone than the lower bound, or
     with `above_slowest` only those costlier alone than the slowest device once the option is taken (whole, each
-    would be the slowest); in column slices, or with `by_rows` one whose column slice costs at least `LOOKUP_BOUND` of
-    it whole in row-wise blocks (`_finishing_slices`)."""
+    would be the slowest); in column slices, or with `by_rows` one that costs its lookups (`costs_its_lookups`) in
+    row-wise blocks (`_finishing_slices`)."""
 
     above_slowest: bool
     by_rows: bool
@@ -498,7 +494,7 @@ class PlacementState:
     def _later_splits(self) -> list[_LaterSplit]:
         """The ways `finish` splits the later tables that dominate the task (`_LaterSplit`), each way priced and the
         lowest kept: every one in column slices; only those costlier alone than the slowest device, in column slices;
-        and, where one of those is a table of its lookups (`LOOKUP_BOUND`), only those, that one by rows. The first
+        and, where one of those is a table of its lookups (`costs_its_lookups`), only those, that one by rows. The first
         alone split tables a step would keep whole; the second alone, or by rows alone, priced plans of 64 devices
         higher on one pool or the other (docs/results.md)."""
         if self._ways is None or self._ways[0] != self.position:
@@ -665,10 +661,9 @@ class PlacementState:
     ) -> tuple[list[TablePiece], list[float]]:
         """How `_finish` splits a later piece that dominates the task (offered the splits when its step comes,
         `_splits_offered`), and each slice's predicted cost alone: a whole table in column quarters on 4 devices or
-        more, else halves, described; where a column slice costs at least `LOOKUP_BOUND` of the table alone, in
-        row-wise blocks, one a device (a column slice keeps every lookup of the table: a narrow table of many lookups a
-        sample costs its lookups, which only its rows divide); none for a piece of a table or where its columns do not
-        split so."""
+        more, else halves, described; with `by_rows`, where a column slice costs most of the table alone
+        (`costs_its_lookups`), in row-wise blocks, one a device; none for a piece of a table or where its columns do
+        not split so."""
         if not _whole_table(piece):
             return [], []
         if (piece.key, by_rows) not in self._later_slices:
@@ -676,7 +671,7 @@ class PlacementState:
             slices = (split_piece(piece, 4) if d >= 4 else None) or split_piece(piece, 2) or []
             self._describe(slices)
             singles = single_costs(self.pricer, slices).tolist() if slices else []
-            if by_rows and slices and max(singles) >= LOOKUP_BOUND * single:
+            if by_rows and costs_its_lookups(singles, single):
                 slices = row_wise(piece.table, d)
                 self._describe(slices)
                 singles = single_costs(self.pricer, slices).tolist()
