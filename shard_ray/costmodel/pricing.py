@@ -661,8 +661,9 @@ LOOKUP_BOUND = 0.5
 
 
 def costs_its_lookups(slice_costs: list[float] | np.ndarray, single: float) -> bool:
-    """Whether a table that costs `single` alone is one of its lookups, its column slices costing `slice_costs` alone:
-    where the searches split it at once, they split it by rows."""
+    """Whether a table that costs `single` alone costs its lookups, its column slices costing `slice_costs` alone: the
+    policy's finish splits such a table by rows (`shard_ray.policy.env`; `cost_search`'s packing of every dominant
+    table split at once gained nothing from it, experiments/results/policy_finish_ways/)."""
     return len(slice_costs) > 0 and float(max(slice_costs)) >= LOOKUP_BOUND * single
 
 
