@@ -470,12 +470,11 @@ class PlacementState:
         """The predicted cost of the plan with `pieces` on `devices`, finished greedily (`_finish`): the lowest of the
         later pieces each put whole and, where a later table dominates the task, those tables split in each of the ways
         `_later_splits` lists, each way balancing the devices' compute alone and their compute and all-to-alls
-        (`_comm_rates`). Put whole,
-        such a table's cost alone is the finished plan's cost whatever comes before it, so that every earlier choice
-        would be priced alike (a table halved where quarters were cheaper, say); split always, a later table would pay
-        a set of collectives its own step may not choose (beside a row-wise set, say). Balancing compute alone, where
-        a device's all-to-alls are half its step, every option of a dominant table finished at about one price;
-        balancing both alone, plans of 512 devices were priced higher (docs/results.md)."""
+        (`_comm_rates`). Put whole, such a table's cost alone is the finished plan's cost whatever comes before it, so
+        that every earlier choice would be priced alike (a table halved where quarters were cheaper, say); split always,
+        a later table would pay a set of collectives its own step may not choose (beside a row-wise set, say).
+        Balancing compute alone, where a device's all-to-alls are half its step, every option of a dominant table
+        finished at about one price; balancing both alone, plans of 512 devices were priced higher (docs/results.md)."""
         later = self.queue_singles[self.position + 1 :]
         dominant = max(later, default=0.0)
         finished = []
@@ -545,7 +544,7 @@ class PlacementState:
         heap = _heap_of(loads)
         dominates = math.inf if split_later is None else SPLIT_SHARE * self.lower_bound
         if split_later is not None and split_later.above_slowest:
-            # a way that splits what another way `_later_splits` lists splits finishes as that one: not priced twice
+            # a way that would split the same tables as another of `_later_splits` finishes as that one: not priced
             if max(loads) <= dominates:
                 return math.inf
             dominates = max(loads)
