@@ -1,9 +1,9 @@
 """DreamShard's estimated MDP with TorchRec's splits: place a task's tables one per step, priced by the cost models.
 
-`PlacementState` is one episode on one task. Tables come in order of predicted single-table cost,
-largest first, and each step takes one of the current piece's options (`Option`): the piece whole
-on one of its candidate devices, or, for a table that dominates the task (its predicted cost alone
-at least `SPLIT_SHARE` of the task's lower bound) or that no device holds whole, a split as
+`PlacementState` is one episode on one task. Tables come in order of predicted cost alone (compute, and what each
+adds to its device's all-to-alls), largest first, and each step takes one of the current piece's options
+(`Option`): the piece whole on one of its candidate devices, or, for a table that dominates the task (its predicted
+cost alone at least `SPLIT_SHARE` of the task's lower bound) or that no device holds whole, a split as
 TorchRec's vocabulary has it: column-wise (in halves, and on 4 devices or more in quarters, which
 the next steps place, never two on one device), row-wise (a block on every device) or
 table-row-wise (a block on every device of one host, one option per host of the `SPLIT_HOSTS`
@@ -246,32 +246,38 @@ class PlacementState:
         self.pricer = Pricer(models, topology)
         pieces = pieces_to_place(tables, topology)  # tables, or the row ranges of one no device can hold
         singles = single_costs(self.pricer, pieces)
-        order = np.lexsort((-singles, [not p.restricted for p in pieces]))  # pieces with fixed devices first
-        self.queue = [pieces[i] for i in order]  # the pieces in placing order; a column split queues its slices
-        self.queue_singles = [float(singles[i]) for i in order]
-        self.position = 0  # the current piece's place in the queue
-        self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
-        self.singles_total = self.singles_left
         self._pieces: dict[tuple, _Piece] = {}
-        # `_finishing_slices`' by piece and whether by rows
-        self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}
-        self._rates: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # `_comm_rates`' at a position
-        self._ways: tuple[int, list[_LaterSplit]] | None = None  # `_later_splits`' at a position
-        self._describe(self.queue)
-        self.queue_described = [self._pieces[p.key] for p in self.queue]  # the queue's pieces as `_describe` has them
-        self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
-        self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
-        self.lower_bound = lower_bound_ms(models, tables, topology)
-        self.task_width = float(sum(t.dim for t in tables))
+        self._describe(pieces)
         d, kinds = topology.num_devices, len(COLLECTIVE_TYPES)
-        self.sums = torch.zeros(d, self._pieces[self.queue[0].key].encoding.shape[0])
-        self.counts = torch.zeros(d)
         # Each sharding type's columns and input columns per device, the table-row-wise partial sums, and the pieces
         # of each type: what every device's collectives are priced from (`_collectives`).
         self.widths = np.zeros((kinds, d))
         self.inputs = np.zeros((kinds, d))
         self.host_sums = np.zeros(d)
         self.of_kind = np.zeros(kinds, dtype=np.int64)
+        # Costliest first, a piece's cost being its compute alone and what it adds to its device's all-to-alls as the
+        # finish charges it (`_rates_over` all the pieces): ordered by compute alone, wide tables of little compute came
+        # last, where each made the device it went to the slowest (docs/results.md).
+        described = [self._pieces[p.key] for p in pieces]
+        per_width, per_input = self._rates_over(described)
+        charges = [per_width[p.kind] * p.width + per_input[p.kind] * p.input for p in described]
+        order = np.lexsort((-(singles + charges), [not p.restricted for p in pieces]))  # fixed devices first
+        self.queue = [pieces[i] for i in order]  # the pieces in placing order; a column split queues its slices
+        self.queue_singles = [float(singles[i]) for i in order]
+        self.position = 0  # the current piece's place in the queue
+        self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
+        self.singles_total = self.singles_left
+        # `_finishing_slices`' by piece and whether by rows
+        self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}
+        self._rates: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # `_comm_rates`' at a position
+        self._ways: tuple[int, list[_LaterSplit]] | None = None  # `_later_splits`' at a position
+        self.queue_described = [described[i] for i in order]  # the queue's pieces as `_describe` has them
+        self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
+        self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
+        self.lower_bound = lower_bound_ms(models, tables, topology)
+        self.task_width = float(sum(t.dim for t in tables))
+        self.sums = torch.zeros(d, described[0].encoding.shape[0])
+        self.counts = torch.zeros(d)
         self.ledger = MemoryLedger(topology)
         self.feature_sums = np.zeros((d, NUM_TABLE_FEATURES), dtype=np.float64)
         self.compute_ms = np.zeros((d, 2))
@@ -632,10 +638,13 @@ class PlacementState:
         column more on every device would raise them all alike and balance nothing), at the widths and inputs the
         queue's pieces will bring, spread evenly over the devices (the price is not linear in them); by finite
         differences on device 0, once a step."""
-        if self._rates is not None and self._rates[0] == self.position:
-            return self._rates[1]
+        if self._rates is None or self._rates[0] != self.position:
+            self._rates = (self.position, self._rates_over(self.queue_described[self.position :]))
+        return self._rates[1]
+
+    def _rates_over(self, left: list[_Piece]) -> tuple[np.ndarray, np.ndarray]:
+        """`_comm_rates` with the pieces `left` still to come."""
         d, kinds = self.topology.num_devices, len(self.widths)
-        left = self.queue_described[self.position :]
         of_left = np.array([p.kind for p in left], dtype=np.int64)
         widths = self.widths + np.bincount(of_left, [p.width for p in left], kinds)[:, None] / d
         inputs = self.inputs + np.bincount(of_left, [p.input for p in left], kinds)[:, None] / d
@@ -652,7 +661,6 @@ class PlacementState:
                 _, _, after = self._collectives(*priced, self.host_sums, of_kind)
                 rise = after - before
                 rates[k] = max(rise[0] - (float(np.median(rise[1:])) if d > 1 else 0.0), 0.0) / step
-        self._rates = (self.position, (per_width, per_input))
         return per_width, per_input
 
     def _finishing_slices(
