@@ -146,6 +146,10 @@ class _Pieces(NamedTuple):
             np.array([p.host_sum for p in described]),
         )
 
+    def charges(self, per_width: np.ndarray, per_input: np.ndarray) -> np.ndarray:
+        """What each piece adds to its device's all-to-alls at these rates (`PlacementState._comm_rates`)."""
+        return per_width[self.kinds] * self.widths + per_input[self.kinds] * self.inputs
+
     def rows(self, index: np.ndarray) -> _Pieces:
         return _Pieces(
             self.encodings[torch.from_numpy(index)], self.kinds[index], self.widths[index], self.inputs[index],
@@ -260,7 +264,7 @@ class PlacementState:
         # last, where each made the device it went to the slowest (docs/results.md).
         described = [self._pieces[p.key] for p in pieces]
         per_width, per_input = self._rates_over(described)
-        charges = [per_width[p.kind] * p.width + per_input[p.kind] * p.input for p in described]
+        charges = _Pieces.of(described).charges(per_width, per_input)
         order = np.lexsort((-(singles + charges), [not p.restricted for p in pieces]))  # fixed devices first
         self.queue = [pieces[i] for i in order]  # the pieces in placing order; a column split queues its slices
         self.queue_singles = [float(singles[i]) for i in order]
@@ -546,7 +550,7 @@ class PlacementState:
         queue = self._queue_pieces
         steps = np.array(self.queue_singles[later:])
         if charges_comm:
-            steps += (per_width[queue.kinds] * queue.widths + per_input[queue.kinds] * queue.inputs)[later:]
+            steps += queue.charges(per_width, per_input)[later:]
         heap = _heap_of(loads)
         dominates = math.inf if split_later is None else SPLIT_SHARE * self.lower_bound
         if split_later is not None and split_later.above_slowest:
