@@ -1,6 +1,7 @@
 """MLflow runs of plan evaluations (estimates, task identity, where artifacts go) and quiet command output."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +180,10 @@ def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "PPO iteration 1/1" in result.stdout and "policy: policy/policy.pt" in result.stdout
+    assert "PPO: sampling in the driver, learning in the driver on the CPU" in result.stdout
+    assert re.search(
+        r"PPO iteration 1/1: .*\(sampling \d+\.\d s, learning \d+\.\d s: RLlib's smoothed timers\)", result.stdout
+    )
     noise = [
         line
         for line in result.stderr.splitlines()
