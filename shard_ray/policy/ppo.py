@@ -100,8 +100,11 @@ def describe_workers(algo: Any) -> str:
     """Where the algorithm samples and learns, as a line: `PPO: sampling in the driver, learning in 1 learner actor on a
     GPU each`."""
     c = algo.config
-    sampling = f"{c.num_env_runners} env runner actor(s)" if c.num_env_runners else "the driver"
-    learning = f"{c.num_learners} learner actor(s)" if c.num_learners else "the driver"
+
+    def actors(count: int, kind: str) -> str:
+        return f"{count} {kind} actor{'s' if count > 1 else ''}" if count else "the driver"
+
+    sampling, learning = actors(c.num_env_runners, "env runner"), actors(c.num_learners, "learner")
     device = ("a GPU each" if c.num_learners else "a GPU") if c.num_gpus_per_learner else "the CPU"
     return f"PPO: sampling in {sampling}, learning in {learning} on {device}"
 
