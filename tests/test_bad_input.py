@@ -87,6 +87,21 @@ def test_plan_answers_a_plan_or_one_line(tables, devices, memory, algo):
             assert_refused_cleanly(code, err, out)
 
 
+def test_plan_shows_and_asks_for_its_memory_cap_as_required(tmp_path, table_file_path, capsys):
+    """`plan` has no plan file to read the memory cap from: its usage shows --memory-gb required and argparse names it
+    missing, where `evaluate`, which shares the flag, keeps it optional."""
+    out = tmp_path / "plan.json"
+    code, err = run(
+        ["plan", "--tables", str(table_file_path), "--devices", "2", "--algo", "size_greedy", "--out", str(out)]
+    )
+    assert_refused_cleanly(code, err, out)
+    assert "required: --memory-gb" in err
+    for command, shown in (("plan", " --memory-gb MEMORY_GB"), ("evaluate", " [--memory-gb MEMORY_GB]")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert shown in " ".join(capsys.readouterr().out.split()), command
+
+
 @settings(max_examples=40, deadline=None)
 @given(cut=st.integers(min_value=0, max_value=10_000))
 def test_truncated_table_files_are_refused(cut):

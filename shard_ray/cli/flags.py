@@ -123,8 +123,10 @@ def add_settings(
     cls: type,
     defaults: Mapping[str, Any] | None = None,
     exclude: Sequence[str] = (),
+    required: Sequence[str] = (),
 ) -> None:
-    """Add a flag for every field of dataclass `cls` that has help; `defaults` overrides shown defaults."""
+    """Add a flag for every field of dataclass `cls` that has help; `defaults` overrides shown defaults; the fields in
+    `required` are required of this parser's command (a flag other commands sharing `cls` may leave out)."""
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
         if "help" not in f.metadata or f.name in exclude:
@@ -147,7 +149,13 @@ def add_settings(
         if "choices" not in keywords:
             keywords["metavar"] = meta.get("metavar") or names[0].lstrip("-").replace("-", "_").upper()
         parser.add_argument(
-            *names, *old, dest=f.name, default=None, required=bool(meta.get("required")), help=text, **keywords
+            *names,
+            *old,
+            dest=f.name,
+            default=None,
+            required=bool(meta.get("required")) or f.name in required,
+            help=text,
+            **keywords,
         )
 
 

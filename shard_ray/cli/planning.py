@@ -570,7 +570,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = add_command(sub, "plan")
     add_settings(p, PlanArgs)
-    add_settings(p, TopologyArgs)
+    add_settings(p, TopologyArgs, required=("memory_gb",))  # a new plan has no plan file to read it from
     add_settings(p, MeasureRaceArgs)
     add_settings(p, RefineConfig)
     add_ray(p)
