@@ -629,25 +629,26 @@ def test_a_later_table_of_many_lookups_is_finished_by_rows_and_only_those_the_sl
     assert state.cost < 0.9 * searched.cost_ms
 
 
-def test_the_finish_balances_all_to_alls_where_tables_differ_in_width(models):
-    """Tasks of narrow and wide tables (dims 8 and 256; none whose cost alone would set the finished plan's) on 16
-    devices: finished balancing the devices' compute alone, a plan piles wide tables where their all-to-alls make
-    devices the slowest; balancing what each piece adds to its device's all-to-alls too (`_comm_rates`) finishes it
-    lower, and `finish` prices the lower (docs/policy.md)."""
-    rng = np.random.default_rng(3)
-    for _ in range(3):
-        tables = [
-            TableSpec(name=f"t{i}", rows=int(10 ** rng.uniform(3, 6)), dim=int(rng.choice([8, 256])),
-                      pooling_factor=float(10 ** rng.uniform(0, 1.3)))
-            for i in range(96)
-        ]  # fmt: skip
-        state = PlacementState(
-            tables, Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.65)), models
-        )
-        first = ([state.piece], np.array([state._best_whole()]))
-        compute_alone, with_comm = (state._finish(*first, None, charges_comm=c) for c in (False, True))
-        assert with_comm < 0.99 * compute_alone, (with_comm, compute_alone)
-        assert state.finish(*first) <= with_comm
+def test_a_finished_plan_is_priced_at_its_mean_device_where_the_pieces_to_come_can_even_the_devices_out(models):
+    """A held-out task of the generator's pool on 64 devices (`experiments/policy_against_search.py`'s fifth at seed
+    7, 200-300 tables). The greedy finish balances sums of costs alone, and the models price its devices' steps
+    unevenly: priced at its slowest device, the options of a dominant table finished at about one price and the
+    untrained prior's plan was 0.973x `cost_search`'s; priced at its mean device, or at a device holding a dominant
+    piece where that is more, 0.933x (docs/results.md). The first step's best whole placement, a dominant table, is
+    priced at least at what its own device costs with it."""
+    _, pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
+    tables, topology = validation_tasks(pool, PolicyConfig(min_tables=200, max_tables=300, devices=(64,)), 6, 7)[4]
+    torch.manual_seed(0)
+    scorer = DecodingScorer(OptionScorer())
+    state = PlacementState(tables, topology, models)
+    assert state.queue_singles[0] >= state.dominance
+    whole = state._best_whole()
+    own = state.what_if().sum(axis=1)[int(np.searchsorted(state.candidates(), whole))]
+    assert state.finish([state.piece], np.array([whole])) >= own
+    while not state.done:
+        state.take(best_option(scorer.logits(state.observation())))
+    searched = Simulator(models).plan_cost(place("cost_search", tables, topology), tables, topology.batch_size)
+    assert state.cost < 0.95 * searched.cost_ms, (state.cost, searched.cost_ms)
 
 
 def test_cost_search_starting_from_the_policy_keeps_what_the_policy_found(models, tmp_path):

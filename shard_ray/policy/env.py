@@ -147,7 +147,7 @@ class _Pieces(NamedTuple):
         )
 
     def charges(self, per_width: np.ndarray, per_input: np.ndarray) -> np.ndarray:
-        """What each piece adds to its device's all-to-alls at these rates (`PlacementState._comm_rates`)."""
+        """What each piece adds to its device's all-to-alls at these rates (`PlacementState._rates_over`)."""
         return per_width[self.kinds] * self.widths + per_input[self.kinds] * self.inputs
 
     def rows(self, index: np.ndarray) -> _Pieces:
@@ -259,9 +259,9 @@ class PlacementState:
         self.inputs = np.zeros((kinds, d))
         self.host_sums = np.zeros(d)
         self.of_kind = np.zeros(kinds, dtype=np.int64)
-        # Costliest first, a piece's cost being its compute alone and what it adds to its device's all-to-alls as the
-        # finish charges it (`_rates_over` all the pieces): ordered by compute alone, wide tables of little compute came
-        # last, where each made the device it went to the slowest (docs/results.md).
+        # Costliest first, a piece's cost being its compute alone and what it adds to its device's all-to-alls
+        # (`_rates_over` all the pieces): ordered by compute alone, wide tables of little compute came last, where each
+        # made the device it went to the slowest (docs/results.md).
         described = [self._pieces[p.key] for p in pieces]
         per_width, per_input = self._rates_over(described)
         charges = _Pieces.of(described).charges(per_width, per_input)
@@ -273,7 +273,8 @@ class PlacementState:
         self.singles_total = self.singles_left
         # `_finishing_slices`' by piece and whether by rows
         self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}
-        self._rates: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None  # `_comm_rates`' at a position
+        # the devices holding a piece that dominates the task (`dominance`): no finished plan costs less than they do
+        self._dominant_on: set[int] = set()
         self._ways: tuple[int, list[_LaterSplit]] | None = None  # `_later_splits`' at a position
         self.queue_described = [described[i] for i in order]  # the queue's pieces as `_describe` has them
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
@@ -430,9 +431,15 @@ class PlacementState:
             return SPLITS
         if self.split_offers >= SPLIT_TABLES:
             return ()
-        if self.queue_singles[self.position] >= SPLIT_SHARE * self.lower_bound:
+        if self.queue_singles[self.position] >= self.dominance:
             return SPLITS
         return ("row_wise", "table_row_wise") if self.of_kind[_ROW_KINDS].any() else ()
+
+    @property
+    def dominance(self) -> float:
+        """A piece dominates the task where its predicted cost alone is at least this: `SPLIT_SHARE` x the lower
+        bound."""
+        return SPLIT_SHARE * self.lower_bound
 
     def splits(self) -> list[tuple[Option, _Split]]:
         """The splits offered to the current piece (`_splits_offered`), each priced, and the plan finished greedily
@@ -479,26 +486,19 @@ class PlacementState:
     def finish(self, pieces: list[TablePiece], devices: np.ndarray) -> float:
         """The predicted cost of the plan with `pieces` on `devices`, finished greedily (`_finish`): the lowest of the
         later pieces each put whole and, where a later table dominates the task, those tables split in each of the ways
-        `_later_splits` lists, each way balancing the devices' compute alone and their compute and all-to-alls
-        (`_comm_rates`). Put whole, such a table's cost alone is the finished plan's cost whatever comes before it, so
-        that every earlier choice would be priced alike (a table halved where quarters were cheaper, say); split always,
-        a later table would pay a set of collectives its own step may not choose (beside a row-wise set, say).
-        Balancing compute alone, where a device's all-to-alls are half its step, every option of a dominant table
-        finished at about one price; balancing both alone, plans of 512 devices were priced higher (docs/results.md)."""
-        later = self.queue_singles[self.position + 1 :]
-        dominant = max(later, default=0.0)
-        finished = []
-        for charges_comm in (False, True):
-            if dominant < SPLIT_SHARE * self.lower_bound:
-                finished.append(self._finish(pieces, devices, None, charges_comm))
-                continue
-            split = min(self._finish(pieces, devices, way, charges_comm) for way in self._later_splits())
-            # Put whole, the costliest later table alone prices the finished plan at least that (the models are
-            # monotone in what a device holds): a split finish below it is the lower one, without pricing the other.
-            if split >= dominant:
-                split = min(split, self._finish(pieces, devices, None, charges_comm))
-            finished.append(split)
-        return min(finished)
+        `_later_splits` lists. Put whole, such a table's cost alone is the finished plan's cost whatever comes before
+        it, so that every earlier choice would be priced alike (a table halved where quarters were cheaper, say); split
+        always, a later table would pay a set of collectives its own step may not choose (beside a row-wise set,
+        say)."""
+        dominant = max(self.queue_singles[self.position + 1 :], default=0.0)
+        if dominant < self.dominance:
+            return self._finish(pieces, devices, None)
+        split = min(self._finish(pieces, devices, way) for way in self._later_splits())
+        # Put whole, the costliest later table alone prices the finished plan at least that (the models are monotone
+        # in what a device holds): a split finish below it is the lower one, without pricing the other.
+        if split >= dominant:
+            split = min(split, self._finish(pieces, devices, None))
+        return split
 
     def _later_splits(self) -> list[_LaterSplit]:
         """The ways `finish` splits the later tables that dominate the task (`_LaterSplit`), each way priced and the
@@ -508,23 +508,30 @@ class PlacementState:
         higher on one pool or the other (docs/results.md)."""
         if self._ways is None or self._ways[0] != self.position:
             ways = [_LaterSplit(above_slowest=False, by_rows=False), _LaterSplit(above_slowest=True, by_rows=False)]
-            bound = SPLIT_SHARE * self.lower_bound
+            bound = self.dominance
             later = zip(self.queue[self.position + 1 :], self.queue_singles[self.position + 1 :])
             if any(single >= bound and self._goes_by_rows(piece, single) for piece, single in later):
                 ways.append(_LaterSplit(above_slowest=True, by_rows=True))
             self._ways = (self.position, ways)
         return self._ways[1]
 
-    def _finish(
-        self, pieces: list[TablePiece], devices: np.ndarray, split_later: _LaterSplit | None, charges_comm: bool
-    ) -> float:
+    def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: _LaterSplit | None) -> float:
         """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
-        turn, on the device with room whose predicted step so far (its pieces' costs alone added, and with
-        `charges_comm` what each adds to its all-to-alls, `_comm_rates`) is lowest, a table with room nowhere
+        turn, on the device with room whose pieces' costs alone add up to the least, a table with room nowhere
         row-wise, and with `split_later` the later tables that dominate the task split its way (`_LaterSplit`,
         `_finishing_slices`): a column slice a device, on the least loaded with room, or a row-wise block on each
         device: how a split's price shows past its own step (its sets of collectives every device pays, whatever comes
-        next)."""
+        next).
+
+        Where at least as many pieces are still to come as there are devices, the plan so finished costs what the
+        models price its mean device at, or any device holding a piece that dominates the task, if more; not its
+        slowest device. The greedy balances sums of costs alone, while the models price a fused shard below its pieces'
+        costs alone and all-to-alls unevenly in width, so its slowest device sits above what the steps reach, each
+        placing a piece by the models' own price: on 512 devices 21% above the mean, every option of a dominant table
+        at about one price (docs/results.md). A device holding a dominant piece costs at least that piece whatever the
+        steps do; with fewer pieces to come than devices, there is too little left to even the devices out, and the
+        slowest device is the price. Balancing each piece's all-to-alls too, as this finish did when it priced the
+        slowest device, gave the same plans but one in 30 tasks, in 25% more time."""
         d = self.topology.num_devices
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
@@ -534,25 +541,16 @@ class PlacementState:
         besides = [self._pieces[p.key] for p in pieces]
         rows, at = list(range(queued, queued + len(besides))), [int(a) for a in devices]
         alone = self.models.compute_from_sums(torch.stack([p.encoding for p in besides]), torch.ones(len(besides)))
-        per_width, per_input = self._comm_rates() if charges_comm else (np.zeros(len(self.widths)),) * 2
-
-        def comm_of(described: _Piece) -> float:
-            return float(per_width[described.kind] * described.width + per_input[described.kind] * described.input)
-
-        for described, device, single in zip(besides, at, alone.sum(axis=1).tolist()):
+        besides_singles = alone.sum(axis=1).tolist()
+        for described, device, single in zip(besides, at, besides_singles):
             free[device] -= described.need
-            loads[device] += single + comm_of(described)
+            loads[device] += single
         later = self.position + 1
         if self._queue_pieces is None:
             self._queue_pieces = _Pieces.of(self.queue_described)
             self._queue_needs = ([p.need for p in self.queue_described], [p.anywhere for p in self.queue_described])
-        # each later piece's step: its cost alone and its charge, as `comm_of` prices one, for the whole queue at once
-        queue = self._queue_pieces
-        steps = np.array(self.queue_singles[later:])
-        if charges_comm:
-            steps += queue.charges(per_width, per_input)[later:]
         heap = _heap_of(loads)
-        dominates = math.inf if split_later is None else SPLIT_SHARE * self.lower_bound
+        dominates = math.inf if split_later is None else self.dominance
         if split_later is not None and split_later.above_slowest:
             # a way that would split the same tables as another of `_later_splits` finishes as that one: not priced
             if max(loads) <= dominates:
@@ -565,15 +563,16 @@ class PlacementState:
                 return math.inf
         replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
 
-        def add_besides(placed: list[tuple[_Piece, int]]) -> None:
-            for described, device in placed:
+        def add_besides(placed: list[tuple[_Piece, int]], singles: list[float]) -> None:
+            for (described, device), single in zip(placed, singles):
                 add_row(queued + len(besides))
                 add_at(device)
                 besides.append(described)
+                besides_singles.append(single)
 
         needs, anywhere = self._queue_needs
-        for row, single, step, need, free_to_go in zip(
-            range(later, queued), self.queue_singles[later:], steps.tolist(), needs[later:], anywhere[later:]
+        for row, single, need, free_to_go in zip(
+            range(later, queued), self.queue_singles[later:], needs[later:], anywhere[later:]
         ):
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
@@ -583,7 +582,7 @@ class PlacementState:
                 and free[device] >= need
                 and (free_to_go or self.queue_described[row].allowed[device])
             ):
-                loads[device] = load = load + step
+                loads[device] = load = load + single
                 free[device] -= need
                 replace(heap, (load, device))
                 add_row(row)
@@ -595,16 +594,16 @@ class PlacementState:
             taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
             if taken is not None:
                 for (sliced, device), alone in zip(taken, singles):
-                    loads[device] += alone + comm_of(sliced)
+                    loads[device] += alone
                     free[device] -= sliced.need
                     heapq.heappush(heap, (loads[device], device))
-                add_besides(taken)
+                add_besides(taken, singles)
                 continue
             if slices:  # a slice found no room: the devices taken off the heap go back, the table whole
                 heap = _heap_of(loads)
             device = _least_loaded_with_room(heap, loads, free, described)
             if device is not None:
-                loads[device] += step
+                loads[device] += single
                 free[device] -= described.need
                 heapq.heappush(heap, (loads[device], device))
                 add_row(row)
@@ -618,7 +617,7 @@ class PlacementState:
             needs = [self._pieces[b.key].need for b in blocks]
             if not blocks or any(f < n for f, n in zip(free, needs)):
                 device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
-                loads[device] += step
+                loads[device] += single
                 free[device] -= described.need
                 heap = _heap_of(loads)
                 add_row(row)
@@ -626,28 +625,26 @@ class PlacementState:
                 continue
             for k, need in enumerate(needs):
                 free[k] -= need
-                loads[k] += step / len(blocks)
-            add_besides([(self._pieces[b.key], k) for k, b in enumerate(blocks)])
+                loads[k] += single / len(blocks)
+            add_besides([(self._pieces[b.key], k) for k, b in enumerate(blocks)], [single / len(blocks)] * len(blocks))
             heap = _heap_of(loads)
         added = self._queue_pieces.followed_by(_Pieces.of(besides)).rows(np.array(rows, dtype=np.int64))
         devices_at = np.array(at, dtype=np.int64)
         sums = self.sums.index_add(0, torch.from_numpy(devices_at), added.encodings)
         counts = self.counts.index_add(0, torch.from_numpy(devices_at), torch.ones(len(at)))
         _, _, comm = self._collectives(*self._loads_with(added, devices_at))
-        return float((self.models.compute_from_sums(sums, counts).sum(axis=1) + comm).max())
-
-    def _comm_rates(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each sharding type's all-to-all ms per float column of width and per input column of a piece, as `_finish`
-        charges a later piece to the device it puts it on: how much one device's price rises over the others' (a
-        column more on every device would raise them all alike and balance nothing), at the widths and inputs the
-        queue's pieces will bring, spread evenly over the devices (the price is not linear in them); by finite
-        differences on device 0, once a step."""
-        if self._rates is None or self._rates[0] != self.position:
-            self._rates = (self.position, self._rates_over(self.queue_described[self.position :]))
-        return self._rates[1]
+        totals = self.models.compute_from_sums(sums, counts).sum(axis=1) + comm
+        if queued - later < d:
+            return float(totals.max())
+        singles_at = np.concatenate([self.queue_singles, besides_singles])[rows]
+        dominant_on = self._dominant_on.union(devices_at[singles_at >= self.dominance].tolist())
+        return float(max(totals.mean(), max((totals[k] for k in dominant_on), default=0.0)))
 
     def _rates_over(self, left: list[_Piece]) -> tuple[np.ndarray, np.ndarray]:
-        """`_comm_rates` with the pieces `left` still to come."""
+        """Each sharding type's all-to-all ms per float column of width and per input column of a piece on a device:
+        how much one device's price rises over the others' (a column more on every device would raise them all alike),
+        at the widths and inputs the pieces `left` will bring, spread evenly over the devices (the price is not linear
+        in them); by finite differences on device 0."""
         d, kinds = self.topology.num_devices, len(self.widths)
         of_left = np.array([p.kind for p in left], dtype=np.int64)
         widths = self.widths + np.bincount(of_left, [p.width for p in left], kinds)[:, None] / d
@@ -842,6 +839,8 @@ class PlacementState:
             return 0.0
         for piece, device in zip(split.pieces, split.devices):
             self._put(piece, int(device))
+        singles = single_costs(self.pricer, split.pieces)
+        self._dominant_on.update(split.devices[singles >= self.dominance].tolist())
         self.compute_ms[split.devices] = split.compute
         self.widths, self.inputs, self.host_sums, self.of_kind = split.loads
         self.kind_comm, self.host_ms, self.comm_ms = split.priced
@@ -886,6 +885,8 @@ class PlacementState:
             rows, owns = self._rows_if(current, np.array([device]))
             row, own = rows[0], owns[0]
         self._put(self.piece, device)
+        if self.queue_singles[self.position] >= self.dominance:
+            self._dominant_on.add(device)
         self.compute_ms[device] = row[:2]
         # the collectives' loads with the piece added, in place (`_loads_with` copies them, for what-ifs)
         self.widths[current.kind, device] += current.width
