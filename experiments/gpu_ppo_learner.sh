@@ -1,5 +1,5 @@
 #!/bin/bash
-# PPO with a GPU learner: `shard-ray policy train` as the README writes it, on a GPU machine that has torch but no Ray.
+# PPO with a GPU learner: `shard-ray policy train` as docs/commands.md writes it, on a GPU machine with torch but no Ray.
 #
 #     bash experiments/gpu_ppo_learner.sh WHEELS POOL OUT [RUNNERS]
 #
@@ -8,9 +8,9 @@
 # unpacked into /tmp/site, keeping the files' modes (Ray's gcs_server and raylet must stay executable).
 # POOL: a training pool (`shard-ray generate --out pool.json; shard-ray tasks --tables pool.json --out tasks`).
 # OUT: where the log and nvidia-smi's samples go. The shipped policy's recipe (`--devices 2,4,8`, hidden 128) and a
-# network 4x wider, each with the learner on the GPU and on the CPU (CUDA hidden), side by side in one run; then the
-# recipe with one learner actor on the GPU (`--learners 1`). With RUNNERS, instead: the recipe with the learner on the
-# GPU, sampled by RUNNERS env runner actors and then in the driver, side by side. Figures: docs/gpu.md.
+# network 4x wider, each with the learner on the GPU and on the CPU (CUDA hidden), one after the other in one run; then
+# the recipe with one learner actor on the GPU (`--learners 1`). With RUNNERS, instead: the recipe with the learner on
+# the GPU, sampled by RUNNERS env runner actors and then in the driver. Figures: docs/gpu.md.
 set -u
 WHEELS=$1 POOL=$2 OUT=$3 RUNNERS=${4:-}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

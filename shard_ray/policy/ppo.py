@@ -128,12 +128,13 @@ ITERATION_TIMERS = (("sampling", "env_runner_sampling_timer"), ("learning", "lea
 
 
 def where_time_went(result: dict[str, Any]) -> str:
-    """RLlib's sampling and learning seconds, as ` (sampling 1.9 s, learning 0.4 s: RLlib's smoothed timers)`, or ""
-    without them: a learner on a GPU speeds up the second half alone. RLlib keeps them as moving averages that start at
-    the first iteration's own figures (coefficient 0.01 in Ray 2.60), so later lines move little."""
+    """The first iteration's sampling and learning seconds by RLlib's timers, as ` (sampling 1.9 s, learning 0.4 s)`,
+    or "" without them: a learner on a GPU speeds up the second half alone. RLlib keeps them as moving averages that
+    start at the first iteration's own figures (coefficient 0.01 in Ray 2.60): a later iteration's would be mostly the
+    first's, so only the first is shown."""
     timers = result.get("timers", {})
     parts = [f"{name} {timers[key]:.1f} s" for name, key in ITERATION_TIMERS if key in timers]
-    return f" ({', '.join(parts)}: RLlib's smoothed timers)" if parts else ""
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _on_every_env(algo: Any, call: Callable[[Any], None]) -> None:
@@ -234,7 +235,7 @@ def train_iterations(
             print(
                 f"PPO iteration {algo.iteration}/{iterations}: mean return {returns[-1]:.4f} "
                 f"(simulated cost {-returns[-1]:.3f}x the lower bound), {time.perf_counter() - began:.1f} s"
-                f"{where_time_went(result)}",
+                f"{where_time_went(result) if algo.iteration == 1 else ''}",
                 flush=True,
             )
             if on_iteration is not None:
