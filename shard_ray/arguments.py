@@ -36,6 +36,10 @@ class Parser(argparse.ArgumentParser):
         ]
         if unknown and self._subparsers is None and message.startswith("the following arguments are required"):
             message = self._unrecognized(unknown)  # a misspelt flag is why the flag it meant is missing
+        elif message.startswith("the following arguments are required: "):  # each said with what it is
+            missing = message.removeprefix("the following arguments are required: ").split(", ")
+            described = (f"{flag} ({self._what(flag)})" if self._what(flag) else flag for flag in missing)
+            message = "the following arguments are required: " + ", ".join(described)
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:  # the choices are quoted up to Python 3.12, bare after
             message += did_you_mean(choice[1], [c.strip("'") for c in choice[2].split(", ")])
@@ -45,6 +49,12 @@ class Parser(argparse.ArgumentParser):
     def _unrecognized(self, unknown: Sequence[str]) -> str:
         noun = "argument" if len(unknown) == 1 else "arguments"
         return f"unrecognized {noun} {' '.join(unknown)}" + did_you_mean(unknown[0].split("=")[0], self._flags())
+
+    def _what(self, flag: str) -> str:
+        """What `flag` is, as its help begins (up to its first parenthesis or semicolon), or ""."""
+        first = flag.split("/")[0]  # argparse names a flag's aliases `--tables/--pool`
+        action = next((a for a in self._actions if first in a.option_strings), None)
+        return re.split(r" \(|;", action.help or "")[0].strip() if action is not None else ""
 
     def _flags(self) -> list[str]:
         return [option for action in self._actions for option in action.option_strings]

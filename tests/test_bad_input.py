@@ -88,14 +88,14 @@ def test_plan_answers_a_plan_or_one_line(tables, devices, memory, algo):
 
 
 def test_plan_shows_and_asks_for_its_memory_cap_as_required(tmp_path, table_file_path, capsys):
-    """`plan` has no plan file to read the memory cap from: its usage shows --memory-gb required and argparse names it
-    missing, where `evaluate`, which shares the flag, keeps it optional."""
+    """`plan` has no plan file to read the memory cap from: its usage shows --memory-gb required and a missing one is
+    named with what it is, where `evaluate`, which shares the flag, keeps it optional."""
     out = tmp_path / "plan.json"
     code, err = run(
         ["plan", "--tables", str(table_file_path), "--devices", "2", "--algo", "size_greedy", "--out", str(out)]
     )
     assert_refused_cleanly(code, err, out)
-    assert "required: --memory-gb" in err
+    assert "required: --memory-gb (memory cap per device in GiB) (see " in err  # each missing flag said with what it is
     for command, shown in (("plan", " --memory-gb MEMORY_GB"), ("evaluate", " [--memory-gb MEMORY_GB]")):
         with pytest.raises(SystemExit):
             main([command, "--help"])
