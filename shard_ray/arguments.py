@@ -12,6 +12,9 @@ from typing import Any
 
 from shard_ray.errors import did_you_mean
 
+# How argparse begins the refusal of a command missing flags it requires.
+REQUIRED = "the following arguments are required: "
+
 
 class Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line with the prefix of every other user error, suggests the
@@ -34,12 +37,13 @@ class Parser(argparse.ArgumentParser):
         unknown = [
             a for a in getattr(self, "_arguments", []) if a.startswith("--") and a.split("=")[0] not in self._flags()
         ]
-        if unknown and self._subparsers is None and message.startswith("the following arguments are required"):
+        if unknown and self._subparsers is None and message.startswith(REQUIRED):
             message = self._unrecognized(unknown)  # a misspelt flag is why the flag it meant is missing
-        elif message.startswith("the following arguments are required: "):  # each said with what it is
-            missing = message.removeprefix("the following arguments are required: ").split(", ")
-            described = (f"{flag} ({self._what(flag)})" if self._what(flag) else flag for flag in missing)
-            message = "the following arguments are required: " + ", ".join(described)
+        elif message.startswith(REQUIRED):  # each said with what it is
+            missing = message.removeprefix(REQUIRED).split(", ")
+            message = REQUIRED + ", ".join(
+                f"{flag} ({what})" if (what := self._what(flag)) else flag for flag in missing
+            )
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:  # the choices are quoted up to Python 3.12, bare after
             message += did_you_mean(choice[1], [c.strip("'") for c in choice[2].split(", ")])
