@@ -36,4 +36,4 @@ def dreamshard(context: PlacementContext) -> Placer:
 
     config: DreamShardConfig = context.settings
     network, _ = load_policy(config.policy or default_policy_path())
-    return policy_placer(network, context.models, config.samples, context.seed)
+    return policy_placer(network, context.models, config.samples, context.seed, context.lower_bound_ms)

@@ -9,10 +9,12 @@ until one fits. No Ray: the policy runs in the caller's process.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
 
+from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels
 from shard_ray.errors import InfeasibleError
 from shard_ray.plan.plan import Plan
@@ -38,11 +40,13 @@ def roll_out(
     topology: Topology,
     models: CostModels,
     generator: torch.Generator | None = None,
+    lower_bound: float | None = None,
 ) -> PlacementState:
     """One episode: the best option each step (`best_option`), or sampled ones with `generator`; it ends where the next
-    piece fits nowhere (`PlacementState.stuck`), its state then not `done`."""
+    piece fits nowhere (`PlacementState.stuck`), its state then not `done`. `lower_bound`: the task's, where the caller
+    has it."""
     scorer = DecodingScorer(network)
-    state = PlacementState(tables, topology, models)
+    state = PlacementState(tables, topology, models, lower_bound=lower_bound)
     while not state.done:
         if state.stuck():
             return state
@@ -56,16 +60,24 @@ def roll_out(
 
 
 def policy_placer(
-    network: OptionScorer, models: CostModels, samples: int, seed: int
+    network: OptionScorer,
+    models: CostModels,
+    samples: int,
+    seed: int,
+    lower_bound: Callable[[list[TableSpec], Topology], float] | None = None,
 ) -> Callable[[list[TableSpec], Topology], Plan]:
+    """Greedy decoding and `samples` sampled plans, the best kept; `lower_bound` gives a task's (`lower_bound_ms`
+    under `models`), computed once for all of them: by default, here."""
+
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         generator = torch.Generator().manual_seed(seed)
-        finished = [roll_out(network, tables, topology, models)]
-        finished += [roll_out(network, tables, topology, models, generator) for _ in range(samples)]
+        bound = (lower_bound or partial(lower_bound_ms, models))(tables, topology)
+        finished = [roll_out(network, tables, topology, models, lower_bound=bound)]
+        finished += [roll_out(network, tables, topology, models, generator, bound) for _ in range(samples)]
         tries = 1 + samples
         # When memory is so tight that greedy decoding gets stuck, sampled plans may still fit.
         while not any(s.done for s in finished) and tries < 1 + RESCUE_SAMPLES:
-            finished.append(roll_out(network, tables, topology, models, generator))
+            finished.append(roll_out(network, tables, topology, models, generator, bound))
             tries += 1
         done = [s for s in finished if s.done]
         if not done:

@@ -241,8 +241,14 @@ class PlacementState:
     """One task being placed piece by piece under the cost models; each step scores `options()`."""
 
     def __init__(
-        self, tables: list[TableSpec], topology: Topology, models: CostModels, candidates: int = CANDIDATES
+        self,
+        tables: list[TableSpec],
+        topology: Topology,
+        models: CostModels,
+        candidates: int = CANDIDATES,
+        lower_bound: float | None = None,
     ) -> None:
+        """`lower_bound`: the task's (`lower_bound_ms`), where the caller has it."""
         if not tables:
             raise ShardRayError("a placement task needs at least one table")
         self.topology = topology
@@ -279,7 +285,7 @@ class PlacementState:
         self.queue_described = [described[i] for i in order]  # the queue's pieces as `_describe` has them
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
         self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
-        self.lower_bound = lower_bound_ms(models, tables, topology)
+        self.lower_bound = lower_bound_ms(models, tables, topology) if lower_bound is None else lower_bound
         self.task_width = float(sum(t.dim for t in tables))
         self.sums = torch.zeros(d, described[0].encoding.shape[0])
         self.counts = torch.zeros(d)
@@ -411,8 +417,9 @@ class PlacementState:
         d = self.topology.num_devices
         kind_comm, host_ms = np.zeros_like(widths), np.zeros(d)
         present = np.flatnonzero(of_kind)
-        for k in present:
-            kind_comm[k] = self.pricer.collectives(widths[k]).sum(axis=1) + self.pricer.input_dist(inputs[k])
+        if len(present):  # the sets priced together, each as alone (`Pricer.collectives` prices stacks so)
+            kind_comm[present] = self.pricer.collectives(widths[present]).sum(axis=-1)
+            kind_comm[present] += self.pricer.input_dist(inputs[present])
         if host_sums.any():
             per_host = self.topology.devices_per_host_or_all
             host_ms = host_reduce(self.models, host_sums, self.topology.batch_size, per_host).sum(axis=1)
