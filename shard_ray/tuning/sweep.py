@@ -2,7 +2,8 @@
 
 A sweep lives in a folder:
 
-    OUT/tune/<name>/   Ray Tune's experiment state; a sweep started again on OUT resumes it
+    OUT/tune/<name>/   Ray Tune's experiment state; a sweep started again on OUT resumes it (where that state
+                       was cut short, it is moved to OUT/tune/<name>-damaged/ and the sweep starts again)
     OUT/trials.csv     one row per trial: its configuration and last reported metrics
     OUT/best.json      the best configuration, a tuned-config file (below)
 
@@ -19,8 +20,11 @@ per sweep, tagged with the sweep's kind.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import pickletools
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +36,16 @@ from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 
 SEARCH_ALGORITHMS = ("optuna", "random")
+# The files of Tune's state that resuming a sweep reads back, the newest of each pattern (by name, as Tune picks it):
+# pickles but for the experiment's state, which is JSON.
+TUNE_STATE_FILES = (
+    "tuner.pkl",
+    "experiment_state-*.json",
+    "search_gen_state-*.json",
+    "basic-variant-state-*.json",
+    "searcher-state-*.pkl",
+    "callback-states-*.pkl",
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,16 @@ def run_sweep(
     storage = (Path(out_dir) / "tune").resolve()  # Tune needs an absolute storage path
     path = storage / kind
     resourced = tune.with_resources(trainable, {"cpu": 1})
+    damaged = damaged_state(path) if tune.Tuner.can_restore(str(path)) else None
+    if damaged is not None:
+        aside = path.with_name(f"{kind}-damaged")
+        shutil.rmtree(aside, ignore_errors=True)
+        path.rename(aside)
+        print(
+            f"the sweep's saved state in {path} is damaged ({damaged} is cut short: the sweep was stopped while Tune "
+            f"saved it); starting the sweep again, its earlier trials moved to {aside}",
+            flush=True,
+        )
     if tune.Tuner.can_restore(str(path)):
         print(f"resuming the sweep in {path}", flush=True)
         # The search space again: Tune does not keep it with the sweep, and a sweep killed before its
@@ -142,6 +166,29 @@ def run_sweep(
         flush=True,
     )
     return results
+
+
+def damaged_state(path: Path) -> str | None:
+    """The first of Tune's state files in the sweep folder `path` (`TUNE_STATE_FILES`) that is not whole, if any.
+
+    Tune writes its state in the driver's staging folder and copies it into the sweep's folder on a thread, not
+    atomically: a sweep killed during the copy leaves a file cut short, and resuming it, Tune logs "Failed to restore the
+    run state" and starts a sweep of as many trials as its searcher had left to suggest (one of two, killed after the
+    first), the earlier trials' results no longer in it."""
+    for pattern in TUNE_STATE_FILES:
+        newest = max(path.glob(pattern), default=None)
+        if newest is None:
+            continue
+        data = newest.read_bytes()
+        try:
+            if pattern.startswith("experiment_state"):
+                json.loads(data)
+            else:
+                for _ in pickletools.genops(data):  # every opcode to the end, no object built
+                    pass
+        except ValueError:  # json.JSONDecodeError is one; a pickle cut short ends before its STOP
+            return newest.name
+    return None
 
 
 def ranked_trials(results: Any, metric: str, out_dir: str | Path) -> list[Any]:
