@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python experiments/policy_headroom.py --rows-log-sigma 0.7 --tables 64-128 --memory 1.02,1.1
     OMP_NUM_THREADS=1 python experiments/policy_headroom.py --tables 80-120 --memory 1.05,1.2,1.65 --large
+    OMP_NUM_THREADS=1 python experiments/policy_headroom.py --devices 4 --tables 10-14 --memory 1.05,1.3 --optimal
 
 The policy issue asks training to price 5% below the untrained network, whose prior is the cost models' greedy
 choice: this shows whether any method here finds plans that far below it. Tasks of `--tables` tables drawn (seed
@@ -10,7 +11,10 @@ choice: this shows whether any method here finds plans that far below it. Tasks 
 an order of magnitude, so that a cap near an even split binds every device), on `--devices` devices whose memory is
 each `--memory` times an even split (never below 1.05x the largest table: `memory_cap_with_headroom`). On each task:
 the untrained network (the prior), the shipped policy, its best of 16 samples, `cost_search` with its defaults and,
-with `--large`, a larger `cost_search` (beam 6 by 5, 6 branches, 3,000 local-search steps, 5,000,000 evaluations).
+with `--large`, a larger `cost_search` (beam 6 by 5, 6 branches, 3,000 local-search steps, 5,000,000 evaluations);
+with `--optimal` (tasks of at most 14 tables), the best table-wise plan under the models (`optimal`, branch and bound;
+a task where its node budget ran out is counted in the last column): what foresight can win over the greedy steps
+where no table is split.
 Each plan priced by the shipped models over the task's lower bound; the mean over tasks. Writes `policy_headroom.md`
 and `policy_headroom.json` to `--out`; the last printed line is JSON.
 """
@@ -33,6 +37,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
+from shard_ray.placement.exact import MAX_TABLES
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -54,6 +59,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=5, help="tasks a cap (default %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="the tasks' draw (default %(default)s)")
     parser.add_argument("--large", action="store_true", help="also the larger cost_search")
+    parser.add_argument("--optimal", action="store_true", help="also the best table-wise plan (at most 14 tables)")
     parser.add_argument("--out", default="experiments/results/policy_headroom", help="folder (default %(default)s)")
     args = parser.parse_args()
     try:
@@ -68,6 +74,8 @@ def main() -> None:
         parser.error(f"--tables {args.tables}: give 1 <= FEWEST <= MOST")
     if not all(math.isfinite(c) and c >= 1 for c in caps):
         parser.error(f"--memory {args.memory}: every cap at least 1 (below an even split the tables do not fit)")
+    if args.optimal and most > MAX_TABLES:
+        parser.error(f"--optimal --tables {args.tables}: branch and bound takes at most {MAX_TABLES} tables")
     if args.tasks < 1 or args.devices < 2:
         parser.error(f"--tasks {args.tasks} --devices {args.devices}: give 1 or more tasks and 2 or more devices")
 
@@ -83,12 +91,14 @@ def main() -> None:
         ("its best of 16 samples", "dreamshard", {"samples": 16}),
         ("cost_search", "cost_search", {}),
     ] + ([("the larger search", "cost_search", LARGE)] if args.large else [])
+    entries += [("best table-wise", "optimal", {})] if args.optimal else []
     results: dict[str, dict[str, list[float | None]]] = {}
     floored: dict[str, int] = {}  # tasks a cap whose cap `memory_cap_with_headroom` raised to its floor
+    unproven: dict[str, int] = {}  # tasks a cap where branch and bound ran out of nodes
     for cap in caps:
         rng = np.random.default_rng(args.seed)
         results[str(cap)] = {label: [] for label, _, _ in entries}
-        floored[str(cap)] = 0
+        floored[str(cap)] = unproven[str(cap)] = 0
         for task in range(args.tasks):
             tables = draw_task(pool, TaskConfig(min_tables=fewest, max_tables=most), rng)
             memory = memory_cap_with_headroom(tables, args.devices, cap)
@@ -98,6 +108,7 @@ def main() -> None:
             for label, algorithm, settings in entries:
                 try:
                     plan = place(algorithm, tables, topology, settings=settings)
+                    unproven[str(cap)] += algorithm == "optimal" and not (plan.search and plan.search.proven_optimal)
                     ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / bound
                 except InfeasibleError:
                     ratio = None
@@ -116,16 +127,25 @@ def main() -> None:
         f"the pool's rows' log sigma {args.rows_log_sigma}) on {args.devices} devices. A cap is never below 1.05x the "
         "task's largest table: the last column counts the tasks where that floor, not the cap asked for, set it.",
         "",
-        "| memory over an even split | " + " | ".join(label for label, _, _ in entries) + " | cap at the floor |",
-        "|---|" + "---:|" * (len(entries) + 1),
+        "| memory over an even split | "
+        + " | ".join(label for label, _, _ in entries)
+        + " | cap at the floor |"
+        + (" optimum unproven |" if args.optimal else ""),
+        "|---|" + "---:|" * (len(entries) + 1 + args.optimal),
     ]
     lines += [
-        f"| {cap} | " + " | ".join(mean(r) for r in by.values()) + f" | {floored[cap]} of {args.tasks} |"
+        f"| {cap} | "
+        + " | ".join(mean(r) for r in by.values())
+        + f" | {floored[cap]} of {args.tasks} |"
+        + (f" {unproven[cap]} of {args.tasks} |" if args.optimal else "")
         for cap, by in results.items()
     ]
     out = Path(args.out)
     write_atomic(out / "policy_headroom.md", "\n".join(lines) + "\n")
-    write_json(out / "policy_headroom.json", {"settings": vars(args), "ratios": results, "at_the_floor": floored})
+    write_json(
+        out / "policy_headroom.json",
+        {"settings": vars(args), "ratios": results, "at_the_floor": floored, "optimum_unproven": unproven},
+    )
     print("\n".join(lines))
     print(f"wrote {out / 'policy_headroom.md'} and {out / 'policy_headroom.json'}")
     print(json.dumps(results))
