@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python experiments/policy_headroom.py --rows-log-sigma 0.7 --tables 64-128 --memory 1.02,1.1
     OMP_NUM_THREADS=1 python experiments/policy_headroom.py --tables 80-120 --memory 1.05,1.2,1.65 --large
-    OMP_NUM_THREADS=1 python experiments/policy_headroom.py --devices 4 --tables 10-14 --memory 1.05,1.3 --optimal
+    OMP_NUM_THREADS=1 python experiments/policy_headroom.py --devices 4 --tables 10-12 --memory 1.3 --tasks 8 --optimal
 
 The policy issue asks training to price 5% below the untrained network, whose prior is the cost models' greedy
 choice: this shows whether any method here finds plans that far below it. Tasks of `--tables` tables drawn (seed
