@@ -25,6 +25,7 @@ next piece fits nowhere ends early with a penalty of `INFEASIBLE_PENALTY`.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import asdict, dataclass, field
@@ -184,22 +185,71 @@ def _heap_of(loads: list[float]) -> list[tuple[float, int]]:
 
 
 def _least_loaded_with_room(
-    heap: list[tuple[float, int]], loads: list[float], free: list[int], piece: _Piece
+    heap: list[tuple[float, int]], loads: list[float], free: list[int], piece: _Piece, room: _Room | None = None
 ) -> int | None:
-    """The device of least load (then lowest index) with room for `piece` among those it may go to, taken off `heap`
-    (entries (load, device), those of an older load skipped; the others popped on the way pushed back); None if none."""
+    """The device of least load (then lowest index) with room for `piece` among those it may go to, and leaving
+    `room`, taken off `heap` (entries (load, device), those of an older load skipped; the others popped on the way
+    pushed back); None if none."""
     passed, found = [], None
     while heap:
         load, device = heapq.heappop(heap)
         if load != loads[device]:
             continue
-        if free[device] >= piece.need and piece.allowed[device]:
+        if (
+            free[device] >= piece.need
+            and piece.allowed[device]
+            and (room is None or not room.crosses(free[device], piece.need) or room.allows(free[device], piece.need))
+        ):
             found = device
             break
         passed.append((load, device))
     for entry in passed:
         heapq.heappush(heap, entry)
     return found
+
+
+def _keeps_room(free: np.ndarray, need: int, later: list[int]) -> np.ndarray:
+    """[D] bools: whether a piece of `need` on each device leaves room for pieces of `later` needs (largest first,
+    each more than half a device, so no two on one): the k-th largest still has k devices with that much free."""
+    needs = np.asarray(later)[:, None]
+    fits = free[None, :] >= needs
+    lost = fits & (free[None, :] - need < needs)
+    return (fits.sum(axis=1)[:, None] - lost >= np.arange(1, len(later) + 1)[:, None]).all(axis=0)
+
+
+class _Room:
+    """The room `_finish` keeps, as the steps do (`_keeps_room`), for the later pieces that need more than half a
+    device: their needs, largest first, and how many devices have each much free, counted as the finish takes memory.
+    Where they have no such room to begin with, it keeps none."""
+
+    def __init__(self, free: list[int], needs: list[int]) -> None:
+        self.needs = sorted(needs, reverse=True)
+        self.recount(free)
+
+    def recount(self, free: list[int]) -> None:
+        self.counts = [sum(f >= n for f in free) for n in self.needs]
+        self.keeping = bool(self.needs) and all(count > k for k, count in enumerate(self.counts))
+        # a device whose free memory stays at least the largest need, or is below the smallest, changes no count
+        self.top, self.bottom = (self.needs[0], self.needs[-1]) if self.needs else (0, 0)
+
+    def crosses(self, free: int, need: int) -> bool:
+        """Whether a device of `free` taking `need` changes a count (the room kept; `allows` then says whether it may)."""
+        return self.keeping and free >= self.bottom and free - need < self.top
+
+    def allows(self, free: int, need: int) -> bool:
+        """Whether a device of `free` may take `need` and leave the room."""
+        return not self.keeping or all(
+            count > k + 1 or not free >= n > free - need for k, (n, count) in enumerate(zip(self.needs, self.counts))
+        )
+
+    def take(self, free: int, need: int) -> None:
+        """A device of `free` took `need`."""
+        self.counts = [count - (free >= n > free - need) for n, count in zip(self.needs, self.counts)]
+
+    def reached(self, need: int, free: list[int]) -> None:
+        """The piece of `need` is placing: the room kept for it goes."""
+        self.needs.remove(need)
+        self.recount(free)
 
 
 def _whole_table(piece: TablePiece) -> bool:
@@ -283,6 +333,8 @@ class PlacementState:
         self._dominant_on: set[int] = set()
         self._ways: tuple[int, list[_LaterSplit]] | None = None  # `_later_splits`' at a position
         self.queue_described = [described[i] for i in order]  # the queue's pieces as `_describe` has them
+        self._crowding: list[int] = []  # the queue's positions of pieces needing more than half a device
+        self._find_crowding()
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
         self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
         self.lower_bound = lower_bound_ms(models, tables, topology) if lower_bound is None else lower_bound
@@ -324,6 +376,14 @@ class PlacementState:
                 int(sizes.need[k]), sizes.allowed[k], bool(sizes.allowed[k].all()), int(sizes.kinds[k]), features[k],
             )  # fmt: skip
 
+    def _find_crowding(self) -> None:
+        half = self.topology.memory_bytes / 2
+        self._crowding = [k for k, p in enumerate(self.queue_described) if p.need > half]
+
+    def _crowding_needs(self, after: int) -> list[int]:
+        """The needs of the queue's pieces past position `after` that need more than half a device."""
+        return [self.queue_described[k].need for k in self._crowding[bisect.bisect_right(self._crowding, after) :]]
+
     @property
     def done(self) -> bool:
         return self.position == len(self.queue)
@@ -338,13 +398,18 @@ class PlacementState:
 
     def action_mask(self) -> np.ndarray:
         """Devices with room for the current piece, among those it may go to (one, for a row block), holding none of
-        its table (two column slices on one device would run its lookups twice)."""
+        its table (two column slices on one device would run its lookups twice); of those, where any do, the ones that
+        leave room for the later pieces needing more than half a device (`_keeps_room`)."""
         if self._action_mask is None:
             current = self._current()
             mask = self.ledger.room(current.need) & current.allowed
             holding = self.holding.get(self.piece.table.name)
             if holding:
                 mask[list(holding)] = False
+            later = self._crowding_needs(self.position)
+            if later and mask.any():
+                keeping = mask & _keeps_room(self.ledger.free, current.need, sorted(later, reverse=True))
+                mask = keeping if keeping.any() else mask
             self._action_mask = mask
         return self._action_mask
 
@@ -558,6 +623,8 @@ class PlacementState:
             self._queue_pieces = _Pieces.of(self.queue_described)
             self._queue_needs = ([p.need for p in self.queue_described], [p.anywhere for p in self.queue_described])
         heap = _heap_of(loads)
+        crowding = set(self._crowding[bisect.bisect_right(self._crowding, self.position) :])
+        room = _Room(free, self._crowding_needs(self.position)) if crowding else None
         dominates = math.inf if split_later is None else self.dominance
         if split_later is not None and split_later.above_slowest:
             # a way that would split the same tables as another of `_later_splits` finishes as that one: not priced
@@ -582,14 +649,21 @@ class PlacementState:
         for row, single, need, free_to_go in zip(
             range(later, queued), self.queue_singles[later:], needs[later:], anywhere[later:]
         ):
+            if room is not None and row in crowding:
+                room.reached(need, free)
+                room = room if room.needs else None
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
+            crossing = room is not None and room.crosses(free[device], need)
             if (
                 single < dominates
                 and load == loads[device]
                 and free[device] >= need
                 and (free_to_go or self.queue_described[row].allowed[device])
+                and (not crossing or room.allows(free[device], need))
             ):
+                if crossing:
+                    room.take(free[device], need)
                 loads[device] = load = load + single
                 free[device] -= need
                 replace(heap, (load, device))
@@ -606,11 +680,18 @@ class PlacementState:
                     free[device] -= sliced.need
                     heapq.heappush(heap, (loads[device], device))
                 add_besides(taken, singles)
+                if room is not None:
+                    room.recount(free)
                 continue
             if slices:  # a slice found no room: the devices taken off the heap go back, the table whole
                 heap = _heap_of(loads)
-            device = _least_loaded_with_room(heap, loads, free, described)
+            device = _least_loaded_with_room(heap, loads, free, described, room)
+            if device is None and room is not None and room.keeping:  # no device leaves the room: it is given up
+                room.keeping = False
+                device = _least_loaded_with_room(heap, loads, free, described)
             if device is not None:
+                if room is not None and room.crosses(free[device], described.need):
+                    room.take(free[device], described.need)
                 loads[device] += single
                 free[device] -= described.need
                 heapq.heappush(heap, (loads[device], device))
@@ -628,6 +709,8 @@ class PlacementState:
                 loads[device] += single
                 free[device] -= described.need
                 heap = _heap_of(loads)
+                if room is not None:
+                    room.recount(free)
                 add_row(row)
                 add_at(device)
                 continue
@@ -636,6 +719,8 @@ class PlacementState:
                 loads[k] += single / len(blocks)
             add_besides([(self._pieces[b.key], k) for k, b in enumerate(blocks)], [single / len(blocks)] * len(blocks))
             heap = _heap_of(loads)
+            if room is not None:
+                room.recount(free)
         added = self._queue_pieces.followed_by(_Pieces.of(besides)).rows(np.array(rows, dtype=np.int64))
         devices_at = np.array(at, dtype=np.int64)
         sums = self.sums.index_add(0, torch.from_numpy(devices_at), added.encodings)
@@ -862,6 +947,7 @@ class PlacementState:
         self.queue[i : i + 1] = slices  # described when `_price_slices` priced them
         self.queue_described[i : i + 1] = [self._pieces[p.key] for p in slices]
         self.queue_singles[i : i + 1] = [float(s) for s in singles]
+        self._find_crowding()
         self._queue_pieces = None
         self._new_step()
 
