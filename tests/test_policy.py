@@ -56,6 +56,16 @@ def pool() -> list[TableSpec]:
     return generate_pool(PoolConfig(num_tables=80, seed=3))
 
 
+def headroom_task(devices: int, fewest: int, most: int, memory: float) -> tuple[list[TableSpec], Topology]:
+    """`experiments/policy_headroom.py`'s fourth task at seed 7 on `devices` devices, `fewest`-`most` tables, memory
+    `memory` times an even split."""
+    _, pool = split_pool(generate_pool(PoolConfig()), 0.5, 0)
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        tables = draw_task(pool, TaskConfig(min_tables=fewest, max_tables=most), rng)
+    return tables, Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, memory))
+
+
 def tiny_config(**overrides) -> PolicyConfig:
     settings = dict(
         iterations=1,
@@ -611,11 +621,7 @@ def test_a_later_table_of_many_lookups_is_finished_by_rows_and_only_those_the_sl
     the tables costlier than the slowest device split, the narrow one by rows (`PlacementState._later_splits`), it
     quarters the wide ones and puts the narrow one row-wise: 3.88x, 15% below `cost_search`'s plan
     (docs/results.md)."""
-    _, pool = split_pool(generate_pool(PoolConfig()), 0.5, 0)
-    rng = np.random.default_rng(7)
-    for _ in range(4):
-        tables = draw_task(pool, TaskConfig(min_tables=200, max_tables=300), rng)
-    topology = Topology(num_devices=64, memory_bytes=memory_cap_with_headroom(tables, 64, 1.65))
+    tables, topology = headroom_task(64, 200, 300, 1.65)
     torch.manual_seed(0)
     scorer = DecodingScorer(OptionScorer())
     state = PlacementState(tables, topology, models)
@@ -771,11 +777,7 @@ def test_the_steps_and_the_finish_keep_room_for_a_later_table_that_needs_most_of
     collectives on every device, and every greedy finish foresaw the same: 3.82x the bound, where branch and bound's
     best table-wise plan is 2.87x and `cost_search`'s 2.94x. The steps' mask and the finish keep a device with room
     for it (docs/results.md): every table whole, below `cost_search`'s plan."""
-    _, pool = split_pool(generate_pool(PoolConfig()), 0.5, 0)
-    rng = np.random.default_rng(7)
-    for _ in range(4):
-        tables = draw_task(pool, TaskConfig(min_tables=10, max_tables=12), rng)
-    topology = Topology(num_devices=4, memory_bytes=memory_cap_with_headroom(tables, 4, 1.3))
+    tables, topology = headroom_task(4, 10, 12, 1.3)
     torch.manual_seed(0)
     scorer = DecodingScorer(OptionScorer())
     state = PlacementState(tables, topology, models)
