@@ -54,7 +54,7 @@ class Pricer:
         self._encodings: dict[tuple, torch.Tensor] = {}
         self._sizes: dict[tuple, tuple] = {}
         # On one host, no link shared with other hosts, a device's links' price is the floor `one_host_comm` keeps
-        # already: `comm_rows` and `input_rows` need not price the links again (each step of the policy calls both).
+        # already: `comm_rows` and `output_and_input_rows` need not price the links again (the policy's every step).
         self._links_are_floor = topology.num_hosts == 1 and topology.host_link_gbps is None
         # Shards priced by the compute model so far (a call at least `CALL_EVALUATIONS`): the work a
         # search's budget counts.
@@ -143,12 +143,12 @@ class Pricer:
         total: np.ndarray | float,
         max_width: np.ndarray | float,
         devices: int,
-        floor_phases: tuple[int, int] = (0, 1),
+        floor_phases: tuple[int, int] | list[tuple[int, int]] = (0, 1),
     ) -> np.ndarray:
         """The comm model's (fwd, bwd) ms [..., n, 2] of devices of `width` [..., n] columns in plans of `total`
         columns (the widest `max_width`; per plan, [..., 1], or numbers) on one host of `devices`, never below the
         links' price there (its `floor_phases` columns: the input all-to-all's ids travel as the backward's
-        gradients do).
+        gradients do; a list, one pair for each of `width`'s stacks [S, n]).
 
         Past the largest gang the comm model measured it extrapolates to nothing (the shipped one prices 8
         devices at 0.0004 ms). There the links' price is scaled by the comm model's price over the links' at
@@ -159,7 +159,7 @@ class Pricer:
         batch = self.topology.batch_size
         if devices == 1:
             return np.zeros((*width.shape, 2))
-        floor = self.link_rows(width, total, devices, one_host=True)[..., floor_phases]
+        floor = _columns(self.link_rows(width, total, devices, one_host=True), floor_phases)
         measured = self.models.info.device_counts
         if not measured or devices <= max(measured):
             learned = self.models.comm_ms(comm_feature_rows(width, total, max_width, batch, devices))
@@ -170,22 +170,34 @@ class Pricer:
         features = comm_feature_rows(width, total_then, np.maximum(width, rest), batch, largest)
         # over the links the comm model learned on (the models' own profile), not a topology's other rate
         floor_then = self.link_rows(width, total_then, largest, one_host=True, links=self.models.links)
-        floor_then = floor_then[..., floor_phases]
+        floor_then = _columns(floor_then, floor_phases)
         return floor * np.clip(self.models.comm_ms(features) / floor_then, 1.0, COMM_CORRECTION_BOUND)
 
-    def comm_rows(self, width: np.ndarray, total: float, max_width: np.ndarray, devices: int) -> np.ndarray:
-        """Predicted fwd + bwd all-to-all ms of devices of `width` columns in plans of `total` columns."""
+    def comm_rows(
+        self, width: np.ndarray, total: float | np.ndarray, max_width: np.ndarray, devices: int
+    ) -> np.ndarray:
+        """Predicted fwd + bwd all-to-all ms [..., n] of devices of `width` [..., n] columns in plans of `total` columns
+        (the widest `max_width`)."""
         one_host = self.one_host_comm(width, total, max_width, devices)
         if self._links_are_floor:
-            return one_host.sum(axis=1)
-        return np.maximum(one_host, self.link_rows(width, total, devices)).sum(axis=1)
+            return one_host.sum(axis=-1)
+        return np.maximum(one_host, self.link_rows(width, total, devices)).sum(axis=-1)
 
-    def input_rows(self, inputs: np.ndarray, total: float, max_inputs: np.ndarray, devices: int) -> np.ndarray:
-        """Predicted input all-to-all ms of devices receiving `inputs` float columns per sample, of `total` in all."""
-        one_host = self.one_host_comm(inputs, total, max_inputs, devices, floor_phases=(1, 1))[:, 0]
+    def output_and_input_rows(
+        self, widths: np.ndarray, inputs: np.ndarray, totals: tuple[float, float], most: np.ndarray, devices: int
+    ) -> np.ndarray:
+        """`comm_rows` of devices of `widths` [n] columns plus the input all-to-all ms of the same devices receiving
+        `inputs` [n] float columns per sample: `totals` (columns, inputs) in all, `most` [2, n] the widest and the
+        most inputs. One call of the comm model, its two stacks multiplied apart (`CostModels.comm_ms`): the same
+        ms as the two priced alone, in half the calls (the policy prices both every step)."""
+        stacked = np.stack([widths, inputs]).astype(np.float64)
+        total = np.array(totals, dtype=np.float64)[:, None]
+        one_host = self.one_host_comm(stacked, total, most, devices, floor_phases=[(0, 1), (1, 1)])
+        outputs, received = one_host[0], one_host[1][:, 0]
         if not self._links_are_floor:
-            one_host = np.maximum(one_host, self.link_rows(inputs, total, devices)[:, 1])
-        return one_host + self.input_overhead(devices)
+            links = self.link_rows(stacked, total, devices)
+            outputs, received = np.maximum(outputs, links[0]), np.maximum(received, links[1][:, 1])
+        return outputs.sum(axis=-1) + (received + self.input_overhead(devices))
 
     def input_overhead(self, devices: int) -> float:
         """What a device's input all-to-all costs beyond its bytes' (`CostModels.input_overhead_ms`); none alone."""
@@ -435,6 +447,13 @@ def inter_host_ms(widths: np.ndarray, batch_size: int, devices_per_host: int, in
     """
     _, inter = received_floats(widths, devices_per_host)
     return receiving_ms(inter, batch_size, inter_host_gbps)
+
+
+def _columns(rows: np.ndarray, phases: tuple[int, int] | list[tuple[int, int]]) -> np.ndarray:
+    """The `phases` columns of (fwd, bwd) `rows` [..., n, 2]; with a list, stack by stack of `rows` [S, n, 2]."""
+    if isinstance(phases, tuple):
+        return rows[..., phases]
+    return np.stack([stack[..., list(pair)] for stack, pair in zip(rows, phases, strict=True)])
 
 
 def two_columns(first: np.ndarray, second: np.ndarray) -> np.ndarray:

@@ -227,7 +227,8 @@ class _Room:
         self.recount(free)
 
     def recount(self, free: list[int]) -> None:
-        self.counts = [sum(f >= n for f in free) for n in self.needs]
+        ascending = np.sort(np.asarray(free, dtype=np.int64))  # on 512 devices, a Python count took 0.3 s a placing
+        self.counts = (len(free) - np.searchsorted(ascending, self.needs, side="left")).tolist()
         self.keeping = bool(self.needs) and all(count > k for k, count in enumerate(self.counts))
         # a device whose free memory stays at least the largest need, or is below the smallest, changes no count
         self.top, self.bottom = (self.needs[0], self.needs[-1]) if self.needs else (0, 0)
@@ -459,8 +460,8 @@ class PlacementState:
             widest = np.maximum(self.widths[k].max(), widths)
             inputs = self.inputs[k, devices] + piece.input
             most = np.maximum(self.inputs[k].max(), inputs)
-            own = self.pricer.comm_rows(widths, self.widths[k].sum() + piece.width, widest, d)
-            own += self.pricer.input_rows(inputs, self.inputs[k].sum() + piece.input, most, d)
+            totals = (self.widths[k].sum() + piece.width, self.inputs[k].sum() + piece.input)
+            own = self.pricer.output_and_input_rows(widths, inputs, totals, np.stack([widest, most]), d)
             comm = own + self._other_comm(k, devices)
         return np.concatenate([compute, comm[:, None]], axis=1), own
 
