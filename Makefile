@@ -26,13 +26,14 @@ demo: setup
 	$(VENV)/bin/shard-ray demo
 
 # The suite in two passes. First every test but those marked `alone`, three at a time (pytest-xdist), the slow ones
-# handed out first: they wait on subprocesses, Ray starts and links more than they compute. Then the `alone` tests,
+# handed out first, the longest first, a test or a group (`xdist_group`) at a time as workers free up
+# (tests/conftest.py): they wait on subprocesses, Ray starts and links more than they compute. Then the `alone` tests,
 # one at a time: they judge measured times (a race's verdict, an A/A twin, prices against a measurement, the emulated
 # links' rates), which load beside them would change.
 WORKERS ?= 3
 
 test: setup lint
-	$(PY) -m pytest -n $(WORKERS) --dist worksteal -m "not alone"
+	$(PY) -m pytest -n $(WORKERS) --dist loadgroup -m "not alone"
 	$(PY) -m pytest -m alone
 
 # The quick tests only: the loop to run while changing code.

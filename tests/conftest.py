@@ -71,5 +71,21 @@ def table_file(tmp_path: Path, small_tables) -> Path:
 
 
 def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:
-    """Slow tests first, so that `make test`'s workers start on the long ones and the quick ones fill in after."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, the longest first, then the quick ones: `make test` hands them out in this order as its
+    workers free up (pytest-xdist's `loadgroup`), so that they start on the long ones and the quick ones fill in after.
+    A test's length is its `slow(seconds=N)`, a group's (`xdist_group`: tests one worker runs, sharing a costly
+    fixture) its tests' together. Handed out in runs of the files' order, the pass once ended on the longest test
+    alone, two workers idle for its last 100 s (docs/install.md)."""
+
+    def unit(item: pytest.Item) -> str:
+        group = item.get_closest_marker("xdist_group")
+        return str(group.args[0]) if group else item.nodeid
+
+    def seconds(item: pytest.Item) -> float:
+        slow = item.get_closest_marker("slow")
+        return slow.kwargs.get("seconds", 0) if slow else 0
+
+    lengths: dict[str, float] = {}
+    for item in items:
+        lengths[unit(item)] = lengths.get(unit(item), 0) + seconds(item)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -lengths[unit(item)]))

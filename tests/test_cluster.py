@@ -224,6 +224,7 @@ SMALL_BENCHMARK = {
 }  # fmt: skip
 
 
+@pytest.mark.slow(seconds=75)
 def test_the_clusters_pages_benchmark_job_runs_as_pasted(tmp_path, ray_session, mlflow_server):
     with ray_head() as (address, _, env):
         _run_the_benchmark_job(tmp_path, address, env, mlflow_server)
@@ -300,6 +301,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.slow(seconds=90)
 def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_path, table_file):
     """A command joined to a head leaves its gang there for `SHARD_RAY_KEEP_GANG_S` seconds (docs/commands.md), after
     which its members, its devices and the keeper are gone; a driver killed while it holds a gang, one it started or one

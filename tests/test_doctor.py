@@ -27,7 +27,7 @@ def doctor(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=55)
 def test_doctor_on_this_machine(tmp_path):
     done = doctor(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -110,7 +110,8 @@ def test_gang_rebuilds_itself_when_a_member_dies(ray_session, small_tables):
 def joined() -> Iterator[dict[str, str]]:
     """The environment of a shell on a cluster (RAY_ADDRESS set) whose Ray the module's commands join: the runs
     started and stopped here would otherwise each start a local Ray of their own, about 10 CPU-seconds apiece.
-    What a stopped run keeps and how it resumes does not depend on whose Ray it ran on."""
+    What a stopped run keeps and how it resumes does not depend on whose Ray it ran on. Its tests are one
+    `xdist_group`: one worker starts the cluster once."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(
@@ -140,6 +141,8 @@ def _store_count(db) -> int:
             return 0
 
 
+@pytest.mark.slow(seconds=45)
+@pytest.mark.xdist_group("joined")
 def test_stopped_by_sigint_and_sigkill_resumes_to_the_same_set(joined, tmp_path, small_tables):
     """`profile` stopped part way by Ctrl-C, then killed outright, keeps what it measured and finishes the same set
     when run again. (`collect` measures through the same pool and store; its resume is
@@ -196,6 +199,8 @@ def _run_until(command: list[str], env: dict[str, str], done: Callable[[], bool]
     run.wait(timeout=60)
 
 
+@pytest.mark.slow(seconds=60)
+@pytest.mark.xdist_group("joined")
 def test_benchmark_killed_mid_run_measures_only_what_is_left(joined, tmp_path):
     import json
 
@@ -234,6 +239,8 @@ def test_benchmark_killed_mid_run_measures_only_what_is_left(joined, tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1])["tasks"] == 2
 
 
+@pytest.mark.slow(seconds=55)
+@pytest.mark.xdist_group("joined")
 def test_outer_loop_killed_mid_round_resumes(joined, tmp_path):
     import json
 
@@ -290,6 +297,8 @@ def test_outer_loop_killed_mid_round_resumes(joined, tmp_path):
     assert load_policy(out)[1].iterations == 2
 
 
+@pytest.mark.slow(seconds=35)
+@pytest.mark.xdist_group("joined")
 def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
     from shard_ray.policy.network import load_policy
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
@@ -336,6 +345,8 @@ def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
     assert load_policy(out)[1].iterations == 3
 
 
+@pytest.mark.slow(seconds=40)
+@pytest.mark.xdist_group("joined")
 def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_path):
     """A trial's process killed mid-run is retried (FailureConfig); the sweep killed outright resumes (Tuner.restore)."""
     import json

@@ -21,7 +21,8 @@ from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, plan_key
 
 # Clusters, jobs, sweeps and killed runs: minutes each, left out of `make test-fast`.
-pytestmark = pytest.mark.slow
+# one worker runs the module: its tests share one cluster (`cluster`), which a second worker would start again
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multinode")]
 
 SHARD_RAY = str(Path(sys.executable).parent / "shard-ray")
 NODE_CPUS = 2
@@ -82,6 +83,7 @@ def _remove_node_of(cluster, node_id: str) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow(seconds=40)
 def test_profiling_spreads_over_nodes_and_survives_losing_one(cluster, tmp_path, small_tables):
     from shard_ray.profiling.actors import ProfilingPool
 
@@ -203,6 +205,7 @@ def test_plan_measure_and_export_on_hosts_as_a_user_types_them(cluster, capsys, 
     assert not (tmp_path / "never.json").exists()
 
 
+@pytest.mark.slow(seconds=80)
 def test_doctor_reports_every_node(cluster, tmp_path):
     done = subprocess.run(
         [SHARD_RAY, "doctor", "--address", cluster.address], cwd=tmp_path, capture_output=True, text=True, timeout=300
@@ -214,6 +217,7 @@ def test_doctor_reports_every_node(cluster, tmp_path):
     assert done.stdout.count("microbenchmark shards timed here") == 1, done.stdout
 
 
+@pytest.mark.slow(seconds=75)
 def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, capsys, monkeypatch, tmp_path):
     """`calibrate --devices-per-host 2`, as a user types it against a cluster (in this process, which has joined
     it): the gang spans two nodes, the comm model is fit to the all-to-alls measured across them, and the models

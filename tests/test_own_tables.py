@@ -33,7 +33,7 @@ def _user_shell(home: Path, folder: Path, command: str) -> subprocess.CompletedP
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 def test_the_own_tables_guide_runs_as_written(tmp_path):
     home, folder = tmp_path / "home", tmp_path / "mine"
     home.mkdir()

@@ -292,7 +292,7 @@ def test_demo_runs_end_to_end(ray_session, tmp_path, capsys):
         assert run["metrics.cost_ms"] == round(comparison.costs[name.split("=")[0]].cost_ms, 3)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_tables):
     from shard_ray.costmodel.collect import CollectConfig, collect_comm, collect_compute
     from shard_ray.profiling.sampling import microbenchmark_shards

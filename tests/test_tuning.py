@@ -52,6 +52,7 @@ def _last_json(capsys) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.xdist_group("measured-store")  # one worker measures the module's store (`store_file`)
 def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_path, capsys, pool_file, store_file):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "sweep"
@@ -249,6 +250,7 @@ def test_policy_sweep_saves_config_and_policy(ray_session, tmp_path, capsys, poo
         assert info.config[key] == best["config"][key]
 
 
+@pytest.mark.xdist_group("measured-store")  # one worker measures the module's store (`store_file`)
 def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, pool_file, store_file):
     wrong = tmp_path / "search.json"
     wrong.write_text(
