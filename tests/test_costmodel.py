@@ -51,6 +51,7 @@ from shard_ray.costmodel.train import (
     evaluate_input_dist,
     evaluate_mixed_comm,
     evaluate_replica_comm,
+    fit,
     fit_all_reduce,
     fit_input_overhead,
     fit_step_overhead,
@@ -1509,3 +1510,15 @@ def test_the_comm_models_numpy_forward_prices_as_its_torch_network():
     with torch.no_grad():
         expected = torch.exp(models.comm(torch.from_numpy(features))).numpy()
     assert models.comm_ms(features) == pytest.approx(expected, rel=1e-5)
+
+
+def test_training_stopped_early_says_so_on_its_bar(capsys):
+    """A fit that stops for want of validation gain ends its progress bar short of its epochs: the bar says why,
+    where a new user read calibrate's "47/300" as a hang."""
+    model = torch.nn.Linear(1, 1)
+    inputs = torch.ones(8, 1)
+    config = dataclasses.replace(TrainConfig(), max_epochs=50, patience=3)
+    history = fit(model, 8, lambda batch: model(inputs[batch]).pow(2).mean(), lambda: 1.0, config, "toy model")
+    assert len(history) == 4  # the first epoch sets the best; three without gain end it
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "toy model" in last and "4/50" in last and "stopped=no gain in 3 epochs" in last, last

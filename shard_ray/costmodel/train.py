@@ -176,9 +176,9 @@ def fit(
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.max_epochs)
     generator = torch.Generator().manual_seed(config.seed)
     best, best_state, since_best, history = float("inf"), copy.deepcopy(model.state_dict()), 0, []
-    bar = tqdm(range(config.max_epochs), desc=desc, unit="epoch")
+    bar = tqdm(total=config.max_epochs, desc=desc, unit="epoch")
     with one_torch_thread():  # small networks: one thread is faster, and beside a busy process far faster
-        for epoch in bar:
+        for epoch in range(config.max_epochs):
             model.train()
             for batch in torch.randperm(num_train, generator=generator).split(config.minibatch):
                 optimizer.zero_grad()
@@ -193,10 +193,15 @@ def fit(
                 best, best_state, since_best = loss, copy.deepcopy(model.state_dict()), 0
             else:
                 since_best += 1
-            bar.set_postfix(val_loss=f"{loss:.4f}", best=f"{best:.4f}", refresh=False)  # redrawn at tqdm's pace
+            stopping = since_best >= config.patience
+            postfix = {"val_loss": f"{loss:.4f}", "best": f"{best:.4f}"}
+            if stopping:  # the bar ends short of its epochs: said on it, or a new user reads "47/300" as a hang
+                postfix["stopped"] = f"no gain in {config.patience} epochs"
+            bar.set_postfix(postfix, refresh=False)
+            bar.update()  # redrawn at tqdm's pace
             if on_epoch is not None:
                 on_epoch(epoch, loss, model)
-            if since_best >= config.patience:
+            if stopping:
                 break
     bar.close()
     model.load_state_dict(best_state)
