@@ -227,7 +227,9 @@ class _Room:
         self.recount(free)
 
     def recount(self, free: list[int]) -> None:
-        ascending = np.sort(np.asarray(free, dtype=np.int64))  # on 512 devices, a Python count took 0.3 s a placing
+        # sorted once, each need's count a binary search: counted in Python, every finish compared each need with
+        # every device's free memory (3 million comparisons placing 5,136 tables on 512 devices)
+        ascending = np.sort(np.asarray(free, dtype=np.int64))
         self.counts = (len(free) - np.searchsorted(ascending, self.needs, side="left")).tolist()
         self.keeping = bool(self.needs) and all(count > k for k, count in enumerate(self.counts))
         # a device whose free memory stays at least the largest need, or is below the smallest, changes no count
