@@ -37,7 +37,8 @@ from shard_ray.io import write_atomic, write_json
 
 SEARCH_ALGORITHMS = ("optuna", "random")
 # The files of Tune's state that resuming a sweep reads back, the newest of each pattern (by name, as Tune picks it):
-# pickles but for the experiment's state, which is JSON.
+# pickles but for the experiment's state, which is JSON (the searchers' `*-state-*.json` are cloudpickles despite their
+# name: Tune's `_atomic_save`).
 TUNE_STATE_FILES = (
     "tuner.pkl",
     "experiment_state-*.json",
