@@ -234,3 +234,37 @@ def test_ray_is_told_to_print_its_workers_lines_without_colour_codes_into_a_pipe
             env=env if given is None else env | {"RAY_COLOR_PREFIX": given},
         )
         assert done.returncode == 0 and done.stdout.strip() == said, done.stderr
+
+
+def test_the_report_process_logs_a_run_and_raises_what_its_calls_raise_here(tmp_path, small_tables):
+    """`compare` and `evaluate` hand their reports to a process that imported MLflow and matplotlib while they
+    started (shard_ray/tracking/report_process.py): its calls log as the command's own would, what they raise is
+    raised in the command (a one-line error stays one), and the process ends with the command's use of it."""
+    from shard_ray.errors import ShardRayError
+    from shard_ray.tracking.report_process import ReportProcess
+    from shard_ray.workload.tables import load_tables
+
+    topology = Topology(num_devices=2, memory_bytes=GB)
+    plan = place("round_robin", small_tables, topology)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with ReportProcess(uri, [log_plan_evaluation, load_tables]) as report:
+        report.wait_until_imported()
+        assert report.call(os.getpid) == report._process.pid != os.getpid()
+        run_id = report.call(log_plan_evaluation, plan, _cost(2), topology, "small", small_tables, uri)
+        with pytest.raises(ShardRayError, match=r"^table file .*missing\.json"):
+            report.call(load_tables, tmp_path / "missing.json")
+        with pytest.raises(ZeroDivisionError):
+            report.call(divmod, 1, 0)
+        assert report.call(os.getpid) == report._process.pid  # still answering after them
+    assert report._process.returncode == 0
+    assert list(_runs(uri, "shard-ray")["run_id"]) == [run_id]
+
+
+def test_a_report_process_left_before_it_imported_is_stopped():
+    """A command refused after its report process started (a bad Ray address, say) stops it on the way out rather
+    than leave it importing behind the error."""
+    from shard_ray.tracking.report_process import ReportProcess
+
+    with pytest.raises(RuntimeError, match="refused"), ReportProcess("sqlite:///unused.db", []) as report:
+        raise RuntimeError("refused")
+    assert report._process.returncode is not None

@@ -125,44 +125,50 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for name in merged:
         if "=" in name:
             print(f"{name.replace('=', ' and ')} place the tables identically: measured once, as {name}")
-    # the files checked: what measures and prices them (torch, Ray) only now
-    from shard_ray.costmodel.simulator import price_comm
-    from shard_ray.placement.base import priced
-    from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.tracking.mlflow_runs import import_report_modules, log_comparison
-
     tracking_uri, experiment = tracking(args)
-    connect(args, min_cpus=topology.num_devices)
-    importing = import_report_modules(tracking_uri)  # while the gang starts
-    with DeviceGang(topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
-        importing.join()  # before measuring
-        # every plan priced by one set of models, those `plan` picks for the gang's hardware and these tables
-        plans = [priced(plan, tables, topology, hardware=gang.hardware) for plan in plans]
-        compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config, incumbent=incumbent)
-    result = compared.result
-    table = format_comparison(result)
-    print(table)
-    print(plans[0].estimate.provenance)
-    out = Path(flags.out)
-    write_json(
-        out / "comparison.json",
-        {
-            "tables": flags.tables,
-            "plans": dict(zip(names, flags.plans)),
-            "comparison": result.model_dump(mode="json"),
-            "costs": {name: cost.model_dump(mode="json") for name, cost in compared.costs.items()},
-        },
-    )
-    write_atomic(out / "comparison.md", "```\n" + table + "\n```\n")
-    ratio_chart(result, out / "comparison.png")
-    print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
-    if tracking_uri is not None:
-        task = flags.task or Path(flags.tables).stem
-        files = [out / name for name in ("comparison.json", "comparison.md", "comparison.png")]
-        logged = log_comparison(
-            result, compared.plans, compared.costs, topology, task, tables, tracking_uri, experiment, files
+    from shard_ray.tracking.mlflow_runs import log_comparison
+    from shard_ray.tracking.report_process import ReportProcess
+
+    # the files checked: the report's modules imported in a process of its own from now, beside what measures and
+    # prices the plans (torch, Ray)
+    with ReportProcess(tracking_uri, [ratio_chart, log_comparison]) as report:
+        from shard_ray.costmodel.simulator import price_comm
+        from shard_ray.placement.base import priced
+        from shard_ray.profiling.gang import DeviceGang
+
+        connect(args, min_cpus=topology.num_devices)
+        with DeviceGang(
+            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
+        ) as gang:
+            # every plan priced by one set of models, those `plan` picks for the gang's hardware and these tables
+            plans = [priced(plan, tables, topology, hardware=gang.hardware) for plan in plans]
+            report.wait_until_imported()  # before measuring: its cores are the gang's
+            compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config, incumbent=incumbent)
+        result = compared.result
+        table = format_comparison(result)
+        print(table)
+        print(plans[0].estimate.provenance)
+        out = Path(flags.out)
+        write_json(
+            out / "comparison.json",
+            {
+                "tables": flags.tables,
+                "plans": dict(zip(names, flags.plans)),
+                "comparison": result.model_dump(mode="json"),
+                "costs": {name: cost.model_dump(mode="json") for name, cost in compared.costs.items()},
+            },
         )
-        print(logged.describe(tracking_uri))
+        write_atomic(out / "comparison.md", "```\n" + table + "\n```\n")
+        report.call(ratio_chart, result, out / "comparison.png")
+        print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
+        if tracking_uri is not None:
+            task = flags.task or Path(flags.tables).stem
+            files = [out / name for name in ("comparison.json", "comparison.md", "comparison.png")]
+            logged = report.call(
+                log_comparison, result, compared.plans, compared.costs, topology, task, tables, tracking_uri,
+                experiment, files,
+            )  # fmt: skip
+            print(logged.describe(tracking_uri))
 
 
 def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[TableSpec], args: TopologyArgs) -> Topology:
@@ -257,46 +263,49 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         topology, warmup=timing.warmup, repeats=timing.repeats, max_rows=timing.max_rows
     )
     tracking_uri, experiment = tracking(args)
-    connect(args, min_cpus=plan.num_devices)
-    # the gang, the models and MLflow once the input and the cluster are known good: a refusal above answers at once
-    from shard_ray.costmodel.models import models_for
-    from shard_ray.costmodel.simulator import price_comm
-    from shard_ray.placement.base import priced
-    from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.tracking.mlflow_runs import import_report_modules, log_plan_evaluation
+    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+    from shard_ray.tracking.report_process import ReportProcess
 
-    importing = import_report_modules(tracking_uri)  # while the gang starts
-    with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
-        importing.join()  # before measuring
-        cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
-    # the models' price for this batch, by the models that priced the plan when it was made, else those `plan`
-    # picks for the gang's hardware
-    plan = priced(plan, tables, topology, plan.estimate.cost_model if plan.estimate else None, cost.hardware)
-    write_json(flags.out, cost.model_dump(mode="json"))
-    print(format_plan_summary(plan, tables, topology, cost))
-    print(format_prediction(plan.estimate, cost.cost_ms))
-    print(plan.estimate.provenance)
-    told = set(gang.warnings)  # the gang says its own when it starts
-    estimated = plan.estimate.warnings if plan.estimate else []
-    for line in dict.fromkeys([*estimated, *(w for w in cost.warnings if w not in told)]):  # each once
-        print(f"warning: {line}", file=sys.stderr)
-    newer = models_for(cost.hardware, topology.devices_per_host_if_spanning, tables)
-    if plan.estimate and plan.estimate.cost_model and newer.resolve() != Path(plan.estimate.cost_model).resolve():
-        print(
-            f"note: the prices above are by the models this plan was made with; `shard-ray plan` now prices these "
-            f"tables with {newer} (calibrated since, or of this hardware), and may place them otherwise"
-        )
-    if cost.rounds is not None:
-        print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")
-        print(
-            "the interval is this run's: separate runs can differ by more (on a shared or virtual machine, by"
-            " several percent); compare plans side by side in one run with `shard-ray compare`"
-        )
-    if tracking_uri is not None:
-        task = flags.task or Path(flags.tables).stem
-        run_id = log_plan_evaluation(plan, cost, topology, task, tables, tracking_uri, experiment)
-        print(f"logged MLflow run {run_id} to {tracking_uri}")
-    print(f"wrote {flags.out}")
+    # the report's modules imported in a process of its own from now, beside the gang's and the models' (torch, Ray)
+    with ReportProcess(tracking_uri, [log_plan_evaluation]) as report:
+        connect(args, min_cpus=plan.num_devices)
+        # the gang and the models once the input and the cluster are known good: a refusal above answers at once
+        from shard_ray.costmodel.models import models_for
+        from shard_ray.costmodel.simulator import price_comm
+        from shard_ray.placement.base import priced
+        from shard_ray.profiling.gang import DeviceGang
+
+        with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
+            report.wait_until_imported()  # before measuring: its cores are the gang's
+            cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
+        # the models' price for this batch, by the models that priced the plan when it was made, else those `plan`
+        # picks for the gang's hardware
+        plan = priced(plan, tables, topology, plan.estimate.cost_model if plan.estimate else None, cost.hardware)
+        write_json(flags.out, cost.model_dump(mode="json"))
+        print(format_plan_summary(plan, tables, topology, cost))
+        print(format_prediction(plan.estimate, cost.cost_ms))
+        print(plan.estimate.provenance)
+        told = set(gang.warnings)  # the gang says its own when it starts
+        estimated = plan.estimate.warnings if plan.estimate else []
+        for line in dict.fromkeys([*estimated, *(w for w in cost.warnings if w not in told)]):  # each once
+            print(f"warning: {line}", file=sys.stderr)
+        newer = models_for(cost.hardware, topology.devices_per_host_if_spanning, tables)
+        if plan.estimate and plan.estimate.cost_model and newer.resolve() != Path(plan.estimate.cost_model).resolve():
+            print(
+                f"note: the prices above are by the models this plan was made with; `shard-ray plan` now prices these "
+                f"tables with {newer} (calibrated since, or of this hardware), and may place them otherwise"
+            )
+        if cost.rounds is not None:
+            print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")
+            print(
+                "the interval is this run's: separate runs can differ by more (on a shared or virtual machine, by"
+                " several percent); compare plans side by side in one run with `shard-ray compare`"
+            )
+        if tracking_uri is not None:
+            task = flags.task or Path(flags.tables).stem
+            run_id = report.call(log_plan_evaluation, plan, cost, topology, task, tables, tracking_uri, experiment)
+            print(f"logged MLflow run {run_id} to {tracking_uri}")
+        print(f"wrote {flags.out}")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

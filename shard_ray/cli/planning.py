@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -218,71 +219,79 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _check_cost_model_flag(flags)
     if flags.hardware is not None:
         check_hardware_id(flags.hardware)
+    tracking_uri, experiment = tracking(args)
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
-    hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it
-    # the searches and the models (torch) once the input is known good: a refusal above answers at once
-    from shard_ray.placement import place
-    from shard_ray.placement.base import PlacementContext, priced, with_fitted_links
-
-    context = PlacementContext(
-        cost_model=flags.cost_model,
-        hardware=hardware,
-        devices_per_host=topology.devices_per_host_if_spanning,
-        tables=tables,
-    )
-    topology, rate_between_hosts = with_fitted_links(topology, context)
-    if rate_between_hosts:
-        print(rate_between_hosts)
-    plan = place(
-        flags.algo,
-        tables,
-        topology,
-        seed=flags.seed,
-        cost_model=flags.cost_model,
-        hardware=hardware,
-        settings=flags.algorithm_settings(),
-        settings_source=flags.search_config,
-        constraints=constraints,
-    )
-    if plan.estimate is None:  # placed without the models (a heuristic, TorchRec): priced by them all the same
-        plan = priced(plan, tables, topology, flags.cost_model, hardware)
-    _print_placed(plan, tables, topology, flags)
-    if flags.explain:
-        plan = explained(plan, tables, topology, flags, constraints)
-    raced = None
-    if flags.measure:
-        from shard_ray.costmodel.simulator import price_comm
-        from shard_ray.profiling.gang import DeviceActors
-
-        race = settings_from(MeasureRaceArgs, args).config()
-        # one gang for the race, the refinement's shards and its confirmation
-        with DeviceActors(
-            topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
-        ) as devices:
-            plan, raced = measured_best(plan, tables, topology, flags, race, constraints, devices, incumbent)
-            if refine_config.refine:
-                plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config, devices)
-    save_plan(flags.out, plan)
-    print(f"wrote {flags.out}: {plan.algorithm}'s plan{_why_written(plan.measured)}")
-    tracking_uri, experiment = tracking(args)
-    if raced is not None and tracking_uri is not None:
+    # a race's report (its MLflow run) written by a process that imports MLflow from now, beside the placing
+    reports = flags.measure and tracking_uri is not None
+    if reports:
         from shard_ray.tracking.mlflow_runs import log_comparison
+        from shard_ray.tracking.report_process import ReportProcess
 
-        task = Path(flags.tables).stem
-        logged = log_comparison(
-            raced.result,
-            raced.plans,
-            raced.costs,
-            topology,
-            task,
-            tables,
-            tracking_uri,
-            experiment,
-            files=[Path(flags.out)],
-            kind="race",
+    with ReportProcess(tracking_uri, [log_comparison]) if reports else contextlib.nullcontext() as report:
+        hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it
+        # the searches and the models (torch) once the input is known good: a refusal above answers at once
+        from shard_ray.placement import place
+        from shard_ray.placement.base import PlacementContext, priced, with_fitted_links
+
+        context = PlacementContext(
+            cost_model=flags.cost_model,
+            hardware=hardware,
+            devices_per_host=topology.devices_per_host_if_spanning,
+            tables=tables,
         )
-        print(logged.describe(tracking_uri))
+        topology, rate_between_hosts = with_fitted_links(topology, context)
+        if rate_between_hosts:
+            print(rate_between_hosts)
+        plan = place(
+            flags.algo,
+            tables,
+            topology,
+            seed=flags.seed,
+            cost_model=flags.cost_model,
+            hardware=hardware,
+            settings=flags.algorithm_settings(),
+            settings_source=flags.search_config,
+            constraints=constraints,
+        )
+        if plan.estimate is None:  # placed without the models (a heuristic, TorchRec): priced by them all the same
+            plan = priced(plan, tables, topology, flags.cost_model, hardware)
+        _print_placed(plan, tables, topology, flags)
+        if flags.explain:
+            plan = explained(plan, tables, topology, flags, constraints)
+        raced = None
+        if flags.measure:
+            from shard_ray.costmodel.simulator import price_comm
+            from shard_ray.profiling.gang import DeviceActors
+
+            race = settings_from(MeasureRaceArgs, args).config()
+            # one gang for the race, the refinement's shards and its confirmation
+            with DeviceActors(
+                topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
+            ) as devices:
+                if report is not None:
+                    report.wait_until_imported()  # before measuring: its cores are the gang's
+                plan, raced = measured_best(plan, tables, topology, flags, race, constraints, devices, incumbent)
+                if refine_config.refine:
+                    plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config, devices)
+        save_plan(flags.out, plan)
+        print(f"wrote {flags.out}: {plan.algorithm}'s plan{_why_written(plan.measured)}")
+        if raced is not None and report is not None:
+            task = Path(flags.tables).stem
+            logged = report.call(
+                log_comparison,
+                raced.result,
+                raced.plans,
+                raced.costs,
+                topology,
+                task,
+                tables,
+                tracking_uri,
+                experiment,
+                files=[Path(flags.out)],
+                kind="race",
+            )
+            print(logged.describe(tracking_uri))
 
 
 def _why_written(measured: MeasuredComparison | None) -> str:

@@ -9,6 +9,7 @@ carry 0 there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,14 +77,16 @@ class RoundsSummary(BaseModel):
 
     @classmethod
     def of(cls, rounds_ms: list[float], confidence: float = 0.95) -> RoundsSummary:
-        from scipy.stats import binom
-
         x = sorted(rounds_ms)
         n = len(x)
+
+        def at_most(j: int) -> float:  # P(Binomial(n, 1/2) <= j), counted exactly (scipy.stats: 0.4 s to import)
+            return sum(math.comb(n, k) for k in range(j + 1)) / 2**n
+
         j = 1
-        while j < n // 2 and 1 - 2 * binom.cdf(j, n, 0.5) >= confidence:
+        while j < n // 2 and 1 - 2 * at_most(j) >= confidence:
             j += 1
-        coverage = 1 - 2 * binom.cdf(j - 1, n, 0.5)
+        coverage = 1 - 2 * at_most(j - 1)
         median = median_of(x)
         return cls(
             rounds_ms=list(rounds_ms), median_ms=median, ci_low_ms=x[j - 1], ci_high_ms=x[n - j], coverage=coverage

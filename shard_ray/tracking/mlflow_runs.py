@@ -7,13 +7,11 @@ view lines plans of one task up side by side. With an SQLite store, artifacts go
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,31 +48,6 @@ def artifact_location(tracking_uri: str) -> str | None:
     """
     database = sqlite_database(tracking_uri)
     return None if database is None else (database.resolve().parent / ARTIFACTS_FOLDER).as_uri()
-
-
-def import_report_modules(tracking_uri: str | None) -> threading.Thread:
-    """Start importing what a measuring command's report needs on a thread: matplotlib for its charts and, with a
-    tracking URI, MLflow and its store for that URI (about 2 s on 2 cores, see docs/commands.md, spent after the
-    measuring otherwise). Start it where the command waits on something else, a gang starting, and join it before
-    measuring, whose cores it must not share. A module that fails to import fails again, and says why, where used."""
-    modules = ["matplotlib.pyplot"]
-    if tracking_uri is not None:
-        store = "rest_store" if tracking_uri.startswith(("http://", "https://")) else "sqlalchemy_store"
-        modules += ["mlflow", f"mlflow.store.tracking.{store}"]
-
-    def run() -> None:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            for module in modules:
-                importlib.import_module(module)
-        except Exception:  # raised again where the module is used
-            pass
-
-    thread = threading.Thread(target=run, name="import-report-modules", daemon=True)
-    thread.start()
-    return thread
 
 
 # MLflow 3's UI opens an experiment on the page its kind says: its runs for model development, its traces for GenAI.
