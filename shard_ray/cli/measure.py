@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,11 +264,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         topology, warmup=timing.warmup, repeats=timing.repeats, max_rows=timing.max_rows
     )
     tracking_uri, experiment = tracking(args)
-    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
-    from shard_ray.tracking.report_process import ReportProcess
+    if tracking_uri is not None:
+        from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+        from shard_ray.tracking.report_process import ReportProcess
 
-    # the report's modules imported in a process of its own from now, beside the gang's and the models' (torch, Ray)
-    with ReportProcess(tracking_uri, [log_plan_evaluation]) as report:
+    # the MLflow run's modules imported in a process of its own from now, beside the gang's and the models' (torch,
+    # Ray)
+    with ReportProcess(tracking_uri, [log_plan_evaluation]) if tracking_uri else contextlib.nullcontext() as report:
         connect(args, min_cpus=plan.num_devices)
         # the gang and the models once the input and the cluster are known good: a refusal above answers at once
         from shard_ray.costmodel.models import models_for
@@ -276,7 +279,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         from shard_ray.profiling.gang import DeviceGang
 
         with DeviceGang(plan.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm) as gang:
-            report.wait_until_imported()  # before measuring: its cores are the gang's
+            if report is not None:
+                report.wait_until_imported()  # before measuring: its cores are the gang's
             cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
         # the models' price for this batch, by the models that priced the plan when it was made, else those `plan`
         # picks for the gang's hardware
@@ -301,7 +305,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                 "the interval is this run's: separate runs can differ by more (on a shared or virtual machine, by"
                 " several percent); compare plans side by side in one run with `shard-ray compare`"
             )
-        if tracking_uri is not None:
+        if report is not None:
             task = flags.task or Path(flags.tables).stem
             run_id = report.call(log_plan_evaluation, plan, cost, topology, task, tables, tracking_uri, experiment)
             print(f"logged MLflow run {run_id} to {tracking_uri}")
