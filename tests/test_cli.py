@@ -725,6 +725,37 @@ def test_an_address_that_is_no_ray_address_is_refused_in_a_line(tmp_path, table_
     assert result.returncode == 2 and len(lines) == 1 and said in lines[0], result.stderr
 
 
+@pytest.mark.parametrize(
+    "uri, said",
+    [
+        ("bogus://nowhere", "--tracking-uri bogus://nowhere: no MLflow store takes bogus:// URIs"),
+        ("sqlite:///{tmp}/no/such/mlflow.db", "folder {tmp}/no/such does not exist; create it first"),
+        ("http://127.0.0.1:{port}", "--tracking-uri http://127.0.0.1:{port}: nothing answers there"),
+    ],
+)
+def test_a_tracking_uri_runs_could_not_be_logged_to_is_refused_before_measuring(tmp_path, table_file, uri, said):
+    """A scheme no MLflow store takes, an SQLite store in a folder that does not exist, a tracking server nothing
+    answers at: one line, status 2, before any measuring, where each came after it as a traceback (or minutes of
+    MLflow's retries), and no folder made."""
+    import socket
+    import time
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    uri, said = (text.format(tmp=tmp_path, port=port) for text in (uri, said))
+    plan = _two_device_plan(tmp_path)
+    began = time.monotonic()
+    result = run_cli(
+        "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1", "--tracking-uri", uri,
+        "--out", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and said in lines[0], result.stderr
+    assert "ray:" not in result.stdout and time.monotonic() - began < 30
+    assert not (tmp_path / "no").exists() and not (tmp_path / "r.json").exists()
+
+
 def _two_device_plan(tmp_path: Path) -> Path:
     """A plan file written by hand for conftest's five tables on 2 devices, for commands refused before they run."""
     plan = tmp_path / "plan.json"

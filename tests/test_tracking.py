@@ -253,7 +253,7 @@ def test_the_report_process_logs_a_run_and_raises_what_its_calls_raise_here(tmp_
         run_id = report.call(log_plan_evaluation, plan, _cost(2), topology, "small", small_tables, uri)
         with pytest.raises(ShardRayError, match=r"^table file .*missing\.json"):
             report.call(load_tables, tmp_path / "missing.json")
-        with pytest.raises(ZeroDivisionError):
+        with pytest.raises(RuntimeError, match="^ZeroDivisionError: integer division or modulo by zero"):
             report.call(divmod, 1, 0)
         assert report.call(os.getpid) == report._process.pid  # still answering after them
     assert report._process.returncode == 0
@@ -268,3 +268,31 @@ def test_a_report_process_left_before_it_imported_is_stopped():
     with pytest.raises(RuntimeError, match="refused"), ReportProcess("sqlite:///unused.db", []) as report:
         raise RuntimeError("refused")
     assert report._process.returncode is not None
+
+
+def test_a_report_process_ends_with_its_command_however_that_ends(tmp_path):
+    """A command stopped by SIGKILL (or SIGTERM, which runs no exit code either) takes its report process with it
+    (Linux's parent-death signal): left, a process retrying an MLflow server ran on for minutes after `timeout`
+    stopped its command."""
+    import signal
+    import time
+
+    command = (  # killed while its report process is busy with a call (a closed pipe would end an idle one)
+        "import os, threading, time\n"
+        "from shard_ray.tracking.report_process import ReportProcess\n"
+        "report = ReportProcess(None, [time.sleep])\n"
+        "report.wait_until_imported()\n"
+        "threading.Thread(target=report.call, args=(time.sleep, 60), daemon=True).start()\n"
+        "time.sleep(1)\n"
+        "print(report._process.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    out = tmp_path / "out.txt"
+    with out.open("w") as printed:  # a file, not a pipe: reading a pipe would wait for the child too
+        code = subprocess.run([sys.executable, "-c", command], stdout=printed, stderr=printed, timeout=120).returncode
+    assert code == -signal.SIGKILL, out.read_text()
+    child = int(out.read_text().split()[0])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the report process outlived its command"
+        time.sleep(0.1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from shard_ray.cli.flags import add_settings, settings_from
@@ -35,10 +36,21 @@ def add_tracking(parser: argparse.ArgumentParser, experiment: str = "shard-ray")
 
 def tracking(args: argparse.Namespace) -> tuple[str | None, str]:
     """The MLflow tracking URI (None with --no-mlflow) and experiment the flags ask for."""
-    from shard_ray.tracking.mlflow_runs import default_tracking_uri
+    from shard_ray.tracking.mlflow_runs import check_tracking_uri, default_tracking_uri
 
     flags = settings_from(TrackingArgs, args, defaults={"experiment": args.default_experiment})
-    return (None if flags.no_mlflow else flags.tracking_uri or default_tracking_uri()), flags.experiment
+    if flags.no_mlflow:
+        return None, flags.experiment
+    uri = flags.tracking_uri or default_tracking_uri()
+    given_as = (
+        "--tracking-uri"
+        if flags.tracking_uri
+        else "MLFLOW_TRACKING_URI"
+        if os.environ.get("MLFLOW_TRACKING_URI")
+        else "the default store"
+    )
+    check_tracking_uri(uri, given_as)
+    return uri, flags.experiment
 
 
 def connect(args: argparse.Namespace, min_cpus: int = 1) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from shard_ray.errors import ShardRayError
 from shard_ray.io import shard_ray_home
 from shard_ray.plan.cost import STEP_PARTS, MeasuredComparison, PlanCost
 from shard_ray.plan.plan import Plan
@@ -38,6 +39,46 @@ def default_tracking_uri(directory: str | os.PathLike[str] = ".") -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     return f"sqlite:///{(Path(directory) / 'mlflow.db').resolve()}"
+
+
+# The schemes of MLflow's own tracking stores (mlflow/tracking/_tracking_service/utils.py: a path or file:, the
+# databases SQLAlchemy opens, a tracking server, Databricks); a plugin adds its own as an `mlflow.tracking_store`
+# entry point.
+MLFLOW_STORE_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",
+                        "databricks-uc", "uc")  # fmt: skip
+SERVER_ANSWER_TIMEOUT_S = 3.0
+
+
+def check_tracking_uri(tracking_uri: str, given_as: str) -> None:
+    """Refuse in a line, before a command's work, a tracking URI its runs could not be logged to: a scheme no MLflow
+    store takes, an SQLite database in a folder that does not exist (MLflow would create the folders), or a tracking
+    server nothing answers at. Found by MLflow, each came after the measuring as a traceback, or after minutes of
+    retries. `given_as` names where the URI came from (the flag, MLFLOW_TRACKING_URI)."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(tracking_uri)
+    scheme = parsed.scheme.split("+")[0]  # a database's driver: postgresql+psycopg2://...
+    if scheme not in MLFLOW_STORE_SCHEMES:
+        from importlib.metadata import entry_points
+
+        if scheme not in {point.name for point in entry_points(group="mlflow.tracking_store")}:
+            raise ShardRayError(
+                f"{given_as} {tracking_uri}: no MLflow store takes {parsed.scheme}:// URIs (sqlite:///PATH, "
+                "http(s)://HOST:PORT of a tracking server, a database's URI, or a folder)"
+            )
+    database = sqlite_database(tracking_uri)
+    if database is not None and not database.parent.is_dir():
+        raise ShardRayError(f"{given_as} {tracking_uri}: folder {database.parent} does not exist; create it first")
+    if scheme in ("http", "https"):
+        port = parsed.port or (443 if scheme == "https" else 80)
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=SERVER_ANSWER_TIMEOUT_S).close()
+        except OSError as err:
+            raise ShardRayError(
+                f"{given_as} {tracking_uri}: nothing answers there ({err.strerror or err}); start the tracking "
+                "server (`mlflow server`, docs/mlflow.md) or give another URI"
+            ) from None
 
 
 def artifact_location(tracking_uri: str) -> str | None:

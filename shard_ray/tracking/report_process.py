@@ -13,14 +13,16 @@ cores it must not share) and then hands it the report's calls, each a function o
         ...                                  # measuring
         logged = report.call(log_comparison, result, ...)
 
-The child's output goes where the command's does; it runs in a session of its own, so a Ctrl-C reaches the command,
-which stops it (by its process id) on the way out.
+The child's output goes where the command's does. It is in the command's process group (a signal to the group reaches
+it), leaves a Ctrl-C to the command, which stops it on the way out, and ends with the command however that ends
+(Linux's parent-death signal: a command stopped by SIGTERM or SIGKILL has no way out to run).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
-import pickle
+import signal
 import subprocess
 import sys
 import traceback
@@ -33,6 +35,7 @@ from shard_ray.errors import ShardRayError
 
 T = TypeVar("T")
 IMPORTED = "imported"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def report_modules(tracking_uri: str | None) -> list[str]:
@@ -47,16 +50,16 @@ def report_modules(tracking_uri: str | None) -> list[str]:
 
 class ReportProcess:
     """A process importing `functions`' modules and what a report with `tracking_uri` needs (`report_modules`) from
-    its start, then running the calls it is handed in order (see the module's docstring)."""
+    its start, then running the calls it is handed in order (see the module's docstring). Start it on the command's
+    main thread: the kernel's parent-death signal follows the thread that started it."""
 
     def __init__(self, tracking_uri: str | None, functions: Sequence[Callable[..., Any]]) -> None:
         modules = report_modules(tracking_uri) + list(dict.fromkeys(f.__module__ for f in functions))
         calls_read, calls_write = os.pipe()
         answers_read, answers_write = os.pipe()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(calls_read), str(answers_write), *modules],
+            [sys.executable, "-m", __name__, str(os.getpid()), str(calls_read), str(answers_write), *modules],
             pass_fds=(calls_read, answers_write),
-            start_new_session=True,
         )
         os.close(calls_read)
         os.close(answers_write)
@@ -108,6 +111,31 @@ class ReportProcess:
         self.close()
 
 
+def _end_with(command: int) -> None:
+    """Have the kernel stop this process when the command that started it ends (Linux's PR_SET_PDEATHSIG), and
+    leave a Ctrl-C to the command."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):  # not Linux: the closed pipe ends it once a call is answered
+        pass
+    if os.getppid() != command:  # it ended before the signal was asked for
+        os._exit(0)
+
+
+def _raised_as(err: Exception) -> Exception:
+    """What the command raises for `err`: a one-line error as it is, MLflow's and a missing module's as one, others (a
+    bug) as their type and message, which rebuild in the command whatever the exception's arguments."""
+    if isinstance(err, ShardRayError):
+        return err
+    mlflow_errors = sys.modules.get("mlflow.exceptions")
+    if isinstance(err, ImportError) or (mlflow_errors and isinstance(err, mlflow_errors.MlflowException)):
+        # a store MLflow cannot open here (a database's driver not installed, say) or that refused the run
+        return ShardRayError(f"MLflow could not log the run: {str(err).strip().splitlines()[0]}")
+    traceback.print_exc()  # where it was raised, which the command's traceback lacks
+    return RuntimeError(f"{type(err).__name__}: {err} (in the process writing the report)")
+
+
 def _answer_calls(calls: Connection, answers: Connection, modules: list[str]) -> None:
     """The child's side: import `modules`, say so, then run each call received and send back what it returned or
     raised, until the command closes its end."""
@@ -133,20 +161,19 @@ def _answer_calls(calls: Connection, answers: Connection, modules: list[str]) ->
         try:
             answer = (False, function(*args, **kwargs))
         except Exception as err:
-            if not isinstance(err, ShardRayError):  # a bug: where it was raised, which the command's own lacks
-                traceback.print_exc()
-            answer = (True, err)
+            answer = (True, _raised_as(err))
         sys.stdout.flush()
         sys.stderr.flush()
         try:
             answers.send(answer)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            answers.send((True, RuntimeError(f"{answer[1]!r} (raised in the process writing the report)")))
+        except OSError:  # the command ended while the call ran (a Ctrl-C): nothing to answer
+            return
 
 
 if __name__ == "__main__":
+    _end_with(int(sys.argv[1]))
     _answer_calls(
-        Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False), sys.argv[3:]
+        Connection(int(sys.argv[2]), writable=False), Connection(int(sys.argv[3]), readable=False), sys.argv[4:]
     )
     sys.stdout.flush()
     sys.stderr.flush()
