@@ -15,7 +15,14 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
 from shard_ray.profiling.hardware import hardware_id
-from shard_ray.workflows.comparison import CompareConfig, Race, alpha_spent, claim, ratio_interval
+from shard_ray.workflows.comparison import (
+    CompareConfig,
+    Race,
+    alpha_spent,
+    claim,
+    format_comparison,
+    ratio_interval,
+)
 
 RECORDED_AA = Path(__file__).parent / "data" / "aa_rounds.json"
 
@@ -379,3 +386,22 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     assert "all-to-alls were measured at 2 devices, so its prices at 4 are extrapolated" in result.stderr
     assert all(d["fwd_compute_ms"] > 0 and d["fwd_comm_ms"] > 0 for d in cost["devices"])
     assert f"`shard-ray plan` now prices these tables with {models_for(hardware_id(threads=1))}" in result.stdout
+
+
+def test_the_comparisons_table_keeps_its_columns_under_a_long_joined_name():
+    """Plans that place the tables alike are measured once under their names joined by '=', which can be longer than
+    the name column: every row's columns still line up under the header's."""
+    names = ["lookup_greedy=size_lookup_greedy=random_and_more", "torchrec"]
+    state, verdict = replayed_race(names, [1.0, 1.3], seed=3)
+    result = MeasuredComparison(
+        hardware="cpu:test", chosen=verdict.chosen, confidence=0.95, separated=verdict.separated, rule=verdict.rule,
+        steps_per_round=10, rounds=state.count, candidates={n: RoundsSummary.of(v) for n, v in state.rounds.items()},
+        ratios=verdict.ratios, predicted_ms=dict.fromkeys(names, 1.0),
+    )  # fmt: skip
+    lines = format_comparison(result).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("plan "))
+    header, rows = lines[at], lines[at + 1 : at + 3]
+    assert sorted(row.split()[0] for row in rows) == sorted(names)
+    end = header.index("cost_ms") + len("cost_ms")
+    for row in rows:  # the numbers end where their headers do, to the last column's
+        assert row[end - 1].isdigit() and row[end] == " " and len(row.rstrip()) == len(header.rstrip()), (header, row)

@@ -378,19 +378,20 @@ def format_comparison(result: MeasuredComparison) -> str:
     percent = int(round(result.confidence * 100))
     pairs = len(result.candidates) * (len(result.candidates) - 1) // 2
     priced = f"; {', '.join(result.priced_parts)} priced by the comm model" if result.priced_parts else ""
+    width = max(36, *map(len, result.candidates))  # a joined name (plans placing alike) can be longer
     lines = [
         f"measured side by side on {result.hardware}: {result.rounds} interleaved rounds of {result.steps_per_round} "
         f"steps{priced}; a plan's cost_ms is its median round's",
         f"ratios to the chosen plan with intervals simultaneous over {pairs} pair(s) and every look "
         f"({percent}% confidence in all of them together)",
-        f"{'plan':<36} {'cost_ms':>10}  {'ratio to chosen':>28}  {'verdict':<12}  {'predicted':>9}  "
+        f"{'plan':<{width}} {'cost_ms':>10}  {'ratio to chosen':>28}  {'verdict':<12}  {'predicted':>9}  "
         f"{'measured/predicted':>18}",
     ]
     for name, c in sorted(result.candidates.items(), key=lambda item: item[1].median_ms):
         ratio = result.ratios[name].describe() if name in result.ratios else "1"
         predicted = result.predicted_ms.get(name)
         priced = f"{predicted:>9.2f}  {c.median_ms / predicted:>18.2f}" if predicted else f"{'-':>9}  {'-':>18}"
-        lines.append(f"{name:<36} {c.median_ms:>10.2f}  {ratio:>28}  {result.verdict(name):<12}  {priced}")
+        lines.append(f"{name:<{width}} {c.median_ms:>10.2f}  {ratio:>28}  {result.verdict(name):<12}  {priced}")
     lines.append(result.rule)
     if result.predicted_ms:
         lines.append("predicted: the cost models' price of each plan (ms); measured/predicted: its cost_ms over it")
