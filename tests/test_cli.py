@@ -716,13 +716,8 @@ def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, 
 def test_an_address_that_is_no_ray_address_is_refused_in_a_line(tmp_path, table_file, address, said):
     """The dashboard's address, which the clusters page gives `ray job submit`, and an address with no port:
     one line, status 2, where Ray raised a ValueError's traceback."""
-    plan = _two_device_plan(tmp_path)
-    result = run_cli(
-        "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1", "--address", address,
-        "--out", str(tmp_path / "r.json"),
-    )  # fmt: skip
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and said in lines[0], result.stderr
+    line, _ = _evaluate_refused(tmp_path, table_file, "--address", address)
+    assert said in line
 
 
 @pytest.mark.parametrize(
@@ -744,16 +739,22 @@ def test_a_tracking_uri_runs_could_not_be_logged_to_is_refused_before_measuring(
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     uri, said = (text.format(tmp=tmp_path, port=port) for text in (uri, said))
-    plan = _two_device_plan(tmp_path)
     began = time.monotonic()
+    line, printed = _evaluate_refused(tmp_path, table_file, "--tracking-uri", uri)
+    assert said in line and "ray:" not in printed and time.monotonic() - began < 30
+    assert not (tmp_path / "no").exists()
+
+
+def _evaluate_refused(tmp_path: Path, table_file: Path, *flags: str) -> tuple[str, str]:
+    """`evaluate` of a hand-written plan (`_two_device_plan`) with `flags`, refused: its one line of error (status
+    2, no result written) and what it printed before."""
     result = run_cli(
-        "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1", "--tracking-uri", uri,
-        "--out", str(tmp_path / "r.json"),
+        "evaluate", "--tables", str(table_file), "--plan", str(_two_device_plan(tmp_path)), "--memory-gb", "1",
+        *flags, "--out", str(tmp_path / "r.json"),
     )  # fmt: skip
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and said in lines[0], result.stderr
-    assert "ray:" not in result.stdout and time.monotonic() - began < 30
-    assert not (tmp_path / "no").exists() and not (tmp_path / "r.json").exists()
+    assert result.returncode == 2 and len(lines) == 1 and not (tmp_path / "r.json").exists(), result.stderr
+    return lines[0], result.stdout
 
 
 def _two_device_plan(tmp_path: Path) -> Path:
