@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 
 import ray
 
@@ -126,6 +130,23 @@ def _check_reachable(address: str, given: str) -> None:
         channel.close()
 
 
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[list[int]]:
+    """Hold a Ctrl-C (SIGINT) that comes while the block runs, and say after it whether one came. Interrupted inside
+    `ray.init`, a local Ray half started left its raylet's dashboard and runtime-env agents running, orphaned and
+    deaf to SIGTERM, for minutes; held, the Ray is started, then stopped whole (a few seconds later). Off the main
+    thread, where Python takes no signals, the block runs as it is."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     """Join the cluster at `address` (or RAY_ADDRESS); otherwise start a local Ray.
 
@@ -173,16 +194,20 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
     added = {name: value for name, value in workers_env.items() if name not in os.environ}
     os.environ.update(added)
     try:
-        # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=False,
-            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-            logging_level=logging.WARNING,
-        )
+        with _ctrl_c_held() as pressed:
+            # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
+            ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                logging_level=logging.WARNING,
+            )
     finally:
         for name in added:
             del os.environ[name]
+    if pressed:
+        ray.shutdown()
+        raise KeyboardInterrupt
     _local_ray = (_node_id(), workers_env)
     return f"ray: started a local instance with {cpus} CPUs"

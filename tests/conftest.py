@@ -41,6 +41,10 @@ def ray_session():
     gang can overlap. (The multi-node tests shut it down and bring up their cluster instead.)"""
     import ray
 
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 4:
+        # a local Ray an in-process command of an earlier test started (as many CPUs as cores): the pools and gangs
+        # of the tests after would wait forever for the CPUs it lacks
+        ray.shutdown()
     if not ray.is_initialized():
         ray.init(
             address="local", num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False

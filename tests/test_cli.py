@@ -652,6 +652,55 @@ def test_a_command_exits_without_teardown_yet_stops_its_local_ray_and_writes_eve
     assert not _processes_with(tag), "processes the command started outlived it"
 
 
+@pytest.mark.slow
+def test_ctrl_c_while_a_local_ray_starts_leaves_none_of_it_running(tmp_path, table_file):
+    """A Ctrl-C that lands inside `ray.init` of the command's local Ray (its raylet just started): the command still
+    says `interrupted` in a line with status 130, and the Ray it had started ends with it, where its raylet's agents
+    had run on, orphaned, for minutes (`connect_ray` holds the Ctrl-C until the Ray is up, then stops it)."""
+    import os
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    evaluate = [
+        str(Path(sys.executable).parent / "shard-ray"), "evaluate", "--tables", str(table_file), "--plan",
+        str(_two_device_plan(tmp_path)), "--memory-gb", "1", "--no-mlflow", "--out", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    # a session of its own: Ray's processes are in it (their environment is no mark: the agents rewrite theirs)
+    command = subprocess.Popen(
+        evaluate, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+
+    def in_its_session() -> dict[int, str]:
+        found = {}
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit():
+                    fields = (proc / "stat").read_text().rpartition(")")[2].split()
+                    if int(fields[3]) == command.pid and fields[0] != "Z":  # its session, not a zombie
+                        found[int(proc.name)] = (proc / "comm").read_text().strip()
+            except OSError:
+                pass
+        return found
+
+    deadline = time.monotonic() + 120
+    while "raylet" not in in_its_session().values():
+        assert command.poll() is None and time.monotonic() < deadline, "no raylet started"
+        time.sleep(0.05)
+    command.send_signal(signal.SIGINT)
+    out, err = command.communicate(timeout=120)
+    assert command.returncode == 130 and err.strip().splitlines()[-1] == "shard-ray: interrupted", out + err
+    assert "Traceback" not in err and not (tmp_path / "r.json").exists()
+    deadline = time.monotonic() + 30
+    try:
+        while left := in_its_session():
+            assert time.monotonic() < deadline, f"the interrupted command's Ray outlived it: {left}"
+            time.sleep(0.5)
+    finally:  # what the assertion found, stopped by its process ids
+        for pid in in_its_session():
+            os.kill(pid, signal.SIGKILL)
+
+
 def _processes_with(tag: str) -> list[int]:
     """The live processes whose environment holds `tag`."""
     found = []
