@@ -794,6 +794,22 @@ def test_a_tracking_uri_runs_could_not_be_logged_to_is_refused_before_measuring(
     assert not (tmp_path / "no").exists()
 
 
+def test_a_plan_not_measured_logs_nothing_and_checks_no_tracking_uri(tmp_path, table_file):
+    """`plan` without --measure writes no MLflow run, so a tracking server that is down (MLFLOW_TRACKING_URI of a
+    shell set for other commands) does not stop it; with --measure it is refused before the placing."""
+    import os
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:1"}
+    plan = [sys.executable, "-m", "shard_ray.cli", "plan", "--tables", str(table_file), "--devices", "2",
+            "--memory-gb", "1", "--algo", "size_greedy", "--out", str(tmp_path / "p.json")]  # fmt: skip
+    done = subprocess.run(plan, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and (tmp_path / "p.json").exists(), done.stderr
+    (tmp_path / "p.json").unlink()
+    done = subprocess.run([*plan, "--measure"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "MLFLOW_TRACKING_URI http://127.0.0.1:1: nothing answers there" in done.stderr
+    assert not (tmp_path / "p.json").exists() and "placed" not in done.stdout
+
+
 def _evaluate_refused(tmp_path: Path, table_file: Path, *flags: str) -> tuple[str, str]:
     """`evaluate` of a hand-written plan (`_two_device_plan`) with `flags`, refused: its one line of error (status
     2, no result written) and what it printed before."""

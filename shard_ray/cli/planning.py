@@ -219,11 +219,12 @@ def cmd_plan(args: argparse.Namespace) -> None:
     _check_cost_model_flag(flags)
     if flags.hardware is not None:
         check_hardware_id(flags.hardware)
-    tracking_uri, experiment = tracking(args)
+    # a race's MLflow run: its store checked now, before the placing (a plan not measured logs nothing)
+    tracking_uri, experiment = tracking(args) if flags.measure else (None, "")
     if flags.measure:
         connect(args, min_cpus=flags.devices)  # refuse a gang the cluster cannot hold before planning
-    # a race's report (its MLflow run) written by a process that imports MLflow from now, beside the placing
-    reports = flags.measure and tracking_uri is not None
+    # the race's report written by a process that imports MLflow from now, beside the placing
+    reports = tracking_uri is not None
     if reports:
         from shard_ray.tracking.mlflow_runs import log_comparison
         from shard_ray.tracking.report_process import ReportProcess

@@ -1,11 +1,12 @@
 """A measuring command's report, written by a process of its own that imports its modules while the command starts.
 
-A `compare` or `evaluate` reports with matplotlib (its charts) and MLflow (its runs): about 2 s of imports on these
-2-core machines (docs/commands.md). In the command's own process they took that long between its start and its
-measuring whatever the order, on a thread or not: Python's imports hold the interpreter's lock, so they ran after
-the command's own imports (torch, Ray), not beside them. `ReportProcess` starts a Python process that imports them on
-the other core while the command imports its own and joins Ray; the command waits for it before measuring (whose
-cores it must not share) and then hands it the report's calls, each a function of a module and its arguments.
+A `compare`, an `evaluate` or a `plan --measure` reports with matplotlib (its charts) and MLflow (its runs): about
+2 s of imports on these 2-core machines (docs/commands.md). In the command's own process they took that long between
+its start and its measuring whatever the order, on a thread or not: Python's imports hold the interpreter's lock, so
+they ran after the command's own imports (torch, Ray), not beside them. `ReportProcess` starts a Python process that
+imports them on the other core while the command imports its own and joins Ray; the command waits for it before
+measuring (whose cores it must not share) and then hands it the report's calls, each a function of a module and its
+arguments.
 
     with ReportProcess(tracking_uri, [ratio_chart, log_comparison]) as report:
         ...                                  # the command's imports, its gang
