@@ -316,6 +316,16 @@ def test_collect_resumes_without_measuring_twice(ray_session, tmp_path, small_ta
 
 
 @pytest.mark.slow
+def test_a_pool_of_more_actors_than_the_cluster_has_devices_is_refused_before_starting_any(ray_session):
+    """Ray would keep actors it can never place pending, and the pool's first call on them waited forever (a test's
+    in-process Ray of 2 CPUs once hung the suite so): refused in a line, no actor started."""
+    cpus = int(ray.cluster_resources()["CPU"])
+    with pytest.raises(ShardRayError, match=f"{cpus + 1} actors needs {cpus + 1} CPUs, one each, but the Ray cluster"):
+        ProfilingPool(num_actors=cpus + 1, use_gpus=False)
+    assert ray.available_resources().get("CPU") == cpus  # nothing started, nothing holding a CPU
+
+
+@pytest.mark.slow
 def test_pool_and_gang_are_shut_down_when_their_block_raises(ray_session):
     import pytest
     import ray

@@ -117,6 +117,14 @@ class ProfilingPool:
             return
         release_kept_gang()  # a gang kept for a later command would hold the devices these actors need
         self.use_gpus = cluster_has_gpus() if use_gpus is None else use_gpus
+        # Ray would keep actors it can never place waiting, and the pool's first call on them forever with them.
+        kind = "GPU" if self.use_gpus else "CPU"
+        held = int(ray.cluster_resources().get(kind, 0))
+        if num_actors > held:
+            raise ShardRayError(
+                f"a profiling pool of {num_actors} actors needs {num_actors} {kind}s, one each, but the Ray cluster "
+                f"has {held}; give fewer actors or a bigger cluster"
+            )
         # Spread over the nodes: on a cluster, every node's devices profile.
         options = {**resources_per_device(self.use_gpus), "scheduling_strategy": "SPREAD"}
         self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
