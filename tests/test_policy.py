@@ -18,7 +18,7 @@ from shard_ray.placement import place
 from shard_ray.plan.constraints import load_constraints
 from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, Topology, memory_cap_with_headroom, shard_bytes
-from shard_ray.policy.decode import best_option
+from shard_ray.policy.decode import best_option, roll_out
 from shard_ray.policy.env import (
     INFEASIBLE_PENALTY,
     NUM_CURRENT_FEATURES,
@@ -150,12 +150,93 @@ def test_past_its_candidates_a_step_scores_the_least_loaded_and_the_roomiest_and
     assert state.cost == pytest.approx(simulated.cost_ms, rel=1e-5)
 
 
+def room_kept(state: PlacementState) -> bool:
+    """Whether the pieces still to place that need more than half a device each have a device (`_keeps_room`)."""
+    later = sorted(state._crowding_needs(state.position - 1), reverse=True)
+    return all((state.ledger.free >= need).sum() > k for k, need in enumerate(later))
+
+
+def test_a_wave_scores_each_piece_on_candidates_of_its_own_as_its_step_would_and_plans_as_the_steps_do(
+    models, monkeypatch
+):
+    """On 64 devices (`WAVE_DEVICES`) decoding scores runs of later pieces at once (`PlacementState.wave`): each piece
+    on 16 candidates of its own, the least loaded dealt in turn, every one with room for it; its options' rows those
+    a step would observe on those candidates (the prices of all of them made in one call of each model); the finished
+    plan within its memory and priced at its simulated cost; and, on a task whose memory is tight enough that the
+    steps keep room for pieces needing more than half a device, priced within 1% of the plan taken a step at a time."""
+    # 60 tables of little compute needing 0.55 of a device each, placed last, and 250 of more compute and less memory,
+    # which take the room the 60 need unless it is kept
+    rng = np.random.default_rng(0)
+    tables = [TableSpec(name=f"big{i}", rows=2_000_000, dim=64, pooling_factor=1.0) for i in range(60)]
+    tables += [
+        TableSpec(name=f"t{i}", rows=int(rng.integers(200_000, 600_000)), dim=64, pooling_factor=rng.uniform(4, 30))
+        for i in range(250)
+    ]
+    topology = Topology(num_devices=64, memory_bytes=int(shard_bytes(tables[0], 64, "rowwise_adagrad") / 0.55))
+    network, _ = load_policy(default_policy_path())
+    scorer = DecodingScorer(network)
+    state = PlacementState(tables, topology, models)
+    assert len(state._crowding) == 60 and state._crowding[0] > 200  # the 60, placed after the others
+    waves = crowded = 0
+    while not state.done:
+        size = state.wave()
+        candidates, observed = state.observe_wave(size) if size else (np.zeros((0, 16)), {})
+        if not len(candidates):
+            state.take(best_option(scorer.logits(state.observation())))
+            continue
+        pieces = state.queue_described[state.position : state.position + len(candidates)]
+        assert 2 <= len(candidates) <= 64 // 16 and candidates.shape[1] == 16
+        assert len(np.unique(candidates)) == candidates.size  # no device a candidate of two pieces
+        assert all((state.ledger.free[c] >= p.need).all() for p, c in zip(pieces, candidates))
+        totals = state.compute_ms.sum(axis=1) + state.comm_ms
+        firsts = totals[[c[np.argmin(totals[c])] for c in candidates]]  # each piece's least loaded candidate's
+        assert list(firsts) == sorted(totals[candidates.ravel()])[: len(candidates)]
+        what_ifs = state._wave[1].reshape(len(candidates), 16, 3)
+        for piece, devices, what_if in zip(pieces, candidates, what_ifs):
+            assert what_if == pytest.approx(state._rows_if(piece, devices)[0], rel=1e-6)
+        slots = np.array([best_option(logits) for logits in scorer.logits(observed)])
+        state._candidates = candidates[0]  # the wave's first piece observed as its own step would, on its candidates
+        alone = state.observation()
+        assert alone["options"] == pytest.approx(observed["options"][0], rel=1e-5, abs=1e-6)  # a raise: a difference
+        assert alone["table"] == pytest.approx(observed["table"][0], rel=1e-6)
+        kept = room_kept(state)
+        state.place_wave(slots)
+        waves += 1
+        crowded += kept and bool(state._crowding_needs(state.position - 1))
+        assert room_kept(state) or not kept  # the room the steps keep for the later pieces, kept
+    assert waves >= 10 and crowded >= 5
+    plan = state.plan("dreamshard")
+    plan.check_memory(tables, topology)
+    assert state.cost == pytest.approx(Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms, rel=1e-5)
+    monkeypatch.setattr("shard_ray.policy.env.WAVE_DEVICES", 10**9)  # the steps alone
+    stepped = roll_out(network, tables, topology, models)
+    assert stepped.done and state.cost <= 1.01 * stepped.cost, (state.cost, stepped.cost)
+
+
 def test_a_policy_scores_every_device_up_to_its_candidates(models, small_tables):
     topology = Topology(num_devices=5, memory_bytes=memory_cap_with_headroom(small_tables, 5, 1.2))
     state = PlacementState(small_tables, topology, models, candidates=5)
     state.place(0)
     assert state.candidates().tolist() == [0, 1, 2, 3, 4]  # infeasible ones too, masked in the observation
     assert state.observation()["options"].shape[0] == 5 + len(state.splits())
+
+
+def test_on_more_devices_than_candidates_a_table_whose_slices_fit_nowhere_is_offered_the_splits_that_fit(models):
+    """24 devices each holding a table of 3 in the room of 2: the 25th fits nowhere whole, nor does a column half (its
+    rows' optimizer state besides); its row-wise blocks fit. The column splits are priced as not fitting (on more
+    devices than the candidates, finding no device with room once failed the step with a traceback), the row-wise one
+    taken finishes the plan within memory."""
+    tables = [TableSpec(name=f"t{i}", rows=100_001, dim=64, pooling_factor=2.0) for i in range(25)]
+    topology = Topology(num_devices=24, memory_bytes=3 * shard_bytes(tables[0], 64, "rowwise_adagrad") // 2)
+    state = PlacementState(tables, topology, models)
+    for device in range(24):
+        state.place(device)
+    assert not state.action_mask().any() and not state.stuck()
+    offered = [(option.split, len(split.pieces), split.fits) for option, split in state.splits()]
+    assert offered[:3] == [("column_wise", 2, False), ("column_wise", 4, True), ("row_wise", 24, True)], offered
+    state.take(len(state.candidates()) + [o.split for o, _ in state.splits()].index("row_wise"))
+    assert state.done
+    state.plan("dreamshard").check_memory(tables, topology)
 
 
 def test_episode_ends_with_a_penalty_when_the_next_table_fits_nowhere(models):

@@ -184,14 +184,20 @@ class Pricer:
         return np.maximum(one_host, self.link_rows(width, total, devices)).sum(axis=-1)
 
     def output_and_input_rows(
-        self, widths: np.ndarray, inputs: np.ndarray, totals: tuple[float, float], most: np.ndarray, devices: int
+        self,
+        widths: np.ndarray,
+        inputs: np.ndarray,
+        totals: tuple[float, float] | np.ndarray,
+        most: np.ndarray,
+        devices: int,
     ) -> np.ndarray:
         """`comm_rows` of devices of `widths` [n] columns plus the input all-to-all ms of the same devices receiving
-        `inputs` [n] float columns per sample: `totals` (columns, inputs) in all, `most` [2, n] the widest and the
-        most inputs. One call of the comm model, its two stacks multiplied apart (`CostModels.comm_ms`): the same
+        `inputs` [n] float columns per sample: `totals` (columns, inputs) in all (per device: [2, n]), `most` [2, n]
+        the widest and the most inputs. One call of the comm model, its two stacks multiplied apart (`CostModels.comm_ms`): the same
         ms as the two priced alone, in half the calls (the policy prices both every step)."""
         stacked = np.stack([widths, inputs]).astype(np.float64)
-        total = np.array(totals, dtype=np.float64)[:, None]
+        total = np.asarray(totals, dtype=np.float64)
+        total = total[:, None] if total.ndim == 1 else total
         one_host = self.one_host_comm(stacked, total, most, devices, floor_phases=[(0, 1), (1, 1)])
         outputs, received = one_host[0], one_host[1][:, 0]
         if not self._links_are_floor:

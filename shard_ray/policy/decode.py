@@ -47,15 +47,23 @@ def roll_out(
     has it."""
     scorer = DecodingScorer(network)
     state = PlacementState(tables, topology, models, lower_bound=lower_bound)
+
+    def choose(logits: np.ndarray) -> np.ndarray:
+        """Each row's option [K] of `logits` [K, R]."""
+        if generator is None:
+            return np.array([best_option(row) for row in logits])
+        return torch.multinomial(torch.softmax(torch.from_numpy(logits), dim=-1), 1, generator=generator)[:, 0].numpy()
+
     while not state.done:
+        wave = state.wave()
+        if wave:
+            candidates, observations = state.observe_wave(wave)
+            if len(candidates):
+                state.place_wave(choose(scorer.logits(observations)))
+                continue
         if state.stuck():
             return state
-        logits = scorer.logits(state.observation())
-        if generator is None:
-            slot = best_option(logits)
-        else:
-            slot = int(torch.multinomial(torch.softmax(torch.from_numpy(logits), dim=-1), 1, generator=generator))
-        state.take(slot)
+        state.take(int(choose(scorer.logits(state.observation())[None])[0]))
     return state
 
 

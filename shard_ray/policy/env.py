@@ -89,6 +89,9 @@ INFEASIBLE_PENALTY = 2.0
 # The most devices scored for a piece, so that placing grows with the tables, not tables x devices (docs/policy.md):
 # on more devices, those with room for it, half the least loaded by predicted step and the rest the roomiest.
 CANDIDATES = 16
+# On this many devices or more, decoding scores the later pieces in waves (`PlacementState.wave`): a piece a step, the
+# 5,136 tables on 512 devices of docs/policy.md took 6-7 s to place on one core, about 1 ms a step in small calls.
+WAVE_DEVICES = 4 * CANDIDATES
 
 
 def observation_rows(max_devices: int) -> int:
@@ -361,6 +364,8 @@ class PlacementState:
         self._candidates: np.ndarray | None = None
         self._what_if: tuple[np.ndarray, np.ndarray] | None = None
         self._splits: list[tuple[Option, _Split]] | None = None
+        # `observe_wave`'s candidates [K, C], their what-if rows [K * C, 3] and own sets' comm [K * C], for `place_wave`
+        self._wave: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # Where splits are offered: the device the prior prefers for the piece whole (`_best_whole`), and the plan
         # finished greedily after it there (`finish`).
         self._whole: tuple[int | None, float] = (None, math.inf)
@@ -803,11 +808,12 @@ class PlacementState:
 
     def _price_slices(self, slices: list[TablePiece]) -> _Split:
         """The column slices on the candidate devices where each slice alone would make the lowest total, one a
-        device."""
+        device; where fewer devices have room for one than there are slices, priced on devices without (and so not
+        fitting): on more devices than the candidates, a split that found no device left the step without prices."""
         self._describe(slices)
         one = self._pieces[slices[0].key]
         mask = self.ledger.room(one.need)
-        devices = self._choose_candidates(mask)
+        devices = self._choose_candidates(mask if mask.sum() >= len(slices) else np.ones_like(mask))
         rows, _ = self._rows_if(one, devices)
         order = np.argsort(np.where(mask[devices], rows.sum(axis=1), np.inf), kind="stable")
         return self._price_split(slices, devices[order[: len(slices)]])
@@ -837,61 +843,201 @@ class PlacementState:
     def observation(self) -> dict[str, np.ndarray]:
         """Rows of the options [R, NUM_OPTION_FEATURES] (`options()`), the current piece [NUM_CURRENT_FEATURES], the
         masks."""
-        i, d = self.position, self.topology.num_devices
         current = self._current()
         c = self.candidates()
-        scale = self.lower_bound
-        totals = self._device_totals()
         with_table = self.what_if().sum(axis=1)
         free = self.ledger.free
         splits = self.splits()
         # a split's device features are those of its device that ends slowest
         slowest = np.array([s.devices[np.argmax(s.totals[s.devices])] for _, s in splits], dtype=np.int64)
-        rows = np.concatenate([c, slowest])
         raised = np.maximum(with_table, self.cost) - self.cost
         split_with, split_raised = self._split_prices(with_table, raised)
         split_free = np.array([free[s.devices].min() for _, s in splits])
         split_memory = [
             max(self._pieces[p.key].need / max(free[a], 1) for p, a in zip(s.pieces, s.devices)) for _, s in splits
         ]
-        per_device_share = max(len(self.queue) / d, 1.0)
-        sums = self.feature_sums[rows] / per_device_share
-        one_hot = np.zeros((len(rows), len(SPLITS)))
+        options = self._option_rows(
+            np.concatenate([c, slowest]),
+            np.concatenate([with_table, split_with]),
+            np.concatenate([raised, split_raised]),
+            np.concatenate([free[c], split_free]),
+            np.concatenate([current.need / np.maximum(free[c], 1), split_memory]),
+        )
         for k, (option, _) in enumerate(splits):
-            one_hot[len(c) + k, SPLITS.index(option.split)] = 1.0
-        options = np.column_stack(
+            options[len(c) + k, -len(SPLITS) + SPLITS.index(option.split)] = 1.0
+        return {
+            "options": options.astype(np.float32),
+            "table": self._piece_row(self.position, self.singles_left).astype(np.float32),
+            "action_mask": self.option_mask().astype(np.float32),
+            "valid": np.ones(len(options), dtype=np.float32),
+        }
+
+    def _option_rows(
+        self, rows: np.ndarray, with_table: np.ndarray, raised: np.ndarray, free: np.ndarray, memory: np.ndarray
+    ) -> np.ndarray:
+        """`OPTION_FEATURES` [n, NUM_OPTION_FEATURES] of options whose device features are those of devices `rows`
+        [n], given the devices' totals `with_table` with the piece, the plan's cost `raised`, the `free` memory and the
+        piece's `memory` over it; the split columns zero."""
+        scale = self.lower_bound
+        sums = self.feature_sums[rows] / max(len(self.queue) / self.topology.num_devices, 1.0)
+        return np.column_stack(
             [
                 self.compute_ms[rows] / scale,
                 self.comm_ms[rows] / scale,
-                totals[rows] / scale,
-                np.concatenate([with_table, split_with]) / scale,
-                np.concatenate([raised, split_raised]) / scale,
-                np.concatenate([free[c], split_free]) / self.topology.memory_bytes,
-                np.minimum(np.concatenate([current.need / np.maximum(free[c], 1), split_memory]), 2.0),
+                self._device_totals()[rows] / scale,
+                with_table / scale,
+                raised / scale,
+                free / self.topology.memory_bytes,
+                np.minimum(memory, 2.0),
                 self.widths.sum(axis=0)[rows] / self.task_width,
                 np.log1p(self.counts.numpy()[rows]),
                 sums[:, :NUM_SCALAR_FEATURES],
                 sums[:, NUM_SCALAR_FEATURES:].sum(axis=1),
-                one_hot,
+                np.zeros((len(rows), len(SPLITS))),
             ]
         )
-        piece = np.concatenate(
+
+    def _piece_row(self, position: int, singles_left: float) -> np.ndarray:
+        """The features [NUM_CURRENT_FEATURES] of the queue's piece at `position`, `singles_left` the predicted single
+        costs of the queue from it on."""
+        single = self.queue_singles[position]
+        return np.concatenate(
             [
-                current.features,
+                self.queue_described[position].features,
                 [
-                    self.queue_singles[i] / scale,
-                    (self.singles_left - self.queue_singles[i]) / self.singles_total,
-                    i / len(self.queue),
-                    math.log2(d),
+                    single / self.lower_bound,
+                    (singles_left - single) / self.singles_total,
+                    position / len(self.queue),
+                    math.log2(self.topology.num_devices),
                 ],
             ]
         )
-        return {
-            "options": options.astype(np.float32),
-            "table": piece.astype(np.float32),
-            "action_mask": self.option_mask().astype(np.float32),
-            "valid": np.ones(len(rows), dtype=np.float32),
+
+    def wave(self) -> int:
+        """How many pieces from the current one on decoding may score at once, each on candidates of its own
+        (`observe_wave`); 0 where the current piece takes a step of its own. On `WAVE_DEVICES` devices or more, once no
+        piece needing more than half a device is still to come, a run of whole pieces of distinct tables no device
+        holds yet, of one sharding type, that free to go anywhere and offered no split, up to one a `max_candidates`
+        devices. What a piece's options would see of the others', their devices, is theirs alone: only the plan's
+        cost, the sets' total columns and the queue's progress move between them, where each step would see them move."""
+        d, start = self.topology.num_devices, self.position
+        if d < WAVE_DEVICES:
+            return 0
+        offers_left = self.split_offers < SPLIT_TABLES
+        rows_run = bool(self.of_kind[_ROW_KINDS].any())
+        kind, tables = self.queue_described[start].kind, set()
+        end = min(start + d // self.max_candidates, len(self.queue))
+        for k in range(start, end):
+            piece, described = self.queue[k], self.queue_described[k]
+            name = piece.table.name
+            crowding = described.need > self.topology.memory_bytes / 2
+            if crowding or not described.anywhere or described.kind != kind or name in self.holding or name in tables:
+                break
+            if offers_left and _whole_table(piece) and (rows_run or self.queue_singles[k] >= self.dominance):
+                break
+            tables.add(name)
+        return len(tables) if len(tables) > 1 else 0
+
+    def observe_wave(self, size: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The candidates [K, C] and observations (`observation`'s, stacked: options [K, C, F], the pieces [K, F'],
+        masks [K, C]) of the next `size` pieces (`wave`), K of them: where fewer devices have room for the largest than
+        the wave's candidates take, fewer (one: take a step). Each piece's candidates are as a step's (half the least
+        loaded by predicted step, the rest the roomiest), dealt in turn: the wave's first piece gets the least loaded
+        device, its second the next, and so on, as each step's least loaded would be."""
+        pieces = self.queue_described[self.position : self.position + size]
+        need, free = max(p.need for p in pieces), self.ledger.free
+        fits = free >= need
+        later = sorted(self._crowding_needs(self.position), reverse=True)
+        if later:
+            # The room the steps keep for the later pieces needing more than half a device (`_keeps_room`), kept
+            # whatever the wave's pieces choose: the k-th largest has at least k devices with that much free after
+            # them. Where fewer than `size` devices could be spared, the wave is that many, or its candidates only the
+            # devices whose free memory stays above every later need or was below them all.
+            counts = (free[None, :] >= np.array(later)[:, None]).sum(axis=1)
+            spare = int((counts - np.arange(1, len(later) + 1)).min())
+            if spare >= 2:
+                size = min(size, spare)
+            else:
+                fits &= (free - need >= later[0]) | (free < later[-1])
+        room = np.flatnonzero(fits)
+        per, half = self.max_candidates, self.max_candidates // 2
+        size = min(size, len(room) // per)
+        if size < 2:
+            return np.zeros((0, per), dtype=np.int64), {}
+        pieces = pieces[:size]
+        least_loaded = room[np.argsort(self._device_totals()[room], kind="stable")[: size * half]]
+        others = np.ones(self.topology.num_devices, dtype=bool)
+        others[least_loaded] = False
+        rest = room[others[room]]
+        roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: size * (per - half)]]
+        candidates = np.sort(
+            np.concatenate([least_loaded.reshape(half, size).T, roomiest.reshape(per - half, size).T], axis=1), axis=1
+        )
+        flat = candidates.reshape(-1)
+        added = _Pieces.of(pieces)
+        # each piece's what-if on its own candidates, all priced in one call of each model (`_rows_if`, per piece)
+        at = torch.from_numpy(flat)
+        encodings = added.encodings.repeat_interleave(per, dim=0)
+        compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
+        kind = int(added.kinds[0])
+        widths = self.widths[kind, candidates] + added.widths[:, None]
+        inputs = self.inputs[kind, candidates] + added.inputs[:, None]
+        widest = np.maximum(self.widths[kind].max(), widths)
+        most = np.maximum(self.inputs[kind].max(), inputs)
+        totals = np.stack(
+            [
+                np.repeat(self.widths[kind].sum() + added.widths, per),
+                np.repeat(self.inputs[kind].sum() + added.inputs, per),
+            ]
+        )
+        own = self.pricer.output_and_input_rows(
+            widths.reshape(-1), inputs.reshape(-1), totals, np.stack([widest.reshape(-1), most.reshape(-1)]),
+            self.topology.num_devices,
+        )  # fmt: skip
+        comm = own + self._other_comm(kind, flat)
+        self._wave = (candidates, np.concatenate([compute, comm[:, None]], axis=1), own)
+        with_table = compute.sum(axis=1) + comm
+        free = self.ledger.free[flat]
+        needs = np.repeat([p.need for p in pieces], per)
+        options = self._option_rows(
+            flat, with_table, np.maximum(with_table, self.cost) - self.cost, free, needs / np.maximum(free, 1)
+        )
+        before = np.cumsum([0.0, *self.queue_singles[self.position : self.position + size - 1]])
+        table = np.stack([self._piece_row(self.position + k, self.singles_left - before[k]) for k in range(size)])
+        ones = np.ones((size, per), dtype=np.float32)
+        observation = {
+            "options": options.reshape(size, per, -1).astype(np.float32),
+            "table": table.astype(np.float32),
+            "action_mask": ones,
+            "valid": ones,
         }
+        return candidates, observation
+
+    def place_wave(self, slots: np.ndarray) -> None:
+        """Put each piece of the wave `observe_wave` observed on its candidate `slots` [K], as `place` would one by one;
+        every device's all-to-alls priced again after them."""
+        candidates, rows, own = self._wave
+        size, per = candidates.shape
+        chosen = np.arange(size) * per + np.asarray(slots)
+        devices = candidates.reshape(-1)[chosen]
+        for device in devices:
+            self._put(self.piece, int(device))
+            if self.queue_singles[self.position] >= self.dominance:
+                self._dominant_on.add(int(device))
+            current = self._current()
+            self.widths[current.kind, device] += current.width
+            self.inputs[current.kind, device] += current.input
+            self.host_sums[device] += current.host_sum
+            self.of_kind[current.kind] += 1
+            self.singles_left -= self.queue_singles[self.position]
+            self.position += 1
+        self.compute_ms[devices] = rows[chosen, :2]
+        self.kind_comm, self.host_ms, self.comm_ms = self._collectives(
+            self.widths, self.inputs, self.host_sums, self.of_kind
+        )
+        self._wave = None
+        self._new_step()
+        self.cost = float(self._device_totals().max())
 
     def _split_prices(self, with_table: np.ndarray, raised: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each split's total with the table and raise of the plan's cost, as the prior reads them: its own step's

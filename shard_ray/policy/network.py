@@ -101,17 +101,20 @@ class DecodingScorer:
         self.prior = nn.functional.softplus(network.prior_weights).detach().numpy()
 
     def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        """Masked option logits [R] of one observation (`PlacementState.observation`), as `OptionScorer.forward`."""
-        options, valid = obs["options"], obs["valid"] > 0
-        joined = np.concatenate([options, np.broadcast_to(obs["table"], (len(options), len(obs["table"])))], axis=1)
+        """Masked option logits [..., R] of an observation (`PlacementState.observation`), or of several stacked
+        (`PlacementState.observe_wave`), as `OptionScorer.forward`."""
+        options, table, valid = obs["options"], obs["table"], obs["valid"] > 0
+        joined = np.concatenate(
+            [options, np.broadcast_to(table[..., None, :], (*options.shape[:-1], table.shape[-1]))], axis=-1
+        )
         h = _run_layers(joined, self.embed)
-        if valid.any():
-            pooled = np.concatenate([h[valid].max(axis=0), h[valid].mean(axis=0)])
-        else:
-            pooled = np.zeros(2 * h.shape[1], dtype=h.dtype)
-        context = np.broadcast_to(pooled, (len(h), len(pooled)))
-        scores = _run_layers(np.concatenate([h, context], axis=1), self.score)[:, 0]
-        scores = scores - options[:, PRIOR_FEATURES] @ self.prior
+        count = valid.sum(axis=-1, keepdims=True)
+        top = np.where(count > 0, np.where(valid[..., None], h, -np.inf).max(axis=-2), 0.0)
+        mean = (h * valid[..., None]).sum(axis=-2) / np.maximum(count, 1)
+        pooled = np.concatenate([top, mean], axis=-1).astype(h.dtype)
+        context = np.broadcast_to(pooled[..., None, :], (*h.shape[:-1], pooled.shape[-1]))
+        scores = _run_layers(np.concatenate([h, context], axis=-1), self.score)[..., 0]
+        scores = scores - options[..., PRIOR_FEATURES] @ self.prior
         return np.where(obs["action_mask"] > 0, scores, np.float32(MASKED_LOGIT))
 
 
