@@ -509,7 +509,7 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
 @pytest.mark.slow
 def test_the_shipped_policy_places_5136_tables_on_512_devices_as_cost_search_prices_them(tmp_path):
     """At scale, as a user types it: `shard-ray generate`'s 5,136 tables planned on 512 devices with the shipped
-    policy, every table placed within the cap, in seconds (5-7 s on the AMD EPYC, docs/policy.md), priced within
+    policy, every table placed within the cap, in seconds (3 s on the Intel Xeon, docs/policy.md), priced within
     5% of cost_search's plan of the task by the same models (0.7% above it there, docs/results.md)."""
     shard_ray = Path(sys.executable).parent / "shard-ray"  # the command `make setup` installs beside Python
     generated = subprocess.run(
