@@ -364,8 +364,8 @@ class PlacementState:
         self._candidates: np.ndarray | None = None
         self._what_if: tuple[np.ndarray, np.ndarray] | None = None
         self._splits: list[tuple[Option, _Split]] | None = None
-        # `observe_wave`'s candidates [K, C], their what-if rows [K * C, 3] and own sets' comm [K * C], for `place_wave`
-        self._wave: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # `observe_wave`'s candidates [K, C], their what-if rows [K * C, 3] and its pieces, for `place_wave`
+        self._wave: tuple[np.ndarray, np.ndarray, _Pieces] | None = None
         # Where splits are offered: the device the prior prefers for the piece whole (`_best_whole`), and the plan
         # finished greedily after it there (`finish`).
         self._whole: tuple[int | None, float] = (None, math.inf)
@@ -995,7 +995,7 @@ class PlacementState:
             self.topology.num_devices,
         )  # fmt: skip
         comm = own + self._other_comm(kind, flat)
-        self._wave = (candidates, np.concatenate([compute, comm[:, None]], axis=1), own)
+        self._wave = (candidates, np.concatenate([compute, comm[:, None]], axis=1), added)
         with_table = compute.sum(axis=1) + comm
         free = self.ledger.free[flat]
         needs = np.repeat([p.need for p in pieces], per)
@@ -1016,21 +1016,31 @@ class PlacementState:
     def place_wave(self, slots: np.ndarray) -> None:
         """Put each piece of the wave `observe_wave` observed on its candidate `slots` [K], as `place` would one by one;
         every device's all-to-alls priced again after them."""
-        candidates, rows, own = self._wave
+        candidates, rows, added = self._wave
         size, per = candidates.shape
         chosen = np.arange(size) * per + np.asarray(slots)
         devices = candidates.reshape(-1)[chosen]
-        for device in devices:
-            self._put(self.piece, int(device))
-            if self.queue_singles[self.position] >= self.dominance:
-                self._dominant_on.add(int(device))
-            current = self._current()
-            self.widths[current.kind, device] += current.width
-            self.inputs[current.kind, device] += current.input
-            self.host_sums[device] += current.host_sum
-            self.of_kind[current.kind] += 1
-            self.singles_left -= self.queue_singles[self.position]
-            self.position += 1
+        start, end = self.position, self.position + size
+        # `_put` and `place`'s updates for all of them at once: one piece a device, so each sum is the one addition
+        # `_put` would make
+        at, kind = torch.from_numpy(devices), int(added.kinds[0])
+        self.sums.index_add_(0, at, added.encodings)
+        self.counts.index_add_(0, at, torch.ones(size))
+        self.ledger.take(devices, np.array([p.need for p in self.queue_described[start:end]]))
+        self.feature_sums[devices] += np.stack([p.features for p in self.queue_described[start:end]])
+        for piece, device in zip(self.queue[start:end], devices.tolist()):
+            self.holding.setdefault(piece.table.name, set()).add(device)
+            self.placed.append(piece)
+            self.assign.append(device)
+        singles = self.queue_singles[start:end]
+        self._dominant_on.update(devices[np.array(singles) >= self.dominance].tolist())
+        self.widths[kind, devices] += added.widths
+        self.inputs[kind, devices] += added.inputs
+        self.host_sums[devices] += added.host_sums
+        self.of_kind[kind] += size
+        for single in singles:  # one by one, as the steps take them off
+            self.singles_left -= single
+        self.position = end
         self.compute_ms[devices] = rows[chosen, :2]
         self.kind_comm, self.host_ms, self.comm_ms = self._collectives(
             self.widths, self.inputs, self.host_sums, self.of_kind

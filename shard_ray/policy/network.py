@@ -124,11 +124,15 @@ def _numpy_layers(mlp: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def _run_layers(rows: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """`rows` [..., F] through the layers, stacked rows as one matrix: numpy multiplies a stack [K, R, F] matrix by
+    matrix, a wave's 32 observations of 16 options (`PlacementState.observe_wave`) at 2.2 ms against 1.1 as one."""
+    shape = rows.shape[:-1]
+    rows = rows.reshape(-1, rows.shape[-1])
     for k, (weight, bias) in enumerate(layers):
         rows = rows @ weight + bias
         if k < len(layers) - 1:
             rows = np.tanh(rows)
-    return rows
+    return rows.reshape(*shape, rows.shape[-1])
 
 
 class PolicyInfo(BaseModel):
