@@ -193,8 +193,9 @@ class Pricer:
     ) -> np.ndarray:
         """`comm_rows` of devices of `widths` [n] columns plus the input all-to-all ms of the same devices receiving
         `inputs` [n] float columns per sample: `totals` (columns, inputs) in all (per device: [2, n]), `most` [2, n]
-        the widest and the most inputs. One call of the comm model, its two stacks multiplied apart (`CostModels.comm_ms`): the same
-        ms as the two priced alone, in half the calls (the policy prices both every step)."""
+        the widest and the most inputs. One call of the comm model, its two stacks multiplied apart
+        (`CostModels.comm_ms`): the same ms as the two priced alone, in half the calls (the policy prices both every
+        step)."""
         stacked = np.stack([widths, inputs]).astype(np.float64)
         total = np.asarray(totals, dtype=np.float64)
         total = total[:, None] if total.ndim == 1 else total

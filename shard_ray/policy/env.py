@@ -89,8 +89,8 @@ INFEASIBLE_PENALTY = 2.0
 # The most devices scored for a piece, so that placing grows with the tables, not tables x devices (docs/policy.md):
 # on more devices, those with room for it, half the least loaded by predicted step and the rest the roomiest.
 CANDIDATES = 16
-# On this many devices or more, decoding scores the later pieces in waves (`PlacementState.wave`): a piece a step, the
-# 5,136 tables on 512 devices of docs/policy.md took 6-7 s to place on one core, about 1 ms a step in small calls.
+# On this many devices or more, decoding scores the later pieces in waves (`PlacementState.wave`): a step a piece costs
+# about a millisecond in small calls, which thousands of tables add up to seconds (docs/results.md).
 WAVE_DEVICES = 4 * CANDIDATES
 
 
@@ -808,8 +808,8 @@ class PlacementState:
 
     def _price_slices(self, slices: list[TablePiece]) -> _Split:
         """The column slices on the candidate devices where each slice alone would make the lowest total, one a
-        device; where fewer devices have room for one than there are slices, priced on devices without (and so not
-        fitting): on more devices than the candidates, a split that found no device left the step without prices."""
+        device; where fewer devices have room for one than there are slices, on devices without, priced as not fitting
+        (on more devices than the candidates, such a split once failed the step with a traceback)."""
         self._describe(slices)
         one = self._pieces[slices[0].key]
         mask = self.ledger.room(one.need)
