@@ -20,6 +20,7 @@ tasks of as many tables as above, at most the file's; a file of no more tables t
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
@@ -70,6 +71,19 @@ def tasks_on(
     return validation_tasks(test_pool, PolicyConfig(min_tables=low, max_tables=high, devices=(devices,)), count, seed)
 
 
+def checked_devices(parser: Parser, args: argparse.Namespace, known: list[int]) -> list[int]:
+    """`--devices`' counts, each one of `known`, and `--tasks` at least 1; else the parser's error."""
+    try:
+        device_counts = [int(d) for d in args.devices.split(",")]
+    except ValueError:
+        parser.error(f"--devices {args.devices}: give device counts, whole numbers comma-separated (e.g. 8,16,64)")
+    if any(d not in known for d in device_counts):
+        parser.error(f"--devices {args.devices}: each of {known}")
+    if args.tasks < 1:
+        parser.error(f"--tasks {args.tasks}: give 1 or more")
+    return device_counts
+
+
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     known = sorted(TABLES_FOR_DEVICES) + sorted(AT_SCALE)
@@ -86,14 +100,7 @@ def main() -> None:
         "--out", default="experiments/results/policy_against_search", help="folder (default %(default)s)"
     )
     args = parser.parse_args()
-    try:
-        device_counts = [int(d) for d in args.devices.split(",")]
-    except ValueError:
-        parser.error(f"--devices {args.devices}: give device counts, whole numbers comma-separated (e.g. 8,16,64)")
-    if any(d not in known for d in device_counts):
-        parser.error(f"--devices {args.devices}: each of {known}")
-    if args.tasks < 1:
-        parser.error(f"--tasks {args.tasks}: give 1 or more")
+    device_counts = checked_devices(parser, args, known)
     policy = args.policy or str(default_policy_path())
     try:
         load_policy(policy)  # a missing or damaged file is refused before any planning

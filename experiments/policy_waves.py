@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from policy_against_search import AT_SCALE, TABLES_FOR_DEVICES, tasks_on
+from policy_against_search import AT_SCALE, TABLES_FOR_DEVICES, checked_devices, tasks_on
 
 import shard_ray.policy.env as env
 from shard_ray.arguments import Parser
@@ -36,14 +36,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="the held-out tasks' seed (default %(default)s)")
     parser.add_argument("--out", default="experiments/results/policy_waves", help="folder (default %(default)s)")
     args = parser.parse_args()
-    try:
-        device_counts = [int(d) for d in args.devices.split(",")]
-    except ValueError:
-        parser.error(f"--devices {args.devices}: give device counts, whole numbers comma-separated (e.g. 64,512)")
-    if any(d not in known for d in device_counts):
-        parser.error(f"--devices {args.devices}: each of {known}")
-    if args.tasks < 1:
-        parser.error(f"--tasks {args.tasks}: give 1 or more")
+    device_counts = checked_devices(parser, args, known)
 
     models = CostModels.load(default_cost_model_path())
     network, _ = load_policy(default_policy_path())
