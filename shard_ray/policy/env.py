@@ -915,11 +915,12 @@ class PlacementState:
 
     def wave(self) -> int:
         """How many pieces from the current one on decoding may score at once, each on candidates of its own
-        (`observe_wave`); 0 where the current piece takes a step of its own. On `WAVE_DEVICES` devices or more, once no
-        piece needing more than half a device is still to come, a run of whole pieces of distinct tables no device
-        holds yet, of one sharding type, that free to go anywhere and offered no split, up to one a `max_candidates`
-        devices. What a piece's options would see of the others', their devices, is theirs alone: only the plan's
-        cost, the sets' total columns and the queue's progress move between them, where each step would see them move."""
+        (`observe_wave`); 0 where the current piece takes a step of its own. On `WAVE_DEVICES` devices or more, a run
+        of pieces of distinct tables no device holds yet, of one sharding type, free to go anywhere, none needing more
+        than half a device (`observe_wave` keeps the room the steps keep for those to come) and none offered a split,
+        up to one a `max_candidates` devices. What a piece's options would see of the others', their devices, is
+        theirs alone: only the plan's cost, the sets' total columns and the queue's progress move between them, where
+        each step would see them move."""
         d, start = self.topology.num_devices, self.position
         if d < WAVE_DEVICES:
             return 0
@@ -927,11 +928,13 @@ class PlacementState:
         rows_run = bool(self.of_kind[_ROW_KINDS].any())
         kind, tables = self.queue_described[start].kind, set()
         end = min(start + d // self.max_candidates, len(self.queue))
+        crowding = bisect.bisect_left(self._crowding, start)  # the next piece needing more than half a device
+        if crowding < len(self._crowding):
+            end = min(end, self._crowding[crowding])
         for k in range(start, end):
             piece, described = self.queue[k], self.queue_described[k]
             name = piece.table.name
-            crowding = described.need > self.topology.memory_bytes / 2
-            if crowding or not described.anywhere or described.kind != kind or name in self.holding or name in tables:
+            if not described.anywhere or described.kind != kind or name in self.holding or name in tables:
                 break
             if offers_left and _whole_table(piece) and (rows_run or self.queue_singles[k] >= self.dominance):
                 break
@@ -997,10 +1000,10 @@ class PlacementState:
         comm = own + self._other_comm(kind, flat)
         self._wave = (candidates, np.concatenate([compute, comm[:, None]], axis=1), added)
         with_table = compute.sum(axis=1) + comm
-        free = self.ledger.free[flat]
+        free_at = free[flat]
         needs = np.repeat([p.need for p in pieces], per)
         options = self._option_rows(
-            flat, with_table, np.maximum(with_table, self.cost) - self.cost, free, needs / np.maximum(free, 1)
+            flat, with_table, np.maximum(with_table, self.cost) - self.cost, free_at, needs / np.maximum(free_at, 1)
         )
         before = np.cumsum([0.0, *self.queue_singles[self.position : self.position + size - 1]])
         table = np.stack([self._piece_row(self.position + k, self.singles_left - before[k]) for k in range(size)])
