@@ -193,7 +193,7 @@ def test_a_wave_scores_each_piece_on_candidates_of_its_own_as_its_step_would_and
         assert list(firsts) == sorted(totals[candidates.ravel()])[: len(candidates)]
         what_ifs = state._wave[1].reshape(len(candidates), 16, 3)
         for piece, devices, what_if in zip(pieces, candidates, what_ifs):
-            assert what_if == pytest.approx(state._rows_if(piece, devices)[0], rel=1e-6)
+            assert what_if == pytest.approx(state._rows_if([piece], devices[None])[0], rel=1e-6)
         slots = np.array([best_option(logits) for logits in scorer.logits(observed)])
         state._candidates = candidates[0]  # the wave's first piece observed as its own step would, on its candidates
         alone = state.observation()

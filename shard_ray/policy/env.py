@@ -453,23 +453,28 @@ class PlacementState:
     def what_if(self) -> np.ndarray:
         """Predicted (fwd, bwd, comm) ms of each candidate device were the current piece put there."""
         if self._what_if is None:
-            self._what_if = self._rows_if(self._current(), self.candidates())
+            self._what_if = self._rows_if([self._current()], self.candidates()[None])
         return self._what_if[0]
 
-    def _rows_if(self, piece: _Piece, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Predicted (fwd, bwd, comm) ms of `devices` were `piece` put there, and the comm of its type's set alone."""
-        d, k = self.topology.num_devices, piece.kind
-        at = torch.from_numpy(devices)
-        compute = self.models.compute_from_sums(self.sums[at] + piece.encoding, self.counts[at] + 1)
-        own = comm = np.zeros(len(devices))
+    def _rows_if(self, pieces: list[_Piece], devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted (fwd, bwd, comm) ms [K * C, 3] of `devices` [K, C] were each of `pieces` [K] (of one sharding type)
+        put on the devices of its row, and the comm of its type's set alone [K * C]: every row priced in one call of
+        each model."""
+        d, k, per = self.topology.num_devices, pieces[0].kind, devices.shape[1]
+        flat = devices.reshape(-1)
+        at = torch.from_numpy(flat)
+        encodings = torch.stack([p.encoding for p in pieces]).repeat_interleave(per, dim=0)
+        compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
+        own = comm = np.zeros(len(flat))
         if d > 1:
-            widths = self.widths[k, devices] + piece.width
+            width, received = np.array([p.width for p in pieces]), np.array([p.input for p in pieces])
+            widths = (self.widths[k, devices] + width[:, None]).reshape(-1)
+            inputs = (self.inputs[k, devices] + received[:, None]).reshape(-1)
             widest = np.maximum(self.widths[k].max(), widths)
-            inputs = self.inputs[k, devices] + piece.input
             most = np.maximum(self.inputs[k].max(), inputs)
-            totals = (self.widths[k].sum() + piece.width, self.inputs[k].sum() + piece.input)
+            totals = np.repeat([self.widths[k].sum() + width, self.inputs[k].sum() + received], per, axis=1)
             own = self.pricer.output_and_input_rows(widths, inputs, totals, np.stack([widest, most]), d)
-            comm = own + self._other_comm(k, devices)
+            comm = own + self._other_comm(k, flat)
         return np.concatenate([compute, comm[:, None]], axis=1), own
 
     def _other_comm(self, kind: int, devices: np.ndarray) -> np.ndarray | float:
@@ -814,7 +819,7 @@ class PlacementState:
         one = self._pieces[slices[0].key]
         mask = self.ledger.room(one.need)
         devices = self._choose_candidates(mask if mask.sum() >= len(slices) else np.ones_like(mask))
-        rows, _ = self._rows_if(one, devices)
+        rows, _ = self._rows_if([one], devices[None])
         order = np.argsort(np.where(mask[devices], rows.sum(axis=1), np.inf), kind="stable")
         return self._price_split(slices, devices[order[: len(slices)]])
 
@@ -977,29 +982,9 @@ class PlacementState:
             np.concatenate([least_loaded.reshape(half, size).T, roomiest.reshape(per - half, size).T], axis=1), axis=1
         )
         flat = candidates.reshape(-1)
-        added = _Pieces.of(pieces)
-        # each piece's what-if on its own candidates, all priced in one call of each model (`_rows_if`, per piece)
-        at = torch.from_numpy(flat)
-        encodings = added.encodings.repeat_interleave(per, dim=0)
-        compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
-        kind = int(added.kinds[0])
-        widths = self.widths[kind, candidates] + added.widths[:, None]
-        inputs = self.inputs[kind, candidates] + added.inputs[:, None]
-        widest = np.maximum(self.widths[kind].max(), widths)
-        most = np.maximum(self.inputs[kind].max(), inputs)
-        totals = np.stack(
-            [
-                np.repeat(self.widths[kind].sum() + added.widths, per),
-                np.repeat(self.inputs[kind].sum() + added.inputs, per),
-            ]
-        )
-        own = self.pricer.output_and_input_rows(
-            widths.reshape(-1), inputs.reshape(-1), totals, np.stack([widest.reshape(-1), most.reshape(-1)]),
-            self.topology.num_devices,
-        )  # fmt: skip
-        comm = own + self._other_comm(kind, flat)
-        self._wave = (candidates, np.concatenate([compute, comm[:, None]], axis=1), added)
-        with_table = compute.sum(axis=1) + comm
+        rows, _ = self._rows_if(pieces, candidates)
+        self._wave = (candidates, rows, _Pieces.of(pieces))
+        with_table = rows.sum(axis=1)
         free_at = free[flat]
         needs = np.repeat([p.need for p in pieces], per)
         options = self._option_rows(
@@ -1138,7 +1123,7 @@ class PlacementState:
             self.what_if()
             row, own = self._what_if[0][slot], self._what_if[1][slot]
         else:
-            rows, owns = self._rows_if(current, np.array([device]))
+            rows, owns = self._rows_if([current], np.array([[device]]))
             row, own = rows[0], owns[0]
         self._put(self.piece, device)
         if self.queue_singles[self.position] >= self.dominance:
