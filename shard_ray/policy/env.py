@@ -117,6 +117,17 @@ class _LaterSplit(NamedTuple):
     by_rows: bool
 
 
+class _FinishStart(NamedTuple):
+    """Where `_finish` starts from: every device's load (the sum of its pieces' costs alone) and free memory with the
+    option's pieces placed, those pieces described, their costs alone and devices."""
+
+    loads: list[float]
+    free: list[int]
+    besides: list[_Piece]
+    besides_singles: list[float]
+    at: list[int]
+
+
 class _Piece(NamedTuple):
     """What a step needs of a piece, computed once per piece."""
 
@@ -574,15 +585,27 @@ class PlacementState:
         `_later_splits` lists. Put whole, such a table's cost alone is the finished plan's cost whatever comes before
         it, so that every earlier choice would be priced alike (a table halved where quarters were cheaper, say); split
         always, a later table would pay a set of collectives its own step may not choose (beside a row-wise set,
-        say)."""
-        dominant = max(self.queue_singles[self.position + 1 :], default=0.0)
+        say). Ways that split the same later tables the same way finish alike and are priced once."""
+        start = self._finish_start(pieces, devices)
+        later = np.asarray(self.queue_singles[self.position + 1 :])
+        dominant = float(later.max(initial=0.0))
         if dominant < self.dominance:
-            return self._finish(pieces, devices, None)
-        split = min(self._finish(pieces, devices, way) for way in self._later_splits())
+            return self._finish(start, math.inf, by_rows=False)
+        priced: dict[tuple[bool, bytes], float] = {}
+
+        def price(threshold: float, by_rows: bool) -> float:
+            # `_finish` reads its threshold only as which later pieces reach it: those, and the way, are what it prices
+            key = (by_rows, np.flatnonzero(later >= threshold).tobytes())
+            if key not in priced:
+                priced[key] = self._finish(start, threshold, by_rows)
+            return priced[key]
+
+        thresholds = [(way, self._split_threshold(way, start)) for way in self._later_splits()]
+        split = min((price(at, way.by_rows) for way, at in thresholds if at is not None), default=math.inf)
         # Put whole, the costliest later table alone prices the finished plan at least that (the models are monotone
         # in what a device holds): a split finish below it is the lower one, without pricing the other.
         if split >= dominant:
-            split = min(split, self._finish(pieces, devices, None))
+            split = min(split, price(math.inf, by_rows=False))
         return split
 
     def _later_splits(self) -> list[_LaterSplit]:
@@ -600,11 +623,37 @@ class PlacementState:
             self._ways = (self.position, ways)
         return self._ways[1]
 
-    def _finish(self, pieces: list[TablePiece], devices: np.ndarray, split_later: _LaterSplit | None) -> float:
-        """The predicted cost of the plan with `pieces` on `devices` and the queue's later pieces each put whole, in
+    def _finish_start(self, pieces: list[TablePiece], devices: np.ndarray) -> _FinishStart:
+        """What every way of finishing the plan with `pieces` on `devices` starts from (`_FinishStart`)."""
+        loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
+        besides = [self._pieces[p.key] for p in pieces]
+        alone = self.models.compute_from_sums(torch.stack([p.encoding for p in besides]), torch.ones(len(besides)))
+        besides_singles = alone.sum(axis=1).tolist()
+        at = [int(a) for a in devices]
+        for described, device, single in zip(besides, at, besides_singles):
+            free[device] -= described.need
+            loads[device] += single
+        return _FinishStart(loads, free, besides, besides_singles, at)
+
+    def _split_threshold(self, way: _LaterSplit, start: _FinishStart) -> float | None:
+        """The cost alone from which `way` splits a later table in the finish from `start`: the lower bound's share
+        (`dominance`), or with `above_slowest` the slowest device's load; None where the way would split the same
+        tables as another of `_later_splits` (no device above the share; by rows, no such table going by rows)."""
+        if not way.above_slowest:
+            return self.dominance
+        slowest = max(start.loads)
+        if slowest <= self.dominance:
+            return None
+        later = zip(self.queue[self.position + 1 :], self.queue_singles[self.position + 1 :])
+        if way.by_rows and not any(single >= slowest and self._goes_by_rows(piece, single) for piece, single in later):
+            return None
+        return slowest
+
+    def _finish(self, start: _FinishStart, dominates: float, by_rows: bool) -> float:
+        """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put whole, in
         turn, on the device with room whose pieces' costs alone add up to the least, a table with room nowhere
-        row-wise, and with `split_later` the later tables that dominate the task split its way (`_LaterSplit`,
-        `_finishing_slices`): a column slice a device, on the least loaded with room, or a row-wise block on each
+        row-wise, and the later tables whose costs alone reach `dominates` split (`_finishing_slices`, by rows
+        where `by_rows` allows): a column slice a device, on the least loaded with room, or a row-wise block on each
         device: how a split's price shows past its own step (its sets of collectives every device pays, whatever comes
         next).
 
@@ -620,17 +669,12 @@ class PlacementState:
         placing time."""
         d = self.topology.num_devices
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
-        loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
+        loads, free = list(start.loads), list(start.free)
         # What the plan adds, in order: rows of the queue's pieces (`_queue_pieces`) and, past them, of `besides` (the
         # pieces placed, then any later table split), each on its device in `at`.
         queued = len(self.queue)
-        besides = [self._pieces[p.key] for p in pieces]
-        rows, at = list(range(queued, queued + len(besides))), [int(a) for a in devices]
-        alone = self.models.compute_from_sums(torch.stack([p.encoding for p in besides]), torch.ones(len(besides)))
-        besides_singles = alone.sum(axis=1).tolist()
-        for described, device, single in zip(besides, at, besides_singles):
-            free[device] -= described.need
-            loads[device] += single
+        besides, besides_singles, at = list(start.besides), list(start.besides_singles), list(start.at)
+        rows = list(range(queued, queued + len(besides)))
         later = self.position + 1
         if self._queue_pieces is None:
             self._queue_pieces = _Pieces.of(self.queue_described)
@@ -638,17 +682,6 @@ class PlacementState:
         heap = _heap_of(loads)
         crowding = set(self._crowding[bisect.bisect_right(self._crowding, self.position) :])
         room = _Room(free, self._crowding_needs(self.position)) if crowding else None
-        dominates = math.inf if split_later is None else self.dominance
-        if split_later is not None and split_later.above_slowest:
-            # a way that would split the same tables as another of `_later_splits` finishes as that one: not priced
-            if max(loads) <= dominates:
-                return math.inf
-            dominates = max(loads)
-            if split_later.by_rows and not any(
-                single >= dominates and self._goes_by_rows(piece, single)
-                for piece, single in zip(self.queue[later:], self.queue_singles[later:])
-            ):
-                return math.inf
         replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
 
         def add_besides(placed: list[tuple[_Piece, int]], singles: list[float]) -> None:
@@ -684,7 +717,6 @@ class PlacementState:
                 add_at(device)
                 continue
             piece, described = self.queue[row], self.queue_described[row]
-            by_rows = split_later is not None and split_later.by_rows
             slices, singles = self._finishing_slices(piece, single, by_rows) if single >= dominates else ([], [])
             taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
             if taken is not None:
