@@ -3,10 +3,12 @@
 import pytest
 
 from shard_ray.errors import InfeasibleError, ShardRayError
+from shard_ray.interop.torchrec import export_plan
 from shard_ray.placement import algorithms, place
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom, shard_bytes
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import TableSpec
 
 NAMES = [info.name for info in algorithms()]
 
@@ -34,6 +36,24 @@ def test_plans_a_small_task_validly_within_memory_and_names_itself(name, task):
         assert plan.estimate.predicted.cost_ms >= plan.estimate.lower_bound_ms - 1e-6
         assert plan.estimate.hardware and plan.estimate.cost_model.endswith(".pt")
     assert Plan.model_validate_json(plan.model_dump_json()) == plan  # the file format keeps everything
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_plans_tables_of_a_few_rows_over_hosts_validly(name):
+    """A table of one row beside a huge one and another, over two hosts of four devices: split by rows, a table of one
+    row is one block, laid out as the table whole, and plans recording it table-row-wise (`dreamshard`'s, TorchRec's
+    planner's; `cost_search`'s from `shard-ray plan` on 16 devices) were refused as laid out otherwise. Every plan is
+    valid and exports to TorchRec."""
+    tables = [
+        TableSpec(name="one", rows=1, dim=4, pooling_factor=1.0),
+        TableSpec(name="huge", rows=400_000_000, dim=128, pooling_factor=1.0),
+        TableSpec(name="mid", rows=10_000, dim=64, pooling_factor=40.0),
+    ]
+    topology = Topology(num_devices=8, devices_per_host=4, memory_bytes=80 * 1024**3, batch_size=1024)
+    plan = place(name, tables, topology, seed=3)
+    plan.check(tables)
+    assert max(plan.memory_bytes) <= topology.memory_bytes
+    export_plan(plan, tables)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -213,7 +213,7 @@ def _as_plan(module_plan: Any, tables: list[TableSpec], topology: Topology) -> P
             raise ShardRayError(
                 f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"
             )
-        recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology)
+        recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology, by_name[name].rows)
         if sharding.sharding_type == "data_parallel":
             shards += [
                 Shard(table=name, device=r, columns=(0, by_name[name].dim), replicated=True) for r in sharding.ranks
@@ -258,11 +258,13 @@ class ExportedPlan(BaseModel):
     tables: dict[str, ExportedTable]
 
 
-def _recorded_sharding(kind: str, ranks: list[int], topology: Topology) -> TableSharding:
-    """TorchRec's sharding of a table as a plan records it: column-wise in one piece, or table-row-wise on a host of
-    one device, is the table whole on its rank; table-row-wise on one host row-wise over its devices (the same blocks
-    on the same ranks)."""
-    if kind in ("column_wise", "table_row_wise") and len(ranks) == 1:
+def _recorded_sharding(kind: str, ranks: list[int], topology: Topology, rows: int) -> TableSharding:
+    """TorchRec's sharding of a table of `rows` rows as a plan records it: column-wise in one piece, table-row-wise on
+    a host of one device, or a table of one row split by rows (one block, the other ranks' empty), is the table whole
+    on its rank; table-row-wise on one host row-wise over its devices (the same blocks on the same ranks)."""
+    if (kind in ("column_wise", "table_row_wise") and len(ranks) == 1) or (
+        kind in ("row_wise", "table_row_wise") and rows == 1
+    ):
         return TableSharding(type="table_wise")
     if kind != "table_row_wise":
         return TableSharding(type=kind)

@@ -67,10 +67,12 @@ def table_options(
         "column_wise": lambda: split_piece(whole, 2),
         "data_parallel": lambda: data_parallel(table, d),
     }
+    # Split by rows, a table of one row would be one block: laid out as the table whole, a plan recording it split
+    # by rows was refused as laid out otherwise (TorchRec would give the other devices empty blocks).
     possible = {
         "table_wise": True,
-        "row_wise": d > 1,
-        "table_row_wise": topology.num_hosts > 1 and local > 1,
+        "row_wise": d > 1 and table.rows > 1,
+        "table_row_wise": topology.num_hosts > 1 and local > 1 and table.rows > 1,
         "column_wise": table.dim % 8 == 0 and d > 1,
         "data_parallel": d > 1,
     }

@@ -372,9 +372,16 @@ def propose(
 def rows_over_host(piece: TablePiece, topology: Topology, device: int) -> list[TablePiece] | None:
     """The whole table of `piece` split by rows over the devices of `device`'s host, as TorchRec's table-row-wise
     cuts it (row-wise over every device where one host holds them all): its lookups spread over the host's devices
-    and its pooled sums added up inside the host. None for a piece of a table, a replica, or a host of one device."""
+    and its pooled sums added up inside the host. None for a piece of a table, a replica, a table of one row (one
+    block: the table whole), or a host of one device."""
     local = topology.devices_per_host_or_all
-    if local == 1 or piece.width != piece.table.dim or piece.rows is not None or piece.replicated:
+    if (
+        local == 1
+        or piece.width != piece.table.dim
+        or piece.rows is not None
+        or piece.replicated
+        or piece.table.rows < 2
+    ):
         return None
     if topology.devices_per_host is None:
         return row_wise(piece.table, topology.num_devices)
