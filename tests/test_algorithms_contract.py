@@ -38,18 +38,26 @@ def test_plans_a_small_task_validly_within_memory_and_names_itself(name, task):
     assert Plan.model_validate_json(plan.model_dump_json()) == plan  # the file format keeps everything
 
 
+# Tasks of few rows and few tables, where a split by rows is one block or no other table is placed: found by placing
+# random small tasks with every algorithm (`TableSpec(rows, dim, pooling_factor)`, devices, devices per host).
+FEW_ROWS = {
+    # dreamshard and TorchRec's planner split the one-row table table-row-wise: one block, laid out as the table whole,
+    # and the plan was refused as recording otherwise (cost_search's too, from `shard-ray plan` on 16 devices)
+    "a one-row table over hosts": ([(1, 4, 1.0), (400_000_000, 128, 1.0), (10_000, 64, 40.0)], 8, 4),
+    # cost_search priced the hosts for the only table with no other pieces: a traceback (a stack of no rows)
+    "the only table over hosts": ([(7, 4, 0.01)], 4, 2),
+    # TorchRec's planner split a table row-wise over its one rank
+    "one device": ([(7, 16, 3.0), (3, 4, 100.0), (1, 12, 3.0), (2, 128, 100.0), (1, 4, 0.01)], 1, None),
+}
+
+
+@pytest.mark.parametrize("task", FEW_ROWS)
 @pytest.mark.parametrize("name", NAMES)
-def test_plans_tables_of_a_few_rows_over_hosts_validly(name):
-    """A table of one row beside a huge one and another, over two hosts of four devices: split by rows, a table of one
-    row is one block, laid out as the table whole, and plans recording it table-row-wise (`dreamshard`'s, TorchRec's
-    planner's; `cost_search`'s from `shard-ray plan` on 16 devices) were refused as laid out otherwise. Every plan is
-    valid and exports to TorchRec."""
-    tables = [
-        TableSpec(name="one", rows=1, dim=4, pooling_factor=1.0),
-        TableSpec(name="huge", rows=400_000_000, dim=128, pooling_factor=1.0),
-        TableSpec(name="mid", rows=10_000, dim=64, pooling_factor=40.0),
-    ]
-    topology = Topology(num_devices=8, devices_per_host=4, memory_bytes=80 * 1024**3, batch_size=1024)
+def test_plans_tasks_of_few_rows_and_few_tables_validly(name, task):
+    """Every algorithm plans such a task validly, within memory, and the plan exports to TorchRec."""
+    shapes, devices, per_host = FEW_ROWS[task]
+    tables = [TableSpec(name=f"t{k}", rows=r, dim=w, pooling_factor=f) for k, (r, w, f) in enumerate(shapes)]
+    topology = Topology(num_devices=devices, devices_per_host=per_host, memory_bytes=80 * 1024**3, batch_size=1024)
     plan = place(name, tables, topology, seed=3)
     plan.check(tables)
     assert max(plan.memory_bytes) <= topology.memory_bytes

@@ -213,16 +213,17 @@ def _as_plan(module_plan: Any, tables: list[TableSpec], topology: Topology) -> P
             raise ShardRayError(
                 f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"
             )
-        recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology, by_name[name].rows)
         if sharding.sharding_type == "data_parallel":
+            recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology, len(sharding.ranks))
             shards += [
                 Shard(table=name, device=r, columns=(0, by_name[name].dim), replicated=True) for r in sharding.ranks
             ]
             continue
-        for meta in sharding.sharding_spec.shards:
+        # TorchRec's row-wise gives ranks past the table's rows an empty block
+        metas = [meta for meta in sharding.sharding_spec.shards if meta.shard_sizes[0] > 0]
+        recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology, len(metas))
+        for meta in metas:
             (row, start), (rows, width) = meta.shard_offsets, meta.shard_sizes
-            if rows == 0:  # TorchRec's row-wise gives ranks past the table's rows an empty block
-                continue
             row_range = None if (row, rows) == (0, by_name[name].rows) else (row, row + rows)
             shards.append(
                 Shard(table=name, device=meta.placement.rank(), columns=(start, start + width), rows=row_range)
@@ -258,13 +259,12 @@ class ExportedPlan(BaseModel):
     tables: dict[str, ExportedTable]
 
 
-def _recorded_sharding(kind: str, ranks: list[int], topology: Topology, rows: int) -> TableSharding:
-    """TorchRec's sharding of a table of `rows` rows as a plan records it: column-wise in one piece, table-row-wise on
-    a host of one device, or a table of one row split by rows (one block, the other ranks' empty), is the table whole
-    on its rank; table-row-wise on one host row-wise over its devices (the same blocks on the same ranks)."""
-    if (kind in ("column_wise", "table_row_wise") and len(ranks) == 1) or (
-        kind in ("row_wise", "table_row_wise") and rows == 1
-    ):
+def _recorded_sharding(kind: str, ranks: list[int], topology: Topology, pieces: int) -> TableSharding:
+    """TorchRec's sharding of a table as a plan records it: in one piece (`pieces`: its shards not empty), the table
+    whole on its rank (column-wise in one piece, table-row-wise on a host of one device, row-wise on one rank or of a
+    table of one row, TorchRec's other blocks empty); table-row-wise on one host row-wise over its devices (the same
+    blocks on the same ranks)."""
+    if kind != "data_parallel" and pieces == 1:
         return TableSharding(type="table_wise")
     if kind != "table_row_wise":
         return TableSharding(type=kind)
