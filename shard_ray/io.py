@@ -27,6 +27,8 @@ def shard_ray_home() -> Path:
 def read_document(path: str | os.PathLike[str], what: str) -> Any:
     """Parse a JSON or YAML file (YAML when named .yaml or .yml, JSON otherwise) into Python objects."""
     path = Path(path)
+    if path.is_dir():
+        raise ShardRayError(f"{path} is a folder, not a {what} file: give the file in it")
     if not path.is_file():
         raise ShardRayError(f"{what} file not found: {path}")
     try:

@@ -172,7 +172,10 @@ def table_file_path(tmp_path_factory):
         (["--min-tables", "9", "--max-tables", "3"], "min_tables"),
         (["--lr", "5"], "learning rate"),
         (["--env-runners", "-1"], "env runners"),
-        (["--min-tables", "30", "--max-tables", "40"], "pool has"),
+        (
+            ["--min-tables", "30", "--max-tables", "40"],
+            "pool has 1: lower min_tables and max_tables (--min-tables, --max-tables) to at most 1",
+        ),
         (["--cost-model", "missing.pt"], "not found"),
     ],
 )
@@ -228,9 +231,10 @@ def test_tasks_that_fail_leave_nothing_behind(tmp_path):
     pool.write_text(
         json.dumps({"tables": [{"name": f"t{i}", "rows": 1000, "dim": 16, "pooling_factor": 2.0} for i in range(10)]})
     )
-    # the pools split fine; drawing a 30-table task from a 5-table pool fails after that
+    # the pool splits fine; a 30-table task fits neither 5-table split: said of the splits, not of the pool of 10
     code, err = run(["tasks", "--tables", str(pool), "--out", str(out), "--min-tables", "30", "--max-tables", "40"])
-    assert code == 2 and len(err.splitlines()) == 1 and "pool has" in err, err
+    message = "the pool of 10 splits into 5 for training and 5 for testing: lower --min-tables to at most 5"
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not out.exists()
     out.mkdir()
     (out / "mine.json").write_text("{}")

@@ -149,6 +149,12 @@ def test_plan_refuses_missing_file_unknown_algo_and_infeasible_memory(tmp_path, 
         "not found",
         out,
     )
+    assert_refused(  # a folder: once called not found, where it is there
+        capsys,
+        base + ["--tables", str(tmp_path), "--memory-gb", "1", "--algo", "random"],
+        f"{tmp_path} is a folder, not a table file: give the file in it",
+        out,
+    )
     assert_refused(
         capsys, base + ["--tables", str(table_file), "--memory-gb", "1", "--algo", "magic"], "unknown algorithm", out
     )

@@ -1222,7 +1222,11 @@ class EnvConfig:
             raise ShardRayError(f"devices {self.devices} exceed max_devices {self.max_devices}")
         TaskConfig(min_tables=self.min_tables, max_tables=self.max_tables, dims=self.dims).check()
         if self.min_tables > len(self.tables):
-            raise ShardRayError(f"tasks need {self.min_tables} tables but the pool has {len(self.tables)}")
+            raise ShardRayError(
+                f"tasks need {self.min_tables} tables but the pool has {len(self.tables)}: lower min_tables and "
+                f"max_tables (--min-tables, --max-tables) to at most {len(self.tables)}, or give a bigger pool "
+                "(`shard-ray generate`)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

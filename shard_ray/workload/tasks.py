@@ -52,7 +52,10 @@ def split_pool(pool: list[TableSpec], test_fraction: float, seed: int) -> tuple[
 
 def draw_task(pool: list[TableSpec], config: TaskConfig, rng: np.random.Generator) -> list[TableSpec]:
     if config.min_tables > len(pool):
-        raise ShardRayError(f"tasks need at least {config.min_tables} tables but the pool has {len(pool)}")
+        raise ShardRayError(
+            f"tasks need at least {config.min_tables} tables but the pool has {len(pool)}: lower the fewest tables "
+            f"in a task to at most {len(pool)}, or give a bigger pool (`shard-ray generate`)"
+        )
     count = int(rng.integers(config.min_tables, min(config.max_tables, len(pool)) + 1))
     chosen = sorted(rng.choice(len(pool), size=count, replace=False))
     return [pool[i].with_dim(int(rng.choice(config.dims))) for i in chosen]
@@ -66,6 +69,13 @@ def write_tasks(pool: list[TableSpec], config: TaskConfig, out_dir: str | Path) 
     """
     config.check()
     train_pool, test_pool = split_pool(pool, config.test_fraction, config.seed)
+    fewest = min(len(train_pool), len(test_pool))
+    if config.min_tables > fewest:  # said of the splits: the pool itself may hold enough
+        raise ShardRayError(
+            f"tasks need at least {config.min_tables} tables but the pool of {len(pool)} splits into "
+            f"{len(train_pool)} for training and {len(test_pool)} for testing: lower --min-tables to at most {fewest}, "
+            "or give a bigger pool (`shard-ray generate`)"
+        )
     rng = np.random.default_rng(config.seed + 1)
     files: list[tuple[str, list[TableSpec], dict[str, object]]] = [
         (f"{split}_pool.json", tables, {"split": split, "seed": config.seed})
