@@ -226,6 +226,18 @@ def test_table_names_torchrec_refuses_are_refused_by_plan_and_export(tmp_path, t
     assert repr(name) in err, err
 
 
+def test_export_refuses_a_plan_of_other_tables_naming_both_files(tmp_path, table_file_path):
+    plan, other, export = tmp_path / "plan.json", tmp_path / "other.json", tmp_path / "export.json"
+    other.write_text(json.dumps({"tables": [{"name": "b", "rows": 1000, "dim": 16, "pooling_factor": 2.0}]}))
+    flags = ["--devices", "2", "--memory-gb", "1", "--algo", "size_greedy"]
+    assert run(["plan", "--tables", str(table_file_path), *flags, "--out", str(plan)])[0] == 0
+    code, err = run(
+        ["export", "--plan", str(plan), "--tables", str(other), "--format", "torchrec", "--out", str(export)]
+    )
+    assert_refused_cleanly(code, err, export)
+    assert f"{plan} is not a plan of {other}: plan places table 'a', which is not in the table file" in err, err
+
+
 def test_tasks_that_fail_leave_nothing_behind(tmp_path):
     pool, out = tmp_path / "pool.json", tmp_path / "tasks"
     pool.write_text(

@@ -1,13 +1,20 @@
-"""Flag groups several commands share, defined once: the Ray cluster, MLflow tracking, the store."""
+"""Flag groups several commands share, defined once: the Ray cluster, MLflow tracking, the store; and the check of a
+plan file against a table file that every command reading both makes."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
+from shard_ray.errors import ShardRayError
+
+if TYPE_CHECKING:
+    from shard_ray.plan.plan import Plan
+    from shard_ray.workload.tables import TableSpec
 
 DEFAULT_STORE = "shard-ray-out/measurements.db"
 STORE_HELP = "measurement store, SQLite"
@@ -60,3 +67,12 @@ def connect(args: argparse.Namespace, min_cpus: int = 1) -> None:
 
     keep_seconds()  # a bad SHARD_RAY_KEEP_GANG_S is refused before joining
     print(connect_ray(args.address, min_cpus=min_cpus))
+
+
+def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables_path: object) -> None:
+    """Refuse `plan` (read from `plan_path`) unless it places `tables` (read from `tables_path`), naming both files:
+    which of the two is the wrong one is the user's to say."""
+    try:
+        plan.check(tables)
+    except ShardRayError as err:
+        raise ShardRayError(f"{plan_path} is not a plan of {tables_path}: {err}") from None

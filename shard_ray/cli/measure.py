@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from shard_ray.cli.commands import add_command
-from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
+from shard_ray.cli.common import (
+    DEFAULT_STORE,
+    STORE_HELP,
+    add_ray,
+    add_tracking,
+    check_plan_of,
+    connect,
+    tracking,
+)
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
@@ -175,10 +183,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[TableSpec], args: TopologyArgs) -> Topology:
     """The one topology every plan given to `compare` is for, each plan checked against the tables and it."""
     for path, plan in zip(flags.plans, plans):
-        try:
-            plan.check(tables)
-        except ShardRayError as err:
-            raise ShardRayError(f"{path} is not a plan of {flags.tables}: {err}") from None
+        check_plan_of(plan, path, tables, flags.tables)
     devices = {p.num_devices for p in plans}
     if len(devices) > 1:
         raise ShardRayError(f"the plans are for different device counts ({sorted(devices)}): compare plans of one gang")
@@ -257,7 +262,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     timing = settings_from(MeasureArgs, args)
     tables = load_tables(flags.tables)
     plan = load_plan(flags.plan)
-    plan.check(tables)
+    check_plan_of(plan, flags.plan, tables, flags.tables)
     topology = settings_from(TopologyArgs, args).topology(plan.num_devices, plan.settings)
     plan.check_memory(tables, topology)
     config = MeasureConfig.for_topology(

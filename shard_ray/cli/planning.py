@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from shard_ray.cli.commands import add_command
-from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
+from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, check_plan_of, connect, tracking
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
@@ -560,7 +560,9 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     flags = settings_from(ExportArgs, args)
     tables = load_tables(flags.tables)
-    exported = export_plan(load_plan(flags.plan), tables, module_path=flags.module_path, device_type=flags.device)
+    plan = load_plan(flags.plan)
+    check_plan_of(plan, flags.plan, tables, flags.tables)
+    exported = export_plan(plan, tables, module_path=flags.module_path, device_type=flags.device)
     save_export(flags.out, exported)
     kinds = Counter(t.sharding_type.replace("_", "-") for t in exported.tables.values())
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
