@@ -208,7 +208,7 @@ def prices_finding(report: dict) -> Finding | None:
     return Finding(
         "prices",
         "note",
-        f"{detail}: off by more than a quarter, {check.off_way()}",
+        f"{detail}: off by more than a quarter (outside {PRICES_HOLD[0]}-{PRICES_HOLD[1]}x), {check.off_way()}",
         "shard-ray calibrate --tables YOUR_TABLES.json --devices N --for-hardware (fits the models' spine to this "
         "machine, for every task on it)",
     )

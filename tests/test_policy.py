@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shard_ray.cli import main
-from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.models import CostModels, default_cost_model_path, models_for
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
@@ -561,6 +561,10 @@ def test_outer_loop_measures_updates_and_trains(ray_session, tmp_path, pool):
         assert plans_after_one >= 1 and store.count() >= 1
     updated = CostModels.load(out / "costmodels.pt")
     assert updated.info.updated_on.plans == plans_after_one
+    # started from the models `plan` prices the measured hardware with (on this machine, not the reference CPU's)
+    with MeasurementStore(out / "measurements.db") as store:
+        (hardware,) = {m.hardware for m in store.plan_measurements()}
+    assert load_policy(out)[1].hardware == CostModels.load(models_for(hardware)).hardware
     shipped = CostModels.load(default_cost_model_path())
     assert any(
         not torch.equal(a, b)

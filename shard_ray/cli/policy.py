@@ -28,7 +28,11 @@ class PolicyArgs:
     )
     out: str = setting(None, "folder for the checkpoint and policy.pt; an existing one is resumed", required=True)
     config: str | None = setting(None, "tuned PPO settings (best.json of `tune policy`); flags given override them")
-    cost_model: str | None = setting(None, "cost model file pricing the MDP (default: the shipped reference CPU's)")
+    cost_model: str | None = setting(
+        None,
+        "cost model file pricing the MDP (default: the shipped reference CPU's; outer-loop: those plan prices the "
+        "measured hardware with)",
+    )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.costmodel.models import CostModels, models_for
 from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.costmodel.train import mape, update_cost_models
@@ -156,12 +156,6 @@ def run_outer_loop(
     models_file, state_file = out / "costmodels.pt", out / "outer_loop.json"
     checkpoint_dir, policy_file = out / "checkpoint", out / "policy.pt"
     history: list[dict[str, Any]] = json.loads(state_file.read_text())["rounds"] if state_file.exists() else []
-    models = CostModels.load(models_file if models_file.exists() else cost_model or default_cost_model_path())
-    if not models_file.exists():
-        models.save(models_file)
-    info = PolicyInfo(
-        cost_model=str(models_file), hardware=models.hardware, config=asdict(policy_config), loop=asdict(loop)
-    )
     update_config = TrainConfig(
         lr=loop.update_lr, max_epochs=loop.update_epochs, patience=loop.update_epochs, seed=loop.seed
     )
@@ -173,11 +167,18 @@ def run_outer_loop(
     with ExitStack() as resources:
         resources.callback(algo.stop)
         restore_checkpoint(algo, checkpoint_dir, policy_config)
-        set_cost_models(algo, models)
         if history:
             print(f"resuming after round {len(history)} (PPO iteration {algo.iteration})")
         gang = resources.enter_context(DeviceGang(loop.gang_devices, comm_pricer=price_comm))
         profiler = resources.enter_context(ProfilingPool(loop.profiling_actors, gang=gang))
+        # A new loop starts from the models `plan` would price this hardware with (`models_for`), not another's.
+        models = CostModels.load(models_file if models_file.exists() else cost_model or models_for(profiler.hardware))
+        if not models_file.exists():
+            models.save(models_file)
+        set_cost_models(algo, models)
+        info = PolicyInfo(
+            cost_model=str(models_file), hardware=models.hardware, config=asdict(policy_config), loop=asdict(loop)
+        )
         if profiler.hardware != models.hardware:
             print(
                 f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}"
