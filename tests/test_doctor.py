@@ -186,7 +186,10 @@ def test_the_prices_check_finds_the_models_off_where_only_rows_that_miss_the_cac
 
     held, off = prices_finding(report(1.1)), prices_finding(report(1.6))
     assert held.level == "ok" and "(median 1.20x) and a shard of rows that miss the caches at 1.10x" in held.detail
-    assert off.level == "note" and "at 1.60x: off by more than a quarter (outside 0.75-1.33x), high: the models price" in off.detail
+    assert (
+        off.level == "note"
+        and "at 1.60x: off by more than a quarter (outside 0.75-1.33x), high: the models price" in off.detail
+    )
     assert off.fix.startswith("shard-ray calibrate") and "--for-hardware" in off.fix  # the models doctor checks
     # a report without the cold-rows shard (timed where it failed) is judged by the median alone
     assert prices_finding({"hardware": hardware, "microbenchmark": report(1.6)["microbenchmark"][:-1]}).level == "ok"
