@@ -194,6 +194,7 @@ def test_policy_training_is_quiet_and_logs_to_the_policy_experiment(tmp_path):
     assert noise == [], result.stderr
     runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}", POLICY_EXPERIMENT)
     assert list(runs["tags.mlflow.runName"]) == ["policy/train"]
+    assert f"logged MLflow run {runs['run_id'][0]} to sqlite:///" in result.stdout  # said, as other commands say it
     assert not (tmp_path / "mlruns").exists() and (tmp_path / "mlartifacts").is_dir()
 
 

@@ -470,7 +470,7 @@ class MlflowIterationLogger:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, info: PolicyInfo) -> None:
         import mlflow
 
-        self.mlflow = mlflow
+        self.mlflow, self.tracking_uri = mlflow, tracking_uri
         use_experiment(tracking_uri, experiment)
         self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info.hardware})
         mlflow.log_params({"cost_model": info.cost_model, **{k: str(v) for k, v in info.config.items()}})
@@ -482,6 +482,8 @@ class MlflowIterationLogger:
         self.mlflow.log_metrics(metrics, step=step)
 
     def close(self, policy_file: Path) -> None:
+        """End the run, the policy file its artifact, and say where it is, as every command logging a run does."""
         if policy_file.exists():
             self.mlflow.log_artifact(str(policy_file))
         self.mlflow.end_run()
+        print(f"logged MLflow run {self.run.info.run_id} to {self.tracking_uri}")
