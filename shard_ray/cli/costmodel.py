@@ -220,9 +220,12 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(
         f"held-out measurements of this task's tables ({report['shards']['held_out']} shards, {report['plans']['held_out']} plans):"
     )
+    # Kept, the starting models are "after" too: the fine-tuned ones set aside are shown as such, so that figures
+    # better than "before" are not read as a fit that took effect.
+    tuned = "after" if result.chosen == "fine-tuned" else "fine-tuned"
     for part in ("compute", "device_compute", "comm", "plan"):
         print(f"  {describe_accuracy(part.replace('_', ' ') + ' before', report['before'][part])}")
-        print(f"  {describe_accuracy(part.replace('_', ' ') + ' after', report['after'][part])}")
+        print(f"  {describe_accuracy(part.replace('_', ' ') + ' ' + tuned, report['fine_tuned'][part])}")
     print(f"kept the {result.chosen} models: {report['reason']}")
     if min(report["shards"]["held_out"], report["shards"]["val"]) < 10:
         # where these tables made no new shards, more --shards would measure nothing new
