@@ -6,8 +6,11 @@ from pathlib import Path
 import pytest
 from console import assert_refused, shard_ray_here
 
+from shard_ray.placement import place
+from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import inferred_sharding, load_plan
-from shard_ray.workload.tables import load_tables
+from shard_ray.plan.topology import Topology
+from shard_ray.workload.tables import TableSpec, load_tables
 
 CRITEO = str(Path(__file__).parent.parent / "experiments" / "tables" / "criteo_kaggle.json")
 MLPERF = str(Path(__file__).parent.parent / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
@@ -49,6 +52,24 @@ def test_plan_honours_a_constraints_file_and_explains_itself(capsys, tmp_path, a
     explained = {c.table: c for c in plan.explanation}
     assert explained["cat_2"].sharding_type == plan.tables["cat_2"].type
     assert "row_wise" not in explained["cat_2"].alternatives_ms  # pinned to two devices: not row-wise
+
+
+@pytest.mark.parametrize("algo", ["cost_search", "neuroshard"])
+def test_a_table_constrained_to_column_slices_keeps_them_apart(algo):
+    """A table its constraints allow only column-wise, whose halves the search packed on one device (the shipped
+    reference models' choice here): joined there (two slices on one device run no real kernel) it was the table
+    whole, and the plan was refused as breaking the constraints. Found by placing random small tasks under random
+    constraints."""
+    tables = [
+        TableSpec(name="narrow", rows=1000, dim=8, pooling_factor=1.0),
+        TableSpec(name="other", rows=50, dim=16, pooling_factor=1.0),
+    ]
+    constraints = Constraints.model_validate({"tables": {"narrow": {"types": ["column_wise", "data_parallel"]}}})
+    topology = Topology(num_devices=3, memory_bytes=2 * 1024**3, batch_size=1024)
+    plan = place(algo, tables, topology, seed=1, constraints=constraints)
+    assert plan.tables["narrow"].type == "column_wise" and not constraints.violations(plan, tables)
+    halves = [s for s in plan.shards if s.table == "narrow"]
+    assert len(halves) == 2 and len({s.device for s in halves}) == 2
 
 
 @pytest.mark.parametrize(

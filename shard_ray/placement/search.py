@@ -460,7 +460,7 @@ def beam_search(
         best = typed
         progress.show("sharding types", best.cost)
     progress.close()
-    return joined_columns(pricer, best), spending.cut_short()
+    return joined_columns(pricer, best, constraints), spending.cut_short()
 
 
 def dominant_split_packing(
@@ -508,22 +508,24 @@ def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) ->
     return [Candidate(pieces, assign, pricer.plan_cost(pieces, assign))]
 
 
-def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
+def joined_columns(pricer: Pricer, candidate: Candidate, constraints: Constraints | None = None) -> Candidate:
     """The candidate with each device's column slices of a table joined into one range.
 
     Two slices on one device run the table's lookups twice in the same kernel and send its ids
     twice; the models, which price a slice as a table of its share of the columns, can find that
     cheaper, but no real kernel is, and TorchRec never plans it. Which columns a slice holds does
     not change its price, so a table's slices are laid out device by device and each device's
-    become one."""
+    become one. Where every slice of a table met on one device and its `constraints` forbid it
+    whole, they stay apart instead (`_slices_apart`): joined, the plan broke them."""
     by_table: dict[str, list[int]] = defaultdict(list)
     for i, piece in enumerate(candidate.pieces):
         by_table[piece.table.name].append(i)
+    assign_now = _slices_apart(pricer, candidate, by_table, constraints)
     pieces: list[TablePiece] = []
     assign: list[int] = []
     for indices in by_table.values():
         slices = [candidate.pieces[i] for i in indices]
-        devices = [int(candidate.assign[i]) for i in indices]
+        devices = [int(assign_now[i]) for i in indices]
         free_slices = all(p.rows is None and not p.replicated and p.devices is None and p.group is None for p in slices)
         if len(set(devices)) == len(devices) or not free_slices:
             pieces += slices
@@ -537,10 +539,49 @@ def joined_columns(pricer: Pricer, candidate: Candidate) -> Candidate:
             pieces.append(slices[0].model_copy(update={"columns": (start, start + width)}))
             assign.append(device)
             start += width
-    if len(pieces) == len(candidate.pieces):
+    if len(pieces) == len(candidate.pieces) and assign_now is candidate.assign:
         return candidate
     joined = np.array(assign, dtype=np.int64)
     return Candidate(pieces, joined, pricer.plan_cost(pieces, joined))
+
+
+def _slices_apart(
+    pricer: Pricer, candidate: Candidate, by_table: dict[str, list[int]], constraints: Constraints | None
+) -> np.ndarray:
+    """`candidate.assign`, or, where all the column slices of a table its `constraints` forbid whole sit on one
+    device, a copy with every slice but the first moved, in turn, to the device of least predicted step with room
+    for it that holds none of the table's slices; InfeasibleError naming the table where there is none."""
+    crowded = [
+        indices
+        for name, indices in by_table.items()
+        if constraints is not None
+        and "table_wise" not in constraints.allowed_types(name)
+        and len(indices) > 1
+        and len({int(candidate.assign[i]) for i in indices}) == 1
+        and all(candidate.pieces[i].rows is None and not candidate.pieces[i].replicated for i in indices)
+    ]
+    if not crowded:
+        return candidate.assign
+    topology = pricer.topology
+    assign = candidate.assign.copy()
+    sizes = pricer.sizes(candidate.pieces)
+    ledger = MemoryLedger.of_assignment(topology, assign, sizes.need)
+    for indices in crowded:
+        for i in indices[1:]:
+            steps = pricer.device_costs(pricer.encodings(candidate.pieces), sizes, assign)
+            taken = {int(assign[k]) for k in indices}
+            room = ledger.room(sizes.need[i]) & sizes.allowed[i]
+            room[list(taken)] = False
+            if not room.any():
+                raise InfeasibleError(
+                    f"table {candidate.pieces[i].table.name!r}'s column slices find no devices apart with room, and its "
+                    "constraints do not allow it whole"
+                )
+            device = int(np.flatnonzero(room)[np.argmin(steps[room])])
+            ledger.give(int(assign[i]), int(sizes.need[i]))
+            ledger.take(device, int(sizes.need[i]))
+            assign[i] = device
+    return assign
 
 
 class _Progress:
