@@ -147,14 +147,15 @@ def _ctrl_c_held() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
+def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -> str:
     """Join the cluster at `address` (or RAY_ADDRESS); otherwise start a local Ray.
 
     `min_cpus` is the most devices the command will use at once (a CPU device is one core). A
     local instance gets at least that many logical CPUs so a gang can be placed (the gang warns
     when that exceeds the cores it lands on), up to `LOCAL_DEVICES_PER_CORE` per core: beyond that,
-    or beyond what a joined cluster holds, the request is refused before any actor starts.
-    Returns a one-line description of what it connected to.
+    or beyond what a joined cluster holds, the request is refused before any actor starts. A gang
+    of several `hosts` needs a Ray node for each (`gang_bundles`), which a local Ray, one node, is
+    not: refused before it starts. Returns a one-line description of what it connected to.
     """
     if ray.is_initialized():
         return "ray: already initialised"
@@ -180,6 +181,12 @@ def connect_ray(address: str | None = None, min_cpus: int = 1) -> str:
                 "give fewer devices or point --address (or RAY_ADDRESS) at a bigger cluster"
             )
         return f"ray: joined cluster at {resolved}" + ("" if resolved == address else f" ({address})")
+    if hosts > 1:
+        raise ShardRayError(
+            f"a gang of {hosts} hosts needs {hosts} Ray nodes, one a host, and a local Ray is one node: join a "
+            "cluster of that many (--address, or `shard-ray hosts run -- COMMAND` on hosts emulated by `shard-ray "
+            "hosts up`), or plan for one host (no --devices-per-host)"
+        )
     cores = os.cpu_count() or 1
     if min_cpus > LOCAL_DEVICES_PER_CORE * cores:
         raise ShardRayError(

@@ -60,13 +60,14 @@ def tracking(args: argparse.Namespace) -> tuple[str | None, str]:
     return uri, flags.experiment
 
 
-def connect(args: argparse.Namespace, min_cpus: int = 1) -> None:
-    """Join the cluster the flags name, or start a local Ray, and say which."""
+def connect(args: argparse.Namespace, min_cpus: int = 1, hosts: int = 1) -> None:
+    """Join the cluster the flags name, or start a local Ray, and say which (`connect_ray`: a gang of `hosts` hosts
+    is refused a local one before it starts)."""
     from shard_ray.profiling.keeper import keep_seconds
     from shard_ray.runtime import connect_ray
 
     keep_seconds()  # a bad SHARD_RAY_KEEP_GANG_S is refused before joining
-    print(connect_ray(args.address, min_cpus=min_cpus))
+    print(connect_ray(args.address, min_cpus=min_cpus, hosts=hosts))
 
 
 def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables_path: object) -> None:
