@@ -1,5 +1,10 @@
 """The placement contract, checked for every registered algorithm: a new algorithm is tested by being registered."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from shard_ray.errors import InfeasibleError, ShardRayError
@@ -38,8 +43,8 @@ def test_plans_a_small_task_validly_within_memory_and_names_itself(name, task):
     assert Plan.model_validate_json(plan.model_dump_json()) == plan  # the file format keeps everything
 
 
-# Tasks of few rows and few tables, where a split by rows is one block or no other table is placed: found by placing
-# random small tasks with every algorithm (`TableSpec(rows, dim, pooling_factor)`, devices, devices per host).
+# Tasks of few rows and few tables, where a split by rows is one block or no other table is placed: found by
+# `experiments/random_tasks.py` (`TableSpec(rows, dim, pooling_factor)`, devices, devices per host).
 FEW_ROWS = {
     # dreamshard and TorchRec's planner split the one-row table table-row-wise: one block, laid out as the table whole,
     # and the plan was refused as recording otherwise (cost_search's too, from `shard-ray plan` on 16 devices)
@@ -62,6 +67,24 @@ def test_plans_tasks_of_few_rows_and_few_tables_validly(name, task):
     plan.check(tables)
     assert max(plan.memory_bytes) <= topology.memory_bytes
     export_plan(plan, tables)
+
+
+@pytest.mark.parametrize("constraints", [[], ["--constraints"]])
+def test_the_random_tasks_benchmark_finds_no_problem_as_documented(tmp_path, constraints):
+    """`experiments/random_tasks.py` as docs/results.md runs it, on a few tasks: every plan valid, within memory and
+    its constraints, exported (the tasks above are three it found problems in); a bad count refused in a line."""
+    repo = Path(__file__).resolve().parent.parent
+    script = [sys.executable, "experiments/random_tasks.py"]
+    done = subprocess.run(
+        [*script, "--tasks", "6", "--seed", "4", *constraints, "--out", str(tmp_path)],
+        cwd=repo, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "random_tasks.json").read_text())
+    assert report["plans"] == 6 * len(NAMES) and report["problems"] == [], report["problems"]
+    assert json.loads(done.stdout.splitlines()[-1])["problems"] == 0
+    refused = subprocess.run([*script, "--tasks", "0"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and "--tasks" in refused.stderr
 
 
 @pytest.mark.parametrize("name", NAMES)

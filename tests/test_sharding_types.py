@@ -58,8 +58,8 @@ def test_plan_honours_a_constraints_file_and_explains_itself(capsys, tmp_path, a
 def test_a_table_constrained_to_column_slices_keeps_them_apart(algo):
     """A table its constraints allow only column-wise, whose halves the search packed on one device (the shipped
     reference models' choice here): joined there (two slices on one device run no real kernel) it was the table
-    whole, and the plan was refused as breaking the constraints. Found by placing random small tasks under random
-    constraints."""
+    whole, and the plan was refused as breaking the constraints. Found by `experiments/random_tasks.py
+    --constraints`."""
     tables = [
         TableSpec(name="narrow", rows=1000, dim=8, pooling_factor=1.0),
         TableSpec(name="other", rows=50, dim=16, pooling_factor=1.0),
