@@ -320,9 +320,11 @@ def test_a_pool_of_more_actors_than_the_cluster_has_devices_is_refused_before_st
     """Ray would keep actors it can never place pending, and the pool's first call on them waited forever (a test's
     in-process Ray of 2 CPUs once hung the suite so): refused in a line, no actor started."""
     cpus = int(ray.cluster_resources()["CPU"])
+    # an earlier test's actors on this worker's Ray may still be giving their CPUs back: what is free now, not all
+    free = ray.available_resources().get("CPU", 0)
     with pytest.raises(ShardRayError, match=f"{cpus + 1} actors needs {cpus + 1} CPUs, one each, but the Ray cluster"):
         ProfilingPool(num_actors=cpus + 1, use_gpus=False)
-    assert ray.available_resources().get("CPU") == cpus  # nothing started, nothing holding a CPU
+    assert ray.available_resources().get("CPU", 0) >= free  # nothing started, nothing more holding a CPU
 
 
 @pytest.mark.slow
