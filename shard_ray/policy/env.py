@@ -650,9 +650,9 @@ class PlacementState:
         return slowest
 
     def _finish(self, start: _FinishStart, dominates: float, by_rows: bool) -> float:
-        """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put whole, in
-        turn, on the device with room whose pieces' costs alone add up to the least, a table with room nowhere
-        row-wise, and the later tables whose costs alone reach `dominates` split (`_finishing_slices`, by rows
+        """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put
+        whole, in turn, on the device with room whose pieces' costs alone add up to the least, a table with room
+        nowhere row-wise, and the later tables whose costs alone reach `dominates` split (`_finishing_slices`, by rows
         where `by_rows` allows): a column slice a device, on the least loaded with room, or a row-wise block on each
         device: how a split's price shows past its own step (its sets of collectives every device pays, whatever comes
         next).
