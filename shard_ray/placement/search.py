@@ -564,11 +564,11 @@ def _slices_apart(
         return candidate.assign
     topology = pricer.topology
     assign = candidate.assign.copy()
-    sizes = pricer.sizes(candidate.pieces)
+    encodings, sizes = pricer.encodings(candidate.pieces), pricer.sizes(candidate.pieces)
     ledger = MemoryLedger.of_assignment(topology, assign, sizes.need)
     for indices in crowded:
         for i in indices[1:]:
-            steps = pricer.device_costs(pricer.encodings(candidate.pieces), sizes, assign)
+            steps = pricer.device_costs(encodings, sizes, assign)
             taken = {int(assign[k]) for k in indices}
             room = ledger.room(sizes.need[i]) & sizes.allowed[i]
             room[list(taken)] = False
