@@ -176,9 +176,10 @@ def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
 
 def largest_first(shards: list[list[TablePiece]], measure: MeasureConfig) -> list[list[TablePiece]]:
     """`shards`, those taking the most memory first. A measuring process keeps its tables' buffers from shard to shard
-    (`HostBuffers`) and allocates them again only to grow: the microbenchmark's shards of 12 MB to 3.3 GB measured in
-    their own order grew each actor's buffers 6 times, and fresh huge pages cost a virtual machine 2-9 ms each
-    (docs/measurement.md, "Largest shards first")."""
+    (`HostBuffers`) and allocates them again only to grow, which on a virtual machine takes seconds a gigabyte, and
+    the shards are measured in batches that each wait for their slowest: in their own order, the microbenchmark's
+    shards grew each actor's buffers six times, one actor at a time while the other waited; largest first, both
+    grow in the first batch, at once (docs/measurement.md, "Largest shards first")."""
     return sorted(shards, key=lambda pieces: -sum(p.memory_bytes(measure.optimizer) for p in pieces))
 
 
