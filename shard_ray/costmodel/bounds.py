@@ -7,18 +7,23 @@ compute model bounds that sum from its form alone, whatever fusion it learned
 least its value at the sum of all tables, the convex term to at least D times its value at the
 mean). Each table counts at the least its sharding types can encode it as (`least_encodings`),
 and every term is monotone, so this holds for every plan. In a table-wise plan the slowest device
-also carries at least the costliest single piece. Input all-to-alls and data-parallel all-reduces
-are left out: they only add.
+also carries at least the costliest single piece. Input all-to-alls are left out: they only add.
 
 Communication: the slowest device's all-to-alls cost at least the cheapest the comm model
 predicts for any device of any plan of the task (the minimum over a grid of the device's own
-width and the widest device's width), up to the grid's resolution. Over hosts, at least the
-least the model predicts beyond the links' price on one host, plus the links' fixed time and
-latency per peer; and the bound is never below the bytes every plan sends between hosts
-(`across_hosts_ms`), which the slowest device's step holds whatever its compute.
+width and the widest device's width), up to the grid's resolution (`least_all_to_all_ms`). Over
+hosts, at least the least the model predicts beyond the links' price on one host, plus the links'
+fixed time and latency per peer. Data-parallel replicas take their columns off the all-to-all and
+pay the gradients' all-reduce instead: the bound is the least over how wide the replicated tables
+are, in steps, of the all-to-all of the rest and the all-reduce of the tables cheapest to
+replicate (`least_all_reduce_ms`); a plan replicating every table pays no all-to-all. And the
+bound is never below the bytes every plan sends between hosts (`across_hosts_ms`), which the
+slowest device's step holds whatever its compute.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -31,6 +36,7 @@ from shard_ray.costmodel.pricing import (
     input_width,
     receiving_ms,
     ring_bus_mb,
+    sync_width,
 )
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, replica, row_block
@@ -53,26 +59,90 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     if d == 1 or models.comm is None:
         return compute
     total = float(sum(t.dim for t in tables))
-    own = np.linspace(0.0, total, 65)
-    widest = np.linspace(total / d, total, 33)
-    own_grid, widest_grid = np.meshgrid(own, widest)
-    feasible = own_grid <= widest_grid
-    features = comm_feature_rows(own_grid[feasible], total, widest_grid[feasible], topology.batch_size, d)
-    learned = models.comm_ms(features)
+    comm = float(least_all_to_all_ms(models, np.array([total]), topology)[0])
+    if column_wise:  # replicas' columns leave the all-to-all; they pay an all-reduce instead
+        comm = least_with_replicas_ms(models, tables, topology, comm)
+    return max(compute + comm, across_hosts_ms(models, tables, topology))
+
+
+# At most this many steps of the tables' width that data-parallel replicas take off the all-to-all
+# (`least_with_replicas_ms`); where the tables' widths are multiples of fewer steps, every width a plan can replicate.
+REPLICATED_STEPS = 32
+
+
+def least_with_replicas_ms(models: CostModels, tables: list[TableSpec], topology: Topology, without: float) -> float:
+    """The least the slowest device's all-to-alls and all-reduce cost together in any plan, `without` replicas
+    (`least_all_to_all_ms` of every column) or replicating some tables: the replicated width W is a multiple of the
+    tables' widths' greatest common divisor g, and a plan replicating between two steps (W_j + g to W_(j+1)) pays
+    at least the all-to-all of the width left at W_(j+1) and the all-reduce of W_j + g (`least_all_reduce_ms`):
+    exact where the steps are g. Only steps whose all-reduce alone costs less than `without` are priced further."""
+    dims = [t.dim for t in tables]
+    g, total = math.gcd(*dims), sum(dims)
+    step = g * math.ceil(total / g / REPLICATED_STEPS)
+    replicated = np.minimum(np.arange(0, total + step, step), total).astype(np.float64)
+    all_reduce = least_all_reduce_ms(models, tables, np.minimum(replicated[:-1] + g, replicated[1:]), topology)
+    cheaper = all_reduce < without
+    if not cheaper.any():
+        return without
+    all_to_all = least_all_to_all_ms(models, total - replicated[1:][cheaper], topology)
+    return min(without, float((all_to_all + all_reduce[cheaper]).min()))
+
+
+def least_all_to_all_ms(models: CostModels, kept: np.ndarray, topology: Topology) -> np.ndarray:
+    """[n] the least the slowest device's all-to-alls (forward and backward) cost in plans whose all-to-alls move
+    `kept` [n] columns in all (0 ms for none): the cheapest the comm model predicts for any device (the minimum over
+    a grid of the device's own width and the widest device's width), up to the grid's resolution. Over hosts, the
+    least it predicts beyond the links' price on one host, plus the links' fixed time and latency per peer."""
+    d = topology.num_devices
+    own, widest, totals, starts = [], [], [], []
+    for width in kept:  # each width's feasible grid points, one after another
+        own_grid, widest_grid = np.meshgrid(np.linspace(0.0, width, 65), np.linspace(width / d, width, 33))
+        feasible = own_grid <= widest_grid
+        starts.append(sum(len(o) for o in own))
+        own.append(own_grid[feasible])
+        widest.append(widest_grid[feasible])
+        totals.append(np.full(len(own[-1]), width))
+    own_rows, widest_rows, total_rows = np.concatenate(own), np.concatenate(widest), np.concatenate(totals)
+    learned = models.comm_ms(comm_feature_rows(own_rows, total_rows, widest_rows, topology.batch_size, d))
     hosts = analytic_devices_per_host(models, topology.devices_per_host)
-    across = across_hosts_ms(models, tables, topology)
     if hosts is None or hosts >= d:
-        return max(compute + float(learned.sum(axis=1).min()), across)
-    # Over hosts a device pays what the model learned beyond the links' price on one host, then the links' price
-    # over the hosts (`over_hosts`), whose fixed time and latency per peer every device pays, forward and backward.
-    # Past the gangs the model measured, the price keeps nothing of it beyond the links (`one_host_comm`).
-    pricer = Pricer(models, topology)
-    measured = models.info.device_counts
-    beyond = 0.0
-    if measured and d <= max(measured):
-        one_host = pricer.link_rows(own_grid[feasible], total, d, one_host=True)
-        beyond = float(np.maximum(learned - one_host, 0.0).sum(axis=1).min())
-    return max(compute + beyond + 2 * (pricer.links.collective_ms + pricer.links.message_ms * (d - 1)), across)
+        least = np.minimum.reduceat(learned.sum(axis=1), starts)
+    else:
+        # Over hosts a device pays what the model learned beyond the links' price on one host, then the links'
+        # price over the hosts (`over_hosts`), whose fixed time and latency per peer every device pays, forward and
+        # backward. Past the gangs the model measured, the price keeps nothing of it beyond the links
+        # (`one_host_comm`).
+        pricer = Pricer(models, topology)
+        measured = models.info.device_counts
+        least = np.zeros(len(kept))
+        if measured and d <= max(measured):
+            one_host = pricer.link_rows(own_rows, total_rows, d, one_host=True)
+            least = np.minimum.reduceat(np.maximum(learned - one_host, 0.0).sum(axis=1), starts)
+        least = least + 2 * (pricer.links.collective_ms + pricer.links.message_ms * (d - 1))
+    return np.where(kept > 0, least, 0.0)
+
+
+def least_all_reduce_ms(
+    models: CostModels, tables: list[TableSpec], widths: np.ndarray, topology: Topology
+) -> np.ndarray:
+    """[n] the least the replicas' gradient all-reduce costs a device in plans replicating tables of at least
+    `widths` [n] columns in all (0 ms for none): the gradients' MB and `sync_width`s of the tables cheapest per
+    column, the last taken in part (below any set of whole tables of that width), priced as a plan's all-reduce
+    (`Pricer.all_reduce`, which grows with both), every device holding the replicas."""
+    d = topology.num_devices
+    replicas = [replica(t, d, 0) for t in tables]
+    dims = np.array([t.dim for t in tables], dtype=np.float64)
+
+    def least(per_table: np.ndarray) -> np.ndarray:
+        order = np.argsort(per_table / dims, kind="stable")
+        reach = np.concatenate([[0.0], np.cumsum(dims[order])])
+        return np.interp(widths, reach, np.concatenate([[0.0], np.cumsum(per_table[order])]))
+
+    gradient = least(np.array([gradient_mb(r, models.rows_cap) for r in replicas]))
+    sync = least(np.array([sync_width(r, topology.batch_size, models.rows_cap) for r in replicas]))
+    every = np.ones((1, d))
+    priced = Pricer(models, topology).all_reduce(sync[:, None] * every, gradient[:, None] * every, widths[:, None] > 0)
+    return np.where(widths > 0, priced.min(axis=-1), 0.0)
 
 
 def across_hosts_ms(models: CostModels, tables: list[TableSpec], topology: Topology) -> float:
