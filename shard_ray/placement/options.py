@@ -108,6 +108,10 @@ def choose_types(
     """Tables in turn, costliest first, each switched to the sharding type that lowers the simulated
     plan cost most, until a pass changes nothing or the phase's budget is spent."""
     order = np.argsort(-single_costs(pricer, table_wise(tables)), kind="stable")
+    if "data_parallel" in allowed and not until.reached():
+        replicated = every_table_replicated(pricer, tables, constraints)
+        if replicated is not None and replicated.cost < placed.cost * (1 - 1e-4):
+            placed = replicated
     improved = True
     while improved:
         improved = False
@@ -121,6 +125,24 @@ def choose_types(
             if best is not None and best.cost < placed.cost * (1 - 1e-4):
                 placed, improved = best, True
     return placed
+
+
+def every_table_replicated(
+    pricer: Pricer, tables: list[TableSpec], constraints: Constraints | None = None
+) -> Candidate | None:
+    """The plan replicating every table, which no switch of one table reaches where replicas are cheaper only all
+    together (the last table's all-to-all gone with it); None where a table may not be replicated, or the
+    replicas do not fit a device's memory together."""
+    pieces = []
+    for table in tables:
+        replicas = table_options(table, pricer.topology, constraints, ("data_parallel",)).get("data_parallel")
+        if replicas is None or (constraints is not None and constraints.group_of(table.name) is not None):
+            return None
+        pieces += replicas
+    assign = np.array([p.devices[0] for p in pieces], dtype=np.int64)
+    if (MemoryLedger.of_assignment(pricer.topology, assign, pricer.sizes(pieces).need).free < 0).any():
+        return None
+    return Candidate(pieces, assign, pricer.plan_cost(pieces, assign))
 
 
 def explain(
