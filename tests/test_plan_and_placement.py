@@ -332,6 +332,20 @@ def test_cost_search_replicates_every_table_where_only_all_together_pays():
     assert every.estimate.predicted.cost_ms < 0.5 * apart.estimate.predicted.cost_ms
 
 
+def test_the_placed_line_says_when_a_search_passed_its_budget():
+    """The budget is checked between batches of candidates and the batch under way finishes: `plan` says the
+    budget was reached, not "2,304 of its budget of 1,000"."""
+    from shard_ray.cli.planning import search_work
+
+    tables = [TableSpec(name=f"t{i}", rows=10_000 * (i + 1), dim=32, pooling_factor=2.0) for i in range(40)]
+    plan = place("cost_search", tables, Topology(num_devices=8, memory_bytes=8 * GB), settings={"max_evaluations": 500})
+    assert plan.search.evaluations > 500
+    assert search_work(plan) == (
+        f", {plan.search.evaluations:,} model evaluations: its budget of 500 reached mid-batch "
+        "(--set max_evaluations=N)"
+    )
+
+
 def test_cost_search_never_leaves_two_column_slices_of_a_table_on_one_device():
     """The MLPerf DLRM shapes on 4 devices: before slices were joined, four tables had two of their
     column slices on one device (lookups run twice in one kernel)."""

@@ -389,6 +389,8 @@ def search_work(plan: Plan) -> str:
     budget = plan.settings.algorithm.get("max_evaluations") if plan.settings else None
     if budget is None:
         return f", {used:,} model evaluations (no budget)"
+    if used > budget:  # the budget is checked between batches of candidates, and the batch under way finishes
+        return f", {used:,} model evaluations: its budget of {budget:,} reached mid-batch (--set max_evaluations=N)"
     return f", {used:,} of its budget of {budget:,} model evaluations (--set max_evaluations=N)"
 
 
