@@ -174,15 +174,6 @@ def unique_shards(shards: list[list[TablePiece]]) -> list[list[TablePiece]]:
     return unique
 
 
-def largest_first(shards: list[list[TablePiece]], measure: MeasureConfig) -> list[list[TablePiece]]:
-    """`shards`, those taking the most memory first. A measuring process keeps its tables' buffers from shard to shard
-    (`HostBuffers`) and allocates them again only to grow, which on a virtual machine takes seconds a gigabyte, and
-    the shards are measured in batches that each wait for their slowest: in their own order, the microbenchmark's
-    shards grew each actor's buffers six times, one actor at a time while the other waited; largest first, both
-    grow in the first batch, at once (docs/measurement.md, "Largest shards first")."""
-    return sorted(shards, key=lambda pieces: -sum(p.memory_bytes(measure.optimizer) for p in pieces))
-
-
 def task_measurements(
     store: MeasurementStore,
     tables: list[TableSpec],
@@ -512,7 +503,7 @@ def _measure_shards(
     wanted = unique_shards(
         decisive
         + [[p] for p in table_wise(tables)]
-        + largest_first(microbenchmark_shards(), measure)
+        + microbenchmark_shards()
         + draw_fused_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
     with devices.pool(config.actors) as pool:
