@@ -61,6 +61,9 @@ class Pricer:
         self.evaluations = 0
 
     def encodings(self, pieces: list[TablePiece]) -> torch.Tensor:
+        """[N, F] the pieces' encodings (`CostModels.encode_tables`), each piece's computed once; [0, F] for none."""
+        if not pieces:
+            return self.models.encode_tables([], self.topology.batch_size)
         missing = [p for p in pieces if p.key not in self._encodings]
         if missing:
             encoded = self.models.encode_tables(missing, self.topology.batch_size)

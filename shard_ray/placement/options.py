@@ -83,12 +83,7 @@ def _on_best_host(pricer: Pricer, placed: Candidate, table: TableSpec) -> Candid
     topology = pricer.topology
     others = [i for i, p in enumerate(placed.pieces) if p.table.name != table.name]
     pieces = [placed.pieces[i] for i in others]
-    # without the task's only table no device holds anything (pricing no pieces failed: a stack of no rows)
-    now = (
-        pricer.device_costs(pricer.encodings(pieces), pricer.sizes(pieces), placed.assign[others])
-        if pieces
-        else np.zeros(topology.num_devices)
-    )
+    now = pricer.device_costs(pricer.encodings(pieces), pricer.sizes(pieces), placed.assign[others])
     hosts = np.argsort(now.reshape(topology.num_hosts, -1).max(axis=1), kind="stable")[:CANDIDATE_HOSTS]
     made = [
         switch(pricer, placed, table.name, table_row_wise(table, topology.devices_per_host_or_all, int(h)))
