@@ -12,13 +12,10 @@ import hashlib
 import io
 import math
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
-import scipy
-
-# scipy.special, not scipy.stats: the same Poisson CDF kernel for a third of the import (every actor imports this)
-from scipy.special import pdtr
 
 from shard_ray.io import shard_ray_home, write_atomic
 from shard_ray.workload.tables import REUSE_BINS, TableBatch, TableSpec
@@ -166,6 +163,10 @@ def derive_zipf_histogram(rows: int, exponent: float, pooling_factor: float) -> 
     # P(count <= 2^k) for k = 0..15 per group; bin 0 is count 1, bin k is (2^(k-1), 2^k], the last the rest. Where the
     # mean is so far below 2^k that the CDF is 1 to the last bit (most of a large table's groups: its cold rows), it
     # is set so rather than computed: `pdtr` took 2.6 ms of a 3 ms call on a table of 10^8 rows.
+    # scipy.special, not scipy.stats: the same Poisson CDF kernel for a third of the import; here, not at the module's
+    # top, where it took 0.13 s of every command's start, most of which read their histograms kept
+    from scipy.special import pdtr
+
     cdf = np.ones((len(mean_count), REUSE_BINS - 1))
     for k, (top, certain) in enumerate(zip(_BIN_TOPS, _CERTAIN_BELOW)):
         unsure = mean_count > certain
@@ -249,7 +250,7 @@ class KeptHistograms:
 @functools.cache
 def _derivation_digest() -> str:
     """What names the file of kept histograms: whatever could change a derived histogram's bits."""
-    release = f"{Path(__file__).read_bytes().hex()} {np.__version__} {scipy.__version__} {sys.version}"
+    release = f"{Path(__file__).read_bytes().hex()} {np.__version__} {version('scipy')} {sys.version}"
     return hashlib.sha256(release.encode()).hexdigest()[:16]
 
 
