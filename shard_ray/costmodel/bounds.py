@@ -75,7 +75,11 @@ def least_with_replicas_ms(models: CostModels, tables: list[TableSpec], topology
     (`least_all_to_all_ms` of every column) or replicating some tables: the replicated width W is a multiple of the
     tables' widths' greatest common divisor g, and a plan replicating between two steps (W_j + g to W_(j+1)) pays
     at least the all-to-all of the width left at W_(j+1) and the all-reduce of W_j + g (`least_all_reduce_ms`):
-    exact where the steps are g. Only steps whose all-reduce alone costs less than `without` are priced further."""
+    exact where the steps are g. Only steps whose all-reduce alone costs less than `without` are priced further, and
+    none where an all-reduce of no bytes costs as much."""
+    nothing = np.zeros((1, topology.num_devices))  # an all-reduce's own price, of no bytes, which every one pays
+    if Pricer(models, topology).all_reduce(nothing, nothing, nothing == 0).min() >= without:
+        return without
     dims = [t.dim for t in tables]
     g, total = math.gcd(*dims), sum(dims)
     step = g * math.ceil(total / g / REPLICATED_STEPS)
