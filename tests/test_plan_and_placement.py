@@ -330,6 +330,19 @@ def test_cost_search_replicates_every_table_where_only_all_together_pays():
     assert {sharding.type for sharding in every.tables.values()} == {"data_parallel"}
     apart = place("cost_search", tables, topology, settings={"sharding_types": ["table_wise", "column_wise"]})
     assert every.estimate.predicted.cost_ms < 0.5 * apart.estimate.predicted.cost_ms
+    # not tried where a device cannot hold every replica, nor where they are too many to price in a moment
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.placement.options import MOST_REPLICAS, every_table_replicated
+
+    models = CostModels.load(default_cost_model_path())
+    assert every_table_replicated(Pricer(models, topology), tables) is not None
+    # two replicas of about 0.57 GB each (weights, gradient, optimizer state): either fits the 1 GiB, not both
+    large = [TableSpec(name=f"large{i}", rows=1_100_000, dim=64, pooling_factor=1) for i in range(2)]
+    assert every_table_replicated(Pricer(models, topology), large[:1]) is not None
+    assert every_table_replicated(Pricer(models, topology), large) is None
+    many = Topology(num_devices=MOST_REPLICAS // 2 + 1, memory_bytes=1 * GB)
+    assert every_table_replicated(Pricer(models, many), tables) is None
 
 
 def test_the_placed_line_says_when_a_search_passed_its_budget():

@@ -21,12 +21,15 @@ from shard_ray.placement.budget import PhaseEnd
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.enumerator import table_options
 from shard_ray.plan.memory import MemoryLedger
-from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, table_row_wise, table_wise
+from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, replica, table_row_wise, table_wise
 from shard_ray.plan.plan import Plan, TableChoice
 from shard_ray.workload.tables import TableSpec
 
 # A table goes table-row-wise on the host, of this many least loaded, that prices the plan lowest.
 CANDIDATE_HOSTS = 4
+# The plan replicating every table is priced only where it is at most this many pieces (tables x devices): making
+# and pricing 20,000 replicas took 1.2 s (5,136 tables on 512 devices would be 2.6 million).
+MOST_REPLICAS = 4_096
 
 
 def switch(pricer: Pricer, placed: Candidate, table: str, pieces: list[TablePiece]) -> Candidate | None:
@@ -126,8 +129,14 @@ def every_table_replicated(
     pricer: Pricer, tables: list[TableSpec], constraints: Constraints | None = None
 ) -> Candidate | None:
     """The plan replicating every table, which no switch of one table reaches where replicas are cheaper only all
-    together (the last table's all-to-all gone with it); None where a table may not be replicated, or the
-    replicas do not fit a device's memory together."""
+    together (the last table's all-to-all gone with it); None where a table may not be replicated, the replicas do
+    not fit a device's memory together, or they would be more than `MOST_REPLICAS` pieces."""
+    topology = pricer.topology
+    if len(tables) * topology.num_devices > MOST_REPLICAS:
+        return None
+    ledger = MemoryLedger(topology)
+    if sum(ledger.need(replica(t, topology.num_devices, 0)) for t in tables) > topology.memory_bytes:
+        return None
     pieces = []
     for table in tables:
         replicas = table_options(table, pricer.topology, constraints, ("data_parallel",)).get("data_parallel")
@@ -135,8 +144,6 @@ def every_table_replicated(
             return None
         pieces += replicas
     assign = np.array([p.devices[0] for p in pieces], dtype=np.int64)
-    if (MemoryLedger.of_assignment(pricer.topology, assign, pricer.sizes(pieces).need).free < 0).any():
-        return None
     return Candidate(pieces, assign, pricer.plan_cost(pieces, assign))
 
 
