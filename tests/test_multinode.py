@@ -239,7 +239,7 @@ def test_calibrate_over_hosts_fits_the_comm_model_to_what_crossed_them(cluster, 
     )
     # a budget it never reaches (it ends by its shards and plans in about two minutes alone): beside other tests, a
     # 2-minute budget once ended it before any plan was measured, and an 8-minute one its shards (in CI, beside
-    # the own-tables guide's calibration, which now waits for this module on its worker)
+    # the own-tables guide's calibration, both measuring their largest shards at once)
     calibrated = shard_ray_here(
         capsys,
         *("calibrate", "--tables", "tables.json", "--devices", "4", "--devices-per-host", "2"),

@@ -33,10 +33,6 @@ def _user_shell(home: Path, folder: Path, command: str) -> subprocess.CompletedP
     )
 
 
-# After the multinode module, on its worker: its `calibrate` and calibrate over hosts both measure the
-# microbenchmark from an empty store, largest shards first, and each fills its Ray's measuring share of the
-# machine's memory; at once on CI's 24 GB, their first large shards took 3m39s and a budget ran out.
-@pytest.mark.xdist_group("multinode")
 @pytest.mark.slow(seconds=100)
 def test_the_own_tables_guide_runs_as_written(tmp_path):
     home, folder = tmp_path / "home", tmp_path / "mine"
