@@ -59,9 +59,10 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     if d == 1 or models.comm is None:
         return compute
     total = float(sum(t.dim for t in tables))
-    comm = float(least_all_to_all_ms(models, np.array([total]), topology)[0])
+    pricer = Pricer(models, topology)
+    comm = float(least_all_to_all_ms(pricer, np.array([total]))[0])
     if column_wise:  # replicas' columns leave the all-to-all; they pay an all-reduce instead
-        comm = least_with_replicas_ms(models, tables, topology, comm)
+        comm = least_with_replicas_ms(pricer, tables, comm)
     return max(compute + comm, across_hosts_ms(models, tables, topology))
 
 
@@ -70,33 +71,34 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
 REPLICATED_STEPS = 32
 
 
-def least_with_replicas_ms(models: CostModels, tables: list[TableSpec], topology: Topology, without: float) -> float:
+def least_with_replicas_ms(pricer: Pricer, tables: list[TableSpec], without: float) -> float:
     """The least the slowest device's all-to-alls and all-reduce cost together in any plan, `without` replicas
     (`least_all_to_all_ms` of every column) or replicating some tables: the replicated width W is a multiple of the
     tables' widths' greatest common divisor g, and a plan replicating between two steps (W_j + g to W_(j+1)) pays
     at least the all-to-all of the width left at W_(j+1) and the all-reduce of W_j + g (`least_all_reduce_ms`):
     exact where the steps are g. Only steps whose all-reduce alone costs less than `without` are priced further, and
     none where an all-reduce of no bytes costs as much."""
-    nothing = np.zeros((1, topology.num_devices))  # an all-reduce's own price, of no bytes, which every one pays
-    if Pricer(models, topology).all_reduce(nothing, nothing, nothing == 0).min() >= without:
+    nothing = np.zeros((1, pricer.topology.num_devices))  # an all-reduce's own price, of no bytes, every one pays
+    if pricer.all_reduce(nothing, nothing, nothing == 0).min() >= without:
         return without
     dims = [t.dim for t in tables]
     g, total = math.gcd(*dims), sum(dims)
     step = g * math.ceil(total / g / REPLICATED_STEPS)
     replicated = np.minimum(np.arange(0, total + step, step), total).astype(np.float64)
-    all_reduce = least_all_reduce_ms(models, tables, np.minimum(replicated[:-1] + g, replicated[1:]), topology)
+    all_reduce = least_all_reduce_ms(pricer, tables, np.minimum(replicated[:-1] + g, replicated[1:]))
     cheaper = all_reduce < without
     if not cheaper.any():
         return without
-    all_to_all = least_all_to_all_ms(models, total - replicated[1:][cheaper], topology)
+    all_to_all = least_all_to_all_ms(pricer, total - replicated[1:][cheaper])
     return min(without, float((all_to_all + all_reduce[cheaper]).min()))
 
 
-def least_all_to_all_ms(models: CostModels, kept: np.ndarray, topology: Topology) -> np.ndarray:
+def least_all_to_all_ms(pricer: Pricer, kept: np.ndarray) -> np.ndarray:
     """[n] the least the slowest device's all-to-alls (forward and backward) cost in plans whose all-to-alls move
     `kept` [n] columns in all (0 ms for none): the cheapest the comm model predicts for any device (the minimum over
     a grid of the device's own width and the widest device's width), up to the grid's resolution. Over hosts, the
     least it predicts beyond the links' price on one host, plus the links' fixed time and latency per peer."""
+    models, topology = pricer.models, pricer.topology
     d = topology.num_devices
     own, widest, totals, starts = [], [], [], []
     for width in kept:  # each width's feasible grid points, one after another
@@ -116,7 +118,6 @@ def least_all_to_all_ms(models: CostModels, kept: np.ndarray, topology: Topology
         # price over the hosts (`over_hosts`), whose fixed time and latency per peer every device pays, forward and
         # backward. Past the gangs the model measured, the price keeps nothing of it beyond the links
         # (`one_host_comm`).
-        pricer = Pricer(models, topology)
         measured = models.info.device_counts
         least = np.zeros(len(kept))
         if measured and d <= max(measured):
@@ -126,13 +127,12 @@ def least_all_to_all_ms(models: CostModels, kept: np.ndarray, topology: Topology
     return np.where(kept > 0, least, 0.0)
 
 
-def least_all_reduce_ms(
-    models: CostModels, tables: list[TableSpec], widths: np.ndarray, topology: Topology
-) -> np.ndarray:
+def least_all_reduce_ms(pricer: Pricer, tables: list[TableSpec], widths: np.ndarray) -> np.ndarray:
     """[n] the least the replicas' gradient all-reduce costs a device in plans replicating tables of at least
     `widths` [n] columns in all (0 ms for none): the gradients' MB and `sync_width`s of the tables cheapest per
     column, the last taken in part (below any set of whole tables of that width), priced as a plan's all-reduce
     (`Pricer.all_reduce`, which grows with both), every device holding the replicas."""
+    models, topology = pricer.models, pricer.topology
     d = topology.num_devices
     replicas = [replica(t, d, 0) for t in tables]
     dims = np.array([t.dim for t in tables], dtype=np.float64)
@@ -145,7 +145,7 @@ def least_all_reduce_ms(
     gradient = least(np.array([gradient_mb(r, models.rows_cap) for r in replicas]))
     sync = least(np.array([sync_width(r, topology.batch_size, models.rows_cap) for r in replicas]))
     every = np.ones((1, d))
-    priced = Pricer(models, topology).all_reduce(sync[:, None] * every, gradient[:, None] * every, widths[:, None] > 0)
+    priced = pricer.all_reduce(sync[:, None] * every, gradient[:, None] * every, widths[:, None] > 0)
     return np.where(widths > 0, priced.min(axis=-1), 0.0)
 
 
