@@ -79,7 +79,7 @@ def least_with_replicas_ms(pricer: Pricer, tables: list[TableSpec], without: flo
     exact where the steps are g. Only steps whose all-reduce alone costs less than `without` are priced further, and
     none where an all-reduce of no bytes costs as much."""
     nothing = np.zeros((1, pricer.topology.num_devices))  # an all-reduce's own price, of no bytes, every one pays
-    if pricer.all_reduce(nothing, nothing, nothing == 0).min() >= without:
+    if pricer.all_reduce(nothing, nothing, holds=np.ones_like(nothing, dtype=bool)).min() >= without:
         return without
     dims = [t.dim for t in tables]
     g, total = math.gcd(*dims), sum(dims)

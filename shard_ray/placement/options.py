@@ -139,7 +139,7 @@ def every_table_replicated(
         return None
     pieces = []
     for table in tables:
-        replicas = table_options(table, pricer.topology, constraints, ("data_parallel",)).get("data_parallel")
+        replicas = table_options(table, topology, constraints, ("data_parallel",)).get("data_parallel")
         if replicas is None or (constraints is not None and constraints.group_of(table.name) is not None):
             return None
         pieces += replicas
