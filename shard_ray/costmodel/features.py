@@ -45,8 +45,15 @@ def _features(
     table: TableSpec, rows: int, width: int, pooling_factor: float, histogram: tuple[float, ...], rows_cap: int | None
 ) -> np.ndarray:
     """`table_features` of a table of `table`'s precision with these rows, width, pooling factor and histogram."""
+    return np.asarray(_feature_values(table, rows, width, pooling_factor, histogram, rows_cap), dtype=np.float32)
+
+
+def _feature_values(
+    table: TableSpec, rows: int, width: int, pooling_factor: float, histogram: tuple[float, ...], rows_cap: int | None
+) -> list[float]:
+    """`_features` as Python floats, so that many pieces' make one array at once (`pieces_features`)."""
     rows = rows if rows_cap is None else min(rows, rows_cap)
-    values = [
+    return [
         math.log2(width),
         math.log10(rows),
         math.log2(pooling_factor),
@@ -55,7 +62,6 @@ def _features(
         float(table.precision == "fp16"),
         *histogram,
     ]
-    return np.asarray(values, dtype=np.float32)
 
 
 def pieces_features(pieces: list[TablePiece], rows_cap: int | None = None) -> np.ndarray:
@@ -66,7 +72,7 @@ def pieces_features(pieces: list[TablePiece], rows_cap: int | None = None) -> np
     """
     if not pieces:
         return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
-    return np.stack([_features(p.table, *_behaving(p), rows_cap) for p in pieces])
+    return np.array([_feature_values(p.table, *_behaving(p), rows_cap) for p in pieces], dtype=np.float32)
 
 
 def batch_context(batch_size: int) -> float:

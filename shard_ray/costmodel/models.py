@@ -440,11 +440,14 @@ class CostModels:
         flags = self.compute.correction_at_bound(features, batch_context(batch_size))
         return [t.name for t, at_bound in zip(tables, flags.tolist()) if at_bound]
 
-    @torch.no_grad()
     def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
-        features = torch.from_numpy(pieces_features(pieces, self.rows_cap))
+        return self.encode_features(pieces_features(pieces, self.rows_cap), pieces, batch_size)
+
+    @torch.no_grad()
+    def encode_features(self, features: np.ndarray, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
+        """`encode_tables` of pieces whose `pieces_features` are at hand."""
         replicas = torch.tensor([float(p.replicated) for p in pieces])
-        return self.compute.encode(features, batch_context(batch_size), replicas)
+        return self.compute.encode(torch.from_numpy(features), batch_context(batch_size), replicas)
 
     @torch.no_grad()
     def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:

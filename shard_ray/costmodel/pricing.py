@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from shard_ray.costmodel.features import behaves_as
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, behaves_as, pieces_features
 from shard_ray.costmodel.links import LinkProfile
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.cost import DeviceCost, PlanCost
@@ -52,6 +52,7 @@ class Pricer:
                 }
             )
         self._encodings: dict[tuple, torch.Tensor] = {}
+        self._features: dict[tuple, np.ndarray] = {}  # the pieces' `pieces_features`, made for their encodings
         self._sizes: dict[tuple, tuple] = {}
         # On one host, no link shared with other hosts, a device's links' price is the floor `one_host_comm` keeps
         # already: `comm_rows` and `output_and_input_rows` need not price the links again (the policy's every step).
@@ -66,10 +67,19 @@ class Pricer:
             return self.models.encode_tables([], self.topology.batch_size)
         missing = [p for p in pieces if p.key not in self._encodings]
         if missing:
-            encoded = self.models.encode_tables(missing, self.topology.batch_size)
-            for p, e in zip(missing, encoded):
+            features = pieces_features(missing, self.models.rows_cap)
+            encoded = self.models.encode_features(features, missing, self.topology.batch_size)
+            for p, e, f in zip(missing, encoded, features):
                 self._encodings[p.key] = e
+                self._features[p.key] = f
         return torch.stack([self._encodings[p.key] for p in pieces])
+
+    def features(self, pieces: list[TablePiece]) -> np.ndarray:
+        """[N, F] the pieces' `pieces_features`, each piece's made once, with its encoding (`encodings`)."""
+        if not pieces:
+            return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
+        self.encodings(pieces)
+        return np.stack([self._features[p.key] for p in pieces])
 
     def sizes(self, pieces: list[TablePiece]) -> PieceSizes:
         """`piece_sizes` of the pieces, each piece's computed once."""

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from shard_ray.costmodel.bounds import lower_bound_ms
-from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES, pieces_features
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.pricing import Pricer, costs_its_lookups, host_reduce, single_costs
 from shard_ray.errors import ShardRayError
@@ -387,8 +387,7 @@ class PlacementState:
         new = list({p.key: p for p in pieces if p.key not in self._pieces}.values())
         if not new:
             return
-        encodings, sizes = self.pricer.encodings(new), self.pricer.sizes(new)
-        features = pieces_features(new, self.models.rows_cap)
+        encodings, sizes, features = self.pricer.encodings(new), self.pricer.sizes(new), self.pricer.features(new)
         for k, p in enumerate(new):
             self._pieces[p.key] = _Piece(
                 encodings[k], float(sizes.widths[k]), float(sizes.inputs[k]), float(sizes.host_sums[k]),
