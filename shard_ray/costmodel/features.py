@@ -38,20 +38,15 @@ def table_features(table: TableSpec, width: int, rows_cap: int | None = None) ->
     Profiling on CPU allocates at most a cap of rows per table (see `MeasureConfig`); models of
     such measurements see the rows that were allocated, so they price what the gang measures.
     """
-    return _features(table, table.rows, width, table.pooling_factor, reuse_histogram_of(table), rows_cap)
-
-
-def _features(
-    table: TableSpec, rows: int, width: int, pooling_factor: float, histogram: tuple[float, ...], rows_cap: int | None
-) -> np.ndarray:
-    """`table_features` of a table of `table`'s precision with these rows, width, pooling factor and histogram."""
-    return np.asarray(_feature_values(table, rows, width, pooling_factor, histogram, rows_cap), dtype=np.float32)
+    values = _feature_values(table, table.rows, width, table.pooling_factor, reuse_histogram_of(table), rows_cap)
+    return np.asarray(values, dtype=np.float32)
 
 
 def _feature_values(
     table: TableSpec, rows: int, width: int, pooling_factor: float, histogram: tuple[float, ...], rows_cap: int | None
 ) -> list[float]:
-    """`_features` as Python floats, so that many pieces' make one array at once (`pieces_features`)."""
+    """`table_features` of a table of `table`'s precision with these rows, width, pooling factor and histogram, as
+    Python floats: many pieces' make one array at once (`pieces_features`)."""
     rows = rows if rows_cap is None else min(rows, rows_cap)
     return [
         math.log2(width),
