@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from shard_ray.costmodel.features import NUM_TABLE_FEATURES, behaves_as, pieces_features
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, lookups_per_sample, pieces_features
 from shard_ray.costmodel.links import LinkProfile
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.cost import DeviceCost, PlanCost
@@ -559,7 +559,7 @@ def intra_host_share(num_devices: int, devices_per_host: int | None) -> float:
 def input_width(piece: TablePiece) -> float:
     """A piece's input all-to-all per sample, in float columns: its lookups' int64 ids and its bag's
     int64 length. A replica looks up its own samples where they are: nothing."""
-    return 0.0 if piece.replicated else 2.0 * (behaves_as(piece).pooling_factor + 1.0)
+    return 0.0 if piece.replicated else 2.0 * (lookups_per_sample(piece) + 1.0)
 
 
 def output_width(piece: TablePiece) -> float:
