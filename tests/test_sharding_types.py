@@ -72,6 +72,21 @@ def test_a_table_constrained_to_column_slices_keeps_them_apart(algo):
     assert len(halves) == 2 and len({s.device for s in halves}) == 2
 
 
+@pytest.mark.parametrize("algo", ["size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy", "cost_search"])
+def test_a_group_goes_where_its_pinned_member_may(algo):
+    """A group whose pinned member is not the one placed first: the greedy heuristics put the group where its first
+    table had room (device 0) and refused the plan, "table 'b' does not fit beside its group on device 0", with
+    memory to spare (from a new user's walk through docs/file-formats.md)."""
+    tables = [
+        TableSpec(name="a", rows=1000, dim=16, pooling_factor=2.0),
+        TableSpec(name="b", rows=1000, dim=16, pooling_factor=2.0),
+        TableSpec(name="c", rows=50_000, dim=64, pooling_factor=2.0),
+    ]
+    constraints = Constraints.model_validate({"tables": {"b": {"devices": [1]}}, "groups": [["b", "a"]]})
+    plan = place(algo, tables, Topology(num_devices=2, memory_bytes=1024**3), constraints=constraints)
+    assert {s.device for s in plan.shards if s.table in ("a", "b")} == {1} and not constraints.violations(plan, tables)
+
+
 @pytest.mark.parametrize(
     "document, flags, message",
     [

@@ -53,8 +53,11 @@ def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) ->
                     raise InfeasibleError(f"{piece.describe()} does not fit beside its group on device {device}")
             else:
                 room = _room(ledger, piece)
-                if piece.group is not None:  # the group's first table: room for the whole group
-                    group_need = sum(ledger.need(p) for p in pieces if p.group == piece.group)
+                if piece.group is not None:  # the group's first table: a device every member may go to (a member
+                    # pinned to devices: the constraints' check found one they share), with room for them all
+                    members = [p for p in pieces if p.group == piece.group]
+                    room = [d for d in room if all(p.devices is None or d in p.devices for p in members)] or room
+                    group_need = sum(ledger.need(p) for p in members)
                     room = [d for d in room if ledger.free[d] >= group_need] or room
                 device = min(room, key=lambda d: (load[d], d))
                 if piece.group is not None:
