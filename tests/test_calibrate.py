@@ -235,6 +235,17 @@ def test_calibrate_with_too_few_shards_is_refused_before_the_plans_are_measured(
     assert "noise floor" not in result.stdout and not out.exists()
 
 
+def test_too_few_shards_to_fit_ask_for_a_larger_budget_only_where_the_tables_make_more():
+    """A table file of 3 small tables makes 5 distinct shards: calibrate said "give a larger --budget-minutes" after
+    measuring every one of them, which would measure nothing new (from a new user's walk through docs/commands.md)."""
+    from shard_ray.workflows.calibrate import too_few_to_fit
+
+    assert too_few_to_fit(3, 5, "cpu:x", ran_out=False).endswith("give a larger --budget-minutes")
+    made = too_few_to_fit(5, 3, "cpu:x", ran_out=True)
+    assert "(5 shards of these tables on cpu:x, all that these 3 tables make;" in made
+    assert "--budget-minutes" not in made and "more of the model's tables" in made
+
+
 def test_a_calibration_on_too_few_held_out_measurements_keeps_the_starting_models_and_says_why():
     from shard_ray.workflows.calibrate import MIN_HELD_OUT_PLANS, MIN_HELD_OUT_SHARDS, too_thin_to_judge
 

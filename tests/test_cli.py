@@ -256,6 +256,39 @@ def test_scripts_run_with_python_refuse_a_bad_flag_in_one_line(command):
     assert "did you mean" not in line  # no flag is like "bogus" once the dashes every flag has are set aside
 
 
+def test_output_piped_to_a_reader_that_left_ends_quietly():
+    """`shard-ray models | head -2`: the reader gone before the output ends, the command printed Python's
+    BrokenPipeError traceback (from a new user's walk); now nothing on stderr and the status a closed pipe gives."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the first line: every write fails, as after `head` exits
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "shard-ray"), "models"], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_an_error_raised_in_an_actor_is_said_in_its_own_words_in_one_line():
+    """An error an actor raises reaches the driver inside Ray's, with the worker's traceback (13 lines for an Adam
+    plan on fbgemm's CPU kernels, from a new user's walk): the command prints the error's own line."""
+    import ray.exceptions
+
+    from shard_ray.cli import _own_words
+    from shard_ray.errors import ShardRayError
+
+    cause = ShardRayError("fbgemm's CPU kernels do not support Adam; profile Adam on a GPU")
+    # what `ray.get` raises in the driver: Ray's error, made an instance of the cause's class too
+    raised = ray.exceptions.RayTaskError("GangMember.run_plan", "Traceback (most recent call last):\n", cause)
+    raised = raised.as_instanceof_cause()
+    assert isinstance(raised, ShardRayError) and str(raised) != str(cause)  # the worker, its pid, its lines
+    assert _own_words(raised) == str(cause) and _own_words(cause) == str(cause)
+
+
 def test_a_misspelt_flag_or_command_gets_the_closest_known_one_with_the_one_prefix(capsys):
     refused = assert_refused(capsys, ["plan", "--tables", "t.json", "--memroy-gb", "4"], "--memroy-gb")
     assert refused == (

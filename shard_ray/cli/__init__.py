@@ -80,8 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run(args)
     except ShardRayError as err:
-        print(f"shard-ray: error: {err}", file=sys.stderr)
+        print(f"shard-ray: error: {_own_words(err)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of its output left (`| head`): the rest is not wanted, and not an error
+        _stdout_to_nowhere()
+        return PIPE_CLOSED
     except KeyboardInterrupt:
         print("shard-ray: interrupted", file=sys.stderr)
         return 130
@@ -98,6 +101,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+# The status of a process a closed pipe stopped (128 + SIGPIPE), as a shell reports `yes | head -1`'s `yes`.
+PIPE_CLOSED = 141
+
+
+def _own_words(err: ShardRayError) -> str:
+    """The error's message: raised in a Ray actor or task, it comes wrapped in Ray's with the worker's traceback
+    (13 lines for an Adam plan on fbgemm's CPU kernels), its own words the wrapper's `cause`."""
+    cause = getattr(err, "cause", None)
+    return str(cause if isinstance(cause, ShardRayError) else err)
+
+
+def _stdout_to_nowhere() -> None:
+    """Standard output to /dev/null, so that flushing what is left of it at exit does not fail again."""
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, sys.stdout.fileno())
+    os.close(nowhere)
 
 
 def _ran_out_of_memory(err: BaseException) -> bool:
@@ -129,7 +150,11 @@ def console() -> NoReturn:
             ray.shutdown()
     threading._shutdown()  # what the interpreter calls at exit: threads' exit hooks, then joins non-daemon threads
     atexit._run_exitfuncs()
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # what is left of the output, its reader gone (`| head`)
+        _stdout_to_nowhere()
+        code = code or PIPE_CLOSED
     sys.stderr.flush()
     os._exit(code)
 

@@ -254,10 +254,7 @@ def calibrate(
         shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
         by_split = split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)
         if len(by_split["fit"]) < FEWEST_FIT or not by_split["val"] or not by_split["held_out"]:
-            raise ShardRayError(
-                f"too few measurements to calibrate ({len(shards)} shards of these tables on {hardware}); "
-                "give a larger --budget-minutes"
-            )
+            raise ShardRayError(too_few_to_fit(len(shards), len(tables), hardware, shards_ran_out))
         # 3. communication data on the gang
         floor, plans_ran_out = _measure_plans(
             candidates, tables, topology, config, store, measure, measuring_ends, log, devices
@@ -677,6 +674,19 @@ PLAN_MAPE_TOLERANCE = 0.01
 # Batches of random shards (`--shards` each) and of random plans (`--plans`, at least 8) measured after the first,
 # while the held-out split has fewer than these and the measuring time lasts.
 MORE_BATCHES = 3
+
+
+def too_few_to_fit(shards: int, tables: int, hardware: str, ran_out: bool) -> str:
+    """Why `shards` measured shards of a task of `tables` tables are too few to fit the models to, and what would give
+    more: a larger budget, unless the tables make no more distinct shards (`ran_out`), which only more tables do."""
+    said = f"too few measurements to calibrate ({shards} shards of these tables on {hardware}"
+    if not ran_out:
+        return f"{said}); give a larger --budget-minutes"
+    return (
+        f"{said}, all that these {tables} tables make; a fit needs {FEWEST_FIT} to fit, one to validate and one to "
+        "hold out): calibrate on a table file with more of the model's tables; `plan` prices with the models at "
+        "hand meanwhile"
+    )
 
 
 def too_thin_to_judge(shards: int, plans: int, with_plans: bool, ran_out: dict[str, bool] | None = None) -> str | None:
