@@ -47,6 +47,10 @@ def test_table_file_round_trip(tmp_path, small_tables):
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": -1}, "pooling_factor"),
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": "NaN"}, "pooling_factor"),
         ({"name": "t", "rows": "many", "dim": 32, "pooling_factor": 1}, "rows"),
+        # read as 1 row and as 1000 before (from a new user's walk): a number must be written as one
+        ({"name": "t", "rows": True, "dim": 32, "pooling_factor": 1}, "rows: must be a number, got true"),
+        ({"name": "t", "rows": "1000", "dim": 32, "pooling_factor": 1}, 'rows: must be a number, got "1000"'),
+        ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": "2"}, 'pooling_factor: must be a number, got "2"'),
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": 1, "colour": 3}, "colour"),
         (
             {

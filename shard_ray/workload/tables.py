@@ -6,6 +6,7 @@ A table file is JSON or YAML: ``{"tables": [{"name": "t0", "rows": 1000, "dim": 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -67,10 +68,13 @@ class TableSpec(BaseModel):
             raise ValueError(f"dim must be a multiple of 4 (fbgemm's requirement), got {dim}")
         return dim
 
-    @field_validator("pooling_factor", "zipf_exponent", mode="before")
+    @field_validator("rows", "dim", "pooling_factor", "zipf_exponent", mode="before")
     @classmethod
-    def _finite(cls, value: Any) -> Any:
-        # before the range checks, which NaN fails with a message about the range
+    def _a_finite_number(cls, value: Any) -> Any:
+        # Written as a number: pydantic would read `true` as 1 row and "1000" as 1000, a file's slip planned as a
+        # table. Finite before the range checks, which NaN fails with a message about the range.
+        if isinstance(value, bool | str):
+            raise ValueError(f"must be a number, got {json.dumps(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
