@@ -405,3 +405,23 @@ def test_the_comparisons_table_keeps_its_columns_under_a_long_joined_name():
     end = header.index("cost_ms") + len("cost_ms")
     for row in rows:  # the numbers end where their headers do, to the last column's
         assert row[end - 1].isdigit() and row[end] == " " and len(row.rstrip()) == len(header.rstrip()), (header, row)
+
+
+def test_plan_measure_names_the_algorithms_whose_plan_it_wrote(small_tables):
+    """Algorithms that placed the tables alike race as one plan, named by their names joined with `=`: the line
+    saying what `plan --measure` wrote named only the first, as if it alone had won (from a new user's walk)."""
+    from shard_ray.cli.planning import _whose, _why_written
+    from shard_ray.placement import place
+    from shard_ray.plan.topology import Topology
+
+    plan = place("cost_search", small_tables, Topology(num_devices=2, memory_bytes=1024**3))
+    rounds = RoundsSummary.of([1.0, 1.1, 1.0])
+    measured = MeasuredComparison(
+        hardware="cpu:test", chosen="cost_search=size_greedy=torchrec", confidence=0.95, separated=True,
+        steps_per_round=10, candidates={"cost_search=size_greedy=torchrec": rounds, "random": rounds},
+    )  # fmt: skip
+    written = plan.model_copy(update={"measured": measured})
+    assert _whose(written) + _why_written(measured) == (
+        "cost_search's plan, which size_greedy, torchrec placed alike, measured faster than every other plan raced"
+    )
+    assert _whose(plan) == "cost_search's plan"

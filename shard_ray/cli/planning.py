@@ -276,7 +276,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
                 if refine_config.refine:
                     plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config, devices)
         save_plan(flags.out, plan)
-        print(f"wrote {flags.out}: {plan.algorithm}'s plan{_why_written(plan.measured)}")
+        print(f"wrote {flags.out}: {_whose(plan)}{_why_written(plan.measured)}")
         if raced is not None and report is not None:
             task = Path(flags.tables).stem
             logged = report.call(
@@ -295,12 +295,18 @@ def cmd_plan(args: argparse.Namespace) -> None:
             print(logged.describe(tracking_uri))
 
 
+def _whose(plan: Plan) -> str:
+    """Whose plan `plan --measure` wrote, naming the algorithms that placed the tables alike (it raced as one)."""
+    alike = [name for name in plan.measured.chosen.split("=") if name != plan.algorithm] if plan.measured else []
+    return f"{plan.algorithm}'s plan" + (f", which {', '.join(alike)} placed alike" if alike else "")
+
+
 def _why_written(measured: MeasuredComparison | None) -> str:
     """Why `plan --measure` wrote the plan it wrote, for its last line."""
     if measured is None:  # not measured, or every candidate placed the tables alike
         return ""
     if measured.separated:
-        return ", measured faster than every other"
+        return ", measured faster than every other plan raced"
     if measured.incumbent is None:
         return ", within noise of the measured fastest and the lowest measured cost of those"
     if measured.chosen == measured.incumbent:
