@@ -160,7 +160,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         flat = {"mape": result["mape"], "spearman": result["spearman"]}
         flat.update({f"{k}_{m}": result[k][m] for k in parts for m in ("mape", "spearman")})
         flat = {k: v for k, v in flat.items() if v is not None}
-        log_costmodel_evaluation(
+        run_id = log_costmodel_evaluation(
             flags.cost_model,
             hardware,
             flat,
@@ -171,6 +171,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
             tracking_uri,
             experiment,
         )
+        print(f"logged MLflow run {run_id} to {tracking_uri}")
     print(json.dumps(result))
 
 

@@ -310,7 +310,7 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
     write_json(out / "benchmark.json", report)
     print("\n".join(lines), flush=True)
     if config.tracking_uri:
-        log_summary(report, out, config)
+        print(f"logged MLflow run {log_summary(report, out, config)} to {config.tracking_uri}")
 
 
 def cost_chart(ranked: list[tuple[str, dict]], best_single: str | None, title: str, path: Path) -> None:
@@ -341,7 +341,8 @@ def cost_chart(ranked: list[tuple[str, dict]], best_single: str | None, title: s
     plt.close(fig)
 
 
-def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> None:
+def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> str:
+    """The benchmark's summary run in MLflow (its settings, each algorithm's figures, its files); the run's id."""
     import mlflow
 
     from shard_ray.tracking.mlflow_runs import use_experiment
@@ -349,12 +350,13 @@ def log_summary(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> N
     use_experiment(config.tracking_uri, config.experiment)
     with mlflow.start_run(
         run_name="benchmark", tags={"kind": "benchmark", "hardware": report["hardware"], "devices": str(config.devices)}
-    ):
+    ) as run:
         mlflow.log_params({k: str(v) for k, v in report["settings"].items()})
         for name, s in report["algorithms"].items():
             mlflow.log_metrics({f"{key}.{name}": float(s[key]) for key, _ in COLUMNS if s[key] is not None})
         for suffix in ("md", "csv", "png", "json"):
             mlflow.log_artifact(str(out / f"benchmark.{suffix}"))
+        return run.info.run_id
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
