@@ -110,8 +110,13 @@ class BenchmarkConfig:
         if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ShardRayError("devices, repeats and batch size must be at least 1")
         check_whole_hosts(self.devices, self.devices_per_host)
-        if not 1 <= self.min_tables <= self.max_tables:
-            raise ShardRayError(f"need 1 <= min_tables <= max_tables, got {self.min_tables} and {self.max_tables}")
+        if self.min_tables < 1:
+            raise ShardRayError(f"--min-tables must be at least 1, got {self.min_tables}")
+        if self.min_tables > self.max_tables:
+            raise ShardRayError(
+                f"--min-tables {self.min_tables} is more than --max-tables {self.max_tables}: a task's fewest tables "
+                "must be at most its most"
+            )
         if not self.memory_headroom >= 1.0:
             raise ShardRayError(f"memory headroom must be at least 1, got {self.memory_headroom}")
         if not self.algorithms:  # every one: the registry, whose placers import the cost models, is not needed

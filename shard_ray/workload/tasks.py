@@ -31,8 +31,13 @@ class TaskConfig:
     def check(self) -> None:
         if self.num_tasks < 1:
             raise ShardRayError("num_tasks must be at least 1")
-        if not 1 <= self.min_tables <= self.max_tables:
-            raise ShardRayError("need 1 <= min_tables <= max_tables")
+        if self.min_tables < 1:
+            raise ShardRayError(f"--min-tables must be at least 1, got {self.min_tables}")
+        if self.min_tables > self.max_tables:
+            raise ShardRayError(
+                f"--min-tables {self.min_tables} is more than --max-tables {self.max_tables}: a task's fewest tables "
+                "must be at most its most"
+            )
         if not self.dims or any(d <= 0 or d % 4 for d in self.dims):
             raise ShardRayError("dims must be positive multiples of 4")
         if not 0.0 < self.test_fraction < 1.0:
