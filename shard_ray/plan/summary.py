@@ -68,7 +68,10 @@ def format_plan_summary(
         if cost.hosts is not None and len(set(cost.hosts)) > 1:
             lines.append(gang_layout(cost.hosts))
         if lower_bound_ms is not None:
-            gap = f"; this plan is {cost.cost_ms / lower_bound_ms - 1:.1%} above it" if lower_bound_ms > 0 else ""
+            above = cost.cost_ms / lower_bound_ms - 1 if lower_bound_ms > 0 else None
+            if above is not None and -1e-9 < above < 0:  # a plan at the bound (one device's) priced a rounding below
+                above = 0.0
+            gap = "" if above is None else f"; this plan is {above:.1%} above it"
             lines.append(
                 f"lower bound on the simulated cost: {lower_bound_ms:.3f} ms (no placement of these tables "
                 f"simulates below it{gap})"
