@@ -69,7 +69,7 @@ def format_plan_summary(
             lines.append(gang_layout(cost.hosts))
         if lower_bound_ms is not None:
             above = cost.cost_ms / lower_bound_ms - 1 if lower_bound_ms > 0 else None
-            if above is not None and -1e-9 < above < 0:  # a plan at the bound (one device's) priced a rounding below
+            if above is not None and -1e-6 < above < 0:  # at the bound (one device), priced a float32 rounding below
                 above = 0.0
             gap = "" if above is None else f"; this plan is {above:.1%} above it"
             lines.append(
