@@ -191,6 +191,14 @@ def test_dlrm_dataset_rejects_bad_files(tmp_path):
     junk.write_bytes(b"not a torch file")
     with pytest.raises(ShardRayError, match="cannot read"):
         tables_from_dataset(junk)
+    # a table file given by mistake, and a pickle of other objects: torch's first line advised loading them with
+    # weights_only=False, which would run what they hold (from a new user's walk)
+    mistaken, objects = tmp_path / "tables.json", tmp_path / "objects.pt"
+    mistaken.write_text('{"tables": []}')
+    torch.save({"kind": type}, objects)
+    for path in (mistaken, objects):
+        with pytest.raises(ShardRayError, match=r"cannot read dataset file .*: not a file of tensors \(Unsupported "):
+            tables_from_dataset(path)
 
 
 def test_tasks_are_drawn_from_disjoint_pools(tmp_path):

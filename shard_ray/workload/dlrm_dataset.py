@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gzip
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,11 @@ def load_trace(path: str) -> DlrmTrace:
         with opener(file, "rb") as handle:
             content = torch.load(handle, weights_only=True)
     except Exception as err:  # torch.load raises many types for a bad file
-        raise ShardRayError(f"cannot read dataset file {file}: {first_line(err)}") from err
+        # torch's first line there advises loading the file with weights_only=False, running what it holds: its
+        # loader's reason instead ("Unsupported operand 123" for a JSON file)
+        reason = re.search(r"WeightsUnpickler error:\s*([^\n]+?)(?:\.\s|\n|$)", str(err))
+        why = f"not a file of tensors ({reason[1]})" if reason else first_line(err)
+        raise ShardRayError(f"cannot read dataset file {file}: {why}") from err
     if not (isinstance(content, (tuple, list)) and len(content) == 3):
         raise ShardRayError(f"dataset file {file}: expected (indices, offsets, lengths)")
     indices, offsets, lengths = (torch.as_tensor(x).numpy().astype(np.int64) for x in content)
