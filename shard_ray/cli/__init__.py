@@ -62,7 +62,7 @@ class _PrintVersion(argparse.Action):
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     """shard-ray's own warnings as one line, like its errors; others as Python prints them."""
     if issubclass(category, ShardRayWarning):
-        print(f"shard-ray: warning: {message}", file=sys.stderr)
+        print(f"warning: {message}", file=sys.stderr)  # as the commands print theirs (docs/commands.md)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
