@@ -169,7 +169,7 @@ def table_file_path(tmp_path_factory):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--min-tables", "9", "--max-tables", "3"], "min_tables"),
+        (["--min-tables", "9", "--max-tables", "3"], "--min-tables 9 is more than --max-tables 3"),
         (["--lr", "5"], "learning rate"),
         (["--env-runners", "-1"], "env runners"),
         (
