@@ -15,6 +15,7 @@ import atexit
 import importlib
 import os
 import re
+import select
 import sys
 import threading
 import warnings
@@ -82,8 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardRayError as err:
         print(f"shard-ray: error: {_own_words(err)}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader of its output left (`| head`): the rest is not wanted, and not an error
-        _stdout_to_nowhere()
+    except BrokenPipeError:
+        if not _reader_left():  # another pipe or socket broke: an error of its own
+            raise
+        _stdout_to_nowhere()  # the reader of the output left (`| head`): the rest is not wanted, and not an error
         return PIPE_CLOSED
     except KeyboardInterrupt:
         print("shard-ray: interrupted", file=sys.stderr)
@@ -112,6 +115,16 @@ def _own_words(err: ShardRayError) -> str:
     (13 lines for an Adam plan on fbgemm's CPU kernels), its own words the wrapper's `cause`."""
     cause = getattr(err, "cause", None)
     return str(cause if isinstance(cause, ShardRayError) else err)
+
+
+def _reader_left() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (polling its end reports an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor (a test's captured output), or none that polls
+        return False
 
 
 def _stdout_to_nowhere() -> None:
