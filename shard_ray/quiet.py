@@ -16,7 +16,9 @@ What goes, and why it is safe to drop:
 - Ray's colour codes around its workers' lines, where stdout is not a terminal (a log file, `hosts run`'s output
   piped on): they are escape sequences there, not colours. RAY_COLOR_PREFIX, when set, wins.
 Elsewhere, where the chatter starts: RLlib's own warnings in `policy.ppo.build_algorithm`, Tune's
-tables in `tuning.sweep.run_sweep` (one line per trial instead).
+tables in `tuning.sweep.run_sweep` (one line per trial instead), the trials' own lines that Ray passes on to the
+sweep's output (the policy trials' "Checkpoint successfully created" in `tuning.policy_sweep.policy_trial`, the
+cost-model trials' progress bars in `costmodel.train.fit`).
 """
 
 from __future__ import annotations

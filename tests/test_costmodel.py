@@ -1553,3 +1553,16 @@ def test_training_stopped_early_says_so_on_its_bar(capsys):
     assert len(history) == 4  # the first epoch sets the best; three without gain end it
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert "toy model" in last and "4/50" in last and "stopped=no gain in 3 epochs" in last, last
+
+
+def test_training_that_reports_each_epoch_itself_draws_no_progress_bar(capsys):
+    """A Tune trial reports each epoch (`on_epoch`): its bar reached the sweep's output through Ray, one per trial,
+    beside the sweep's own line a trial (from a new user's walk); trained alone, the bar is drawn."""
+    recorded = [FusedShardMeasurement.model_validate(m) for m in json.loads((DATA / "fusion_shards.json").read_text())]
+    data = compute_data(recorded)
+    config = TrainConfig(hidden=8, depth=1, max_epochs=3, patience=3, minibatch=len(recorded), seed=0)
+    epochs: list[int] = []
+    train_compute_model(data, data, config, on_epoch=lambda epoch, loss, model: epochs.append(epoch))
+    assert epochs == [0, 1, 2] and "training compute model" not in capsys.readouterr().err
+    train_compute_model(data, data, config)
+    assert "training compute model" in capsys.readouterr().err

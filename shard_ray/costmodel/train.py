@@ -170,13 +170,14 @@ def fit(
     """Adam on minibatches with early stopping on validation loss; leaves the best weights in `model`.
 
     `on_epoch(epoch, validation loss, model)` is called after each epoch, with the epoch's
-    weights in the model (a Tune trial reports there, and its scheduler may stop it).
+    weights in the model (a Tune trial reports there, and its scheduler may stop it); a caller that reports each
+    epoch so has no progress bar (a sweep's trials' bars reached its output through Ray, beside its line a trial).
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, config.max_epochs)
     generator = torch.Generator().manual_seed(config.seed)
     best, best_state, since_best, history = float("inf"), copy.deepcopy(model.state_dict()), 0, []
-    bar = tqdm(total=config.max_epochs, desc=desc, unit="epoch")
+    bar = tqdm(total=config.max_epochs, desc=desc, unit="epoch", disable=on_epoch is not None)
     with one_torch_thread():  # small networks: one thread is faster, and beside a busy process far faster
         for epoch in range(config.max_epochs):
             model.train()

@@ -12,6 +12,7 @@ or resumed trial goes on from it. The best trial's configuration is saved for
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -64,6 +65,9 @@ def policy_trial(
         validation_score,
     )
 
+    # Ray's "Checkpoint successfully created at ..." after every iteration, in the trial's process, reached the
+    # sweep's output through Ray beside its one line a trial
+    logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
     config = policy_config_from(trial, base)
     models = CostModels.from_bytes(models_bytes)
     tasks = held_out_tasks(pool, config, settings.validation_tasks, config.seed + 1)
