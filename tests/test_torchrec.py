@@ -294,3 +294,17 @@ def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
     assert rows[0].startswith("algorithm,mean_cost_ms") and len(rows) == 4
     assert (out / "benchmark.png").stat().st_size > 0 and "| torchrec |" in (out / "benchmark.md").read_text()
     assert main(["bench", "--tasks", "0", "--out", str(tmp_path / "none")]) == 2  # nothing to benchmark
+
+
+def test_the_benchmark_names_the_algorithms_as_good_as_its_best():
+    """Nine algorithms placing a small task's tables alike measure one plan: the report named one of them best, by
+    order (from a new user's walk); it names the others as good."""
+    from shard_ray.workflows.benchmark import as_good
+
+    summary = {
+        "cost_search": {"mean_cost_ms": 1.5},
+        "dim_greedy": {"mean_cost_ms": 1.5},
+        "random": {"mean_cost_ms": 2.0},
+    }
+    assert as_good("cost_search", summary) == ["dim_greedy"] and as_good("random", summary) == []
+    assert as_good(None, summary) == []
