@@ -14,6 +14,7 @@ from shard_ray.plan.topology import (
     host_link_gbps_setting,
     inter_host_gbps_setting,
 )
+from shard_ray.workload.tasks import check_table_counts
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,7 @@ class BenchmarkConfig:
         if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ShardRayError("devices, repeats and batch size must be at least 1")
         check_whole_hosts(self.devices, self.devices_per_host)
-        if self.min_tables < 1:
-            raise ShardRayError(f"--min-tables must be at least 1, got {self.min_tables}")
-        if self.min_tables > self.max_tables:
-            raise ShardRayError(
-                f"--min-tables {self.min_tables} is more than --max-tables {self.max_tables}: a task's fewest tables "
-                "must be at most its most"
-            )
+        check_table_counts(self.min_tables, self.max_tables)
         if not self.memory_headroom >= 1.0:
             raise ShardRayError(f"memory headroom must be at least 1, got {self.memory_headroom}")
         if not self.algorithms:  # every one: the registry, whose placers import the cost models, is not needed

@@ -19,6 +19,17 @@ from shard_ray.errors import ShardRayError
 from shard_ray.workload.tables import TableSpec, save_tables
 
 
+def check_table_counts(min_tables: int, max_tables: int) -> None:
+    """Refuse task sizes of fewer than 1 table, or whose fewest tables are more than their most, naming the flags."""
+    if min_tables < 1:
+        raise ShardRayError(f"--min-tables must be at least 1, got {min_tables}")
+    if min_tables > max_tables:
+        raise ShardRayError(
+            f"--min-tables {min_tables} is more than --max-tables {max_tables}: a task's fewest tables must be at "
+            "most its most"
+        )
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     num_tasks: int = setting(10, "tasks per split", min=1)
@@ -31,13 +42,7 @@ class TaskConfig:
     def check(self) -> None:
         if self.num_tasks < 1:
             raise ShardRayError("num_tasks must be at least 1")
-        if self.min_tables < 1:
-            raise ShardRayError(f"--min-tables must be at least 1, got {self.min_tables}")
-        if self.min_tables > self.max_tables:
-            raise ShardRayError(
-                f"--min-tables {self.min_tables} is more than --max-tables {self.max_tables}: a task's fewest tables "
-                "must be at most its most"
-            )
+        check_table_counts(self.min_tables, self.max_tables)
         if not self.dims or any(d <= 0 or d % 4 for d in self.dims):
             raise ShardRayError("dims must be positive multiples of 4")
         if not 0.0 < self.test_fraction < 1.0:
