@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from console import assert_refused, shard_ray_here
 
 from shard_ray.cli import main
@@ -529,6 +530,33 @@ def test_evaluate_refuses_more_devices_than_the_machine_holds_before_starting_ra
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "500 devices" in lines[0] and "--address" in lines[0], lines
     assert time.perf_counter() - began < 60 and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a local Ray's devices are this machine's GPUs, which run Adam")
+def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_path, table_file, capsys):
+    """fbgemm's CPU kernels have no Adam: `evaluate`, `compare` and `plan --measure` of Adam plans started a local
+    Ray and a gang, and failed in its first step with the actor's traceback, 7-10 s in (from a new user's walk)."""
+    import os
+
+    plans = [tmp_path / "a.json", tmp_path / "b.json"]
+    for algo, path in zip(("size_greedy", "round_robin"), plans):
+        argv = ["plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1", "--optimizer", "adam"]
+        assert main([*argv, "--algo", algo, "--out", str(path)]) == 0
+    capsys.readouterr()
+    shard_ray = str(Path(sys.executable).parent / "shard-ray")
+    local = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray, on this machine's CPUs
+    out = tmp_path / "r.json"
+    for command in (
+        ["evaluate", "--tables", str(table_file), "--plan", str(plans[0]), "--out", str(out), "--no-mlflow"],
+        ["compare", "--tables", str(table_file), "--plans", *map(str, plans), "--no-mlflow"],
+        ["plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "1", "--optimizer", "adam",
+         "--algo", "size_greedy", "--measure", "--out", str(out)],
+    ):  # fmt: skip
+        done = subprocess.run([shard_ray, *command], capture_output=True, text=True, timeout=120, env=local)
+        assert done.returncode == 2 and done.stderr == (
+            "shard-ray: error: fbgemm's CPU kernels do not support Adam; profile Adam on a GPU\n"
+        ), done.stderr
+        assert "ray:" not in done.stdout and not out.exists()
 
 
 @pytest.mark.parametrize(

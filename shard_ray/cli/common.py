@@ -60,14 +60,25 @@ def tracking(args: argparse.Namespace) -> tuple[str | None, str]:
     return uri, flags.experiment
 
 
-def connect(args: argparse.Namespace, min_cpus: int = 1, hosts: int = 1) -> None:
+def connect(args: argparse.Namespace, min_cpus: int = 1, hosts: int = 1, optimizer: str | None = None) -> None:
     """Join the cluster the flags name, or start a local Ray, and say which (`connect_ray`: a gang of `hosts` hosts
-    is refused a local one before it starts)."""
+    is refused a local one before it starts); plans of `optimizer` Adam are refused a cluster without GPUs before
+    its devices start (they failed in the gang's first step, with the actor's traceback)."""
+    import ray
+
     from shard_ray.profiling.keeper import keep_seconds
+    from shard_ray.profiling.procedure import ADAM_ON_CPU
     from shard_ray.runtime import connect_ray
 
     keep_seconds()  # a bad SHARD_RAY_KEEP_GANG_S is refused before joining
+    if optimizer == "adam" and not (args.address or os.environ.get("RAY_ADDRESS")):
+        from shard_ray.profiling.hardware import measurement_device
+
+        if measurement_device().type != "cuda":  # a local Ray's devices would be this machine's CPU cores
+            raise ShardRayError(ADAM_ON_CPU)
     print(connect_ray(args.address, min_cpus=min_cpus, hosts=hosts))
+    if optimizer == "adam" and not ray.cluster_resources().get("GPU"):
+        raise ShardRayError(ADAM_ON_CPU)
 
 
 def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables_path: object) -> None:

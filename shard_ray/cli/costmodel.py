@@ -201,7 +201,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     tracking_uri, experiment = tracking(args)
     start_path = str(flags.cost_model or models_for(hardware_id(threads=1), hosts))
     start = CostModels.load(start_path)
-    connect(args, min_cpus=max(config.actors, flags.devices), hosts=topology.num_hosts)
+    connect(args, min_cpus=max(config.actors, flags.devices), hosts=topology.num_hosts, optimizer=topology.optimizer)
     print(f"calibrating {len(tables)} tables on {flags.devices} devices from {start_path} (models of {start.hardware})")
     with MeasurementStore(flags.store) as store:
         result = calibrate(tables, topology, start, start_path, config, store)

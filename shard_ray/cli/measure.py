@@ -145,7 +145,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         from shard_ray.placement.base import priced
         from shard_ray.profiling.gang import DeviceGang
 
-        connect(args, min_cpus=topology.num_devices, hosts=topology.num_hosts)
+        connect(args, min_cpus=topology.num_devices, hosts=topology.num_hosts, optimizer=topology.optimizer)
         with DeviceGang(
             topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
         ) as gang:
@@ -276,7 +276,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     # the MLflow run's modules imported in a process of its own from now, beside the gang's and the models' (torch,
     # Ray)
     with ReportProcess(tracking_uri, [log_plan_evaluation]) if tracking_uri else contextlib.nullcontext() as report:
-        connect(args, min_cpus=plan.num_devices, hosts=topology.num_hosts)
+        connect(args, min_cpus=plan.num_devices, hosts=topology.num_hosts, optimizer=topology.optimizer)
         # the gang and the models once the input and the cluster are known good: a refusal above answers at once
         from shard_ray.costmodel.models import models_for
         from shard_ray.costmodel.simulator import price_comm

@@ -222,7 +222,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     # a race's MLflow run: its store checked now, before the placing (a plan not measured logs nothing)
     tracking_uri, experiment = tracking(args) if flags.measure else (None, "")
     if flags.measure:
-        connect(args, min_cpus=flags.devices, hosts=topology.num_hosts)  # a gang it cannot hold: refused now
+        # a gang it cannot hold, or Adam on CPU devices: refused now
+        connect(args, min_cpus=flags.devices, hosts=topology.num_hosts, optimizer=topology.optimizer)
     # the race's report written by a process that imports MLflow from now, beside the placing
     reports = tracking_uri is not None
     if reports:

@@ -22,6 +22,7 @@ from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.hardware import measurement_device
 from shard_ray.profiling.procedure import (
+    ADAM_ON_CPU,
     MEASUREMENT_PROCEDURE,
     PROCEDURE_1_CPU_MAX_ROWS,
     MeasureConfig,
@@ -208,7 +209,7 @@ class FusedShard:
         self.pieces = pieces
         on_gpu = self.device.type == "cuda"
         if config.optimizer == "adam" and not on_gpu:
-            raise ShardRayError("fbgemm's CPU kernels do not support Adam; profile Adam on a GPU")
+            raise ShardRayError(ADAM_ON_CPU)
         location = EmbeddingLocation.DEVICE if on_gpu else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_gpu else ComputeDevice.CPU
         # Rows allocated per table (`shard_rows_cap`): None, every table whole, unless `budget` bytes (by default

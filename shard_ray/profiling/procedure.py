@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 
+# fbgemm's CPU kernels have no Adam: said where a CPU shard is built, and by a command before its CPU devices start
+ADAM_ON_CPU = "fbgemm's CPU kernels do not support Adam; profile Adam on a GPU"
+
 # How shards are measured, kept with every measurement and in its key: a change that makes earlier
 # measurements incomparable takes the next number, and training uses the newest procedure's.
 #   1: on CPU at most 200,000 rows allocated per table, lookups folded into them; the gang ran one set of
