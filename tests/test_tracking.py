@@ -297,3 +297,14 @@ def test_a_report_process_ends_with_its_command_however_that_ends(tmp_path):
     while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] != "Z":
         assert time.monotonic() < deadline, "the report process outlived its command"
         time.sleep(0.1)
+
+
+def test_the_ui_command_is_offered_for_a_local_store_only():
+    """A tracking server serves its own UI: offered `mlflow ui --backend-store-uri http://127.0.0.1:5000`, a user
+    ran a command that failed on that URI and clashed with the server's port (from a new user's walk)."""
+    from shard_ray.tracking.mlflow_runs import LoggedComparison
+
+    logged = LoggedComparison(experiment_id="1", run_id="abc", plan_runs={"a": "r1"})
+    server = logged.describe("http://127.0.0.1:5000")
+    assert "mlflow ui" not in server and "http://127.0.0.1:5000/#/experiments/1/runs" in server
+    assert "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db" in logged.describe("sqlite:////tmp/x/mlflow.db")

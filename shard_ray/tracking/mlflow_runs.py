@@ -193,7 +193,13 @@ def use_experiment(tracking_uri: str, experiment: str) -> str:
 
 def ui_address(tracking_uri: str) -> str:
     """Where the MLflow UI of `tracking_uri` is: a tracking server serves its own; a local store's is `ui_command`'s."""
-    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_ADDRESS
+    return tracking_uri.rstrip("/") if serves_its_ui(tracking_uri) else UI_ADDRESS
+
+
+def serves_its_ui(tracking_uri: str) -> bool:
+    """Whether `tracking_uri` is a tracking server, which serves the UI itself: a local store's needs `ui_command`
+    (printed for a server at its own address, 127.0.0.1:5000, the command failed on its URI and clashed with it)."""
+    return tracking_uri.startswith(("http://", "https://"))
 
 
 def runs_url(tracking_uri: str, experiment_id: str) -> str:
@@ -475,7 +481,7 @@ class LoggedComparison:
             + comparison_url(tracking_uri, self.experiment_id, list(self.plan_runs.values())),
             f"every plan measured, by cost_ms: {runs_url(tracking_uri, self.experiment_id)}",
         ]
-        if ui_address(tracking_uri) == UI_ADDRESS:
+        if not serves_its_ui(tracking_uri):
             lines.append(f"(with the UI started: {ui_command(tracking_uri)})")
         return "\n".join(lines)
 

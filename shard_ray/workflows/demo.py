@@ -23,7 +23,7 @@ from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
-from shard_ray.tracking.mlflow_runs import default_tracking_uri, ui_command
+from shard_ray.tracking.mlflow_runs import default_tracking_uri, serves_its_ui, ui_command
 from shard_ray.workflows.comparison import (
     AlgorithmComparison,
     CompareConfig,
@@ -100,7 +100,11 @@ def run_demo(config: DemoConfig) -> AlgorithmComparison:
         print(comparison.logged.describe(tracking_uri))
     else:
         print(f"every plan is an MLflow run in experiment '{config.experiment}' at {tracking_uri}")
-        print(f"see them with {ui_command(tracking_uri)}")
+        print(
+            f"see them at {tracking_uri}"
+            if serves_its_ui(tracking_uri)
+            else f"see them with {ui_command(tracking_uri)}"
+        )
     print(f"plans, results and comparison.json are in {workdir}")
     return comparison
 
