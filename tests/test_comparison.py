@@ -425,3 +425,22 @@ def test_plan_measure_names_the_algorithms_whose_plan_it_wrote(small_tables):
         "cost_search's plan, which size_greedy, torchrec placed alike, measured faster than every other plan raced"
     )
     assert _whose(plan) == "cost_search's plan"
+
+
+def test_compare_says_what_the_gang_found_measuring_each_plan(capsys, small_tables):
+    """`compare` printed no warning, where `evaluate` says what its gang found (a table's rows capped, which times
+    it optimistically) and the models' warnings: now each once, by plan, the gang's own said at its start not again
+    (from a new user's walk through docs/measurement.md)."""
+    from shard_ray.cli.measure import say_warnings
+    from shard_ray.plan.cost import DeviceCost, PlanCost
+
+    devices = [DeviceCost(device=0, fwd_compute_ms=1, fwd_comm_ms=0, bwd_comm_ms=0, bwd_compute_ms=1)]
+    capped = "devices 1, 0 measured with at most 2,784,860 rows allocated per table"
+    costs = {
+        "a": PlanCost(devices=devices, warnings=[capped, "the gang's own"]),
+        "b=c": PlanCost(devices=devices, warnings=[capped, capped]),
+    }
+    say_warnings([], costs, told={"the gang's own"})
+    assert capsys.readouterr().err.splitlines() == [f"warning: a: {capped}", f"warning: b=c: {capped}"]
+    say_warnings([], {"a": costs["a"]}, told=set())  # one plan (evaluate): not named
+    assert capsys.readouterr().err.splitlines() == [f"warning: {capped}", "warning: the gang's own"]

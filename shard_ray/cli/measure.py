@@ -28,6 +28,9 @@ from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workflows.comparison import CompareConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from shard_ray.plan.cost import PlanCost
     from shard_ray.plan.plan import Plan
     from shard_ray.plan.topology import Topology
     from shard_ray.workload.tables import TableSpec
@@ -170,6 +173,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         write_atomic(out / "comparison.md", "```\n" + table + "\n```\n")
         report.call(ratio_chart, result, out / "comparison.png")
         print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
+        say_warnings(plans, compared.costs, set(gang.warnings))
         if tracking_uri is not None:
             task = flags.task or Path(flags.tables).stem
             files = [out / name for name in ("comparison.json", "comparison.md", "comparison.png")]
@@ -178,6 +182,17 @@ def cmd_compare(args: argparse.Namespace) -> None:
                 experiment, files,
             )  # fmt: skip
             print(logged.describe(tracking_uri))
+
+
+def say_warnings(plans: list[Plan], costs: Mapping[str, PlanCost], told: set[str]) -> None:
+    """The models' warnings on `plans` and what the gang found measuring each (a table's rows capped, which times it
+    optimistically), each once on stderr, named by plan where several were measured; the gang's own, which it said
+    when it started (`told`), not again. `compare` printed none of these, which `evaluate` prints."""
+    for line in dict.fromkeys(w for plan in plans if plan.estimate for w in plan.estimate.warnings):
+        print(f"warning: {line}", file=sys.stderr)
+    for name, cost in costs.items():
+        for line in dict.fromkeys(w for w in cost.warnings if w not in told):
+            print(f"warning: {f'{name}: ' if len(costs) > 1 else ''}{line}", file=sys.stderr)
 
 
 def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[TableSpec], args: TopologyArgs) -> Topology:
@@ -294,10 +309,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         print(format_plan_summary(plan, tables, topology, cost))
         print(format_prediction(plan.estimate, cost.cost_ms))
         print(plan.estimate.provenance)
-        told = set(gang.warnings)  # the gang says its own when it starts
-        estimated = plan.estimate.warnings if plan.estimate else []
-        for line in dict.fromkeys([*estimated, *(w for w in cost.warnings if w not in told)]):  # each once
-            print(f"warning: {line}", file=sys.stderr)
+        say_warnings([plan], {plan.algorithm: cost}, set(gang.warnings))
         newer = models_for(cost.hardware, topology.devices_per_host_if_spanning, tables)
         if plan.estimate and plan.estimate.cost_model and newer.resolve() != Path(plan.estimate.cost_model).resolve():
             print(
