@@ -189,9 +189,12 @@ class Race:
         chosen = min(tied, key=lambda name: median_of(self.rounds[name]))  # the first such, on equal costs
         if chosen != best:
             ratios = self._ratios(chosen, level)
+        # the fastest by the ratios named first, then the plans within its noise (read the other way, a new user
+        # took the plan in brackets for the one within noise)
         rule = (
-            f"no plan is separated from every other: {len(tied) - 1} within noise of the best by the paired "
-            f"ratios ({best}); of these {len(tied)}, {chosen} has the lowest cost (median round) and is chosen"
+            f"no plan is separated from every other: the fastest by the paired ratios, {best}, is within noise of "
+            f"{len(tied) - 1} ({', '.join(tied[1:])}); of these {len(tied)}, {chosen} has the lowest cost (median "
+            "round) and is chosen"
         )
         return Verdict(chosen, False, ratios, level, rule)
 
