@@ -276,11 +276,12 @@ def train_policy(
         if resumed:
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
             resume_tasks(algo)
-            if algo.iteration >= config.iterations:
+            if algo.iteration >= config.iterations:  # no held-out check and no MLflow run of no iterations
                 print(
                     f"nothing to train: {algo.iteration} iterations done, --iterations {config.iterations} asked for "
                     "in all; give more to train further"
                 )
+                return policy_file
         held_out = None
         if config.validation_tasks:
             seed = config.seed + 1
