@@ -302,9 +302,12 @@ def train_policy(
                 on_iteration=logger.log_iteration if logger else None,
                 held_out=held_out,
             )
-        finally:
-            if logger:
-                logger.close(policy_file)
+        except BaseException as err:
+            if logger:  # a Ctrl-C's run was marked FINISHED, as a run that trained every iteration asked
+                logger.close(policy_file, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            raise
+        if logger:
+            logger.close(policy_file)
     finally:
         algo.stop()
     return policy_file
@@ -482,9 +485,10 @@ class MlflowIterationLogger:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.mlflow.log_metrics(metrics, step=step)
 
-    def close(self, policy_file: Path) -> None:
-        """End the run, the policy file its artifact, and say where it is, as every command logging a run does."""
+    def close(self, policy_file: Path, status: str = "FINISHED") -> None:
+        """End the run (`status`: KILLED where training was interrupted, FAILED where it failed), the policy file its
+        artifact, and say where it is, as every command logging a run does."""
         if policy_file.exists():
             self.mlflow.log_artifact(str(policy_file))
-        self.mlflow.end_run()
+        self.mlflow.end_run(status=status)
         print(f"logged MLflow run {self.run.info.run_id} to {self.tracking_uri}")
