@@ -785,6 +785,32 @@ def test_with_more_devices_than_tables_every_dominant_table_is_offered_a_split()
     assert sum(t.type == "column_wise" for t in policy.tables.values()) > 16
 
 
+def test_on_few_tables_a_device_a_small_table_may_join_the_column_wise_set():
+    """6 tables on 16 devices, three dominating the task and split by columns: the three small ones, kept whole,
+    made a table-wise set of all-to-alls beside the column-wise one, and the policy priced 1.34x `cost_search`'s plan,
+    which splits every table by columns. Where the devices outnumber the tables a table may join the running set."""
+    shapes = [(365159, 16, 1.0), (125261, 128, 30.0), (64080, 64, 1.3), (95844, 64, 69.0), (468694, 64, 54.0)]
+    shapes.append((2453346, 16, 3.6))
+    tables = [TableSpec(name=f"t{i}", rows=r, dim=d, pooling_factor=p) for i, (r, d, p) in enumerate(shapes)]
+    topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.5), batch_size=1024)
+    policy, search = (place(algo, tables, topology) for algo in ("dreamshard", "cost_search"))
+    assert {t.type for t in policy.tables.values()} == {"column_wise"}
+    assert policy.estimate.predicted.cost_ms <= 1.02 * search.estimate.predicted.cost_ms
+
+
+def test_a_table_no_device_holds_whole_is_offered_every_split():
+    """MLPerf DLRM-DCNv2's shapes on 64 devices of 16 GB, five tables of 40M rows x 128 (20.5 GB) that no device holds
+    whole: queued pre-split by rows (as `pieces_to_place` gives them), each device received all their columns in a
+    row-wise set of all-to-alls, and the policy priced 1.39x `cost_search`'s plan, which splits most by columns. Each
+    comes first, whole, offered the splits."""
+    tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
+    topology = Topology(num_devices=64, memory_bytes=16 * GB, batch_size=1024)
+    policy, search = (place(algo, tables, topology) for algo in ("dreamshard", "cost_search"))
+    huge = [t.name for t in tables if shard_bytes(t, t.dim, topology.optimizer) > topology.memory_bytes]
+    assert len(huge) == 5 and any(policy.tables[name].type == "column_wise" for name in huge)
+    assert policy.estimate.predicted.cost_ms <= 1.02 * search.estimate.predicted.cost_ms
+
+
 def test_the_policy_splits_a_table_in_quarters_where_halves_still_dominate(models, tmp_path):
     """MLPerf DLRM-DCNv2's shapes on 8 devices: a half of its table of pooling factor 100 still costs two thirds of
     the whole (priced alone 10.4 of 15.8 ms: lookups, not columns, cost there), and the untrained network's prior
