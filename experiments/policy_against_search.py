@@ -12,6 +12,10 @@ priced by the shipped models (simulated, no hardware) over the task's lower boun
 core: run with `OMP_NUM_THREADS=1`). Writes `policy_against_search.md` and `policy_against_search.json` to `--out`;
 the last printed line is JSON.
 
+`--few-tables` draws tasks of few tables a device instead: on each count of devices D, tasks of 6 to D tables (at
+most the pool's), memory 1.5x an even split, where every table dominates the task and the devices outnumber the
+tables (docs/results.md, "Few tables on many devices").
+
 `--tables FILE` draws the tasks from a table file instead (one kept outside the repository, say, so that nothing is
 fitted to the files in `experiments/tables/`), its tables as the file has them (dims included): on each device count
 tasks of as many tables as above, at most the file's; a file of no more tables than a count's fewest, or any file at
@@ -44,6 +48,22 @@ from shard_ray.workload.tasks import split_pool
 
 TABLES_FOR_DEVICES = {8: (40, 60), 16: (80, 120), 32: (120, 200), 64: (200, 300)}
 AT_SCALE = {512: 5136}  # devices: tables of `generate_pool`, one task
+FEWEST_TABLES = 6  # --few-tables: tasks of this many tables to one a device
+
+
+def few_tables_tasks(
+    devices: int, count: int, seed: int, pool: list[TableSpec] | None = None
+) -> list[tuple[list[TableSpec], Topology]]:
+    """`count` tasks of `FEWEST_TABLES` to `devices` tables (at most the pool's) on `devices`, memory 1.5x an even
+    split: drawn from the test pool of `generate_pool`'s tables, or from `pool` where given."""
+    if pool is None:
+        _, pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
+    rng = np.random.default_rng(seed)
+    high = min(devices, len(pool))
+    sizes = rng.integers(min(FEWEST_TABLES, high), high + 1, size=count)
+    draws = [[pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False))] for n in sizes]
+    return [(tables, Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, 1.5)))
+            for tables in draws]  # fmt: skip
 
 
 def tasks_on(
@@ -97,6 +117,9 @@ def main() -> None:
         "--tables", default=None, help="draw the tasks from this table file (default: the synthetic test pool)"
     )
     parser.add_argument(
+        "--few-tables", action="store_true", help="tasks of 6 tables to one a device (see the module's docstring)"
+    )
+    parser.add_argument(
         "--out", default="experiments/results/policy_against_search", help="folder (default %(default)s)"
     )
     args = parser.parse_args()
@@ -118,7 +141,8 @@ def main() -> None:
     simulator = Simulator(models)
     rows = []
     for devices in device_counts:
-        for k, (tables, topology) in enumerate(tasks_on(devices, args.tasks, args.seed, pool)):
+        draw = few_tables_tasks if args.few_tables else tasks_on
+        for k, (tables, topology) in enumerate(draw(devices, args.tasks, args.seed, pool)):
             bound = lower_bound_ms(models, tables, topology)
             row = {"devices": devices, "task": k, "tables": len(tables), "bound_ms": bound}
             for label, algorithm, settings in (
@@ -134,7 +158,8 @@ def main() -> None:
 
     lines = [
         f"The policy ({args.policy or 'the shipped one'}) against `cost_search`, priced by the shipped models; held-out tasks "
-        f"({f'of {args.tables}, ' if args.tables else ''}seed {args.seed}). "
+        f"({'of few tables a device, ' if args.few_tables else ''}{f'of {args.tables}, ' if args.tables else ''}"
+        f"seed {args.seed}). "
         "Cost over the task's lower bound and placement seconds on one core, the mean over tasks; the policy's cost "
         "over `cost_search`'s, the mean and the range over tasks.",
         "",

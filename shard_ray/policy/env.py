@@ -610,8 +610,6 @@ class PlacementState:
         start = self._finish_start(pieces, devices)
         later = np.asarray(self.queue_singles[self.position + 1 :])
         dominant = float(later.max(initial=0.0))
-        if dominant < self.dominance:
-            return self._finish(start, math.inf, by_rows=False)
         priced: dict[tuple[bool, bytes], float] = {}
 
         def price(threshold: float, by_rows: bool) -> float:
@@ -621,13 +619,19 @@ class PlacementState:
                 priced[key] = self._finish(start, threshold, by_rows)
             return priced[key]
 
+        # Where the devices outnumber the tables, every later table may join a column-wise set (`_sets_to_join`):
+        # finished with them all split, a step's choice that starts or joins that set is priced as the steps after it
+        # may make it.
+        every = price(0.0, by_rows=False) if self.few_tables else math.inf
+        if dominant < self.dominance:
+            return min(self._finish(start, math.inf, by_rows=False), every)
         thresholds = [(way, self._split_threshold(way, start)) for way in self._later_splits()]
         split = min((price(at, way.by_rows) for way, at in thresholds if at is not None), default=math.inf)
         # Put whole, the costliest later table alone prices the finished plan at least that (the models are monotone
         # in what a device holds): a split finish below it is the lower one, without pricing the other.
         if split >= dominant:
             split = min(split, price(math.inf, by_rows=False))
-        return split
+        return min(split, every)
 
     def _later_splits(self) -> list[_LaterSplit]:
         """The ways `finish` splits the later tables that dominate the task (`_LaterSplit`), each way priced and the
