@@ -10,7 +10,8 @@ devices `shard-ray generate`'s 5,136 tables with 1.5x an even split, as `experim
 each, the policy (`--policy`, default the shipped one) and `cost_search` with its defaults plan the task; each plan
 priced by the shipped models (simulated, no hardware) over the task's lower bound, and each placement timed (one
 core: run with `OMP_NUM_THREADS=1`). Writes `policy_against_search.md` and `policy_against_search.json` to `--out`;
-the last printed line is JSON.
+the last printed line is JSON. `--search-start` sets where `cost_search`'s beam starts (its `start` setting: `auto`,
+its default, starts from the policy's plan too where the devices outnumber the tables).
 
 `--few-tables` draws tasks of few tables a device instead: on each count of devices D, tasks of 6 to D tables (at
 most the pool's), memory 1.5x an even split, where every table dominates the task and the devices outnumber the
@@ -38,6 +39,7 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
+from shard_ray.placement.search import STARTS, SearchConfig
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.network import default_policy_path, load_policy
 from shard_ray.policy.ppo import validation_tasks
@@ -120,6 +122,12 @@ def main() -> None:
         "--few-tables", action="store_true", help="tasks of 6 tables to one a device (see the module's docstring)"
     )
     parser.add_argument(
+        "--search-start",
+        choices=STARTS,
+        default=SearchConfig.start,
+        help="where cost_search's beam starts (its `start` setting; default %(default)s)",
+    )
+    parser.add_argument(
         "--out", default="experiments/results/policy_against_search", help="folder (default %(default)s)"
     )
     args = parser.parse_args()
@@ -147,7 +155,7 @@ def main() -> None:
             row = {"devices": devices, "task": k, "tables": len(tables), "bound_ms": bound}
             for label, algorithm, settings in (
                 ("policy", "dreamshard", {"policy": policy}),
-                ("search", "cost_search", {}),
+                ("search", "cost_search", {"start": args.search_start}),
             ):
                 plan = place(algorithm, tables, topology, settings=settings)
                 cost = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms
@@ -159,7 +167,7 @@ def main() -> None:
     lines = [
         f"The policy ({args.policy or 'the shipped one'}) against `cost_search`, priced by the shipped models; held-out tasks "
         f"({'of few tables a device, ' if args.few_tables else ''}{f'of {args.tables}, ' if args.tables else ''}"
-        f"seed {args.seed}). "
+        f"seed {args.seed}; `cost_search` starting from {args.search_start!r}). "
         "Cost over the task's lower bound and placement seconds on one core, the mean over tasks; the policy's cost "
         "over `cost_search`'s, the mean and the range over tasks.",
         "",

@@ -572,7 +572,7 @@ def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_pat
         (["--algo", "random", "--incumbent", "x.json"], "--incumbent is the plan --measure races against"),
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
         (["--algo", "cost_search", "--set", "time_budget_s=3"], "use max_evaluations"),
-        (["--algo", "cost_search", "--set", "start=policies"], "start must be one of greedy, policy"),
+        (["--algo", "cost_search", "--set", "start=policies"], "start must be one of auto, greedy, policy"),
         (["--algo", "cost_search", "--policy", "runs/policy"], "give --set start=policy too"),
     ],
 )

@@ -774,6 +774,32 @@ def test_cost_search_starting_from_the_policy_keeps_what_the_policy_found(models
         )
 
 
+def test_cost_search_on_few_tables_a_device_starts_from_the_policy_too():
+    """Where the devices outnumber the tables, cost_search's default start (`auto`) is the grid's plan and the
+    policy's, and its plan is priced no higher than the policy's: `few_huge.json` on 16 devices in hosts of 4 (7.24 ms
+    from the grid alone; the policy's plan 4.04, which read back through a plan file without its topology made its
+    table-row-wise blocks row-wise, 4.70), and 26 test-pool tables on 32 devices, whose search held two column
+    slices of a table on one device at 7.75 ms, 9.49 once joined, above the policy's 7.91."""
+    files = Path(__file__).parents[1] / "experiments" / "tables"
+    few_huge = load_tables(files / "few_huge.json")
+    hosts = Topology(
+        num_devices=16, devices_per_host=4, memory_bytes=memory_cap_with_headroom(few_huge, 16, 1.3), batch_size=1024
+    )
+    _, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
+    rng = np.random.default_rng(7)
+    draws = [sorted(rng.choice(len(test_pool), size=n, replace=False)) for n in rng.integers(6, 33, size=8)]
+    tables = [test_pool[i] for i in draws[5]]
+    assert len(tables) == 26
+    thirty_two = Topology(num_devices=32, memory_bytes=memory_cap_with_headroom(tables, 32, 1.5), batch_size=1024)
+    for task, topology in ((few_huge, hosts), (tables, thirty_two)):
+        searched, policy = (
+            place(algo, task, topology).estimate.predicted.cost_ms for algo in ("cost_search", "dreamshard")
+        )
+        assert searched <= policy * (1 + 1e-6)
+    grid = place("cost_search", few_huge, hosts, settings={"start": "greedy"}).estimate.predicted.cost_ms
+    assert place("cost_search", few_huge, hosts).estimate.predicted.cost_ms < 0.6 * grid
+
+
 def test_with_more_devices_than_tables_every_dominant_table_is_offered_a_split():
     """Criteo Kaggle's 26 tables on 64 devices: with splits offered to 16 tables at most (`SPLIT_TABLES`), the policy
     kept 10 whole and priced 1.95x `cost_search`'s plan, which splits all 26 (from a new user's walk, hand-typed
@@ -805,7 +831,8 @@ def test_a_table_no_device_holds_whole_is_offered_every_split():
     comes first, whole, offered the splits."""
     tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "mlperf_dlrm_dcnv2.json")
     topology = Topology(num_devices=64, memory_bytes=16 * GB, batch_size=1024)
-    policy, search = (place(algo, tables, topology) for algo in ("dreamshard", "cost_search"))
+    policy = place("dreamshard", tables, topology)
+    search = place("cost_search", tables, topology, settings={"start": "greedy"})  # the grid's, not the policy's
     huge = [t.name for t in tables if shard_bytes(t, t.dim, topology.optimizer) > topology.memory_bytes]
     assert len(huge) == 5 and any(policy.tables[name].type == "column_wise" for name in huge)
     assert policy.estimate.predicted.cost_ms <= 1.02 * search.estimate.predicted.cost_ms
@@ -818,7 +845,8 @@ def test_where_tables_are_few_a_split_is_priced_with_the_later_tables_joining_it
     by columns, the set they may join (`_sets_to_join`), it splits all five by columns, priced lower."""
     tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "few_huge.json")
     topology = Topology(num_devices=8, memory_bytes=memory_cap_with_headroom(tables, 8, 1.3), batch_size=1024)
-    policy, search = (place(algo, tables, topology) for algo in ("dreamshard", "cost_search"))
+    policy = place("dreamshard", tables, topology)
+    search = place("cost_search", tables, topology, settings={"start": "greedy"})  # the grid's, not the policy's
     assert {t.type for t in policy.tables.values()} == {"column_wise"}
     assert policy.estimate.predicted.cost_ms < 0.95 * search.estimate.predicted.cost_ms
 

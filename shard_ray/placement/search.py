@@ -42,7 +42,7 @@ from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
 # Where cost_search's beam may start (`SearchConfig.start`).
-STARTS = ("greedy", "policy")
+STARTS = ("auto", "greedy", "policy")
 # cost_search's budget in model evaluations: the searches of the public model shapes at 2 devices
 # finish within it, and thousands of tables on hundreds of devices take 7-12 s on one AMD EPYC core.
 MAX_EVALUATIONS = 300_000
@@ -72,8 +72,11 @@ class SearchConfig(SearchBudget):
     # last local search) at 100%; a phase the settings leave out gives its share to the one before.
     max_evaluations: int | None = MAX_EVALUATIONS
     # Where the beam starts: the greedy grid's plan ("greedy", NeuroShard's start), or that and the DreamShard
-    # policy's greedy plan ("policy": `policy`'s, else the shipped one), the beam keeping the cheaper first.
-    start: str = "greedy"
+    # policy's greedy plan ("policy": `policy`'s, else the shipped one), the beam keeping the cheaper first; "auto":
+    # the policy's too where the devices outnumber the tables and no constraints file is given (`starts_from_policy`),
+    # where its placing time is the search's own and the grid's moves do not take a table-wise set of all-to-alls
+    # away (the policy's plans priced 0.82-0.90x the grid's search there, docs/results.md).
+    start: str = "auto"
     policy: str | None = None
     # The tables packed with every one that dominates the task split by columns at once (`dominant_split_packing`)
     # joins the beam's states as a candidate for local search: the beam, a split a level, does not reach it where
@@ -112,6 +115,7 @@ class SearchConfig(SearchBudget):
 
 # As published: table- and column-wise only, and no budget (a user may set one: `SearchBudget`).
 NEUROSHARD = SearchConfig(
+    start="greedy",
     split_ways=(2,),
     local_search_steps=0,
     sharding_types=("table_wise", "column_wise"),
@@ -413,7 +417,7 @@ def beam_search(
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     pieces = pieces_to_place(tables, pricer.topology, constraints)
     starts = [packed_start(pricer, pieces, config, constraints, start_until)]
-    if config.start == "policy":
+    if starts_from_policy(config, tables, pricer.topology, constraints):
         starts += policy_start(pricer, tables, config.policy)
     starts.sort(key=lambda c: c.cost)
     split_packing = dominant_split_packing(pricer, pieces, splittable, config, constraints, start_until)
@@ -460,7 +464,11 @@ def beam_search(
         best = typed
         progress.show("sharding types", best.cost)
     progress.close()
-    return joined_columns(pricer, best, constraints), spending.cut_short()
+    # Joined, a plan whose column slices of a table met on a device is priced higher than the search held it (26
+    # tables on 32 devices: 7.75 -> 9.49 ms, where the policy's start, whose slices never meet, was 7.91): the lowest
+    # of the joined finalists and starts is the plan.
+    joined = [joined_columns(pricer, c, constraints) for c in [best, *finalists, *starts]]
+    return min(joined, key=lambda c: c.cost), spending.cut_short()
 
 
 def dominant_split_packing(
@@ -494,6 +502,15 @@ def dominant_split_packing(
         return []
 
 
+def starts_from_policy(
+    config: SearchConfig, tables: list[TableSpec], topology: Topology, constraints: Constraints | None
+) -> bool:
+    """Whether the beam starts from the policy's plan too (`SearchConfig.start`)."""
+    if config.start != "auto":
+        return config.start == "policy"
+    return constraints is None and 1 < topology.num_devices and len(tables) <= topology.num_devices
+
+
 def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) -> list[Candidate]:
     """The DreamShard policy's greedy plan (`shard_ray.policy.decode`) as a state of the search: none where it gets
     stuck (a table fits nowhere)."""
@@ -504,7 +521,9 @@ def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) ->
     state = roll_out(network, tables, pricer.topology, pricer.models)
     if not state.done:
         return []
-    pieces, assign = state.plan("dreamshard").assignment(tables)
+    # its pieces as placed: read back from a plan file without its topology, a table-row-wise table's blocks are
+    # row-wise (their host not recorded), priced higher (few_huge.json over hosts of 4: 4.70 ms against 4.04)
+    pieces, assign = list(state.placed), np.array(state.assign, dtype=np.int64)
     return [Candidate(pieces, assign, pricer.plan_cost(pieces, assign))]
 
 
