@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python experiments/policy_against_search.py
     OMP_NUM_THREADS=1 python experiments/policy_against_search.py --devices 16,64 --tasks 3 --policy runs/policy
 
-The policy issue asks the policy's plans to be priced within 5% of `cost_search`'s at 8, 16, 64 and 512 devices.
+The policy's plans are meant to be priced within 5% of `cost_search`'s at 8, 16, 64 and 512 devices.
 Held-out tasks of the test pool as docs/results.md's policy sections draw them (`validation_tasks`, seed `--seed`:
 40-60 tables on 8 devices, 80-120 on 16, 120-200 on 32, 200-300 on 64; memory 1.65x an even split), and at 512
 devices `shard-ray generate`'s 5,136 tables with 1.5x an even split, as `experiments/planning_scale.py` has them. On
@@ -11,10 +11,10 @@ each, the policy (`--policy`, default the shipped one) and `cost_search` with it
 priced by the shipped models (simulated, no hardware) over the task's lower bound, and each placement timed (one
 core: run with `OMP_NUM_THREADS=1`). Writes `policy_against_search.md` and `policy_against_search.json` to `--out`;
 the last printed line is JSON. `--search-start` sets where `cost_search`'s beam starts (its `start` setting: `auto`,
-its default, starts from the policy's plan too where the devices outnumber the tables).
+its default, starts from the policy's plan too where there are no more tables than devices).
 
 `--few-tables` draws tasks of few tables a device instead: on each count of devices D, tasks of 6 to D tables (at
-most the pool's), memory 1.5x an even split, where every table dominates the task and the devices outnumber the
+most the pool's), memory 1.5x an even split, where every table dominates the task and the devices are no fewer than the
 tables (docs/results.md, "Few tables on many devices").
 
 `--tables FILE` draws the tasks from a table file instead (one kept outside the repository, say, so that nothing is
@@ -57,15 +57,17 @@ def few_tables_tasks(
     devices: int, count: int, seed: int, pool: list[TableSpec] | None = None
 ) -> list[tuple[list[TableSpec], Topology]]:
     """`count` tasks of `FEWEST_TABLES` to `devices` tables (at most the pool's) on `devices`, memory 1.5x an even
-    split: drawn from the test pool of `generate_pool`'s tables, or from `pool` where given."""
+    split: drawn from the test pool of `generate_pool`'s tables, or from `pool` where given; a task drawn again is
+    left out (a file of few tables is one task)."""
     if pool is None:
         _, pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
     rng = np.random.default_rng(seed)
     high = min(devices, len(pool))
     sizes = rng.integers(min(FEWEST_TABLES, high), high + 1, size=count)
-    draws = [[pool[i] for i in sorted(rng.choice(len(pool), size=n, replace=False))] for n in sizes]
+    # a task drawn twice (a small file's) is one task
+    draws = {tuple(sorted(rng.choice(len(pool), size=n, replace=False))): None for n in sizes}
     return [(tables, Topology(num_devices=devices, memory_bytes=memory_cap_with_headroom(tables, devices, 1.5)))
-            for tables in draws]  # fmt: skip
+            for tables in ([pool[i] for i in drawn] for drawn in draws)]  # fmt: skip
 
 
 def tasks_on(
@@ -128,7 +130,10 @@ def main() -> None:
         help="where cost_search's beam starts (its `start` setting; default %(default)s)",
     )
     parser.add_argument(
-        "--out", default="experiments/results/policy_against_search", help="folder (default %(default)s)"
+        "--out",
+        default=None,
+        help="folder (default experiments/results/policy_against_search, or with --few-tables "
+        "experiments/results/policy_against_search_few_tables_START, START the --search-start)",
     )
     args = parser.parse_args()
     device_counts = checked_devices(parser, args, known)
@@ -187,7 +192,9 @@ def main() -> None:
             f"{statistics.mean(r['policy']['seconds'] for r in on):.2f} | "
             f"{statistics.mean(r['search']['seconds'] for r in on):.2f} |"
         )
-    out = Path(args.out)
+    mode = f"_few_tables_{args.search_start}" if args.few_tables else ""
+    out = Path(args.out or f"experiments/results/policy_against_search{mode}")
+    args.out = str(out)
     write_atomic(out / "policy_against_search.md", "\n".join(lines) + "\n")
     write_json(out / "policy_against_search.json", {"settings": vars(args), "tasks": rows})
     print("\n".join(lines))

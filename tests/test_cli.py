@@ -573,7 +573,7 @@ def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_pat
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
         (["--algo", "cost_search", "--set", "time_budget_s=3"], "use max_evaluations"),
         (["--algo", "cost_search", "--set", "start=policies"], "start must be one of auto, greedy, policy"),
-        (["--algo", "cost_search", "--policy", "runs/policy"], "give --set start=policy too"),
+        (["--algo", "cost_search", "--set", "start=greedy", "--policy", "runs/policy"], "leave --policy out"),
     ],
 )
 def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsys, table_file, flags, message):

@@ -800,6 +800,21 @@ def test_cost_search_on_few_tables_a_device_starts_from_the_policy_too():
     assert place("cost_search", few_huge, hosts).estimate.predicted.cost_ms < 0.6 * grid
 
 
+def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_whole():
+    """Criteo Kaggle's 26 tables at dim 64 on 8 devices of 2 GB (from a new user's walk): the grid's plan starts the
+    tables no device holds whole row-wise, and one move at a time never leaves that set of all-to-alls (10.5 ms, a
+    budget ten times larger the same); the default start takes the policy's plan too, priced no higher than it."""
+    tables = [
+        t.model_copy(update={"dim": 64})
+        for t in load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "criteo_kaggle.json")
+    ]
+    topology = Topology(num_devices=8, memory_bytes=2 * GB, batch_size=1024)
+    grid = place("cost_search", tables, topology, settings={"start": "greedy"}).estimate.predicted.cost_ms
+    searched = place("cost_search", tables, topology).estimate.predicted.cost_ms
+    assert searched <= place("dreamshard", tables, topology).estimate.predicted.cost_ms * (1 + 1e-6)
+    assert searched < 0.8 * grid
+
+
 def test_with_more_devices_than_tables_every_dominant_table_is_offered_a_split():
     """Criteo Kaggle's 26 tables on 64 devices: with splits offered to 16 tables at most (`SPLIT_TABLES`), the policy
     kept 10 whole and priced 1.95x `cost_search`'s plan, which splits all 26 (from a new user's walk, hand-typed

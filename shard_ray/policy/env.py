@@ -390,7 +390,7 @@ class PlacementState:
         # finished greedily after it there (`finish`).
         self._whole: tuple[int | None, float] = (None, math.inf)
         self.split_offers = 0  # the tables offered splits so far
-        # at most this many (`SPLIT_TABLES`); every one where the devices outnumber the tables (few later pieces to
+        # at most this many (`SPLIT_TABLES`); every one where there are no more tables than devices (few later pieces to
         # finish, and whole tables would leave devices idle)
         self.few_tables = len(tables) <= topology.num_devices
         self.split_tables = len(tables) if self.few_tables else SPLIT_TABLES
@@ -619,7 +619,7 @@ class PlacementState:
                 priced[key] = self._finish(start, threshold, by_rows)
             return priced[key]
 
-        # Where the devices outnumber the tables, every later table may join a column-wise set (`_sets_to_join`):
+        # Where there are no more tables than devices, every later table may join a column-wise set (`_sets_to_join`):
         # finished with them all split, a step's choice that starts or joins that set is priced as the steps after it
         # may make it.
         every = price(0.0, by_rows=False) if self.few_tables else math.inf
