@@ -638,11 +638,11 @@ def test_the_policy_splits_a_table_that_dominates_its_task_when_that_is_cheaper(
 
 
 @pytest.mark.parametrize("policy", ["untrained", "shipped"])
-def test_tables_join_the_row_wise_set_a_table_too_big_for_any_device_starts(models, tmp_path, policy):
-    """A table file of the README's minimal format, written by hand: a 400M-row table no 80 GB device holds goes
-    row-wise, and its set of collectives then runs on every device; the other three, a 3-row one among them, are
-    offered row-wise too and join that set rather than keep a table-wise set going beside it (kept whole, the
-    policy's plan was priced 8.94 ms against cost_search's 6.74)."""
+def test_tables_join_the_set_a_table_too_big_for_any_device_starts(models, tmp_path, policy):
+    """A table file of the README's minimal format, written by hand: a 400M-row table no 80 GB device holds is split
+    (by rows; since its column quarters, which fit, are offered too, by columns), and its set of collectives then
+    runs on every device; the other three, a 3-row one among them, join that set rather than keep a table-wise set
+    going beside it (kept whole, the policy's plan was priced 8.94 ms against cost_search's 6.74)."""
     tables = [
         TableSpec(name="tiny", rows=3, dim=16, pooling_factor=1.0),
         TableSpec(name="huge", rows=400_000_000, dim=128, pooling_factor=30.0),
@@ -658,7 +658,7 @@ def test_tables_join_the_row_wise_set_a_table_too_big_for_any_device_starts(mode
     placed = place("dreamshard", tables, topology, settings={"policy": str(path)})
     searched = place("cost_search", tables, topology)
     simulator = Simulator(models)
-    assert {t.type for t in placed.tables.values()} == {"row_wise"}
+    assert len({t.type for t in placed.tables.values()}) == 1 and placed.tables["tiny"].type != "table_wise"
     placed_ms = simulator.plan_cost(placed, tables, topology.batch_size).cost_ms
     assert placed_ms <= 1.02 * simulator.plan_cost(searched, tables, topology.batch_size).cost_ms
 

@@ -571,7 +571,7 @@ class PlacementState:
                 if "column_wise" in options:
                     self._splits.append((Option(split="column_wise"), self._price_slices(options["column_wise"])))
                     quarters = split_piece(self.piece, 4)
-                    if quarters is not None and topology.num_devices >= 4:
+                    if quarters is not None and topology.num_devices >= 4 and len(options["column_wise"]) == 2:
                         self._splits.append((Option(split="column_wise"), self._price_slices(quarters)))
                 if "row_wise" in options:
                     blocks = options["row_wise"]
