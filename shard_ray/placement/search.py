@@ -510,8 +510,8 @@ def starts_from_policy(
 ) -> bool:
     """Whether the beam starts from the policy's plan too (`SearchConfig.start`): with `auto`, where no constraints
     file is given and there are no more tables than devices, or a table no device holds whole (the grid starts it
-    row-wise, and one move at a time never leaves that set of collectives: Criteo Kaggle's tables on 8 devices of 2
-    GB, 9.78 ms from the grid, 6.64 from the policy's plan too)."""
+    row-wise, and one move at a time never leaves that set of collectives: Criteo Kaggle's tables at dim 64 on 8
+    devices of 2 GB, 10.53 ms from the grid, 7.23 from the policy's plan too)."""
     if config.start != "auto":
         return config.start == "policy"
     if constraints is not None or topology.num_devices == 1:

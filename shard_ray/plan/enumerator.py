@@ -44,17 +44,21 @@ def table_options(
     devices = constraints.devices_of(table.name) if constraints else None
     group = constraints.group_of(table.name) if constraints else None
     whole = TablePiece(table=table, columns=(0, table.dim), devices=devices, group=group)
-    # In halves, or in as few more slices (one a device) as fit a device where halves do not: a table that only
-    # column quarters fit was refused under constraints allowing it column-wise alone.
-    ways, room = 2, d if devices is None else len(devices)
-    while (
-        2 * ways <= room
-        and table.dim % (8 * ways) == 0
-        and whole.model_copy(update={"columns": (0, table.dim // ways)}).memory_bytes(topology.optimizer)
-        > topology.memory_bytes
-    ):
-        ways *= 2
     local = topology.devices_per_host_or_all
+
+    def column_slices() -> int:
+        """In halves, or in as few more slices (one a device) as fit a device where halves do not: a table that only
+        column quarters fit was refused under constraints allowing it column-wise alone."""
+        ways, room = 2, d if devices is None else len(devices)
+        while (
+            2 * ways <= room
+            and table.dim % (8 * ways) == 0
+            and whole.model_copy(update={"columns": (0, table.dim // ways)}).memory_bytes(topology.optimizer)
+            > topology.memory_bytes
+        ):
+            ways *= 2
+        return ways
+
     # Each type's first piece is its largest (the last row block holds the rest): it alone is checked
     # against the cap, and only types that fit are cut, so a table over many devices costs little.
     largest = {
@@ -65,7 +69,7 @@ def table_options(
         "table_row_wise": lambda: TablePiece(
             table=table, columns=(0, table.dim), rows=(0, min(row_block(table, local), table.rows))
         ),
-        "column_wise": lambda: whole.model_copy(update={"columns": (0, table.dim // ways)}),
+        "column_wise": lambda: whole.model_copy(update={"columns": (0, table.dim // column_slices())}),
         "data_parallel": lambda: replica(table, d, 0),
     }
     cut = {
@@ -73,7 +77,7 @@ def table_options(
         "row_wise": lambda: row_wise(table, d),
         # host 0's blocks; the search tries the table on other hosts (`shard_ray.placement.options`)
         "table_row_wise": lambda: table_row_wise(table, local, 0),
-        "column_wise": lambda: split_piece(whole, ways),
+        "column_wise": lambda: split_piece(whole, column_slices()),
         "data_parallel": lambda: data_parallel(table, d),
     }
     # Split by rows, a table of one row would be one block: laid out as the table whole, a plan recording it split

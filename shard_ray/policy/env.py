@@ -326,7 +326,7 @@ class PlacementState:
         self.models = models
         self.pricer = Pricer(models, topology)
         # Each table whole: one no device holds whole comes first, offered the splits while every device has room for
-        # them (pre-split by rows, as `pieces_to_place` gives it the searches, four 40M-row tables of MLPerf on 64
+        # them (pre-split by rows, as `pieces_to_place` gives it the searches, five 40M-row tables of MLPerf on 64
         # devices of 16 GB priced 1.39x `cost_search`'s plan, which splits four by columns).
         pieces_to_place(tables, topology)  # refuses a table no split fits, and tables more than the devices hold
         pieces = [TablePiece.whole(table) for table in tables]
