@@ -420,7 +420,7 @@ def beam_search(
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     pieces = pieces_to_place(tables, pricer.topology, constraints)
     starts = [packed_start(pricer, pieces, config, constraints, start_until)]
-    if starts_from_policy(config, tables, pricer.topology, constraints):
+    if starts_from_policy(config, tables, pieces, pricer.topology, constraints):
         starts += policy_start(pricer, tables, config.policy)
     starts.sort(key=lambda c: c.cost)
     split_packing = dominant_split_packing(pricer, pieces, splittable, config, constraints, start_until)
@@ -506,19 +506,22 @@ def dominant_split_packing(
 
 
 def starts_from_policy(
-    config: SearchConfig, tables: list[TableSpec], topology: Topology, constraints: Constraints | None
+    config: SearchConfig,
+    tables: list[TableSpec],
+    pieces: list[TablePiece],
+    topology: Topology,
+    constraints: Constraints | None,
 ) -> bool:
     """Whether the beam starts from the policy's plan too (`SearchConfig.start`): with `auto`, where no constraints
-    file is given and there are no more tables than devices, or a table no device holds whole (the grid starts it
-    row-wise, and one move at a time never leaves that set of collectives: Criteo Kaggle's tables at dim 64 on 8
-    devices of 2 GB, 10.53 ms from the grid, 7.23 from the policy's plan too)."""
+    file is given and there are no more tables than devices, or a table no device holds whole (`pieces_to_place`'s
+    `pieces` split it: the grid starts it row-wise, and one move at a time never leaves that set of collectives:
+    Criteo Kaggle's tables at dim 64 on 8 devices of 2 GB, 10.53 ms from the grid, 7.23 from the policy's plan too)."""
     if config.start != "auto":
         return config.start == "policy"
     if constraints is not None or topology.num_devices == 1:
         return False
-    cap = topology.memory_bytes
     return len(tables) <= topology.num_devices or any(
-        TablePiece.whole(t).memory_bytes(topology.optimizer) > cap for t in tables
+        p.rows is not None or p.columns != (0, p.table.dim) for p in pieces
     )
 
 
