@@ -86,12 +86,16 @@ def test_gang_runs_the_plan_with_real_all_to_all(ray_session, small_tables):
             + [Shard(table=t.name, device=0, columns=(0, t.dim)) for t in small_tables if t.name != "b"],
         )
         empty = gang.evaluate(split, small_tables, CONFIG)
+        # (compared by their kernels: a gloo all-to-all on a loaded machine once took 4 ms more than device 0's compute,
+        # and the empty device its slowest)
         assert empty.devices[1].fwd_compute_ms < empty.devices[0].fwd_compute_ms
-        assert empty.bottleneck_device == 0
+        assert empty.devices[1].bwd_compute_ms < empty.devices[0].bwd_compute_ms
         # run by the other rank (as every other round of a comparison runs it), the plan's devices keep their work
         assert gang.devices_of_ranks(1) == [1, 0] and gang.devices_of_ranks(2) == [0, 1]
         shifted = gang.evaluate(split, small_tables, CONFIG, shift=1)
-        assert shifted.bottleneck_device == 0 and shifted.devices[1].fwd_compute_ms < shifted.devices[0].fwd_compute_ms
+        assert [d.device for d in shifted.devices] == [0, 1]
+        assert shifted.devices[1].fwd_compute_ms < shifted.devices[0].fwd_compute_ms
+        assert shifted.devices[1].bwd_compute_ms < shifted.devices[0].bwd_compute_ms
 
         # Devices taking turns for compute (as on an oversubscribed node) still run the whole step.
         assert not gang.take_turns and not gang.warnings  # 2 devices, 2 cores
