@@ -791,13 +791,14 @@ def test_cost_search_on_few_tables_a_device_starts_from_the_policy_too():
     tables = [test_pool[i] for i in draws[5]]
     assert len(tables) == 26
     thirty_two = Topology(num_devices=32, memory_bytes=memory_cap_with_headroom(tables, 32, 1.5), batch_size=1024)
+    searched = {}
     for task, topology in ((few_huge, hosts), (tables, thirty_two)):
-        searched, policy = (
+        searched[topology.num_devices], policy = (
             place(algo, task, topology).estimate.predicted.cost_ms for algo in ("cost_search", "dreamshard")
         )
-        assert searched <= policy * (1 + 1e-6)
+        assert searched[topology.num_devices] <= policy * (1 + 1e-6)
     grid = place("cost_search", few_huge, hosts, settings={"start": "greedy"}).estimate.predicted.cost_ms
-    assert place("cost_search", few_huge, hosts).estimate.predicted.cost_ms < 0.6 * grid
+    assert searched[16] < 0.6 * grid
 
 
 def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_whole():
