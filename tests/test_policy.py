@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from console import shard_ray_here
 
 from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels, default_cost_model_path, models_for
@@ -799,6 +800,30 @@ def test_cost_search_on_few_tables_a_device_starts_from_the_policy_too():
         assert searched[topology.num_devices] <= policy * (1 + 1e-6)
     grid = place("cost_search", few_huge, hosts, settings={"start": "greedy"}).estimate.predicted.cost_ms
     assert searched[16] < 0.6 * grid
+
+
+def test_plan_says_where_cost_search_started_and_why(capsys, table_file, tmp_path):
+    """`plan` says which plans cost_search's beam started from and why, and the plan file keeps it: 5 tables on 8
+    devices start from the policy's plan too, on 2 devices from the grid's alone, and with a constraints file from
+    the grid's alone, said to be for the constraints (a new user read `auto` as the policy's start there too)."""
+    constraints = tmp_path / "constraints.yaml"
+    constraints.write_text("tables:\n  a: {types: [table_wise]}\n")
+    expected = {
+        ("8",): "the greedy grid's plan and the DreamShard policy's (start=auto: no more tables than devices)",
+        ("2",): "the greedy grid's plan (start=auto: more tables than devices, each held whole by one)",
+        ("8", "--constraints", str(constraints)): "the greedy grid's plan (start=auto: the policy takes no "
+        "constraints file)",
+    }
+    out = tmp_path / "plan.json"
+    for (devices, *more), started in expected.items():
+        argv = ["plan", "--tables", str(table_file), "--devices", devices, "--memory-gb", "1", "--algo", "cost_search"]
+        done = shard_ray_here(capsys, *argv, *more, "--out", str(out))
+        assert done.returncode == 0, done.stderr
+        assert f"\nthe search started from {started}\n" in done.stdout
+        assert load_plan(out).search.started_from == started
+    done = shard_ray_here(capsys, *argv[:-1], "neuroshard", "--out", str(out))  # no start to choose: nothing said
+    assert done.returncode == 0 and "started from" not in done.stdout
+    assert load_plan(out).search.started_from == "the greedy grid's plan"
 
 
 def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_whole():

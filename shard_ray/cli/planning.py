@@ -384,6 +384,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         )
     if plan.search is not None and plan.search.cut_short:
         print(f"warning: {plan.search.cut_short}", file=sys.stderr)
+    if plan.search is not None and plan.search.started_from and "start=" in plan.search.started_from:
+        print(f"the search started from {plan.search.started_from}")  # cost_search's `start`, and why
     print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
 
 

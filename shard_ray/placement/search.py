@@ -74,7 +74,7 @@ class SearchConfig(SearchBudget):
     # Where the beam starts: the greedy grid's plan ("greedy", NeuroShard's start), or that and the DreamShard
     # policy's greedy plan ("policy": `policy`'s, else the shipped one), the beam keeping the cheaper first; "auto":
     # the policy's too where no constraints file is given and there are no more tables than devices or a table no
-    # device holds whole (`starts_from_policy`): there the grid's moves do not take a set of all-to-alls away (the
+    # device holds whole (`start_of_search`): there the grid's moves do not take a set of all-to-alls away (the
     # policy's plans priced 0.82-0.90x the grid's search on few tables a device, docs/results.md).
     start: str = "auto"
     policy: str | None = None
@@ -396,14 +396,15 @@ def beam_search(
     config: SearchConfig,
     constraints: Constraints | None = None,
     name: str = "cost_search",
-) -> tuple[Candidate, str | None]:
+) -> tuple[Candidate, SearchReport]:
     """Split search: each level splits one of the costliest pieces of each beam state by columns (or,
     where `config.sharding_types` has row-wise, a whole table by rows) and re-packs the rest.
 
     With local search configured, it refines the best of the states the beam reached and, with
     `config.split_dominant`, the packing of every dominant table split (`dominant_split_packing`), and
     keeps the best; then each table's sharding type is chosen among `config.sharding_types` on the
-    simulated cost. Returns the best plan and why the budget cut the search short (None when it finished).
+    simulated cost. Returns the best plan and its report: the model evaluations, why the budget cut the search
+    short (None when it finished) and where it started.
     """
     spending = Spending(pricer, config)
     types = config.types_for(pricer.topology)
@@ -420,8 +421,12 @@ def beam_search(
     splittable = {t.name for t in tables if constraints is None or "column_wise" in constraints.allowed_types(t.name)}
     pieces = pieces_to_place(tables, pricer.topology, constraints)
     starts = [packed_start(pricer, pieces, config, constraints, start_until)]
-    if starts_from_policy(config, tables, pieces, pricer.topology, constraints):
-        starts += policy_start(pricer, tables, config.policy)
+    from_policy, started_from = start_of_search(config, tables, pieces, pricer.topology, constraints)
+    if from_policy:
+        policy = policy_start(pricer, tables, config.policy)
+        starts += policy
+        if not policy:
+            started_from += "; the policy's placement got stuck (a table fitted no device), so the grid's alone"
     starts.sort(key=lambda c: c.cost)
     split_packing = dominant_split_packing(pricer, pieces, splittable, config, constraints, start_until)
     progress = _Progress(spending, name)
@@ -471,7 +476,9 @@ def beam_search(
     # tables on 32 devices: 7.75 -> 9.49 ms, where the policy's start, whose slices never meet, was 7.91): the lowest
     # of the joined finalists and starts is the plan.
     joined = [joined_columns(pricer, c, constraints) for c in [best, *finalists, *starts]]
-    return min(joined, key=lambda c: c.cost), spending.cut_short()
+    return min(joined, key=lambda c: c.cost), SearchReport(
+        evaluations=pricer.evaluations, cut_short=spending.cut_short(), started_from=started_from
+    )
 
 
 def dominant_split_packing(
@@ -505,24 +512,30 @@ def dominant_split_packing(
         return []
 
 
-def starts_from_policy(
+def start_of_search(
     config: SearchConfig,
     tables: list[TableSpec],
     pieces: list[TablePiece],
     topology: Topology,
     constraints: Constraints | None,
-) -> bool:
-    """Whether the beam starts from the policy's plan too (`SearchConfig.start`): with `auto`, where no constraints
-    file is given and there are no more tables than devices, or a table no device holds whole (`pieces_to_place`'s
-    `pieces` split it: the grid starts it row-wise, and one move at a time never leaves that set of collectives:
-    Criteo Kaggle's tables at dim 64 on 8 devices of 2 GB, 10.53 ms from the grid, 7.23 from the policy's plan too)."""
+) -> tuple[bool, str]:
+    """Whether the beam starts from the policy's plan too (`SearchConfig.start`), and the words the plan's report
+    keeps for where it started. With `auto`, it does where no constraints file is given and there are no more
+    tables than devices, or a table no device holds whole (`pieces_to_place`'s `pieces` split it: the grid starts it
+    row-wise, and one move at a time never leaves that set of collectives: Criteo Kaggle's tables at dim 64 on 8
+    devices of 2 GB, 10.53 ms from the grid, 7.23 from the policy's plan too)."""
+    grid, both = "the greedy grid's plan", "the greedy grid's plan and the DreamShard policy's"
     if config.start != "auto":
-        return config.start == "policy"
-    if constraints is not None or topology.num_devices == 1:
-        return False
-    return len(tables) <= topology.num_devices or any(
-        p.rows is not None or p.columns != (0, p.table.dim) for p in pieces
-    )
+        return (True, f"{both} (start=policy)") if config.start == "policy" else (False, grid)
+    if constraints is not None:
+        return False, f"{grid} (start=auto: the policy takes no constraints file)"
+    if topology.num_devices == 1:
+        return False, f"{grid} (start=auto: one device)"
+    if len(tables) <= topology.num_devices:
+        return True, f"{both} (start=auto: no more tables than devices)"
+    if any(p.rows is not None or p.columns != (0, p.table.dim) for p in pieces):
+        return True, f"{both} (start=auto: a table no device holds whole)"
+    return False, f"{grid} (start=auto: more tables than devices, each held whole by one)"
 
 
 def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) -> list[Candidate]:
@@ -684,8 +697,7 @@ def search_placer(
 ) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         pricer = Pricer(models, topology)
-        best, cut_short = beam_search(pricer, tables, config, constraints, name)
-        report = SearchReport(evaluations=pricer.evaluations, cut_short=cut_short)
+        best, report = beam_search(pricer, tables, config, constraints, name)
         return best.plan(topology.num_devices, name).model_copy(update={"search": report})
 
     return placer

@@ -220,6 +220,7 @@ class SearchReport(BaseModel):
     evaluations: int | None = None  # the plan prices it computed: what its budget counts
     cut_short: str | None = None  # why its budget ended it before it finished; None: it finished
     proven_optimal: bool | None = None  # exact solvers: whether it finished, and so proved the best of its plans
+    started_from: str | None = None  # cost-model searches: the plans the beam started from, and why those
 
 
 class TableChoice(BaseModel):
