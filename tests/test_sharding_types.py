@@ -54,6 +54,19 @@ def test_plan_honours_a_constraints_file_and_explains_itself(capsys, tmp_path, a
     assert "row_wise" not in explained["cat_2"].alternatives_ms  # pinned to two devices: not row-wise
 
 
+def test_explain_without_constraints_says_no_other_type_applies_not_that_none_is_allowed(capsys, tmp_path):
+    """On one device a table has no other type: without a constraints file, that is not said to be a permission
+    (a new user looked for the constraints that had refused them)."""
+    result = shard_ray_here(
+        capsys, "plan", "--tables", CRITEO, "--devices", "1", "--memory-gb", "16", "--algo", "size_greedy",
+        "--explain", "--out", str(tmp_path / "plan.json"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("cat_")]
+    assert len(lines) == 26 and all(line.endswith("(no other type it can take)") for line in lines)
+    assert "allowed" not in result.stdout
+
+
 @pytest.mark.parametrize("algo", ["cost_search", "neuroshard"])
 def test_a_table_constrained_to_column_slices_keeps_them_apart(algo):
     """A table its constraints allow only column-wise, whose halves the search packed on one device (the shipped

@@ -415,7 +415,7 @@ def explained(
     context = PlacementContext(cost_model=plan.estimate.cost_model if plan.estimate else flags.cost_model)
     context.hardware = flags.hardware
     cost_ms, choices = explain(Pricer(context.models, topology), plan, tables, constraints)
-    print(format_explanation(cost_ms, choices))
+    print(format_explanation(cost_ms, choices, constraints is not None))
     return plan.model_copy(update={"explanation": choices})
 
 

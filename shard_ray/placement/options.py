@@ -165,7 +165,9 @@ def explain(
     return placed.cost, choices
 
 
-def format_explanation(cost_ms: float, choices: list[TableChoice]) -> str:
+def format_explanation(cost_ms: float, choices: list[TableChoice], constrained: bool) -> str:
+    """`plan --explain`'s table; `constrained`: a constraints file was given (a table without another type is said
+    to be allowed none only then)."""
     lines = [
         f"why each table is sharded as it is: the predicted plan cost ({cost_ms:.3f} ms as planned) with that "
         "table switched to its best other sharding type, every other table kept (below 0%: switching would "
@@ -177,8 +179,10 @@ def format_explanation(cost_ms: float, choices: list[TableChoice]) -> str:
         best = choice.next_best
         if best is not None:
             tail = f"{best[0]:<14} {best[1]:>9.3f} {best[1] / cost_ms - 1:>+10.1%}"
-        else:  # every other type is refused by the constraints, or does not fit beside the rest
-            tail = "(none fits)" if choice.alternatives_ms else "(no other type allowed)"
+        elif choice.alternatives_ms:  # every other type the table may take does not fit beside the rest
+            tail = "(none fits)"
+        else:  # the constraints allow no other, or none applies (one device; a table too narrow to split)
+            tail = "(no other type allowed)" if constrained else "(no other type it can take)"
         lines.append(f"{choice.table:<24} {choice.sharding_type:<14} {devices:<16} {tail}")
     return "\n".join(lines)
 
