@@ -568,6 +568,8 @@ def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_pat
         (["--algo", "cost_search", "--set", "beam_width"], "NAME=VALUE"),
         (["--algo", "random", "--device", "2"], "--devices"),
         (["--algo", "random", "--devices-per-host", "3"], "does not divide 2 devices"),
+        (["--algo", "random", "--inter-host-gbps", "1"], "--inter-host-gbps prices the links between hosts, and these"),
+        (["--algo", "random", "--devices-per-host", "2", "--host-link-gbps", "1"], "are one host: give --devices-per"),
         (["--algo", "random", "--refine"], "--refine refines the plan --measure chooses: give --measure too"),
         (["--algo", "random", "--incumbent", "x.json"], "--incumbent is the plan --measure races against"),
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
@@ -582,6 +584,13 @@ def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsy
     if "--device" not in flags:
         argv += ["--devices", "2"]
     assert_refused(capsys, argv, message, out)
+
+
+def test_bench_refuses_a_rate_between_hosts_for_devices_on_one_host(tmp_path, capsys, table_file):
+    """A link rate without --devices-per-host priced nothing, silently (from a new user's walk)."""
+    out = tmp_path / "bench"
+    argv = ["bench", "--tasks", "0", "--tables", str(table_file), "--devices", "2", "--out", str(out)]
+    assert_refused(capsys, [*argv, "--inter-host-gbps", "1"], "--inter-host-gbps prices the links between hosts", out)
 
 
 @pytest.mark.slow

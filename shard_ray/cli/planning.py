@@ -98,7 +98,8 @@ class TopologyArgs:
             "intra_host_gbps": self.intra_host_gbps or recorded_values.get("intra_host_gbps"),
             "host_link_gbps": self.host_link_gbps or recorded_values.get("host_link_gbps"),
         }
-        check_whole_hosts(num_devices, values["devices_per_host"])
+        # the rates given as flags (a plan file records its topology's, of one host or several)
+        check_whole_hosts(num_devices, values["devices_per_host"], self.inter_host_gbps, self.host_link_gbps)
         return Topology(
             num_devices=num_devices, memory_bytes=int(memory_gb * GB), **{k: v for k, v in values.items() if v}
         )

@@ -96,13 +96,27 @@ def memory_cap_with_headroom(
     return int(max(headroom * sum(sizes) / num_devices, 1.05 * max(sizes))) + 1
 
 
-def check_whole_hosts(num_devices: int, devices_per_host: int | None) -> None:
+def check_whole_hosts(
+    num_devices: int,
+    devices_per_host: int | None,
+    inter_host_gbps: float | None = None,
+    host_link_gbps: float | None = None,
+) -> None:
     """Refuse `--devices-per-host` that does not divide the device count, naming the flag (before `Topology`'s own
-    check, which a user's flags reach only once the work has started)."""
+    check, which a user's flags reach only once the work has started), and a rate of the links between hosts given
+    for devices on one host, which nothing would price (a user who left out --devices-per-host)."""
     if devices_per_host and num_devices % devices_per_host:
         raise ShardRayError(
             f"--devices-per-host {devices_per_host} does not divide {num_devices} devices: give a device count that "
             "fills whole hosts"
+        )
+    links = [
+        flag for flag, rate in (("--inter-host-gbps", inter_host_gbps), ("--host-link-gbps", host_link_gbps)) if rate
+    ]
+    if links and (devices_per_host or num_devices) >= num_devices:
+        raise ShardRayError(
+            f"{links[0]} prices the links between hosts, and these {num_devices} devices are one host: give "
+            "--devices-per-host too"
         )
 
 

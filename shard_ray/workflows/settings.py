@@ -110,7 +110,7 @@ class BenchmarkConfig:
             raise ShardRayError("nothing to benchmark: give tasks > 0 or table files")
         if self.devices < 1 or self.repeats < 1 or self.batch_size < 1:
             raise ShardRayError("devices, repeats and batch size must be at least 1")
-        check_whole_hosts(self.devices, self.devices_per_host)
+        check_whole_hosts(self.devices, self.devices_per_host, self.inter_host_gbps, self.host_link_gbps)
         check_table_counts(self.min_tables, self.max_tables)
         if not self.memory_headroom >= 1.0:
             raise ShardRayError(f"memory headroom must be at least 1, got {self.memory_headroom}")
