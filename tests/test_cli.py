@@ -574,8 +574,10 @@ def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_pat
         (["--algo", "random", "--incumbent", "x.json"], "--incumbent is the plan --measure races against"),
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
         (["--algo", "cost_search", "--set", "time_budget_s=3"], "use max_evaluations"),
-        (["--algo", "cost_search", "--set", "start=policies"], "start must be one of auto, greedy, policy"),
+        (["--algo", "cost_search", "--set", "start=policies"], "start: Input should be 'auto', 'greedy' or 'policy'"),
+        (["--algo", "cost_search", "--set", "start=1"], "start: Input should be 'auto', 'greedy' or 'policy'"),
         (["--algo", "cost_search", "--set", "start=greedy", "--policy", "runs/policy"], "leave --policy out"),
+        (["--algo", "dreamshard", "--samples", "8", "--set", "samples=2"], "--samples 8 and --set samples=2 disagree"),
     ],
 )
 def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsys, table_file, flags, message):

@@ -168,15 +168,19 @@ class PlanArgs:
                 "takes no search settings from it"
             )
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
-        settings.update({k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None})
+        flags = {k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None}
+        settings.update(flags)
         for item in self.set:
             name, equals, value = item.partition("=")
-            if not equals or not name.strip():
+            name = name.strip()
+            if not equals or not name:
                 raise ShardRayError(f"--set takes NAME=VALUE, got {item!r}")
             try:
-                settings[name.strip()] = yaml.safe_load(value)
+                settings[name] = yaml.safe_load(value)
             except yaml.YAMLError:
-                raise ShardRayError(f"--set {name.strip()}: {value!r} is not a YAML value") from None
+                raise ShardRayError(f"--set {name}: {value!r} is not a YAML value") from None
+            if name in flags and settings[name] != flags[name]:  # one of the two would be dropped, silently
+                raise ShardRayError(f"--{name} {flags[name]} and --set {name}={value} disagree: give one of them")
         return settings
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -42,7 +43,8 @@ from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.workload.tables import TableSpec
 
 # Where cost_search's beam may start (`SearchConfig.start`).
-STARTS = ("auto", "greedy", "policy")
+Start = Literal["auto", "greedy", "policy"]
+STARTS: tuple[str, ...] = get_args(Start)
 # cost_search's budget in model evaluations: the searches of the public model shapes at 2 devices
 # finish within it, and thousands of tables on hundreds of devices take 7-12 s on one AMD EPYC core.
 MAX_EVALUATIONS = 300_000
@@ -76,7 +78,7 @@ class SearchConfig(SearchBudget):
     # the policy's too where no constraints file is given and there are no more tables than devices or a table no
     # device holds whole (`start_of_search`): there the grid's moves do not take a set of all-to-alls away (the
     # policy's plans priced 0.82-0.90x the grid's search on few tables a device, docs/results.md).
-    start: str = "auto"
+    start: Start = "auto"
     policy: str | None = None
     # The tables packed with every one that dominates the task split by columns at once (`dominant_split_packing`)
     # joins the beam's states as a candidate for local search: the beam, a split a level, does not reach it where
@@ -86,8 +88,6 @@ class SearchConfig(SearchBudget):
 
     def check(self) -> None:
         super().check()
-        if self.start not in STARTS:
-            raise ShardRayError(f"start must be one of {', '.join(STARTS)}, got {self.start!r}")
         if self.policy is not None and self.start == "greedy":
             raise ShardRayError(
                 "start=greedy starts from the grid alone, with no policy: leave --policy out, or give "
