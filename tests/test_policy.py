@@ -14,7 +14,7 @@ from console import shard_ray_here
 from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels, default_cost_model_path, models_for
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan.constraints import load_constraints
 from shard_ray.plan.plan import load_plan
@@ -829,7 +829,8 @@ def test_plan_says_where_cost_search_started_and_why(capsys, table_file, tmp_pat
 def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_whole():
     """Criteo Kaggle's 26 tables at dim 64 on 8 devices of 2 GB (from a new user's walk): the grid's plan starts the
     tables no device holds whole row-wise, and one move at a time never leaves that set of all-to-alls (10.5 ms, a
-    budget ten times larger the same); the default start takes the policy's plan too, priced no higher than it."""
+    budget ten times larger the same); the default start takes the policy's plan too, priced no higher than it.
+    NeuroShard, which splits by columns only, finds no placement, and says which search may."""
     tables = [
         t.model_copy(update={"dim": 64})
         for t in load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "criteo_kaggle.json")
@@ -839,6 +840,8 @@ def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_who
     searched = place("cost_search", tables, topology).estimate.predicted.cost_ms
     assert searched <= place("dreamshard", tables, topology).estimate.predicted.cost_ms * (1 + 1e-6)
     assert searched < 0.8 * grid
+    with pytest.raises(InfeasibleError, match="neuroshard, as published, splits tables by columns only: cost_search"):
+        place("neuroshard", tables, topology)
 
 
 def test_with_more_devices_than_tables_every_dominant_table_is_offered_a_split():

@@ -713,7 +713,18 @@ def search_placer(
 def neuroshard(context: PlacementContext) -> Placer:
     budget = context.settings
     config = replace(NEUROSHARD, max_evaluations=budget.max_evaluations, time_limit_s=budget.time_limit_s)
-    return search_placer("neuroshard", config, context.models, context.constraints)
+    search = search_placer("neuroshard", config, context.models, context.constraints)
+
+    def placer(tables: list[TableSpec], topology: Topology) -> Plan:
+        try:
+            return search(tables, topology)
+        except InfeasibleError as err:  # where a table fits only in row blocks, the other searches place it
+            raise InfeasibleError(
+                f"{err}; neuroshard, as published, splits tables by columns only: cost_search also splits them "
+                "by rows, and may place them"
+            ) from None
+
+    return placer
 
 
 @register(
