@@ -102,7 +102,8 @@ def splits(keys: list[str], held_out: float, least: int) -> dict[str, str]:
     and a judgement needs `least` of them); held-out keys moved back to fit, highest hash first, where the fit split
     has fewer than FEWEST_FIT and the held-out one can spare them down to that third (13 shards of 5 tables at
     --held-out 0.5: the hash held out 9 and left 3 to fit); and the fit split's highest hash moved to validation where
-    it has none and the fit split more than FEWEST_FIT (a tenth of the keys go there at --held-out 0.5)."""
+    it has none and the fit split more than FEWEST_FIT (a tenth of the keys go there at --held-out 0.5); validation
+    keys moved to fit, down to one, where it still has fewer than FEWEST_FIT."""
     split = {key: split_of(key, held_out) for key in keys}
     by_hash = sorted(keys, key=lambda k: int(k[:8], 16))
     third = min(least, len(keys) // 3)
@@ -112,6 +113,13 @@ def splits(keys: list[str], held_out: float, least: int) -> dict[str, str]:
     wanted = FEWEST_FIT + ("val" not in split.values())  # one more where validation will take one
     for key in reversed([k for k in by_hash if split[k] == "held_out"]):
         if list(split.values()).count("fit") >= wanted or list(split.values()).count("held_out") <= max(1, third):
+            break
+        split[key] = "fit"
+    # validation keys moved to fit, highest hash first, where it still has fewer than FEWEST_FIT, down to one (the
+    # README's four tables on the AMD EPYC: 14 shards, the hash leaving 5 to fit and 7 to validate, 3 once the held-out
+    # split had its third, and calibrate refused)
+    for key in reversed([k for k in by_hash if split[k] == "val"][1:]):
+        if list(split.values()).count("fit") >= FEWEST_FIT:
             break
         split[key] = "fit"
     fits = [k for k in by_hash if split[k] == "fit"]
