@@ -830,7 +830,8 @@ def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_who
     """Criteo Kaggle's 26 tables at dim 64 on 8 devices of 2 GB (from a new user's walk): the grid's plan starts the
     tables no device holds whole row-wise, and one move at a time never leaves that set of all-to-alls (10.5 ms, a
     budget ten times larger the same); the default start takes the policy's plan too, priced no higher than it.
-    NeuroShard, which splits by columns only, finds no placement, and says which search may."""
+    NeuroShard, which splits by rows only the tables no device holds whole, finds no placement, and says which
+    search may."""
     tables = [
         t.model_copy(update={"dim": 64})
         for t in load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "criteo_kaggle.json")
@@ -840,7 +841,7 @@ def test_cost_search_starts_from_the_policy_too_where_a_table_fits_no_device_who
     searched = place("cost_search", tables, topology).estimate.predicted.cost_ms
     assert searched <= place("dreamshard", tables, topology).estimate.predicted.cost_ms * (1 + 1e-6)
     assert searched < 0.8 * grid
-    with pytest.raises(InfeasibleError, match="neuroshard, as published, splits tables by columns only: cost_search"):
+    with pytest.raises(InfeasibleError, match="splits by rows only the tables no device holds whole: cost_search"):
         place("neuroshard", tables, topology)
 
 

@@ -720,8 +720,8 @@ def neuroshard(context: PlacementContext) -> Placer:
             return search(tables, topology)
         except InfeasibleError as err:  # where a table fits only in row blocks, the other searches place it
             raise InfeasibleError(
-                f"{err}; neuroshard, as published, splits tables by columns only: cost_search also splits them "
-                "by rows, and may place them"
+                f"{err}; neuroshard, as published, splits by rows only the tables no device holds whole: "
+                "cost_search also splits others by rows to fit them together, and may place them"
             ) from None
 
     return placer

@@ -114,9 +114,14 @@ def check_whole_hosts(
         flag for flag, rate in (("--inter-host-gbps", inter_host_gbps), ("--host-link-gbps", host_link_gbps)) if rate
     ]
     if links and (devices_per_host or num_devices) >= num_devices:
+        one_host = (
+            f"--devices-per-host {devices_per_host} puts these {num_devices} devices on one host"
+            if devices_per_host
+            else f"without --devices-per-host these {num_devices} devices are one host"
+        )
         raise ShardRayError(
-            f"{links[0]} prices the links between hosts, and these {num_devices} devices are one host: give "
-            "--devices-per-host too"
+            f"{links[0]} prices the links between hosts, and {one_host}: give --devices-per-host, the devices of a "
+            "host, below the device count"
         )
 
 
