@@ -167,6 +167,10 @@ class PlanArgs:
                 f"--search-config holds the settings a `tune search` sweep found for cost_search; {self.algo!r} "
                 "takes no search settings from it"
             )
+        if self.samples is not None and self.algo != "dreamshard":
+            raise ShardRayError(
+                f"--samples draws plans from dreamshard's policy; {self.algo!r} draws none: leave it out"
+            )
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
         flags = {k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None}
         settings.update(flags)

@@ -171,7 +171,9 @@ def format_explanation(cost_ms: float, choices: list[TableChoice], constrained: 
     lines = [
         f"why each table is sharded as it is: the predicted plan cost ({cost_ms:.3f} ms as planned) with that "
         "table switched to its best other sharding type, every other table kept (below 0%: switching would "
-        "have been cheaper under the models, as for plans made without them or cut short by a budget)",
+        "have been cheaper under the models, as for plans made without them, cut short by a budget, or by an "
+        "algorithm not given that type: cost_search leaves data_parallel out on one host unless --set "
+        "sharding_types=[...] has it)",
         f"{'table':<24} {'type':<14} {'devices':<16} {'best other':<14} {'plan ms':>9} {'vs chosen':>10}",
     ]
     for choice in choices:
