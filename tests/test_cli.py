@@ -579,6 +579,7 @@ def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_pat
         (["--algo", "cost_search", "--set", "start=greedy", "--policy", "runs/policy"], "leave --policy out"),
         (["--algo", "dreamshard", "--samples", "8", "--set", "samples=2"], "--samples 8 and --set samples=2 disagree"),
         (["--algo", "cost_search", "--samples", "4"], "--samples draws plans from dreamshard's policy; 'cost_search'"),
+        (["--algo", "cost_search", "--set", "start=policy", "--set", "start=greedy"], "--set start given twice"),
     ],
 )
 def test_plan_refuses_badly_typed_settings_and_abbreviated_flags(tmp_path, capsys, table_file, flags, message):

@@ -174,11 +174,15 @@ class PlanArgs:
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
         flags = {k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None}
         settings.update(flags)
+        given: dict[str, str] = {}
         for item in self.set:
             name, equals, value = item.partition("=")
             name = name.strip()
             if not equals or not name:
                 raise ShardRayError(f"--set takes NAME=VALUE, got {item!r}")
+            if name in given and given[name] != value:  # the last would win, silently
+                raise ShardRayError(f"--set {name} given twice, {given[name]!r} and {value!r}: give it once")
+            given[name] = value
             try:
                 settings[name] = yaml.safe_load(value)
             except yaml.YAMLError:
