@@ -51,12 +51,12 @@ def spine_error(measured: list[FusedShardMeasurement], models: CostModels) -> fl
     micro = [m for m in measured if is_microbenchmark(m)]
     task = [m for m in measured if not is_microbenchmark(m)]
     folds = np.random.default_rng(0).permutation(len(task)) % 5
-    alone = models.compute.without_correction()
+    alone = models.compute.network().without_correction()
     errors: list[float] = []
     for fold in range(5):
         data = compute_data(micro + [m for m, f in zip(task, folds) if f != fold])
         model = copy.deepcopy(alone)
-        model.spine = fit_spine(data.features, data.mask, data.log_batch, data.log_ms, data.replicas)
+        model.spine.set(fit_spine(data.features, data.mask, data.log_batch, data.log_ms, data.replicas))
         predicted, actual = step_compute_ms(model, compute_data([m for m, f in zip(task, folds) if f == fold]))
         errors += list(np.abs(predicted / actual - 1))
     return float(np.mean(errors))

@@ -29,7 +29,7 @@ from shard_ray.policy.ppo import (
 )
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.runtime import connect_ray
-from shard_ray.torch_threads import one_torch_thread
+from shard_ray.threads import one_thread
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import split_pool
 
@@ -100,7 +100,7 @@ def main() -> None:
             print(f"  iteration {iteration}: {name}: {score:.4f} over the bound ({stuck} stuck)", flush=True)
 
     try:
-        with one_torch_thread():
+        with one_thread():
             evaluate(0)
             for iteration in range(1, args.iterations + 1):
                 began = time.perf_counter()

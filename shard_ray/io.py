@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
+import pickle
 import tempfile
-import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -74,23 +77,71 @@ def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected
         raise ShardRayError(describe_validation_error(err, f"{what} file {path}", document)) from err
 
 
+# What a shard-ray `.pt` file's pickle may name, as torch.load(weights_only=True) allows it: the tensors' storages by
+# their dtype, the function rebuilding a tensor from its storage, and a state dict's OrderedDict.
+_STORAGE_DTYPES = {
+    "FloatStorage": "<f4",
+    "DoubleStorage": "<f8",
+    "HalfStorage": "<f2",
+    "LongStorage": "<i8",
+    "IntStorage": "<i4",
+    "ShortStorage": "<i2",
+    "CharStorage": "i1",
+    "ByteStorage": "u1",
+    "BoolStorage": "?",
+}
+
+
+class _TensorsAsArrays(pickle.Unpickler):
+    """torch.save's pickle read without torch: each tensor a numpy array of its dtype, shape and values; any other
+    class refused, as torch.load(weights_only=True) refuses it."""
+
+    def __init__(self, archive: zipfile.ZipFile, prefix: str) -> None:
+        super().__init__(io.BytesIO(archive.read(prefix + "data.pkl")))
+        self.archive, self.prefix = archive, prefix
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _array_of_tensor
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return np.dtype(_STORAGE_DTYPES[name])
+        raise pickle.UnpicklingError(f"{module}.{name} is not a tensor's part")
+
+    def persistent_load(self, pid: Any) -> np.ndarray:
+        kind, dtype, key, _location, count = pid
+        if kind != "storage" or not isinstance(dtype, np.dtype):
+            raise pickle.UnpicklingError(f"unknown storage {kind!r}")
+        return np.frombuffer(self.archive.read(f"{self.prefix}data/{key}"), dtype=dtype, count=count)
+
+
+def _array_of_tensor(
+    storage: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], *_grad_and_hooks: Any
+) -> np.ndarray:
+    """A tensor torch.save wrote, as a numpy array of its own (torch's `_rebuild_tensor_v2`'s arguments)."""
+    items = storage[offset:]
+    view = np.lib.stride_tricks.as_strided(items, shape, tuple(s * items.itemsize for s in strides), writeable=False)
+    return np.array(view)
+
+
 def read_torch_file(
     data: bytes, source: str, what: str, holding: str, file_format: str, written_by: str, *older_formats: str
 ) -> dict:
-    """The dict in a shard-ray `.pt` file's content, read with torch.load(weights_only=True) and checked
-    for `file_format` (or one of the `older_formats` the caller still reads).
+    """The dict in a shard-ray `.pt` file's content, its tensors numpy arrays, checked for `file_format` (or one of
+    the `older_formats` the caller still reads). Read without torch, which takes a second to import where a plan
+    takes less (docs/commands.md): what torch.load(weights_only=True) reads of the file, and nothing it refuses.
 
     `source` names the file in errors, `what` its kind ("cost model"), `holding` what it holds
     ("shard-ray cost models") and `written_by` the command that writes it.
     """
-    import torch
-
     try:
-        with warnings.catch_warnings():  # torch warns about the pickle protocol of files that are not ours
-            warnings.simplefilter("ignore")
-            blob = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as err:  # torch.load raises many types for a bad file
-        # torch's own first line is its weights_only=False advice, wrong for a file that is not ours
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+            if len(pickles) != 1:
+                raise pickle.UnpicklingError("not one data.pkl")
+            blob = _TensorsAsArrays(archive, pickles[0][: -len("data.pkl")]).load()
+    except Exception as err:  # a file that is not ours fails in many ways: not a zip, another pickle, a bad storage
         raise ShardRayError(
             f"cannot read {what} file {source}: not a PyTorch file of {holding} "
             f"(format {file_format}, as {written_by}; read with torch.load(weights_only=True))"

@@ -2,6 +2,7 @@
 resuming, the measured best."""
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -351,7 +352,7 @@ def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_war
 def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
     """Refit to data it ranks worse than chance, the comm model is put back to the starting one, and the report says
     why; one that ranks them right is kept."""
-    from shard_ray.costmodel.models import CommCostNet, CostModels
+    from shard_ray.costmodel.models import CommModel, CostModels
     from shard_ray.costmodel.train import evaluate_comm
     from shard_ray.plan.cost import DeviceCost, PlanCost
     from shard_ray.plan.piece import TablePiece
@@ -370,12 +371,11 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
         cost = PlanCost(devices=devices, hardware=start.hardware, batch_size=1024)
         plans.append(PlanMeasurement(key=str(i), plan=plan, tables=tables, cost=cost))
     assert evaluate_comm(start, plans)["spearman"] > 0
-    backwards = CommCostNet(start.comm.hidden, start.comm.depth)
-    backwards.load_state_dict(start.comm.state_dict())
+    backwards = start.comm.network()
     with torch.no_grad():  # the last layer's sign flipped: the more a device moves, the cheaper it is priced
         backwards.net[-1].weight.neg_()
         backwards.net[-1].bias.neg_()
-    tuned = CostModels(start.compute, backwards, start.hardware, start.info.model_copy())
+    tuned = dataclasses.replace(start, comm=CommModel.of_network(backwards), info=start.info.model_copy())
     assert evaluate_comm(tuned, plans)["spearman"] < 0
     tuned.info.device_counts = [2, 8]  # as a fit to 8-device gangs would have said
     # the held-out plans alone ranked backwards refuse it, whatever the others say (their figures are the ones printed)
@@ -383,7 +383,7 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
     assert kept.comm is start.comm and kept.compute is start.compute
     assert kept.info.device_counts == start.info.device_counts  # the gang sizes it measured are the starting ones'
     assert why.startswith("refused the fine-tuned comm model") and "held-out plans worse than chance (Spearman -" in why
-    right = CostModels(start.compute, copy.deepcopy(start.comm), start.hardware, start.info.model_copy())
+    right = dataclasses.replace(start, comm=CommModel.of_network(start.comm.network()), info=start.info.model_copy())
     assert refuse_comm_worse_than_chance(start, right, {"held-out": plans, "validation and held-out": plans}) == (
         right,
         None,
@@ -471,7 +471,7 @@ def test_calibration_prices_by_the_spine_alone_where_that_prices_the_validation_
     from shard_ray.profiling.procedure import MeasureConfig
     from shard_ray.workflows.calibrate import spine_alone_where_better
 
-    corrected = CostModels.load(shipped_models_path("cpu:AMD EPYC:1thread")).compute
+    corrected = CostModels.load(shipped_models_path("cpu:AMD EPYC:1thread")).compute.network()
     alone = corrected.without_correction()
     tables = [TableSpec(name=f"t{i}", rows=10**i, dim=16 * (1 + i % 3), pooling_factor=1 + i) for i in range(2, 7)]
     shards = [table_wise(tables[i : i + 2]) for i in range(4)]

@@ -1,6 +1,5 @@
 """Cost models, training, the simulator, the bound, and the searches that use them."""
 
-import copy
 import dataclasses
 import hashlib
 import itertools
@@ -17,31 +16,36 @@ from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.collect import REPLICA_ROWS, CollectConfig, draw_comm_plans, replicate_some
 from shard_ray.costmodel.coverage import corrections_at_bound, coverage_problems, training_coverage
 from shard_ray.costmodel.features import (
+    COMM_FEATURES,
     NUM_SCALAR_FEATURES,
     NUM_TABLE_FEATURES,
     TABLE_FEATURES,
+    padded_shards,
     pieces_features,
     table_features,
 )
 from shard_ray.costmodel.info import Calibrated, ModelInfo
 from shard_ray.costmodel.links import link_profile
 from shard_ray.costmodel.models import (
-    COMM_FEATURES,
-    CORRECTION_BOUND,
-    CommCostNet,
-    ComputeCostNet,
+    ComputeModel,
     CostModels,
-    Monotone,
     comm_features,
     default_cost_model_path,
     models_for,
-    pad_fused_shards,
     task_digest,
 )
+from shard_ray.costmodel.networks import CommCostNet, ComputeCostNet, Monotone, fused_shard_tensors
 from shard_ray.costmodel.pricing import Pricer
 from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator
-from shard_ray.costmodel.spine import QUANTITIES, Spine, fit_spine, physical_quantities, spine_shard_ms
+from shard_ray.costmodel.spine import (
+    CORRECTION_BOUND,
+    QUANTITIES,
+    Spine,
+    fit_spine,
+    physical_quantities,
+    spine_shard_ms,
+)
 from shard_ray.costmodel.train import (
     MissingCommModelWarning,
     collective_sets,
@@ -132,9 +136,9 @@ def test_the_spine_counts_the_distinct_rows_a_batch_touches(pool):
     tables alike, at small batches and at the reference batch."""
     tables = pool[:40] + [TableSpec(name="zipf", rows=3_500_000, dim=64, pooling_factor=40.0)]
     for batch in (1024, 4096):
-        counted = physical_quantities(
-            torch.from_numpy(np.stack([table_features(t, t.dim) for t in tables])), math.log2(batch), 16.0
-        )[:, QUANTITIES.index("rows")]
+        counted = physical_quantities(np.stack([table_features(t, t.dim) for t in tables]), math.log2(batch), 16.0)[
+            :, QUANTITIES.index("rows")
+        ]
         for table, spine_rows in zip(tables, counted.tolist()):
             drawn = len(np.unique(table_batch(table, MeasureConfig(batch_size=batch), 0).indices))
             assert spine_rows * 1e3 == pytest.approx(drawn, rel=0.1, abs=30), (table.name, batch)
@@ -182,15 +186,15 @@ def test_range_check_names_each_table_outside_the_training_data(shipped):
 def test_compute_model_is_permutation_invariant_and_takes_any_table_count(pool):
     torch.manual_seed(0)
     net = ComputeCostNet(hidden=16, depth=2).eval()
-    shard = np.stack([table_features(t, t.dim) for t in pool[:7]])
-    features, mask = pad_fused_shards(
-        [shard, shard[::-1].copy(), shard[:1], np.stack([table_features(t, t.dim) for t in pool[:40]])]
+    shard = [TablePiece.whole(t) for t in pool[:7]]
+    features, mask, _ = fused_shard_tensors(
+        [shard, shard[::-1], shard[:1], [TablePiece.whole(t) for t in pool[:40]]], [None] * 4
     )
     out = net(features, mask, torch.full((4,), 10.0))
     assert out.shape == (4, 2)
     assert torch.allclose(out[0], out[1], atol=1e-5)
     # padding rows are ignored
-    padded, pmask = pad_fused_shards([shard])
+    padded, pmask, _ = fused_shard_tensors([shard], [None])
     wide = torch.cat([padded, torch.randn(1, 5, NUM_TABLE_FEATURES)], dim=1)
     wmask = torch.cat([pmask, torch.zeros(1, 5)], dim=1)
     assert torch.allclose(net(wide, wmask, torch.tensor([10.0])), out[:1], atol=1e-5)
@@ -746,13 +750,13 @@ def test_lower_bound_is_below_plans_replicating_any_of_the_tables(shipped, pool,
 def contending(spineless, tmp_path_factory) -> tuple[CostModels, str]:
     """Models of the network-alone form with a strong superadditive (convex) term, saved: fused tables cost more than
     apart. Every unit of the term weighs every table's encoding alike and heavily."""
-    compute = copy.deepcopy(spineless.compute)
+    compute = spineless.compute.network()
     with torch.no_grad():
         compute.contention = Monotone(compute.hidden, compute.hidden, convex=True)
         compute.contention.w1.fill_(0.0)
         compute.contention.w2.fill_(0.5)
     compute.fusion = "free"
-    models = CostModels(compute, spineless.comm, spineless.hardware, spineless.info.model_copy())
+    models = dataclasses.replace(spineless, compute=ComputeModel.of_network(compute), info=spineless.info.model_copy())
     path = tmp_path_factory.mktemp("contending") / "models.pt"
     models.save(path)
     return CostModels.load(path), str(path)
@@ -810,12 +814,8 @@ def test_the_compute_model_learns_the_fused_backward_these_cpu_kernels_measured(
 def spineless(shipped) -> CostModels:
     """Models of the second format's form: the network prices tables alone, no physical spine."""
     torch.manual_seed(0)
-    return CostModels(
-        ComputeCostNet(hidden=32, depth=2, fusion="subadditive"),
-        shipped.comm,
-        shipped.hardware,
-        shipped.info.model_copy(),
-    )
+    compute = ComputeModel.of_network(ComputeCostNet(hidden=32, depth=2, fusion="subadditive"))
+    return dataclasses.replace(shipped, compute=compute, info=shipped.info.model_copy())
 
 
 def test_first_and_second_format_model_files_load_as_they_priced(spineless, tmp_path):
@@ -835,8 +835,11 @@ def test_first_and_second_format_model_files_load_as_they_priced(spineless, tmp_
     torch.save(blob, tmp_path / "first.pt")
     first = CostModels.load(tmp_path / "first.pt")
     with torch.no_grad():
-        assert float(first.compute.contention(torch.full((1, first.compute.hidden), 50.0)).max()) < 1e-9
+        contention = first.compute.network().contention
+        assert float(contention(torch.full((1, first.compute.hidden), 50.0)).max()) < 1e-9
     assert first.compute.fusion == "subadditive" and first.compute.spine is None
+    # the first format had no contention term: priced without one, as the second format's switched off prices
+    assert first.predict_fused_shards(shard, 1024) == pytest.approx(spineless.predict_fused_shards(shard, 1024))
 
 
 @pytest.mark.slow
@@ -985,9 +988,7 @@ def test_a_comm_model_calibrated_over_hosts_prices_their_traffic_itself(shipped,
     from shard_ray.costmodel.pricing import over_hosts
 
     tables = pool[:24]
-    learned = CostModels(
-        shipped.compute, shipped.comm, shipped.hardware, shipped.info.model_copy(update={"comm_devices_per_host": 2})
-    )
+    learned = dataclasses.replace(shipped, info=shipped.info.model_copy(update={"comm_devices_per_host": 2}))
     learned_file = tmp_path / "learned.pt"
     learned.save(learned_file)
     for per_host, analytic in ((2, False), (4, True)):
@@ -1038,7 +1039,7 @@ def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shippe
         reason="",
     )
     info = shipped.info.model_copy(update={"calibrated": record})
-    calibrated = CostModels(shipped.compute, shipped.comm, hardware, info)
+    calibrated = dataclasses.replace(shipped, hardware=hardware, info=info)
     task_file, hardware_wide = hardware_models_path(hardware, tables=task), hardware_models_path(hardware)
     task_file.parent.mkdir(parents=True)
     calibrated.save(task_file)
@@ -1060,12 +1061,11 @@ def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shippe
 
 
 def _spine_made_with_known_rates() -> Spine:
-    spine = Spine()
-    spine.rates.copy_(torch.rand(spine.rates.shape, generator=torch.Generator().manual_seed(3)) * 0.05)
+    spine = Spine(cache_mb=16.0)
+    spine.rates[:] = np.random.default_rng(3).random(spine.rates.shape) * 0.05
     spine.rates[:, QUANTITIES.index("touched")] = 0.0  # a rate the fit must find to be none
-    spine.kernel_ms.copy_(torch.tensor([[0.02, 0.05], [0.03, 0.04]]))
-    spine.pair_rate.copy_(torch.tensor([[0.0, 0.01], [0.07, 0.4]]))
-    spine.cache_mb.fill_(16.0)
+    spine.kernel_ms[:] = [[0.02, 0.05], [0.03, 0.04]]
+    spine.pair_rate[:] = [[0.0, 0.01], [0.07, 0.4]]
     return spine
 
 
@@ -1074,12 +1074,12 @@ def test_the_spine_fit_recovers_the_rates_shards_were_made_with(pool):
     size among the choices found, the same way every time."""
     made = _spine_made_with_known_rates()
     shards = draw_augmented_fused_shards(pool, 200, 12, (4, 16, 64, 256), seed=2)
-    features, mask = pad_fused_shards([pieces_features(s, 200_000) for s in shards])
-    log_batch = torch.tensor([9.0, 10.0, 11.0] * 67)[: len(shards)]
-    log_ms = torch.log(spine_shard_ms(made, features, mask, log_batch))
+    features, mask, _ = padded_shards(shards, [200_000] * len(shards))
+    log_batch = np.array([9.0, 10.0, 11.0] * 67, dtype=np.float32)[: len(shards)]
+    log_ms = np.log(spine_shard_ms(made, features, mask, log_batch))
     fitted = fit_spine(features, mask, log_batch, log_ms)
     assert float(fitted.cache_mb) == 16.0
-    assert torch.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch), rel=1e-3)
+    assert np.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch), rel=1e-3)
     assert fitted.describe() == fit_spine(features, mask, log_batch, log_ms).describe()
 
 
@@ -1089,31 +1089,30 @@ def test_replicas_pay_a_kernel_of_their_own_and_their_dense_update_and_the_fit_f
     dense update by its whole table's MB; shards made so, some with replicas, are fitted back to their prices."""
     made = _spine_made_with_known_rates()
     shards = draw_augmented_fused_shards(pool, 200, 12, (4, 16, 64, 256), seed=2)
-    features, mask = pad_fused_shards([pieces_features(s, 200_000) for s in shards])
-    replicas = torch.zeros_like(mask)
+    features, mask, _ = padded_shards(shards, [200_000] * len(shards))
+    replicas = np.zeros_like(mask)
     replicas[::3, 0] = 1.0  # every third shard's first table a replica
-    log_batch = torch.tensor([9.0, 10.0, 11.0] * 67)[: len(shards)]
+    log_batch = np.array([9.0, 10.0, 11.0] * 67, dtype=np.float32)[: len(shards)]
     launches = _spine_made_with_known_rates()
-    launches.pair_rate.zero_()  # the launches alone: a kernel's pairs are its own tables' (they split with it)
+    launches.pair_rate[:] = 0.0  # the launches alone: a kernel's pairs are its own tables' (they split with it)
     extra = spine_shard_ms(launches, features, mask, log_batch, replicas) - spine_shard_ms(
         launches, features, mask, log_batch
     )
     fp16 = features[..., TABLE_FEATURES.index("fp16")]
     # A replica whose precision a sharded table of the shard shares: one launch of that precision more.
-    shares = (replicas[:, 0] > 0) & ((fp16[:, 1:] == fp16[:, :1]) & (mask[:, 1:] > 0)).any(dim=1)
+    shares = (replicas[:, 0] > 0) & ((fp16[:, 1:] == fp16[:, :1]) & (mask[:, 1:] > 0)).any(axis=1)
     dense = QUANTITIES.index("dense")
-    rows = 10.0 ** features[:, 0, TABLE_FEATURES.index("log10_rows")].double()
-    width = 2.0 ** features[:, 0, TABLE_FEATURES.index("log2_width")].double()
-    table_mb = rows * width * (4.0 - 2.0 * fp16[:, 0].double()) / 1e6 * replicas[:, 0]  # the replica's whole table
-    expected = (
-        launches.kernel_ms.T[fp16[:, 0].long()] * shares.unsqueeze(-1)
-        + (table_mb.unsqueeze(-1) * launches.rates[:, dense].double()).float()
-    )
+    rows = 10.0 ** features[:, 0, TABLE_FEATURES.index("log10_rows")].astype(np.float64)
+    width = 2.0 ** features[:, 0, TABLE_FEATURES.index("log2_width")].astype(np.float64)
+    table_mb = rows * width * (4.0 - 2.0 * fp16[:, 0]) / 1e6 * replicas[:, 0]  # the replica's whole table
+    expected = launches.kernel_ms.T[fp16[:, 0].astype(np.int64)] * shares[:, None] + (
+        table_mb[:, None] * launches.rates[:, dense]
+    ).astype(np.float32)
     assert shares.sum() > 10 and (table_mb > 0).sum() > 60
     assert extra == pytest.approx(expected, rel=1e-4, abs=1e-5)
-    log_ms = torch.log(spine_shard_ms(made, features, mask, log_batch, replicas))
+    log_ms = np.log(spine_shard_ms(made, features, mask, log_batch, replicas))
     fitted = fit_spine(features, mask, log_batch, log_ms, replicas)
-    assert torch.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch, replicas), rel=1e-3)
+    assert np.exp(log_ms) == pytest.approx(spine_shard_ms(fitted, features, mask, log_batch, replicas), rel=1e-3)
     assert fitted.kernel_ms == pytest.approx(made.kernel_ms, rel=1e-3)
     assert fitted.rates[:, dense] == pytest.approx(made.rates[:, dense], rel=1e-2)
 
@@ -1141,17 +1140,17 @@ def test_a_device_with_replicas_is_priced_alike_by_its_shard_and_by_the_plans_su
 def test_a_table_far_from_the_training_data_is_priced_by_the_spine_within_the_correction_bound(pool):
     """Whatever the network does far from its data (here: weights scaled up a hundredfold), a table's own price
     stays within CORRECTION_BOUND of the spine's physics, and the price says it rests on the bound."""
-    model = ComputeCostNet(hidden=16, depth=2, spine=True)
-    model.spine = _spine_made_with_known_rates()
+    network = ComputeCostNet(hidden=16, depth=2, spine=True)
+    network.spine.set(_spine_made_with_known_rates())
     with torch.no_grad():
-        for parameter in model.encoder.parameters():
+        for parameter in network.encoder.parameters():
             parameter.mul_(100.0)
+    model = ComputeModel.of_network(network)
     huge = pool[0].model_copy(
         update={"rows": 10**9, "dim": 1024, "pooling_factor": 500.0, "reuse_histogram": None, "zipf_exponent": 0.2}
     )
-    features = torch.from_numpy(pieces_features([TablePiece.whole(huge), TablePiece.whole(pool[1])]))
-    with torch.no_grad():
-        ratio = model.encode(features, 11.0)[:, :2] / model.spine(features, 11.0)[:, :2]
+    features = pieces_features([TablePiece.whole(huge), TablePiece.whole(pool[1])])
+    ratio = model.encode(features, 11.0)[:, :2] / model.spine(features, 11.0)[:, :2]
     assert float(ratio.min()) >= 1 / CORRECTION_BOUND - 1e-6 and float(ratio.max()) <= CORRECTION_BOUND + 1e-6
     assert bool(model.correction_at_bound(features, 11.0)[0])
     models = CostModels(model, None, "cpu:test")
@@ -1168,14 +1167,14 @@ def test_a_table_far_from_the_training_data_is_priced_by_the_spine_within_the_co
 def test_spine_models_keep_adding_a_table_from_lowering_a_price_and_the_bound_below_every_plan(pool, tmp_path):
     """The spine's kernel and pairs enter the running sums: a device priced from its sum equals the padded
     shard's price, a table added never lowers it, and the lower bound stays below plans of every sharding type."""
-    model = ComputeCostNet(hidden=16, depth=2, spine=True)
-    model.spine = _spine_made_with_known_rates()
-    models = CostModels(model, None, "cpu:test", ModelInfo(rows_cap=200_000))
+    network = ComputeCostNet(hidden=16, depth=2, spine=True)
+    network.spine.set(_spine_made_with_known_rates())
+    models = CostModels(ComputeModel.of_network(network), None, "cpu:test", ModelInfo(rows_cap=200_000))
     pieces = [TablePiece.whole(t) for t in pool[:12]]
     growing = models.predict_fused_shards([pieces[:k] for k in range(1, 13)], 1024).sum(axis=1)
     assert np.all(np.diff(growing) > 0)
-    sums = models.encode_tables(pieces, 1024).sum(dim=0, keepdim=True)
-    assert models.compute_from_sums(sums, torch.ones(1))[0] == pytest.approx(
+    sums = models.encode_tables(pieces, 1024).sum(axis=0, keepdims=True)
+    assert models.compute_from_sums(sums, np.ones(1))[0] == pytest.approx(
         models.predict_fused_shards([pieces], 1024)[0], rel=1e-5
     )
     topology = Topology(num_devices=4, memory_bytes=64 * GB, batch_size=1024)
@@ -1539,8 +1538,38 @@ def test_the_comm_models_numpy_forward_prices_as_its_torch_network():
     models = CostModels.load(default_cost_model_path())
     features = np.random.default_rng(0).normal(size=(64, len(COMM_FEATURES))).astype(np.float32)
     with torch.no_grad():
-        expected = torch.exp(models.comm(torch.from_numpy(features))).numpy()
+        expected = torch.exp(models.comm.network()(torch.from_numpy(features))).numpy()
     assert models.comm_ms(features) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("fusion", ["spine", "free", "subadditive"])
+def test_the_compute_models_numpy_forward_prices_as_its_torch_network(pool, fusion):
+    """Pricing runs the compute model in numpy on its weights, without torch (`ComputeModel`): the shipped models
+    (a spine's) and networks without a spine price shards, tables and devices' sums as the torch network training
+    fits does, to float32's rounding, and a network rebuilt from the weights is the same network."""
+    shipped = CostModels.load(default_cost_model_path())
+    torch.manual_seed(1)
+    network = (
+        shipped.compute.network() if fusion == "spine" else ComputeCostNet(hidden=32, depth=2, fusion=fusion).eval()
+    )
+    model = ComputeModel.of_network(network)
+    shards = draw_augmented_fused_shards(pool, 30, 12, (4, 16, 64), seed=4) + [
+        [replica(pool[0], 4, 0), *(TablePiece.whole(t) for t in pool[1:3])]
+    ]
+    features, mask, replicas = padded_shards(shards, [200_000] * len(shards))
+    log_batch = np.array([9.0, 10.0, 11.0] * 11, dtype=np.float32)[: len(shards)]
+    with torch.no_grad():
+        tensors = [torch.from_numpy(x) for x in (features, mask, log_batch, replicas)]
+        expected = network(*tensors).numpy()
+        rows = network.encode(tensors[0], tensors[2].unsqueeze(-1), tensors[3]).numpy()
+    encoded = model.encode(features, log_batch[:, None], replicas)
+    assert encoded == pytest.approx(rows, rel=1e-5, abs=1e-7)
+    assert model.from_sums((encoded * mask[..., None]).sum(axis=1)) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    rebuilt = model.network().state_dict()
+    assert (
+        all(torch.equal(rebuilt[k], v) for k, v in network.state_dict().items())
+        and rebuilt.keys() == network.state_dict().keys()
+    )
 
 
 def test_training_stopped_early_says_so_on_its_bar(capsys):

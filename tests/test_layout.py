@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shard_ray"
 # From the bottom up; a module imports from its own package or from a lower layer only.
 LAYERS = (
     ("errors",),
-    ("arguments", "io", "process_groups", "quiet", "runtime", "torch_threads"),
+    ("arguments", "io", "process_groups", "quiet", "runtime", "threads"),
     ("configfile", "hosts"),
     ("workload",),
     ("plan",),

@@ -567,10 +567,7 @@ def test_outer_loop_measures_updates_and_trains(ray_session, tmp_path, pool):
         (hardware,) = {m.hardware for m in store.plan_measurements()}
     assert load_policy(out)[1].hardware == CostModels.load(models_for(hardware)).hardware
     shipped = CostModels.load(default_cost_model_path())
-    assert any(
-        not torch.equal(a, b)
-        for a, b in zip(updated.compute.state_dict().values(), shipped.compute.state_dict().values())
-    )
+    assert any(not np.array_equal(a, b) for a, b in zip(updated.compute.state.values(), shipped.compute.state.values()))
     assert load_policy(out)[1].iterations == 1
 
     import mlflow

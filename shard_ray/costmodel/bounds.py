@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.costmodel.pricing import (
     Pricer,
+    added_up,
     analytic_devices_per_host,
     gradient_mb,
     input_width,
@@ -50,12 +50,12 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
     d = topology.num_devices
     if column_wise:
         least = least_encodings(models, tables, topology)
-        compute = models.least_compute(least.sum(dim=0), d)
+        compute = models.least_compute(least.sum(axis=0), d)
     else:
         pieces = pieces_to_place(tables, topology)
         encodings = models.encode_tables(pieces, topology.batch_size)
-        single = models.compute_from_sums(encodings, torch.ones(len(pieces))).sum(axis=1)
-        compute = max(models.least_compute(encodings.sum(dim=0), d), float(single.max()))
+        single = models.compute_from_sums(encodings, np.ones(len(pieces), dtype=np.float32)).sum(axis=1)
+        compute = max(models.least_compute(encodings.sum(axis=0), d), float(single.max()))
     if d == 1 or models.comm is None:
         return compute
     total = float(sum(t.dim for t in tables))
@@ -184,7 +184,7 @@ def ring_inter_host_floats(gradient_mb: float, topology: Topology) -> float:
     return bus_mb * 1e6 / 4 / topology.batch_size
 
 
-def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topology) -> torch.Tensor:
+def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topology) -> np.ndarray:
     """Per table [T, 2 + H], the least of each encoding coordinate over the sharding types it may take.
 
     A plan's encodings add up to at least the sum of these, so, the compute model being monotone in
@@ -211,10 +211,11 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
                 weights.append(float(weight))
                 option_of.append(len(table_of))
             table_of.append(t)
-    encodings = models.encode_tables(pieces, topology.batch_size) * torch.tensor(weights)[:, None]
-    sums = torch.zeros(len(table_of), encodings.shape[1]).index_add_(0, torch.tensor(option_of), encodings)
-    index = torch.tensor(table_of)[:, None].expand_as(sums)
-    return torch.zeros(len(tables), sums.shape[1]).scatter_reduce_(0, index, sums, reduce="amin", include_self=False)
+    encodings = models.encode_tables(pieces, topology.batch_size) * np.asarray(weights, dtype=np.float32)[:, None]
+    sums = added_up(encodings, np.asarray(option_of), len(table_of))
+    least = np.full((len(tables), sums.shape[1]), np.inf, dtype=np.float32)
+    np.minimum.at(least, np.asarray(table_of), sums)
+    return least
 
 
 def _row_blocks(table: TableSpec, ways: int) -> list[tuple[TablePiece, int]]:

@@ -30,6 +30,8 @@ TABLE_FEATURES = (
 )
 NUM_SCALAR_FEATURES = TABLE_FEATURES.index("reuse_bin_0")  # the features before the reuse histogram
 NUM_TABLE_FEATURES = len(TABLE_FEATURES)
+# What the comm model sees of a device's all-to-alls (`shard_ray.costmodel.models.comm_feature_rows`).
+COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")
 
 
 def table_features(table: TableSpec, width: int, rows_cap: int | None = None) -> np.ndarray:
@@ -112,3 +114,19 @@ def _behaving(piece: TablePiece) -> tuple[int, int, float, tuple[float, ...]]:
     if rows != table.rows or table.reuse_histogram is not None:
         return rows, piece.width, pooling_factor, reuse_histogram_of(table)
     return rows, piece.width, pooling_factor, zipf_reuse_histogram(rows, table.effective_zipf_exponent, pooling_factor)
+
+
+def padded_shards(
+    shards: list[list[TablePiece]], rows_caps: list[int | None]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shards of pieces, each with the rows per table its measurement allocated at most, as the compute model takes
+    them: features [B, T, F], mask [B, T] and replica flags [B, T] (float32), padded to the longest shard."""
+    longest = max(1, max((len(s) for s in shards), default=0))
+    features = np.zeros((len(shards), longest, NUM_TABLE_FEATURES), dtype=np.float32)
+    mask = np.zeros((len(shards), longest), dtype=np.float32)
+    replicas = np.zeros_like(mask)
+    for i, (shard, cap) in enumerate(zip(shards, rows_caps, strict=True)):
+        features[i, : len(shard)] = pieces_features(shard, cap)
+        mask[i, : len(shard)] = 1.0
+        replicas[i, : len(shard)] = [float(p.replicated) for p in shard]
+    return features, mask, replicas

@@ -28,11 +28,15 @@ largest widths, batch size, device count) predicting log forward and log backwar
 ms; any number of devices.
 
 Both train on log ms, so the loss is relative error, not raw-ms MSE dominated by big shards.
+
+Pricing runs both networks here in numpy on their weights, read from the model file without torch (`read_torch_file`):
+torch's import is most of a plan's time (docs/commands.md). Training fits them in torch
+(`shard_ray.costmodel.networks`: `ComputeModel.network`, `CommModel.network`).
 """
 
 from __future__ import annotations
 
-import copy
+import collections
 import hashlib
 import io
 import json
@@ -42,21 +46,28 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import ValidationError
-from torch import nn
 
-from shard_ray.costmodel.features import NUM_TABLE_FEATURES, batch_context, pieces_features
+from shard_ray.costmodel.features import (
+    COMM_FEATURES,
+    NUM_TABLE_FEATURES,
+    batch_context,
+    padded_shards,
+    pieces_features,
+)
 from shard_ray.costmodel.info import ModelInfo
 from shard_ray.costmodel.links import LinkProfile, link_profile
-from shard_ray.costmodel.settings import FUSIONS
-from shard_ray.costmodel.spine import Spine
+from shard_ray.costmodel.spine import AT_BOUND, Spine
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, shard_ray_home, write_atomic
 from shard_ray.plan.piece import TablePiece
 from shard_ray.workload.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shard_ray.costmodel.networks import CommCostNet, ComputeCostNet
 
 FORMAT = "shard-ray-costmodels/3"
 # Files of the second format have no physical spine: the network prices tables alone.
@@ -160,158 +171,159 @@ def describe_models(
     return line, warning
 
 
-COMM_FEATURES = ("log2_width", "log2_total_width", "log2_max_width", "log2_batch", "log2_devices", "share")
+Layers = list[tuple[np.ndarray, np.ndarray]]
 
 
-# A spine model's learned correction multiplies a table's spine price by at most this factor, or divides it by
-# at most this: the bound is where physics takes over from a network extrapolating beyond its data.
-CORRECTION_BOUND = 2.0
-# A correction this close to its bound (in log ratio: within 1.4% of the factor 2) is "at the bound": the price rests
-# on the bound, not on what the network learned.
-AT_BOUND = 0.98
+def _softplus(x: np.ndarray) -> np.ndarray:
+    """torch's softplus: log(1 + e^x), x itself above 20."""
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
-def bounded_log_correction(raw: torch.Tensor, bound: torch.Tensor | float = CORRECTION_BOUND) -> torch.Tensor:
-    """The network's raw correction outputs as log factors in [-log bound, log bound]."""
-    limit = math.log(float(bound))
-    return limit * torch.tanh(raw / limit)
+def _log_sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
 
 
-def mlp(inputs: int, hidden: int, depth: int, outputs: int | None = None) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    width = inputs
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden), nn.ReLU()]
-        width = hidden
-    if outputs is not None:
-        layers.append(nn.Linear(width, outputs))
-    return nn.Sequential(*layers)
+def _linear_layers(state: dict[str, np.ndarray], prefix: str, depth: int) -> Layers:
+    """A `networks.mlp`'s linear layers (weight transposed, bias) from its state: views, taken once."""
+    return [(state[f"{prefix}{2 * k}.weight"].T, state[f"{prefix}{2 * k}.bias"]) for k in range(depth + 1)]
 
 
-class Monotone(nn.Module):
-    """g: R+^H -> R+^2, non-decreasing in every input; concave with g(0) = softplus(bias) >= 0, or
-    convex with g(0) = 0. Non-negative weights keep the curvature and the monotonicity of the
-    activation: log-sigmoid is concave and non-decreasing, softplus convex and non-decreasing."""
-
-    def __init__(self, inputs: int, hidden: int, convex: bool, outputs: int = 2) -> None:
-        super().__init__()
-        self.convex = convex
-        self.w1 = nn.Parameter(torch.randn(inputs, hidden) / math.sqrt(inputs) - 1.0)
-        self.b1 = nn.Parameter(torch.zeros(hidden))
-        self.w2 = nn.Parameter(torch.randn(hidden, outputs) / math.sqrt(hidden) - 1.0)
-        if convex:
-            # Softplus bends only near its knee and is linear beyond, so a convex term whose units all
-            # start past their knees is additive and stays so. Its units start flat for one table's
-            # encoding (weights about 1/inputs, encodings about 0.7 each), with knees spread over
-            # the sums of about 1 to 25 tables, and small, so that training grows what the data shows.
-            with torch.no_grad():
-                self.w1.sub_(math.log(inputs))
-                self.b1.uniform_(-6.0, -0.3)
-                self.w2.sub_(3.0)
-        else:
-            self.b2 = nn.Parameter(torch.full((outputs,), -2.0))
-
-    def _inner(self, x: torch.Tensor) -> torch.Tensor:
-        pre = x @ nn.functional.softplus(self.w1) + self.b1
-        return nn.functional.softplus(pre) if self.convex else nn.functional.logsigmoid(pre)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rise = (self._inner(x) - self._inner(torch.zeros_like(x))) @ nn.functional.softplus(self.w2)
-        return rise if self.convex else rise + nn.functional.softplus(self.b2)
-
-    def switch_off(self) -> None:
-        """Make the term (close to) zero everywhere and keep it there through training."""
-        with torch.no_grad():
-            self.w2.fill_(-40.0)  # softplus(-40) = 4e-18
-        self.requires_grad_(False)
+def _run_mlp(layers: Layers, rows: np.ndarray) -> np.ndarray:
+    """`networks.mlp` with outputs: linear layers with a ReLU between each two. Stacked rows [..., n, F] are
+    multiplied stack by stack, as numpy's matmul does: a row's low bits change with the rows beside it in one product,
+    so a plan priced among others is priced as it is alone."""
+    for k, (weight, bias) in enumerate(layers):
+        rows = (np.maximum(rows, 0.0) if k else rows) @ weight + bias
+    return rows
 
 
-class ComputeCostNet(nn.Module):
-    """Rows of `encode` are [fwd ms, bwd ms, encoding...] per table; `from_sums` prices their sums.
+def _monotone(state: dict[str, np.ndarray], prefix: str, x: np.ndarray, convex: bool) -> np.ndarray:
+    """`networks.Monotone` of `x` on its weights in `state` (under `prefix`)."""
+    w1, b1, w2 = _softplus(state[prefix + "w1"]), state[prefix + "b1"], _softplus(state[prefix + "w2"])
+    activation = _softplus if convex else _log_sigmoid
+    rise = (activation(x @ w1 + b1) - activation(np.zeros_like(x) @ w1 + b1)) @ w2
+    return rise if convex else rise + _softplus(state[prefix + "b2"])
 
-    With a `spine` (`shard_ray.costmodel.spine`, format 3), a table's own ms are the spine's times a
-    correction the network learns, bounded to [1/CORRECTION_BOUND, CORRECTION_BOUND], and a shard's
-    fusion is the spine's (its kernels and pairs), so a shard's price is within that factor of the
-    spine's physics, whatever the network does far from its data: rows are [fwd ms, bwd ms, the
-    spine's kernel columns]. Without one (formats 1 and 2), the network prices tables alone, unbounded,
-    and learns the fusion terms `shared` and `contention` over encodings: rows are [fwd ms, bwd ms,
-    encoding...]. (With a spine and the learned fusion terms both, the network moved every table's
-    own cost to its lower bound and the rest into the unbounded fusion terms: the bound held nothing.)
-    """
 
-    def __init__(self, hidden: int = 128, depth: int = 2, fusion: str = "free", spine: bool = False) -> None:
-        super().__init__()
-        if fusion not in FUSIONS:
-            raise ShardRayError(f"unknown fusion {fusion!r}; known: {', '.join(FUSIONS)}")
-        self.hidden, self.depth, self.fusion = hidden, depth, fusion
-        self.encoder = mlp(NUM_TABLE_FEATURES + 1, hidden, depth, outputs=2 if spine else hidden + 2)
-        self.interaction = None if spine else Monotone(hidden, hidden, convex=False)  # `shared` in the docstring
-        self.contention = None if spine else Monotone(hidden, hidden, convex=True)
-        if fusion == "subadditive" and self.contention is not None:
-            self.contention.switch_off()
-        self.register_buffer("feature_mean", torch.zeros(NUM_TABLE_FEATURES))
-        self.register_buffer("feature_std", torch.ones(NUM_TABLE_FEATURES))
-        self.spine = Spine().requires_grad_(False) if spine else None
+def _state_of(network: object) -> dict[str, np.ndarray]:
+    """A torch network's state as numpy arrays of their own (`networks`' modules)."""
+    return collections.OrderedDict((k, v.detach().numpy().copy()) for k, v in network.state_dict().items())
+
+
+@dataclass
+class ComputeModel:
+    """The compute model as pricing runs it: numpy on the network's `state` (a `networks.ComputeCostNet`'s state
+    dict, as the model file holds it), with its physical `spine` (format 3) or learned fusion terms (formats 1, 2).
+
+    With a spine, a table's own ms are the spine's times a correction the network learns, bounded to
+    [1/CORRECTION_BOUND, CORRECTION_BOUND], and a shard's fusion is the spine's (its kernels and pairs), so a shard's
+    price is within that factor of the spine's physics, whatever the network does far from its data: rows are [fwd ms,
+    bwd ms, the spine's kernel columns]. Without one, the network prices tables alone, unbounded, and learns the fusion
+    terms `shared` and `contention` over encodings: rows are [fwd ms, bwd ms, encoding...]. (With a spine and the
+    learned fusion terms both, the network moved every table's own cost to its lower bound and the rest into the
+    unbounded fusion terms: the bound held nothing.)"""
+
+    hidden: int
+    depth: int
+    fusion: str
+    state: dict[str, np.ndarray]
+    spine: Spine | None = None
+
+    @classmethod
+    def of_state(cls, hidden: int, depth: int, fusion: str, spine: bool, state: dict[str, np.ndarray]) -> ComputeModel:
+        """The model of a file's `state`, of any release (its spine's state brought to this release's: `Spine.of_state`)."""
+        state = collections.OrderedDict((k, np.asarray(v)) for k, v in state.items())
+        physics = None
         if spine:
-            # saved with the model: its network's outputs mean what they meant under the bound it was trained with
-            self.register_buffer("correction_bound", torch.tensor(CORRECTION_BOUND))
+            physics = Spine.of_state({k.removeprefix("spine."): v for k, v in state.items() if k.startswith("spine.")})
+            state.update((f"spine.{k}", v) for k, v in physics.state().items())
+        return cls(hidden, depth, fusion, state, physics)
 
-    def network_outputs(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+    @classmethod
+    def of_network(cls, network: ComputeCostNet) -> ComputeModel:
+        return cls.of_state(
+            network.hidden, network.depth, network.fusion, network.spine is not None, _state_of(network)
+        )
+
+    def network(self) -> ComputeCostNet:
+        """The torch network of these weights, to train further (imports torch)."""
+        import torch
+
+        from shard_ray.costmodel.networks import ComputeCostNet
+
+        network = ComputeCostNet(self.hidden, self.depth, self.fusion, self.spine is not None)
+        state = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
+        if network.contention is not None and "contention.w2" not in state:  # format 1: no contention term, off
+            state.update((f"contention.{k}", v) for k, v in network.contention.state_dict().items())
+        network.load_state_dict(state)
+        return network.eval()
+
+    @cached_property
+    def _encoder(self) -> Layers:
+        return _linear_layers(self.state, "encoder.", self.depth)
+
+    def _bounded(self, raw: np.ndarray) -> np.ndarray:
+        """The network's raw correction outputs as log factors in [-log bound, log bound]."""
+        limit = math.log(float(self.state["correction_bound"]))
+        return limit * np.tanh(raw / limit)
+
+    def network_outputs(self, features: np.ndarray, log_batch: np.ndarray | float) -> np.ndarray:
         """[..., F] raw table features -> the encoder's raw outputs [..., 2 + H]."""
-        normalised = (features - self.feature_mean) / self.feature_std
-        batch = torch.as_tensor(log_batch, dtype=normalised.dtype).expand(normalised.shape[:-1]).unsqueeze(-1)
-        return self.encoder(torch.cat([normalised, (batch - 10.0) / 2.0], dim=-1))
+        normalised = (features - self.state["feature_mean"]) / self.state["feature_std"]
+        batch = np.broadcast_to(np.asarray(log_batch, dtype=np.float32), normalised.shape[:-1])[..., None]
+        return _run_mlp(self._encoder, np.concatenate([normalised, (batch - 10.0) / 2.0], axis=-1))
 
     def encode(
-        self, features: torch.Tensor, log_batch: torch.Tensor | float, replicas: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self, features: np.ndarray, log_batch: np.ndarray | float, replicas: np.ndarray | None = None
+    ) -> np.ndarray:
         """[..., F] raw table features -> [..., 2 + H], all >= 0: the table's own fwd and bwd ms, then its encoding,
         or with a spine its `kernel_columns`, whose sums over a shard price the shard's kernels (`replicas` [...]:
         the data-parallel replicas, whose kernels are apart; the network without a spine does not tell them)."""
         out = self.network_outputs(features, log_batch)
         if self.spine is not None:
             spine = self.spine(features, log_batch, replicas)
-            own_ms = spine[..., :2] * torch.exp(bounded_log_correction(out, self.correction_bound))
-            return torch.cat([own_ms, spine[..., 2:]], dim=-1)
+            own_ms = spine[..., :2] * np.exp(self._bounded(out))
+            return np.concatenate([own_ms, spine[..., 2:]], axis=-1)
         # A table's own ms span five orders of magnitude (a 4-dim one-hot table to a 1024-dim bag of
         # hundreds at batch 2048) and scale multiplicatively with dim, lookups and batch: the network
         # gives their logs. The clamp keeps exp finite (e^15 ms is hours) before training has settled.
-        own_ms = torch.exp(out[..., :2].clamp(-15.0, 15.0))
-        return torch.cat([own_ms, nn.functional.softplus(out[..., 2:])], dim=-1)
+        own_ms = np.exp(np.clip(out[..., :2], -15.0, 15.0))
+        return np.concatenate([own_ms, _softplus(out[..., 2:])], axis=-1)
 
-    def without_correction(self) -> ComputeCostNet:
+    def without_correction(self) -> ComputeModel:
         """A copy that prices by its spine alone: the network's correction 1 for every table (its last layer zeroed,
-        so that its raw outputs are 0 and `bounded_log_correction` of them is 0)."""
+        so that its raw outputs are 0 and `_bounded` of them is 0)."""
         if self.spine is None:
             raise ShardRayError("a compute model without a spine has no correction to switch off")
-        alone = copy.deepcopy(self)
-        with torch.no_grad():
-            alone.encoder[-1].weight.zero_()
-            alone.encoder[-1].bias.zero_()
-        return alone
+        last = f"encoder.{2 * self.depth}."
+        state = {k: np.zeros_like(v) if k.startswith(last) else v for k, v in self.state.items()}
+        return ComputeModel.of_state(self.hidden, self.depth, self.fusion, True, state)
 
-    def correction_at_bound(self, features: torch.Tensor, log_batch: torch.Tensor | float) -> torch.Tensor:
+    def correction_at_bound(self, features: np.ndarray, log_batch: np.ndarray | float) -> np.ndarray:
         """[..., F] -> [...] bools: tables whose learned correction sits at its bound in either phase, so that
         their price rests on the bound rather than on what the network learned (all False without a spine)."""
         if self.spine is None:
-            return torch.zeros(features.shape[:-1], dtype=torch.bool)
-        log_factor = bounded_log_correction(self.network_outputs(features, log_batch), self.correction_bound)
-        return (log_factor.abs() >= AT_BOUND * math.log(float(self.correction_bound))).any(dim=-1)
+            return np.zeros(features.shape[:-1], dtype=bool)
+        log_factor = self._bounded(self.network_outputs(features, log_batch))
+        return (np.abs(log_factor) >= AT_BOUND * math.log(float(self.state["correction_bound"]))).any(axis=-1)
 
-    def _shard_terms(self, sums: torch.Tensor, devices: int = 1) -> torch.Tensor:
+    def _shard_terms(self, sums: np.ndarray, devices: int = 1) -> np.ndarray:
         """(fwd, bwd) ms [..., 2] beyond the tables' own of shards with summed rows `sums`; over `devices` shards,
         the least they add up to (`least_total`)."""
         if self.spine is not None:
             return self.spine.shard_ms(sums[..., 2:], devices)
-        assert self.interaction is not None and self.contention is not None
         encoding = sums[..., 2:]
-        return self.interaction(encoding) + devices * self.contention(encoding / devices)
+        shared = _monotone(self.state, "interaction.", encoding, convex=False)
+        if "contention.w2" not in self.state:  # format 1: no contention term
+            return shared
+        return shared + devices * _monotone(self.state, "contention.", encoding / devices, convex=True)
 
-    def from_sums(self, sums: torch.Tensor) -> torch.Tensor:
-        """Log (fwd, bwd) ms of shards from their summed rows [B, 2 + H]."""
-        return torch.log(sums[..., :2] + self._shard_terms(sums))
+    def from_sums(self, sums: np.ndarray) -> np.ndarray:
+        """Log (fwd, bwd) ms of shards from their summed rows [B, 2 + H] (-inf for an empty shard)."""
+        with np.errstate(divide="ignore"):
+            return np.log(sums[..., :2] + self._shard_terms(sums))
 
-    def least_total(self, sums: torch.Tensor, devices: int) -> torch.Tensor:
+    def least_total(self, sums: np.ndarray, devices: int) -> np.ndarray:
         """A lower bound on the total (fwd, bwd) ms [..., 2] of `devices` shards whose rows add up to
         at least `sums` [..., 2 + H]: own ms add; the concave term over the non-empty shards adds up
         to at least its value at the sum (subadditive, as it is >= 0 at 0); the convex term, 0 at 0,
@@ -319,22 +331,36 @@ class ComputeCostNet(nn.Module):
         kernel, and every table its own output's pair (`Spine.shard_ms`); all terms are monotone."""
         return sums[..., :2] + self._shard_terms(sums, devices)
 
-    def forward(
-        self, features: torch.Tensor, mask: torch.Tensor, log_batch: torch.Tensor, replicas: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Padded shards [B, T, F] with mask [B, T] (and replica flags [B, T]) -> log (fwd, bwd) ms [B, 2]."""
-        rows = self.encode(features, log_batch.unsqueeze(-1), replicas)
-        return self.from_sums((rows * mask.unsqueeze(-1)).sum(dim=1))
 
+@dataclass
+class CommModel:
+    """The comm model as pricing runs it: numpy on the network's `state` (a `networks.CommCostNet`'s)."""
 
-class CommCostNet(nn.Module):
-    def __init__(self, hidden: int = 64, depth: int = 2) -> None:
-        super().__init__()
-        self.hidden, self.depth = hidden, depth
-        self.net = mlp(len(COMM_FEATURES), hidden, depth, outputs=2)
+    hidden: int
+    depth: int
+    state: dict[str, np.ndarray]
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net(features)
+    @classmethod
+    def of_network(cls, network: CommCostNet) -> CommModel:
+        return cls(network.hidden, network.depth, _state_of(network))
+
+    def network(self) -> CommCostNet:
+        """The torch network of these weights, to train further (imports torch)."""
+        import torch
+
+        from shard_ray.costmodel.networks import CommCostNet
+
+        network = CommCostNet(self.hidden, self.depth)
+        network.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in self.state.items()})
+        return network.eval()
+
+    @cached_property
+    def layers(self) -> Layers:
+        return _linear_layers(self.state, "net.", self.depth)
+
+    def log_ms(self, features: np.ndarray) -> np.ndarray:
+        """Log (fwd, bwd) all-to-all ms [..., n, 2] of comm feature rows [..., n, F] (float32)."""
+        return _run_mlp(self.layers, np.asarray(features, dtype=np.float32))
 
 
 def comm_feature_rows(
@@ -361,35 +387,12 @@ def comm_features(widths: list[int] | np.ndarray, batch_size: int) -> np.ndarray
     return comm_feature_rows(widths, float(widths.sum()), float(widths.max()), batch_size, len(widths))
 
 
-def pad_fused_shards(shards: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack [n_i, F] shard features into [B, T, F] with a [B, T] mask."""
-    longest = max(1, max(len(s) for s in shards))
-    features = np.zeros((len(shards), longest, NUM_TABLE_FEATURES), dtype=np.float32)
-    mask = np.zeros((len(shards), longest), dtype=np.float32)
-    for i, s in enumerate(shards):
-        features[i, : len(s)] = s
-        mask[i, : len(s)] = 1.0
-    return torch.from_numpy(features), torch.from_numpy(mask)
-
-
-def fused_shard_tensors(
-    shards: list[list[TablePiece]], rows_caps: list[int | None]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Shards of pieces, each with the rows per table its measurement allocated at most, as the compute model takes
-    them: features [B, T, F], mask [B, T] and replica flags [B, T]."""
-    features, mask = pad_fused_shards([pieces_features(s, cap) for s, cap in zip(shards, rows_caps, strict=True)])
-    replicas = torch.zeros_like(mask)
-    for i, shard in enumerate(shards):
-        replicas[i, : len(shard)] = torch.tensor([float(p.replicated) for p in shard])
-    return features, mask, replicas
-
-
 @dataclass
 class CostModels:
     """The pair of models for one kind of hardware, with what they were trained on."""
 
-    compute: ComputeCostNet
-    comm: CommCostNet | None
+    compute: ComputeModel
+    comm: CommModel | None
     hardware: str
     info: ModelInfo = field(default_factory=ModelInfo)
     # Each device's (forward, backward) ms in a measured step beyond its fused kernels as the profiler times them
@@ -412,56 +415,65 @@ class CostModels:
     # fitted, the comm model prices it as the all-to-all moving as many bytes (`shard_ray.costmodel.pricing.sync_width`).
     all_reduce_ms: tuple[float, float] = (0.0, 0.0)
 
-    def __post_init__(self) -> None:
-        self.compute.eval()
-        if self.comm is not None:
-            self.comm.eval()
+    @classmethod
+    def of_networks(
+        cls,
+        compute: ComputeCostNet,
+        comm: CommCostNet | None,
+        hardware: str,
+        info: ModelInfo | None = None,
+        **fits: Any,
+    ) -> CostModels:
+        """Models of networks training fitted (`fits`: the other fields, `step_overhead_ms` and the like)."""
+        return cls(
+            ComputeModel.of_network(compute),
+            None if comm is None else CommModel.of_network(comm),
+            hardware,
+            ModelInfo() if info is None else info,
+            **fits,
+        )
 
     @property
     def rows_cap(self) -> int | None:
         """Rows per table the training measurements allocated (None: whole tables)."""
         return self.info.rows_cap
 
-    @torch.no_grad()
     def predict_fused_shards(self, shards: list[list[TablePiece]], batch_size: int) -> np.ndarray:
         """Predicted (fwd, bwd) ms [n, 2] of fused shards of table pieces; empty shards cost 0."""
-        features, mask, replicas = fused_shard_tensors(shards, [self.rows_cap] * len(shards))
-        log_batch = torch.full((len(shards),), batch_context(batch_size))
-        ms = torch.exp(self.compute(features, mask, log_batch, replicas)).numpy()
-        ms[mask.sum(dim=1).numpy() == 0] = 0.0
+        features, mask, replicas = padded_shards(shards, [self.rows_cap] * len(shards))
+        log_batch = np.full((len(shards), 1), batch_context(batch_size), dtype=np.float32)
+        rows = self.compute.encode(features, log_batch, replicas)
+        ms = np.exp(self.compute.from_sums((rows * mask[..., None]).sum(axis=1)))
+        ms[mask.sum(axis=1) == 0] = 0.0
         return ms
 
-    @torch.no_grad()
     def at_correction_bound(self, tables: list[TableSpec], batch_size: int) -> list[str]:
         """The names of `tables` (whole) whose learned correction sits at its bound at `batch_size`."""
         if not tables:
             return []
-        features = torch.from_numpy(pieces_features([TablePiece.whole(t) for t in tables], self.rows_cap))
+        features = pieces_features([TablePiece.whole(t) for t in tables], self.rows_cap)
         flags = self.compute.correction_at_bound(features, batch_context(batch_size))
         return [t.name for t, at_bound in zip(tables, flags.tolist()) if at_bound]
 
-    def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
+    def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> np.ndarray:
         return self.encode_features(pieces_features(pieces, self.rows_cap), pieces, batch_size)
 
-    @torch.no_grad()
-    def encode_features(self, features: np.ndarray, pieces: list[TablePiece], batch_size: int) -> torch.Tensor:
+    def encode_features(self, features: np.ndarray, pieces: list[TablePiece], batch_size: int) -> np.ndarray:
         """`encode_tables` of pieces whose `pieces_features` are at hand."""
-        replicas = torch.tensor([float(p.replicated) for p in pieces])
-        return self.compute.encode(torch.from_numpy(features), batch_context(batch_size), replicas)
+        replicas = np.array([float(p.replicated) for p in pieces], dtype=np.float32)
+        return self.compute.encode(features, batch_context(batch_size), replicas)
 
-    @torch.no_grad()
-    def compute_from_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
+    def compute_from_sums(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Predicted (fwd, bwd) ms [B, 2] of devices in a step given by their shards' summed rows: the fused kernels
         and the step's overhead (`step_overhead_ms`); zero where count is 0."""
-        ms = torch.exp(self.compute.from_sums(sums)).numpy() + np.asarray(self.step_overhead_ms)
-        ms[counts.numpy() == 0] = 0.0
+        ms = np.exp(self.compute.from_sums(sums)) + np.asarray(self.step_overhead_ms)
+        ms[np.asarray(counts) == 0] = 0.0
         return ms
 
-    @torch.no_grad()
-    def least_compute(self, sums: torch.Tensor, devices: int) -> float:
+    def least_compute(self, sums: np.ndarray, devices: int) -> float:
         """A lower bound on the step compute ms (forward + backward) of the slowest of `devices` devices whose
         shards' summed rows are at least `sums` [2 + H]: a 1/`devices` share of the least their fused kernels add
-        up to (see `ComputeCostNet.least_total`) and the step's overhead (the device with the costliest kernels
+        up to (see `ComputeModel.least_total`) and the step's overhead (the device with the costliest kernels
         holds a piece)."""
         return float(self.compute.least_total(sums, devices).sum()) / devices + sum(self.step_overhead_ms)
 
@@ -471,34 +483,13 @@ class CostModels:
         `calibrate` fitted to the hardware, else the published one of the models' hardware."""
         return self.info.links or link_profile(self.hardware)
 
-    def comm_ms(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+    def comm_ms(self, features: np.ndarray) -> np.ndarray:
         """Predicted (fwd, bwd) all-to-all ms [..., n, 2] of devices given by comm feature rows [..., n, F]; zeros
-        without a comm model. The network runs in numpy on its weights as they are: a search or the policy prices a
-        few rows thousands of times, where torch's dispatch cost most of the call (docs/results.md, placing at
-        scale). Stacked rows (several plans' devices) are priced stack by stack, as numpy's matmul multiplies them:
-        a row's low bits change with the rows beside it in one product, and a plan priced among others is priced as
-        it is alone."""
+        without a comm model. Stacked rows (several plans' devices) are priced stack by stack (`_run_mlp`): a plan
+        priced among others is priced as it is alone."""
         if self.comm is None:
             return np.zeros((*np.shape(features)[:-1], 2))
-        rows = np.asarray(features, dtype=np.float32)
-        for layer in self._comm_layers:
-            rows = np.maximum(rows, 0.0) if layer is None else rows @ layer[0] + layer[1]
-        return np.exp(rows)
-
-    @cached_property
-    def _comm_layers(self) -> list[tuple[np.ndarray, np.ndarray] | None]:
-        """The comm network's layers as `comm_ms` runs them: (weight transposed, bias) of a linear layer, None for a
-        ReLU. Views on the parameters' storage, taken once: a search calls `comm_ms` thousands of times."""
-        assert self.comm is not None
-        layers: list[tuple[np.ndarray, np.ndarray] | None] = []
-        for layer in self.comm.net:  # `mlp`'s layers
-            if isinstance(layer, nn.Linear):
-                layers.append((layer.weight.detach().numpy().T, layer.bias.detach().numpy()))
-            elif isinstance(layer, nn.ReLU):
-                layers.append(None)
-            else:
-                raise TypeError(f"the comm model's numpy forward has no {type(layer).__name__}")
-        return layers
+        return np.exp(self.comm.log_ms(features))
 
     @property
     def comm_devices_per_host(self) -> int | None:
@@ -513,6 +504,11 @@ class CostModels:
         return self.comm_ms(comm_features(widths, batch_size))
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        import torch
+
+        def tensors(state: dict[str, np.ndarray]) -> collections.OrderedDict:
+            return collections.OrderedDict((k, torch.from_numpy(v.copy())) for k, v in state.items())
+
         buffer = io.BytesIO()
         torch.save(
             {
@@ -523,11 +519,11 @@ class CostModels:
                     "depth": self.compute.depth,
                     "fusion": self.compute.fusion,
                     "spine": self.compute.spine is not None,
-                    "state": self.compute.state_dict(),
+                    "state": tensors(self.compute.state),
                 },
                 "comm": None
                 if self.comm is None
-                else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": self.comm.state_dict()},
+                else {"hidden": self.comm.hidden, "depth": self.comm.depth, "state": tensors(self.comm.state)},
                 "info": self.info.to_file(),
                 "step_overhead_ms": list(self.step_overhead_ms),
                 "input_overhead_ms": self.input_overhead_ms,
@@ -563,19 +559,16 @@ class CostModels:
             SUBADDITIVE_FORMAT,
         )
         try:
-            old = blob["format"] == SUBADDITIVE_FORMAT
-            fusion = "subadditive" if old else blob["compute"]["fusion"]
+            fusion = "subadditive" if blob["format"] == SUBADDITIVE_FORMAT else blob["compute"]["fusion"]
             spine = blob["format"] == FORMAT and blob["compute"]["spine"]
-            compute = ComputeCostNet(blob["compute"]["hidden"], blob["compute"]["depth"], fusion, spine)
-            state = blob["compute"]["state"]
-            if old:
-                state = {**{f"contention.{k}": v for k, v in compute.contention.state_dict().items()}, **state}
-            compute.load_state_dict(state)
+            hidden, depth = blob["compute"]["hidden"], blob["compute"]["depth"]
+            compute = ComputeModel.of_state(hidden, depth, fusion, spine, blob["compute"]["state"])
+            _check_compute_state(compute)
             comm = None
             if blob["comm"] is not None:
-                comm = CommCostNet(blob["comm"]["hidden"], blob["comm"]["depth"])
-                comm.load_state_dict(blob["comm"]["state"])
-        except (KeyError, RuntimeError, TypeError) as err:
+                comm = CommModel(blob["comm"]["hidden"], blob["comm"]["depth"], blob["comm"]["state"])
+                _check_layers(comm.layers, len(COMM_FEATURES), comm.hidden, 2)
+        except (KeyError, RuntimeError, TypeError, ValueError) as err:
             raise ShardRayError(f"cost model file {source} is damaged: {first_line(err)}") from err
         try:
             info = ModelInfo.model_validate(blob.get("info", {}))
@@ -592,3 +585,23 @@ class CostModels:
             type_overhead_ms=tuple(float(ms) for ms in blob.get("type_overhead_ms", (0.0, 0.0, 0.0))),
             all_reduce_ms=tuple(float(ms) for ms in blob.get("all_reduce_ms", (0.0, 0.0))),
         )
+
+
+def _check_layers(layers: Layers, inputs: int, hidden: int, outputs: int) -> None:
+    """Raises ValueError where a file's MLP is not of the shapes its settings say (a damaged file)."""
+    widths = [inputs] + [hidden] * (len(layers) - 1) + [outputs]
+    for (weight, bias), into, out in zip(layers, widths, widths[1:]):
+        if weight.shape != (into, out) or bias.shape != (out,):
+            raise ValueError(f"a layer of shape {weight.T.shape} where ({out}, {into}) was expected")
+
+
+def _check_compute_state(compute: ComputeModel) -> None:
+    """Raises KeyError or ValueError where a file's compute model lacks a weight or has one of another shape."""
+    outputs = 2 if compute.spine is not None else compute.hidden + 2
+    _check_layers(compute._encoder, NUM_TABLE_FEATURES + 1, compute.hidden, outputs)
+    terms = (
+        ["correction_bound"] if compute.spine is not None else [f"interaction.{w}" for w in ("w1", "b1", "w2", "b2")]
+    )
+    for name in ["feature_mean", "feature_std", *terms]:
+        if name not in compute.state:
+            raise KeyError(name)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from shard_ray.costmodel.features import NUM_TABLE_FEATURES, lookups_per_sample, pieces_features
 from shard_ray.costmodel.links import LinkProfile
@@ -37,6 +36,15 @@ CALL_EVALUATIONS = 64
 COMM_CORRECTION_BOUND = 16.0
 
 
+def added_up(rows: np.ndarray, at: np.ndarray, count: int, repeats: int = 1) -> np.ndarray:
+    """[count, C] float32 sums of `rows` [N, C] (repeated `repeats` times, as one [N x repeats, C]) added into the rows
+    `at` [N x repeats] names, each sum in the rows' order: every device's sums are its pieces' added one by one, so
+    that a device is priced alike whatever else is priced with it."""
+    sums = np.zeros((count, rows.shape[1]), dtype=np.float32)
+    np.add.at(sums, at, np.tile(rows, (repeats, 1)) if repeats > 1 else rows)
+    return sums
+
+
 class Pricer:
     """Prices devices and plans of pieces with the cost models, reusing piece encodings."""
 
@@ -51,7 +59,7 @@ class Pricer:
                     "source": f"{self.links.source}; inside a host {topology.intra_host_gbps:g} GB/s, the topology's",
                 }
             )
-        self._encodings: dict[tuple, torch.Tensor] = {}
+        self._encodings: dict[tuple, np.ndarray] = {}
         self._features: dict[tuple, np.ndarray] = {}  # the pieces' `pieces_features`, made for their encodings
         self._sizes: dict[tuple, tuple] = {}
         # On one host, no link shared with other hosts, a device's links' price is the floor `one_host_comm` keeps
@@ -61,7 +69,7 @@ class Pricer:
         # search's budget counts.
         self.evaluations = 0
 
-    def encodings(self, pieces: list[TablePiece]) -> torch.Tensor:
+    def encodings(self, pieces: list[TablePiece]) -> np.ndarray:
         """[N, F] the pieces' encodings (`CostModels.encode_tables`), each piece's computed once; [0, F] for none."""
         if not pieces:
             return self.models.encode_tables([], self.topology.batch_size)
@@ -72,7 +80,7 @@ class Pricer:
             for p, e, f in zip(missing, encoded, features):
                 self._encodings[p.key] = e
                 self._features[p.key] = f
-        return torch.stack([self._encodings[p.key] for p in pieces])
+        return np.stack([self._encodings[p.key] for p in pieces])
 
     def features(self, pieces: list[TablePiece]) -> np.ndarray:
         """[N, F] the pieces' `pieces_features`, each piece's made once, with its encoding (`encodings`)."""
@@ -101,11 +109,11 @@ class Pricer:
         """Every device's predicted step, part by part, with `pieces` on `assign`."""
         return self.device_parts(self.encodings(pieces), self.sizes(pieces), assign)
 
-    def compute(self, sums: torch.Tensor, counts: torch.Tensor) -> np.ndarray:
+    def compute(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Predicted fwd + bwd ms of shards given by encoding sums and table counts."""
         return self.compute_parts(sums, counts).sum(axis=1)
 
-    def compute_parts(self, sums: torch.Tensor, counts: torch.Tensor, plans: int = 1) -> np.ndarray:
+    def compute_parts(self, sums: np.ndarray, counts: np.ndarray, plans: int = 1) -> np.ndarray:
         """Predicted (fwd, bwd) ms [n, 2] of shards given by encoding sums and table counts: in the budgets' count,
         `plans` calls of n / `plans` shards (the devices of several plans priced at once count as each plan's own
         call would: a search's budget ends where it did with the plans priced one by one)."""
@@ -285,12 +293,12 @@ class Pricer:
             return np.zeros(3)
         return (kinds - 1) * np.asarray(self.models.type_overhead_ms)
 
-    def device_costs(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
+    def device_costs(self, encodings: np.ndarray, sizes: PieceSizes, assign: np.ndarray) -> np.ndarray:
         """Every device's predicted step [D] (the one cost definition's parts summed) with the pieces on `assign`
         [N]; of several plans [B, D], with the pieces on each row of `assign` [B, N] (`device_parts`)."""
         return self.device_parts(encodings, sizes, assign).totals()
 
-    def device_parts(self, encodings: torch.Tensor, sizes: PieceSizes, assign: np.ndarray) -> DeviceParts:
+    def device_parts(self, encodings: np.ndarray, sizes: PieceSizes, assign: np.ndarray) -> DeviceParts:
         """Every device's predicted step, part by part, with the pieces on `assign` [N]: the one place a plan is
         priced. Several plans of the same pieces at once with `assign` [B, N] (parts [B, D, ...]): a search's
         candidates in one pass of array operations, not one each, every plan priced bit for bit as alone (each
@@ -307,9 +315,8 @@ class Pricer:
             at = (plans[:, pieces] + first_rows).ravel()
             return np.bincount(at, weights=np.tile(weights[pieces], b), minlength=b * d).reshape(b, d)
 
-        each = encodings.repeat(b, 1) if b > 1 else encodings
-        sums = torch.zeros(b * d, encodings.shape[1]).index_add_(0, torch.from_numpy(rows), each)
-        counts = torch.from_numpy(np.bincount(rows, minlength=b * d).astype(np.float32))
+        sums = added_up(encodings, rows, b * d, repeats=b)
+        counts = np.bincount(rows, minlength=b * d).astype(np.float32)
         # One set of all-to-alls per sharding type the plan uses, each moving its pieces' columns (as TorchRec
         # and the gang run them: `TypeCollectives`); replicas move none.
         comm, input_dist = np.zeros((b, d, 2)), np.zeros((b, d))
@@ -690,7 +697,7 @@ def _allowed_devices(pieces: list[TablePiece], num_devices: int) -> np.ndarray:
 
 def single_costs(pricer: Pricer, pieces: list[TablePiece]) -> np.ndarray:
     enc = pricer.encodings(pieces)
-    return pricer.compute(enc, torch.ones(len(pieces)))
+    return pricer.compute(enc, np.ones(len(pieces), dtype=np.float32))
 
 
 # A table whose column slice costs at least this share of it whole costs its lookups: a column slice keeps every lookup

@@ -22,17 +22,11 @@ from torch import nn
 from tqdm import tqdm
 
 from shard_ray.costmodel.coverage import training_coverage
-from shard_ray.costmodel.features import batch_context
+from shard_ray.costmodel.features import COMM_FEATURES, batch_context
 from shard_ray.costmodel.info import Coverage, ModelInfo, UpdatedOn
 from shard_ray.costmodel.links import plan_links_between_hosts
-from shard_ray.costmodel.models import (
-    COMM_FEATURES,
-    CommCostNet,
-    ComputeCostNet,
-    CostModels,
-    comm_features,
-    fused_shard_tensors,
-)
+from shard_ray.costmodel.models import CostModels, comm_features
+from shard_ray.costmodel.networks import CommCostNet, ComputeCostNet, fused_shard_tensors
 from shard_ray.costmodel.pricing import analytic_devices_per_host, gradient_mb, over_hosts, ring_bus_mb
 from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator
@@ -41,7 +35,7 @@ from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.profiling.fused_shard import FusedShardMeasurement
 from shard_ray.profiling.sampling import MICROBENCHMARK, base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
-from shard_ray.torch_threads import one_torch_thread
+from shard_ray.threads import one_thread
 
 
 class MissingCommModelWarning(ShardRayWarning):
@@ -178,7 +172,7 @@ def fit(
     generator = torch.Generator().manual_seed(config.seed)
     best, best_state, since_best, history = float("inf"), copy.deepcopy(model.state_dict()), 0, []
     bar = tqdm(total=config.max_epochs, desc=desc, unit="epoch", disable=on_epoch is not None)
-    with one_torch_thread():  # small networks: one thread is faster, and beside a busy process far faster
+    with one_thread():  # small networks: one thread is faster, and beside a busy process far faster
         for epoch in range(config.max_epochs):
             model.train()
             for batch in torch.randperm(num_train, generator=generator).split(config.minibatch):
@@ -240,8 +234,10 @@ def train_compute_model(
         model.feature_std.copy_(scale)
         spine_data = spine_data or train
     if model.spine is not None and spine_data is not None:
-        model.spine = fit_spine(
-            spine_data.features, spine_data.mask, spine_data.log_batch, spine_data.log_ms, spine_data.replicas
+        model.spine.set(
+            fit_spine(
+                spine_data.features, spine_data.mask, spine_data.log_batch, spine_data.log_ms, spine_data.replicas
+            )
         )
 
     def train_loss(idx: torch.Tensor) -> torch.Tensor:
@@ -317,7 +313,7 @@ def predicted_and_measured(
     """Predicted and measured fused step compute (forward + backward) ms of each shard."""
     if not measurements:
         return np.zeros(0), np.zeros(0)
-    return step_compute_ms(models.compute, compute_data(measurements))
+    return step_compute_ms(models.compute.network(), compute_data(measurements))
 
 
 def evaluate_compute(models: CostModels, measurements: list[FusedShardMeasurement]) -> dict[str, float]:
@@ -610,11 +606,11 @@ def train_cost_models(
             stacklevel=2,
         )
 
-    models = CostModels(
-        compute=compute,
-        comm=comm,
-        hardware=hardware,
-        info=ModelInfo(
+    models = CostModels.of_networks(
+        compute,
+        comm,
+        hardware,
+        ModelInfo(
             rows_cap=rows_cap,
             train_config=asdict(config),
             train_tables=sorted(train_tables),
@@ -658,16 +654,14 @@ def update_cost_models(
     if not measurements:
         raise ShardRayError(f"the store has no shard measurements on {hardware} to update the cost models with")
     data = compute_data(measurements)
-    compute = train_compute_model(data, data, config, init=models.compute)
+    compute = train_compute_model(data, data, config, init=models.compute.network())
     plans = [p for p in newest_procedure(store.plan_measurements(hardware)) if p.plan.num_devices > 1]
-    comm = models.comm
+    comm = None if models.comm is None else models.comm.network()
     if plans and comm is not None:
         samples = comm_samples(plans)
         comm = train_comm_model(samples, samples, config, init=comm)
     info = models.info.model_copy(
         deep=True, update={"updated_on": UpdatedOn(hardware=hardware, shards=len(measurements), plans=len(plans))}
     )
-    updated = CostModels(
-        compute=compute, comm=comm, hardware=hardware, info=info, step_overhead_ms=models.step_overhead_ms
-    )
+    updated = CostModels.of_networks(compute, comm, hardware, info, step_overhead_ms=models.step_overhead_ms)
     return fit_overheads(updated, plans, step=not config.no_step_overhead)

@@ -23,7 +23,7 @@ from shard_ray.configfile import dataclass_from
 from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import Topology
-from shard_ray.torch_threads import one_torch_thread
+from shard_ray.threads import one_thread
 from shard_ray.workload.tables import TableSpec, validate_tables
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def place(
     )
     placer = info.factory(context)
     # the search, the lower bound and the estimate price with the models
-    with one_torch_thread(), _earlier_objects_unscanned():
+    with one_thread(), _earlier_objects_unscanned():
         start = time.perf_counter()
         plan = placer(tables, topology)
         elapsed = time.perf_counter() - start

@@ -10,7 +10,6 @@ tasks tells how far every other algorithm is from the best possible plan under t
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.placement.base import PlacementContext, Placer, register
@@ -37,8 +36,8 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     need, restricted = sizes.need, bool(sizes.restricted.any())
     incumbent = greedy_grid(pricer, pieces, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
-    sums = torch.zeros(d, enc.shape[1])
-    counts = torch.zeros(d)
+    sums = np.zeros((d, enc.shape[1]), dtype=np.float32)
+    counts = np.zeros(d, dtype=np.float32)
     compute = np.zeros(d)
     ledger = MemoryLedger(topology)
     assign = np.zeros(len(pieces), dtype=np.int64)
@@ -53,11 +52,11 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             devices = [x for x in range(d) if sizes.allowed[k, x] and ledger.free[x] >= need[k]]
         else:
             used = counts > 0
-            first_empty = [int(np.argmin(used.numpy()))] if not bool(used.all()) else []
+            first_empty = [int(np.argmin(used))] if not bool(used.all()) else []
             devices = [x for x in range(d) if (used[x] or x in first_empty) and ledger.free[x] >= need[k]]
         if not devices:
             return
-        idx = torch.tensor(devices)
+        idx = np.array(devices)
         priced = pricer.compute(sums[idx] + enc[k], counts[idx] + 1)
         order = np.argsort(priced)
         if k == len(pieces) - 1:  # the plans this last piece completes, priced in one call, kept in that order

@@ -25,11 +25,10 @@ from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from shard_ray.costmodel.models import CostModels
-from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, PieceSizes, Pricer, single_costs
+from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, PieceSizes, Pricer, added_up, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.placement.base import PlacementContext, Placer, register
 from shard_ray.placement.budget import PhaseEnd, SearchBudget, Spending
@@ -172,7 +171,7 @@ class _OutOfBudget(Exception):
 def _greedy_passes(
     pricer: Pricer,
     pieces: list[TablePiece],
-    enc: torch.Tensor,
+    enc: np.ndarray,
     sizes: PieceSizes,
     scales: tuple[float, ...],
     order: np.ndarray,
@@ -192,9 +191,8 @@ def _greedy_passes(
     d, s = topology.num_devices, len(scales)
     widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
-    # each device's encoding sum and piece count per pass, in numpy: the same float32 sums as torch's, without its
-    # indexing's dispatch on every piece
-    encoded = enc.numpy()
+    # each device's encoding sum and piece count per pass, added piece by piece as `added_up` adds them
+    encoded = enc
     sums = np.zeros((s, d, enc.shape[1]), dtype=np.float32)
     counts = np.zeros((s, d), dtype=np.float32)
     current = np.zeros((s, d))  # each device's predicted compute as it fills
@@ -257,8 +255,7 @@ def _greedy_passes(
                     candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
                 picked = rows[:, None], candidates
                 priced = pricer.compute(
-                    torch.from_numpy((sums[picked] + encoded[i]).reshape(-1, enc.shape[1])),
-                    torch.from_numpy((counts[picked] + 1).reshape(-1)),
+                    (sums[picked] + encoded[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
                 ).reshape(candidates.shape)
                 best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
                 device = candidates[rows, best]
@@ -314,7 +311,7 @@ def local_search(
         slowest = int(order[0])
         free = MemoryLedger.of_assignment(topology, assign, need).free
         device_widths = np.bincount(assign, weights=widths, minlength=d)
-        sums = torch.zeros(d, enc.shape[1]).index_add_(0, torch.from_numpy(assign), enc)
+        sums = added_up(enc, assign, d)
         counts = np.bincount(assign, minlength=d)
         leaving = _spread(by_cost[(assign[by_cost] == slowest) & movable[by_cost]], pieces_per_device)
         moves = []  # [i leaving the slowest device, j coming back or -1, target t] per row
@@ -332,16 +329,11 @@ def local_search(
         if not len(moves):
             break
         i_idx, j_idx, t_idx = moves[:, 0], moves[:, 1], moves[:, 2]
-        back = torch.from_numpy(np.where(j_idx >= 0, j_idx, 0))
-        has_back = torch.from_numpy((j_idx >= 0).astype(np.float32))[:, None]
-        going, returning = enc[torch.from_numpy(i_idx)], enc[back] * has_back
-        new_slowest = pricer.compute(
-            sums[slowest] - going + returning, torch.from_numpy(counts[slowest] - 1 + (j_idx >= 0)).float()
-        )
-        new_target = pricer.compute(
-            sums[torch.from_numpy(t_idx)] + going - returning,
-            torch.from_numpy(counts[t_idx] + 1 - (j_idx >= 0)).float(),
-        )
+        back = np.where(j_idx >= 0, j_idx, 0)
+        has_back = (j_idx >= 0).astype(np.float32)[:, None]
+        going, returning = enc[i_idx], enc[back] * has_back
+        new_slowest = pricer.compute(sums[slowest] - going + returning, counts[slowest] - 1 + (j_idx >= 0))
+        new_target = pricer.compute(sums[t_idx] + going - returning, counts[t_idx] + 1 - (j_idx >= 0))
         width_moved = widths[i_idx] - np.where(j_idx >= 0, widths[np.maximum(j_idx, 0)], 0.0)
         w_slowest = device_widths[slowest] - width_moved
         w_target = device_widths[t_idx] + width_moved

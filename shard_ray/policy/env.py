@@ -33,7 +33,6 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.features import NUM_SCALAR_FEATURES, NUM_TABLE_FEATURES, TABLE_FEATURES
@@ -135,7 +134,7 @@ class _FinishStart(NamedTuple):
 class _Piece(NamedTuple):
     """What a step needs of a piece, computed once per piece."""
 
-    encoding: torch.Tensor
+    encoding: np.ndarray
     width: float
     input: float
     host_sum: float
@@ -149,7 +148,7 @@ class _Piece(NamedTuple):
 class _Pieces(NamedTuple):
     """Described pieces as arrays, row by row: what pricing a set of them on their devices reads."""
 
-    encodings: torch.Tensor
+    encodings: np.ndarray
     kinds: np.ndarray
     widths: np.ndarray
     inputs: np.ndarray
@@ -158,7 +157,7 @@ class _Pieces(NamedTuple):
     @staticmethod
     def of(described: list[_Piece]) -> _Pieces:
         return _Pieces(
-            torch.stack([p.encoding for p in described]),
+            np.stack([p.encoding for p in described]),
             np.array([p.kind for p in described], dtype=np.int64),
             np.array([p.width for p in described]),
             np.array([p.input for p in described]),
@@ -171,13 +170,14 @@ class _Pieces(NamedTuple):
 
     def rows(self, index: np.ndarray) -> _Pieces:
         return _Pieces(
-            self.encodings[torch.from_numpy(index)], self.kinds[index], self.widths[index], self.inputs[index],
+            self.encodings[index], self.kinds[index], self.widths[index], self.inputs[index],
             self.host_sums[index],
         )  # fmt: skip
 
     def followed_by(self, other: _Pieces) -> _Pieces:
         return _Pieces(
-            torch.cat([self.encodings, other.encodings]), *(np.concatenate([a, b]) for a, b in zip(self[1:], other[1:]))
+            np.concatenate([self.encodings, other.encodings]),
+            *(np.concatenate([a, b]) for a, b in zip(self[1:], other[1:])),
         )
 
 
@@ -365,8 +365,8 @@ class PlacementState:
         self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
         self.lower_bound = lower_bound_ms(models, tables, topology) if lower_bound is None else lower_bound
         self.task_width = float(sum(t.dim for t in tables))
-        self.sums = torch.zeros(d, described[0].encoding.shape[0])
-        self.counts = torch.zeros(d)
+        self.sums = np.zeros((d, described[0].encoding.shape[0]), dtype=np.float32)
+        self.counts = np.zeros(d, dtype=np.float32)
         self.ledger = MemoryLedger(topology)
         self.feature_sums = np.zeros((d, NUM_TABLE_FEATURES), dtype=np.float64)
         self.compute_ms = np.zeros((d, 2))
@@ -485,9 +485,8 @@ class PlacementState:
         each model."""
         d, k, per = self.topology.num_devices, pieces[0].kind, devices.shape[1]
         flat = devices.reshape(-1)
-        at = torch.from_numpy(flat)
-        encodings = torch.stack([p.encoding for p in pieces]).repeat_interleave(per, dim=0)
-        compute = self.models.compute_from_sums(self.sums[at] + encodings, self.counts[at] + 1)
+        encodings = np.repeat(np.stack([p.encoding for p in pieces]), per, axis=0)
+        compute = self.models.compute_from_sums(self.sums[flat] + encodings, self.counts[flat] + 1)
         own = comm = np.zeros(len(flat))
         if d > 1:
             width, received = np.array([p.width for p in pieces]), np.array([p.input for p in pieces])
@@ -652,7 +651,7 @@ class PlacementState:
         """What every way of finishing the plan with `pieces` on `devices` starts from (`_FinishStart`)."""
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
         besides = [self._pieces[p.key] for p in pieces]
-        alone = self.models.compute_from_sums(torch.stack([p.encoding for p in besides]), torch.ones(len(besides)))
+        alone = self.models.compute_from_sums(np.stack([p.encoding for p in besides]), np.ones(len(besides)))
         besides_singles = alone.sum(axis=1).tolist()
         at = [int(a) for a in devices]
         for described, device, single in zip(besides, at, besides_singles):
@@ -793,8 +792,9 @@ class PlacementState:
                 room.recount(free)
         added = self._queue_pieces.followed_by(_Pieces.of(besides)).rows(np.array(rows, dtype=np.int64))
         devices_at = np.array(at, dtype=np.int64)
-        sums = self.sums.index_add(0, torch.from_numpy(devices_at), added.encodings)
-        counts = self.counts.index_add(0, torch.from_numpy(devices_at), torch.ones(len(at)))
+        sums = self.sums.copy()
+        np.add.at(sums, devices_at, added.encodings)
+        counts = self.counts + np.bincount(devices_at, minlength=d)
         _, _, comm = self._collectives(*self._loads_with(added, devices_at))
         totals = self.models.compute_from_sums(sums, counts).sum(axis=1) + comm
         if queued - later < d:
@@ -888,8 +888,7 @@ class PlacementState:
             devices = np.array([p.devices[0] for p in pieces])
         described = [self._pieces[p.key] for p in pieces]
         added = _Pieces.of(described)
-        at = torch.from_numpy(devices)
-        compute = self.models.compute_from_sums(self.sums[at] + added.encodings, self.counts[at] + 1)
+        compute = self.models.compute_from_sums(self.sums[devices] + added.encodings, self.counts[devices] + 1)
         loads = self._loads_with(added, devices.astype(np.int64))
         priced = self._collectives(*loads)
         compute_ms = self.compute_ms.copy()
@@ -952,7 +951,7 @@ class PlacementState:
                 free / self.topology.memory_bytes,
                 np.minimum(memory, 2.0),
                 self.widths.sum(axis=0)[rows] / self.task_width,
-                np.log1p(self.counts.numpy()[rows]),
+                np.log1p(self.counts[rows]),
                 sums[:, :NUM_SCALAR_FEATURES],
                 sums[:, NUM_SCALAR_FEATURES:].sum(axis=1),
                 np.zeros((len(rows), len(SPLITS))),
@@ -1068,9 +1067,9 @@ class PlacementState:
         start, end = self.position, self.position + size
         # `_put` and `place`'s updates for all of them at once: one piece a device, so each sum is the one addition
         # `_put` would make
-        at, kind = torch.from_numpy(devices), int(added.kinds[0])
-        self.sums.index_add_(0, at, added.encodings)
-        self.counts.index_add_(0, at, torch.ones(size))
+        kind = int(added.kinds[0])
+        np.add.at(self.sums, devices, added.encodings)
+        self.counts[devices] += 1
         self.ledger.take(devices, np.array([p.need for p in self.queue_described[start:end]]))
         self.feature_sums[devices] += np.stack([p.features for p in self.queue_described[start:end]])
         for piece, device in zip(self.queue[start:end], devices.tolist()):

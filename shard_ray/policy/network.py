@@ -201,9 +201,9 @@ def load_policy(path: str | os.PathLike[str]) -> tuple[OptionScorer, PolicyInfo]
         )
     try:
         network = OptionScorer(blob["hidden"])
-        network.load_state_dict(blob["state"])
+        network.load_state_dict({k: torch.from_numpy(v) for k, v in blob["state"].items()})
         info = PolicyInfo.model_validate(blob.get("info", {}))
-    except (KeyError, RuntimeError, TypeError, ValidationError) as err:
+    except (KeyError, RuntimeError, TypeError, AttributeError, ValidationError) as err:
         raise ShardRayError(f"policy file {path} is damaged: {first_line(err)}") from err
     network.eval()
     return network, info

@@ -26,7 +26,7 @@ from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
 from shard_ray.policy.settings import PolicyConfig
-from shard_ray.torch_threads import one_torch_thread
+from shard_ray.threads import one_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task
@@ -227,7 +227,7 @@ def train_iterations(
     """Run PPO until the algorithm has done `iterations` in all; saves as it goes. Returns per-iteration returns.
     With `held_out`, the policy file holds the network that has priced its tasks cheapest so far, not the last."""
     returns = []
-    with one_torch_thread():  # the driver samples and learns (on a cluster its env runners and learners do)
+    with one_thread():  # the driver samples and learns (on a cluster its env runners and learners do)
         while algo.iteration < iterations:
             began = time.perf_counter()
             result = algo.train()

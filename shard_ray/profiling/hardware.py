@@ -32,7 +32,16 @@ def measurement_device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
+# Where a GPU's driver shows itself: NVIDIA's and AMD's (ROCm's torch names its GPUs `cuda` too). Without either no
+# torch build sees a GPU, so a machine without them is named without importing torch (a second of a plan's time).
+GPU_DRIVERS = ("/proc/driver/nvidia/gpus", "/dev/kfd")
+
+
 def hardware_id(threads: int | None = None) -> str:
+    """This process's hardware as measurements name it: its GPU's name, else the CPU's model and `threads` (None:
+    torch's threads)."""
+    if threads is not None and not any(os.path.exists(path) for path in GPU_DRIVERS):
+        return f"cpu:{_cpu_model()}:{threads}thread"
     import torch
 
     device = measurement_device()

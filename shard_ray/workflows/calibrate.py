@@ -25,7 +25,6 @@ store (an earlier calibration's, `plan --measure`'s) are used too.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -38,7 +37,8 @@ from tqdm import tqdm
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
 from shard_ray.costmodel.links import LinkProfile, fit_link_between_hosts, fit_link_rate
-from shard_ray.costmodel.models import ComputeCostNet, CostModels, task_digest
+from shard_ray.costmodel.models import CommModel, ComputeModel, CostModels, task_digest
+from shard_ray.costmodel.networks import ComputeCostNet
 from shard_ray.costmodel.pricing import measured_collectives, slowest_of_each
 from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator, price_comm
@@ -606,15 +606,17 @@ def _fine_tuned(
     spine_data = compute_data(microbenchmark + by_split["fit"]) if microbenchmark else None
     val = compute_data(by_split["val"])
     compute, compute_fit = spine_alone_where_better(
-        train_compute_model(fit, val, train, init=start.compute, spine_data=spine_data), val
+        train_compute_model(fit, val, train, init=start.compute.network(), spine_data=spine_data), val
     )
     comm, info = start.comm, start.info.model_copy(deep=True)
     if comm_plans is not None:
         fit_plans, val_plans = comm_plans["fit"], comm_plans["val"]
-        comm = train_comm_model(comm_samples(fit_plans), comm_samples(val_plans), train, init=copy.deepcopy(comm))
+        init = None if comm is None else comm.network()
+        trained = train_comm_model(comm_samples(fit_plans), comm_samples(val_plans), train, init=init)
+        comm = CommModel.of_network(trained)
         info.comm_devices_per_host = devices_per_host or None
         info.device_counts = sorted({*info.device_counts, *(p.plan.num_devices for p in fit_plans)})
-    tuned = replace(start, compute=compute, comm=comm, hardware=hardware, info=info)
+    tuned = replace(start, compute=ComputeModel.of_network(compute), comm=comm, hardware=hardware, info=info)
     # What the networks do not price, fitted to this task's plans (the fit split) as the fine-tuned models price them.
     return fit_overheads(tuned, plan_split["fit"]), compute_fit
 
