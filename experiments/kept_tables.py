@@ -24,9 +24,9 @@ from shard_ray.costmodel.models import CostModels, shipped_models_path
 from shard_ray.costmodel.spine import fit_spine
 from shard_ray.costmodel.train import compute_data, is_microbenchmark, step_compute_ms
 from shard_ray.profiling.actors import resources_per_device
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, HostBuffers, measure_fused_shard, memory_budget
+from shard_ray.profiling.fused_shard import HostBuffers, measure_fused_shard, memory_budget
 from shard_ray.profiling.hardware import hardware_id, measurement_device
-from shard_ray.profiling.procedure import MeasureConfig
+from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workload.tables import load_tables
 

@@ -467,8 +467,7 @@ def test_calibration_prices_by_the_spine_alone_where_that_prices_the_validation_
     validation shards better than the spine corrected by the network, and the corrected one where that does."""
     from shard_ray.costmodel.models import CostModels, shipped_models_path
     from shard_ray.costmodel.train import compute_data, step_compute_ms
-    from shard_ray.profiling.fused_shard import FusedShardMeasurement
-    from shard_ray.profiling.procedure import MeasureConfig
+    from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig
     from shard_ray.workflows.calibrate import spine_alone_where_better
 
     corrected = CostModels.load(shipped_models_path("cpu:AMD EPYC:1thread")).compute.network()

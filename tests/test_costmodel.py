@@ -69,9 +69,9 @@ from shard_ray.placement.exact import branch_and_bound
 from shard_ray.plan import GB, Plan, Shard, Topology, shard_bytes
 from shard_ray.plan.cost import DeviceCost, PlanCost
 from shard_ray.plan.piece import TablePiece, data_parallel, replica, table_wise
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, measure_fused_shard, table_batch
+from shard_ray.profiling.fused_shard import measure_fused_shard, table_batch
 from shard_ray.profiling.hardware import hardware_id
-from shard_ray.profiling.procedure import MeasureConfig
+from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig
 from shard_ray.profiling.sampling import draw_augmented_fused_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workload.access import REFERENCE_BATCH, reuse_histogram_of, zipf_indices, zipf_reuse_histogram

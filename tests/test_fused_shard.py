@@ -9,7 +9,6 @@ from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import (
     MAX_WARMUP_STEPS,
     FusedShard,
-    FusedShardMeasurement,
     HostBuffers,
     measure_fused_shard,
     memory_budget,
@@ -21,6 +20,7 @@ from shard_ray.profiling.procedure import (
     MEASUREMENT_PROCEDURE,
     PROCEDURE_1_CPU_MAX_ROWS,
     WARMUP_BATCHES,
+    FusedShardMeasurement,
     MeasureConfig,
     fused_shard_key,
 )

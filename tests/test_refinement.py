@@ -10,9 +10,8 @@ from shard_ray.plan import GB, Plan, Topology
 from shard_ray.plan.piece import table_wise
 from shard_ray.plan.plan import PlanSettings
 from shard_ray.profiling.actors import ProfilingPool
-from shard_ray.profiling.fused_shard import FusedShardMeasurement
 from shard_ray.profiling.gang import DeviceGang
-from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
+from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.workflows.comparison import CompareConfig, compare_plans
 from shard_ray.workflows.refinement import RefineConfig, _Meter, changed_devices, layout_key, propose, refine

@@ -364,7 +364,7 @@ def test_each_sharding_type_runs_its_own_collectives_and_is_priced_so(small_tabl
     from shard_ray.costmodel.pricing import Pricer
     from shard_ray.plan.plan import Plan, Shard
     from shard_ray.plan.topology import GB, Topology
-    from shard_ray.profiling.gang import PlanStep
+    from shard_ray.profiling.plan_step import PlanStep
     from shard_ray.profiling.procedure import MeasureConfig
 
     mixed = Plan(

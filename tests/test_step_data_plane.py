@@ -22,7 +22,7 @@ from unsharded import assert_trains_as_one_unsharded_table, every_sharding_type_
 
 from shard_ray.plan import Plan, Shard
 from shard_ray.plan.plan import PlanSettings
-from shard_ray.profiling.gang import PlanStep
+from shard_ray.profiling.plan_step import PlanStep
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workload.tables import TableSpec
 

@@ -9,7 +9,7 @@ import torch
 from shard_ray.plan import Plan, Shard
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.fused_shard import FusedShard, initial_weights
-from shard_ray.profiling.gang import upstream_gradient
+from shard_ray.profiling.plan_step import upstream_gradient
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workload.tables import TableSpec
 

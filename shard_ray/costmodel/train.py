@@ -32,7 +32,7 @@ from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.spine import fit_spine
 from shard_ray.errors import ShardRayError, ShardRayWarning
-from shard_ray.profiling.fused_shard import FusedShardMeasurement
+from shard_ray.profiling.procedure import FusedShardMeasurement
 from shard_ray.profiling.sampling import MICROBENCHMARK, base_table_name
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.threads import one_thread

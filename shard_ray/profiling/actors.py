@@ -19,15 +19,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import ray
-import torch
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
-from shard_ray.profiling.fused_shard import FusedShardMeasurement, HostBuffers, measure_fused_shard, memory_budget
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.keeper import release_kept_gang
-from shard_ray.profiling.procedure import MeasureConfig, fused_shard_key
+from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import measuring_runtime_env
 
@@ -37,7 +35,14 @@ MAX_TASK_RETRIES = 3
 
 @ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES)
 class ProfilingActor:
+    """A device measuring fused shards, in a process of its own: torch and fbgemm are imported there, not in the
+    command that starts the pool."""
+
     def __init__(self, threads: int = 1) -> None:
+        import torch
+
+        from shard_ray.profiling.fused_shard import HostBuffers, memory_budget
+
         torch.set_num_threads(threads)
         self._hardware = hardware_id(threads)
         self._budget = memory_budget(measurement_device(), 1)
@@ -64,10 +69,14 @@ class ProfilingActor:
 
     def share_memory(self, sharing: int) -> int:
         """Measure as one of `sharing` measuring processes sharing this machine's memory: its `memory_budget`."""
+        from shard_ray.profiling.fused_shard import memory_budget
+
         self._budget = memory_budget(measurement_device(), sharing)
         return self._budget
 
     def measure(self, pieces: list[TablePiece], config: MeasureConfig) -> FusedShardMeasurement:
+        from shard_ray.profiling.fused_shard import measure_fused_shard
+
         return measure_fused_shard(pieces, config, self._hardware, self._budget, self._host_buffers)
 
 

@@ -12,22 +12,21 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.hardware import measurement_device
 from shard_ray.profiling.procedure import (
     ADAM_ON_CPU,
-    MEASUREMENT_PROCEDURE,
-    PROCEDURE_1_CPU_MAX_ROWS,
+    FusedShardMeasurement,
     MeasureConfig,
     content_digest,
     fused_shard_key,
+    step_estimate,
 )
 from shard_ray.workload.access import fold_rows, generate_table_batch
 from shard_ray.workload.tables import TableBatch, TableSpec
@@ -395,17 +394,6 @@ class FusedShard:
             torch.cuda.synchronize(self.device)
 
 
-def step_estimate(step_ms: Sequence[float]) -> float:
-    """One number for a part's timed steps: their minimum, the estimator that repeats best here.
-
-    The same 11 plans measured in two passes, one after the other, on the 2-device gang
-    (`experiments/measurement_noise.py`, docs/results.md, "Measurement noise") moved by a median 1.0% with the
-    minimum, against 3.3% with a 20%-trimmed mean, 3.4% with the mean and 4.8% with the median: the
-    noise on a shared machine only ever adds time, and the minimum is what the kernel costs without it.
-    """
-    return min(step_ms)
-
-
 # Warm-up runs until the steps stop getting faster: the mean of the last two steps no more than this below the
 # two before.
 SETTLE_TOLERANCE = 0.05
@@ -460,44 +448,6 @@ def time_fused_shard(shard: FusedShard) -> ShardTiming:
         else:
             warmup.append((end - start) * 1e3)
     return ShardTiming(fwd_ms=step_estimate(fwd), bwd_ms=step_estimate(bwd))
-
-
-class FusedShardMeasurement(BaseModel):
-    """A measured fused shard, as kept in the store. Infeasible shards carry the reason. `rows_cap` is the rows
-    allocated per table (None: whole tables), `procedure` the MEASUREMENT_PROCEDURE it was taken by (the store
-    reads records from before it was kept as procedure 1: `read_record`)."""
-
-    key: str
-    hardware: str
-    tables: list[TablePiece]
-    config: MeasureConfig
-    status: Literal["ok", "infeasible"] = "ok"
-    fwd_ms: float | None = None
-    bwd_ms: float | None = None
-    reason: str | None = None
-    procedure: int = MEASUREMENT_PROCEDURE
-    rows_cap: int | None = None
-
-    @model_validator(mode="after")
-    def _procedure_1_cap(self) -> FusedShardMeasurement:
-        # Procedure 1 kept no cap: it was the config's, or on CPU its default.
-        if self.procedure == 1 and self.rows_cap is None:
-            default = PROCEDURE_1_CPU_MAX_ROWS if self.hardware.startswith("cpu") else None
-            object.__setattr__(self, "rows_cap", self.config.max_rows or default)
-        return self
-
-    @property
-    def modelled_rows_cap(self) -> int | None:
-        """The rows cap the cost models' features see for this measurement: the one it was taken with, except that
-        a shard capped only because memory could not hold it stands for its whole tables."""
-        return self.rows_cap if self.procedure == 1 else self.config.max_rows
-
-    @property
-    def compute_ms(self) -> float:
-        """Forward + backward ms of a measured shard."""
-        if self.fwd_ms is None or self.bwd_ms is None:
-            raise ShardRayError(f"a shard of {len(self.tables)} tables could not be measured: {self.reason}")
-        return self.fwd_ms + self.bwd_ms
 
 
 def measure_fused_shard(

@@ -1,16 +1,20 @@
 """How fused shards and plans are measured: the settings and the procedure's number, without the kernels.
 
 The measuring code (`shard_ray.profiling.fused_shard`) needs torch and fbgemm; these records do not, so that
-commands parse their flags, and refuse bad ones, without loading either.
+commands parse their flags, and refuse bad ones, without loading either, and a command that has its measuring done
+by actors (and the store that keeps what they measured) loads neither itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.topology import Optimizer, Topology
 
@@ -84,3 +88,52 @@ def fused_shard_key(pieces: list[TablePiece], config: MeasureConfig, hardware: s
             "procedure": MEASUREMENT_PROCEDURE,
         }
     )
+
+
+def step_estimate(step_ms: Sequence[float]) -> float:
+    """One number for a part's timed steps: their minimum, the estimator that repeats best here.
+
+    The same 11 plans measured in two passes, one after the other, on the 2-device gang
+    (`experiments/measurement_noise.py`, docs/results.md, "Measurement noise") moved by a median 1.0% with the
+    minimum, against 3.3% with a 20%-trimmed mean, 3.4% with the mean and 4.8% with the median: the
+    noise on a shared machine only ever adds time, and the minimum is what the kernel costs without it.
+    """
+    return min(step_ms)
+
+
+class FusedShardMeasurement(BaseModel):
+    """A measured fused shard, as kept in the store. Infeasible shards carry the reason. `rows_cap` is the rows
+    allocated per table (None: whole tables), `procedure` the MEASUREMENT_PROCEDURE it was taken by (the store
+    reads records from before it was kept as procedure 1: `read_record`)."""
+
+    key: str
+    hardware: str
+    tables: list[TablePiece]
+    config: MeasureConfig
+    status: Literal["ok", "infeasible"] = "ok"
+    fwd_ms: float | None = None
+    bwd_ms: float | None = None
+    reason: str | None = None
+    procedure: int = MEASUREMENT_PROCEDURE
+    rows_cap: int | None = None
+
+    @model_validator(mode="after")
+    def _procedure_1_cap(self) -> FusedShardMeasurement:
+        # Procedure 1 kept no cap: it was the config's, or on CPU its default.
+        if self.procedure == 1 and self.rows_cap is None:
+            default = PROCEDURE_1_CPU_MAX_ROWS if self.hardware.startswith("cpu") else None
+            object.__setattr__(self, "rows_cap", self.config.max_rows or default)
+        return self
+
+    @property
+    def modelled_rows_cap(self) -> int | None:
+        """The rows cap the cost models' features see for this measurement: the one it was taken with, except that
+        a shard capped only because memory could not hold it stands for its whole tables."""
+        return self.rows_cap if self.procedure == 1 else self.config.max_rows
+
+    @property
+    def compute_ms(self) -> float:
+        """Forward + backward ms of a measured shard."""
+        if self.fwd_ms is None or self.bwd_ms is None:
+            raise ShardRayError(f"a shard of {len(self.tables)} tables could not be measured: {self.reason}")
+        return self.fwd_ms + self.bwd_ms

@@ -22,8 +22,7 @@ from pydantic import BaseModel
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan
-from shard_ray.profiling.fused_shard import FusedShardMeasurement
-from shard_ray.profiling.procedure import MEASUREMENT_PROCEDURE, MeasureConfig, content_digest
+from shard_ray.profiling.procedure import MEASUREMENT_PROCEDURE, FusedShardMeasurement, MeasureConfig, content_digest
 from shard_ray.workload.tables import TableSpec
 
 _SCHEMA = """

@@ -64,9 +64,14 @@ from shard_ray.placement import algorithms, place
 from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.fused_shard import FusedShardMeasurement
 from shard_ray.profiling.gang import DeviceActors, check_hosts
-from shard_ray.profiling.procedure import MEASUREMENT_PROCEDURE, MeasureConfig, content_digest, fused_shard_key
+from shard_ray.profiling.procedure import (
+    MEASUREMENT_PROCEDURE,
+    FusedShardMeasurement,
+    MeasureConfig,
+    content_digest,
+    fused_shard_key,
+)
 from shard_ray.profiling.sampling import draw_fused_shards, microbenchmark_shards
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workflows.comparison import NoiseFloor, noise_floor

@@ -17,9 +17,8 @@ from shard_ray.io import write_json
 from shard_ray.placement import algorithms
 from shard_ray.plan.summary import format_plan_summary
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.profiling.fused_shard import FusedShardMeasurement
 from shard_ray.profiling.gang import DeviceActors
-from shard_ray.profiling.procedure import MeasureConfig
+from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.runtime import connect_ray
