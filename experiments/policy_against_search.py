@@ -41,7 +41,8 @@ from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.placement.search import STARTS, SearchConfig
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.policy.network import default_policy_path, load_policy
+from shard_ray.policy.network import load_policy
+from shard_ray.policy.policy_file import default_policy_path
 from shard_ray.policy.ppo import validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool

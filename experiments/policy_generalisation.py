@@ -29,7 +29,8 @@ from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
-from shard_ray.policy.network import OptionScorer, PolicyInfo, default_policy_path, load_policy, save_policy
+from shard_ray.policy.network import OptionScorer, load_policy, save_policy
+from shard_ray.policy.policy_file import PolicyInfo, default_policy_path
 from shard_ray.policy.ppo import validation_score, validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool

@@ -39,7 +39,8 @@ from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.placement.exact import MAX_TABLES
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
+from shard_ray.policy.network import OptionScorer, save_policy
+from shard_ray.policy.policy_file import PolicyInfo
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 

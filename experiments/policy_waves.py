@@ -25,7 +25,7 @@ from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.io import write_atomic, write_json
 from shard_ray.policy.decode import roll_out
-from shard_ray.policy.network import default_policy_path, load_policy
+from shard_ray.policy.policy_file import DecodingScorer, default_policy_path, read_policy
 
 
 def main() -> None:
@@ -39,7 +39,8 @@ def main() -> None:
     device_counts = checked_devices(parser, args, known)
 
     models = CostModels.load(default_cost_model_path())
-    network, _ = load_policy(default_policy_path())
+    weights, _ = read_policy(default_policy_path())
+    scorer = DecodingScorer(weights.state)
     waves_from = env.WAVE_DEVICES
     rows = []
     for devices in device_counts:
@@ -49,7 +50,7 @@ def main() -> None:
             for label, first in (("waves", waves_from), ("steps", devices + 1)):
                 env.WAVE_DEVICES = first
                 started = time.perf_counter()
-                state = roll_out(network, tables, topology, models, lower_bound=bound)
+                state = roll_out(scorer, tables, topology, models, lower_bound=bound)
                 row[label] = {"cost_ms": state.cost, "done": state.done, "seconds": time.perf_counter() - started}
             env.WAVE_DEVICES = waves_from
             row["ratio"] = row["waves"]["cost_ms"] / row["steps"]["cost_ms"]

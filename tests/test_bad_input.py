@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from shard_ray.cli import main
 from shard_ray.costmodel.models import FORMAT as COSTMODELS_FORMAT
 from shard_ray.plan.plan import load_plan
-from shard_ray.policy.network import FORMAT as POLICY_FORMAT
+from shard_ray.policy.policy_file import FORMAT as POLICY_FORMAT
 from shard_ray.workload.tables import load_tables
 
 FIELDS = {

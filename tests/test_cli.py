@@ -451,11 +451,11 @@ def test_help_and_bad_commands_answer_without_loading_torch_or_ray(argv, tmp_pat
         assert result.stderr.startswith(("shard-ray: error: ", "usage: ")), result.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["size_greedy", "cost_search", "neuroshard", "optimal"])
+@pytest.mark.parametrize("algorithm", ["size_greedy", "cost_search", "neuroshard", "optimal", "dreamshard"])
 def test_plan_prices_without_loading_torch(algorithm, tmp_path):
-    """`plan` reads the cost models and prices plans in numpy (`shard_ray.costmodel.models`): a search or a heuristic
-    on a hand-written table file plans without importing torch (a second of a plan's 1.3 s on the AMD EPYC), and the
-    plan it writes is priced."""
+    """`plan` reads the cost models and prices plans in numpy (`shard_ray.costmodel.models`), and a policy's weights
+    (`shard_ray.policy.policy_file`): a search, a heuristic or the policy on a hand-written table file plans without
+    importing torch (a second of a plan's 1.3 s on the AMD EPYC), and the plan it writes is priced."""
     tables = [
         {"name": f"t{i}", "rows": 1000 * (i + 1), "dim": 16 * (1 + i % 2), "pooling_factor": 2.0} for i in range(6)
     ]

@@ -30,15 +30,8 @@ from shard_ray.policy.env import (
     observation_rows,
     pad_observation,
 )
-from shard_ray.policy.network import (
-    MASKED_LOGIT,
-    DecodingScorer,
-    OptionScorer,
-    PolicyInfo,
-    default_policy_path,
-    load_policy,
-    save_policy,
-)
+from shard_ray.policy.network import OptionScorer, load_policy, save_policy
+from shard_ray.policy.policy_file import MASKED_LOGIT, DecodingScorer, PolicyInfo, default_policy_path, read_policy
 from shard_ray.policy.ppo import env_config, held_out_tasks, validation_score, validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
@@ -175,7 +168,7 @@ def test_a_wave_scores_each_piece_on_candidates_of_its_own_as_its_step_would_and
     ]
     topology = Topology(num_devices=64, memory_bytes=int(shard_bytes(tables[0], 64, "rowwise_adagrad") / 0.55))
     network, _ = load_policy(default_policy_path())
-    scorer = DecodingScorer(network)
+    scorer = DecodingScorer.of_network(network)
     state = PlacementState(tables, topology, models)
     assert len(state._crowding) == 60 and state._crowding[0] > 200  # the 60, placed after the others
     waves = crowded = 0
@@ -210,7 +203,7 @@ def test_a_wave_scores_each_piece_on_candidates_of_its_own_as_its_step_would_and
     plan.check_memory(tables, topology)
     assert state.cost == pytest.approx(Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms, rel=1e-5)
     monkeypatch.setattr("shard_ray.policy.env.WAVE_DEVICES", 10**9)  # the steps alone
-    stepped = roll_out(network, tables, topology, models)
+    stepped = roll_out(scorer, tables, topology, models)
     assert stepped.done and state.cost <= 1.01 * stepped.cost, (state.cost, stepped.cost)
 
 
@@ -304,7 +297,7 @@ def test_placing_scores_options_as_the_trained_network_does(models):
     episode with splits offered, padded rows and masked options included, and choose the same options: like devices
     score alike to the last bits, which the two round differently, so decoding takes the first of a tie."""
     network, _ = load_policy(default_policy_path())
-    scorer = DecodingScorer(network)
+    scorer = DecodingScorer.of_network(network)
     tables = [TableSpec(name="hot", rows=1_000_000, dim=64, pooling_factor=100.0)] + generate_pool(
         PoolConfig(num_tables=30, seed=5)
     )
@@ -476,6 +469,13 @@ def test_policy_file_round_trip_and_bad_files(tmp_path):
     torch.save(blob, tmp_path / "earlier.pt")
     with pytest.raises(ShardRayError, match=r"earlier.pt is of an earlier release \(shard-ray-policy/1"):
         load_policy(tmp_path / "earlier.pt")
+    # placing reads the weights without torch (`read_policy`): a weight of another shape is a damaged file there too
+    blob = torch.load(tmp_path / "p.pt", weights_only=True)
+    blob["state"]["score.2.weight"] = torch.zeros(8, 5)
+    torch.save(blob, tmp_path / "misshapen.pt")
+    for read in (read_policy, load_policy):
+        with pytest.raises(ShardRayError, match=r"misshapen.pt is damaged: a layer of shape \(8, 5\) where \(8, 8\)"):
+            read(tmp_path / "misshapen.pt")
 
 
 def test_plan_with_dreamshard(tmp_path, table_file, capsys):
@@ -681,7 +681,7 @@ def test_a_later_dominant_table_does_not_hide_what_splitting_an_earlier_one_save
     tables = two_dominant_tables()
     topology = Topology(num_devices=16, memory_bytes=memory_cap_with_headroom(tables, 16, 1.5))
     torch.manual_seed(0)
-    scorer = DecodingScorer(OptionScorer())
+    scorer = DecodingScorer.of_network(OptionScorer())
 
     def greedy_from(state: PlacementState) -> PlacementState:
         while not state.done:
@@ -706,7 +706,7 @@ def test_a_later_table_of_many_lookups_is_finished_by_rows_and_only_those_the_sl
     (docs/results.md)."""
     tables, topology = headroom_task(64, 200, 300, 1.65)
     torch.manual_seed(0)
-    scorer = DecodingScorer(OptionScorer())
+    scorer = DecodingScorer.of_network(OptionScorer())
     state = PlacementState(tables, topology, models)
     while not state.done:
         state.take(best_option(scorer.logits(state.observation())))
@@ -732,7 +732,7 @@ def test_a_finished_plan_is_priced_at_its_mean_device_where_the_pieces_to_come_c
     _, pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
     tables, topology = validation_tasks(pool, PolicyConfig(min_tables=200, max_tables=300, devices=(64,)), 6, 7)[4]
     torch.manual_seed(0)
-    scorer = DecodingScorer(OptionScorer())
+    scorer = DecodingScorer.of_network(OptionScorer())
     state = PlacementState(tables, topology, models)
     assert state.queue_singles[0] >= state.dominance
     whole = state._best_whole()
@@ -992,7 +992,7 @@ def test_the_steps_and_the_finish_keep_room_for_a_later_table_that_needs_most_of
     for it (docs/results.md): every table whole, below `cost_search`'s plan."""
     tables, topology = headroom_task(4, 10, 12, 1.3)
     torch.manual_seed(0)
-    scorer = DecodingScorer(OptionScorer())
+    scorer = DecodingScorer.of_network(OptionScorer())
     state = PlacementState(tables, topology, models)
     needs = [state._pieces[p.key].need for p in state.queue]
     crowding = [k for k, need in enumerate(needs) if need > topology.memory_bytes / 2]

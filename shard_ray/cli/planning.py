@@ -381,10 +381,10 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
     if not algorithm(flags.algo).uses_models:
         print(f"{flags.algo} places without the cost models: its plan is priced by them to compare with the others'")
     if flags.algo == "dreamshard":  # which network placed it: a run's own policy.pt, or the one the package ships
-        from shard_ray.policy.network import default_policy_path, load_policy
+        from shard_ray.policy.policy_file import default_policy_path, read_policy
 
         given = plan.settings.algorithm.get("policy") if plan.settings else None
-        kept = load_policy(given or default_policy_path())[1].network_kept()
+        kept = read_policy(given or default_policy_path())[1].network_kept()
         placed = f"placed by the policy {given}" if given else f"placed by the shipped policy {default_policy_path()}"
         print(placed + (f": {kept}" if kept else ""))
     warnings = estimate.warnings if estimate else []

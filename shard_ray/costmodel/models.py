@@ -174,7 +174,7 @@ def describe_models(
 Layers = list[tuple[np.ndarray, np.ndarray]]
 
 
-def _softplus(x: np.ndarray) -> np.ndarray:
+def softplus(x: np.ndarray) -> np.ndarray:
     """torch's softplus: log(1 + e^x), x itself above 20."""
     return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
@@ -199,10 +199,10 @@ def _run_mlp(layers: Layers, rows: np.ndarray) -> np.ndarray:
 
 def _monotone(state: dict[str, np.ndarray], prefix: str, x: np.ndarray, convex: bool) -> np.ndarray:
     """`networks.Monotone` of `x` on its weights in `state` (under `prefix`)."""
-    w1, b1, w2 = _softplus(state[prefix + "w1"]), state[prefix + "b1"], _softplus(state[prefix + "w2"])
-    activation = _softplus if convex else _log_sigmoid
+    w1, b1, w2 = softplus(state[prefix + "w1"]), state[prefix + "b1"], softplus(state[prefix + "w2"])
+    activation = softplus if convex else _log_sigmoid
     rise = (activation(x @ w1 + b1) - activation(np.zeros_like(x) @ w1 + b1)) @ w2
-    return rise if convex else rise + _softplus(state[prefix + "b2"])
+    return rise if convex else rise + softplus(state[prefix + "b2"])
 
 
 def _state_of(network: object) -> dict[str, np.ndarray]:
@@ -288,7 +288,7 @@ class ComputeModel:
         # hundreds at batch 2048) and scale multiplicatively with dim, lookups and batch: the network
         # gives their logs. The clamp keeps exp finite (e^15 ms is hours) before training has settled.
         own_ms = np.exp(np.clip(out[..., :2], -15.0, 15.0))
-        return np.concatenate([own_ms, _softplus(out[..., 2:])], axis=-1)
+        return np.concatenate([own_ms, softplus(out[..., 2:])], axis=-1)
 
     def without_correction(self) -> ComputeModel:
         """A copy that prices by its spine alone: the network's correction 1 for every table (its last layer zeroed,

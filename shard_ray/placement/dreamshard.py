@@ -32,8 +32,8 @@ class DreamShardConfig:
 )
 def dreamshard(context: PlacementContext) -> Placer:
     from shard_ray.policy.decode import policy_placer
-    from shard_ray.policy.network import default_policy_path, load_policy
+    from shard_ray.policy.policy_file import DecodingScorer, default_policy_path, read_policy
 
     config: DreamShardConfig = context.settings
-    network, _ = load_policy(config.policy or default_policy_path())
-    return policy_placer(network, context.models, config.samples, context.seed, context.lower_bound_ms)
+    weights, _ = read_policy(config.policy or default_policy_path())
+    return policy_placer(DecodingScorer(weights.state), context.models, config.samples, context.seed, context.lower_bound_ms)

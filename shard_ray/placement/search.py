@@ -534,10 +534,10 @@ def policy_start(pricer: Pricer, tables: list[TableSpec], policy: str | None) ->
     """The DreamShard policy's greedy plan (`shard_ray.policy.decode`) as a state of the search: none where it gets
     stuck (a table fits nowhere)."""
     from shard_ray.policy.decode import roll_out
-    from shard_ray.policy.network import default_policy_path, load_policy
+    from shard_ray.policy.policy_file import DecodingScorer, default_policy_path, read_policy
 
-    network, _ = load_policy(policy or default_policy_path())
-    state = roll_out(network, tables, pricer.topology, pricer.models)
+    weights, _ = read_policy(policy or default_policy_path())
+    state = roll_out(DecodingScorer(weights.state), tables, pricer.topology, pricer.models)
     if not state.done:
         return []
     # its pieces as placed: read back from a plan file without its topology, a table-row-wise table's blocks are

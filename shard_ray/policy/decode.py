@@ -12,7 +12,6 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
-import torch
 
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels
@@ -20,7 +19,7 @@ from shard_ray.errors import InfeasibleError
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.env import PlacementState
-from shard_ray.policy.network import DecodingScorer, OptionScorer
+from shard_ray.policy.policy_file import DecodingScorer
 from shard_ray.workload.tables import TableSpec
 
 RESCUE_SAMPLES = 32
@@ -35,24 +34,24 @@ def best_option(logits: np.ndarray) -> int:
 
 
 def roll_out(
-    network: OptionScorer,
+    scorer: DecodingScorer,
     tables: list[TableSpec],
     topology: Topology,
     models: CostModels,
-    generator: torch.Generator | None = None,
+    generator: np.random.Generator | None = None,
     lower_bound: float | None = None,
 ) -> PlacementState:
     """One episode: the best option each step (`best_option`), or sampled ones with `generator`; it ends where the next
     piece fits nowhere (`PlacementState.stuck`), its state then not `done`. `lower_bound`: the task's, where the caller
     has it."""
-    scorer = DecodingScorer(network)
     state = PlacementState(tables, topology, models, lower_bound=lower_bound)
 
     def choose(logits: np.ndarray) -> np.ndarray:
-        """Each row's option [K] of `logits` [K, R]."""
+        """Each row's option [K] of `logits` [K, R]: the best, or drawn from their softmax (the Gumbel-max draw: the
+        largest of the logits each plus a Gumbel variate; masked options, at MASKED_LOGIT, are never drawn)."""
         if generator is None:
             return np.array([best_option(row) for row in logits])
-        return torch.multinomial(torch.softmax(torch.from_numpy(logits), dim=-1), 1, generator=generator)[:, 0].numpy()
+        return np.argmax(logits + generator.gumbel(size=logits.shape), axis=-1)
 
     while not state.done:
         wave = state.wave()
@@ -68,7 +67,7 @@ def roll_out(
 
 
 def policy_placer(
-    network: OptionScorer,
+    scorer: DecodingScorer,
     models: CostModels,
     samples: int,
     seed: int,
@@ -78,14 +77,14 @@ def policy_placer(
     under `models`), computed once for all of them: by default, here."""
 
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        generator = torch.Generator().manual_seed(seed)
+        generator = np.random.default_rng(seed)
         bound = (lower_bound or partial(lower_bound_ms, models))(tables, topology)
-        finished = [roll_out(network, tables, topology, models, lower_bound=bound)]
-        finished += [roll_out(network, tables, topology, models, generator, bound) for _ in range(samples)]
+        finished = [roll_out(scorer, tables, topology, models, lower_bound=bound)]
+        finished += [roll_out(scorer, tables, topology, models, generator, bound) for _ in range(samples)]
         tries = 1 + samples
         # When memory is so tight that greedy decoding gets stuck, sampled plans may still fit.
         while not any(s.done for s in finished) and tries < 1 + RESCUE_SAMPLES:
-            finished.append(roll_out(network, tables, topology, models, generator, bound))
+            finished.append(roll_out(scorer, tables, topology, models, generator, bound))
             tries += 1
         done = [s for s in finished if s.done]
         if not done:

@@ -18,33 +18,14 @@ from __future__ import annotations
 
 import io
 import os
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
 from shard_ray.errors import ShardRayError, first_line
-from shard_ray.io import read_torch_file, write_atomic
-from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES, OPTION_FEATURES
-
-FORMAT = "shard-ray-policy/2"
-# Policies of format 1 scored devices only, from fewer features: their weights do not fit this network.
-UNSPLIT_FORMAT = "shard-ray-policy/1"
-PRETRAINED_DIR = Path(__file__).parent / "pretrained"
-DEFAULT_PRETRAINED = "cpu-reference.pt"
-# A masked logit: finite, so an all-masked row (a terminal observation) gives no NaN.
-MASKED_LOGIT = -1e9
-PRIOR_FEATURES = [OPTION_FEATURES.index("makespan_increase"), OPTION_FEATURES.index("total_with_table")]
-# Initial prior weights: a 0.1 x lower-bound increase of the plan's cost is 5 logits.
-PRIOR_INIT = (50.0, 5.0)
-
-
-def default_policy_path() -> Path:
-    """The policy shipped with the package, trained against the shipped CPU cost models."""
-    return PRETRAINED_DIR / DEFAULT_PRETRAINED
+from shard_ray.io import write_atomic
+from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES
+from shard_ray.policy.policy_file import FORMAT, MASKED_LOGIT, PRIOR_FEATURES, PRIOR_INIT, PolicyInfo, read_policy
 
 
 def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
@@ -90,89 +71,6 @@ class OptionScorer(nn.Module):
         return self.logits(obs, h, pooled), self.value(pooled)
 
 
-class DecodingScorer:
-    """`OptionScorer`'s option logits in numpy on its weights as they are, for placing a task: a step scores about
-    20 rows, where torch's dispatch and the value head, which placing does not need, took most of the time
-    (docs/policy.md). Training keeps the torch network; these logits agree with its to float32 rounding."""
-
-    def __init__(self, network: OptionScorer) -> None:
-        self.embed = _numpy_layers(network.embed_option)
-        self.score = _numpy_layers(network.score)
-        self.prior = nn.functional.softplus(network.prior_weights).detach().numpy()
-
-    def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        """Masked option logits [..., R] of an observation (`PlacementState.observation`), or of several stacked
-        (`PlacementState.observe_wave`), as `OptionScorer.forward`."""
-        options, table, valid = obs["options"], obs["table"], obs["valid"] > 0
-        joined = np.concatenate(
-            [options, np.broadcast_to(table[..., None, :], (*options.shape[:-1], table.shape[-1]))], axis=-1
-        )
-        h = _run_layers(joined, self.embed)
-        count = valid.sum(axis=-1, keepdims=True)
-        top = np.where(count > 0, np.where(valid[..., None], h, -np.inf).max(axis=-2), 0.0)
-        mean = (h * valid[..., None]).sum(axis=-2) / np.maximum(count, 1)
-        pooled = np.concatenate([top, mean], axis=-1).astype(h.dtype)
-        context = np.broadcast_to(pooled[..., None, :], (*h.shape[:-1], pooled.shape[-1]))
-        scores = _run_layers(np.concatenate([h, context], axis=-1), self.score)[..., 0]
-        scores = scores - options[..., PRIOR_FEATURES] @ self.prior
-        return np.where(obs["action_mask"] > 0, scores, np.float32(MASKED_LOGIT))
-
-
-def _numpy_layers(mlp: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`_mlp`'s linear layers as (weight transposed, bias), views on the parameters (tanh between them)."""
-    return [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in mlp if isinstance(m, nn.Linear)]
-
-
-def _run_layers(rows: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """`rows` [..., F] through the layers, stacked rows as one matrix: numpy multiplies a stack [K, R, F] matrix by
-    matrix, a wave's 32 observations of 16 options (`PlacementState.observe_wave`) at 2.2 ms against 1.1 as one."""
-    shape = rows.shape[:-1]
-    rows = rows.reshape(-1, rows.shape[-1])
-    for k, (weight, bias) in enumerate(layers):
-        rows = rows @ weight + bias
-        if k < len(layers) - 1:
-            rows = np.tanh(rows)
-    return rows.reshape(*shape, rows.shape[-1])
-
-
-class PolicyInfo(BaseModel):
-    """What a policy file says about its policy: the models it was trained against, its settings, how far it got.
-
-    The file stores it as a plain mapping (`to_file`), so a file written before it was typed loads as it is:
-    every field may be missing, and keys this version does not know are kept, not dropped."""
-
-    model_config = ConfigDict(extra="allow")
-
-    cost_model: str | None = None  # the models' file it was trained against, or shipped:NAME
-    hardware: str | None = None  # those models' hardware
-    config: dict[str, Any] = {}  # the PolicyConfig it was trained with (`shard_ray.policy.ppo`)
-    pool_tables: int | None = None  # tables of the pool its episodes were drawn from
-    loop: dict[str, Any] = {}  # the outer loop's settings, for a policy `policy outer-loop` trained
-    iterations: int | None = None  # PPO iterations done
-    # The held-out check that chose the network the file holds (`shard_ray.policy.ppo.HeldOut.record`): how many
-    # tasks and their seed, the iteration training started from and its score, the kept network's score and iteration.
-    validation: dict[str, Any] = {}
-
-    def to_file(self) -> dict[str, Any]:
-        return self.model_dump(exclude_unset=True, exclude_none=True)
-
-    def network_kept(self) -> str:
-        """Which network the file holds, as training's held-out check chose it (empty where the file says nothing)."""
-        done = f"{self.iterations} PPO iterations" if self.iterations else ""
-        record = self.validation
-        if not record or "iteration" not in record:
-            return done
-        if record["iteration"] == record.get("start", 0):
-            start = (
-                "the untrained network" if record["iteration"] == 0 else f"iteration {record['iteration']}'s network"
-            )
-            return f"{start}, which its held-out check kept over {done or 'training'} (none priced its tasks lower)"
-        gain = 1 - record["score"] / record["prior"]
-        return (
-            f"iteration {record['iteration']} of {done or 'training'}, {gain:.2%} below its start on its held-out tasks"
-        )
-
-
 def save_policy(path: str | os.PathLike[str], network: OptionScorer, info: PolicyInfo) -> None:
     buffer = io.BytesIO()
     torch.save(
@@ -182,28 +80,13 @@ def save_policy(path: str | os.PathLike[str], network: OptionScorer, info: Polic
 
 
 def load_policy(path: str | os.PathLike[str]) -> tuple[OptionScorer, PolicyInfo]:
-    """A policy file, or a `policy train` output folder holding `policy.pt`."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "policy.pt"
-    if not path.is_file():
-        raise ShardRayError(f"policy file not found: {path}")
+    """A policy file's network, to train further or to score as training does (`read_policy` reads it without torch
+    for placing), and what the file says."""
+    weights, info = read_policy(path)
+    network = OptionScorer(weights.hidden)
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ShardRayError(f"cannot read policy file {path}: {first_line(err)}") from err
-    written_by = "`policy train` writes policy.pt"
-    blob = read_torch_file(data, str(path), "policy", "a shard-ray policy", FORMAT, written_by, UNSPLIT_FORMAT)
-    if blob["format"] == UNSPLIT_FORMAT:
-        raise ShardRayError(
-            f"policy file {path} is of an earlier release ({UNSPLIT_FORMAT}: it places tables whole only); train one "
-            "for this release with `shard-ray policy train`, or leave --policy out for the shipped one"
-        )
-    try:
-        network = OptionScorer(blob["hidden"])
-        network.load_state_dict({k: torch.from_numpy(v) for k, v in blob["state"].items()})
-        info = PolicyInfo.model_validate(blob.get("info", {}))
-    except (KeyError, RuntimeError, TypeError, AttributeError, ValidationError) as err:
-        raise ShardRayError(f"policy file {path} is damaged: {first_line(err)}") from err
+        network.load_state_dict({k: torch.from_numpy(v) for k, v in weights.state.items()})
+    except RuntimeError as err:
+        raise ShardRayError(f"policy file {weights.path} is damaged: {first_line(err)}") from err
     network.eval()
     return network, info

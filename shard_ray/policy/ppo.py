@@ -24,7 +24,8 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
-from shard_ray.policy.network import OptionScorer, PolicyInfo, save_policy
+from shard_ray.policy.network import OptionScorer, save_policy
+from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.threads import one_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
@@ -376,9 +377,9 @@ def validation_score(
     from shard_ray.policy.decode import roll_out
     from shard_ray.policy.env import INFEASIBLE_PENALTY
 
-    scores, stuck = [], 0
+    scores, stuck, scorer = [], 0, DecodingScorer.of_network(network)
     for tables, topology in tasks:
-        state = roll_out(network, tables, topology, models)
+        state = roll_out(scorer, tables, topology, models)
         stuck += not state.done
         scores.append(state.cost / state.lower_bound + (0.0 if state.done else INFEASIBLE_PENALTY))
     return float(np.mean(scores)), stuck

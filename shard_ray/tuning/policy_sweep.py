@@ -55,7 +55,8 @@ def policy_trial(
     """One Tune trial: PPO for `base.iterations`, validated and checkpointed after every iteration."""
     from ray import tune
 
-    from shard_ray.policy.network import PolicyInfo, save_policy
+    from shard_ray.policy.network import save_policy
+    from shard_ray.policy.policy_file import PolicyInfo
     from shard_ray.policy.ppo import (
         build_algorithm,
         held_out_tasks,

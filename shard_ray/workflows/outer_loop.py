@@ -30,7 +30,8 @@ from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.decode import policy_placer
-from shard_ray.policy.network import OptionScorer, PolicyInfo
+from shard_ray.policy.network import OptionScorer
+from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo
 from shard_ray.policy.ppo import (
     MlflowIterationLogger,
     build_algorithm,
@@ -62,7 +63,7 @@ def measure_policy_plans(
 ) -> list[tuple[float, float]]:
     """(predicted, measured) plan cost ms of the policy's plan for each task; everything measured lands in the store."""
     pairs = []
-    placer = policy_placer(network, models, samples=0, seed=seed)
+    placer = policy_placer(DecodingScorer.of_network(network), models, samples=0, seed=seed)
     for tables, topology in tasks:
         try:
             plan = placer(tables, topology)
