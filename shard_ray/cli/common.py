@@ -72,9 +72,9 @@ def connect(args: argparse.Namespace, min_cpus: int = 1, hosts: int = 1, optimiz
 
     keep_seconds()  # a bad SHARD_RAY_KEEP_GANG_S is refused before joining
     if optimizer == "adam" and not (args.address or os.environ.get("RAY_ADDRESS")):
-        from shard_ray.profiling.hardware import measurement_device
+        from shard_ray.profiling.hardware import local_gpu
 
-        if measurement_device().type != "cuda":  # a local Ray's devices would be this machine's CPU cores
+        if not local_gpu():  # a local Ray's devices would be this machine's CPU cores
             raise ShardRayError(ADAM_ON_CPU)
     print(connect_ray(args.address, min_cpus=min_cpus, hosts=hosts))
     if optimizer == "adam" and not ray.cluster_resources().get("GPU"):

@@ -37,10 +37,19 @@ def measurement_device() -> torch.device:
 GPU_DRIVERS = ("/proc/driver/nvidia/gpus", "/dev/kfd")
 
 
+def _gpu_driver() -> bool:
+    return any(os.path.exists(path) for path in GPU_DRIVERS)
+
+
+def local_gpu() -> bool:
+    """Whether this process measures on a GPU (`measurement_device`): asked of torch only where a GPU driver is."""
+    return _gpu_driver() and measurement_device().type == "cuda"
+
+
 def hardware_id(threads: int | None = None) -> str:
     """This process's hardware as measurements name it: its GPU's name, else the CPU's model and `threads` (None:
     torch's threads)."""
-    if threads is not None and not any(os.path.exists(path) for path in GPU_DRIVERS):
+    if threads is not None and not _gpu_driver():
         return f"cpu:{_cpu_model()}:{threads}thread"
     import torch
 
