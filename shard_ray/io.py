@@ -78,27 +78,38 @@ def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected
 
 
 # What a shard-ray `.pt` file's pickle may name, as torch.load(weights_only=True) allows it: the tensors' storages by
-# their dtype, the function rebuilding a tensor from its storage, and a state dict's OrderedDict.
+# their dtype (those the project's files hold), the function rebuilding a tensor from its storage, and a state dict's
+# OrderedDict.
 _STORAGE_DTYPES = {
-    "FloatStorage": "<f4",
-    "DoubleStorage": "<f8",
-    "HalfStorage": "<f2",
-    "LongStorage": "<i8",
-    "IntStorage": "<i4",
-    "ShortStorage": "<i2",
+    "FloatStorage": "f4",
+    "DoubleStorage": "f8",
+    "HalfStorage": "f2",
+    "LongStorage": "i8",
+    "IntStorage": "i4",
+    "ShortStorage": "i2",
     "CharStorage": "i1",
     "ByteStorage": "u1",
-    "BoolStorage": "?",
+    "BoolStorage": "b1",
 }
 
 
+class _Unreadable(Exception):
+    """Why a file is not read as a shard-ray `.pt` file, in words for the user."""
+
+
 class _TensorsAsArrays(pickle.Unpickler):
-    """torch.save's pickle read without torch: each tensor a numpy array of its dtype, shape and values; any other
-    class refused, as torch.load(weights_only=True) refuses it."""
+    """torch.save's pickle read without torch: each tensor a numpy array of its own, of its dtype, shape and values,
+    read from its storage in the file's byte order; any other class refused, as torch.load(weights_only=True) refuses
+    it."""
 
     def __init__(self, archive: zipfile.ZipFile, prefix: str) -> None:
         super().__init__(io.BytesIO(archive.read(prefix + "data.pkl")))
         self.archive, self.prefix = archive, prefix
+        names = set(archive.namelist())
+        order = archive.read(prefix + "byteorder").decode().strip() if prefix + "byteorder" in names else "little"
+        if order not in ("little", "big"):
+            raise _Unreadable(f"its byte order is {order[:20]!r}")
+        self.order = "<" if order == "little" else ">"
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("collections", "OrderedDict"):
@@ -106,23 +117,35 @@ class _TensorsAsArrays(pickle.Unpickler):
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
             return _array_of_tensor
         if module == "torch" and name in _STORAGE_DTYPES:
-            return np.dtype(_STORAGE_DTYPES[name])
-        raise pickle.UnpicklingError(f"{module}.{name} is not a tensor's part")
+            return np.dtype(self.order + _STORAGE_DTYPES[name])
+        if module == "torch" and name.endswith("Storage"):
+            raise _Unreadable(f"it holds a tensor of {name.removesuffix('Storage')}, where the project saves float32")
+        raise _Unreadable(f"its pickle names {module}.{name}, which is not a tensor's part")
 
     def persistent_load(self, pid: Any) -> np.ndarray:
         kind, dtype, key, _location, count = pid
         if kind != "storage" or not isinstance(dtype, np.dtype):
-            raise pickle.UnpicklingError(f"unknown storage {kind!r}")
-        return np.frombuffer(self.archive.read(f"{self.prefix}data/{key}"), dtype=dtype, count=count)
+            raise _Unreadable(f"a storage of unknown kind {kind!r}")
+        data = self.archive.read(f"{self.prefix}data/{key}")
+        if not isinstance(count, int) or not 0 <= count * dtype.itemsize <= len(data):
+            raise _Unreadable(f"a storage of {count} items holds {len(data)} bytes")
+        return np.frombuffer(data, dtype=dtype, count=count)
 
 
 def _array_of_tensor(
     storage: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], *_grad_and_hooks: Any
 ) -> np.ndarray:
-    """A tensor torch.save wrote, as a numpy array of its own (torch's `_rebuild_tensor_v2`'s arguments)."""
-    items = storage[offset:]
+    """A tensor torch.save wrote, as a native-endian numpy array of its own (torch's `_rebuild_tensor_v2`'s
+    arguments); a shape, offset or strides reaching outside its storage is refused, as torch refuses it."""
+    numbers = [offset, *shape, *strides]
+    if len(shape) != len(strides) or not all(isinstance(n, int) and n >= 0 for n in numbers):
+        raise _Unreadable(f"a tensor of shape {shape} and strides {strides} at {offset}")
+    last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
+    if 0 not in shape and last >= len(storage):
+        raise _Unreadable(f"a tensor of shape {tuple(shape)} reaches past its storage of {len(storage)} items")
+    items = storage[offset:] if 0 not in shape else storage[:0]
     view = np.lib.stride_tricks.as_strided(items, shape, tuple(s * items.itemsize for s in strides), writeable=False)
-    return np.array(view)
+    return np.array(view, dtype=view.dtype.newbyteorder("="))
 
 
 def read_torch_file(
@@ -130,21 +153,31 @@ def read_torch_file(
 ) -> dict:
     """The dict in a shard-ray `.pt` file's content, its tensors numpy arrays, checked for `file_format` (or one of
     the `older_formats` the caller still reads). Read without torch, which takes a second to import where a plan
-    takes less (docs/commands.md): what torch.load(weights_only=True) reads of the file, and nothing it refuses.
+    takes less (docs/commands.md): torch.save's zip format (torch 1.6 and later), tensors of the dtypes `.pt` files
+    of this project hold, and none of what torch.load(weights_only=True) refuses.
 
     `source` names the file in errors, `what` its kind ("cost model"), `holding` what it holds
     ("shard-ray cost models") and `written_by` the command that writes it.
     """
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        try:
+            archive = zipfile.ZipFile(io.BytesIO(data))
+        except zipfile.BadZipFile:
+            raise _Unreadable("it is not torch.save's zip archive (torch 1.6 and later write one)") from None
+        with archive:
             pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
             if len(pickles) != 1:
-                raise pickle.UnpicklingError("not one data.pkl")
+                raise _Unreadable("its archive has no data.pkl, as torch.save writes one")
             blob = _TensorsAsArrays(archive, pickles[0][: -len("data.pkl")]).load()
-    except Exception as err:  # a file that is not ours fails in many ways: not a zip, another pickle, a bad storage
+    except _Unreadable as err:
         raise ShardRayError(
-            f"cannot read {what} file {source}: not a PyTorch file of {holding} "
-            f"(format {file_format}, as {written_by}; read with torch.load(weights_only=True))"
+            f"cannot read {what} file {source}: not a PyTorch file of {holding} (format {file_format}, as "
+            f"{written_by}): {err}"
+        ) from None
+    except Exception as err:  # a damaged archive or pickle fails in many ways
+        raise ShardRayError(
+            f"cannot read {what} file {source}: not a PyTorch file of {holding} (format {file_format}, as "
+            f"{written_by}): {type(err).__name__}: {first_line(err)}"
         ) from err
     if not isinstance(blob, dict) or blob.get("format") not in (file_format, *older_formats):
         raise ShardRayError(f"{source} is not a shard-ray {what} file ({file_format})")

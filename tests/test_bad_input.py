@@ -7,6 +7,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -157,6 +158,102 @@ def test_damaged_model_and_policy_files_are_refused(table_file_path, blob, which
         assert_refused_cleanly(code, err, out)
         assert "weights_only=False" not in err  # torch's advice to load untrusted pickles is not ours to give
         assert COSTMODELS_FORMAT in err or POLICY_FORMAT in err, err
+
+
+def _edited_pickle(path: Path, old: bytes, new: bytes) -> None:
+    """`path`, a torch.save archive, with `old` replaced by `new` in its pickle (the other entries as they were)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    (name,) = [n for n in entries if n.endswith("/data.pkl")]
+    assert entries[name].count(old) >= 1
+    entries[name] = entries[name].replace(old, new, 1)
+    with zipfile.ZipFile(path, "w") as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("shape past the storage", "a tensor of shape (200000,) reaches past its storage of 2 items"),
+        ("not finite", "is damaged: compute holds numbers that are not finite"),
+        ("bfloat16", "it holds a tensor of BFloat16, where the project saves float32"),
+        ("legacy", "it is not torch.save's zip archive"),
+        ("step overhead", "is damaged: could not convert string to float: 'x'"),
+    ],
+)
+def test_a_model_file_torch_would_refuse_or_that_prices_nothing_is_refused_in_a_line(
+    tmp_path, table_file_path, damage, message
+):
+    """The models' files are read without torch (`read_torch_file`): a tensor whose shape reaches past its storage
+    (which read as it stood, past the buffer, crashed the process: a new user's walk), weights that are not finite
+    numbers, a dtype the project never saves, torch's legacy format and a field that is not ms are refused in one
+    line, as damaged or unreadable files."""
+    import torch
+
+    from shard_ray.costmodel.models import default_cost_model_path
+
+    path = tmp_path / "models.pt"
+    blob = torch.load(default_cost_model_path(), weights_only=True)
+    if damage == "shape past the storage":
+        blob["compute"]["state"]["compute"] = torch.zeros(2)
+        torch.save(blob, path)
+        # a 2-item tensor's pickled shape (K\x02\x85: the tuple (2,)) made (200000,) (BININT 200000)
+        _edited_pickle(path, b"K\x02\x85q", b"J\x40\x0d\x03\x00\x85q")
+    elif damage == "not finite":
+        blob["compute"]["state"]["compute"] = torch.tensor([1.0, float("nan")])
+        torch.save(blob, path)
+    elif damage == "bfloat16":
+        blob["compute"]["state"] = {k: v.to(torch.bfloat16) for k, v in blob["compute"]["state"].items()}
+        torch.save(blob, path)
+    elif damage == "legacy":
+        torch.save(blob, path, _use_new_zipfile_serialization=False)
+    else:
+        blob["step_overhead_ms"] = "x"
+        torch.save(blob, path)
+    code, err = run(["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search",
+                     "--cost-model", str(path), "--out", str(tmp_path / "plan.json")])  # fmt: skip
+    assert_refused_cleanly(code, err, tmp_path / "plan.json")
+    assert message in err, err
+    if damage in ("bfloat16", "legacy"):
+        torch.load(path, weights_only=True)  # files torch reads, which the project does not write
+
+
+def test_a_big_endian_model_file_prices_as_the_little_endian_one(tmp_path, small_tables):
+    """A file whose tensors torch.save wrote big-endian (its `byteorder` entry) is read in that order."""
+    import zipfile
+
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.plan.piece import TablePiece
+
+    with zipfile.ZipFile(default_cost_model_path()) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    for name in list(entries):
+        if "/data/" in name:
+            entries[name] = np.frombuffer(entries[name], dtype="<f4").astype(">f4").tobytes()
+        if name.endswith("/byteorder"):
+            entries[name] = b"big"
+    with zipfile.ZipFile(tmp_path / "big.pt", "w") as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+    shard = [[TablePiece.whole(t) for t in small_tables]]
+    shipped, big = CostModels.load(default_cost_model_path()), CostModels.load(tmp_path / "big.pt")
+    assert np.array_equal(big.predict_fused_shards(shard, 1024), shipped.predict_fused_shards(shard, 1024))
+
+
+def test_a_negative_seed_is_refused_and_one_table_is_said_so(tmp_path, table_file_path, capsys):
+    """A seed is a non-negative integer: the policy's samples are drawn from numpy's generator, which takes no other
+    (`--seed -1` ended in its traceback, from a new user's walk); a one-table plan says "placed 1 table"."""
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--algo", "dreamshard"]
+    code, err = run([*argv, "--samples", "2", "--seed", "-1", "--out", str(out)])
+    assert_refused_cleanly(code, err, out)
+    assert "argument --seed: must be at least 0, got -1" in err, err
+    capsys.readouterr()
+    assert main([*argv, "--samples", "2", "--seed", "3", "--out", str(out)]) == 0
+    assert "placed 1 table in" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

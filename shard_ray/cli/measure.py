@@ -66,7 +66,7 @@ class ProfileArgs:
     actors: int = setting(2, "profiling actors, one device each", min=1)
     batch_size: int = setting(_MEASURE["batch_size"].default, "global batch size", min=1)
     store: str = setting(DEFAULT_STORE, STORE_HELP)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
 
 
 @dataclass(frozen=True)

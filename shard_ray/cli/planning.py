@@ -111,7 +111,7 @@ class PlanArgs:
     devices: int = setting(None, "number of devices", required=True, min=1)
     algo: str = setting(None, "algorithm name (see `shard-ray algorithms`)", required=True)
     out: str = setting(None, "plan file to write (.json)", required=True, new_file=True)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
     cost_model: str | None = setting(
         None,
         "cost model file that prices the plan, and places it for the model-based algorithms (default: the models "
@@ -399,7 +399,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     if plan.search is not None and plan.search.started_from and "start=" in plan.search.started_from:
         print(f"the search started from {plan.search.started_from}")  # cost_search's `start`, and why
-    print(f"placed {len(tables)} tables in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
+    placed = f"{len(tables)} table" + ("s" if len(tables) != 1 else "")
+    print(f"placed {placed} in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
 
 
 def search_work(plan: Plan) -> str:

@@ -51,7 +51,7 @@ class CollectConfig:
     dims: tuple[int, ...] = COLLECT_DIMS
     warmup: int = 2
     repeats: int = setting(7, "timed steps per sample", min=1)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
 
 
 def collect_compute(

@@ -232,7 +232,7 @@ class ComputeModel:
     @classmethod
     def of_state(cls, hidden: int, depth: int, fusion: str, spine: bool, state: dict[str, np.ndarray]) -> ComputeModel:
         """The model of a file's `state`, of any release (its spine's state brought to this release's: `Spine.of_state`)."""
-        state = collections.OrderedDict((k, np.asarray(v)) for k, v in state.items())
+        state = float32_state(state)
         physics = None
         if spine:
             physics = Spine.of_state({k.removeprefix("spine."): v for k, v in state.items() if k.startswith("spine.")})
@@ -566,25 +566,40 @@ class CostModels:
             _check_compute_state(compute)
             comm = None
             if blob["comm"] is not None:
-                comm = CommModel(blob["comm"]["hidden"], blob["comm"]["depth"], blob["comm"]["state"])
+                comm = CommModel(blob["comm"]["hidden"], blob["comm"]["depth"], float32_state(blob["comm"]["state"]))
                 _check_layers(comm.layers, len(COMM_FEATURES), comm.hidden, 2)
+            # files from before these were fitted have none: 0
+            fits = {
+                "step_overhead_ms": _milliseconds(blob.get("step_overhead_ms", (0.0, 0.0)), 2),
+                "input_overhead_ms": _milliseconds([blob.get("input_overhead_ms", 0.0)], 1)[0],
+                "type_overhead_ms": _milliseconds(blob.get("type_overhead_ms", (0.0, 0.0, 0.0)), 3),
+                "all_reduce_ms": _milliseconds(blob.get("all_reduce_ms", (0.0, 0.0)), 2),
+            }
         except (KeyError, RuntimeError, TypeError, ValueError) as err:
             raise ShardRayError(f"cost model file {source} is damaged: {first_line(err)}") from err
         try:
             info = ModelInfo.model_validate(blob.get("info", {}))
         except ValidationError as err:
             raise ShardRayError(describe_validation_error(err, f"cost model file {source} is damaged: info")) from err
-        fwd, bwd = blob.get("step_overhead_ms", (0.0, 0.0))  # files from before they were fitted: none
-        return cls(
-            compute=compute,
-            comm=comm,
-            hardware=blob["hardware"],
-            info=info,
-            step_overhead_ms=(fwd, bwd),
-            input_overhead_ms=float(blob.get("input_overhead_ms", 0.0)),
-            type_overhead_ms=tuple(float(ms) for ms in blob.get("type_overhead_ms", (0.0, 0.0, 0.0))),
-            all_reduce_ms=tuple(float(ms) for ms in blob.get("all_reduce_ms", (0.0, 0.0))),
-        )
+        return cls(compute=compute, comm=comm, hardware=str(blob["hardware"]), info=info, **fits)
+
+
+def float32_state(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A network's state as float32 arrays, as torch's `load_state_dict` copies a file's tensors into float32
+    parameters; ValueError where a weight is not a finite number (a damaged file: its prices would be NaN)."""
+    arrays = collections.OrderedDict((k, np.asarray(v, dtype=np.float32)) for k, v in state.items())
+    for name, array in arrays.items():
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} holds numbers that are not finite")
+    return arrays
+
+
+def _milliseconds(values: Any, count: int) -> tuple[float, ...]:
+    """`count` finite ms from a file; ValueError otherwise."""
+    numbers = tuple(float(v) for v in values)
+    if len(numbers) != count or not all(math.isfinite(v) for v in numbers):
+        raise ValueError(f"{values!r} where {count} ms were expected")
+    return numbers
 
 
 def _check_layers(layers: Layers, inputs: int, hidden: int, outputs: int) -> None:

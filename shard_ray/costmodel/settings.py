@@ -34,7 +34,7 @@ class TrainConfig:
     patience: int = setting(40, "epochs without validation gain before stopping", min=1)
     loss: str = setting("mse", "loss on log ms", choices=LOSSES)
     feature_scaling: str = setting("standardise", "how features are scaled", choices=FEATURE_SCALINGS)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
     no_spine: bool = setting(
         False,
         "train the network alone, without the physical spine it corrects (shard_ray/costmodel/spine.py): "

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shard_ray.costmodel.models import softplus
+from shard_ray.costmodel.models import float32_state, softplus
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file
 from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES, OPTION_FEATURES
@@ -155,7 +155,7 @@ def read_policy(path: str | os.PathLike[str]) -> tuple[PolicyWeights, PolicyInfo
             "for this release with `shard-ray policy train`, or leave --policy out for the shipped one"
         )
     try:
-        weights = PolicyWeights(path, int(blob["hidden"]), dict(blob["state"]))
+        weights = PolicyWeights(path, int(blob["hidden"]), float32_state(blob["state"]))
         _check_shapes(weights)
         info = PolicyInfo.model_validate(blob.get("info", {}))
     except (KeyError, TypeError, ValueError, AttributeError, ValidationError) as err:

@@ -38,7 +38,7 @@ class PolicyConfig:
         "among them; 0 keeps the last",
         min=0,
     )
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
 
     def check(self) -> None:
         for name in ("iterations", "train_batch_size", "minibatch_size", "num_epochs", "hidden", "checkpoint_every"):

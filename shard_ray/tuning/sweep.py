@@ -57,7 +57,7 @@ class SweepConfig:
     )
     max_concurrent: int = setting(2, "trials at once, one CPU each", min=1)
     max_failures: int = setting(2, "retries of a failed trial before it is left out", min=0)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
 
     def check(self) -> None:
         if self.samples < 1:

@@ -33,7 +33,7 @@ class CalibrateConfig:
     # Of the measuring time, kept for the plans where a gang measures them: at 8 devices on 2 cores the shards once
     # spent all of it, and the held-out judgement rested on 1 plan (docs/results.md).
     plan_share: float = 0.4
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class BenchmarkConfig:
     )
     policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
     algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")
-    seed: int = setting(100, "random seed")
+    seed: int = setting(100, "random seed", min=0)
     out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed")
     tracking_uri: str | None = None  # None: no MLflow
     experiment: str = "shard-ray-benchmark"
@@ -141,7 +141,7 @@ class DemoConfig:
     repeats: int = 10
     rounds: int = setting(12, "most interleaved rounds of every plan (the comparison stops once it decides)", min=3)
     budget_seconds: float = setting(60.0, "seconds of measuring plans", min=1)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
     tracking_uri: str | None = None
     experiment: str = "shard-ray"
     address: str | None = None

@@ -39,7 +39,7 @@ PUBLIC_REUSE_HISTOGRAM = (
 @dataclass(frozen=True)
 class PoolConfig:
     num_tables: int = setting(856, "tables in the pool", min=1)
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
     dims: tuple[int, ...] = (16, 32, 64, 128)
     median_rows: float = 1e5
     rows_log_sigma: float = 2.0

@@ -37,7 +37,7 @@ class TaskConfig:
     max_tables: int = setting(40, "most tables in a task", min=1)
     dims: tuple[int, ...] = setting((16, 32, 64, 128), "dims tables are given, comma-separated multiples of 4", min=1)
     test_fraction: float = setting(0.5, "share of the pool's tables held out for test tasks")
-    seed: int = setting(0, "random seed")
+    seed: int = setting(0, "random seed", min=0)
 
     def check(self) -> None:
         if self.num_tasks < 1:
