@@ -245,12 +245,16 @@ def test_a_big_endian_model_file_prices_as_the_little_endian_one(tmp_path, small
 
 def test_a_negative_seed_is_refused_and_one_table_is_said_so(tmp_path, table_file_path, capsys):
     """A seed is a non-negative integer: the policy's samples are drawn from numpy's generator, which takes no other
-    (`--seed -1` ended in its traceback, from a new user's walk); a one-table plan says "placed 1 table"."""
+    (`--seed -1` ended in its traceback, from a new user's walk); `--policy` with an algorithm that takes none is
+    refused as the flag it is (it read "unknown setting(s) policy"); a one-table plan says "placed 1 table"."""
     out = tmp_path / "plan.json"
     argv = ["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--algo", "dreamshard"]
     code, err = run([*argv, "--samples", "2", "--seed", "-1", "--out", str(out)])
     assert_refused_cleanly(code, err, out)
     assert "argument --seed: must be at least 0, got -1" in err, err
+    code, err = run([*argv[:-1], "neuroshard", "--policy", "p.pt", "--out", str(out)])
+    assert_refused_cleanly(code, err, out)
+    assert "--policy is the policy dreamshard places with, and cost_search may start from; 'neuroshard'" in err, err
     capsys.readouterr()
     assert main([*argv, "--samples", "2", "--seed", "3", "--out", str(out)]) == 0
     assert "placed 1 table in" in capsys.readouterr().out

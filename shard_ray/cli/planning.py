@@ -171,6 +171,11 @@ class PlanArgs:
             raise ShardRayError(
                 f"--samples draws plans from dreamshard's policy; {self.algo!r} draws none: leave it out"
             )
+        if self.policy is not None and self.algo not in ("dreamshard", "cost_search"):
+            raise ShardRayError(
+                f"--policy is the policy dreamshard places with, and cost_search may start from; {self.algo!r} takes "
+                "none: leave it out"
+            )
         settings = load_tuned(self.search_config, "search") if self.search_config else {}
         flags = {k: v for k, v in {"policy": self.policy, "samples": self.samples}.items() if v is not None}
         settings.update(flags)
