@@ -183,8 +183,9 @@ def _log_sigmoid(x: np.ndarray) -> np.ndarray:
     return np.minimum(x, 0.0) - np.log1p(np.exp(-np.abs(x)))
 
 
-def _linear_layers(state: dict[str, np.ndarray], prefix: str, depth: int) -> Layers:
-    """A `networks.mlp`'s linear layers (weight transposed, bias) from its state: views, taken once."""
+def linear_layers(state: dict[str, np.ndarray], prefix: str, depth: int) -> Layers:
+    """An MLP's `depth` + 1 linear layers under `prefix` (torch's `nn.Sequential` numbering, an activation between
+    two: 0, 2, 4, ...) as (weight transposed, bias) from its state: views, taken once."""
     return [(state[f"{prefix}{2 * k}.weight"].T, state[f"{prefix}{2 * k}.bias"]) for k in range(depth + 1)]
 
 
@@ -205,8 +206,8 @@ def _monotone(state: dict[str, np.ndarray], prefix: str, x: np.ndarray, convex: 
     return rise if convex else rise + softplus(state[prefix + "b2"])
 
 
-def _state_of(network: object) -> dict[str, np.ndarray]:
-    """A torch network's state as numpy arrays of their own (`networks`' modules)."""
+def state_of(network: Any) -> dict[str, np.ndarray]:
+    """A torch network's state as numpy arrays of their own (`networks`' modules, the policy's network)."""
     return collections.OrderedDict((k, v.detach().numpy().copy()) for k, v in network.state_dict().items())
 
 
@@ -241,9 +242,7 @@ class ComputeModel:
 
     @classmethod
     def of_network(cls, network: ComputeCostNet) -> ComputeModel:
-        return cls.of_state(
-            network.hidden, network.depth, network.fusion, network.spine is not None, _state_of(network)
-        )
+        return cls.of_state(network.hidden, network.depth, network.fusion, network.spine is not None, state_of(network))
 
     def network(self) -> ComputeCostNet:
         """The torch network of these weights, to train further (imports torch)."""
@@ -260,7 +259,7 @@ class ComputeModel:
 
     @cached_property
     def _encoder(self) -> Layers:
-        return _linear_layers(self.state, "encoder.", self.depth)
+        return linear_layers(self.state, "encoder.", self.depth)
 
     def _bounded(self, raw: np.ndarray) -> np.ndarray:
         """The network's raw correction outputs as log factors in [-log bound, log bound]."""
@@ -342,7 +341,7 @@ class CommModel:
 
     @classmethod
     def of_network(cls, network: CommCostNet) -> CommModel:
-        return cls(network.hidden, network.depth, _state_of(network))
+        return cls(network.hidden, network.depth, state_of(network))
 
     def network(self) -> CommCostNet:
         """The torch network of these weights, to train further (imports torch)."""
@@ -356,7 +355,7 @@ class CommModel:
 
     @cached_property
     def layers(self) -> Layers:
-        return _linear_layers(self.state, "net.", self.depth)
+        return linear_layers(self.state, "net.", self.depth)
 
     def log_ms(self, features: np.ndarray) -> np.ndarray:
         """Log (fwd, bwd) all-to-all ms [..., n, 2] of comm feature rows [..., n, F] (float32)."""
@@ -567,7 +566,7 @@ class CostModels:
             comm = None
             if blob["comm"] is not None:
                 comm = CommModel(blob["comm"]["hidden"], blob["comm"]["depth"], float32_state(blob["comm"]["state"]))
-                _check_layers(comm.layers, len(COMM_FEATURES), comm.hidden, 2)
+                check_layers(comm.layers, len(COMM_FEATURES), comm.hidden, 2)
             # files from before these were fitted have none: 0
             fits = {
                 "step_overhead_ms": _milliseconds(blob.get("step_overhead_ms", (0.0, 0.0)), 2),
@@ -602,7 +601,7 @@ def _milliseconds(values: Any, count: int) -> tuple[float, ...]:
     return numbers
 
 
-def _check_layers(layers: Layers, inputs: int, hidden: int, outputs: int) -> None:
+def check_layers(layers: Layers, inputs: int, hidden: int, outputs: int) -> None:
     """Raises ValueError where a file's MLP is not of the shapes its settings say (a damaged file)."""
     widths = [inputs] + [hidden] * (len(layers) - 1) + [outputs]
     for (weight, bias), into, out in zip(layers, widths, widths[1:]):
@@ -613,7 +612,7 @@ def _check_layers(layers: Layers, inputs: int, hidden: int, outputs: int) -> Non
 def _check_compute_state(compute: ComputeModel) -> None:
     """Raises KeyError or ValueError where a file's compute model lacks a weight or has one of another shape."""
     outputs = 2 if compute.spine is not None else compute.hidden + 2
-    _check_layers(compute._encoder, NUM_TABLE_FEATURES + 1, compute.hidden, outputs)
+    check_layers(compute._encoder, NUM_TABLE_FEATURES + 1, compute.hidden, outputs)
     terms = (
         ["correction_bound"] if compute.spine is not None else [f"interaction.{w}" for w in ("w1", "b1", "w2", "b2")]
     )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shard_ray.costmodel.models import float32_state, softplus
+from shard_ray.costmodel.models import check_layers, float32_state, linear_layers, softplus, state_of
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file
 from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES, OPTION_FEATURES
@@ -52,14 +52,14 @@ class DecodingScorer:
     with its to float32 rounding."""
 
     def __init__(self, state: dict[str, np.ndarray]) -> None:
-        self.embed = _linear_layers(state, "embed_option.")
-        self.score = _linear_layers(state, "score.")
+        self.embed = linear_layers(state, "embed_option.", depth=2)
+        self.score = linear_layers(state, "score.", depth=2)
         self.prior = softplus(np.asarray(state["prior_weights"], dtype=np.float32))
 
     @classmethod
     def of_network(cls, network: Any) -> DecodingScorer:
         """The scorer of a torch `OptionScorer`'s weights as they are (training's network)."""
-        return cls({k: v.detach().numpy() for k, v in network.state_dict().items()})
+        return cls(state_of(network))
 
     def logits(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         """Masked option logits [..., R] of an observation (`PlacementState.observation`), or of several stacked
@@ -77,12 +77,6 @@ class DecodingScorer:
         scores = _run_layers(np.concatenate([h, context], axis=-1), self.score)[..., 0]
         scores = scores - options[..., PRIOR_FEATURES] @ self.prior
         return np.where(obs["action_mask"] > 0, scores, np.float32(MASKED_LOGIT))
-
-
-def _linear_layers(state: dict[str, np.ndarray], prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`network._mlp`'s three linear layers under `prefix` as (weight transposed, bias), views on the weights (tanh
-    between them)."""
-    return [(state[f"{prefix}{k}.weight"].T, state[f"{prefix}{k}.bias"]) for k in (0, 2, 4)]
 
 
 def _run_layers(rows: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -167,12 +161,7 @@ def _check_shapes(weights: PolicyWeights) -> None:
     """Raises KeyError or ValueError where the file lacks a weight placing needs or has one of another shape."""
     h = weights.hidden
     scorer = DecodingScorer(weights.state)
-    for layers, widths in (
-        (scorer.embed, [NUM_OPTION_FEATURES + NUM_CURRENT_FEATURES, h, h, h]),
-        (scorer.score, [3 * h, h, h, 1]),
-    ):
-        for (weight, bias), (into, out) in zip(layers, zip(widths, widths[1:])):
-            if weight.shape != (into, out) or bias.shape != (out,):
-                raise ValueError(f"a layer of shape {weight.T.shape} where ({out}, {into}) was expected")
+    check_layers(scorer.embed, NUM_OPTION_FEATURES + NUM_CURRENT_FEATURES, h, h)
+    check_layers(scorer.score, 3 * h, h, 1)
     if scorer.prior.shape != (len(PRIOR_FEATURES),):
         raise ValueError(f"prior weights of shape {scorer.prior.shape}")
