@@ -192,7 +192,6 @@ def _greedy_passes(
     widths, need = sizes.widths, sizes.need
     caps = np.asarray(scales)[:, None] * widths.sum() / d
     # each device's encoding sum and piece count per pass, added piece by piece as `added_up` adds them
-    encoded = enc
     sums = np.zeros((s, d, enc.shape[1]), dtype=np.float32)
     counts = np.zeros((s, d), dtype=np.float32)
     current = np.zeros((s, d))  # each device's predicted compute as it fills
@@ -255,12 +254,12 @@ def _greedy_passes(
                     candidates = np.argpartition(keyed, CANDIDATE_DEVICES - 1, axis=1)[:, :CANDIDATE_DEVICES]
                 picked = rows[:, None], candidates
                 priced = pricer.compute(
-                    (sums[picked] + encoded[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
+                    (sums[picked] + enc[i]).reshape(-1, enc.shape[1]), (counts[picked] + 1).reshape(-1)
                 ).reshape(candidates.shape)
                 best = np.argmin(np.where(allowed[picked], priced, np.inf), axis=1)
                 device = candidates[rows, best]
                 current[rows, device] = priced[rows, best]
-                sums[rows, device] += encoded[i]
+                sums[rows, device] += enc[i]
                 counts[rows, device] += 1
         at = row_start + device
         flat_dim_sum[at] += widths[i]
