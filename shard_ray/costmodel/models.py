@@ -289,15 +289,6 @@ class ComputeModel:
         own_ms = np.exp(np.clip(out[..., :2], -15.0, 15.0))
         return np.concatenate([own_ms, softplus(out[..., 2:])], axis=-1)
 
-    def without_correction(self) -> ComputeModel:
-        """A copy that prices by its spine alone: the network's correction 1 for every table (its last layer zeroed,
-        so that its raw outputs are 0 and `_bounded` of them is 0)."""
-        if self.spine is None:
-            raise ShardRayError("a compute model without a spine has no correction to switch off")
-        last = f"encoder.{2 * self.depth}."
-        state = {k: np.zeros_like(v) if k.startswith(last) else v for k, v in self.state.items()}
-        return ComputeModel.of_state(self.hidden, self.depth, self.fusion, True, state)
-
     def correction_at_bound(self, features: np.ndarray, log_batch: np.ndarray | float) -> np.ndarray:
         """[..., F] -> [...] bools: tables whose learned correction sits at its bound in either phase, so that
         their price rests on the bound rather than on what the network learned (all False without a spine)."""

@@ -81,9 +81,9 @@ class SpineState(nn.Module):
     """The physical spine (`shard_ray.costmodel.spine.Spine`, numpy) as buffers of the compute network, so that it is
     saved and loaded with it (`spine.rates`, ...). No gradient flows into it: its prices are data to the network."""
 
-    def __init__(self, spine: Spine | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        for name, value in (spine or Spine()).state().items():
+        for name, value in Spine().state().items():
             self.register_buffer(name, torch.from_numpy(value.copy()))
 
     def set(self, spine: Spine) -> None:
