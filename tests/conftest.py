@@ -35,6 +35,15 @@ def mlflow_uri_left_as_found():
         os.environ["MLFLOW_TRACKING_URI"] = before
 
 
+@pytest.fixture(autouse=True)
+def in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """Every test runs in a folder of its own, as a user runs the commands in theirs. A command run in-process writes
+    its default outputs (MLflow's `mlflow.db` and `mlartifacts/`, `shard-ray-out/`) where it runs: from the
+    repository's top, they landed in the folder `ray job submit --working-dir .` uploads, while the cluster page's test
+    beside them checked that folder unchanged (it failed so once, 2026-12-06)."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def ray_session():
     """A small local Ray, started once and kept for the tests after; 4 logical CPUs so a pool and a

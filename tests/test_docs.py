@@ -102,7 +102,7 @@ def _experiment(script: str) -> ModuleType:
     return module
 
 
-def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path):
+def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path, monkeypatch):
     """docs/clusters.md's jobs as bash expands them, each made into the `shard-ray` command lines its entry point
     runs with the shipped configs: every line parses, no flag unknown or missing its value. (One of the jobs runs
     on a Ray head in tests/test_cluster.py; running all of them there took minutes.)"""
@@ -120,6 +120,7 @@ def test_every_job_on_the_clusters_page_makes_commands_shard_ray_takes(tmp_path)
     assert done.returncode == 0, done.stderr
     submitted = [(jobs / name).read_text().splitlines() for name in sorted(os.listdir(jobs), key=int)]
     assert len(submitted) == 6
+    monkeypatch.chdir(REPO)  # a job runs in the folder `--working-dir .` uploads: the configs' paths are relative to it
     for arguments in submitted:
         python, script_path, *argv = arguments[arguments.index("--") + 1 :]
         assert python == "python" and script_path.startswith("experiments/")
