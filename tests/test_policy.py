@@ -499,7 +499,15 @@ def test_plan_with_dreamshard(tmp_path, table_file, capsys):
     assert sorted(s["table"] for s in plan["shards"]) == ["a", "b", "c", "d", "e"]
     assert plan["estimate"]["predicted"]["cost_ms"] >= plan["estimate"]["lower_bound_ms"] - 1e-6
     assert plan["settings"]["algorithm"]["samples"] == 4
-    capsys.readouterr()
+    # it says what it drew and which it kept, and the plan file records it; greedy decoding alone says nothing of it
+    said = capsys.readouterr().out
+    assert (
+        plan["search"]["sampled"].startswith("sampled 4 plans from the policy; ") and plan["search"]["sampled"] in said
+    )
+    kept = re.search(r"kept sampled plan \d, ([\d.]+) ms|greedy decoding's ([\d.]+) ms, which was kept", said)
+    assert kept and float(kept[1] or kept[2]) == pytest.approx(plan["estimate"]["predicted"]["cost_ms"], abs=1e-3)
+    assert main(args) == 0 and "sampled" not in capsys.readouterr().out
+    assert json.loads(out.read_text())["search"] is None
 
     (tmp_path / "bad.pt").write_text("garbage")
     code = main(args + ["--policy", str(tmp_path / "bad.pt")])

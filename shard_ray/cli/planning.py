@@ -404,6 +404,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     if plan.search is not None and plan.search.started_from and "start=" in plan.search.started_from:
         print(f"the search started from {plan.search.started_from}")  # cost_search's `start`, and why
+    if plan.search is not None and plan.search.sampled:
+        print(plan.search.sampled)
     placed = f"{len(tables)} table" + ("s" if len(tables) != 1 else "")
     print(f"placed {placed} in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
 

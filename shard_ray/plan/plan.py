@@ -221,6 +221,7 @@ class SearchReport(BaseModel):
     cut_short: str | None = None  # why its budget ended it before it finished; None: it finished
     proven_optimal: bool | None = None  # exact solvers: whether it finished, and so proved the best of its plans
     started_from: str | None = None  # cost-model searches: the plans the beam started from, and why those
+    sampled: str | None = None  # a policy's sampled plans (`dreamshard --samples`): how many, and which was kept
 
 
 class TableChoice(BaseModel):

@@ -16,7 +16,7 @@ import numpy as np
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels
 from shard_ray.errors import InfeasibleError
-from shard_ray.plan.plan import Plan
+from shard_ray.plan.plan import Plan, SearchReport
 from shard_ray.plan.topology import Topology
 from shard_ray.policy.env import PlacementState
 from shard_ray.policy.policy_file import DecodingScorer
@@ -92,6 +92,25 @@ def policy_placer(
                 f"the policy found no placement within {topology.memory_gb:.3f} GiB per device ({tries} tries); "
                 "give more memory, or use cost_search, which also splits tables to fit them together"
             )
-        return min(done, key=lambda s: s.cost).plan("dreamshard")
+        kept = min(done, key=lambda s: s.cost)
+        plan = kept.plan("dreamshard")
+        if len(finished) == 1:
+            return plan
+        return plan.model_copy(update={"search": SearchReport(sampled=sampling_report(finished, kept))})
 
     return placer
+
+
+def sampling_report(finished: list[PlacementState], kept: PlacementState) -> str:
+    """One line on a placing that sampled: greedy decoding's plan (`finished[0]`), the sampled plans, which was kept."""
+    greedy, drawn = finished[0], finished[1:]
+    stuck = sum(not s.done for s in drawn)
+    line = f"sampled {len(drawn)} plan{'s' if len(drawn) != 1 else ''} from the policy" + (
+        f" ({stuck} got stuck: a piece fit nowhere)" if stuck else ""
+    )
+    if not greedy.done:
+        return f"{line}; greedy decoding got stuck: kept sampled plan {finished.index(kept)}, {kept.cost:.3f} ms"
+    if kept is greedy:
+        return f"{line}; none priced below greedy decoding's {greedy.cost:.3f} ms, which was kept"
+    best = f"kept sampled plan {finished.index(kept)}, {kept.cost:.3f} ms"
+    return f"{line}; {best}, against greedy decoding's {greedy.cost:.3f} ms"
