@@ -640,9 +640,7 @@ class PlacementState:
         higher on one pool or the other (docs/results.md)."""
         if self._ways is None or self._ways[0] != self.position:
             ways = [_LaterSplit(above_slowest=False, by_rows=False), _LaterSplit(above_slowest=True, by_rows=False)]
-            bound = self.dominance
-            later = zip(self.queue[self.position + 1 :], self.queue_singles[self.position + 1 :])
-            if any(single >= bound and self._goes_by_rows(piece, single) for piece, single in later):
+            if self._later_by_rows(self.dominance):
                 ways.append(_LaterSplit(above_slowest=True, by_rows=True))
             self._ways = (self.position, ways)
         return self._ways[1]
@@ -668,10 +666,16 @@ class PlacementState:
         slowest = max(start.loads)
         if slowest <= self.dominance:
             return None
-        later = zip(self.queue[self.position + 1 :], self.queue_singles[self.position + 1 :])
-        if way.by_rows and not any(single >= slowest and self._goes_by_rows(piece, single) for piece, single in later):
+        if way.by_rows and not self._later_by_rows(slowest):
             return None
         return slowest
+
+    def _later_by_rows(self, bound: float) -> bool:
+        """Whether a later table whose cost alone reaches `bound` goes by rows (`_goes_by_rows`), asked of them in the
+        queue's order: the costs compared at once, as most of thousands of later pieces are below it."""
+        later = self.position + 1
+        above = np.flatnonzero(np.asarray(self.queue_singles[later:]) >= bound).tolist()
+        return any(self._goes_by_rows(self.queue[later + k], self.queue_singles[later + k]) for k in above)
 
     def _finish(self, start: _FinishStart, dominates: float, by_rows: bool) -> float:
         """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put
