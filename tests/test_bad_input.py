@@ -409,3 +409,52 @@ def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path
     assert_refused_cleanly(code, err.getvalue().strip(), out)
     # before Ray: nothing connected to it ("ray: started ..." or "ray: joined ...") nor planned
     assert "over the cap of 1e-05 GiB per device" in err.getvalue() and said.getvalue() == ""
+
+
+@pytest.mark.parametrize(
+    "command, flags, message",
+    [
+        ("plan", ["--devices", "4097", "--memory-gb", "4", "--out", "p.json"], "--devices: must be at most 4,096, got"),
+        (
+            "plan",
+            ["--devices", "2", "--memory-gb", "1e10", "--out", "p.json"],
+            "--memory-gb: must be at most 1,000,000",
+        ),
+        ("plan", ["--devices", "2", "--memory-gb", "4", "--out", "made"], "--out: made is a folder; give the file"),
+        (
+            "plan",
+            ["--devices", "2", "--memory-gb", "4", "--out", "/proc/p.json"],
+            "--out: cannot write in folder /proc",
+        ),
+        ("evaluate", ["--plan", "plan.json", "--out", "made"], "--out: made is a folder; give the file to write"),
+        ("compare", ["--plans", "plan.json", "plan.json", "--out", "plan.json"], "--out: plan.json is a file, not a"),
+    ],
+)
+def test_outputs_and_sizes_that_cannot_be_are_refused_before_the_command_works(
+    tmp_path, table_file_path, command, flags, message
+):
+    """Where the output cannot go (a folder named as the file, a file as the folder, a folder no file can be made
+    in), the command said so only once it had measured, in a traceback, and kept nothing of what it measured; more
+    devices than a plan may have, or a cap whose bytes overflow the ledger's integers, ended in tracebacks too. Each is
+    refused by its flag in one line, before the command works (the test runs in `tmp_path`, its own folder)."""
+    (tmp_path / "made").mkdir()
+    (tmp_path / "plan.json").write_text("{}")
+    code, err = run([command, "--tables", str(table_file_path), *flags])
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made", "plan.json"] and not any(
+        (tmp_path / "made").iterdir()
+    )
+
+
+def test_a_policy_stuck_at_every_plan_says_what_it_tried(tmp_path):
+    """Greedy decoding and every plan sampled to rescue it left a piece no device holds: the line says so, not an
+    unexplained count of tries with `--samples 0`."""
+    tables = [{"name": "big", "rows": 50_000_000, "dim": 128, "pooling_factor": 1.0}]
+    tables += [{"name": "wide", "rows": 8_000_000, "dim": 256, "pooling_factor": 1.0}]
+    tables += [{"name": "pooled", "rows": 1_000_000, "dim": 32, "pooling_factor": 20.0}]
+    (tmp_path / "t.json").write_text(json.dumps({"tables": tables}))
+    code, err = run(["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "16", "--algo", "dreamshard",
+                     "--out", "p.json"])  # fmt: skip
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "greedy decoding and 32 sampled plans (32 drawn because every plan before got stuck)" in err, err
+    assert "16 GiB per device" in err and not (tmp_path / "p.json").exists()

@@ -16,6 +16,7 @@ from shard_ray.cli.planning import TopologyArgs
 from shard_ray.configfile import setting
 from shard_ray.costmodel.settings import TrainConfig
 from shard_ray.errors import ShardRayError
+from shard_ray.plan.topology import MAX_DEVICES
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.models import CostModels
@@ -52,7 +53,11 @@ class EvaluateModelArgs:
 class CalibrateArgs:
     tables: str = setting(None, "table file of the task to calibrate for", required=True)
     devices: int = setting(
-        None, "devices the task is planned on (the gang measures all-to-alls at this count)", required=True, min=1
+        None,
+        "devices the task is planned on (the gang measures all-to-alls at this count)",
+        required=True,
+        min=1,
+        max=MAX_DEVICES,
     )
     cost_model: str | None = setting(
         None, "models to start from (default: those calibrated for this hardware, else the shipped ones)"

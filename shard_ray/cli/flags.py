@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
     return metadata.get("flag") or "--" + field_name.replace("_", "-")
 
 
-def _number(kind: type, minimum: float | None) -> typing.Callable[[str], Any]:
+def _number(kind: type, minimum: float | None, maximum: float | None = None) -> typing.Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -41,21 +42,49 @@ def _number(kind: type, minimum: float | None) -> typing.Callable[[str], Any]:
             # a minimum this small stands for "above 0" (a rate, a cap): say that, not the epsilon
             bound = "above 0" if 0 < minimum <= 1e-6 else f"at least {minimum:g}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        if maximum is not None and value > maximum:
+            most = f"{int(maximum):,}" if float(maximum).is_integer() else f"{maximum:g}"
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
 
-def _in_a_folder_that_exists(text: str) -> str:
-    """A file to write: its folder must exist, so that a typo in the path is refused, not created silently."""
-    folder = Path(text).parent
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"folder {folder} does not exist; create it first")
+def _a_file_to_write(text: str) -> str:
+    """A file to write: its folder must exist, so that a typo in the path is refused, not created silently, and take
+    a file; checked before the command works, so that what it measured is not lost at the end for want of a place."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give the file to write")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {path.parent} does not exist; create it first")
+    _check_writable(path.parent)
     return text
 
 
-_in_a_folder_that_exists.__name__ = "file"
+def _a_folder_to_write(text: str) -> str:
+    """A folder to write files in, created where missing: not a file, and inside a folder this user may write in."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    existing = next(p for p in (path, *path.parents) if p.exists())  # at last "." or "/"
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is a file, not a folder")
+    _check_writable(existing)
+    return text
+
+
+def _check_writable(folder: Path) -> None:
+    """Refuse a folder no file can be made in, by making one (permissions alone miss read-only file systems, /proc)."""
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot write in folder {folder}: {err.strerror or err}") from None
+
+
+_a_file_to_write.__name__ = "file"
+_a_folder_to_write.__name__ = "folder"
 
 
 def _listed(item: typing.Callable[[str], Any]) -> typing.Callable[[str], tuple]:
@@ -93,9 +122,11 @@ def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
             return {"type": parse, "nargs": "+"}
         return {"type": parse if metadata.get("whole") else _listed(parse)}
     if annotation in (int, float):
-        return {"type": _number(annotation, minimum)}
+        return {"type": _number(annotation, minimum, metadata.get("max"))}
     if metadata.get("new_file"):
-        return {"type": _in_a_folder_that_exists}
+        return {"type": _a_file_to_write}
+    if metadata.get("new_folder"):
+        return {"type": _a_folder_to_write}
     if annotation in (str, Path):
         return {"type": annotation}
     raise TypeError(f"no flag parser for {annotation!r}")

@@ -100,7 +100,9 @@ class CompareArgs:
         (), "two or more plan files (any: shard-ray's, TorchRec's planner's, written by hand)", required=True, many=True
     )
     out: str = setting(
-        "shard-ray-out/compare", "folder for comparison.json, comparison.md and comparison.png (created if missing)"
+        "shard-ray-out/compare",
+        "folder for comparison.json, comparison.md and comparison.png (created if missing)",
+        new_folder=True,
     )
     task: str | None = setting(None, "task name for MLflow (default: the table file's name)")
     incumbent: str | None = setting(

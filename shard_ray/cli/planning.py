@@ -18,6 +18,8 @@ from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import (
     GB,
+    MAX_DEVICES,
+    MAX_MEMORY_GB,
     Optimizer,
     Topology,
     check_whole_hosts,
@@ -62,6 +64,7 @@ class TopologyArgs:
         "memory cap per device in GiB (weights + optimizer state); `plan` needs it, `evaluate` and `compare` read "
         "it from the plan file when not given, `calibrate` caps its candidate plans by it when given (else nothing)",
         min=1e-9,
+        max=MAX_MEMORY_GB,
     )
     batch_size: int | None = setting(
         None,
@@ -108,7 +111,7 @@ class TopologyArgs:
 @dataclass(frozen=True)
 class PlanArgs:
     tables: str = setting(None, "table file to place", required=True)
-    devices: int = setting(None, "number of devices", required=True, min=1)
+    devices: int = setting(None, f"number of devices (at most {MAX_DEVICES:,})", required=True, min=1, max=MAX_DEVICES)
     algo: str = setting(None, "algorithm name (see `shard-ray algorithms`)", required=True)
     out: str = setting(None, "plan file to write (.json)", required=True, new_file=True)
     seed: int = setting(0, "random seed", min=0)

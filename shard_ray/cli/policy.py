@@ -26,7 +26,9 @@ class PolicyArgs:
         required=True,
         old_names=("--pool",),
     )
-    out: str = setting(None, "folder for the checkpoint and policy.pt; an existing one is resumed", required=True)
+    out: str = setting(
+        None, "folder for the checkpoint and policy.pt; an existing one is resumed", required=True, new_folder=True
+    )
     config: str | None = setting(None, "tuned PPO settings (best.json of `tune policy`); flags given override them")
     cost_model: str | None = setting(
         None,

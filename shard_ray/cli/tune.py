@@ -24,7 +24,9 @@ POLICY_TRIAL_ITERATIONS = {"iterations": 20}  # PPO iterations of a trial at mos
 
 @dataclass(frozen=True)
 class SweepOut:
-    out: str = setting(None, "sweep folder: best.json, trials.csv, tune/; an existing one is resumed", required=True)
+    out: str = setting(
+        None, "sweep folder: best.json, trials.csv, tune/; an existing one is resumed", required=True, new_folder=True
+    )
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def format_plan_summary(
         links = f"; between hosts {topology.inter_host_gbps:g} GB/s a device"
         links += f", one link of {topology.host_link_gbps:g} GB/s a host" if topology.host_link_gbps else ""
     lines = [
-        f"plan '{plan.algorithm}' on {plan.num_devices} devices{hosts} "
+        f"plan '{plan.algorithm}' on {plan.num_devices} device{'s' if plan.num_devices != 1 else ''}{hosts} "
         f"({topology.memory_gb:.2f} GiB each, batch {topology.batch_size}, {topology.optimizer}{links})",
         header,
     ]

@@ -19,6 +19,12 @@ def format_gb(nbytes: float) -> str:
     return f"{nbytes / GB:.3g} GiB"
 
 
+# The most devices a plan is for, and the most memory a device's cap may give (a million GiB, far above any device's;
+# past about 8e9 GiB a cap's bytes no longer fit the 64-bit integers its ledger counts in).
+MAX_DEVICES = 4096
+MAX_MEMORY_GB = 1e6
+
+
 class Topology(BaseModel):
     """`memory_bytes` is each device's cap for embedding weights plus optimizer state.
 
@@ -35,8 +41,8 @@ class Topology(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_devices: int = Field(ge=1, le=4096)
-    memory_bytes: int = Field(gt=0)
+    num_devices: int = Field(ge=1, le=MAX_DEVICES)
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_GB * GB)
     batch_size: int = Field(default=1024, ge=1)
     optimizer: Optimizer = "rowwise_adagrad"
     devices_per_host: int | None = Field(default=None, ge=1)

@@ -17,7 +17,7 @@ from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels
 from shard_ray.errors import InfeasibleError
 from shard_ray.plan.plan import Plan, SearchReport
-from shard_ray.plan.topology import Topology
+from shard_ray.plan.topology import Topology, format_gb
 from shard_ray.policy.env import PlacementState
 from shard_ray.policy.policy_file import DecodingScorer
 from shard_ray.workload.tables import TableSpec
@@ -88,9 +88,11 @@ def policy_placer(
             tries += 1
         done = [s for s in finished if s.done]
         if not done:
+            rescue = tries - 1 - samples
             raise InfeasibleError(
-                f"the policy found no placement within {topology.memory_gb:.3f} GiB per device ({tries} tries); "
-                "give more memory, or use cost_search, which also splits tables to fit them together"
+                f"the policy found no placement within {format_gb(topology.memory_bytes)} per device: greedy decoding and "
+                f"{tries - 1} sampled plans ({rescue} drawn because every plan before got stuck) each left a piece that "
+                "fit nowhere; give more memory, or use cost_search, which also splits tables to fit them together"
             )
         kept = min(done, key=lambda s: s.cost)
         plan = kept.plan("dreamshard")

@@ -9,6 +9,7 @@ from pathlib import Path
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.plan.topology import (
+    MAX_MEMORY_GB,
     check_whole_hosts,
     devices_per_host_setting,
     host_link_gbps_setting,
@@ -91,6 +92,7 @@ class BenchmarkConfig:
         None,
         "memory cap per device in GiB, the one the tables will train under (default: --memory-headroom's)",
         min=1e-9,
+        max=MAX_MEMORY_GB,
     )
     cost_model: str | None = setting(
         None,
