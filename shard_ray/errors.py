@@ -20,6 +20,30 @@ class ShardRayWarning(UserWarning):
     """Something a user should know that does not stop the command; the CLI prints it in one line."""
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (`timeout`, a scheduler, `kill`), raised where the command runs, so that it stops as a Ctrl-C stops it:
+    its local Ray stopped, nothing half-written, one line and status 143."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The commands' SIGTERM handler (`shard_ray.cli.main` installs it; `connect_ray` again after `ray.init`, which
+    installs Ray's, whose driver then aborted with a crash dump). Ray's waits (`ray.get`) turn what a handler raises
+    into a KeyboardInterrupt: `sigterm_received` says it was a SIGTERM all the same."""
+    _SIGTERMS.append(signum)
+    raise Terminated
+
+
+_SIGTERMS: list[int] = []
+
+
+def sigterm_received(forget: bool = False) -> bool:
+    """Whether `raise_terminated` ran since the last `forget`."""
+    received = bool(_SIGTERMS)
+    if forget:
+        _SIGTERMS.clear()
+    return received
+
+
 class InfeasibleError(ShardRayError):
     """No placement fits: the tables do not fit the devices' memory the way an algorithm places them.
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import ray
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, Terminated, raise_terminated
 
 # Enough object store for shard specs and results; Ray's default takes 30% of memory.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
@@ -131,20 +131,31 @@ def _check_reachable(address: str, given: str) -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_held() -> Iterator[list[int]]:
-    """Hold a Ctrl-C (SIGINT) that comes while the block runs, and say after it whether one came. Interrupted inside
-    `ray.init`, a local Ray half started left its raylet's dashboard and runtime-env agents running, orphaned and
-    deaf to SIGTERM, for minutes; held, the Ray is started, then stopped whole (a few seconds later). Off the main
-    thread, where Python takes no signals, the block runs as it is."""
+def _signals_held() -> Iterator[list[int]]:
+    """Hold a Ctrl-C (SIGINT), and a SIGTERM where a command stops on it (`raise_terminated`), that comes while the
+    block runs, and say after it which came. Interrupted inside `ray.init`, a local Ray half started left its raylet's
+    dashboard and runtime-env agents running, orphaned and deaf to SIGTERM, for minutes; held, the Ray is started, then
+    stopped whole (a few seconds later). The handlers before are put back after it: `ray.init` installs a SIGTERM
+    handler of its own in the driver, which aborts the process with a crash dump. Off the main thread, where Python
+    takes no signals, the block runs as it is."""
     pressed: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pressed
         return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    held = [signal.SIGINT] + ([signal.SIGTERM] if signal.getsignal(signal.SIGTERM) is raise_terminated else [])
+    previous = {signum: signal.signal(signum, lambda signum, frame: pressed.append(signum)) for signum in held}
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _stop_if_signalled(pressed: list[int]) -> None:
+    """After `_signals_held`: where a signal came, leave Ray and stop as it asked."""
+    if pressed:
+        ray.shutdown()
+        raise Terminated if signal.SIGTERM in pressed else KeyboardInterrupt
 
 
 def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -> str:
@@ -164,12 +175,14 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
         resolved = _resolve(address)
         _check_reachable(resolved, address)
         try:
-            ray.init(address=resolved, logging_level=logging.WARNING)
+            with _signals_held() as pressed:
+                ray.init(address=resolved, logging_level=logging.WARNING)
         except (ConnectionError, ValueError) as err:  # an address Ray does not answer, or cannot read
             raise ShardRayError(
                 f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "
                 "the head's HOST:PORT in --address or RAY_ADDRESS"
             ) from None
+        _stop_if_signalled(pressed)
         global _joined_gcs
         _joined_gcs = ray.get_runtime_context().gcs_address
         resources = ray.cluster_resources()
@@ -201,7 +214,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     added = {name: value for name, value in workers_env.items() if name not in os.environ}
     os.environ.update(added)
     try:
-        with _ctrl_c_held() as pressed:
+        with _signals_held() as pressed:
             # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
             ray.init(
                 address="local",
@@ -213,8 +226,6 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     finally:
         for name in added:
             del os.environ[name]
-    if pressed:
-        ray.shutdown()
-        raise KeyboardInterrupt
+    _stop_if_signalled(pressed)
     _local_ray = (_node_id(), workers_env)
     return f"ray: started a local instance with {cpus} CPUs"

@@ -780,10 +780,17 @@ def test_a_command_exits_without_teardown_yet_stops_its_local_ray_and_writes_eve
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_a_local_ray_starts_leaves_none_of_it_running(tmp_path, table_file):
+@pytest.mark.parametrize(
+    "signum, moment",
+    [("SIGINT", "raylet"), ("SIGTERM", "ray::GangMember")],
+    ids=["ctrl-c-as-ray-starts", "sigterm-while-measuring"],
+)
+def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, table_file, signum, moment):
     """A Ctrl-C that lands inside `ray.init` of the command's local Ray (its raylet just started): the command still
     says `interrupted` in a line with status 130, and the Ray it had started ends with it, where its raylet's agents
-    had run on, orphaned, for minutes (`connect_ray` holds the Ctrl-C until the Ray is up, then stops it)."""
+    had run on, orphaned, for minutes (`connect_ray` holds the Ctrl-C until the Ray is up, then stops it). A SIGTERM
+    (`timeout`, a scheduler) while its gang measures: `terminated`, status 143, likewise, where Ray's own handler,
+    which `ray.init` installs, aborted the command with a crash dump and status 134."""
     import os
     import signal
     import time
@@ -791,7 +798,8 @@ def test_ctrl_c_while_a_local_ray_starts_leaves_none_of_it_running(tmp_path, tab
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     evaluate = [
         str(Path(sys.executable).parent / "shard-ray"), "evaluate", "--tables", str(table_file), "--plan",
-        str(_two_device_plan(tmp_path)), "--memory-gb", "1", "--no-mlflow", "--out", str(tmp_path / "r.json"),
+        str(_two_device_plan(tmp_path)), "--memory-gb", "1", "--rounds", "500", "--no-mlflow",
+        "--out", str(tmp_path / "r.json"),
     ]  # fmt: skip
     # a session of its own: Ray's processes are in it (their environment is no mark: the agents rewrite theirs)
     command = subprocess.Popen(
@@ -799,29 +807,32 @@ def test_ctrl_c_while_a_local_ray_starts_leaves_none_of_it_running(tmp_path, tab
     )
 
     def in_its_session() -> dict[int, str]:
+        """Its session's live processes, each with its name and command line."""
         found = {}
         for proc in Path("/proc").iterdir():
             try:
                 if proc.name.isdigit():
                     fields = (proc / "stat").read_text().rpartition(")")[2].split()
                     if int(fields[3]) == command.pid and fields[0] != "Z":  # its session, not a zombie
-                        found[int(proc.name)] = (proc / "comm").read_text().strip()
+                        line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                        found[int(proc.name)] = f"{(proc / 'comm').read_text().strip()} {line}"
             except OSError:
                 pass
         return found
 
     deadline = time.monotonic() + 120
-    while "raylet" not in in_its_session().values():
-        assert command.poll() is None and time.monotonic() < deadline, "no raylet started"
+    while not any(moment in seen.split() or f" {moment}" in seen for seen in in_its_session().values()):
+        assert command.poll() is None and time.monotonic() < deadline, f"no {moment} started"
         time.sleep(0.05)
-    command.send_signal(signal.SIGINT)
+    command.send_signal(getattr(signal, signum))
     out, err = command.communicate(timeout=120)
-    assert command.returncode == 130 and err.strip().splitlines()[-1] == "shard-ray: interrupted", out + err
-    assert "Traceback" not in err and not (tmp_path / "r.json").exists()
+    code, said = (130, "interrupted") if signum == "SIGINT" else (143, "terminated")
+    assert command.returncode == code and err.strip().splitlines()[-1] == f"shard-ray: {said}", out + err
+    assert "Traceback" not in err and "SIGTERM received" not in err and not (tmp_path / "r.json").exists()
     deadline = time.monotonic() + 30
     try:
         while left := in_its_session():
-            assert time.monotonic() < deadline, f"the interrupted command's Ray outlived it: {left}"
+            assert time.monotonic() < deadline, f"the stopped command's Ray outlived it: {left}"
             time.sleep(0.5)
     finally:  # what the assertion found, stopped by its process ids
         for pid in in_its_session():

@@ -16,6 +16,7 @@ import importlib
 import os
 import re
 import select
+import signal
 import sys
 import threading
 import warnings
@@ -25,7 +26,7 @@ from typing import NoReturn
 from shard_ray.arguments import Parser
 from shard_ray.cli.commands import COMMANDS
 from shard_ray.configfile import expand_config
-from shard_ray.errors import ShardRayError, ShardRayWarning
+from shard_ray.errors import ShardRayError, ShardRayWarning, Terminated, raise_terminated, sigterm_received
 from shard_ray.quiet import quiet_output
 
 
@@ -78,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), "")
     args = build_parser(command).parse_args(argv)
     run: Callable[[argparse.Namespace], None] = args.run
+    # a SIGTERM stops the command as a Ctrl-C does (`Terminated`); the handler before is put back at the end, where
+    # `main` runs in a process of its own (a test's): None, where it was not Python's (a driver's of Ray), as the default
+    here = threading.current_thread() is threading.main_thread()
+    on_sigterm = signal.signal(signal.SIGTERM, raise_terminated) if here else None
+    sigterm_received(forget=True)
     try:
         run(args)
     except ShardRayError as err:
@@ -88,9 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _stdout_to_nowhere()  # the reader of the output left (`| head`): the rest is not wanted, and not an error
         return PIPE_CLOSED
-    except KeyboardInterrupt:
-        print("shard-ray: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, Terminated) or sigterm_received()
+        print(f"shard-ray: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return TERMINATED if terminated else INTERRUPTED
     except Exception as err:
         if not _ran_out_of_memory(err):
             raise
@@ -103,11 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if here:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
     return 0
 
 
-# The status of a process a closed pipe stopped (128 + SIGPIPE), as a shell reports `yes | head -1`'s `yes`.
+# The statuses of a process a closed pipe stopped (128 + SIGPIPE), as a shell reports `yes | head -1`'s `yes`, and of
+# one stopped by a Ctrl-C (SIGINT) or a SIGTERM, as a shell reports a process those signals ended.
 PIPE_CLOSED = 141
+INTERRUPTED = 130
+TERMINATED = 143
 
 
 def _own_words(err: ShardRayError) -> str:
