@@ -228,4 +228,5 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
             del os.environ[name]
     _stop_if_signalled(pressed)
     _local_ray = (_node_id(), workers_env)
-    return f"ray: started a local instance with {cpus} CPUs"
+    # Ray's logical CPUs, a device each: more than the cores where the gang has more devices than the machine cores
+    return f"ray: started a local instance with {cpus} CPUs" + (f" (logical, on {cores} cores)" if cpus > cores else "")

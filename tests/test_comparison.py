@@ -384,6 +384,8 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     assert "each device's fused shard is timed on its own" in result.stderr
     # the shipped comm model measured 2-device gangs only: its 4-device prices are said to be extrapolated
     assert "all-to-alls were measured at 2 devices, so its prices at 4 are extrapolated" in result.stderr
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == len(set(warned)), result.stderr  # each once: the models' and the measurement's said alike
     assert all(d["fwd_compute_ms"] > 0 and d["fwd_comm_ms"] > 0 for d in cost["devices"])
     assert f"`shard-ray plan` now prices these tables with {models_for(hardware_id(threads=1))}" in result.stdout
 

@@ -127,7 +127,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     stems = [Path(p).stem for p in flags.plans]
     names = stems if len(set(stems)) == len(stems) else list(flags.plans)
     if len(set(names)) < len(names):
-        raise ShardRayError("a plan file is given twice")
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ShardRayError(f"plan file {twice} is given twice")
     if flags.incumbent is not None and flags.incumbent not in flags.plans:
         raise ShardRayError(f"--incumbent {flags.incumbent} is not one of the plan files given to compare")
     incumbent = names[flags.plans.index(flags.incumbent)] if flags.incumbent else None
@@ -190,10 +191,11 @@ def say_warnings(plans: list[Plan], costs: Mapping[str, PlanCost], told: set[str
     """The models' warnings on `plans` and what the gang found measuring each (a table's rows capped, which times it
     optimistically), each once on stderr, named by plan where several were measured; the gang's own, which it said
     when it started (`told`), not again. `compare` printed none of these, which `evaluate` prints."""
-    for line in dict.fromkeys(w for plan in plans if plan.estimate for w in plan.estimate.warnings):
+    said = dict.fromkeys(w for plan in plans if plan.estimate for w in plan.estimate.warnings)
+    for line in said:
         print(f"warning: {line}", file=sys.stderr)
-    for name, cost in costs.items():
-        for line in dict.fromkeys(w for w in cost.warnings if w not in told):
+    for name, cost in costs.items():  # what the models' warnings said already (the comm model's pricing), not again
+        for line in dict.fromkeys(w for w in cost.warnings if w not in told and w not in said):
             print(f"warning: {f'{name}: ' if len(costs) > 1 else ''}{line}", file=sys.stderr)
 
 
