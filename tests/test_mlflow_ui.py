@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -32,7 +33,9 @@ TABLES = """{"tables": [
 
 
 def browser():
-    """Headless Chromium under Selenium, or a skip that says what is missing and why."""
+    """Headless Chromium under Selenium and a folder of its own for its temporary files, for the caller to remove (its
+    profile's lock folder, org.chromium.Chromium.*, outlived `quit()` in /tmp, one a run; a short path, as the folder
+    holds a Unix socket, whose path a pytest folder makes too long); or a skip that says what is missing and why."""
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
         pytest.skip(
@@ -47,7 +50,9 @@ def browser():
     options.binary_location = chromium
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1700,950"):
         options.add_argument(argument)
-    return webdriver.Chrome(options=options, service=Service(driver))
+    scratch = Path(tempfile.mkdtemp(prefix="shard-ray-chromium-"))
+    service = Service(driver, env={**os.environ, "TMPDIR": str(scratch)})
+    return webdriver.Chrome(options=options, service=service), scratch
 
 
 def printed(stdout: str, prefix: str) -> str:
@@ -90,7 +95,7 @@ def test_the_ui_opens_on_the_plans_by_cost_and_shows_each_runs_chart(ray_session
     side_by_side = printed(compared.stdout, "the plans side by side:").replace(":5000/", f":{port}/")
     experiment_id = re.search(r"/experiments/(\d+)/runs", runs_url).group(1)
 
-    driver = browser()
+    driver, scratch = browser()
     ui = subprocess.Popen(
         ["bash", "-c", command.replace("--port 5000", f"--port {port}")],
         stdout=subprocess.DEVNULL,
@@ -135,6 +140,7 @@ def test_the_ui_opens_on_the_plans_by_cost_and_shows_each_runs_chart(ray_session
         _screenshot(driver, shots / "mlflow-compare-runs.png")
     finally:
         driver.quit()
+        shutil.rmtree(scratch, ignore_errors=True)
         stop_process_group(ui, grace_s=10)
     assert ui.poll() is not None
 
