@@ -66,9 +66,7 @@ def _a_file_to_write(text: str) -> str:
 def _a_folder_to_write(text: str) -> str:
     """A folder to write files in, created where missing: not a file, and inside a folder this user may write in."""
     path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
-    existing = next(p for p in (path, *path.parents) if p.exists())  # at last "." or "/"
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the path itself, or at last "." or "/"
     if not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{existing} is a file, not a folder")
     _check_writable(existing)
