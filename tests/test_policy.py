@@ -730,6 +730,27 @@ def test_a_later_table_of_many_lookups_is_finished_by_rows_and_only_those_the_sl
     assert state.cost < 0.9 * searched.cost_ms
 
 
+def test_a_later_table_below_the_level_the_devices_reach_is_finished_whole(models):
+    """The same draw of 200-320 tables (280; memory at its floor), where 16 tables cost more alone than the lower
+    bound. The first, the narrow table of 200 lookups a sample, went in column quarters (4.02x the bound, `cost_search`
+    3.69x): finished after its row-wise option, with only its blocks placed, the slowest device was at 2.4 ms and every
+    later table costlier than that was split, a column-wise set on every device. Such a table sets the plan's cost only
+    above the level every device reaches on average once every piece is placed, so the finish splits those costlier
+    than the slowest device or that level, whichever is more (`PlacementState._split_threshold`): the narrow table goes
+    row-wise and the plan is priced below `cost_search`'s (docs/results.md)."""
+    tables, topology = headroom_task(64, 200, 320, 1.1)
+    torch.manual_seed(0)
+    scorer = DecodingScorer.of_network(OptionScorer())
+    state = PlacementState(tables, topology, models)
+    assert sum(single >= state.dominance for single in state.queue_singles) == 14
+    while not state.done:
+        state.take(best_option(scorer.logits(state.observation())))
+    shards = state.plan("dreamshard").shards
+    assert {(s.columns, s.rows is not None) for s in shards if s.table == "t195"} == {((0, 16), True)}
+    searched = Simulator(models).plan_cost(place("cost_search", tables, topology), tables, topology.batch_size)
+    assert state.cost < searched.cost_ms, (state.cost, searched.cost_ms)
+
+
 def test_a_finished_plan_is_priced_at_its_mean_device_where_the_pieces_to_come_can_even_the_devices_out(models):
     """A held-out task of the generator's pool on 64 devices (`experiments/policy_against_search.py`'s fifth at seed
     7, 200-300 tables). The greedy finish balances sums of costs alone, and the models price its devices' steps

@@ -113,11 +113,14 @@ class Option(NamedTuple):
 class _LaterSplit(NamedTuple):
     """How `_finish` splits the later tables that dominate the task: those costlier alone than the lower bound, or
     with `above_slowest` only those costlier alone than the slowest device once the option is taken (whole, each
-    would be the slowest); in column slices, or with `by_rows` one that costs its lookups (`costs_its_lookups`) in
-    row-wise blocks (`_finishing_slices`)."""
+    would be the slowest), or with `to_level` too only those costlier alone than the level every device reaches on
+    average once every piece is placed, where that is higher (below it, a table whole sets no device's price); in
+    column slices, or with `by_rows` one that costs its lookups (`costs_its_lookups`) in row-wise blocks
+    (`_finishing_slices`)."""
 
     above_slowest: bool
     by_rows: bool
+    to_level: bool = False
 
 
 class _FinishStart(NamedTuple):
@@ -635,13 +638,16 @@ class PlacementState:
     def _later_splits(self) -> list[_LaterSplit]:
         """The ways `finish` splits the later tables that dominate the task (`_LaterSplit`), each way priced and the
         lowest kept: every one in column slices; only those costlier alone than the slowest device, in column slices;
-        and, where one of those is a table of its lookups (`costs_its_lookups`), only those, that one by rows. The first
-        alone split tables a step would keep whole; the second alone, or by rows alone, priced plans of 64 devices
-        higher on one pool or the other (docs/results.md)."""
+        only those costlier alone than the level the devices reach (`to_level`), likewise; and, where one of those is a
+        table of its lookups (`costs_its_lookups`), the last two with that one by rows. The first alone split tables a
+        step would keep whole; the second alone, or by rows alone, priced plans of 64 devices higher on one pool or the
+        other; without the level, a table's options whose finish starts with few pieces placed (the slowest device far
+        below where the plan ends) split every later table above it, a column-wise set on every device
+        (docs/results.md)."""
         if self._ways is None or self._ways[0] != self.position:
-            ways = [_LaterSplit(above_slowest=False, by_rows=False), _LaterSplit(above_slowest=True, by_rows=False)]
-            if self._later_by_rows(self.dominance):
-                ways.append(_LaterSplit(above_slowest=True, by_rows=True))
+            ways = [_LaterSplit(above_slowest=False, by_rows=False)]
+            by_rows = (False, True) if self._later_by_rows(self.dominance) else (False,)
+            ways += [_LaterSplit(True, rows, level) for rows in by_rows for level in (False, True)]
             self._ways = (self.position, ways)
         return self._ways[1]
 
@@ -659,11 +665,19 @@ class PlacementState:
 
     def _split_threshold(self, way: _LaterSplit, start: _FinishStart) -> float | None:
         """The cost alone from which `way` splits a later table in the finish from `start`: the lower bound's share
-        (`dominance`), or with `above_slowest` the slowest device's load; None where the way would split the same
-        tables as another of `_later_splits` (no device above the share; by rows, no such table going by rows)."""
+        (`dominance`), or with `above_slowest` the slowest device's load, or with `to_level` the devices' mean load
+        once the later pieces' costs alone are added; None where the way would split the same tables as another of
+        `_later_splits` (no device above the share; the level not above the slowest device; by rows, no such table
+        going by rows)."""
         if not way.above_slowest:
             return self.dominance
         slowest = max(start.loads)
+        if way.to_level:
+            later = self.singles_left - self.queue_singles[self.position]
+            level = (sum(start.loads) + later) / self.topology.num_devices
+            if level <= slowest:
+                return None
+            slowest = level
         if slowest <= self.dominance:
             return None
         if way.by_rows and not self._later_by_rows(slowest):
