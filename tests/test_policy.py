@@ -731,7 +731,7 @@ def test_a_later_table_of_many_lookups_is_finished_by_rows_and_only_those_the_sl
 
 
 def test_a_later_table_below_the_level_the_devices_reach_is_finished_whole(models):
-    """The same draw of 200-320 tables (280; memory at its floor), where 16 tables cost more alone than the lower
+    """The same draw of 200-320 tables (280; memory at its floor), where 14 tables cost more alone than the lower
     bound. The first, the narrow table of 200 lookups a sample, went in column quarters (4.02x the bound, `cost_search`
     3.69x): finished after its row-wise option, with only its blocks placed, the slowest device was at 2.4 ms and every
     later table costlier than that was split, a column-wise set on every device. Such a table sets the plan's cost only
