@@ -268,6 +268,18 @@ def test_cost_is_the_slowest_device_and_summary_marks_it(small_tables):
     plan = place("round_robin", small_tables, topology)
     text = format_plan_summary(plan, small_tables, topology, cost)
     assert "<- slowest" in text.splitlines()[3] and "5.000 ms" in text
+    assert "hold no shard" not in text
+
+
+def test_the_summary_says_how_many_devices_hold_nothing(small_tables):
+    """Few tables on many devices leave devices empty (a table splits no further than TorchRec's splits go): the
+    summary says so under the devices' rows, where a user planning 5 tables on 64 devices would not count them."""
+    topology = Topology(num_devices=8, memory_bytes=GB)
+    plan = place("size_greedy", small_tables, topology)
+    empty = sum(not plan.shards_on(d) for d in range(8))
+    assert empty == 3
+    lines = format_plan_summary(plan, small_tables, topology).splitlines()
+    assert lines[2 + 8] == "3 of 8 devices hold no shard: they take part in the all-to-alls only"
 
 
 def test_row_wise_cuts_and_pins_as_torchrec():

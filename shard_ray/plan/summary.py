@@ -58,6 +58,9 @@ def format_plan_summary(
                 f" {d.bwd_compute_ms:>8.3f} {d.total_ms:>9.3f}{marker}"
             )
         lines.append(line)
+    empty = sum(not plan.shards_on(device) for device in range(plan.num_devices))
+    if empty:  # a few tables on many devices split no further than their splits go
+        lines.append(f"{empty} of {plan.num_devices} devices hold no shard: they take part in the all-to-alls only")
     if cost is not None:
         source = f", {SOURCES[cost_label]}" if cost_label in SOURCES else ""
         if cost.priced_parts:  # not all of it was timed: say which
