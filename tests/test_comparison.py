@@ -409,6 +409,27 @@ def test_the_comparisons_table_keeps_its_columns_under_a_long_joined_name():
         assert row[end - 1].isdigit() and row[end] == " " and len(row.rstrip()) == len(header.rstrip()), (header, row)
 
 
+def test_intervals_too_wide_to_tell_plans_apart_are_said_to_be(capsys):
+    """Six equal plans raced for 6 rounds: an interval spans more than a factor of 2, which tells nothing of the plans
+    (a new user's 3-round race of 6 plans printed [0.005, 48] without a word); the table says so and what narrows it.
+    Plans 30% apart raced for 40 rounds are separated, and equal ones give narrow intervals: nothing is said."""
+
+    def table(names: list[str], costs: list[float], rounds: int) -> str:
+        state, verdict = replayed_race(names, costs, seed=3, rounds=rounds)
+        return format_comparison(
+            MeasuredComparison(
+                hardware="cpu:test", chosen=verdict.chosen, confidence=0.95, separated=verdict.separated,
+                rule=verdict.rule, steps_per_round=10, rounds=state.count,
+                candidates={n: RoundsSummary.of(v) for n, v in state.rounds.items()}, ratios=verdict.ratios,
+            )
+        )  # fmt: skip
+
+    wide = table(list("abcdef"), [1.0] * 6, 6).splitlines()[-1]
+    assert wide.startswith("1 of the 5 intervals (the widest [") and "more rounds (--rounds)" in wide, wide
+    assert "more than a factor of 2" not in table(["a", "b"], [1.0, 1.3], 40)
+    assert "more than a factor of 2" not in table(["a", "b"], [1.0, 1.0], 40)
+
+
 def test_plan_measure_names_the_algorithms_whose_plan_it_wrote(small_tables):
     """Algorithms that placed the tables alike race as one plan, named by their names joined with `=`: the line
     saying what `plan --measure` wrote named only the first, as if it alone had won (from a new user's walk)."""

@@ -79,6 +79,9 @@ def t_quantile(degrees: int, p: float) -> float:
     return float(stdtrit(degrees, p))
 
 
+# An interval of a plan's ratio to the chosen one wider than this factor tells nothing (a race cut short, a noisy
+# machine): `format_comparison` says so.
+WIDE_INTERVAL = 2.0
 LOOKS = 6  # looks a full-length race takes, the last at its most rounds
 
 
@@ -396,6 +399,18 @@ def format_comparison(result: MeasuredComparison) -> str:
         priced = f"{predicted:>9.2f}  {c.median_ms / predicted:>18.2f}" if predicted else f"{'-':>9}  {'-':>18}"
         lines.append(f"{name:<{width}} {c.median_ms:>10.2f}  {ratio:>28}  {result.verdict(name):<12}  {priced}")
     lines.append(result.rule)
+    wide = [r for r in result.ratios.values() if not r.separated and r.high > WIDE_INTERVAL * r.low]
+    if wide:
+        widest = max(wide, key=lambda r: r.high / r.low)
+        which = (
+            "the interval"
+            if len(result.ratios) == 1
+            else f"{len(wide)} of the {len(result.ratios)} intervals (the widest [{widest.low:.3f}, {widest.high:.3f}])"
+        )
+        lines.append(
+            f"{which} {'spans' if len(wide) == 1 else 'span'} more than a factor of {WIDE_INTERVAL:g} after "
+            f"{result.rounds} rounds: too few to tell the plans apart; more rounds (--rounds) narrow the intervals"
+        )
     if result.predicted_ms:
         lines.append("predicted: the cost models' price of each plan (ms); measured/predicted: its cost_ms over it")
     return "\n".join(lines)
