@@ -151,7 +151,13 @@ class _Head:
                 "wait $RAY_HEAD",
             ]
         )
-        self.shell = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=env, start_new_session=True)
+        # Ray's dashboard keeps its forkserver's socket in a folder of the temporary directory, which outlives a head
+        # ended by a signal (two `/tmp/pymp-*` a head): in the head's own folder, removed with it.
+        tmp = Path(self.home.name) / "tmp"
+        tmp.mkdir()
+        self.shell = subprocess.Popen(
+            ["bash", "-c", script], cwd=REPO, env={**env, "TMPDIR": str(tmp)}, start_new_session=True
+        )
         self.address = f"http://127.0.0.1:{dashboard}"
         self.env = {**env, "RAY_AUTH_MODE": "token"}  # as docs/clusters.md's shells have it
         self.answers: list[subprocess.CompletedProcess] = []

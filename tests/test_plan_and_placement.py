@@ -167,7 +167,9 @@ def test_placing_leaves_pythons_collector_as_it_found_it(small_tables):
     try:
         frozen = gc.get_freeze_count()
         place("size_greedy", small_tables, topology)
-        assert gc.get_freeze_count() >= frozen
+        # not thawed (that leaves none frozen); a frozen object still goes with its last reference, so a few may have
+        # gone meanwhile (3 of 871,071 once, in a parallel pass)
+        assert gc.get_freeze_count() > 0.9 * frozen
     finally:
         gc.unfreeze()
 
