@@ -121,20 +121,15 @@ def doctor_shards() -> list[list[TablePiece]]:
 def time_microbenchmark() -> list[list[float]]:
     """[index, fwd ms, bwd ms] of `doctor_shards` on this process's device, as profiling measures them (on CPU with
     one thread, as a profiling actor has)."""
-    import torch
-
-    from shard_ray.profiling.fused_shard import measure_fused_shard
+    from shard_ray.profiling.fused_shard import measure_fused_shard  # torch with it, which `one_thread` limits
     from shard_ray.profiling.procedure import MeasureConfig
+    from shard_ray.threads import one_thread
 
-    shards, threads = doctor_shards(), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         timed = [
             (i, measure_fused_shard(shard, MeasureConfig(batch_size=DOCTOR_BATCH), ""))
-            for i, shard in enumerate(shards)
+            for i, shard in enumerate(doctor_shards())
         ]
-    finally:
-        torch.set_num_threads(threads)
     return [[i, m.fwd_ms, m.bwd_ms] for i, m in timed if m.status == "ok"]
 
 
@@ -220,6 +215,7 @@ def _run_fused_shard() -> tuple[dict, str]:
     from shard_ray.profiling.fused_shard import measure_fused_shard
     from shard_ray.profiling.hardware import hardware_id, measurement_device
     from shard_ray.profiling.procedure import MeasureConfig
+    from shard_ray.threads import one_thread
     from shard_ray.workload.tables import TableSpec
 
     hardware = hardware_id(threads=1)
@@ -227,9 +223,12 @@ def _run_fused_shard() -> tuple[dict, str]:
         TableSpec(name="doctor_a", rows=1000, dim=32, pooling_factor=4.0),
         TableSpec(name="doctor_b", rows=500, dim=16, pooling_factor=2.0, precision="fp16"),
     ]
-    measured = measure_fused_shard(
-        [TablePiece.whole(t) for t in tables], MeasureConfig(batch_size=256, warmup=1, repeats=2), hardware
-    )
+    # on one thread, as a profiling actor runs it (`--this-machine` runs it in the command's own process, where
+    # torch's threads beside a busy core timed its backward at 95 ms against 0.16 on a Ray actor)
+    with one_thread():
+        measured = measure_fused_shard(
+            [TablePiece.whole(t) for t in tables], MeasureConfig(batch_size=256, warmup=1, repeats=2), hardware
+        )
     if measured.status != "ok":
         return {"error": measured.reason}, hardware
     return {"device": measurement_device().type, "fwd_ms": measured.fwd_ms, "bwd_ms": measured.bwd_ms}, hardware
