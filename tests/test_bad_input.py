@@ -446,6 +446,28 @@ def test_outputs_and_sizes_that_cannot_be_are_refused_before_the_command_works(
     )
 
 
+def test_an_output_naming_an_input_file_is_refused_and_the_input_kept(tmp_path, table_file_path):
+    """`plan --tables t.json --out t.json` replaced the table file with the plan, and `export --plan plan.json --out
+    plan.json` the plan with TorchRec's (a new user's walk; the next command then refused the file by its fields).
+    Refused in one line, whatever the path's spelling, and the file is kept as it was."""
+    tables = tmp_path / "t.json"
+    tables.write_text(table_file_path.read_text())
+    code, err = run(["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "4", "--algo", "size_greedy",
+                     "--out", "./t.json"])  # fmt: skip
+    assert code == 2 and err == (
+        "shard-ray: error: --out ./t.json is the file given to --tables: writing it would replace that file; give "
+        "another name"
+    ), err
+    assert tables.read_text() == table_file_path.read_text()
+    made = run(["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "4", "--algo", "size_greedy",
+                "--out", "plan.json"])  # fmt: skip
+    assert made[0] == 0, made
+    plan = (tmp_path / "plan.json").read_text()
+    code, err = run(["export", "--plan", "plan.json", "--tables", "t.json", "--format", "torchrec", "--out", str(
+        tmp_path / "plan.json")])  # fmt: skip
+    assert code == 2 and "is the file given to --plan" in err and (tmp_path / "plan.json").read_text() == plan, err
+
+
 def test_a_policy_stuck_at_every_plan_says_what_it_tried(tmp_path):
     """Greedy decoding and every plan sampled to rescue it left a piece no device holds: the line says so, not an
     unexplained count of tries with `--samples 0`."""

@@ -25,6 +25,7 @@ from typing import NoReturn
 
 from shard_ray.arguments import Parser
 from shard_ray.cli.commands import COMMANDS
+from shard_ray.cli.flags import refuse_writing_over_inputs
 from shard_ray.configfile import expand_config
 from shard_ray.errors import ShardRayError, ShardRayWarning, Terminated, raise_terminated, sigterm_received
 from shard_ray.quiet import quiet_output
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     on_sigterm = signal.signal(signal.SIGTERM, raise_terminated) if here else None
     sigterm_received(forget=True)
     try:
+        refuse_writing_over_inputs(args)
         run(args)
     except ShardRayError as err:
         print(f"shard-ray: error: {_own_words(err)}", file=sys.stderr)

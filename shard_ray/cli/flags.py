@@ -12,6 +12,7 @@ for every command: the dataclass's defaults, then a tuned file's values, then th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import types
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from shard_ray.configfile import dataclass_from
+from shard_ray.errors import ShardRayError
 
 
 def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
@@ -186,6 +188,24 @@ def add_settings(
             help=text,
             **keywords,
         )
+        if meta.get("new_file"):  # checked against the files the other flags name (`refuse_writing_over_inputs`)
+            parser.set_defaults(files_written=(*(parser.get_default("files_written") or ()), (f.name, names[0])))
+
+
+def refuse_writing_over_inputs(args: argparse.Namespace) -> None:
+    """Refuse a file to write that another flag names too (`export --plan plan.json --out plan.json`): the command
+    would replace its own input, a table or plan file, with what it writes."""
+    for dest, flag in getattr(args, "files_written", ()):
+        out = getattr(args, dest, None)
+        if out is None or not Path(out).is_file():
+            continue
+        for name, value in vars(args).items():
+            for item in value if isinstance(value, list | tuple) else (value,):
+                if name != dest and isinstance(item, str) and Path(item).is_file() and os.path.samefile(item, out):
+                    raise ShardRayError(
+                        f"{flag} {out} is the file given to --{name.replace('_', '-')}: writing it would replace that "
+                        "file; give another name"
+                    )
 
 
 def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
