@@ -468,6 +468,24 @@ def test_an_output_naming_an_input_file_is_refused_and_the_input_kept(tmp_path, 
     assert code == 2 and "is the file given to --plan" in err and (tmp_path / "plan.json").read_text() == plan, err
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--measure-rounds", "5"], "--measure-rounds is a setting of --measure: give --measure too"),
+        (["--measure-budget", "9"], "--measure-budget is a setting of --measure: give --measure too"),
+        (["--measure", "--refine-steps", "2"], "--refine-steps is a setting of --refine: give --refine too"),
+    ],
+)
+def test_settings_of_a_flag_not_given_are_refused(tmp_path, table_file_path, flags, message):
+    """`plan --measure-rounds 5` without `--measure` planned and measured nothing without a word, where
+    `--incumbent` without it was refused (a new user's walk): a setting given without the flag it is a setting of is
+    refused in one line, before anything runs."""
+    code, err = run(["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "4", "--algo",
+                     "size_greedy", "--out", "p.json", *flags])  # fmt: skip
+    assert code == 2 and err == f"shard-ray: error: {message}", err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_a_policy_stuck_at_every_plan_says_what_it_tried(tmp_path):
     """Greedy decoding and every plan sampled to rescue it left a piece no device holds: the line says so, not an
     unexplained count of tries with `--samples 0`."""

@@ -414,18 +414,21 @@ def test_intervals_too_wide_to_tell_plans_apart_are_said_to_be(capsys):
     (a new user's 3-round race of 6 plans printed [0.005, 48] without a word); the table says so and what narrows it.
     Plans 30% apart raced for 40 rounds are separated, and equal ones give narrow intervals: nothing is said."""
 
-    def table(names: list[str], costs: list[float], rounds: int) -> str:
+    def table(names: list[str], costs: list[float], rounds: int, *flag: str) -> str:
         state, verdict = replayed_race(names, costs, seed=3, rounds=rounds)
         return format_comparison(
             MeasuredComparison(
                 hardware="cpu:test", chosen=verdict.chosen, confidence=0.95, separated=verdict.separated,
                 rule=verdict.rule, steps_per_round=10, rounds=state.count,
                 candidates={n: RoundsSummary.of(v) for n, v in state.rounds.items()}, ratios=verdict.ratios,
-            )
+            ),
+            *flag,
         )  # fmt: skip
 
     wide = table(list("abcdef"), [1.0] * 6, 6).splitlines()[-1]
     assert wide.startswith("1 of the 5 intervals (the widest [") and "more rounds (--rounds)" in wide, wide
+    # `plan --measure`'s race is set by its own flag, which the line names there (it named compare's)
+    assert "more rounds (--measure-rounds)" in table(list("abcdef"), [1.0] * 6, 6, "--measure-rounds")
     assert "more than a factor of 2" not in table(["a", "b"], [1.0, 1.3], 40)
     assert "more than a factor of 2" not in table(["a", "b"], [1.0, 1.0], 40)
 

@@ -6,13 +6,13 @@ import argparse
 import contextlib
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, check_plan_of, connect, tracking
-from shard_ray.cli.flags import add_settings, settings_from
+from shard_ray.cli.flags import add_settings, flag_name, given, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.plan import Plan, PlanSettings
@@ -233,6 +233,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise ShardRayError("--refine refines the plan --measure chooses: give --measure too")
     if flags.incumbent and not flags.measure:
         raise ShardRayError("--incumbent is the plan --measure races against: give --measure too")
+    # the race's and refinement's settings given without the flag they are settings of would be ignored without a word
+    for settings, owner, on in (
+        (MeasureRaceArgs, "--measure", flags.measure),
+        (RefineConfig, "--refine", refine_config.refine),
+    ):
+        unused = [flag_name(f.name, f.metadata) for f in fields(settings) if f.name in given(args, settings)]
+        unused = [flag for flag in unused if flag != owner]
+        if unused and not on:
+            are = "is a setting" if len(unused) == 1 else "are settings"
+            raise ShardRayError(f"{', '.join(unused)} {are} of {owner}: give {owner} too")
     tables = load_tables(flags.tables)
     topology = settings_from(TopologyArgs, args).topology(flags.devices)
     incumbent = _incumbent_plan(flags, tables, topology) if flags.incumbent else None
@@ -486,7 +496,10 @@ def measured_best(
     result = compared.result
     print(
         "\n".join(
-            [format_comparison(result), *claims(result, {a.name for a in algorithms() if a.family == "heuristic"})]
+            [
+                format_comparison(result, "--measure-rounds"),
+                *claims(result, {a.name for a in algorithms() if a.family == "heuristic"}),
+            ]
         )
     )
     if spanned:
@@ -581,7 +594,7 @@ def refined_and_confirmed(
             store,
         )
     result = compared.result
-    print("\n".join([format_comparison(result), *claims(result, set())]))
+    print("\n".join([format_comparison(result, "--measure-rounds"), *claims(result, set())]))
     if result.chosen == refined.plan.algorithm and result.separated:
         return refined.plan.model_copy(update={"measured": result, "estimate": None})
     print(f"the refined plan is not measured faster on the gang: {plan.algorithm}'s plan is written")

@@ -379,8 +379,9 @@ def claims(result: MeasuredComparison, heuristics: set[str]) -> list[str]:
     ]
 
 
-def format_comparison(result: MeasuredComparison) -> str:
-    """The comparison's table: per plan its median with an interval, its ratio to the chosen plan, the verdict."""
+def format_comparison(result: MeasuredComparison, rounds_flag: str = "--rounds") -> str:
+    """The comparison's table: per plan its median with an interval, its ratio to the chosen plan, the verdict;
+    `rounds_flag` is the command's flag for the race's rounds, named where the intervals are too wide."""
     percent = int(round(result.confidence * 100))
     pairs = len(result.candidates) * (len(result.candidates) - 1) // 2
     priced = f"; {', '.join(result.priced_parts)} priced by the comm model" if result.priced_parts else ""
@@ -409,7 +410,7 @@ def format_comparison(result: MeasuredComparison) -> str:
         )
         lines.append(
             f"{which} {'spans' if len(wide) == 1 else 'span'} more than a factor of {WIDE_INTERVAL:g} after "
-            f"{result.rounds} rounds: too few to tell the plans apart; more rounds (--rounds) narrow the intervals"
+            f"{result.rounds} rounds: too few to tell the plans apart; more rounds ({rounds_flag}) narrow the intervals"
         )
     if result.predicted_ms:
         lines.append("predicted: the cost models' price of each plan (ms); measured/predicted: its cost_ms over it")
