@@ -433,6 +433,19 @@ def test_intervals_too_wide_to_tell_plans_apart_are_said_to_be(capsys):
     assert "more than a factor of 2" not in table(["a", "b"], [1.0, 1.0], 40)
 
 
+def test_the_comparison_names_the_priced_parts_as_the_plan_summary_does():
+    """With more devices than cores the all-to-alls are priced, not measured: the comparison's header named them by
+    their fields (`input_dist_ms, fwd_comm_ms`), the plan summary by its columns (`input`, `fwd a2a`); both by the
+    columns now."""
+    state, verdict = replayed_race(["a", "b"], [1.0, 1.3], seed=3)
+    result = MeasuredComparison(
+        hardware="cpu:test", chosen=verdict.chosen, confidence=0.95, separated=verdict.separated, rule=verdict.rule,
+        steps_per_round=10, rounds=state.count, candidates={n: RoundsSummary.of(v) for n, v in state.rounds.items()},
+        ratios=verdict.ratios, priced_parts=["input_dist_ms", "fwd_comm_ms", "bwd_comm_ms"],
+    )  # fmt: skip
+    assert "; input, fwd a2a, bwd a2a priced by the comm model;" in format_comparison(result).splitlines()[0]
+
+
 def test_plan_measure_names_the_algorithms_whose_plan_it_wrote(small_tables):
     """Algorithms that placed the tables alike race as one plan, named by their names joined with `=`: the line
     saying what `plan --measure` wrote named only the first, as if it alone had won (from a new user's walk)."""

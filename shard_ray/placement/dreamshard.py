@@ -26,8 +26,9 @@ class DreamShardConfig:
 @register(
     "dreamshard",
     "rl",
-    "DreamShard: an RLlib-trained policy places tables one by one on the cost model's estimated MDP, each whole on a "
-    "device or split column-, row- or table-row-wise",
+    "DreamShard: a policy network places tables one by one on the cost model's estimated MDP, each whole on a "
+    "device or split column-, row- or table-row-wise (the shipped one is its untrained prior, the cost models' greedy "
+    "choice: RLlib's PPO has not priced below it yet; `policy train` trains one)",
     settings=DreamShardConfig,
 )
 def dreamshard(context: PlacementContext) -> Placer:

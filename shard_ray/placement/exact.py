@@ -93,7 +93,8 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
 @register(
     "optimal",
     "exact",
-    f"branch and bound: the best table-wise plan under the cost models (up to {MAX_TABLES} tables)",
+    f"branch and bound: the best table-wise plan under the cost models (up to {MAX_TABLES} tables; a table no device "
+    "holds whole is cut row-wise first); algorithms that split tables may price lower",
     max_tables=MAX_TABLES,
 )
 def optimal(context: PlacementContext) -> Placer:

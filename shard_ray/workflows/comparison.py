@@ -49,6 +49,7 @@ from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.plan.cost import MeasuredComparison, PlanCost, PlanRatio, RoundsSummary, median_of, median_round
 from shard_ray.plan.plan import Plan
+from shard_ray.plan.summary import PART_COLUMNS
 from shard_ray.plan.topology import Topology
 from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workload.tables import TableSpec
@@ -384,7 +385,8 @@ def format_comparison(result: MeasuredComparison, rounds_flag: str = "--rounds")
     `rounds_flag` is the command's flag for the race's rounds, named where the intervals are too wide."""
     percent = int(round(result.confidence * 100))
     pairs = len(result.candidates) * (len(result.candidates) - 1) // 2
-    priced = f"; {', '.join(result.priced_parts)} priced by the comm model" if result.priced_parts else ""
+    named = ", ".join(PART_COLUMNS[part] for part in result.priced_parts)  # as the plan summary names them
+    priced = f"; {named} priced by the comm model" if result.priced_parts else ""
     width = max(36, *map(len, result.candidates))  # a joined name (plans placing alike) can be longer
     lines = [
         f"measured side by side on {result.hardware}: {result.rounds} interleaved rounds of {result.steps_per_round} "
