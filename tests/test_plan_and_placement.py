@@ -271,6 +271,11 @@ def test_cost_is_the_slowest_device_and_summary_marks_it(small_tables):
     text = format_plan_summary(plan, small_tables, topology, cost)
     assert "<- slowest" in text.splitlines()[3] and "5.000 ms" in text
     assert "hold no shard" not in text
+    # far above the lower bound, the gap is said to be no verdict (a new user read "2753.9% above it" as one)
+    far = format_plan_summary(plan, small_tables, topology, cost, "simulated", lower_bound_ms=1.0)
+    assert "this plan is 400.0% above it: a bound, not a target (a plan far above it need not be a poor one" in far
+    near = format_plan_summary(plan, small_tables, topology, cost, "simulated", lower_bound_ms=4.0)
+    assert "this plan is 25.0% above it)" in near
 
 
 def test_the_summary_says_how_many_devices_hold_nothing(small_tables):
