@@ -38,6 +38,8 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise ShardRayError(f"cannot read {what} file {path}: {err}") from err
+    if not text.strip():
+        raise ShardRayError(f"{what} file {path} is empty")
     is_yaml = path.suffix.lower() in (".yaml", ".yml")
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
