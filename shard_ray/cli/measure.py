@@ -164,6 +164,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         print(table)
         print(plans[0].estimate.provenance)
         out = Path(flags.out)
+        earlier = (out / "comparison.json").exists()  # the default folder is one for every comparison
         write_json(
             out / "comparison.json",
             {
@@ -175,7 +176,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
         )
         write_atomic(out / "comparison.md", "```\n" + table + "\n```\n")
         report.call(ratio_chart, result, out / "comparison.png")
-        print(f"wrote comparison.json, comparison.md and comparison.png to {out}")
+        replaced = " (in place of the comparison there before: --out names a folder of its own)" if earlier else ""
+        print(f"wrote comparison.json, comparison.md and comparison.png to {out}{replaced}")
         say_warnings(plans, compared.costs, set(gang.warnings))
         if tracking_uri is not None:
             task = flags.task or Path(flags.tables).stem
