@@ -16,6 +16,8 @@ LEGEND = (
 # A plan further above the lower bound than this (as a share of it) is said not to be judged by the gap: on many
 # devices the bound is loose (the policy's and cost_search's plans of 64 devices sit 2-4x above it, docs/results.md).
 LOOSE_BOUND = 1.0
+# Consecutive devices whose rows are alike, this many or more, are printed as one row (`_runs_alike`).
+ALIKE_RUN = 3
 # Where the costs come from, by `cost_label`.
 SOURCES = {"measured": "timed on the device gang", "simulated": "priced by the cost models"}
 
@@ -41,26 +43,32 @@ def format_plan_summary(
         hosts = f" on {topology.num_hosts} hosts of {topology.devices_per_host_or_all}"
         links = f"; between hosts {topology.inter_host_gbps:g} GB/s a device"
         links += f", one link of {topology.host_link_gbps:g} GB/s a host" if topology.host_link_gbps else ""
-    lines = [
-        f"plan '{plan.algorithm}' on {plan.num_devices} device{'s' if plan.num_devices != 1 else ''}{hosts} "
-        f"({topology.memory_gb:.2f} GiB each, batch {topology.batch_size}, {topology.optimizer}{links})",
-        header,
-    ]
     costs = {d.device: d for d in cost.devices} if cost is not None else {}
+    rows = []  # each device's row but its index
     for device in range(plan.num_devices):
         shards = plan.shards_on(device)
-        line = (
-            f"{device:>6} {len(shards):>6} {sum(s.width for s in shards):>8} "
+        row = (
+            f" {len(shards):>6} {sum(s.width for s in shards):>8} "
             f"{memory[device] / GB:>10.3f} {100 * memory[device] / topology.memory_bytes:>5.1f}%"
         )
         if device in costs:
             d = costs[device]
             marker = " <- slowest" if device == cost.bottleneck_device else ""
-            line += (
+            row += (
                 f" {d.input_dist_ms:>8.3f} {d.fwd_compute_ms:>8.3f} {d.fwd_comm_ms:>8.3f} {d.bwd_comm_ms:>8.3f}"
                 f" {d.bwd_compute_ms:>8.3f} {d.total_ms:>9.3f}{marker}"
             )
-        lines.append(line)
+        rows.append(row)
+    runs = _runs_alike(rows)
+    width = max(6, *(len(label) for label, _ in runs))
+    lines = [
+        f"plan '{plan.algorithm}' on {plan.num_devices} device{'s' if plan.num_devices != 1 else ''}{hosts} "
+        f"({topology.memory_gb:.2f} GiB each, batch {topology.batch_size}, {topology.optimizer}{links})",
+        f"{'device':>{width}}" + header.removeprefix(f"{'device':>6}"),
+        *(f"{label:>{width}}{row}" for label, row in runs),
+    ]
+    if len(runs) < len(rows):
+        lines.append("(a row of devices first-last: each of them alike)")
     empty = sum(not plan.shards_on(device) for device in range(plan.num_devices))
     if empty:  # a few tables on many devices split no further than their splits go
         lines.append(f"{empty} of {plan.num_devices} devices hold no shard: they take part in the all-to-alls only")
@@ -86,6 +94,23 @@ def format_plan_summary(
             )
         lines.append(LEGEND)
     return "\n".join(lines)
+
+
+def _runs_alike(rows: list[str]) -> list[tuple[str, str]]:
+    """Devices' rows as (label, row): a run of `ALIKE_RUN` or more consecutive devices whose rows are alike (empty
+    devices of a plan of few tables, a row-wise table's blocks) as one, labelled `first-last`; 4,096 devices printed
+    4,096 rows."""
+    runs: list[tuple[str, str]] = []
+    start = 0
+    for end in range(1, len(rows) + 1):
+        if end < len(rows) and rows[end] == rows[start]:
+            continue
+        if end - start >= ALIKE_RUN:
+            runs.append((f"{start}-{end - 1}", rows[start]))
+        else:
+            runs += [(str(k), rows[k]) for k in range(start, end)]
+        start = end
+    return runs
 
 
 def gang_layout(hosts: list[int]) -> str:
