@@ -402,6 +402,8 @@ def format_comparison(result: MeasuredComparison, rounds_flag: str = "--rounds")
         priced = f"{predicted:>9.2f}  {c.median_ms / predicted:>18.2f}" if predicted else f"{'-':>9}  {'-':>18}"
         lines.append(f"{name:<{width}} {c.median_ms:>10.2f}  {ratio:>28}  {result.verdict(name):<12}  {priced}")
     lines.append(result.rule)
+    if result.priced_parts:  # the same price every round: the intervals hold the measured parts' noise alone
+        lines.append(f"the intervals hold the timed parts' noise, not the error of the comm model's prices of {named}")
     wide = [r for r in result.ratios.values() if not r.separated and r.high > WIDE_INTERVAL * r.low]
     if wide:
         widest = max(wide, key=lambda r: r.high / r.low)
