@@ -197,8 +197,8 @@ class Race:
         # took the plan in brackets for the one within noise)
         rule = (
             f"no plan is separated from every other: the fastest by the paired ratios, {best}, is within noise of "
-            f"{len(tied) - 1} ({', '.join(tied[1:])}); of these {len(tied)}, {chosen} has the lowest cost (median "
-            "round) and is chosen"
+            f"{len(tied) - 1} other{'s' if len(tied) > 2 else ''} ({', '.join(tied[1:])}); of these {len(tied)}, "
+            f"{chosen} has the lowest cost (median round) and is chosen"
         )
         return Verdict(chosen, False, ratios, level, rule)
 
