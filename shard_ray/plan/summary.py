@@ -35,18 +35,16 @@ def format_plan_summary(
     `lower_bound_ms`, the task's lower bound on the simulated cost, is printed under it when given.
     """
     memory = plan.device_memory_bytes(tables, topology)
-    header = f"{'device':>6} {'shards':>6} {'dim sum':>8} {'memory GiB':>10} {'mem %':>6}"
-    if cost is not None:
-        header += f" {'input':>8} {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
     hosts, links = "", ""
     if topology.num_hosts > 1:  # and the rates that price the traffic between them, given or chosen
         hosts = f" on {topology.num_hosts} hosts of {topology.devices_per_host_or_all}"
         links = f"; between hosts {topology.inter_host_gbps:g} GB/s a device"
         links += f", one link of {topology.host_link_gbps:g} GB/s a host" if topology.host_link_gbps else ""
     costs = {d.device: d for d in cost.devices} if cost is not None else {}
-    rows = []  # each device's row but its index
+    rows, empty = [], 0  # each device's row but its index; the devices holding nothing
     for device in range(plan.num_devices):
         shards = plan.shards_on(device)
+        empty += not shards
         row = (
             f" {len(shards):>6} {sum(s.width for s in shards):>8} "
             f"{memory[device] / GB:>10.3f} {100 * memory[device] / topology.memory_bytes:>5.1f}%"
@@ -61,15 +59,17 @@ def format_plan_summary(
         rows.append(row)
     runs = _runs_alike(rows)
     width = max(6, *(len(label) for label, _ in runs))
+    header = f"{'device':>{width}} {'shards':>6} {'dim sum':>8} {'memory GiB':>10} {'mem %':>6}"
+    if cost is not None:
+        header += f" {'input':>8} {'fwd ms':>8} {'fwd a2a':>8} {'bwd a2a':>8} {'bwd ms':>8} {'total ms':>9}"
     lines = [
         f"plan '{plan.algorithm}' on {plan.num_devices} device{'s' if plan.num_devices != 1 else ''}{hosts} "
         f"({topology.memory_gb:.2f} GiB each, batch {topology.batch_size}, {topology.optimizer}{links})",
-        f"{'device':>{width}}" + header.removeprefix(f"{'device':>6}"),
+        header,
         *(f"{label:>{width}}{row}" for label, row in runs),
     ]
     if len(runs) < len(rows):
         lines.append("(a row of devices first-last: each of them alike)")
-    empty = sum(not plan.shards_on(device) for device in range(plan.num_devices))
     if empty:  # a few tables on many devices split no further than their splits go
         lines.append(f"{empty} of {plan.num_devices} devices hold no shard: they take part in the all-to-alls only")
     if cost is not None:

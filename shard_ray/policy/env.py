@@ -671,18 +671,17 @@ class PlacementState:
         going by rows)."""
         if not way.above_slowest:
             return self.dominance
-        slowest = max(start.loads)
+        threshold = slowest = max(start.loads)
         if way.to_level:
             later = self.singles_left - self.queue_singles[self.position]
-            level = (sum(start.loads) + later) / self.topology.num_devices
-            if level <= slowest:
+            threshold = (sum(start.loads) + later) / self.topology.num_devices
+            if threshold <= slowest:
                 return None
-            slowest = level
-        if slowest <= self.dominance:
+        if threshold <= self.dominance:
             return None
-        if way.by_rows and not self._later_by_rows(slowest):
+        if way.by_rows and not self._later_by_rows(threshold):
             return None
-        return slowest
+        return threshold
 
     def _later_by_rows(self, bound: float) -> bool:
         """Whether a later table whose cost alone reaches `bound` goes by rows (`_goes_by_rows`), asked of them in the
