@@ -426,7 +426,7 @@ def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path
         (
             "plan",
             ["--devices", "2", "--memory-gb", "4", "--out", "/proc/p.json"],
-            "--out: cannot write in folder /proc",
+            "--out: no file can be made in folder /proc (No such file or directory)",
         ),
         ("evaluate", ["--plan", "plan.json", "--out", "made"], "--out: made is a folder; give the file to write"),
         ("compare", ["--plans", "plan.json", "plan.json", "--out", "plan.json"], "--out: plan.json is a file, not a"),

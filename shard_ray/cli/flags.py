@@ -80,7 +80,7 @@ def _check_writable(folder: Path) -> None:
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
-        raise argparse.ArgumentTypeError(f"cannot write in folder {folder}: {err.strerror or err}") from None
+        raise argparse.ArgumentTypeError(f"no file can be made in folder {folder} ({err.strerror or err})") from None
 
 
 _a_file_to_write.__name__ = "file"
