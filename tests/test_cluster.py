@@ -264,7 +264,9 @@ def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_
         assert "started a local instance" not in done.stdout
         # the first left its gang on the head, and the second took it rather than start one
         assert done.stderr.count("gang: left on this Ray for the next command for 60 s") == 2, done.stderr
-        assert done.stderr.count("gang: took the 2-device gang an earlier command left on this Ray") == 1, done.stderr
+        assert done.stderr.count("gang: took the gang of 2 devices an earlier command left on this Ray") == 1, (
+            done.stderr
+        )
         ready = [str(BIN / "ray"), "job", "submit", "--address", address, "--no-wait", "--", "true"]
         assert subprocess.run(ready, env=env, capture_output=True, timeout=60).returncode == 0
         # a shell without the page's RAY_AUTH_MODE, or with another token: told so in a line at once, where Ray
@@ -355,7 +357,7 @@ def test_a_kept_gang_ends_when_its_time_is_up_and_with_a_driver_that_died(tmp_pa
             killed = subprocess.run([sys.executable, "-c", KILLED_DRIVER], env=env, capture_output=True, text=True,
                                     timeout=300)  # fmt: skip
             assert killed.returncode == -9, killed.stderr[-2000:]
-            assert ("gang: took the 2-device gang" in killed.stderr) == kept, killed.stderr[-2000:]
+            assert ("gang: took the gang of 2 devices" in killed.stderr) == kept, killed.stderr[-2000:]
             pids = [int(pid) for pid in killed.stdout.split()]
             assert len(pids) == 2
             until(lambda: all(gone(pid) for pid in pids), "the killed driver's members ended")

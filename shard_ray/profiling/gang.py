@@ -402,7 +402,7 @@ class DeviceGang:
             return False
         self._settled = kept["settled"]
         print(
-            f"gang: took the {self.num_devices}-device gang an earlier command left on this Ray ({KEEP_ENV}: kept "
+            f"gang: took the gang of {self.num_devices} devices an earlier command left on this Ray ({KEEP_ENV}: kept "
             f"{self._keep_s:g} s after each command)",
             file=sys.stderr,
             flush=True,

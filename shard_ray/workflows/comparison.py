@@ -282,7 +282,7 @@ def compare_plans(
     incumbent = next((n for n in names if incumbent in n.split("=")), incumbent) if incumbent else None
     race = Race(names, config.rounds, config.min_rounds, config.confidence, incumbent)
     log(
-        f"measuring {len(names)} distinct plans side by side on a {topology.num_devices}-device gang: "
+        f"measuring {len(names)} distinct plans side by side on a gang of {topology.num_devices} devices: "
         f"up to {config.rounds} rounds or {config.budget_seconds:.0f} s, and at least {race.looks[0]} rounds (its first look)"
     )
     verdict, per_plan = _race_in_rounds(race, plans, tables, topology, gang, config, store, log)
