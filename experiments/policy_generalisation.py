@@ -59,7 +59,8 @@ def main() -> None:
             test_pool, PolicyConfig(min_tables=40, max_tables=60, devices=(8,)), args.tasks, args.seed
         ),
     }
-    untrained = Path(tempfile.mkdtemp()) / "untrained.pt"
+    folder = tempfile.TemporaryDirectory(prefix="untrained-policy-")  # removed when the script ends
+    untrained = Path(folder.name) / "untrained.pt"
     torch.manual_seed(args.seed)
     save_policy(untrained, OptionScorer(), PolicyInfo(iterations=0))
     entries = [(name, name, None) for name in ALGORITHMS] + [

@@ -83,7 +83,8 @@ def main() -> None:
     models = CostModels.load(default_cost_model_path())
     simulator = Simulator(models)
     _, pool = split_pool(generate_pool(PoolConfig(rows_log_sigma=args.rows_log_sigma)), 0.5, 0)
-    untrained = Path(tempfile.mkdtemp()) / "untrained.pt"
+    folder = tempfile.TemporaryDirectory(prefix="untrained-policy-")  # removed when the script ends
+    untrained = Path(folder.name) / "untrained.pt"
     torch.manual_seed(0)
     save_policy(untrained, OptionScorer(), PolicyInfo(iterations=0))
     entries = [
