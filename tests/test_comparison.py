@@ -315,6 +315,25 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
 
 
 @pytest.mark.slow
+def test_a_second_comparison_in_the_same_folder_says_it_replaced_the_first(
+    ray_session, capsys, monkeypatch, tmp_path, two_plans
+):
+    """`compare`'s default folder is one for every comparison: a second one replaced the first's files without a
+    word (a new user's walk). The second says so; the first says nothing of the kind."""
+    table_file, plan, twin = two_plans
+    monkeypatch.chdir(tmp_path)
+    argv = ("compare", "--tables", str(table_file), "--plans", str(plan), str(twin), "--rounds", "2", "--repeats",
+            "1", "--warmup", "0", "--no-mlflow")  # fmt: skip
+    said = []
+    for _ in range(2):
+        result = shard_ray_here(capsys, *argv)
+        assert result.returncode == 0, result.stderr
+        said.append(next(line for line in result.stdout.splitlines() if line.startswith("wrote comparison.json")))
+    assert said[0] == "wrote comparison.json, comparison.md and comparison.png to shard-ray-out/compare"
+    assert said[1] == said[0] + " (in place of the comparison there before: --out names a folder of its own)"
+
+
+@pytest.mark.slow
 def test_plan_measure_keeps_an_incumbent_no_plan_is_measured_faster_than(
     ray_session, capsys, monkeypatch, tmp_path, two_plans
 ):
