@@ -430,6 +430,10 @@ def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path
         ),
         ("evaluate", ["--plan", "plan.json", "--out", "made"], "--out: made is a folder; give the file to write"),
         ("compare", ["--plans", "plan.json", "plan.json", "--out", "plan.json"], "--out: plan.json is a file, not a"),
+        # the folders of `tasks` and `bench` ended in tracebacks (bench's after starting Ray): a second walk
+        ("tasks", ["--out", "plan.json"], "--out/--out-dir: plan.json is a file, not a folder"),
+        ("tasks", ["--out", "plan.json/sub"], "--out/--out-dir: plan.json is a file, not a folder"),
+        ("bench", ["--tasks", "0", "--out", "plan.json", "--no-mlflow"], "--out: plan.json is a file, not a folder"),
     ],
 )
 def test_outputs_and_sizes_that_cannot_be_are_refused_before_the_command_works(

@@ -24,7 +24,11 @@ class GenerateArgs:
 class TasksArgs:
     tables: str = setting(None, "table file of the pool", required=True, old_names=("--pool",))
     out: str = setting(
-        None, "folder for the task files and the train/test pools", required=True, old_names=("--out-dir",)
+        None,
+        "folder for the task files and the train/test pools",
+        required=True,
+        old_names=("--out-dir",),
+        new_folder=True,
     )
 
 

@@ -101,7 +101,7 @@ class BenchmarkConfig:
     policy: str | None = setting(None, "policy for dreamshard (default: the shipped one)")
     algorithms: tuple[str, ...] = setting((), "comma-separated names (default: every one that handles the task)")
     seed: int = setting(100, "random seed", min=0)
-    out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed")
+    out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed", new_folder=True)
     tracking_uri: str | None = None  # None: no MLflow
     experiment: str = "shard-ray-benchmark"
 
