@@ -241,9 +241,11 @@ def test_too_few_shards_to_fit_ask_for_a_larger_budget_only_where_the_tables_mak
     measuring every one of them, which would measure nothing new (from a new user's walk through docs/commands.md)."""
     from shard_ray.workflows.calibrate import too_few_to_fit
 
-    assert too_few_to_fit(3, 5, "cpu:x", ran_out=False).endswith("give a larger --budget-minutes")
-    made = too_few_to_fit(5, 3, "cpu:x", ran_out=True)
-    assert "(5 shards of these tables on cpu:x, all that these 3 tables make;" in made
+    split = {"fit": 2, "val": 1, "held_out": 0}
+    assert too_few_to_fit(split, 5, "cpu:x", ran_out=False).endswith("give a larger --budget-minutes")
+    made = too_few_to_fit({"fit": 3, "val": 1, "held_out": 2}, 3, "cpu:x", ran_out=True)
+    # 6 shards read as enough for 4 + 1 + 1 where the split gave 3 to fitting (a second walk): the split is said
+    assert "(6 shards of these tables on cpu:x, 3 to fit, 1 to validate and 2 held out, all that these 3 tables" in made
     assert "--budget-minutes" not in made and "more of the model's tables" in made
 
 

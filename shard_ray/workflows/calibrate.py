@@ -267,7 +267,8 @@ def calibrate(
         shards, _ = task_measurements(store, tables, hardware, measure, topology.devices_per_host_if_spanning)
         by_split = split_measurements(shards, config.held_out, MIN_HELD_OUT_SHARDS)
         if len(by_split["fit"]) < FEWEST_FIT or not by_split["val"] or not by_split["held_out"]:
-            raise ShardRayError(too_few_to_fit(len(shards), len(tables), hardware, shards_ran_out))
+            split = {part: len(measured) for part, measured in by_split.items()}
+            raise ShardRayError(too_few_to_fit(split, len(tables), hardware, shards_ran_out))
         # 3. communication data on the gang
         floor, plans_ran_out = _measure_plans(
             candidates, tables, topology, config, store, measure, measuring_ends, log, devices
@@ -691,16 +692,21 @@ PLAN_MAPE_TOLERANCE = 0.01
 MORE_BATCHES = 3
 
 
-def too_few_to_fit(shards: int, tables: int, hardware: str, ran_out: bool) -> str:
-    """Why `shards` measured shards of a task of `tables` tables are too few to fit the models to, and what would give
-    more: a larger budget, unless the tables make no more distinct shards (`ran_out`), which only more tables do."""
-    said = f"too few measurements to calibrate ({shards} shards of these tables on {hardware}"
+def too_few_to_fit(split: dict[str, int], tables: int, hardware: str, ran_out: bool) -> str:
+    """Why the measured shards of a task of `tables` tables, `split` (how many fall to "fit", "val" and "held_out"),
+    are too few to fit the models to, and what would give more: a larger budget, unless the tables make no more
+    distinct shards (`ran_out`), which only more tables do. The split is said: 6 shards read as enough for a fit that
+    needs 4, one and one, where 3 fell to fitting (a new user's walk)."""
+    said = (
+        f"too few measurements to calibrate ({sum(split.values())} shards of these tables on {hardware}, "
+        f"{split['fit']} to fit, {split['val']} to validate and {split['held_out']} held out"
+    )
     if not ran_out:
         return f"{said}); give a larger --budget-minutes"
     return (
-        f"{said}, all that these {tables} tables make; a fit needs {FEWEST_FIT} to fit, one to validate and one to "
-        "hold out): calibrate on a table file with more of the model's tables; `plan` prices with the models at "
-        "hand meanwhile"
+        f"{said}, all that these {tables} tables make; a fit needs {FEWEST_FIT} to fit, one to validate and one held "
+        "out): calibrate on a table file with more of the model's tables; `plan` prices with the models at hand "
+        "meanwhile"
     )
 
 
