@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -375,6 +376,28 @@ def test_tuned_file_is_overridden_by_flags_given(tmp_path):
     )
     config = settings_from(TrainConfig, args, tuned={"lr": 0.5, "hidden": 32})
     assert (config.lr, config.hidden, config.depth) == (0.01, 32, TrainConfig().depth)
+
+
+def test_a_sweep_takes_no_flag_for_a_setting_it_draws(capsys):
+    """`tune policy` draws PPO's learning rate, width, minibatch... for every trial: a flag for one would be overridden
+    without a word, so it has none (nor `--config`, a tuned file of them), while `policy train` has them all."""
+    from shard_ray.cli.flags import flag_name
+    from shard_ray.policy.settings import PolicyConfig
+    from shard_ray.tuning.settings import POLICY_SWEPT
+
+    flags = {f.name: flag_name(f.name, f.metadata) for f in fields(PolicyConfig) if "help" in f.metadata}
+    flags = {name: flag for name, flag in flags.items() if name in POLICY_SWEPT}
+    assert {"lr", "hidden", "minibatch_size"} <= set(flags)
+    for command, offered in ((["policy", "train"], True), (["tune", "policy"], False)):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        shown = capsys.readouterr().out
+        for flag in [*flags.values(), "--config"]:
+            assert (f"{flag} " in shown) == offered, (command, flag)
+    with pytest.raises(SystemExit) as refused:
+        main(["tune", "policy", "--tables", "t.json", "--out", "s", flags["hidden"], "64"])
+    assert refused.value.code == 2
+    assert f"unrecognized argument {flags['hidden']}" in capsys.readouterr().err
 
 
 def test_old_flag_names_still_work_with_a_note(tmp_path):

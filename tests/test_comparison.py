@@ -177,6 +177,23 @@ def test_a_plan_replaces_the_incumbent_only_when_separated_as_faster_than_it():
         Race(names, 8, incumbent="c")
 
 
+def test_a_sweeps_finalist_replaces_the_shipped_settings_only_when_measured_faster_and_never_slower():
+    """`tune search`'s measured step: a finalist faster than the shipped settings by its interval on some task and
+    slower on none is chosen (the most such tasks first); within noise everywhere keeps the shipped settings."""
+    from shard_ray.plan.cost import PlanRatio
+    from shard_ray.tuning.search_sweep import SHIPPED, choose_measured
+
+    def ratio(low: float, high: float) -> PlanRatio:
+        return PlanRatio(ratio=(low * high) ** 0.5, low=low, high=high, separated=low > 1 or high < 1)
+
+    noise, faster, slower = ratio(0.7, 1.2), ratio(0.80, 0.95), ratio(1.02, 1.2)
+    assert choose_measured({"a": [noise, noise], "b": [ratio(0.5, 1.01), None]}) == SHIPPED  # a lower ratio, in noise
+    assert choose_measured({"a": [faster, None], "b": [noise, noise]}) == "a"
+    assert choose_measured({"a": [faster, slower], "b": [noise, noise]}) == SHIPPED
+    assert choose_measured({"a": [faster, noise], "b": [faster, ratio(0.9, 0.99)]}) == "b"
+    assert choose_measured({"a": [ratio(0.5, 0.6), noise], "b": [faster, noise]}) == "a"
+
+
 def test_old_plan_files_with_a_race_still_read(tmp_path, small_tables):
     document = {
         "num_devices": 1,

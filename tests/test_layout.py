@@ -19,7 +19,8 @@ LAYERS = (
     ("costmodel", "tracking"),
     ("policy",),
     ("placement",),
-    ("workflows", "tuning"),
+    ("workflows",),
+    ("tuning",),
     ("doctor",),
     ("cli",),
 )

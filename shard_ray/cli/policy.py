@@ -27,7 +27,10 @@ class PolicyArgs:
         old_names=("--pool",),
     )
     out: str = setting(
-        None, "folder for the checkpoint and policy.pt; an existing one is resumed", required=True, new_folder=True
+        None,
+        "folder for the checkpoint and policy.pt (`tune policy`: the sweep's); an existing one is resumed",
+        required=True,
+        new_folder=True,
     )
     config: str | None = setting(None, "tuned PPO settings (best.json of `tune policy`); flags given override them")
     cost_model: str | None = setting(
@@ -45,8 +48,8 @@ class OuterLoopArgs:
 def add_policy_flags(
     parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None, exclude: tuple[str, ...] = ()
 ) -> None:
-    """The flags of a policy's training: inputs, PPO settings but those `exclude` names, Ray and MLflow."""
-    add_settings(parser, PolicyArgs)
+    """The flags of a policy's training: inputs and PPO settings but those `exclude` names, Ray and MLflow."""
+    add_settings(parser, PolicyArgs, exclude=exclude)
     add_settings(parser, PolicyConfig, defaults=defaults, exclude=exclude)
     add_ray(parser)
 

@@ -15,7 +15,7 @@ from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.policy import add_policy_flags, policy_inputs
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
-from shard_ray.tuning.settings import CostModelSweepConfig, PolicySweepConfig, SearchSweepConfig
+from shard_ray.tuning.settings import POLICY_SWEPT, CostModelSweepConfig, PolicySweepConfig, SearchSweepConfig
 from shard_ray.tuning.sweep import SweepConfig
 
 TRIALS = {"costmodel": 16, "search": 24, "policy": 8}
@@ -62,8 +62,10 @@ def sweep_settings(args: argparse.Namespace, kind: str, **fixed: object) -> Swee
     return settings_from(SweepConfig, args, defaults={"samples": TRIALS[kind]}, **fixed)
 
 
-def report(best: Path) -> None:
+def report(best: Path, tracking_uri: str | None, experiment: str) -> None:
     document = json.loads(best.read_text())
+    if tracking_uri:
+        print(f"logged every trial as an MLflow run in the experiment {experiment} to {tracking_uri}")
     print(f"best {document['metric']} {document['value']:.4f}; wrote {best} and {best.parent / 'trials.csv'}")
     print(
         json.dumps(
@@ -85,7 +87,11 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     tracking_uri, experiment = tracking(args)
     connect(args)
     out = settings_from(SweepOut, args).out
-    report(tune_cost_models(flags.store, train_tables, sweep, settings, out, tracking_uri, experiment, flags.hardware))
+    report(
+        tune_cost_models(flags.store, train_tables, sweep, settings, out, tracking_uri, experiment, flags.hardware),
+        tracking_uri,
+        experiment,
+    )
 
 
 def cmd_tune_search(args: argparse.Namespace) -> None:
@@ -107,7 +113,9 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=settings.devices)
     out = settings_from(SweepOut, args).out
-    report(tune_search(pool, sweep, settings, out, tracking_uri, experiment, flags.cost_model))
+    report(
+        tune_search(pool, sweep, settings, out, tracking_uri, experiment, flags.cost_model), tracking_uri, experiment
+    )
 
 
 def cmd_tune_policy(args: argparse.Namespace) -> None:
@@ -118,7 +126,11 @@ def cmd_tune_policy(args: argparse.Namespace) -> None:
     settings = settings_from(PolicySweepConfig, args)
     tracking_uri, experiment = tracking(args)
     connect(args)
-    report(tune_policy(pool, base, sweep, settings, flags.out, tracking_uri, experiment, flags.cost_model))
+    report(
+        tune_policy(pool, base, sweep, settings, flags.out, tracking_uri, experiment, flags.cost_model),
+        tracking_uri,
+        experiment,
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -144,7 +156,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "policy", help="sweep PPO's hyperparameters (objective: simulated cost on validation tasks, ASHA)"
     )
     add_settings(q, PolicySweepConfig)
-    # the sweep's own --validation-tasks scores its trials
-    add_policy_flags(q, defaults=POLICY_TRIAL_ITERATIONS, exclude=("validation_tasks",))
+    # the sweep's own --validation-tasks scores its trials; the settings it draws (and a tuned file of them) are no flags
+    add_policy_flags(q, defaults=POLICY_TRIAL_ITERATIONS, exclude=("validation_tasks", "config", *POLICY_SWEPT))
     add_sweep_flags(q, "policy")
     q.set_defaults(run=cmd_tune_policy)

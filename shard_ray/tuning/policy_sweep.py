@@ -22,12 +22,11 @@ from typing import Any
 from shard_ray.configfile import dataclass_from
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.policy.settings import PolicyConfig
-from shard_ray.tuning.settings import PolicySweepConfig
+from shard_ray.tuning.settings import POLICY_SWEPT, PolicySweepConfig
 from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "validation_over_bound"
-SWEPT = ("lr", "entropy_coeff", "num_epochs", "clip_param", "lambda_", "minibatch_size", "hidden")
 
 
 def search_space(base: PolicyConfig) -> dict[str, Any]:
@@ -46,7 +45,7 @@ def search_space(base: PolicyConfig) -> dict[str, Any]:
 
 
 def policy_config_from(trial: dict[str, Any], base: PolicyConfig) -> PolicyConfig:
-    return dataclass_from(PolicyConfig, {**asdict(base), **{k: trial[k] for k in SWEPT}}, "policy trial")
+    return dataclass_from(PolicyConfig, {**asdict(base), **{k: trial[k] for k in POLICY_SWEPT}}, "policy trial")
 
 
 def policy_trial(
@@ -148,7 +147,7 @@ def tune_policy(
     for r in finished[:5]:
         print(
             f"{r.metrics['trial_id']:<20} {r.metrics[METRIC]:>10.4f} {r.metrics['greedy_stuck']:>6} "
-            f"{r.metrics['training_iteration']:>10}  " + describe_settings(r.config, SWEPT)
+            f"{r.metrics['training_iteration']:>10}  " + describe_settings(r.config, POLICY_SWEPT)
         )
     best = finished[0]
     if best.checkpoint is not None:
@@ -159,5 +158,5 @@ def tune_policy(
         "greedy_stuck": best.metrics["greedy_stuck"],
         "iterations": best.metrics["training_iteration"],
     }
-    config = {k: v for k, v in asdict(policy_config_from(best.config, base)).items() if k in SWEPT}
+    config = {k: v for k, v in asdict(policy_config_from(best.config, base)).items() if k in POLICY_SWEPT}
     return save_best("policy", config, METRIC, "min", best.metrics[METRIC], results, out_dir, notes)

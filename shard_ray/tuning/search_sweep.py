@@ -6,13 +6,16 @@ the budget of model evaluations the user sets (which is not swept: more never hu
 Objective: over validation tasks drawn from the pool, the mean of each plan's simulated cost
 over the task's lower bound (column-wise, so 1.0 is unbeatable). Simulation ranks, the
 hardware decides: the `measure_top` best configurations and the shipped `cost_search`
-settings then plan the first `measure_tasks` validation tasks, every plan is measured on a
-device gang and logged to MLflow, and the configuration with the lowest mean measured cost
-relative to the shipped settings is saved for `plan --algo cost_search --search-config`.
+settings then plan the first `measure_tasks` validation tasks, and on each task their plans race side by
+side on a device gang by `compare`'s procedure (every race logged to MLflow). A finalist replaces the
+shipped settings only where the hardware says so: faster beyond the noise on some task and slower on none
+(intervals simultaneous over every task's pairs and looks); that configuration, or the shipped one, is
+saved for `plan --algo cost_search --search-config`.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -23,12 +26,14 @@ from shard_ray.configfile import dataclass_from
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator, price_comm
 from shard_ray.placement.search import COST_SEARCH, MAX_EVALUATIONS, SearchConfig, search_placer
+from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.topology import Topology
 from shard_ray.tuning.settings import SearchSweepConfig
 from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
+SHIPPED = "shipped"  # the finalists' rival: cost_search's own settings
 SPLITS = {"halves": (2,), "halves+quarters": (2, 4), "halves+quarters+eighths": (2, 4, 8)}
 Task = tuple[list[TableSpec], Topology]
 
@@ -101,41 +106,91 @@ def search_trial(trial: dict[str, Any], tasks: list[Task], models_bytes: bytes, 
     tune.report({METRIC: ratio, "placement_seconds": seconds})
 
 
-def measure_candidates(
+def race_finalists(
     candidates: dict[str, SearchConfig],
     tasks: list[Task],
     models: CostModels,
     settings: SearchSweepConfig,
     tracking_uri: str | None,
     experiment: str,
-) -> dict[str, float]:
-    """Each candidate's plans of `tasks` measured on a gang; returns its mean measured cost over the shipped settings'."""
+) -> dict[str, list[PlanRatio | None]]:
+    """Every finalist's cost over the shipped settings' on each of `tasks`, with an interval: their plans raced side
+    by side on a gang by `compare`'s procedure, the shipped settings' plan the incumbent. Each race's intervals hold
+    at a share of the confidence, so that those of every task hold together; None where a finalist's plan is the
+    shipped settings' own."""
     from shard_ray.profiling.gang import DeviceGang
-    from shard_ray.profiling.procedure import MeasureConfig
-    from shard_ray.tracking.mlflow_runs import log_plan_evaluation
+    from shard_ray.tracking.mlflow_runs import log_comparison
+    from shard_ray.workflows.comparison import CompareConfig, compare_plans, distinct, ratio_interval
 
-    ratios: dict[str, list[float]] = {label: [] for label in candidates}
+    alpha = 1 - CompareConfig().confidence
+    race = CompareConfig(
+        rounds=settings.rounds,
+        budget_seconds=settings.budget_seconds,
+        min_rounds=min(6, settings.rounds),
+        repeats=settings.repeats,
+        confidence=1 - alpha / len(tasks),
+    )
+    ratios: dict[str, list[PlanRatio | None]] = {label: [] for label in candidates if label != SHIPPED}
     with DeviceGang(settings.devices, comm_pricer=price_comm) as gang:
         for index, (tables, topology) in enumerate(tasks):
-            plans = []
+            task = f"validation-{index}"
+            named = []
             for label, config in candidates.items():
                 plan = search_placer(f"cost_search[{label}]", config, models)(tables, topology)
                 plan.check(tables)
                 plan.check_memory(tables, topology)
-                plans.append(plan)
-            measure = MeasureConfig.for_topology(topology, repeats=settings.repeats)
-            costs = gang.evaluate_rounds(plans, tables, measure, progress=False)
-            shipped = costs[list(candidates).index("shipped")].cost_ms
-            for label, plan, cost in zip(candidates, plans, costs):
-                ratios[label].append(cost.cost_ms / shipped)
-                if tracking_uri:
-                    log_plan_evaluation(plan, cost, topology, f"validation-{index}", tables, tracking_uri, experiment)
-            print(
-                f"validation task {index}: "
-                + ", ".join(f"{label} {c.cost_ms:.2f} ms" for label, c in zip(candidates, costs)),
-                flush=True,
+                named.append((label, plan))
+            if len(distinct(named)) == 1:
+                print(f"{task}: every finalist places the tables as the shipped settings do; nothing to measure")
+                for values in ratios.values():
+                    values.append(None)
+                continue
+            compared = compare_plans(
+                named,
+                tables,
+                topology,
+                gang,
+                race,
+                log=lambda line, task=task: print(f"{task}: {line}", flush=True),
+                incumbent=SHIPPED,
             )
-    return {label: statistics.mean(values) for label, values in ratios.items()}
+            result = compared.result
+            joined = {label: name for name in result.candidates for label in name.split("=")}
+            shipped = result.candidates[joined[SHIPPED]].rounds_ms
+            for label, values in ratios.items():
+                ratio = None
+                if joined[label] != joined[SHIPPED]:
+                    ratio = ratio_interval(result.candidates[joined[label]].rounds_ms, shipped, result.pair_level)
+                values.append(ratio)
+                print(f"{task}: {label}'s cost over the shipped settings' {describe(ratio)}", flush=True)
+            if tracking_uri:
+                log_comparison(result, compared.plans, compared.costs, topology, task, tables, tracking_uri, experiment)
+    return ratios
+
+
+def describe(ratio: PlanRatio | None) -> str:
+    if ratio is None:
+        return "1 (the same plan)"
+    verdict = "within noise" if not ratio.separated else ("faster" if ratio.high < 1 else "slower")
+    return f"{ratio.describe()}, {verdict}"
+
+
+def choose_measured(ratios: dict[str, list[PlanRatio | None]]) -> str:
+    """The finalist measured faster than the shipped settings (its interval below 1) on the most tasks and slower on
+    none, the lowest mean ratio among equals; the shipped settings where none is."""
+
+    def faster_tasks(label: str) -> int:
+        return sum(r is not None and r.high < 1 for r in ratios[label])
+
+    def mean_log_ratio(label: str) -> float:
+        return statistics.mean(math.log(r.ratio) if r is not None else 0.0 for r in ratios[label])
+
+    winners = [
+        label
+        for label, values in ratios.items()
+        if faster_tasks(label) and not any(r is not None and r.low > 1 for r in values)
+    ]
+    return min(winners, key=lambda label: (-faster_tasks(label), mean_log_ratio(label)), default=SHIPPED)
 
 
 def tune_search(
@@ -183,26 +238,25 @@ def tune_search(
     }
     notes: dict[str, Any] = {"hardware": models.hardware, "shipped_simulated_over_bound": shipped_ratio}
     if finalists:
-        measured = measure_candidates(
-            {"shipped": shipped, **finalists},
-            tasks[: settings.measure_tasks],
-            models,
-            settings,
-            tracking_uri,
-            experiment,
+        measured = race_finalists(
+            {SHIPPED: shipped, **finalists}, tasks[: settings.measure_tasks], models, settings, tracking_uri, experiment
         )
-        print("measured cost over the shipped settings': " + ", ".join(f"{k} {v:.4f}" for k, v in measured.items()))
-        chosen = min(measured, key=measured.__getitem__)
-        notes["measured_over_shipped"] = measured
+        chosen = choose_measured(measured)
+        notes["measured_over_shipped"] = {
+            label: [ratio.model_dump() if ratio else None for ratio in values] for label, values in measured.items()
+        }
         notes["chosen_by"] = "measured"
-        if chosen == "shipped":
-            print("the shipped settings measured best; they are saved as the best configuration")
-        config = shipped if chosen == "shipped" else finalists[chosen]
-        value = (
-            shipped_ratio
-            if chosen == "shipped"
-            else next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
-        )
+        if chosen == SHIPPED:
+            print(
+                "no finalist measured faster than the shipped settings beyond the noise (and slower on no task): "
+                "the shipped settings are kept as the best configuration"
+            )
+            config, value = shipped, shipped_ratio
+        else:
+            wins = sum(r is not None and r.high < 1 for r in measured[chosen])
+            print(f"{chosen} measured faster than the shipped settings on {wins} of {len(measured[chosen])} tasks")
+            config = finalists[chosen]
+            value = next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
     else:
         config, value, notes["chosen_by"] = (
             search_config_from(finished[0].config, settings.max_evaluations),

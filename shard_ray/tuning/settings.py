@@ -36,13 +36,21 @@ class SearchSweepConfig:
     )
     measure_top: int = setting(2, "best simulated settings measured on the gang; 0: none", min=0)
     measure_tasks: int = setting(3, "validation tasks measured", min=1)
-    repeats: int = setting(5, "timed steps per measured plan", min=1)
+    repeats: int = setting(5, "timed steps per plan and round of a measured task's race", min=1)
+    rounds: int = setting(
+        12,
+        "most interleaved rounds of a measured task's race (every finalist once a round); it stops once it decides",
+        min=3,
+    )
+    budget_seconds: float = setting(60.0, "seconds of measuring per measured task", min=1)
     seed: int = 0
 
     def check(self) -> None:
         for name in ("tasks", "min_tables", "max_tables", "devices", "measure_tasks", "repeats", "batch_size"):
             if getattr(self, name) < 1:
                 raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rounds < 3:
+            raise ShardRayError(f"rounds must be at least 3, got {self.rounds}")
         if self.min_tables > self.max_tables:
             raise ShardRayError("min_tables must not exceed max_tables")
         if self.measure_top < 0:
@@ -51,6 +59,10 @@ class SearchSweepConfig:
             raise ShardRayError(f"memory_headroom must be at least 1, got {self.memory_headroom}")
         if self.max_evaluations is not None and self.max_evaluations < 1:
             raise ShardRayError(f"max_evaluations must be at least 1, got {self.max_evaluations}")
+
+
+# PolicyConfig's fields `tune policy` draws for every trial: not its flags, which the draw would override
+POLICY_SWEPT = ("lr", "entropy_coeff", "num_epochs", "clip_param", "lambda_", "minibatch_size", "hidden")
 
 
 @dataclass(frozen=True)
