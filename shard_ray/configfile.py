@@ -18,7 +18,7 @@ comma-separated values, `true` a bare flag; `false` and `null` leave the flag ou
 from __future__ import annotations
 
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +42,11 @@ def setting(default: Any, help: str, **flag: Any) -> Any:
     created where missing.
     """
     return field(default=default, metadata={"help": help, **flag})
+
+
+def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
+    """The flag of a `setting` field, as the command line spells it."""
+    return metadata.get("flag") or "--" + field_name.replace("_", "-")
 
 
 class TunedConfig(BaseModel):

@@ -673,6 +673,38 @@ def test_a_gang_of_hosts_is_refused_before_a_local_ray_starts(tmp_path, table_fi
     assert "a gang of 2 hosts needs 2 Ray nodes, one a host, and a local Ray is one node" in line
 
 
+def test_bench_into_a_folder_of_other_settings_names_them_before_a_local_ray_starts(tmp_path, table_file):
+    """Found by a new user's walkthrough: a bench resumed with another --rounds was refused only after a local Ray
+    started (7-10 s), and without saying which setting differed."""
+    from shard_ray.io import write_json
+    from shard_ray.workflows.settings import BenchmarkConfig
+
+    out = tmp_path / "bench"
+    earlier = BenchmarkConfig(tasks=0, table_files=(str(table_file),), rounds=3, out=str(out))
+    write_json(earlier.settings_file, earlier.recorded())  # as the earlier run's gang wrote it
+    done = run_cli("bench", "--tasks", "0", "--tables", str(table_file), "--out", str(out), "--no-mlflow")
+    assert done.returncode == 2 and "ray:" not in done.stdout, done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    assert f"holds tasks measured with other settings (--rounds 3 there, {BenchmarkConfig().rounds} now)" in line
+    assert sorted(p.name for p in out.rglob("*")) == ["settings.json", "tasks"]
+
+
+def test_tune_costmodel_on_a_store_without_the_measurements_is_refused_before_a_local_ray_starts(tmp_path, table_file):
+    """Found by a new user's walkthrough: a store lacking the hardware asked for was refused after a local Ray had
+    started (7-10 s for nothing)."""
+    from shard_ray.profiling.store import MeasurementStore
+
+    with MeasurementStore(tmp_path / "measurements.db"):
+        pass  # a store of no measurements
+    flags = ["--store", str(tmp_path / "measurements.db"), "--tables", str(table_file), "--no-mlflow"]
+    for extra, said in (([], "no successful shard measurements"), (["--hardware", "tpu"], "no measurements on 'tpu'")):
+        done = run_cli("tune", "costmodel", *flags, "--out", str(tmp_path / "sweep"), *extra)
+        assert done.returncode == 2 and "ray:" not in done.stdout, done.stdout
+        (line,) = done.stderr.strip().splitlines()
+        assert said in line
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.slow
 def test_bench_over_more_hosts_than_nodes_is_refused_and_leaves_nothing_that_refuses_the_next_run(
     tmp_path, capsys, table_file

@@ -36,7 +36,7 @@ from shard_ray.policy.ppo import env_config, held_out_tasks, validation_score, v
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
-from shard_ray.workload.tables import TableSpec, load_tables
+from shard_ray.workload.tables import TableSpec, load_tables, save_tables
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 
 
@@ -439,6 +439,18 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     ):
         train_policy(pool, tiny_config(iterations=3, hidden=16), out)  # a network of another width
     assert load_policy(policy_file)[1].iterations == 2
+    # as typed, refused before a local Ray starts (it was refused only after one had, 7-10 s)
+    save_tables(tmp_path / "pool.json", pool)
+    flags = ["--tables", str(tmp_path / "pool.json"), "--out", str(out), "--min-tables", "4", "--max-tables", "6"]
+    flags += ["--devices", "2,3", "--max-devices", "4", "--train-batch", "64", "--minibatch", "32", "--no-mlflow"]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "shard-ray"), "policy", "train", *flags, "--hidden", "16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "ray:" not in done.stdout, done.stdout
+    assert "(--hidden 32 there, --hidden 16 here)" in done.stderr.strip() and len(done.stderr.splitlines()) == 1
     capsys.readouterr()
     train_policy(pool, tiny_config(iterations=3, seed=5), out)  # other held-out tasks: judged from where it resumes
     assert "iteration 2's network, which this run resumed from prices them at" in capsys.readouterr().out

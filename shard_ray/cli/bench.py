@@ -18,7 +18,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     config = settings_from(BenchmarkConfig, args, tracking_uri=tracking_uri, experiment=experiment)
     for path in config.table_files:  # refuse bad table files before torch loads and Ray starts
         load_tables(path)
-    config.check()  # refuse bad settings before Ray starts
+    config.check()  # refuse bad settings, and a report folder of other settings, before Ray starts
+    config.refuse_other_settings()
     connect(args, min_cpus=config.devices)
     from shard_ray.workflows.benchmark import headline, run_benchmark
 

@@ -22,12 +22,8 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from shard_ray.configfile import dataclass_from
+from shard_ray.configfile import dataclass_from, flag_name
 from shard_ray.errors import ShardRayError
-
-
-def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
-    return metadata.get("flag") or "--" + field_name.replace("_", "-")
 
 
 def _number(kind: type, minimum: float | None, maximum: float | None = None) -> typing.Callable[[str], Any]:

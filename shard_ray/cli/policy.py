@@ -72,6 +72,10 @@ def policy_inputs(
     values["minibatch_size"] = min(values["minibatch_size"], values["train_batch_size"])
     values["max_devices"] = max(values["max_devices"], *values["devices"])
     config = dataclass_from(PolicyConfig, values, "PPO settings")
+    if (Path(flags.out) / "checkpoint").is_dir():  # a training to resume: refused now if Ray would only refuse it
+        from shard_ray.policy.policy_file import refuse_another_shape
+
+        refuse_another_shape(Path(flags.out) / "checkpoint", values)
     if flags.cost_model is not None:
         CostModels.load(flags.cost_model)
     env_config(config, pool, flags.cost_model).check()

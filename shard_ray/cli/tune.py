@@ -81,17 +81,14 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     train_tables = {t.name for t in load_tables(flags.tables)}
     sweep = sweep_settings(args, "costmodel")
     settings = settings_from(CostModelSweepConfig, args, seed=sweep.seed)
-    existing_store(flags.store)
-    from shard_ray.tuning.costmodel_sweep import tune_cost_models  # the input checked: torch only now
+    store = existing_store(flags.store)
+    from shard_ray.tuning.costmodel_sweep import sweep_data, tune_cost_models  # the input checked: torch only now
 
+    hardware, data = sweep_data(store, train_tables, flags.hardware)  # the store's refusals before Ray starts
     tracking_uri, experiment = tracking(args)
     connect(args)
     out = settings_from(SweepOut, args).out
-    report(
-        tune_cost_models(flags.store, train_tables, sweep, settings, out, tracking_uri, experiment, flags.hardware),
-        tracking_uri,
-        experiment,
-    )
+    report(tune_cost_models(hardware, data, sweep, settings, out, tracking_uri, experiment), tracking_uri, experiment)
 
 
 def cmd_tune_search(args: argparse.Namespace) -> None:

@@ -7,6 +7,7 @@ numpy (`DecodingScorer`), so that `plan --algo dreamshard`, and `cost_search` st
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ MASKED_LOGIT = -1e9
 PRIOR_FEATURES = [OPTION_FEATURES.index("makespan_increase"), OPTION_FEATURES.index("total_with_table")]
 # Initial prior weights: a 0.1 x lower-bound increase of the plan's cost is 5 logits.
 PRIOR_INIT = (50.0, 5.0)
+
+
+# The settings that shape the network and its observations: a checkpoint of others does not load.
+SHAPE_SETTINGS = ("hidden", "max_devices")
 
 
 def default_policy_path() -> Path:
@@ -165,3 +170,25 @@ def _check_shapes(weights: PolicyWeights) -> None:
     check_layers(scorer.score, 3 * h, h, 1)
     if scorer.prior.shape != (len(PRIOR_FEATURES),):
         raise ValueError(f"prior weights of shape {scorer.prior.shape}")
+
+
+def refuse_another_shape(checkpoint_dir: Path, given: Mapping[str, Any], failed: bool = False) -> None:
+    """Refuse to resume training from `checkpoint_dir` with the settings `given` where the policy file beside it
+    records other `SHAPE_SETTINGS` (the checkpoint's network would not load into theirs), naming them as flags; where
+    the checkpoint `failed` to load, refuse whatever the file says. Read without torch, so a command refuses before
+    Ray starts."""
+    try:
+        recorded = read_policy(checkpoint_dir.parent / "policy.pt")[1].config
+    except ShardRayError:
+        recorded = {}
+    differ = [name for name in SHAPE_SETTINGS if name in recorded and name in given and recorded[name] != given[name]]
+    if not differ and not failed:
+        return
+    flags = {name: "--" + name.replace("_", "-") for name in SHAPE_SETTINGS}
+    there = " and ".join(f"{flags[name]} {recorded[name]}" for name in differ)
+    here = " and ".join(f"{flags[name]} {given[name]}" for name in differ)
+    found = f"{there} there, {here} here" if differ else "another network shape: " + " or ".join(flags.values())
+    raise ShardRayError(
+        f"the checkpoint in {checkpoint_dir} was trained with other settings ({found}): resume it with the settings "
+        "it was made with (its policy.pt records them), or train into a new --out"
+    )

@@ -21,11 +21,10 @@ from typing import Any
 import numpy as np
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
-from shard_ray.errors import ShardRayError
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import OptionScorer, save_policy
-from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo
+from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo, refuse_another_shape
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.threads import one_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
@@ -184,35 +183,9 @@ def restore_checkpoint(algo: Any, checkpoint_dir: Path, config: PolicyConfig | N
             try:
                 algo.restore_from_path(str(candidate))
             except RuntimeError:  # torch's state_dict mismatch: a network of another shape
-                raise ShardRayError(
-                    f"the checkpoint in {candidate} was trained with other settings "
-                    f"({_shape_difference(checkpoint_dir.parent / 'policy.pt', config)}): resume it with the settings "
-                    "it was made with (its policy.pt records them), or train into a new --out"
-                ) from None
+                refuse_another_shape(candidate, asdict(config) if config is not None else {}, failed=True)
             return True
     return False
-
-
-# The settings that shape the network and its observations: a checkpoint of others does not load.
-SHAPE_SETTINGS = ("hidden", "max_devices")
-
-
-def _shape_difference(policy_file: Path, config: PolicyConfig | None) -> str:
-    """Which of `SHAPE_SETTINGS` the policy file beside a checkpoint records otherwise than `config`, as flags."""
-    from shard_ray.policy.network import load_policy
-
-    try:
-        recorded = load_policy(policy_file)[1].config
-    except ShardRayError:
-        recorded = {}
-    given = asdict(config) if config is not None else {}
-    differ = [name for name in SHAPE_SETTINGS if name in recorded and name in given and recorded[name] != given[name]]
-    if not differ:
-        return "another network shape: " + " or ".join(f"--{n.replace('_', '-')}" for n in SHAPE_SETTINGS)
-    flags = [f"--{name.replace('_', '-')}" for name in differ]
-    there = " and ".join(f"{flag} {recorded[name]}" for flag, name in zip(flags, differ))
-    here = " and ".join(f"{flag} {given[name]}" for flag, name in zip(flags, differ))
-    return f"{there} there, {here} here"
 
 
 def train_iterations(

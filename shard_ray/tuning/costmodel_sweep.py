@@ -79,32 +79,40 @@ def cost_model_trial(trial: dict[str, Any], data: dict[str, ComputeData], settin
     tune.report({**{k: v for k, v in final.items() if v is not None}, "epoch": epochs, "finished": 1})
 
 
-def tune_cost_models(
-    store_path: str | Path,
-    train_tables: set[str],
-    sweep: SweepConfig,
-    settings: CostModelSweepConfig,
-    out_dir: str | Path,
-    tracking_uri: str | None,
-    experiment: str,
-    hardware: str | None = None,
-) -> Path:
-    """Sweep, then write OUT/best.json (a tuned TrainConfig) and OUT/trials.csv; returns best.json."""
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-
-    settings.check()
+def sweep_data(
+    store_path: str | Path, train_tables: set[str], hardware: str | None = None
+) -> tuple[str, dict[str, ComputeData]]:
+    """One hardware's shard measurements in the store, in the splits `costmodel train` makes, as the trials train on
+    them: the hardware and each split's data. Refused in a line where the store cannot give them (read before Ray
+    starts)."""
     if not Path(store_path).is_file():
         raise ShardRayError(f"measurement store not found: {store_path}")
     with MeasurementStore(store_path) as store:
         hardware, _, splits = compute_splits(store, train_tables, hardware)
-    data = {name: compute_data(found) for name, found in splits.items() if found}
     print(
         f"cost-model sweep on {hardware}: "
         + ", ".join(f"{len(splits[name])} {name}" for name in ("train", "val", "test", "unseen"))
         + " shard measurements",
         flush=True,
     )
+    return hardware, {name: compute_data(found) for name, found in splits.items() if found}
+
+
+def tune_cost_models(
+    hardware: str,
+    data: dict[str, ComputeData],
+    sweep: SweepConfig,
+    settings: CostModelSweepConfig,
+    out_dir: str | Path,
+    tracking_uri: str | None,
+    experiment: str,
+) -> Path:
+    """Sweep on `sweep_data`'s splits, then write OUT/best.json (a tuned TrainConfig) and OUT/trials.csv; returns
+    best.json."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    settings.check()
     scheduler = ASHAScheduler(
         time_attr="training_iteration",
         max_t=settings.max_epochs // settings.report_every + 1,

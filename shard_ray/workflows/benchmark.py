@@ -22,7 +22,6 @@ import csv
 import io
 import json
 import statistics
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -83,17 +82,13 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, Any]:
     out = Path(config.out)
     tasks = benchmark_tasks(config)
     heuristics = {a.name for a in algorithms() if a.family == "heuristic"}
-    settings = {k: v for k, v in asdict(config).items() if k not in ("tracking_uri", "experiment")}
-    settings_file = out / "tasks" / "settings.json"
-    if settings_file.exists() and json.loads(settings_file.read_text()) != json.loads(json.dumps(settings)):
-        raise ShardRayError(
-            f"{settings_file.parent} holds tasks measured with other settings; give another out folder or remove it"
-        )
+    settings = config.recorded()
+    config.refuse_other_settings()
     per_task: dict[str, dict[str, dict]] = {}
     failures: dict[str, list[str]] = {}
     with DeviceGang(config.devices, devices_per_host=config.devices_per_host, comm_pricer=price_comm) as gang:
         # written once the gang stands: a gang the cluster refused leaves nothing that would refuse the next run
-        write_json(settings_file, settings)
+        write_json(config.settings_file, settings)
         if len(set(gang.hosts)) > 1:
             print(gang_layout(gang.hosts), flush=True)
         for name, tables in tasks:

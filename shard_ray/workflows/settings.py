@@ -3,10 +3,12 @@ commands taking them build their flags, answer --help and refuse bad input witho
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
-from shard_ray.configfile import setting
+from shard_ray.configfile import flag_name, setting
 from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.plan.topology import (
     MAX_MEMORY_GB,
@@ -104,6 +106,33 @@ class BenchmarkConfig:
     out: str = setting("shard-ray-out/benchmark", "report folder; an existing one is resumed", new_folder=True)
     tracking_uri: str | None = None  # None: no MLflow
     experiment: str = "shard-ray-benchmark"
+
+    def recorded(self) -> dict[str, Any]:
+        """What a report folder records of the run that measured its tasks: every setting but where runs are logged."""
+        kept = {k: v for k, v in asdict(self).items() if k not in ("tracking_uri", "experiment")}
+        return json.loads(json.dumps(kept))
+
+    @property
+    def settings_file(self) -> Path:
+        """Where the report folder records `recorded()`."""
+        return Path(self.out) / "tasks" / "settings.json"
+
+    def refuse_other_settings(self) -> None:
+        """Refuse to resume a report folder whose tasks were measured with other settings, naming each that differs
+        by its flag: a report mixing them would compare what was not measured alike."""
+        if not self.settings_file.exists():
+            return
+        earlier, now = json.loads(self.settings_file.read_text()), self.recorded()
+        differ = [
+            f"{flag_name(f.name, f.metadata)} {earlier.get(f.name)} there, {now.get(f.name)} now"
+            for f in fields(self)
+            if f.name in now and earlier.get(f.name) != now[f.name]
+        ]
+        if differ:
+            raise ShardRayError(
+                f"{self.settings_file.parent} holds tasks measured with other settings ({'; '.join(differ)}): give "
+                "another --out, the same settings, or remove the folder"
+            )
 
     def check(self) -> None:
         if self.tasks < 0:
