@@ -476,6 +476,13 @@ def test_policy_file_round_trip_and_bad_files(tmp_path):
         load_policy(tmp_path / "bad.pt")
     with pytest.raises(Exception, match="not found"):
         load_policy(tmp_path / "missing.pt")
+    # a training folder's checkpoint/ given for the folder: where its policy file is, said
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    save_policy(tmp_path / "run" / "policy.pt", network, PolicyInfo(iterations=3))
+    with pytest.raises(
+        ShardRayError, match=r"checkpoint/policy.pt; the training folder's policy file is .*run/policy.pt$"
+    ):
+        read_policy(tmp_path / "run" / "checkpoint")
     # a policy of an earlier release scored devices only: refused by name, not as a damaged file
     blob = torch.load(tmp_path / "p.pt", weights_only=True) | {"format": "shard-ray-policy/1"}
     torch.save(blob, tmp_path / "earlier.pt")

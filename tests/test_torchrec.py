@@ -292,7 +292,9 @@ def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
     assert set(headline["mean_cost_ms"]) == {"size_greedy", "torchrec", "cost_search"}
     rows = (out / "benchmark.csv").read_text().strip().splitlines()
     assert rows[0].startswith("algorithm,mean_cost_ms") and len(rows) == 4
-    assert (out / "benchmark.png").stat().st_size > 0 and "| torchrec |" in (out / "benchmark.md").read_text()
+    report = (out / "benchmark.md").read_text()
+    assert (out / "benchmark.png").stat().st_size > 0 and "| torchrec |" in report
+    assert f"(those every algorithm planned; table files {tables_file.name})" in report  # no line of 0 synthetic tasks
     assert main(["bench", "--tasks", "0", "--out", str(tmp_path / "none")]) == 2  # nothing to benchmark
 
 

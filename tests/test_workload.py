@@ -2,12 +2,13 @@ import gzip
 import json
 import math
 import os
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.workload.access import generate_table_batch, zipf_indices
 from shard_ray.workload.dlrm_dataset import load_trace, reuse_histogram, tables_from_dataset, trace_batch
 from shard_ray.workload.synthetic import PUBLIC_REUSE_HISTOGRAM, PoolConfig, generate_pool
@@ -215,6 +216,18 @@ def test_tasks_are_drawn_from_disjoint_pools(tmp_path):
         tables = load_tables(path)
         assert 5 <= len(tables) <= 9 and {t.dim for t in tables} <= {8, 24}
         assert ({t.name for t in tables} <= test_names) == path.name.startswith("test")
+
+
+def test_more_tables_a_task_than_a_split_holds_is_said(tmp_path):
+    """Found by a new user's walkthrough: `tasks --max-tables 900` on a pool splitting into 428 and 428 drew tasks of
+    at most a split's tables without a word."""
+    pool = generate_pool(PoolConfig(num_tables=40))
+    with pytest.warns(ShardRayWarning, match="--max-tables 30 is more than a split holds: .* 20 for training and 20"):
+        write_tasks(pool, TaskConfig(num_tasks=4, min_tables=15, max_tables=30), tmp_path / "over")
+    assert max(len(load_tables(p)) for p in (tmp_path / "over").glob("t*_00*.json")) <= 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_tasks(pool, TaskConfig(num_tasks=1, min_tables=15, max_tables=20), tmp_path / "within")
 
 
 def test_the_names_torchrec_refuses_are_torchs_own_and_a_table_file_reads_without_torch(tmp_path):

@@ -141,7 +141,13 @@ def read_policy(path: str | os.PathLike[str]) -> tuple[PolicyWeights, PolicyInfo
     if path.is_dir():
         path = path / "policy.pt"
     if not path.is_file():
-        raise ShardRayError(f"policy file not found: {path}")
+        beside = path.parent.parent / "policy.pt"  # a training folder's checkpoint/ named for the folder
+        hint = (
+            f"; the training folder's policy file is {beside}"
+            if path.parent.name == "checkpoint" and beside.is_file()
+            else ""
+        )
+        raise ShardRayError(f"policy file not found: {path}{hint}")
     try:
         data = path.read_bytes()
     except OSError as err:

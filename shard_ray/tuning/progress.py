@@ -20,10 +20,10 @@ class TrialProgress(tune.Callback):
         result = trial.last_result or {}
         value = result.get(self.metric)
         shown = f"{value:.4g}" if isinstance(value, (int, float)) else "not reported"
-        iterations = result.get("training_iteration", 0)
+        reports = result.get("training_iteration", 0)  # Tune's name for a trial's reports
         print(
             f"trial {trial.trial_id} ({self.ended}/{self.samples}): {self.metric} {shown} "
-            f"after {iterations} iteration{'s' * (iterations != 1)}",
+            f"after {reports} report{'s' * (reports != 1)}",
             flush=True,
         )
 

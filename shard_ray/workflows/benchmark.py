@@ -275,10 +275,13 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
     """benchmark.md, .csv, .png and .json in `out`; a summary MLflow run when tracking."""
     summary = report["algorithms"]
     ranked = sorted(summary.items(), key=lambda kv: kv[1]["mean_cost_ms"])
+    sources = [f"table files {', '.join(Path(p).name for p in config.table_files)}"] if config.table_files else []
+    if config.tasks:
+        sources.insert(
+            0, f"{config.tasks} synthetic test tasks of {config.min_tables}-{config.max_tables} unseen tables"
+        )
     lines = [
-        f"{report['common_tasks']} of {report['tasks']} tasks (those every algorithm planned; "
-        f"{config.tasks} synthetic test tasks of {config.min_tables}-{config.max_tables} unseen tables"
-        + (f", table files {', '.join(Path(p).name for p in config.table_files)}" if config.table_files else "")
+        f"{report['common_tasks']} of {report['tasks']} tasks (those every algorithm planned; {', '.join(sources)}"
         + f"), {config.devices} devices, batch {config.batch_size}, memory "
         + (f"{config.memory_gb:g} GiB a device, " if config.memory_gb else f"{config.memory_headroom}x an even split, ")
         + f"measured on `{report['hardware']}`"

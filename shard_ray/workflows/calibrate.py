@@ -481,13 +481,22 @@ Drawn = TypeVar("Drawn")
 
 
 def unmeasured(
-    kind: str, drawn: dict[str, Drawn], known: set[str], held_out: int, needed: int, log: Callable[[str], None]
+    kind: str,
+    drawn: dict[str, Drawn],
+    known: set[str],
+    held_out: int,
+    needed: int,
+    draw: int,
+    log: Callable[[str], None],
 ) -> list[Drawn]:
     """The `drawn` shards or plans (by store key) not in the store yet, saying how many are measured for the held-out
-    split's sake; none where these tables make no new ones."""
+    split's sake (the `draw`th of `MORE_BATCHES`); none where these tables make no new ones."""
     fresh = [item for key, item in drawn.items() if key not in known]
     if fresh:
-        log(f"{held_out} measured {kind} fall in the held-out split, {needed} are needed: measuring {len(fresh)} more")
+        log(
+            f"{held_out} measured {kind} fall in the held-out split, {needed} are needed: measuring {len(fresh)} more "
+            f"(draw {draw} of at most {MORE_BATCHES}; a measurement falls in a split by its key)"
+        )
     else:
         log(f"{held_out} measured {kind} fall in the held-out split: these tables make no more new {kind}")
     return fresh
@@ -533,7 +542,8 @@ def _measure_shards(
                     tables, config.shards, max(2, most_tables), seed=config.seed + more, singles=False
                 )
                 keys = {fused_shard_key(pieces, measure, pool.hardware): pieces for pieces in drawn}
-                wanted = unmeasured("shards", keys, store.known_keys(list(keys)), held_out, MIN_HELD_OUT_SHARDS, log)
+                known = store.known_keys(list(keys))
+                wanted = unmeasured("shards", keys, known, held_out, MIN_HELD_OUT_SHARDS, more, log)
                 if not wanted:
                     return pool.hardware, True
             with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
@@ -577,7 +587,7 @@ def _measure_plans(
             drawn = random_plans(tables, topology.num_devices, max(config.plans, 8), config.seed + more)
             keys = {gang.plan_key(plan, tables, measure): plan for plan in drawn}
             known = store.known_keys(list(keys), table="plan_measurements")
-            plans = unmeasured("plans", keys, known, held_out, MIN_HELD_OUT_PLANS, log)
+            plans = unmeasured("plans", keys, known, held_out, MIN_HELD_OUT_PLANS, more, log)
             if not plans:
                 return floor, True
         for plan in tqdm(plans, desc="calibration: plans", unit="plan"):

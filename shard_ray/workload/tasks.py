@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from shard_ray.configfile import setting
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import ShardRayError, ShardRayWarning
 from shard_ray.workload.tables import TableSpec, save_tables
 
 
@@ -85,6 +86,13 @@ def write_tasks(pool: list[TableSpec], config: TaskConfig, out_dir: str | Path) 
             f"tasks need at least {config.min_tables} tables but the pool of {len(pool)} splits into "
             f"{len(train_pool)} for training and {len(test_pool)} for testing: lower --min-tables to at most {fewest}, "
             "or give a bigger pool (`shard-ray generate`)"
+        )
+    if config.max_tables > fewest:
+        warnings.warn(
+            f"--max-tables {config.max_tables} is more than a split holds: the pool of {len(pool)} tables splits into "
+            f"{len(train_pool)} for training and {len(test_pool)} for testing, and a task draws its tables from one",
+            ShardRayWarning,
+            stacklevel=2,
         )
     rng = np.random.default_rng(config.seed + 1)
     files: list[tuple[str, list[TableSpec], dict[str, object]]] = [
