@@ -7,6 +7,7 @@ import pytest
 
 from shard_ray.cli import main
 from shard_ray.costmodel.models import CostModels
+from shard_ray.placement.search import MAX_EVALUATIONS
 from shard_ray.plan.topology import GB
 from shard_ray.policy.network import load_policy
 from shard_ray.profiling.fused_shard import measure_fused_shard
@@ -48,12 +49,14 @@ def _runs(tracking_uri: str, experiment: str):
     return mlflow.search_runs(experiment_names=[experiment])
 
 
-def _shipped_search_config(max_evaluations: int) -> dict:
-    from dataclasses import asdict, replace
+def _shipped_search_config() -> dict:
+    """The shipped cost_search settings as a `tune search` best.json holds them: those a trial sets, no budget."""
+    from dataclasses import asdict
 
     from shard_ray.placement.search import COST_SEARCH
+    from shard_ray.tuning.search_sweep import SWEPT
 
-    return json.loads(json.dumps(asdict(replace(COST_SEARCH, max_evaluations=max_evaluations))))
+    return json.loads(json.dumps({k: v for k, v in asdict(COST_SEARCH).items() if k in SWEPT}))
 
 
 def _last_json(capsys) -> dict:
@@ -173,7 +176,7 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         assert f"validation-0: {finalist}'s cost over the shipped settings' {ratio['ratio']:.3f}x" in printed
         assert (measured["tags.kind"] == "comparison").sum() == 1 and len(measured) == 3
     faster = ratio is not None and ratio["high"] < 1
-    assert (best["config"] == _shipped_search_config(20000)) != faster  # only a measured gain replaces the shipped
+    assert (best["config"] == _shipped_search_config()) != faster  # only a measured gain replaces the shipped
 
     tables = tmp_path / "t.json"
     save_tables(tables, generate_pool(PoolConfig(num_tables=10, seed=3)))
@@ -192,7 +195,11 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         str(out / "best.json"),
     ]
     assert main([*flags, "--algo", "cost_search"]) == 0
-    assert json.loads(plan.read_text())["settings"]["source"] == str(out / "best.json")
+    settings = json.loads(plan.read_text())["settings"]
+    assert settings["source"] == str(out / "best.json")
+    # the sweep's own budget (--max-evaluations 20000) is not carried into the plans: they search with cost_search's
+    assert settings["algorithm"]["max_evaluations"] == MAX_EVALUATIONS and "max_evaluations" not in best["config"]
+    assert best["notes"]["swept_with_max_evaluations"] == 20000
     capsys.readouterr()
     assert main([*flags[:-2], "--algo", "neuroshard", "--search-config", str(out / "best.json")]) == 2
     assert "takes no search settings" in capsys.readouterr().err

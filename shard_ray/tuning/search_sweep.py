@@ -33,6 +33,8 @@ from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_b
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
+# The SearchConfig fields a trial sets (`search_config_from`) and best.json keeps; the rest are cost_search's own.
+SWEPT = ("scales", "beam_width", "beam_depth", "branching", "split_ways", "local_search_steps")
 SHIPPED = "shipped"  # the finalists' rival: cost_search's own settings
 SPLITS = {"halves": (2,), "halves+quarters": (2, 4), "halves+quarters+eighths": (2, 4, 8)}
 Task = tuple[list[TableSpec], Topology]
@@ -263,4 +265,7 @@ def tune_search(
             finished[0].metrics[METRIC],
             "simulated",
         )
-    return save_best("search", asdict(config), METRIC, "min", value, results, out_dir, notes)
+    # The budget is the sweep's, not a setting found: a quick sweep's small one would cut every plan's search short.
+    notes["swept_with_max_evaluations"] = settings.max_evaluations
+    found = {k: v for k, v in asdict(config).items() if k in SWEPT}
+    return save_best("search", found, METRIC, "min", value, results, out_dir, notes)
