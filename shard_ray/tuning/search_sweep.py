@@ -164,13 +164,16 @@ def race_finalists(
                 if joined[label] != joined[SHIPPED]:
                     ratio = ratio_interval(result.candidates[joined[label]].rounds_ms, shipped, result.pair_level)
                 values.append(ratio)
-                print(f"{task}: {label}'s cost over the shipped settings' {describe(ratio)}", flush=True)
+                print(
+                    f"{task}: {label}'s cost over the shipped settings' {describe_against_shipped(ratio)}", flush=True
+                )
             if tracking_uri:
                 log_comparison(result, compared.plans, compared.costs, topology, task, tables, tracking_uri, experiment)
     return ratios
 
 
-def describe(ratio: PlanRatio | None) -> str:
+def describe_against_shipped(ratio: PlanRatio | None) -> str:
+    """A finalist's cost over the shipped settings' on one task, with its interval and what the race can say of it."""
     if ratio is None:
         return "1 (the same plan)"
     verdict = "within noise" if not ratio.separated else ("faster" if ratio.high < 1 else "slower")
@@ -245,7 +248,8 @@ def tune_search(
         )
         chosen = choose_measured(measured)
         notes["measured_over_shipped"] = {
-            label: [ratio.model_dump() if ratio else None for ratio in values] for label, values in measured.items()
+            label: [None if ratio is None else ratio.model_dump() for ratio in values]
+            for label, values in measured.items()
         }
         notes["chosen_by"] = "measured"
         if chosen == SHIPPED:
