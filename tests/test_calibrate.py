@@ -266,6 +266,32 @@ def test_a_calibration_on_too_few_held_out_measurements_keeps_the_starting_model
     assert "give more --shards and --plans" in both and "no more distinct" not in both
 
 
+def test_a_comm_model_not_fitted_or_refused_is_not_shown_as_a_fine_tuned_one():
+    """Found by a new user's walk: with the fine-tuned comm model refused, its "comm fine-tuned" row showed the
+    starting model's figures (Spearman -0.086) under the line quoting the refused fit's (-0.20)."""
+    from shard_ray.cli.costmodel import held_out_accuracy
+
+    figures = {"n": 6, "mape": 0.2, "spearman": -0.086}
+    report = {
+        "shards": {"held_out": 12, "val": 12},
+        "plans": {"held_out": 3},
+        "before": dict.fromkeys(("compute", "device_compute", "comm", "plan"), figures),
+        "fine_tuned": dict.fromkeys(("compute", "device_compute", "comm", "plan"), figures),
+        "chosen": "fine-tuned",
+        "reason": "better on validation",
+        "comm_kept": None,
+        "comm_refused": "refused the fine-tuned comm model: it ranks ... (Spearman -0.20 over 6 devices)",
+        "ran_out": {"shards": False, "plans": False},
+    }
+    lines = held_out_accuracy(report)
+    assert "  comm after: the starting comm model (its fit refused, as said above)" in lines
+    assert not [line for line in lines if line.startswith("  comm after ")] and "  compute after" in "\n".join(lines)
+    kept = held_out_accuracy(report | {"comm_refused": None, "comm_kept": "too few plans", "chosen": "starting"})
+    assert "  comm fine-tuned: the starting comm model (not fitted, as said above)" in kept
+    fitted = held_out_accuracy(report | {"comm_refused": None})
+    assert any(line.startswith("  comm after ") and "MAPE 20.0%" in line for line in fitted)
+
+
 def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     """A task of few tables makes few distinct plans: the held-out split by hash is topped up to the fewest a
     judgement needs from the fit split, lowest hash first, never past a third of the keys, validation untouched."""

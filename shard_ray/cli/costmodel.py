@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shard_ray.arguments import Parser
 from shard_ray.cli.commands import add_command
@@ -196,7 +196,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     pieces_to_place(tables, topology)  # tables the devices cannot hold are refused before Ray starts
     # the task checked: what measures and fits (torch, Ray, MLflow) only now
     from shard_ray.costmodel.models import CostModels, hardware_models_path, models_for
-    from shard_ray.costmodel.train import describe_accuracy
     from shard_ray.profiling.hardware import hardware_id
     from shard_ray.profiling.store import MeasurementStore
     from shard_ray.tracking.mlflow_runs import log_calibration
@@ -223,23 +222,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     print(
         f"calibrated on {report['hardware']} in {report['seconds']:.0f} s ({report['measuring_seconds']:.0f} s measuring)"
     )
-    print(
-        f"held-out measurements of this task's tables ({report['shards']['held_out']} shards, {report['plans']['held_out']} plans):"
-    )
-    # Kept, the starting models are "after" too: the fine-tuned ones set aside are shown as such, so that figures
-    # better than "before" are not read as a fit that took effect.
-    tuned = "after" if result.chosen == "fine-tuned" else "fine-tuned"
-    for part in ("compute", "device_compute", "comm", "plan"):
-        print(f"  {describe_accuracy(part.replace('_', ' ') + ' before', report['before'][part])}")
-        print(f"  {describe_accuracy(part.replace('_', ' ') + ' ' + tuned, report['fine_tuned'][part])}")
-    print(f"kept the {result.chosen} models: {report['reason']}")
-    if min(report["shards"]["held_out"], report["shards"]["val"]) < 10:
-        # where these tables made no new shards, more --shards would measure nothing new
-        firmer = "a larger --held-out" if report["ran_out"]["shards"] else "more --shards or --budget-minutes"
-        print(
-            f"note: {report['shards']['val']} validation and {report['shards']['held_out']} held-out shards: "
-            f"few, so the choice and the figures above are indicative; {firmer} firms them up"
-        )
+    print("\n".join(held_out_accuracy(report)))
     if tracking_uri is not None:
         run_id = log_calibration(report, str(out), tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")
@@ -250,6 +233,35 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         + ("" if not flags.out else " when given --cost-model")
     )
     print(json.dumps(report))
+
+
+def held_out_accuracy(report: dict[str, Any]) -> list[str]:
+    """What a calibration's report says of the models on its held-out measurements, before and after, which it kept
+    and why, and how firm that is: the lines `calibrate` prints."""
+    from shard_ray.costmodel.train import describe_accuracy
+
+    shards, plans = report["shards"], report["plans"]
+    lines = [f"held-out measurements of this task's tables ({shards['held_out']} shards, {plans['held_out']} plans):"]
+    # Kept, the starting models are "after" too: the fine-tuned ones set aside are shown as such, so that figures
+    # better than "before" are not read as a fit that took effect.
+    tuned = "after" if report["chosen"] == "fine-tuned" else "fine-tuned"
+    for part in ("compute", "device_compute", "comm", "plan"):
+        name = part.replace("_", " ")
+        lines.append(f"  {describe_accuracy(name + ' before', report['before'][part])}")
+        if part == "comm" and (report["comm_kept"] or report["comm_refused"]):  # the starting model: no second row
+            why = "its fit refused" if report["comm_refused"] else "not fitted"
+            lines.append(f"  comm {tuned}: the starting comm model ({why}, as said above)")
+        else:
+            lines.append(f"  {describe_accuracy(name + ' ' + tuned, report['fine_tuned'][part])}")
+    lines.append(f"kept the {report['chosen']} models: {report['reason']}")
+    if min(shards["held_out"], shards["val"]) < 10:
+        # where these tables made no new shards, more --shards would measure nothing new
+        firmer = "a larger --held-out" if report["ran_out"]["shards"] else "more --shards or --budget-minutes"
+        lines.append(
+            f"note: {shards['val']} validation and {shards['held_out']} held-out shards: "
+            f"few, so the choice and the figures above are indicative; {firmer} firms them up"
+        )
+    return lines
 
 
 def cmd_models(args: argparse.Namespace) -> None:
