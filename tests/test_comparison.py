@@ -512,7 +512,7 @@ def test_compare_says_what_the_gang_found_measuring_each_plan(capsys, small_tabl
     """`compare` printed no warning, where `evaluate` says what its gang found (a table's rows capped, which times
     it optimistically) and the models' warnings: now each once, by plan, the gang's own said at its start not again
     (from a new user's walk through docs/measurement.md)."""
-    from shard_ray.cli.measure import say_warnings
+    from shard_ray.cli.common import say_warnings
     from shard_ray.plan.cost import DeviceCost, PlanCost
 
     devices = [DeviceCost(device=0, fwd_compute_ms=1, fwd_comm_ms=0, bwd_comm_ms=0, bwd_compute_ms=1)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,7 @@ from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 
 if TYPE_CHECKING:
+    from shard_ray.plan.cost import PlanCost
     from shard_ray.plan.plan import Plan
     from shard_ray.workload.tables import TableSpec
 
@@ -88,3 +91,13 @@ def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables
         plan.check(tables)
     except ShardRayError as err:
         raise ShardRayError(f"{plan_path} is not a plan of {tables_path}: {err}") from None
+
+
+def say_warnings(plans: list[Plan], costs: Mapping[str, PlanCost], told: set[str]) -> None:
+    """The models' warnings on `plans` and what the gang found measuring each plan of `costs` (`measured_warnings`),
+    each once on stderr; the gang's own, which it said when it started (`told`), not again."""
+    from shard_ray.workflows.comparison import measured_warnings
+
+    said = dict.fromkeys(w for plan in plans if plan.estimate for w in plan.estimate.warnings)
+    for line in [*said, *measured_warnings(costs, set(said) | told)]:
+        print(f"warning: {line}", file=sys.stderr)

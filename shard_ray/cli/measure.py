@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -17,6 +16,7 @@ from shard_ray.cli.common import (
     add_tracking,
     check_plan_of,
     connect,
+    say_warnings,
     tracking,
 )
 from shard_ray.cli.flags import add_settings, settings_from
@@ -28,9 +28,6 @@ from shard_ray.profiling.procedure import MeasureConfig
 from shard_ray.workflows.comparison import CompareConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from shard_ray.plan.cost import PlanCost
     from shard_ray.plan.plan import Plan
     from shard_ray.plan.topology import Topology
     from shard_ray.workload.tables import TableSpec
@@ -187,18 +184,6 @@ def cmd_compare(args: argparse.Namespace) -> None:
                 experiment, files,
             )  # fmt: skip
             print(logged.describe(tracking_uri))
-
-
-def say_warnings(plans: list[Plan], costs: Mapping[str, PlanCost], told: set[str]) -> None:
-    """The models' warnings on `plans` and what the gang found measuring each (a table's rows capped, which times it
-    optimistically), each once on stderr, named by plan where several were measured; the gang's own, which it said
-    when it started (`told`), not again. `compare` printed none of these, which `evaluate` prints."""
-    said = dict.fromkeys(w for plan in plans if plan.estimate for w in plan.estimate.warnings)
-    for line in said:
-        print(f"warning: {line}", file=sys.stderr)
-    for name, cost in costs.items():  # what the models' warnings said already (the comm model's pricing), not again
-        for line in dict.fromkeys(w for w in cost.warnings if w not in told and w not in said):
-            print(f"warning: {f'{name}: ' if len(costs) > 1 else ''}{line}", file=sys.stderr)
 
 
 def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[TableSpec], args: TopologyArgs) -> Topology:

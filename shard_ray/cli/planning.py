@@ -504,6 +504,8 @@ def measured_best(
     )
     if spanned:
         print(spanned)
+    for line in result.warnings:  # the models' warnings on the plans were said with the plan's summary
+        print(f"warning: {line}", file=sys.stderr)
     return compared.plans[result.chosen].model_copy(update={"measured": result}), compared
 
 

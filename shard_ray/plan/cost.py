@@ -189,6 +189,9 @@ class MeasuredComparison(BaseModel):
     ratios: dict[str, PlanRatio] = {}
     priced_parts: list[str] = []  # step parts the comm model priced instead of the gang (more devices than cores)
     predicted_ms: dict[str, float] = {}  # the cost models' price of each candidate that has one, beside its median
+    # what the gang found measuring the plans (a table's rows capped, which times it optimistically), each once, named
+    # by plan where several were measured (`shard_ray.workflows.comparison.measured_warnings`)
+    warnings: list[str] = []
 
     @model_validator(mode="before")
     @classmethod

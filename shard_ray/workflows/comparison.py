@@ -301,7 +301,21 @@ def compare_plans(
         priced_parts=gang.priced_parts,
         predicted_ms={name: plan.estimate.predicted.cost_ms for name, plan in plans.items() if plan.estimate},
     )
-    return ComparedPlans(result, plans, {name: median_round(costs) for name, costs in per_plan.items()})
+    costs = {name: median_round(costs) for name, costs in per_plan.items()}
+    said = {w for plan in plans.values() if plan.estimate for w in plan.estimate.warnings} | set(gang.warnings)
+    result.warnings = measured_warnings(costs, said)
+    return ComparedPlans(result, plans, costs)
+
+
+def measured_warnings(costs: Mapping[str, PlanCost], said: set[str]) -> list[str]:
+    """What the gang found measuring each plan of `costs` (a table's rows capped, which times it optimistically), each
+    once, named by plan where several were measured; those `said` already (the gang's own at its start, the models'
+    warnings on the plans, such as the comm model's pricing) left out."""
+    return [
+        f"{name}: {line}" if len(costs) > 1 else line
+        for name, cost in costs.items()
+        for line in dict.fromkeys(w for w in cost.warnings if w not in said)
+    ]
 
 
 def _race_in_rounds(
