@@ -400,6 +400,25 @@ def test_a_sweep_takes_no_flag_for_a_setting_it_draws(capsys):
     assert f"unrecognized argument {flags['hidden']}" in capsys.readouterr().err
 
 
+def test_a_sweep_resumed_with_other_settings_is_refused_naming_them_by_their_flags(tmp_path):
+    """Found by a new user's walk: `tune search` resumed with other task settings ranked the old trials' scores,
+    priced on other tasks, beside the shipped settings' on the new ones, and wrote a configuration scored worse."""
+    from shard_ray.errors import ShardRayError
+    from shard_ray.io import write_json
+    from shard_ray.policy.settings import PolicyConfig
+    from shard_ray.tuning.sweep import ScoredWith, scored_with_file
+
+    earlier = ScoredWith.of({"minibatch_size": 64, "num_epochs": 3, "tables": "abc"}, PolicyConfig, tables="the pool")
+    write_json(scored_with_file(tmp_path, "policy"), earlier.values)  # as the first run wrote it
+    earlier.refuse_other_in(tmp_path, "policy")  # the same values: resumed
+    earlier.refuse_other_in(tmp_path, "search")  # a sweep of another kind: none there
+    now = ScoredWith.of({"minibatch_size": 128, "num_epochs": 4, "tables": "abd"}, PolicyConfig, tables="the pool")
+    with pytest.raises(ShardRayError) as refused:
+        now.refuse_other_in(tmp_path, "policy")
+    said = "(--minibatch 64 there, 128 now; num_epochs 3 there, 4 now; the pool abc there, abd now)"
+    assert f"holds a policy sweep whose trials were scored otherwise {said}: give another --out" in str(refused.value)
+
+
 def test_old_flag_names_still_work_with_a_note(tmp_path):
     pool = tmp_path / "pool.json"
     assert run_cli("generate", "--out", str(pool), "--num-tables", "30").returncode == 0

@@ -130,45 +130,20 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
 def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, tmp_path, capsys, pool_file):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "sweep"
-    code = main(
-        [
-            "tune",
-            "search",
-            "--tables",
-            str(pool_file),
-            "--out",
-            str(out),
-            "--samples",
-            "2",
-            "--tasks",
-            "2",
-            "--min-tables",
-            "6",
-            "--max-tables",
-            "14",
-            "--max-evaluations",
-            "20000",
-            "--measure-top",
-            "1",
-            "--measure-tasks",
-            "1",
-            "--repeats",
-            "2",
-            "--rounds",
-            "6",
-            "--tracking-uri",
-            uri,
-        ]
-    )
+    sweep = ["tune", "search", "--tables", str(pool_file), "--samples", "2", "--tasks", "2", "--min-tables", "6"]
+    sweep += ["--max-tables", "14", "--max-evaluations", "20000"]
+    measured = ["--measure-top", "1", "--measure-tasks", "1", "--repeats", "2", "--rounds", "6"]
+    code = main([*sweep, "--out", str(out), *measured, "--tracking-uri", uri])
     assert code == 0
     printed = capsys.readouterr().out
     best = json.loads((out / "best.json").read_text())
-    assert best["kind"] == "search" and best["notes"]["chosen_by"] == "measured"
+    assert best["kind"] == "search"
     assert f"MLflow run in the experiment shard-ray-tune-search to {uri}" in printed
     ((finalist, (ratio,)),) = best["notes"]["measured_over_shipped"].items()  # one finalist, one task
     runs = _runs(uri, "shard-ray-tune-search")
     assert len(runs[runs["tags.kind"] == "tune-search"]) == 2
     measured = runs[runs["tags.task"] == "validation-0"] if "tags.task" in runs else runs.iloc[:0]
+    assert best["notes"]["chosen_by"] == ("placed alike" if ratio is None else "measured")
     if ratio is None:  # the finalist placed the task as the shipped settings do: no race
         assert "nothing to measure" in printed and measured.empty
     else:  # raced side by side, with an interval, and logged as a comparison with a run per plan
@@ -177,6 +152,20 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         assert (measured["tags.kind"] == "comparison").sum() == 1 and len(measured) == 3
     faster = ratio is not None and ratio["high"] < 1
     assert (best["config"] == _shipped_search_config()) != faster  # only a measured gain replaces the shipped
+
+    # resumed with other tasks, its trials' scores would be ranked beside new ones: refused, naming what differs
+    other = list(sweep)
+    other[other.index("--min-tables") + 1] = "5"
+    assert main([*other, "--out", str(out), "--no-mlflow"]) == 2
+    assert "scored otherwise (--min-tables 6 there, 5 now): give another --out" in capsys.readouterr().err
+    # simulated only: the shipped settings are kept unless a trial priced the tasks below them
+    assert main([*sweep, "--out", str(tmp_path / "simulated"), "--measure-top", "0", "--no-mlflow"]) == 0
+    simulated = json.loads((tmp_path / "simulated" / "best.json").read_text())
+    assert simulated["notes"]["chosen_by"] == "simulated"
+    assert simulated["value"] <= simulated["notes"]["shipped_simulated_over_bound"]
+    assert (simulated["config"] == _shipped_search_config()) == (
+        simulated["value"] == simulated["notes"]["shipped_simulated_over_bound"]
+    )
 
     tables = tmp_path / "t.json"
     save_tables(tables, generate_pool(PoolConfig(num_tables=10, seed=3)))

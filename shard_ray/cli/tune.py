@@ -82,9 +82,10 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     sweep = sweep_settings(args, "costmodel")
     settings = settings_from(CostModelSweepConfig, args, seed=sweep.seed)
     store = existing_store(flags.store)
-    from shard_ray.tuning.costmodel_sweep import sweep_data, tune_cost_models  # the input checked: torch only now
+    from shard_ray.tuning.costmodel_sweep import scored_with, sweep_data, tune_cost_models  # input checked: torch now
 
     hardware, data = sweep_data(store, train_tables, flags.hardware)  # the store's refusals before Ray starts
+    scored_with(hardware, data, settings).refuse_other_in(args.out, "costmodel")
     tracking_uri, experiment = tracking(args)
     connect(args)
     out = settings_from(SweepOut, args).out
@@ -103,10 +104,11 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
             f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many"
         )
     from shard_ray.costmodel.models import CostModels  # the input checked: torch only now
-    from shard_ray.tuning.search_sweep import tune_search
+    from shard_ray.tuning.search_sweep import scored_with, tune_search
 
     if flags.cost_model is not None:
         CostModels.load(flags.cost_model)
+    scored_with(pool, settings, flags.cost_model).refuse_other_in(args.out, "search")
     tracking_uri, experiment = tracking(args)
     connect(args, min_cpus=settings.devices)
     out = settings_from(SweepOut, args).out
@@ -117,10 +119,11 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
 
 def cmd_tune_policy(args: argparse.Namespace) -> None:
     flags, base, pool = policy_inputs(args, defaults=POLICY_TRIAL_ITERATIONS)
-    from shard_ray.tuning.policy_sweep import tune_policy
+    from shard_ray.tuning.policy_sweep import scored_with, tune_policy
 
     sweep = sweep_settings(args, "policy", seed=base.seed)
     settings = settings_from(PolicySweepConfig, args)
+    scored_with(pool, base, settings, flags.cost_model).refuse_other_in(flags.out, "policy")
     tracking_uri, experiment = tracking(args)
     connect(args)
     report(

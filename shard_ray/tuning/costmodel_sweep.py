@@ -29,7 +29,7 @@ from shard_ray.costmodel.train import (
 from shard_ray.errors import ShardRayError
 from shard_ray.profiling.store import MeasurementStore
 from shard_ray.tuning.settings import CostModelSweepConfig
-from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import ScoredWith, SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 
 METRIC = "val_mape"
 SWEPT = ("hidden", "depth", "lr", "weight_decay", "minibatch", "max_epochs", "patience", "loss", "feature_scaling")
@@ -98,6 +98,13 @@ def sweep_data(
     return hardware, {name: compute_data(found) for name, found in splits.items() if found}
 
 
+def scored_with(hardware: str, data: dict[str, ComputeData], settings: CostModelSweepConfig) -> ScoredWith:
+    """What the cost-model sweep's trials are scored with: the sweep's settings, the hardware and how many shard
+    measurements each split holds (a store measured further since gives others)."""
+    splits = {f"{name} shards": len(found) for name, found in data.items()}
+    return ScoredWith.of({**asdict(settings), "hardware": hardware, **splits}, CostModelSweepConfig)
+
+
 def tune_cost_models(
     hardware: str,
     data: dict[str, ComputeData],
@@ -130,6 +137,7 @@ def tune_cost_models(
         tracking_uri,
         experiment,
         {"hardware": hardware},
+        scored_with(hardware, data, settings),
         scheduler,
     )
     ranked = ranked_trials(results, METRIC, out_dir)

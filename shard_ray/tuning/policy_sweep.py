@@ -23,7 +23,7 @@ from shard_ray.configfile import dataclass_from
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tuning.settings import POLICY_SWEPT, PolicySweepConfig
-from shard_ray.tuning.sweep import SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import ScoredWith, SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "validation_over_bound"
@@ -103,6 +103,20 @@ def policy_trial(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def scored_with(
+    pool: list[TableSpec], base: PolicyConfig, settings: PolicySweepConfig, cost_model: str | None
+) -> ScoredWith:
+    """What the policy sweep's trials are scored with: training's settings but those drawn, the sweep's, the pool and
+    the models pricing the tasks."""
+    from shard_ray.tracking.mlflow_runs import task_id
+
+    values = {k: v for k, v in asdict(base).items() if k not in POLICY_SWEPT} | asdict(settings)
+    values |= {"tables": task_id(pool), "cost_model": str(cost_model or default_cost_model_path())}
+    return ScoredWith.of(
+        values, PolicyConfig, PolicySweepConfig, tables="the pool (--tables) of digest", cost_model="--cost-model"
+    )
+
+
 def tune_policy(
     pool: list[TableSpec],
     base: PolicyConfig,
@@ -140,6 +154,7 @@ def tune_policy(
         tracking_uri,
         experiment,
         {"hardware": models.hardware},
+        scored_with(pool, base, settings, cost_model),
         scheduler,
     )
     finished = ranked_trials(results, METRIC, out_dir)

@@ -29,7 +29,7 @@ from shard_ray.placement.search import COST_SEARCH, MAX_EVALUATIONS, SearchConfi
 from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.topology import Topology
 from shard_ray.tuning.settings import SearchSweepConfig
-from shard_ray.tuning.sweep import SweepConfig, ranked_trials, run_sweep, save_best
+from shard_ray.tuning.sweep import ScoredWith, SweepConfig, ranked_trials, run_sweep, save_best
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
@@ -198,6 +198,20 @@ def choose_measured(ratios: dict[str, list[PlanRatio | None]]) -> str:
     return min(winners, key=lambda label: (-faster_tasks(label), mean_log_ratio(label)), default=SHIPPED)
 
 
+def scored_with(pool: list[TableSpec], settings: SearchSweepConfig, cost_model: str | None) -> ScoredWith:
+    """What the search sweep's trials are scored with: the validation tasks' settings, the pool, the models pricing
+    them (not the measured step's settings, which score no trial)."""
+    from shard_ray.tracking.mlflow_runs import task_id
+
+    measured = ("measure_top", "measure_tasks", "repeats", "rounds", "budget_seconds")
+    values = {k: v for k, v in asdict(settings).items() if k not in measured}
+    values["max_evaluations"] = settings.max_evaluations or MAX_EVALUATIONS  # as the trials spend it
+    values |= {"tables": task_id(pool), "cost_model": str(cost_model or default_cost_model_path())}
+    return ScoredWith.of(
+        values, SearchSweepConfig, SweepConfig, tables="the pool (--tables) of digest", cost_model="--cost-model"
+    )
+
+
 def tune_search(
     pool: list[TableSpec],
     sweep: SweepConfig,
@@ -230,6 +244,7 @@ def tune_search(
         tracking_uri,
         experiment,
         {"hardware": models.hardware},
+        scored_with(pool, settings, cost_model),
     )
     finished = ranked_trials(results, METRIC, out_dir)
     shipped = replace(COST_SEARCH, max_evaluations=settings.max_evaluations)
@@ -251,7 +266,10 @@ def tune_search(
             label: [None if ratio is None else ratio.model_dump() for ratio in values]
             for label, values in measured.items()
         }
-        notes["chosen_by"] = "measured"
+        # where every finalist placed the measured tasks as the shipped settings do, no measurement chose
+        notes["chosen_by"] = (
+            "measured" if any(r is not None for rs in measured.values() for r in rs) else "placed alike"
+        )
         if chosen == SHIPPED:
             print(
                 "no finalist measured faster than the shipped settings beyond the noise (and slower on no task): "
@@ -263,12 +281,17 @@ def tune_search(
             print(f"{chosen} measured faster than the shipped settings on {wins} of {len(measured[chosen])} tasks")
             config = finalists[chosen]
             value = next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
-    else:
+    elif finished[0].metrics[METRIC] < shipped_ratio:
         config, value, notes["chosen_by"] = (
             search_config_from(finished[0].config, settings.max_evaluations),
             finished[0].metrics[METRIC],
             "simulated",
         )
+    else:  # no trial priced below the shipped settings
+        print(
+            "no trial priced the validation tasks below the shipped settings: they are kept as the best configuration"
+        )
+        config, value, notes["chosen_by"] = shipped, shipped_ratio, "simulated"
     # The budget is the sweep's, not a setting found: a quick sweep's small one would cut every plan's search short.
     notes["swept_with_max_evaluations"] = settings.max_evaluations
     found = {k: v for k, v in asdict(config).items() if k in SWEPT}

@@ -4,6 +4,8 @@ A sweep lives in a folder:
 
     OUT/tune/<name>/   Ray Tune's experiment state; a sweep started again on OUT resumes it (where that state
                        was cut short, it is moved to OUT/tune/<name>-damaged/ and the sweep starts again)
+    OUT/tune/<name>-scored-with.json   what the trials were scored with (`ScoredWith`): a sweep started again with
+                       other values is refused, not resumed
     OUT/trials.csv     one row per trial: its configuration and last reported metrics
     OUT/best.json      the best configuration, a tuned-config file (below)
 
@@ -27,11 +29,11 @@ import pickletools
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from shard_ray.configfile import Kind, TunedConfig, setting
+from shard_ray.configfile import Kind, TunedConfig, flag_name, setting
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 
@@ -70,6 +72,45 @@ class SweepConfig:
             raise ShardRayError(f"unknown search algorithm {self.search!r}; known: {', '.join(SEARCH_ALGORITHMS)}")
 
 
+@dataclass(frozen=True)
+class ScoredWith:
+    """What a sweep's trials are scored with beyond their own drawn settings (the tasks, the data, the models...), by
+    name, and the flag that sets each (`labels`; a name without one is shown as it is)."""
+
+    values: dict[str, Any]
+    labels: dict[str, str]
+
+    @classmethod
+    def of(cls, values: dict[str, Any], *flagged: type, **named: str) -> ScoredWith:
+        """`values`, named by the flags of the settings dataclasses `flagged` where one of their fields sets them, and
+        by `named` (a value's name: how to say it)."""
+        labels = {f.name: flag_name(f.name, f.metadata) for c in flagged for f in fields(c) if "help" in f.metadata}
+        return cls(json.loads(json.dumps(values)), labels | named)
+
+    def refuse_other_in(self, out_dir: str | Path, kind: Kind) -> None:
+        """Refuse to resume the `kind` sweep in `out_dir` whose trials were scored with other values: its trials'
+        scores would be ranked beside new ones scored otherwise (a resumed search sweep on other tasks wrote a
+        configuration scored on the old ones). Each that differs is named by its flag."""
+        path = scored_with_file(out_dir, kind)
+        if not path.is_file():
+            return
+        earlier = json.loads(path.read_text())
+        differ = [
+            f"{self.labels.get(name, name)} {earlier.get(name)} there, {self.values.get(name)} now"
+            for name in dict.fromkeys([*self.values, *earlier])
+            if earlier.get(name) != self.values.get(name)
+        ]
+        if differ:
+            raise ShardRayError(
+                f"{Path(out_dir)} holds a {kind} sweep whose trials were scored otherwise ({'; '.join(differ)}): give "
+                "another --out, the same settings, or remove the folder"
+            )
+
+
+def scored_with_file(out_dir: str | Path, kind: Kind) -> Path:
+    return Path(out_dir) / "tune" / f"{kind}-scored-with.json"
+
+
 def run_sweep(
     kind: Kind,
     trainable: Callable[..., None],
@@ -81,12 +122,15 @@ def run_sweep(
     tracking_uri: str | None,
     experiment: str,
     tags: dict[str, str],
+    scored_with: ScoredWith,
     scheduler: Any = None,
 ) -> Any:
-    """Run (or resume) the sweep into `out_dir`; returns Tune's ResultGrid (needs a connected Ray).
+    """Run (or resume) the sweep into `out_dir`; returns Tune's ResultGrid (needs a connected Ray). A sweep there
+    scored with other values than `scored_with` is refused, not resumed.
 
     Failed trials are retried `sweep.max_failures` times and then left out; the sweep goes on.
     """
+    import optuna
     from ray import tune
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
@@ -114,6 +158,8 @@ def run_sweep(
             f"saved it); starting the sweep again, its earlier trials moved to {aside}",
             flush=True,
         )
+    scored_with.refuse_other_in(out_dir, kind)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its "A new study created", on a resumed sweep too
     if tune.Tuner.can_restore(str(path)):
         print(f"resuming the sweep in {path}", flush=True)
         # The search space again: Tune does not keep it with the sweep, and a sweep killed before its
@@ -121,11 +167,7 @@ def run_sweep(
         tuner = tune.Tuner.restore(str(path), trainable=resourced, param_space=space, resume_errored=True)
     else:
         if sweep.search == "optuna":
-            import optuna
-
             from shard_ray.tuning.optuna_search import ResumableOptunaSearch
-
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
 
             search_alg = ConcurrencyLimiter(ResumableOptunaSearch(seed=sweep.seed), max_concurrent=sweep.max_concurrent)
         else:
@@ -160,6 +202,7 @@ def run_sweep(
                 verbose=0,  # TrialProgress prints a line per trial in place of Tune's tables
             ),
         )
+        write_json(scored_with_file(out_dir, kind), scored_with.values)
     began = time.perf_counter()
     results = tuner.fit()
     print(
