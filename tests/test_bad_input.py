@@ -434,6 +434,9 @@ def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path
         ("tasks", ["--out", "plan.json"], "--out/--out-dir: plan.json is a file, not a folder"),
         ("tasks", ["--out", "plan.json/sub"], "--out/--out-dir: plan.json is a file, not a folder"),
         ("bench", ["--tasks", "0", "--out", "plan.json", "--no-mlflow"], "--out: plan.json is a file, not a folder"),
+        # an empty name was "--out:  is a folder" (Path("") is "."), and a folder to write in the current folder (a walk)
+        ("plan", ["--devices", "2", "--memory-gb", "4", "--out", ""], "--out: an empty name; give the file to write"),
+        ("compare", ["--plans", "plan.json", "plan.json", "--out", " "], "--out: an empty name; give the folder"),
     ],
 )
 def test_outputs_and_sizes_that_cannot_be_are_refused_before_the_command_works(

@@ -178,6 +178,26 @@ def test_store_refuses_a_file_that_is_not_sqlite(tmp_path):
         MeasurementStore(path)
 
 
+def test_store_leaves_another_programs_database_untouched(tmp_path):
+    """Found by a new user's walk: a failed `tune costmodel --store other.db` left the store's tables in that
+    database (an MLflow one, given by mistake, would get them too)."""
+    import sqlite3
+
+    from shard_ray.errors import ShardRayError
+
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE experiments (id INTEGER)")
+    with pytest.raises(
+        ShardRayError, match=r"other.db is not a measurement store: an SQLite database of other tables "
+    ):
+        MeasurementStore(path)
+    with sqlite3.connect(path) as db:
+        assert [row[0] for row in db.execute("SELECT name FROM sqlite_master")] == ["experiments"]
+    with MeasurementStore(tmp_path / "empty.db") as store:  # a new file, or an empty database, becomes a store
+        assert store.count() == 0
+
+
 def test_draw_shards(small_tables):
     shards = draw_fused_shards(small_tables, count=10, max_tables=3, seed=0)
     assert len(shards) == len(small_tables) + 10

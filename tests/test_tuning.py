@@ -183,7 +183,9 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
         "--search-config",
         str(out / "best.json"),
     ]
+    capsys.readouterr()
     assert main([*flags, "--algo", "cost_search"]) == 0
+    assert f"cost_search searched with the settings in {out / 'best.json'}" in capsys.readouterr().out
     settings = json.loads(plan.read_text())["settings"]
     assert settings["source"] == str(out / "best.json")
     # the sweep's own budget (--max-evaluations 20000) is not carried into the plans: they search with cost_search's

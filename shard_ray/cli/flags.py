@@ -52,6 +52,8 @@ def _number(kind: type, minimum: float | None, maximum: float | None = None) -> 
 def _a_file_to_write(text: str) -> str:
     """A file to write: its folder must exist, so that a typo in the path is refused, not created silently, and take
     a file; checked before the command works, so that what it measured is not lost at the end for want of a place."""
+    if not text.strip():  # Path("") is ".", a folder
+        raise argparse.ArgumentTypeError("an empty name; give the file to write")
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; give the file to write")
@@ -63,6 +65,8 @@ def _a_file_to_write(text: str) -> str:
 
 def _a_folder_to_write(text: str) -> str:
     """A folder to write files in, created where missing: not a file, and inside a folder this user may write in."""
+    if not text.strip():  # Path("") is ".": the files would be written among the user's own
+        raise argparse.ArgumentTypeError("an empty name; give the folder to write in")
     path = Path(text)
     existing = next(p for p in (path, *path.parents) if p.exists())  # the path itself, or at last "." or "/"
     if not existing.is_dir():

@@ -415,6 +415,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         )
     if plan.search is not None and plan.search.cut_short:
         print(f"warning: {plan.search.cut_short}", file=sys.stderr)
+    if flags.search_config:  # the file records it too (`settings.source`)
+        print(f"{flags.algo} searched with the settings in {flags.search_config} (a `tune search` sweep's best)")
     if plan.search is not None and plan.search.started_from and "start=" in plan.search.started_from:
         print(f"the search started from {plan.search.started_from}")  # cost_search's `start`, and why
     if plan.search is not None and plan.search.sampled:

@@ -517,12 +517,14 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
 
 def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
     counts = Counter(m.hardware for m in store.fused_shard_measurements() if m.status == "ok")
-    if hardware is not None:
-        if hardware not in counts:
-            raise ShardRayError(f"the store has no measurements on {hardware!r}; it has {sorted(counts)}")
-        return hardware
     if not counts:
         raise ShardRayError("the store has no successful shard measurements to train on")
+    if hardware is not None:
+        if hardware not in counts:
+            raise ShardRayError(
+                f"the store has no shard measurements on {hardware!r}; it has some of {', '.join(sorted(counts))}"
+            )
+        return hardware
     return counts.most_common(1)[0][0]
 
 

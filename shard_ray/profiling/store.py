@@ -98,12 +98,23 @@ def read_record(kind: type[Record], record: str) -> Record:
     return kind.model_validate(fields)
 
 
+STORE_TABLES = {"shard_measurements", "plan_measurements"}
+
+
 class MeasurementStore:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path)
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not tables & STORE_TABLES:  # another program's database (MLflow's, say): left untouched
+                self._db.close()
+                shown = ", ".join(sorted(tables)[:4]) + (", ..." if len(tables) > 4 else "")
+                raise ShardRayError(
+                    f"{self.path} is not a measurement store: an SQLite database of other tables ({shown}); give "
+                    "the store's file (default shard-ray-out/measurements.db) or a new one"
+                )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as err:
