@@ -80,6 +80,13 @@ class ProfilingActor:
         return measure_fused_shard(pieces, config, self._hardware, self._budget, self._host_buffers)
 
 
+def capped_warning(capped: int, measured: int) -> str:
+    return (
+        f"{capped} of {measured} shards were measured with their largest tables capped (a profiling actor's share of "
+        "memory holds no more; docs/measurement.md), which times them optimistically"
+    )
+
+
 def resources_per_device(use_gpus: bool) -> dict[str, Any]:
     """Ray options of an actor that holds one device: its resources and the measuring environment
     (`measuring_runtime_env`: transparent huge pages for its tables)."""
@@ -185,9 +192,12 @@ class ProfilingPool:
         store: MeasurementStore,
         progress: bool = True,
         alone: bool = False,
+        say_capped: bool = True,
     ) -> list[FusedShardMeasurement]:
         """Measure every shard not yet in `store`; returns all shards' measurements in input order. `alone`: each
         shard with no other measured on its machine at the time, for measurements compared with each other.
+        `say_capped`: warn of the shards measured with their largest tables capped (`capped_warning`), unless the
+        caller, measuring in many calls, says it once.
 
         CPU actors on one machine share its memory bandwidth: a shard measured beside another is slowed for all its
         steps, while the last shard of a batch finishes alone, and the fastest step (`step_estimate`) favours it. A
@@ -238,13 +248,8 @@ class ProfilingPool:
                     capped += 1
                 bar.update(1)
         bar.close()
-        if capped:
-            print(
-                f"warning: {capped} of {len(first_of_key)} shards were measured with their largest tables capped "
-                "(a profiling actor's share of memory holds no more; docs/measurement.md), which times them "
-                "optimistically",
-                file=sys.stderr,
-            )
+        if capped and say_capped:
+            print(f"warning: {capped_warning(capped, len(first_of_key))}", file=sys.stderr)
         return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
 
     def _measuring_actors(self) -> tuple[list[Any], dict[Any, str]]:

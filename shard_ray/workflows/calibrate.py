@@ -64,6 +64,7 @@ from shard_ray.placement import algorithms, place
 from shard_ray.plan.piece import TablePiece, table_wise
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
+from shard_ray.profiling.actors import capped_warning
 from shard_ray.profiling.gang import DeviceActors, check_hosts
 from shard_ray.profiling.procedure import (
     MEASUREMENT_PROCEDURE,
@@ -530,6 +531,8 @@ def _measure_shards(
         known = store.known_keys([fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted])
         rest = "measuring the rest" if len(known) < len(wanted) else "none left to measure"
         log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; {rest}")
+        capped = measured = 0
+        ran_out = False
         for more in range(MORE_BATCHES + 1):
             if more:
                 shards, _ = task_measurements(
@@ -545,16 +548,21 @@ def _measure_shards(
                 known = store.known_keys(list(keys))
                 wanted = unmeasured("shards", keys, known, held_out, MIN_HELD_OUT_SHARDS, more, log)
                 if not wanted:
-                    return pool.hardware, True
+                    ran_out = True
+                    break
             with tqdm(total=len(wanted), desc="calibration: shards", unit="shard") as bar:
                 for start_index in range(0, len(wanted), 2 * config.actors):
                     if time.monotonic() > shards_end:
                         bar.write(f"the shards' measuring time spent: {start_index} of {len(wanted)} shards measured")
                         break
                     chunk = wanted[start_index : start_index + 2 * config.actors]
-                    pool.measure(chunk, measure, store, progress=False)
+                    done = pool.measure(chunk, measure, store, progress=False, say_capped=False)
+                    capped += sum(m.rows_cap is not None and measure.max_rows is None for m in done)
+                    measured += len(done)
                     bar.update(len(chunk))
-        return pool.hardware, False
+        if capped:  # once, where the pool would say it a chunk at a time beside the bar
+            log(f"warning: {capped_warning(capped, measured)}")
+        return pool.hardware, ran_out
 
 
 def _measure_plans(
