@@ -292,6 +292,44 @@ def test_a_comm_model_not_fitted_or_refused_is_not_shown_as_a_fine_tuned_one():
     assert any(line.startswith("  comm after ") and "MAPE 20.0%" in line for line in fitted)
 
 
+def test_models_fitted_to_shards_measured_with_capped_rows_say_so_where_they_price():
+    """Found by a new user's walk: a table of 300 million rows was measured with 22 million allocated (a measuring
+    process's share of memory), `calibrate` fitted the models to that, and the plans priced by them said nothing."""
+    from shard_ray.costmodel.info import Calibrated
+    from shard_ray.costmodel.models import CostModels, describe_models, task_digest
+    from shard_ray.plan.piece import TablePiece
+    from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig
+    from shard_ray.workflows.calibrate import capped_rows
+
+    big = TableSpec(name="big", rows=300_000_000, dim=64, pooling_factor=1)
+    small = TableSpec(name="small", rows=1000, dim=16, pooling_factor=4)
+
+    def measured(pieces: list, cap: int | None, max_rows: int | None = None) -> FusedShardMeasurement:
+        config = MeasureConfig(batch_size=64, max_rows=max_rows)
+        return FusedShardMeasurement(key=str(cap), hardware="cpu:x", tables=pieces, config=config, rows_cap=cap)
+
+    rows_blocks = [TablePiece(table=big, columns=(0, 64), rows=(0, 10_000_000))]  # a row-wise block: held whole
+    shards = [
+        measured([TablePiece.whole(big), TablePiece.whole(small)], 22_000_000),
+        measured([TablePiece.whole(big)], 20_000_000),
+        measured(rows_blocks, 20_000_000),
+        measured([TablePiece.whole(big)], 1_000, max_rows=1_000),  # a cap asked for: `profile --max-rows`
+        measured([TablePiece.whole(small)], None),
+    ]
+    assert capped_rows(shards, [big, small]) == {"big": 20_000_000}
+    assert capped_rows(shards[2:], [big, small]) == {}
+
+    models = CostModels.load(default_cost_model_path())
+    info = dict(hardware="cpu:x", tables=["big", "small"], task=task_digest([big, small]), reason="better")
+    for chosen, capped, warned in (("fine-tuned", {"big": 20_000_000}, True), ("fine-tuned", {}, False)):
+        models.info.calibrated = Calibrated(**info, chosen=chosen, capped_rows=capped)
+        line, warning = describe_models("m.pt", models, [big, small])
+        assert "calibrated on these 2 tables" in line
+        assert (warning is not None) == warned
+        if warned:
+            assert warning.startswith("the models were fitted to shards of big (20,000,000 rows) measured with only")
+
+
 def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     """A task of few tables makes few distinct plans: the held-out split by hash is topped up to the fewest a
     judgement needs from the fit split, lowest hash first, never past a third of the keys, validation untouched."""

@@ -369,16 +369,19 @@ def _check_cost_model_flag(flags: PlanArgs) -> None:
         CostModels.load(flags.cost_model)
 
 
-def _calibration_advice(plan: Plan, tables: list[TableSpec], flags: PlanArgs) -> str:
+def _calibration_advice(plan: Plan, tables: list[TableSpec], flags: PlanArgs) -> str | None:
     """What to run so that the models fit this task: `calibrate`, or, where a calibration on these very tables kept
-    the models it started from, `calibrate` measuring more."""
+    the models it started from, `calibrate` measuring more; None where the models were fitted to these tables (their
+    warning says what their fit lacks)."""
     from shard_ray.costmodel.models import CostModels, task_digest
 
     hosts = f" --devices-per-host {plan.devices_per_host}" if plan.devices_per_host else ""
     command = f"`shard-ray calibrate --tables {flags.tables} --devices {flags.devices}{hosts}`"
     path = plan.estimate.cost_model if plan.estimate else None
     calibrated = CostModels.load(path).info.calibrated if path else None
-    if calibrated is not None and calibrated.task == task_digest(tables) and not calibrated.fitted(calibrated.task):
+    if calibrated is not None and calibrated.fitted(task_digest(tables)):
+        return None
+    if calibrated is not None and calibrated.task == task_digest(tables):
         return (
             f"the calibration on these tables kept the models it started from ({calibrated.reason}); {command} "
             "with more --shards and --plans (or --budget-minutes) measures enough of this task to judge a fit"
@@ -408,11 +411,9 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
     warnings = estimate.warnings if estimate else []
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
-    if warnings:
-        print(
-            f"warning: the models' prices above are extrapolated: {_calibration_advice(plan, tables, flags)}",
-            file=sys.stderr,
-        )
+    advice = _calibration_advice(plan, tables, flags) if warnings else None
+    if advice:
+        print(f"warning: the models' prices above are extrapolated: {advice}", file=sys.stderr)
     if plan.search is not None and plan.search.cut_short:
         print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     if flags.search_config:  # the file records it too (`settings.source`)

@@ -45,6 +45,9 @@ class Calibrated(BaseModel):
     measuring_seconds: float | None = None
     seconds: float | None = None
     noise_floor: dict[str, Any] | None = None
+    # Tables whose fitted shards were measured with fewer rows than they have (a measuring process's share of memory
+    # held no more), with the fewest rows allocated: their measurements, and so the models' fit, are optimistic.
+    capped_rows: dict[str, int] = {}
 
     def fitted(self, task: str) -> bool:
         """Whether the models were fitted to the task of digest `task`: calibrated on it, and the fine-tuned models

@@ -156,7 +156,16 @@ def describe_models(
     names = calibrated.tables
     when = f" on {calibrated.at}" if calibrated.at else ""
     if calibrated.fitted(task_digest(tables)):
-        return f"priced by {path}: models of {models.hardware}, calibrated on these {len(names)} tables{when}", None
+        line = f"priced by {path}: models of {models.hardware}, calibrated on these {len(names)} tables{when}"
+        capped = calibrated.capped_rows
+        if not capped:
+            return line, None
+        shown = ", ".join(f"{name} ({rows:,} rows)" for name, rows in list(capped.items())[:4])
+        return line, (
+            f"the models were fitted to shards of {shown}{', ...' if len(capped) > 4 else ''} measured with only those "
+            "rows allocated (a measuring process's share of memory held no more), which times them optimistically: "
+            "their prices of those tables are as optimistic (docs/measurement.md)"
+        )
     if calibrated.task == task_digest(tables):  # the calibration kept the models it started from
         return (
             f"priced by {path}: models of {models.hardware}, unchanged by a calibration on these {len(names)} tables"

@@ -318,9 +318,25 @@ def calibrate(
         "seconds": time.monotonic() - began,
         "noise_floor": asdict(floor) if floor else None,
         "links": said,
+        "capped_rows": capped_rows(by_split["fit"], tables),
     }
     _record_calibration(kept, report, tables, compute_data(by_split["fit"]), start)
     return Calibration(models=kept, chosen=report["chosen"], report=report)
+
+
+def capped_rows(measurements: list[FusedShardMeasurement], tables: list[TableSpec]) -> dict[str, int]:
+    """The tables of `tables` whose pieces `measurements` hold with fewer rows allocated than they have, for want of
+    the measuring process's memory (not a `max_rows` asked for), each with the fewest rows allocated."""
+    names = {t.name for t in tables}
+    capped: dict[str, int] = {}
+    for m in measurements:
+        if m.rows_cap is None or m.config.max_rows is not None:
+            continue
+        for piece in m.tables:
+            allocated = piece.allocated_rows(m.rows_cap)
+            if piece.table.name in names and allocated < piece.row_count:
+                capped[piece.table.name] = min(capped.get(piece.table.name, allocated), allocated)
+    return capped
 
 
 def comm_kept_because(
