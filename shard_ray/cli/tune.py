@@ -17,8 +17,10 @@ from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.tuning.settings import POLICY_SWEPT, CostModelSweepConfig, PolicySweepConfig, SearchSweepConfig
 from shard_ray.tuning.sweep import SweepConfig
+from shard_ray.workflows.comparison import CompareConfig
 
 TRIALS = {"costmodel": 16, "search": 24, "policy": 8}
+SEARCH_RACE = {"rounds": 12, "budget_seconds": 60.0}  # each measured task's race: `compare`'s settings, shorter
 POLICY_TRIAL_ITERATIONS = {"iterations": 20}  # PPO iterations of a trial at most
 
 
@@ -99,6 +101,7 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
     pool = load_tables(flags.tables)
     sweep = sweep_settings(args, "search")
     settings = settings_from(SearchSweepConfig, args, seed=sweep.seed)
+    race = settings_from(CompareConfig, args, defaults=SEARCH_RACE)
     if len(pool) < settings.max_tables:
         raise ShardRayError(
             f"the pool has {len(pool)} tables; tasks of up to {settings.max_tables} need at least that many"
@@ -113,7 +116,9 @@ def cmd_tune_search(args: argparse.Namespace) -> None:
     connect(args, min_cpus=settings.devices)
     out = settings_from(SweepOut, args).out
     report(
-        tune_search(pool, sweep, settings, out, tracking_uri, experiment, flags.cost_model), tracking_uri, experiment
+        tune_search(pool, sweep, settings, race, out, tracking_uri, experiment, flags.cost_model),
+        tracking_uri,
+        experiment,
     )
 
 
@@ -149,6 +154,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     add_settings(q, SearchSweepArgs)
     add_settings(q, SearchSweepConfig)
+    add_settings(q, CompareConfig, defaults=SEARCH_RACE)
     add_sweep_flags(q, "search")
     q.set_defaults(run=cmd_tune_search)
 

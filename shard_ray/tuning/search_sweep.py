@@ -30,6 +30,7 @@ from shard_ray.plan.cost import PlanRatio
 from shard_ray.plan.topology import Topology
 from shard_ray.tuning.settings import SearchSweepConfig
 from shard_ray.tuning.sweep import ScoredWith, SweepConfig, ranked_trials, run_sweep, save_best
+from shard_ray.workflows.comparison import CompareConfig
 from shard_ray.workload.tables import TableSpec
 
 METRIC = "simulated_over_bound"
@@ -113,24 +114,23 @@ def race_finalists(
     tasks: list[Task],
     models: CostModels,
     settings: SearchSweepConfig,
+    race: CompareConfig,
     tracking_uri: str | None,
     experiment: str,
 ) -> dict[str, list[PlanRatio | None]]:
     """Every finalist's cost over the shipped settings' on each of `tasks`, with an interval: their plans raced side
-    by side on a gang by `compare`'s procedure, the shipped settings' plan the incumbent. Each race's intervals hold
-    at a share of the confidence, so that those of every task hold together; None where a finalist's plan is the
-    shipped settings' own."""
+    by side on a gang by `compare`'s procedure (`race`, each task's), the shipped settings' plan the incumbent. Each
+    race's intervals hold at a share of `race`'s confidence, so that those of every task hold together; None where a
+    finalist's plan is the shipped settings' own."""
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.tracking.mlflow_runs import log_comparison
-    from shard_ray.workflows.comparison import CompareConfig, compare_plans, distinct, ratio_interval
+    from shard_ray.workflows.comparison import compare_plans, distinct, ratio_interval
 
-    alpha = 1 - CompareConfig().confidence
-    race = CompareConfig(
-        rounds=settings.rounds,
-        budget_seconds=settings.budget_seconds,
-        min_rounds=min(6, settings.rounds),
+    race = replace(
+        race,
+        min_rounds=min(race.min_rounds, race.rounds),
         repeats=settings.repeats,
-        confidence=1 - alpha / len(tasks),
+        confidence=1 - (1 - race.confidence) / len(tasks),
     )
     ratios: dict[str, list[PlanRatio | None]] = {label: [] for label in candidates if label != SHIPPED}
     with DeviceGang(settings.devices, comm_pricer=price_comm) as gang:
@@ -203,7 +203,7 @@ def scored_with(pool: list[TableSpec], settings: SearchSweepConfig, cost_model: 
     them (not the measured step's settings, which score no trial)."""
     from shard_ray.tracking.mlflow_runs import task_id
 
-    measured = ("measure_top", "measure_tasks", "repeats", "rounds", "budget_seconds")
+    measured = ("measure_top", "measure_tasks", "repeats")
     values = {k: v for k, v in asdict(settings).items() if k not in measured}
     values["max_evaluations"] = settings.max_evaluations or MAX_EVALUATIONS  # as the trials spend it
     values |= {"tables": task_id(pool), "cost_model": str(cost_model or default_cost_model_path())}
@@ -216,12 +216,14 @@ def tune_search(
     pool: list[TableSpec],
     sweep: SweepConfig,
     settings: SearchSweepConfig,
+    race: CompareConfig,
     out_dir: str | Path,
     tracking_uri: str | None,
     experiment: str,
     cost_model: str | None = None,
 ) -> Path:
-    """Sweep, measure the finalists, then write OUT/best.json (tuned SearchConfig) and OUT/trials.csv."""
+    """Sweep, race the finalists on the gang (`race`, each measured task's), then write OUT/best.json (tuned
+    SearchConfig) and OUT/trials.csv."""
     from ray import tune
 
     settings.check()
@@ -259,8 +261,9 @@ def tune_search(
     notes: dict[str, Any] = {"hardware": models.hardware, "shipped_simulated_over_bound": shipped_ratio}
     if finalists:
         measured = race_finalists(
-            {SHIPPED: shipped, **finalists}, tasks[: settings.measure_tasks], models, settings, tracking_uri, experiment
-        )
+            {SHIPPED: shipped, **finalists}, tasks[: settings.measure_tasks], models, settings, race, tracking_uri,
+            experiment,
+        )  # fmt: skip
         chosen = choose_measured(measured)
         notes["measured_over_shipped"] = {
             label: [None if ratio is None else ratio.model_dump() for ratio in values]

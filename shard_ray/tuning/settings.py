@@ -37,20 +37,12 @@ class SearchSweepConfig:
     measure_top: int = setting(2, "best simulated settings measured on the gang; 0: none", min=0)
     measure_tasks: int = setting(3, "validation tasks measured", min=1)
     repeats: int = setting(5, "timed steps per plan and round of a measured task's race", min=1)
-    rounds: int = setting(
-        12,
-        "most interleaved rounds of a measured task's race (every finalist once a round); it stops once it decides",
-        min=3,
-    )
-    budget_seconds: float = setting(60.0, "seconds of measuring per measured task", min=1)
     seed: int = 0
 
     def check(self) -> None:
         for name in ("tasks", "min_tables", "max_tables", "devices", "measure_tasks", "repeats", "batch_size"):
             if getattr(self, name) < 1:
                 raise ShardRayError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.rounds < 3:
-            raise ShardRayError(f"rounds must be at least 3, got {self.rounds}")
         if self.min_tables > self.max_tables:
             raise ShardRayError("min_tables must not exceed max_tables")
         if self.measure_top < 0:
