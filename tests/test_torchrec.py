@@ -295,6 +295,7 @@ def test_bench_on_a_table_file_with_torchrec(ray_session, tmp_path, capsys):
     report = (out / "benchmark.md").read_text()
     assert (out / "benchmark.png").stat().st_size > 0 and "| torchrec |" in report
     assert f"(those every algorithm planned; table files {tables_file.name})" in report  # no line of 0 synthetic tasks
+    assert "percentages are of the plans' median measured costs, with no interval" in report  # not read as claims
     assert main(["bench", "--tasks", "0", "--out", str(tmp_path / "none")]) == 2  # nothing to benchmark
 
 

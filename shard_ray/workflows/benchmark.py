@@ -293,6 +293,12 @@ def write_report(report: dict[str, Any], out: Path, config: BenchmarkConfig) -> 
         "|---|" + "---:|" * len(COLUMNS),
     ]
     lines += [f"| {name} | " + " | ".join(_cell(key, s[key]) for key, _ in COLUMNS) + " |" for name, s in ranked]
+    lines += [
+        "",
+        "The percentages are of the plans' median measured costs, with no interval; which plans the hardware told "
+        "apart is each task's race's verdict (printed with its intervals as the task ran, and each record's `verdict` "
+        "in benchmark.json): `tasks best or tied for best` counts a plan within noise of the best as tied.",
+    ]
     write_atomic(out / "benchmark.md", "\n".join(lines) + "\n")
     buffer = io.StringIO()
     writer = csv.writer(buffer)
