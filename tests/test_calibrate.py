@@ -330,6 +330,29 @@ def test_models_fitted_to_shards_measured_with_capped_rows_say_so_where_they_pri
             assert warning.startswith("the models were fitted to shards of big (20,000,000 rows) measured with only")
 
 
+def test_a_calibration_keeping_its_starting_models_leaves_an_earlier_fit_to_these_tables_in_place(tmp_path):
+    """Found by a new user's walk: `calibrate --devices 4` after a fitted `calibrate --devices 2` kept the shipped
+    models it started from and wrote them over the 2-device fit (one file a hardware and table set), without a word."""
+    from shard_ray.cli.costmodel import earlier_fit_kept
+    from shard_ray.costmodel.info import Calibrated
+    from shard_ray.costmodel.models import CostModels, task_digest
+
+    tables = [TableSpec(name=n, rows=1000, dim=16, pooling_factor=2) for n in ("a", "b")]
+    out = tmp_path / "models.pt"
+    assert earlier_fit_kept(out, tables, "starting") is None  # nothing there yet
+    models = CostModels.load(default_cost_model_path())
+    record = dict(hardware="cpu:x", tables=["a", "b"], task=task_digest(tables), reason="r", at="2026-12-06 09:00 UTC")
+    models.info.calibrated = Calibrated(**record, chosen="fine-tuned")
+    models.save(out)
+    kept = earlier_fit_kept(out, tables, "starting")
+    assert kept is not None and kept.startswith(f"kept {out} as it was: models an earlier calibration fitted")
+    assert earlier_fit_kept(out, tables, "fine-tuned") is None  # a new fit replaces it
+    assert earlier_fit_kept(out, tables[:1], "starting") is None  # fitted to other tables
+    models.info.calibrated = Calibrated(**record, chosen="starting")  # an earlier calibration that fitted nothing
+    models.save(out)
+    assert earlier_fit_kept(out, tables, "starting") is None
+
+
 def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():
     """A task of few tables makes few distinct plans: the held-out split by hash is topped up to the fewest a
     judgement needs from the fit split, lowest hash first, never past a third of the keys, validation untouched."""
@@ -413,6 +436,16 @@ def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_war
         "the calibration on these tables kept the models it started from (too few held-out measurements); "
         f"`shard-ray calibrate --tables {table_file} --devices 2` with more --shards and --plans"
     ) in planned.stderr
+    # judged, the fit lost: measuring more is not the advice (a walk: it followed a fit no better on validation)
+    lost = "the fine-tuned models were no more accurate on validation"
+    models.info.calibrated = models.info.calibrated.model_copy(update={"reason": lost})
+    models.save(tmp_path / "task.pt")
+    planned = shard_ray_here(
+        capsys, "plan", "--tables", str(table_file), "--devices", "2", "--memory-gb", "4000", "--algo", "cost_search",
+        "--cost-model", str(tmp_path / "task.pt"), "--out", str(tmp_path / "plan.json"),
+    )  # fmt: skip
+    assert f"kept the models it started from ({lost}): a fit to these tables was no better" in planned.stderr
+    assert "--shards" not in planned.stderr
 
 
 def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
@@ -449,6 +482,12 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
     assert kept.comm is start.comm and kept.compute is start.compute
     assert kept.info.device_counts == start.info.device_counts  # the gang sizes it measured are the starting ones'
     assert why.startswith("refused the fine-tuned comm model") and "held-out plans worse than chance (Spearman -" in why
+    assert "too" not in why  # the starting one ranks them right
+    # a starting model that ranks them backwards too is kept all the same, and said to (a walk: "Spearman -0.886"
+    # then stood in the printed figures without a word)
+    backwards_start = dataclasses.replace(start, comm=CommModel.of_network(backwards), info=start.info.model_copy())
+    _, why = refuse_comm_worse_than_chance(backwards_start, tuned, {"held-out": plans})
+    assert "which ranks them worse than chance too (Spearman -" in why
     right = dataclasses.replace(start, comm=CommModel.of_network(start.comm.network()), info=start.info.model_copy())
     assert refuse_comm_worse_than_chance(start, right, {"held-out": plans, "validation and held-out": plans}) == (
         right,

@@ -20,6 +20,7 @@ from shard_ray.plan.topology import MAX_DEVICES
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.models import CostModels
+    from shard_ray.workload.tables import TableSpec
 from shard_ray.workflows.settings import CalibrateConfig
 
 
@@ -211,7 +212,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         result = calibrate(tables, topology, start, start_path, config, store)
     report = result.report
     out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"], hosts, tables)
-    result.models.save(out)
+    earlier = None if flags.out else earlier_fit_kept(out, tables, result.chosen)
+    if earlier is None:
+        result.models.save(out)
     if flags.for_hardware:
         hardware_wide = hardware_models_path(report["hardware"], hosts)
         result.models.save(hardware_wide)
@@ -228,11 +231,32 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     over_hosts = f" with --devices-per-host {hosts}" if hosts else ""
     kept = "" if result.chosen == "fine-tuned" else " (the starting models, unchanged, with this calibration's report)"
-    print(
-        f"wrote {out}{kept}; `shard-ray plan` picks it for these tables on {report['hardware']}{over_hosts}"
-        + ("" if not flags.out else " when given --cost-model")
-    )
+    if earlier is not None:
+        print(earlier)
+    else:
+        print(
+            f"wrote {out}{kept}; `shard-ray plan` picks it for these tables on {report['hardware']}{over_hosts}"
+            + ("" if not flags.out else " when given --cost-model")
+        )
     print(json.dumps(report))
+
+
+def earlier_fit_kept(out: Path, tables: list[TableSpec], chosen: str) -> str | None:
+    """Why `calibrate` keeps the file `out` as it is, where it holds models an earlier calibration fitted to these
+    tables and this one kept the models it started from (the hardware's, not those): written, the unchanged models
+    would replace the fit (a calibration at 4 devices replaced one at 2 that way); None where it writes `out`."""
+    from shard_ray.costmodel.models import CostModels, task_digest
+
+    if chosen == "fine-tuned" or not out.is_file():
+        return None
+    earlier = CostModels.load(out).info.calibrated
+    if earlier is None or not earlier.fitted(task_digest(tables)):
+        return None
+    return (
+        f"kept {out} as it was: models an earlier calibration fitted to these tables ({earlier.at or 'before'}), "
+        "which this one, keeping the models it started from, would have replaced; `--cost-model` starts a "
+        "calibration from them"
+    )
 
 
 def held_out_accuracy(report: dict[str, Any]) -> list[str]:

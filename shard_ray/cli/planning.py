@@ -382,10 +382,13 @@ def _calibration_advice(plan: Plan, tables: list[TableSpec], flags: PlanArgs) ->
     if calibrated is not None and calibrated.fitted(task_digest(tables)):
         return None
     if calibrated is not None and calibrated.task == task_digest(tables):
-        return (
-            f"the calibration on these tables kept the models it started from ({calibrated.reason}); {command} "
-            "with more --shards and --plans (or --budget-minutes) measures enough of this task to judge a fit"
-        )
+        kept = f"the calibration on these tables kept the models it started from ({calibrated.reason})"
+        if calibrated.reason.startswith("too few held-out measurements"):
+            return (
+                f"{kept}; {command} with more --shards and --plans (or --budget-minutes) measures enough to judge a fit"
+            )
+        # judged, and the fit lost: more of the same measurements is no remedy the calibration can promise
+        return f"{kept}: a fit to these tables was no better than they are here"
     return f"{command}, run on the hardware the plan is for, measures this task there and fits the models to it"
 
 

@@ -452,6 +452,12 @@ def refuse_comm_worse_than_chance(
         f"refused the fine-tuned comm model: it ranks the all-to-alls of the {name} plans worse than chance "
         f"(Spearman {judged['spearman']:.2f} over {judged['n']} devices); kept the starting one"
     )
+    kept = evaluate_comm(start, judged_on[name])["spearman"]
+    if kept is not None and kept < 0:  # kept all the same: it was not fitted here, and there is no third
+        reason += (
+            f", which ranks them worse than chance too (Spearman {kept:.2f}): neither orders these plans' all-to-alls, "
+            "so prices of them (and races that price them: more devices than cores) rest on no measured order"
+        )
     return replace(tuned, comm=start.comm, info=info), reason
 
 
