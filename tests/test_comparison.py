@@ -416,6 +416,8 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     assert cost["priced_by"].endswith(".pt")
     assert "priced by the comm model" in result.stdout and "measured: fwd ms, bwd ms" in result.stdout
     assert "compute timed on the device gang, all-to-alls priced by the comm model" in result.stdout
+    # its measured / predicted is partly the models' against the models' (a walk): said on its line
+    assert "(input, fwd a2a, bwd a2a priced by the comm model on both sides: the ratio does not judge" in result.stdout
     # each device's shard timed on its own, as many at once as there are cores, not 4 devices in turns every step
     assert "each device's fused shard is timed on its own" in result.stderr
     # the shipped comm model measured 2-device gangs only: its 4-device prices are said to be extrapolated

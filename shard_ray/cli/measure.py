@@ -298,7 +298,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         plan = priced(plan, tables, topology, plan.estimate.cost_model if plan.estimate else None, cost.hardware)
         write_json(flags.out, cost.model_dump(mode="json"))
         print(format_plan_summary(plan, tables, topology, cost))
-        print(format_prediction(plan.estimate, cost.cost_ms))
+        print(format_prediction(plan.estimate, cost.cost_ms, cost.priced_parts))
         print(plan.estimate.provenance)
         say_warnings([plan], {plan.algorithm: cost}, set(gang.warnings))
         newer = models_for(cost.hardware, topology.devices_per_host_if_spanning, tables)

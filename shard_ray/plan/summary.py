@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shard_ray.plan.cost import PlanCost
 from shard_ray.plan.plan import Plan, PlanEstimate
 from shard_ray.plan.topology import GB, Topology
@@ -139,10 +141,15 @@ def priced_note(cost: PlanCost) -> str:
     )
 
 
-def format_prediction(estimate: PlanEstimate, measured_ms: float) -> str:
-    """The models' price of a plan beside its measured cost, and their ratio, in one line."""
+def format_prediction(estimate: PlanEstimate, measured_ms: float, priced_parts: Sequence[str] = ()) -> str:
+    """The models' price of a plan beside its measured cost, and their ratio, in one line; with the parts of the
+    measured cost the comm model priced (`priced_parts`), said, since those parts are the models' on both sides."""
     predicted = estimate.predicted.cost_ms
-    return (
+    line = (
         f"predicted {predicted:.3f} ms by the cost models, measured {measured_ms:.3f} ms: "
         f"measured / predicted = {measured_ms / predicted:.2f}"
     )
+    if priced_parts:
+        named = ", ".join(PART_COLUMNS[part] for part in priced_parts)
+        line += f" ({named} priced by the comm model on both sides: the ratio does not judge their prices)"
+    return line

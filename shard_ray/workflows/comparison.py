@@ -480,7 +480,8 @@ class NoiseFloor:
         return (
             f"a plan against a copy of itself ({self.rounds} rounds): rounds differ by {self.round_spread:.1%} (median); "
             f"a comparison of two plans (up to {CompareConfig().rounds} rounds) separates differences of about "
-            f"{self.resolvable:.1%} or more"
+            f"{self.resolvable:.1%} or more, as this run's {self.rounds} rounds estimate it (it moves from run to run, "
+            "and races of more plans or fewer rounds separate less)"
         )
 
 
