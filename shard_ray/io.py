@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import tempfile
+import typing
 import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -76,7 +77,29 @@ def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected
     try:
         return model.model_validate(document)
     except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"{what} file {path}", document)) from err
+        raise ShardRayError(
+            describe_validation_error(err, f"{what} file {path}", document, field_names(model))
+        ) from err
+
+
+def field_names(model: type[BaseModel]) -> set[str]:
+    """The names of `model`'s fields and of the models' nested in them (in lists and mappings too): what a misspelt
+    key of its file is checked against."""
+    names, seen, todo = set(), set(), [model]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name, info in current.model_fields.items():
+            names.add(info.alias or name)
+            stack = [info.annotation]
+            while stack:
+                kind = stack.pop()
+                if isinstance(kind, type) and issubclass(kind, BaseModel):
+                    todo.append(kind)
+                stack.extend(typing.get_args(kind))
+    return names
 
 
 # What a shard-ray `.pt` file's pickle may name, as torch.load(weights_only=True) allows it: the tensors' storages by

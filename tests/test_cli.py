@@ -128,6 +128,27 @@ def test_a_misspelt_field_is_named_as_one_not_as_the_field_it_left_missing(tmp_p
     assert err.endswith("(did you mean pooling_factor?)") and "Field required" not in err
 
 
+def test_a_misspelt_key_of_an_optional_field_is_named_first_with_the_field_meant(tmp_path, capsys):
+    """Found by a new user's walk: a constraints file's `not_type:` (or a top-level `group:`) got pydantic's "Extra
+    inputs are not permitted", where the table file names the field meant; and among a table file's many errors the
+    misspelling, the one that hides the others, came after "and 2 more"."""
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [GOOD]}))
+    constraints = tmp_path / "c.yaml"
+    constraints.write_text("tables:\n  t0: {not_type: [row_wise]}\ngroup: [[t0]]\n")
+    argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-gb", "1", "--algo", "random"]
+    out = tmp_path / "plan.json"
+    err = assert_refused(capsys, [*argv, "--constraints", str(constraints), "--out", str(out)], "", leftover=out)
+    assert err.endswith(
+        f"constraints file {constraints}: tables.t0.not_type: not a field (did you mean not_types?); group: not a "
+        "field (did you mean groups?)"
+    ), err
+    bad = {**GOOD, "rows": 0, "dim": 18, "pooling_factor": -1, "zipf_exponnt": 1.1}
+    tables.write_text(json.dumps({"tables": [bad]}))
+    err = assert_refused(capsys, [*argv, "--out", str(out)], "", leftover=out)
+    assert f"table file {tables}: table 't0': zipf_exponnt: not a field (did you mean zipf_exponent?); " in err, err
+
+
 def test_a_table_file_that_does_not_parse_is_refused_with_where_it_broke(tmp_path, capsys):
     tables = tmp_path / "tables.yaml"
     tables.write_text("tables:\n  - {name: a, rows: 5, dim: 16, pooling_factor: 1\n  - {name: b, rows: 5, dim: 16}\n")

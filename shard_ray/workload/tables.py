@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import read_document, write_json
+from shard_ray.io import field_names, read_document, write_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -185,7 +185,9 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
     try:
         return TableFile.model_validate(document).tables
     except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, f"table file {path}", document)) from err
+        raise ShardRayError(
+            describe_validation_error(err, f"table file {path}", document, field_names(TableFile))
+        ) from err
 
 
 def save_tables(path: str | os.PathLike[str], tables: list[TableSpec], **metadata: object) -> None:
