@@ -117,6 +117,17 @@ def test_a_group_goes_where_its_pinned_member_may(algo):
     assert {s.device for s in plan.shards if s.table in ("a", "b")} == {1} and not constraints.violations(plan, tables)
 
 
+def test_a_table_a_group_keeps_whole_past_the_cap_names_the_group():
+    """Found by a new user's walk: a table over the cap in a group (whose tables go whole) was refused as if its own
+    constraints allowed it table-wise alone, where it had none."""
+    from shard_ray.errors import InfeasibleError
+
+    tables = [TableSpec(name=n, rows=rows, dim=64, pooling_factor=2.0) for n, rows in (("big", 10_000_000), ("b", 10))]
+    constraints = Constraints.model_validate({"groups": [["big", "b"]]})
+    with pytest.raises(InfeasibleError, match=r"the sharding types its group in the constraints allows \(a group goes"):
+        place("size_greedy", tables, Topology(num_devices=2, memory_bytes=1024**3), constraints=constraints)
+
+
 @pytest.mark.parametrize(
     "document, flags, message",
     [

@@ -123,9 +123,11 @@ def pieces_to_place(
                 f"row-wise over all {topology.num_devices} devices a piece needs {format_gb(largest)}, over the "
                 f"cap of {format_gb(topology.memory_bytes)} per device"
             )
+        group = constraints.group_of(table.name) if constraints else None
+        why = "its constraints allow" if group is None else "its group in the constraints allows (a group goes whole)"
         raise InfeasibleError(
             f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state) and the "
-            f"sharding types its constraints allow ({', '.join(allowed)}) leave a piece over the cap of "
+            f"sharding types {why} ({', '.join(allowed)}) leave a piece over the cap of "
             f"{format_gb(topology.memory_bytes)} per device"
             + (
                 f"; row-wise over all devices would need {format_gb(largest)} a device"
