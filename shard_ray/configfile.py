@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import field
+from dataclasses import field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,21 @@ def setting(default: Any, help: str, **flag: Any) -> Any:
 def flag_name(field_name: str, metadata: Mapping[str, Any]) -> str:
     """The flag of a `setting` field, as the command line spells it."""
     return metadata.get("flag") or "--" + field_name.replace("_", "-")
+
+
+def flags_of(*settings: type) -> dict[str, str]:
+    """Each `setting` field of the settings dataclasses `settings` by name, with its flag."""
+    return {f.name: flag_name(f.name, f.metadata) for c in settings for f in fields(c) if "help" in f.metadata}
+
+
+def differences(earlier: Mapping[str, Any], now: Mapping[str, Any], labels: Mapping[str, str]) -> list[str]:
+    """Each value two records of settings give otherwise, as `LABEL EARLIER there, NOW now` (by its label, its
+    flag say, where `labels` has one): what a command refusing to resume a folder of other settings names."""
+    return [
+        f"{labels.get(name, name)} {earlier.get(name)} there, {now.get(name)} now"
+        for name in dict.fromkeys([*now, *earlier])
+        if earlier.get(name) != now.get(name)
+    ]
 
 
 class TunedConfig(BaseModel):

@@ -15,10 +15,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from shard_ray.configfile import flags_of
 from shard_ray.costmodel.models import check_layers, float32_state, linear_layers, softplus, state_of
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file
 from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES, OPTION_FEATURES
+from shard_ray.policy.settings import PolicyConfig
 
 FORMAT = "shard-ray-policy/2"
 # Policies of format 1 scored devices only, from fewer features: their weights do not fit this network.
@@ -190,7 +192,7 @@ def refuse_another_shape(checkpoint_dir: Path, given: Mapping[str, Any], failed:
     differ = [name for name in SHAPE_SETTINGS if name in recorded and name in given and recorded[name] != given[name]]
     if not differ and not failed:
         return
-    flags = {name: "--" + name.replace("_", "-") for name in SHAPE_SETTINGS}
+    flags = {name: flags_of(PolicyConfig)[name] for name in SHAPE_SETTINGS}
     there = " and ".join(f"{flags[name]} {recorded[name]}" for name in differ)
     here = " and ".join(f"{flags[name]} {given[name]}" for name in differ)
     found = f"{there} there, {here} here" if differ else "another network shape: " + " or ".join(flags.values())

@@ -29,11 +29,11 @@ import pickletools
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from shard_ray.configfile import Kind, TunedConfig, flag_name, setting
+from shard_ray.configfile import Kind, TunedConfig, differences, flags_of, setting
 from shard_ray.errors import ShardRayError
 from shard_ray.io import write_atomic, write_json
 
@@ -84,8 +84,7 @@ class ScoredWith:
     def of(cls, values: dict[str, Any], *flagged: type, **named: str) -> ScoredWith:
         """`values`, named by the flags of the settings dataclasses `flagged` where one of their fields sets them, and
         by `named` (a value's name: how to say it)."""
-        labels = {f.name: flag_name(f.name, f.metadata) for c in flagged for f in fields(c) if "help" in f.metadata}
-        return cls(json.loads(json.dumps(values)), labels | named)
+        return cls(json.loads(json.dumps(values)), flags_of(*flagged) | named)
 
     def refuse_other_in(self, out_dir: str | Path, kind: Kind) -> None:
         """Refuse to resume the `kind` sweep in `out_dir` whose trials were scored with other values: its trials'
@@ -94,12 +93,7 @@ class ScoredWith:
         path = scored_with_file(out_dir, kind)
         if not path.is_file():
             return
-        earlier = json.loads(path.read_text())
-        differ = [
-            f"{self.labels.get(name, name)} {earlier.get(name)} there, {self.values.get(name)} now"
-            for name in dict.fromkeys([*self.values, *earlier])
-            if earlier.get(name) != self.values.get(name)
-        ]
+        differ = differences(json.loads(path.read_text()), self.values, self.labels)
         if differ:
             raise ShardRayError(
                 f"{Path(out_dir)} holds a {kind} sweep whose trials were scored otherwise ({'; '.join(differ)}): give "

@@ -4,11 +4,11 @@ commands taking them build their flags, answer --help and refuse bad input witho
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shard_ray.configfile import flag_name, setting
+from shard_ray.configfile import differences, flags_of, setting
 from shard_ray.errors import ShardRayError, did_you_mean
 from shard_ray.plan.topology import (
     MAX_MEMORY_GB,
@@ -122,12 +122,7 @@ class BenchmarkConfig:
         by its flag: a report mixing them would compare what was not measured alike."""
         if not self.settings_file.exists():
             return
-        earlier, now = json.loads(self.settings_file.read_text()), self.recorded()
-        differ = [
-            f"{flag_name(f.name, f.metadata)} {earlier.get(f.name)} there, {now.get(f.name)} now"
-            for f in fields(self)
-            if f.name in now and earlier.get(f.name) != now[f.name]
-        ]
+        differ = differences(json.loads(self.settings_file.read_text()), self.recorded(), flags_of(BenchmarkConfig))
         if differ:
             raise ShardRayError(
                 f"{self.settings_file.parent} holds tasks measured with other settings ({'; '.join(differ)}): give "
