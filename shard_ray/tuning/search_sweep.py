@@ -180,12 +180,14 @@ def describe_against_shipped(ratio: PlanRatio | None) -> str:
     return f"{ratio.describe()}, {verdict}"
 
 
-def choose_measured(ratios: dict[str, list[PlanRatio | None]]) -> str:
-    """The finalist measured faster than the shipped settings (its interval below 1) on the most tasks and slower on
-    none, the lowest mean ratio among equals; the shipped settings where none is."""
+def faster_tasks(ratios: list[PlanRatio | None]) -> int:
+    """On how many tasks a finalist measured faster than the shipped settings: its interval below 1."""
+    return sum(r is not None and r.high < 1 for r in ratios)
 
-    def faster_tasks(label: str) -> int:
-        return sum(r is not None and r.high < 1 for r in ratios[label])
+
+def choose_measured(ratios: dict[str, list[PlanRatio | None]]) -> str:
+    """The finalist measured faster than the shipped settings (`faster_tasks`) on the most tasks and slower on none,
+    the lowest mean ratio among equals; the shipped settings where none is."""
 
     def mean_log_ratio(label: str) -> float:
         return statistics.mean(math.log(r.ratio) if r is not None else 0.0 for r in ratios[label])
@@ -193,9 +195,9 @@ def choose_measured(ratios: dict[str, list[PlanRatio | None]]) -> str:
     winners = [
         label
         for label, values in ratios.items()
-        if faster_tasks(label) and not any(r is not None and r.low > 1 for r in values)
+        if faster_tasks(values) and not any(r is not None and r.low > 1 for r in values)
     ]
-    return min(winners, key=lambda label: (-faster_tasks(label), mean_log_ratio(label)), default=SHIPPED)
+    return min(winners, key=lambda label: (-faster_tasks(ratios[label]), mean_log_ratio(label)), default=SHIPPED)
 
 
 def scored_with(pool: list[TableSpec], settings: SearchSweepConfig, cost_model: str | None) -> ScoredWith:
@@ -280,7 +282,7 @@ def tune_search(
             )
             config, value = shipped, shipped_ratio
         else:
-            wins = sum(r is not None and r.high < 1 for r in measured[chosen])
+            wins = faster_tasks(measured[chosen])
             print(f"{chosen} measured faster than the shipped settings on {wins} of {len(measured[chosen])} tasks")
             config = finalists[chosen]
             value = next(r.metrics[METRIC] for r in finished if r.metrics["trial_id"] == chosen)
