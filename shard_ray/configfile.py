@@ -38,7 +38,8 @@ def setting(default: Any, help: str, **flag: Any) -> Any:
     `flag` may name the flag (`flag="--epochs"`), its old names (`old_names=("--pool",)`), a minimum (`min=1`) and a
     maximum (`max=4096`), `choices`, `required=True`, `repeat=True` for a flag given once per value, `many=True` for a
     flag followed by its values (`--plans a.json b.json`), `whole=True` for a list flag whose values are not split at
-    commas, `new_file=True` for a file to write, whose folder must exist, or `new_folder=True` for a folder to write in,
+    commas, `new_file=True` for a file to write, whose folder must exist (and with `suffixes=(".json", ...)` whose name
+    ends so), or `new_folder=True` for a folder to write in,
     created where missing.
     """
     return field(default=default, metadata={"help": help, **flag})

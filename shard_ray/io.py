@@ -20,6 +20,9 @@ from pydantic import BaseModel, ValidationError
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 
 M = TypeVar("M", bound=BaseModel)
+# The names a document is written and read as YAML by; JSON otherwise.
+YAML_SUFFIXES = (".yaml", ".yml")
+DOCUMENT_SUFFIXES = (".json", *YAML_SUFFIXES)
 
 
 def shard_ray_home() -> Path:
@@ -41,7 +44,7 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
         raise ShardRayError(f"cannot read {what} file {path}: {err}") from err
     if not text.strip():
         raise ShardRayError(f"{what} file {path} is empty")
-    is_yaml = path.suffix.lower() in (".yaml", ".yml")
+    is_yaml = _named_yaml(path)
     try:
         return yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
@@ -231,3 +234,15 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def write_document(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as `read_document` reads it back: YAML when the file is named .yaml or .yml, JSON otherwise."""
+    if _named_yaml(Path(path)):
+        write_atomic(path, yaml.safe_dump(obj, sort_keys=False))
+    else:
+        write_json(path, obj)
+
+
+def _named_yaml(path: Path) -> bool:
+    return path.suffix.lower() in YAML_SUFFIXES

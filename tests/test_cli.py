@@ -71,6 +71,28 @@ def test_generate_tasks_plan(tmp_path, capsys):
     assert "priced by the shipped models" in out and doc["estimate"]["provenance"].startswith("priced by")
 
 
+def test_table_and_plan_files_are_written_in_the_format_their_name_says(tmp_path, capsys):
+    """Named .yaml or .yml, a table or plan file is written as YAML, which is how every command reads it back; named
+    otherwise than .json, .yaml or .yml (a .csv), refused before anything is written: a pool named .csv had been
+    written as JSON."""
+    import yaml
+
+    from shard_ray.workload.tables import load_tables
+
+    assert_refused(capsys, ["generate", "--out", "pool.csv", "--num-tables", "5"], "pool.csv: name the file .json")
+    assert not list(tmp_path.iterdir())
+    assert shard_ray_here(capsys, "generate", "--out", "pool.yaml", "--num-tables", "5", "--seed", "3").returncode == 0
+    assert shard_ray_here(capsys, "generate", "--out", "pool.json", "--num-tables", "5", "--seed", "3").returncode == 0
+    assert len(yaml.safe_load(Path("pool.yaml").read_text())["tables"]) == 5
+    assert not Path("pool.yaml").read_text().lstrip().startswith("{")
+    assert load_tables("pool.yaml") == load_tables("pool.json")
+    plan = ["plan", "--tables", "pool.yaml", "--devices", "2", "--memory-gb", "4", "--algo", "size_greedy"]
+    assert_refused(capsys, [*plan, "--out", "plan"], "plan: name the file .json, .yaml or .yml", Path("plan"))
+    assert shard_ray_here(capsys, *plan, "--out", "plan.yml").returncode == 0
+    assert yaml.safe_load(Path("plan.yml").read_text())["algorithm"] == "size_greedy"
+    assert load_plan("plan.yml").num_devices == 2
+
+
 def test_algorithms_lists_every_baseline(capsys):
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out

@@ -158,9 +158,9 @@ def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, 
     other[other.index("--min-tables") + 1] = "5"
     assert main([*other, "--out", str(out), "--no-mlflow"]) == 2
     assert "scored otherwise (--min-tables 6 there, 5 now): give another --out" in capsys.readouterr().err
-    # simulated only: the shipped settings are kept unless a trial priced the tasks below them
-    assert main([*sweep, "--out", str(tmp_path / "simulated"), "--measure-top", "0", "--no-mlflow"]) == 0
-    simulated = json.loads((tmp_path / "simulated" / "best.json").read_text())
+    # simulated only (resumed, its trials done): the shipped settings are kept unless a trial priced the tasks below
+    assert main([*sweep, "--out", str(out), "--measure-top", "0", "--no-mlflow"]) == 0
+    simulated = json.loads((out / "best.json").read_text())
     assert simulated["notes"]["chosen_by"] == "simulated"
     assert simulated["value"] <= simulated["notes"]["shipped_simulated_over_bound"]
     assert (simulated["config"] == _shipped_search_config()) == (

@@ -63,6 +63,21 @@ def _a_file_to_write(text: str) -> str:
     return text
 
 
+def _a_file_named(suffixes: Sequence[str]) -> typing.Callable[[str], str]:
+    """`_a_file_to_write` whose name ends in one of `suffixes`: the formats a command writes by the name (a table file
+    named .csv had been written as JSON)."""
+
+    def parse(text: str) -> str:
+        _a_file_to_write(text)
+        if Path(text).suffix.lower() not in suffixes:
+            named = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
+            raise argparse.ArgumentTypeError(f"{text}: name the file {named}, the formats it is written in")
+        return text
+
+    parse.__name__ = "file"
+    return parse
+
+
 def _a_folder_to_write(text: str) -> str:
     """A folder to write files in, created where missing: not a file, and inside a folder this user may write in."""
     if not text.strip():  # Path("") is ".": the files would be written among the user's own
@@ -124,7 +139,8 @@ def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
     if annotation in (int, float):
         return {"type": _number(annotation, minimum, metadata.get("max"))}
     if metadata.get("new_file"):
-        return {"type": _a_file_to_write}
+        suffixes = metadata.get("suffixes")
+        return {"type": _a_file_named(suffixes) if suffixes else _a_file_to_write}
     if metadata.get("new_folder"):
         return {"type": _a_folder_to_write}
     if annotation in (str, Path):

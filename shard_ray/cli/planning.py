@@ -15,6 +15,7 @@ from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_trackin
 from shard_ray.cli.flags import add_settings, flag_name, given, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
+from shard_ray.io import DOCUMENT_SUFFIXES
 from shard_ray.plan.plan import Plan, PlanSettings
 from shard_ray.plan.topology import (
     GB,
@@ -113,7 +114,10 @@ class PlanArgs:
     tables: str = setting(None, "table file to place", required=True)
     devices: int = setting(None, f"number of devices (at most {MAX_DEVICES:,})", required=True, min=1, max=MAX_DEVICES)
     algo: str = setting(None, "algorithm name (see `shard-ray algorithms`)", required=True)
-    out: str = setting(None, "plan file to write (.json)", required=True, new_file=True)
+    out: str = setting(
+        None, "plan file to write (.json; YAML where named .yaml or .yml)", required=True, new_file=True,
+        suffixes=DOCUMENT_SUFFIXES,
+    )  # fmt: skip
     seed: int = setting(0, "random seed", min=0)
     cost_model: str | None = setting(
         None,

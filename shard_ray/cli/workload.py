@@ -9,13 +9,17 @@ from pathlib import Path
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
+from shard_ray.io import DOCUMENT_SUFFIXES
 from shard_ray.workload.synthetic import PoolConfig
 from shard_ray.workload.tasks import TaskConfig
 
 
 @dataclass(frozen=True)
 class GenerateArgs:
-    out: str = setting(None, "table file to write (.json)", required=True, new_file=True)
+    out: str = setting(
+        None, "table file to write (.json; YAML where named .yaml or .yml)", required=True, new_file=True,
+        suffixes=DOCUMENT_SUFFIXES,
+    )  # fmt: skip
     from_dataset: str | None = setting(None, "a dlrm_datasets file (indices, offsets, lengths; plain or gzipped)")
     dim: int = setting(64, "dim given to tables derived from a dataset", min=4)
 

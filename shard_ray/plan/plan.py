@@ -39,7 +39,7 @@ from pydantic import (
 )
 
 from shard_ray.errors import InfeasibleError, ShardRayError
-from shard_ray.io import read_model, write_json
+from shard_ray.io import read_model, write_document
 from shard_ray.plan.cost import MeasuredComparison, PlanCost
 from shard_ray.plan.piece import TablePiece, table_row_wise
 from shard_ray.plan.topology import GB, Optimizer, Topology
@@ -528,4 +528,5 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 
 
 def save_plan(path: str | os.PathLike[str], plan: Plan) -> None:
-    write_json(path, plan.model_dump(mode="json"))
+    """Write a plan file: YAML when named .yaml or .yml, JSON otherwise."""
+    write_document(path, plan.model_dump(mode="json"))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import field_names, read_document, write_json
+from shard_ray.io import field_names, read_document, write_document
 
 if TYPE_CHECKING:
     import numpy as np
@@ -191,8 +191,9 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
 
 
 def save_tables(path: str | os.PathLike[str], tables: list[TableSpec], **metadata: object) -> None:
-    """Write a table file, leaving out fields at their defaults so files stay readable."""
-    write_json(
+    """Write a table file (YAML when named .yaml or .yml, JSON otherwise), leaving out fields at their defaults so
+    files stay readable."""
+    write_document(
         path,
         {"tables": [t.model_dump(exclude_none=True, exclude_defaults=True, mode="json") for t in tables], **metadata},
     )
