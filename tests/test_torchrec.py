@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
@@ -202,6 +203,15 @@ def test_export_for_cpu_ranks_refuses_row_wise_tables_and_writes_nothing(tmp_pat
     (line,) = capsys.readouterr().err.splitlines()
     assert "TorchRec runs row-wise shards on GPUs only, and this plan has them: big" in line and not out.exists()
     assert main(argv) == 0 and json.loads(out.read_text())["tables"]["big"]["sharding_type"] == "row_wise"
+    # the constraint the line gives, in a constraints file, plans the tables so that CPU ranks take them
+    suggested = line.split("`not_types: [")[1].split("]`")[0].split(", ")
+    assert suggested == ["row_wise"]
+    constraints = tmp_path / "cpu.yaml"
+    constraints.write_text(yaml.safe_dump({"tables": {"big": {"not_types": suggested}}}))
+    flags = ["--tables", str(tables_file), "--devices", "2", "--memory-gb", "0.0625", "--algo", "cost_search"]
+    assert main(["plan", *flags, "--constraints", str(constraints), "--out", str(plan_file)]) == 0
+    assert main([*argv, "--device", "cpu"]) == 0
+    assert {t["sharding_type"] for t in json.loads(out.read_text())["tables"].values()} <= {"table_wise", "column_wise"}
 
 
 def test_torchrec_planner_plans_every_type_shard_ray_runs():

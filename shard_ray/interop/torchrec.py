@@ -62,6 +62,8 @@ def _adam() -> type:
 _OPTIMIZERS = {"rowwise_adagrad": _row_wise_adagrad, "sgd": _sgd, "adam": _adam}
 # TorchRec's sharding types a shard-ray plan expresses, its planner may choose, and the export writes.
 TORCHREC_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+# The types whose input distribution TorchRec runs on GPUs only.
+ROW_TYPES = ("row_wise", "table_row_wise")
 
 
 def embedding_bag_configs(tables: list[TableSpec]) -> list[Any]:
@@ -329,11 +331,12 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
 def check_cpu_ranks(exported: ExportedPlan) -> None:
     """Refuse a plan for CPU ranks with row-wise or table-row-wise tables: TorchRec runs their input distribution on
     GPUs only, so CPU ranks would fail at their first step; refused when exported, before any rank starts."""
-    rows = sorted(n for n, t in exported.tables.items() if t.sharding_type in ("row_wise", "table_row_wise"))
-    if rows:
+    by_rows = {n: t.sharding_type for n, t in exported.tables.items() if t.sharding_type in ROW_TYPES}
+    if by_rows:
+        types = ", ".join(t for t in ROW_TYPES if t in by_rows.values())
         raise ShardRayError(
-            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(rows)}; plan with a "
-            "constraints file giving these tables `not_types: [row_wise]` for CPU ranks"
+            f"TorchRec runs row-wise shards on GPUs only, and this plan has them: {', '.join(sorted(by_rows))}; plan "
+            f"with a constraints file giving these tables `not_types: [{types}]` for CPU ranks"
         )
 
 
