@@ -146,6 +146,26 @@ def test_exported_plan_drives_distributed_model_parallel(tmp_path, capsys):
         assert results[rank]["replicas"] == {replicated.name: True}  # the gradient reached its replica
 
 
+def test_the_steps_checksum_of_a_shard_takes_no_copy_of_it():
+    """Each rank sums its shards before and after the step to see SGD reach them; summed whole in float64, torch
+    copied a shard to float64 first, twice its bytes again (a rank holding a 50M-row table whole was killed for
+    memory). Here a 256 MB shard: its sum equals the whole float64 sum, and the process's peak grows by little."""
+    probe = """
+import resource, torch
+from shard_ray.interop.torchrec_step import _checksum
+shard = torch.rand(1_000_000, 64, generator=torch.Generator().manual_seed(0))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+total = _checksum(shard)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(total, float(shard.double().sum()), grown * 1024)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    total, exact, grown = map(float, done.stdout.split())
+    assert total == pytest.approx(exact, rel=1e-12)
+    assert grown < 64 * 1024**2, f"the checksum grew the process by {grown / 1024**2:.0f} MB"
+
+
 def test_row_wise_export_is_torchrec_own_layout(tmp_path):
     """TorchRec refuses row-wise on CPU, so its export is checked against TorchRec's own
     calculate_shard_sizes_and_offsets and turned into TorchRec's ShardingPlan objects."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -109,8 +110,15 @@ def _random_batch(tables: list[TableSpec], batch: int, seed: int) -> Any:
     return KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths)
 
 
+# Elements a checksum sums at a time (`_checksum`).
+CHECKSUM_BLOCK = 1 << 22
+
+
 def _checksum(tensor: torch.Tensor) -> float:
-    return float(torch.sum(tensor, dtype=torch.float64))
+    """The tensor's sum in float64, a block of rows at a time: summed whole so, torch first copies it to float64,
+    twice its bytes again (a rank holding a 50M-row table whole was killed for memory)."""
+    rows = max(1, CHECKSUM_BLOCK // max(1, math.prod(tensor.shape[1:])))
+    return sum(float(torch.sum(block, dtype=torch.float64)) for block in tensor.split(rows))
 
 
 def _available_memory() -> int | None:
