@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from shard_ray.errors import ShardRayError, describe_validation_error
+from shard_ray.errors import ShardRayError, describe_validation_error, did_you_mean
 from shard_ray.io import read_document
 
 TUNED_FORMAT = "shard-ray-tuned/1"
@@ -98,12 +98,19 @@ def load_tuned(path: str | Path, kind: Kind) -> dict[str, Any]:
 def dataclass_from(cls: type, values: dict[str, Any], what: str) -> Any:
     """`cls(**values)`, each value checked against its field's type (lists become tuples: JSON has
     none), unknown keys refused, then `cls.check()` where it has one; bad values are one-line errors."""
-    known = set(cls.__dataclass_fields__)
+    known = {f.name for f in fields(cls)}  # not `__dataclass_fields__`, which holds its ClassVars too (`RETIRED`)
     unknown = sorted(set(values) - known)
     if unknown:
         retired = getattr(cls, "RETIRED", {})  # settings of earlier releases: what replaced them
-        why = "".join(f" ({name}: {retired[name]})" for name in unknown if name in retired)
-        raise ShardRayError(f"{what}: unknown setting(s) {', '.join(unknown)}{why}")
+
+        def named(name: str) -> str:
+            close = did_you_mean(name, known)  # "; did you mean X?"
+            why = retired[name] if name in retired else close.removeprefix("; ")
+            return f"{name} ({why})" if why else name
+
+        raise ShardRayError(
+            f"{what}: unknown setting(s) {', '.join(map(named, unknown))}; its settings are {', '.join(sorted(known))}"
+        )
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
         if typing.get_origin(hints[name]) is tuple and not isinstance(value, (list, tuple)):

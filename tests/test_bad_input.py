@@ -262,6 +262,24 @@ def test_a_negative_seed_is_refused_and_one_table_is_said_so(tmp_path, table_fil
     assert "placed 1 table in" in capsys.readouterr().out
 
 
+def test_a_misspelt_setting_is_named_with_the_one_meant_and_every_setting_listed(tmp_path, table_file_path):
+    """`--set` of a setting the algorithm lacks names the setting closest to it and lists the algorithm's settings,
+    which no page lists for every algorithm (a walk: `max_evalutions` was refused with no hint); a retired one says
+    what replaced it; the class's own constant `RETIRED` is no setting."""
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--algo", "cost_search"]
+    code, err = run([*argv, "--set", "max_evalutions=1000", "--set", "time_budget_s=3", "--out", str(out)])
+    assert_refused_cleanly(code, err, out)
+    assert "unknown setting(s) max_evalutions (did you mean max_evaluations?), time_budget_s (budgets count" in err
+    assert "; its settings are beam_depth, beam_width," in err and "RETIRED" not in err
+    code, err = run([*argv, "--set", "RETIRED={}", "--out", str(out)])
+    assert_refused_cleanly(code, err, out)
+    assert "unknown setting(s) RETIRED; its settings are" in err
+    code, err = run([*argv[:-1], "dreamshard", "--set", "beam_width=3", "--out", str(out)])
+    assert_refused_cleanly(code, err, out)
+    assert err.endswith("unknown setting(s) beam_width; its settings are policy, samples"), err
+
+
 @pytest.fixture(scope="module")
 def table_file_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("tables") / "tables.json"
