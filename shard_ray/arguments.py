@@ -7,7 +7,7 @@ import argparse
 import re
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shard_ray.errors import did_you_mean
@@ -20,9 +20,12 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line with the prefix of every other user error, suggests the
     flag or choice a misspelling was meant to be, and takes no abbreviations."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, elsewhere: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        """`elsewhere`: for a choice a user may type that is not one, where what it names is found (said instead of
+        the closest choice)."""
         kwargs.setdefault("allow_abbrev", False)  # `--device 2` must not pass for `--devices 2`
         kwargs.setdefault("prog", typed_command())
+        self.elsewhere = dict(elsewhere or {})
         super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
@@ -45,7 +48,9 @@ class Parser(argparse.ArgumentParser):
                 f"{flag} ({what})" if (what := self._what(flag)) else flag for flag in missing
             )
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
-        if choice:  # the choices are quoted up to Python 3.12, bare after
+        if choice and choice[1] in self.elsewhere:
+            message += f"; {self.elsewhere[choice[1]]}"
+        elif choice:  # the choices are quoted up to Python 3.12, bare after
             message += did_you_mean(choice[1], [c.strip("'") for c in choice[2].split(", ")])
         help_hint = f" (see {self.prog} --help)" if self.prog != "shard-ray" else ""
         self.exit(2, f"shard-ray: error: {message}{help_hint}\n")

@@ -342,6 +342,9 @@ def test_a_misspelt_flag_or_command_gets_the_closest_known_one_with_the_one_pref
     )
     refused = assert_refused(capsys, ["costmodel", "trian"], "invalid choice: 'trian'")
     assert refused.startswith("shard-ray: error: ") and "did you mean train?" in refused
+    # a command looked for that is another's work is said where it is, not "did you mean profile?" (a walk)
+    refused = assert_refused(capsys, ["refine", "--help"], "invalid choice: 'refine'")
+    assert refused.endswith("; refinement is `shard-ray plan --measure --refine`") and "did you mean" not in refused
 
 
 def test_out_into_a_folder_that_does_not_exist_is_refused(tmp_path, capsys, table_file):

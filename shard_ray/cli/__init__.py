@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from shard_ray.arguments import Parser
-from shard_ray.cli.commands import COMMANDS
+from shard_ray.cli.commands import COMMANDS, FOUND_ELSEWHERE
 from shard_ray.cli.flags import refuse_writing_over_inputs
 from shard_ray.configfile import expand_config
 from shard_ray.errors import ShardRayError, ShardRayWarning, Terminated, raise_terminated, sigterm_received
@@ -33,7 +33,11 @@ from shard_ray.quiet import quiet_output
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command's flags, or, given `command`, with that command's group only."""
-    parser = Parser(prog="shard-ray", description="Shard embedding tables over devices; measure the plans on Ray.")
+    parser = Parser(
+        prog="shard-ray",
+        description="Shard embedding tables over devices; measure the plans on Ray.",
+        elsewhere=FOUND_ELSEWHERE,
+    )
     parser.add_argument("--version", action=_PrintVersion, nargs=0, help="print the installed release and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     groups = dict.fromkeys(c.group for c in COMMANDS.values())

@@ -44,6 +44,14 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("bench", "the main job end to end: pool, task, profiling, every algorithm, measured plans, MLflow"),
 }
 
+# Commands a user may look for that are another command's work: said where `shard-ray NAME` is refused.
+FOUND_ELSEWHERE = {
+    "refine": "refinement is `shard-ray plan --measure --refine`",
+    "measure": "plans are measured by `shard-ray evaluate` (one), `compare` (side by side) or `plan --measure`",
+    "train": "`shard-ray costmodel train` trains the cost models, `shard-ray policy train` a placement policy",
+    "sweep": "sweeps are `shard-ray tune costmodel`, `tune search` and `tune policy`",
+}
+
 
 def add_command(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=COMMANDS[name].help)
