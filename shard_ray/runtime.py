@@ -92,8 +92,13 @@ def _check_reachable(address: str, given: str) -> None:
             "head's HOST:PORT, the --port of its `ray start --head` (6379 unless given)"
         )
     host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():
+    if "://" in address or not host:
         return  # ray:// clients and the like: left to Ray
+    if not port.isdigit():  # Ray's own message named an address of its making (192.0.2.2:6391x for 127.0.0.1:6391x)
+        raise ShardRayError(
+            f"the Ray address {address} has no port number ({port!r} after its last colon): give the head's "
+            "HOST:PORT, the --port of its `ray start --head` (6379 unless given)"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as err:

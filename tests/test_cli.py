@@ -1018,11 +1018,13 @@ def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, 
     [
         ("http://127.0.0.1:8265", "http://127.0.0.1:8265 is a web address, such as the dashboard's"),
         ("nohost", "no Ray cluster at nohost"),
+        ("127.0.0.1:6391x", "the Ray address 127.0.0.1:6391x has no port number ('6391x' after its last colon)"),
     ],
 )
 def test_an_address_that_is_no_ray_address_is_refused_in_a_line(tmp_path, table_file, address, said):
-    """The dashboard's address, which the clusters page gives `ray job submit`, and an address with no port:
-    one line, status 2, where Ray raised a ValueError's traceback."""
+    """The dashboard's address, which the clusters page gives `ray job submit`, an address with no port and one
+    whose port is no number: one line, status 2, where Ray raised a ValueError's traceback (or, of the last, named an
+    address of its own making)."""
     line, _ = _evaluate_refused(tmp_path, table_file, "--address", address)
     assert said in line
 
