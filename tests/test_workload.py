@@ -50,8 +50,8 @@ def test_table_file_round_trip(tmp_path, small_tables):
         ({"name": "t", "rows": "many", "dim": 32, "pooling_factor": 1}, "rows"),
         # read as 1 row and as 1000 before (from a new user's walk): a number must be written as one
         ({"name": "t", "rows": True, "dim": 32, "pooling_factor": 1}, "rows: must be a number, got true"),
-        ({"name": "t", "rows": "1000", "dim": 32, "pooling_factor": 1}, 'rows: must be a number, got "1000"'),
-        ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": "2"}, 'pooling_factor: must be a number, got "2"'),
+        ({"name": "t", "rows": "1000", "dim": 32, "pooling_factor": 1}, 'rows: must be a number, got the text "1000"'),
+        ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": "2"}, "pooling_factor: must be a number, got the text"),
         ({"name": "t", "rows": 10, "dim": 32, "pooling_factor": 1, "colour": 3}, "colour"),
         (
             {
@@ -72,6 +72,24 @@ def test_bad_tables_are_refused_with_the_field_named(tmp_path, table, message):
     path = write(tmp_path, json.dumps({"tables": [table]}))
     with pytest.raises(ShardRayError, match=message):
         load_tables(path)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{name: a, rows: 2e6, dim: 32, pooling_factor: 1}", 'rows: must be a number, got the text "2e6": YAML reads'),
+        ("{name: on, rows: 20, dim: 32, pooling_factor: 1}", "name: must be text, got true (YAML reads on, off,"),
+        ("{name: 123, rows: 20, dim: 32, pooling_factor: 1}", "name: must be text, got 123: quote it"),
+    ],
+)
+def test_what_yaml_reads_otherwise_than_written_is_said_so(tmp_path, line, message):
+    """YAML 1.1 reads 2e6 as text, an unquoted `on` as true and 123 as a number: the refusal says how to write
+    them, where it said that a number must be a number (a walk)."""
+    with pytest.raises(ShardRayError) as refused:
+        load_tables(write(tmp_path, f"tables:\n  - {line}\n", "t.yaml"))
+    assert message in str(refused.value)
+    written = line.replace("2e6", "2.0e+6").replace("on,", '"on",').replace("123", '"123"')  # as the refusal says
+    assert load_tables(write(tmp_path, f"tables:\n  - {written}\n", "t.yaml"))[0].rows in (20, 2_000_000)
 
 
 @pytest.mark.parametrize(

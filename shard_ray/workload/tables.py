@@ -43,6 +43,13 @@ class TraceRef(BaseModel):
     table_index: int = Field(ge=0)
 
 
+def _reads_as_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 class TableSpec(BaseModel):
     """One embedding table.
 
@@ -68,11 +75,28 @@ class TableSpec(BaseModel):
             raise ValueError(f"dim must be a multiple of 4 (fbgemm's requirement), got {dim}")
         return dim
 
+    @field_validator("name", mode="before")
+    @classmethod
+    def _a_text(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(
+                f"must be text, got {json.dumps(value)} (YAML reads on, off, yes and no unquoted so): quote it"
+            )
+        if isinstance(value, int | float):
+            raise ValueError(f"must be text, got {json.dumps(value)}: quote it")
+        return value
+
     @field_validator("rows", "dim", "pooling_factor", "zipf_exponent", mode="before")
     @classmethod
     def _a_finite_number(cls, value: Any) -> Any:
         # Written as a number: pydantic would read `true` as 1 row and "1000" as 1000, a file's slip planned as a
         # table. Finite before the range checks, which NaN fails with a message about the range.
+        if isinstance(value, str) and _reads_as_number(value):
+            # YAML reads 2e6 (no point in it, no sign to its exponent) as text, where JSON and Python read a number
+            how = (
+                "YAML reads such a number as text: write it 2000000 or 2.0e+6" if "e" in value.lower() else "unquote it"
+            )
+            raise ValueError(f"must be a number, got the text {json.dumps(value)}: {how}")
         if isinstance(value, bool | str):
             raise ValueError(f"must be a number, got {json.dumps(value)}")
         if isinstance(value, float) and not math.isfinite(value):
