@@ -234,6 +234,31 @@ def test_export_for_cpu_ranks_refuses_row_wise_tables_and_writes_nothing(tmp_pat
     assert {t["sharding_type"] for t in json.loads(out.read_text())["tables"].values()} <= {"table_wise", "column_wise"}
 
 
+def test_a_plan_measured_on_cpu_devices_that_splits_by_rows_is_said_to_be_no_plan_for_cpu_ranks():
+    """`plan --measure` on CPU devices may keep a plan that splits tables by rows (TorchRec's own, in a walk), which
+    `export --device cpu` then refuses: the command says so when it writes the plan, naming the tables; measured on
+    GPUs, or not measured, it says nothing."""
+    from shard_ray.cli.planning import _rows_on_cpu_note
+    from shard_ray.plan.cost import MeasuredComparison
+
+    tables = [
+        TableSpec(name="big", rows=1_000_003, dim=16, pooling_factor=2.0),
+        TableSpec(name="few", rows=5, dim=8, pooling_factor=1.0),
+    ]
+    plan = Plan.from_assignment(row_wise(tables[0], 2) + [TablePiece.whole(tables[1])], [0, 1, 0], 2, "torchrec")
+
+    def measured_on(hardware: str) -> Plan:
+        return plan.model_copy(update={"measured": MeasuredComparison.model_construct(hardware=hardware)})
+
+    note = _rows_on_cpu_note(measured_on("cpu:AMD EPYC:1thread"), tables)
+    assert note.startswith("note: measured on CPU devices, this plan splits big by rows") and "few" not in note
+    assert "`not_types: [row_wise]`" in note
+    assert _rows_on_cpu_note(measured_on("cuda:NVIDIA H100 80GB HBM3"), tables) is None
+    assert _rows_on_cpu_note(plan, tables) is None
+    whole = Plan.from_assignment([TablePiece.whole(t) for t in tables], [0, 1], 2, "x")
+    assert _rows_on_cpu_note(whole.model_copy(update={"measured": measured_on("cpu:x").measured}), tables) is None
+
+
 def test_torchrec_planner_plans_every_type_shard_ray_runs():
     """Free to choose any type, TorchRec's plan comes back as row shards and replicas shard-ray's gang runs."""
     tables = [TableSpec(name="huge", rows=30_000_000, dim=64, pooling_factor=20.0)] + [

@@ -313,6 +313,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
                     plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config, devices)
         save_plan(flags.out, plan)
         print(f"wrote {flags.out}: {_whose(plan)}{_why_written(plan.measured)}")
+        if note := _rows_on_cpu_note(plan, tables):
+            print(note)
         if raced is not None and report is not None:
             task = Path(flags.tables).stem
             logged = report.call(
@@ -329,6 +331,23 @@ def cmd_plan(args: argparse.Namespace) -> None:
                 kind="race",
             )
             print(logged.describe(tracking_uri))
+
+
+def _rows_on_cpu_note(plan: Plan, tables: list[TableSpec]) -> str | None:
+    """Where the plan was measured on CPU devices and splits tables by rows, which TorchRec's CPU ranks do not run:
+    a user on CPUs meets it only at `export --device cpu` (a walk's measured plan, TorchRec's own, split three)."""
+    from shard_ray.interop.torchrec import ROW_TYPES
+
+    if plan.measured is None or not plan.measured.hardware.startswith("cpu:"):
+        return None
+    by_rows = sorted(name for name, sharding in plan.table_shardings(tables).items() if sharding.type in ROW_TYPES)
+    if not by_rows:
+        return None
+    return (
+        f"note: measured on CPU devices, this plan splits {', '.join(by_rows)} by rows, which TorchRec runs on GPUs "
+        "only: `shard-ray export --device cpu` refuses it (for GPUs it exports as it is); a constraints file giving "
+        "them `not_types: [row_wise]` plans for CPU ranks"
+    )
 
 
 def _whose(plan: Plan) -> str:
