@@ -271,7 +271,7 @@ def test_a_misspelt_setting_is_named_with_the_one_meant_and_every_setting_listed
     code, err = run([*argv, "--set", "max_evalutions=1000", "--set", "time_budget_s=3", "--out", str(out)])
     assert_refused_cleanly(code, err, out)
     assert "unknown setting(s) max_evalutions (did you mean max_evaluations?), time_budget_s (budgets count" in err
-    assert "; its settings are beam_depth, beam_width," in err and "RETIRED" not in err
+    assert "; its settings are baselines, beam_depth, beam_width," in err and "RETIRED" not in err
     code, err = run([*argv, "--set", "RETIRED={}", "--out", str(out)])
     assert_refused_cleanly(code, err, out)
     assert "unknown setting(s) RETIRED; its settings are" in err

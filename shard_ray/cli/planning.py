@@ -448,6 +448,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         print(f"the search started from {plan.search.started_from}")  # cost_search's `start`, and why
     if plan.search is not None and plan.search.sampled:
         print(plan.search.sampled)
+    if plan.search is not None and plan.search.kept_baseline:
+        print(plan.search.kept_baseline)
     placed = f"{len(tables)} table" + ("s" if len(tables) != 1 else "")
     print(f"placed {placed} in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
 

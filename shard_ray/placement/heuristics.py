@@ -7,8 +7,9 @@ sharded row-wise over all devices (`pieces_to_place`), its blocks where TorchRec
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -38,36 +39,75 @@ PROXIES: dict[str, tuple[Proxy, str]] = {
 
 def greedy_by_proxy(name: str, proxy: Proxy, constraints: Constraints | None) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        ledger = MemoryLedger(topology)
-        load = [0.0] * topology.num_devices
         pieces = pieces_to_place(tables, topology, constraints)
-        # Groups, then other pieces with fixed devices (row-wise blocks, pins) first: where they go is
-        # (partly) not a choice, and they need the room.
-        ordered = sorted(pieces, key=lambda p: (p.group is None, not p.restricted, -proxy(behaves_as(p))))
-        group_device: dict[int, int] = {}
-        devices = []
-        for piece in ordered:
-            if piece.group in group_device:
-                device = group_device[piece.group]
-                if device not in _room(ledger, piece):
-                    raise InfeasibleError(f"{piece.describe()} does not fit beside its group on device {device}")
-            else:
-                room = _room(ledger, piece)
-                if piece.group is not None:  # the group's first table: a device every member may go to (a member
-                    # pinned to devices: the constraints' check found one they share), with room for them all
-                    members = [p for p in pieces if p.group == piece.group]
-                    room = [d for d in room if all(p.devices is None or d in p.devices for p in members)] or room
-                    group_need = sum(ledger.need(p) for p in members)
-                    room = [d for d in room if ledger.free[d] >= group_need] or room
-                device = min(room, key=lambda d: (load[d], d))
-                if piece.group is not None:
-                    group_device[piece.group] = device
-            ledger.take(device, ledger.need(piece))
-            load[device] += proxy(behaves_as(piece))
-            devices.append(device)
-        return Plan.from_assignment(ordered, devices, topology.num_devices, name)
+        order, devices = balanced_by_proxy(pieces, topology, proxy)
+        return Plan.from_assignment([pieces[i] for i in order], devices, topology.num_devices, name)
 
     return placer
+
+
+def balanced_by_proxy(
+    pieces: list[TablePiece], topology: Topology, proxy: Proxy, needs: Sequence[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """The greedy heuristic over `pieces` (`pieces_to_place`'s): the order it places them in (their indices: groups,
+    then pieces with fixed devices, then by `proxy`, largest first) and each one's device, that of the smallest
+    running sum of `proxy` (the lowest index of a tie) with room. `needs`: the pieces' memory, where the caller has
+    it."""
+    ledger = MemoryLedger(topology)
+    load = [0.0] * topology.num_devices
+    heap = [(0.0, d) for d in range(topology.num_devices)]  # (load, device), an entry of an older load skipped
+    needs = [ledger.need(p) for p in pieces] if needs is None else needs
+    values = [proxy(behaves_as(p)) for p in pieces]
+    # Groups, then other pieces with fixed devices (row-wise blocks, pins) first: where they go is
+    # (partly) not a choice, and they need the room.
+    order = sorted(range(len(pieces)), key=lambda i: (pieces[i].group is None, not pieces[i].restricted, -values[i]))
+    group_device: dict[int, int] = {}
+    devices = []
+    for i in order:
+        piece = pieces[i]
+        if piece.group in group_device:
+            device = group_device[piece.group]
+            if device not in _room(ledger, piece):
+                raise InfeasibleError(f"{piece.describe()} does not fit beside its group on device {device}")
+        elif piece.group is not None:  # the group's first table: a device every member may go to (a member
+            # pinned to devices: the constraints' check found one they share), with room for them all
+            room = _room(ledger, piece)
+            members = [p for p in pieces if p.group == piece.group]
+            room = [d for d in room if all(p.devices is None or d in p.devices for p in members)] or room
+            group_need = sum(ledger.need(p) for p in members)
+            room = [d for d in room if ledger.free[d] >= group_need] or room
+            device = min(room, key=lambda d: (load[d], d))
+            group_device[piece.group] = device
+        else:
+            # the least loaded with room, the first of a tie, off a heap: a list of the devices with room and a
+            # `min` over it took 0.4 s a heuristic for 5,136 tables on 512 devices
+            device = _least_loaded_with_room(heap, load, ledger, needs[i], piece.devices)
+            if device is None:
+                _room(ledger, piece)  # its error
+        ledger.take(device, needs[i])
+        load[device] += values[i]
+        heapq.heappush(heap, (load[device], device))
+        devices.append(device)
+    return order, devices
+
+
+def _least_loaded_with_room(
+    heap: list[tuple[float, int]], load: list[float], ledger: MemoryLedger, need: int, allowed: tuple[int, ...] | None
+) -> int | None:
+    """The device of least `load` (then lowest index) with `need` bytes free among `allowed` (None: any), off `heap`
+    (its entries of an older load dropped, those passed over pushed back); None where none has room."""
+    passed, found = [], None
+    while heap:
+        entry = heapq.heappop(heap)
+        if entry[0] != load[entry[1]]:
+            continue
+        if ledger.free[entry[1]] >= need and (allowed is None or entry[1] in allowed):
+            found = entry[1]
+            break
+        passed.append(entry)
+    for entry in passed:
+        heapq.heappush(heap, entry)
+    return found
 
 
 def _room(ledger: MemoryLedger, piece: TablePiece) -> list[int]:

@@ -222,6 +222,7 @@ class SearchReport(BaseModel):
     proven_optimal: bool | None = None  # exact solvers: whether it finished, and so proved the best of its plans
     started_from: str | None = None  # cost-model searches: the plans the beam started from, and why those
     sampled: str | None = None  # a policy's sampled plans (`dreamshard --samples`): how many, and which was kept
+    kept_baseline: str | None = None  # cost_search: a greedy heuristic's plan kept, priced below what it reached
 
 
 class TableChoice(BaseModel):
