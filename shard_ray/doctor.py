@@ -162,10 +162,22 @@ class PricesCheck:
         return self.off is None
 
     def off_way(self) -> str:
-        """Which way the prices are off, in words (where they are: `off`)."""
-        if (self.off or 1.0) > 1:
-            return "high: the models price this machine's kernels slower than they run"
-        return "low: the models price this machine's kernels faster than they run"
+        """Which of the figures are off and which way, in words (where they are: `off`): the microbenchmark's median
+        within while the cold-rows shard was high read as the models pricing every kernel high (a walk)."""
+        figures = [
+            ("the microbenchmark's median", "its shards", "run", self.median),
+            ("the cold-rows shard", "it", "runs", self.cold),
+        ]
+        said = []
+        for name, them, run, figure in figures:
+            if figure is None:
+                continue
+            if PRICES_HOLD[0] <= figure <= PRICES_HOLD[1]:
+                said.append(f"{name} within")
+            else:
+                way = "slower" if figure > 1 else "faster"
+                said.append(f"{name} {'high' if figure > 1 else 'low'} (priced {way} than {them} {run} here)")
+        return "; ".join(sorted(said, key=lambda part: part.endswith("within")))
 
     def describe(self) -> str:
         """The check in words."""
@@ -407,6 +419,7 @@ def noise_finding() -> Finding:
     from shard_ray.plan.topology import GB, Topology
     from shard_ray.profiling.gang import DeviceGang
     from shard_ray.profiling.procedure import MeasureConfig
+    from shard_ray.runtime import joined_ray
     from shard_ray.workflows.comparison import noise_floor
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
 
@@ -428,7 +441,20 @@ def noise_finding() -> Finding:
             f"a 2-device gang could not measure a plan: {first_line(err)}",
             "see the Ray line above; `shard-ray evaluate` shows the same error in full",
         )
-    return Finding("noise floor", "ok", f"{hardware}, 2-device gang: {floor.describe()}")
+    busy = "" if joined_ray() else _busy_here()
+    return Finding("noise floor", "ok", f"{hardware}, 2-device gang: {floor.describe()}{busy}")
+
+
+def _busy_here() -> str:
+    """Where the local Ray's machine ran more than the gang's two members while they measured, said so: the floor
+    read a walk's neighbour's load (load average 4 on 2 cores) as the machine's own noise."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= cores + 1:
+        return ""
+    return (
+        f"; measured while this machine was busy besides (load average {load:.1f} on {cores} cores): idle, it "
+        "separates smaller differences"
+    )
 
 
 def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[tuple[str, dict]]]:

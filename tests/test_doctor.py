@@ -215,8 +215,25 @@ def test_the_prices_check_finds_the_models_off_where_only_rows_that_miss_the_cac
     assert held.level == "ok" and "(median 1.20x) and a shard of rows that miss the caches at 1.10x" in held.detail
     assert (
         off.level == "note"
-        and "at 1.60x: off by more than a quarter (outside 0.75-1.33x), high: the models price" in off.detail
+        and "at 1.60x: off by more than a quarter (outside 0.75-1.33x), the cold-rows shard high (priced slower than "
+        "it runs here); the microbenchmark's median within"
+        in off.detail
     )
     assert off.fix.startswith("shard-ray calibrate") and "--for-hardware" in off.fix  # the models doctor checks
     # a report without the cold-rows shard (timed where it failed) is judged by the median alone
     assert prices_finding({"hardware": hardware, "microbenchmark": report(1.6)["microbenchmark"][:-1]}).level == "ok"
+
+
+def test_the_noise_floor_says_when_this_machine_was_busy_besides(monkeypatch):
+    """The noise floor measured beside another's load reads as the machine's own (a walk: load average 4 on 2
+    cores): more than the gang's two members running, it says so; at the gang's own load, nothing."""
+    from shard_ray.doctor import _busy_here
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.getloadavg", lambda: (4.2, 3.0, 2.0))
+    assert _busy_here() == (
+        "; measured while this machine was busy besides (load average 4.2 on 2 cores): idle, it separates smaller "
+        "differences"
+    )
+    monkeypatch.setattr("os.getloadavg", lambda: (2.4, 3.0, 2.0))
+    assert _busy_here() == ""
