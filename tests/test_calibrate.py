@@ -187,8 +187,7 @@ def test_calibration_keeps_the_fine_tuned_models_only_when_they_price_held_out_p
 
 
 def _task(folder) -> str:
-    from shard_ray.costmodel.models import task_digest
-    from shard_ray.workload.tables import load_tables
+    from shard_ray.workload.tables import load_tables, task_digest
 
     return task_digest(load_tables(folder / "tables.json"))
 
@@ -296,10 +295,11 @@ def test_models_fitted_to_shards_measured_with_capped_rows_say_so_where_they_pri
     """Found by a new user's walk: a table of 300 million rows was measured with 22 million allocated (a measuring
     process's share of memory), `calibrate` fitted the models to that, and the plans priced by them said nothing."""
     from shard_ray.costmodel.info import Calibrated
-    from shard_ray.costmodel.models import CostModels, describe_models, task_digest
+    from shard_ray.costmodel.models import CostModels, describe_models
     from shard_ray.plan.piece import TablePiece
     from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig
     from shard_ray.workflows.calibrate import capped_rows
+    from shard_ray.workload.tables import task_digest
 
     big = TableSpec(name="big", rows=300_000_000, dim=64, pooling_factor=1)
     small = TableSpec(name="small", rows=1000, dim=16, pooling_factor=4)
@@ -335,7 +335,8 @@ def test_a_calibration_keeping_its_starting_models_leaves_an_earlier_fit_to_thes
     models it started from and wrote them over the 2-device fit (one file a hardware and table set), without a word."""
     from shard_ray.cli.costmodel import earlier_fit_kept
     from shard_ray.costmodel.info import Calibrated
-    from shard_ray.costmodel.models import CostModels, task_digest
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.workload.tables import task_digest
 
     tables = [TableSpec(name=n, rows=1000, dim=16, pooling_factor=2) for n in ("a", "b")]
     out = tmp_path / "models.pt"
@@ -399,7 +400,8 @@ def test_a_calibration_that_kept_the_starting_models_says_so_and_silences_no_war
     not the calibration that was just run."""
     from shard_ray.costmodel.coverage import corrections_at_bound
     from shard_ray.costmodel.info import Calibrated
-    from shard_ray.costmodel.models import CostModels, describe_models, task_digest
+    from shard_ray.costmodel.models import CostModels, describe_models
+    from shard_ray.workload.tables import task_digest
 
     tables = [
         TableSpec(name="huge", rows=100_000_000, dim=4096, pooling_factor=0.1),

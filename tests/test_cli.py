@@ -93,6 +93,28 @@ def test_table_and_plan_files_are_written_in_the_format_their_name_says(tmp_path
     assert load_plan("plan.yml").num_devices == 2
 
 
+def test_a_plan_used_with_tables_of_its_names_but_other_shapes_is_said_so(tmp_path, capsys):
+    """A plan keeps a digest of the tables it was made for: given tables of the same names but other rows (a table
+    file grown since), `export`, `evaluate` and `compare` say so, where they took it without a word (a walk); on its
+    own tables, or a plan with no digest (written by hand, or by an earlier release), nothing."""
+    first = {"tables": [{"name": "a", "rows": 3, "dim": 16, "pooling_factor": 1}, GOOD]}
+    Path("t1.json").write_text(json.dumps(first))
+    Path("t2.json").write_text(json.dumps({"tables": [first["tables"][0] | {"rows": 300}, GOOD]}))
+    flags = ["--devices", "2", "--memory-gb", "1", "--algo", "size_greedy", "--out", "p.json"]
+    assert shard_ray_here(capsys, "plan", "--tables", "t1.json", *flags).returncode == 0
+    export = ["export", "--plan", "p.json", "--out", "e.json", "--tables"]
+    done = shard_ray_here(capsys, *export, "t2.json")
+    assert done.returncode == 0 and done.stderr.strip() == (
+        "warning: p.json was made for tables of these names but other shapes than t2.json's (rows, dims, pooling "
+        "factors, precision or access): its placement is taken as it is, for these"
+    )
+    assert shard_ray_here(capsys, *export, "t1.json").stderr == ""
+    unrecorded = json.loads(Path("p.json").read_text())
+    del unrecorded["settings"]["tables_digest"]
+    Path("p.json").write_text(json.dumps(unrecorded))
+    assert shard_ray_here(capsys, *export, "t2.json").stderr == ""
+
+
 def test_algorithms_lists_every_baseline(capsys):
     assert main(["algorithms"]) == 0
     out = capsys.readouterr().out

@@ -1024,7 +1024,8 @@ def test_models_calibrated_on_a_task_price_that_task_and_say_so_elsewhere(shippe
     """A calibration on one task does not reprice another: the task's own file first, then the
     hardware-wide one, with a warning when the models were calibrated on other tables."""
     from shard_ray.costmodel.info import Calibrated
-    from shard_ray.costmodel.models import hardware_models_path, models_for, task_digest
+    from shard_ray.costmodel.models import hardware_models_path, models_for
+    from shard_ray.workload.tables import task_digest
 
     monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
     hardware = "cpu:Test CPU:1thread"

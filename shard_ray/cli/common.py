@@ -91,6 +91,15 @@ def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables
         plan.check(tables)
     except ShardRayError as err:
         raise ShardRayError(f"{plan_path} is not a plan of {tables_path}: {err}") from None
+    from shard_ray.workload.tables import task_digest
+
+    made_for = plan.settings.tables_digest if plan.settings is not None else None
+    if made_for is not None and made_for != task_digest(tables):
+        print(
+            f"warning: {plan_path} was made for tables of these names but other shapes than {tables_path}'s (rows, "
+            "dims, pooling factors, precision or access): its placement is taken as it is, for these",
+            file=sys.stderr,
+        )
 
 
 def say_warnings(plans: list[Plan], costs: Mapping[str, PlanCost], told: set[str]) -> None:

@@ -245,7 +245,8 @@ def earlier_fit_kept(out: Path, tables: list[TableSpec], chosen: str) -> str | N
     """Why `calibrate` keeps the file `out` as it is, where it holds models an earlier calibration fitted to these
     tables and this one kept the models it started from (the hardware's, not those): written, the unchanged models
     would replace the fit (a calibration at 4 devices replaced one at 2 that way); None where it writes `out`."""
-    from shard_ray.costmodel.models import CostModels, task_digest
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.workload.tables import task_digest
 
     if chosen == "fine-tuned" or not out.is_file():
         return None

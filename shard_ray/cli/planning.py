@@ -396,7 +396,8 @@ def _calibration_advice(plan: Plan, tables: list[TableSpec], flags: PlanArgs) ->
     """What to run so that the models fit this task: `calibrate`, or, where a calibration on these very tables kept
     the models it started from, `calibrate` measuring more; None where the models were fitted to these tables (their
     warning says what their fit lacks)."""
-    from shard_ray.costmodel.models import CostModels, task_digest
+    from shard_ray.costmodel.models import CostModels
+    from shard_ray.workload.tables import task_digest
 
     hosts = f" --devices-per-host {plan.devices_per_host}" if plan.devices_per_host else ""
     command = f"`shard-ray calibrate --tables {flags.tables} --devices {flags.devices}{hosts}`"

@@ -103,8 +103,8 @@ def corrections_at_bound(models: CostModels, tables: list[TableSpec], batch_size
     """A line naming the tables whose price rests on the compute model's correction bound, not on what it learned;
     none for models fitted to these tables by a calibration, which measured them (its held-out figures say how well
     they are priced)."""
-    from shard_ray.costmodel.models import task_digest
     from shard_ray.costmodel.spine import CORRECTION_BOUND
+    from shard_ray.workload.tables import task_digest
 
     calibrated = models.info.calibrated
     if calibrated is not None and calibrated.fitted(task_digest(tables)):

@@ -37,9 +37,7 @@ torch's import is most of a plan's time (docs/commands.md). Training fits them i
 from __future__ import annotations
 
 import collections
-import hashlib
 import io
-import json
 import math
 import os
 import re
@@ -64,7 +62,7 @@ from shard_ray.costmodel.spine import AT_BOUND, Spine
 from shard_ray.errors import ShardRayError, describe_validation_error, first_line
 from shard_ray.io import read_torch_file, shard_ray_home, write_atomic
 from shard_ray.plan.piece import TablePiece
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, task_digest
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.networks import CommCostNet, ComputeCostNet
@@ -109,12 +107,6 @@ def shipped_models_path(hardware: str | None) -> Path:
 def models_home() -> Path:
     """Where `calibrate` keeps models per hardware: $SHARD_RAY_HOME/models, else ~/.shard-ray/models."""
     return shard_ray_home() / "models"
-
-
-def task_digest(tables: list[TableSpec]) -> str:
-    """Which tables models were calibrated on: a digest of their specs, whatever their order."""
-    specs = sorted(json.dumps(t.model_dump(mode="json"), sort_keys=True) for t in tables)
-    return hashlib.sha256(json.dumps(specs).encode()).hexdigest()[:12]
 
 
 def hardware_models_path(

@@ -181,6 +181,9 @@ class PlanSettings(BaseModel):
     algorithm: dict[str, Any] = Field(default_factory=dict)  # the algorithm's own settings, as it used them
     source: str | None = None  # the file they were read from (a tuned-config file), if any
     constraints: dict[str, Any] | None = None  # the constraints file's content the plan was made under, if any
+    # the tables' `task_digest`: a plan evaluated on tables of its names but other shapes is said to be (None: a plan
+    # of an earlier release, or written by hand)
+    tables_digest: str | None = None
 
     @classmethod
     def for_topology(cls, topology: Topology, **made_with: Any) -> PlanSettings:

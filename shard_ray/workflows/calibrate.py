@@ -37,7 +37,7 @@ from tqdm import tqdm
 from shard_ray.costmodel.collect import varied_balance
 from shard_ray.costmodel.info import Calibrated
 from shard_ray.costmodel.links import LinkProfile, fit_link_between_hosts, fit_link_rate
-from shard_ray.costmodel.models import CommModel, ComputeModel, CostModels, task_digest
+from shard_ray.costmodel.models import CommModel, ComputeModel, CostModels
 from shard_ray.costmodel.networks import ComputeCostNet
 from shard_ray.costmodel.pricing import measured_collectives, slowest_of_each
 from shard_ray.costmodel.settings import TrainConfig
@@ -77,7 +77,7 @@ from shard_ray.profiling.sampling import draw_fused_shards, microbenchmark_shard
 from shard_ray.profiling.store import MeasurementStore, PlanMeasurement
 from shard_ray.workflows.comparison import NoiseFloor, noise_floor
 from shard_ray.workflows.settings import CalibrateConfig
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, task_digest
 
 # Families whose plans are the candidates: the baselines and the model-based searches (the RL
 # policy and TorchRec's planner place from the same models' prices or none at all).

@@ -6,6 +6,7 @@ A table file is JSON or YAML: ``{"tables": [{"name": "t0", "rows": 1000, "dim": 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -191,6 +192,12 @@ class TableFile(BaseModel):
                 raise ValueError(f"{problem}; rename the table")
             seen.add(table.name)
         return tables
+
+
+def task_digest(tables: list[TableSpec]) -> str:
+    """Which tables a plan was made for, or models calibrated on: a digest of their specs, whatever their order."""
+    specs = sorted(json.dumps(t.model_dump(mode="json"), sort_keys=True) for t in tables)
+    return hashlib.sha256(json.dumps(specs).encode()).hexdigest()[:12]
 
 
 def validate_tables(tables: list[TableSpec]) -> list[TableSpec]:
