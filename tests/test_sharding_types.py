@@ -1,6 +1,7 @@
 """Sharding types chosen, constrained and explained, as a user runs `plan` (in this process: tests/console.py)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,28 @@ def test_explain_without_constraints_says_no_other_type_applies_not_that_none_is
     lines = [line for line in result.stdout.splitlines() if line.startswith("cat_")]
     assert len(lines) == 26 and all(line.endswith("(no other type it can take)") for line in lines)
     assert "allowed" not in result.stdout
+
+
+def test_where_every_table_replicated_prices_below_cost_searchs_plan_on_one_host_plan_says_so(capsys, tmp_path):
+    """cost_search leaves data-parallel out on one host; on 3 tables of 3 rows on 16 devices its plan priced 2.3x the
+    plan replicating them all (TorchRec's), and nothing said so (a walk). `plan` now says what that plan prices and
+    how to have it; allowed data-parallel, the search replicates them and nothing is said."""
+    from shard_ray.costmodel.models import default_cost_model_path
+
+    tiny = {"tables": [{"name": name, "rows": 3, "dim": 8, "pooling_factor": 1} for name in "abc"]}
+    Path("three.json").write_text(json.dumps(tiny))
+    flags = ["plan", "--tables", "three.json", "--devices", "16", "--memory-gb", "1", "--algo", "cost_search"]
+    flags += ["--cost-model", str(default_cost_model_path()), "--out", "p.json"]
+    done = shard_ray_here(capsys, *flags)
+    assert done.returncode == 0, done.stderr
+    (note,) = [line for line in done.stdout.splitlines() if line.startswith("note: every table replicated")]
+    replicated, searched = map(float, re.search(r"prices ([\d.]+) ms, below this plan's ([\d.]+):", note).groups())
+    assert replicated < searched == pytest.approx(load_plan("p.json").estimate.predicted.cost_ms, abs=5e-4)
+    types = "sharding_types=[table_wise,column_wise,row_wise,data_parallel]"
+    assert f"`--set {types}` lets the search choose them" in note
+    allowed = shard_ray_here(capsys, *flags, "--set", types)
+    assert "note: every table replicated" not in allowed.stdout
+    assert load_plan("p.json").estimate.predicted.cost_ms == pytest.approx(replicated, rel=1e-3)
 
 
 @pytest.mark.parametrize("algo", ["cost_search", "neuroshard"])
