@@ -31,7 +31,14 @@ from shard_ray.policy.env import (
     pad_observation,
 )
 from shard_ray.policy.network import OptionScorer, load_policy, save_policy
-from shard_ray.policy.policy_file import MASKED_LOGIT, DecodingScorer, PolicyInfo, default_policy_path, read_policy
+from shard_ray.policy.policy_file import (
+    MASKED_LOGIT,
+    DecodingScorer,
+    PolicyInfo,
+    default_policy_path,
+    models_label,
+    read_policy,
+)
 from shard_ray.policy.ppo import env_config, held_out_tasks, validation_score, validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT
@@ -435,7 +442,7 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     assert re.search(r"\nPPO iteration 2/2: mean return .*, \d+\.\d s\n", printed), printed
     with pytest.raises(
         ShardRayError,
-        match=r"the checkpoint in .* was trained with other settings \(--hidden 32 there, --hidden 16 here\): .*new --out",
+        match=r"the checkpoint in .* was trained with other settings \(--hidden 32 there, 16 here\): .*new --out",
     ):
         train_policy(pool, tiny_config(iterations=3, hidden=16), out)  # a network of another width
     assert load_policy(policy_file)[1].iterations == 2
@@ -450,7 +457,25 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
         timeout=120,
     )
     assert done.returncode == 2 and "ray:" not in done.stdout, done.stdout
-    assert "(--hidden 32 there, --hidden 16 here)" in done.stderr.strip() and len(done.stderr.splitlines()) == 1
+    assert "(--hidden 32 there, 16 here)" in done.stderr.strip() and len(done.stderr.splitlines()) == 1
+    # other training tasks or models, which went on without a word and left a record naming the one and scoring the
+    # other (a walk): refused alike, each named; the shipped models named by their path are the shipped models
+    other_models = tmp_path / "other.pt"
+    other_models.write_bytes(default_cost_model_path().read_bytes())
+    flags[flags.index("--devices") + 1] = "2,4"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "shard-ray"), "policy", "train", *flags, "--hidden", "32", "--cost-model",
+         str(other_models)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert (
+        f"(--devices 2,3 there, 2,4 here; --cost-model shipped:cpu-reference.pt there, {other_models} here)"
+        in done.stderr
+    )
+    with pytest.raises(ShardRayError, match=r"\(--tables a pool of \d+ tables there, one of 5 here\)"):
+        train_policy(pool[:5], tiny_config(iterations=3), out)
+    assert models_label(str(default_cost_model_path())) == models_label(None) == "shipped:cpu-reference.pt"
     capsys.readouterr()
     train_policy(pool, tiny_config(iterations=3, seed=5), out)  # other held-out tasks: judged from where it resumes
     assert "iteration 2's network, which this run resumed from prices them at" in capsys.readouterr().out

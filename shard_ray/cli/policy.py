@@ -55,9 +55,11 @@ def add_policy_flags(
 
 
 def policy_inputs(
-    args: argparse.Namespace, defaults: Mapping[str, Any] | None = None, **fixed: Any
+    args: argparse.Namespace, defaults: Mapping[str, Any] | None = None, trains_against_flag: bool = True, **fixed: Any
 ) -> tuple[PolicyArgs, PolicyConfig, list]:
-    """The flags' inputs, PPO settings (defaults < tuned file < flags given) and pool, checked before Ray starts."""
+    """The flags' inputs, PPO settings (defaults < tuned file < flags given) and pool, checked before Ray starts;
+    `trains_against_flag`: the models training prices with are --cost-model's (the outer loop's are those it updates
+    each round)."""
     from shard_ray.configfile import load_tuned
     from shard_ray.workload.tables import load_tables
 
@@ -73,9 +75,10 @@ def policy_inputs(
     values["max_devices"] = max(values["max_devices"], *values["devices"])
     config = dataclass_from(PolicyConfig, values, "PPO settings")
     if (Path(flags.out) / "checkpoint").is_dir():  # a training to resume: refused now if Ray would only refuse it
-        from shard_ray.policy.policy_file import refuse_another_shape
+        from shard_ray.policy.policy_file import models_label, refuse_other_training
 
-        refuse_another_shape(Path(flags.out) / "checkpoint", values)
+        models = models_label(flags.cost_model) if trains_against_flag else None
+        refuse_other_training(Path(flags.out) / "checkpoint", values, models, len(pool))
     if flags.cost_model is not None:
         CostModels.load(flags.cost_model)
     env_config(config, pool, flags.cost_model).check()
@@ -93,7 +96,7 @@ def cmd_policy_train(args: argparse.Namespace) -> None:
 
 
 def cmd_policy_outer_loop(args: argparse.Namespace) -> None:
-    flags, config, pool = policy_inputs(args, iterations=1)
+    flags, config, pool = policy_inputs(args, trains_against_flag=False, iterations=1)
     from shard_ray.workflows.outer_loop import run_outer_loop
 
     loop = settings_from(OuterLoopConfig, args, seed=config.seed)

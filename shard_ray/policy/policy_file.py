@@ -16,7 +16,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shard_ray.configfile import flags_of
-from shard_ray.costmodel.models import check_layers, float32_state, linear_layers, softplus, state_of
+from shard_ray.costmodel.models import (
+    check_layers,
+    default_cost_model_path,
+    float32_state,
+    linear_layers,
+    softplus,
+    state_of,
+)
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.io import read_torch_file
 from shard_ray.policy.env import NUM_CURRENT_FEATURES, NUM_OPTION_FEATURES, OPTION_FEATURES
@@ -36,6 +43,10 @@ PRIOR_INIT = (50.0, 5.0)
 
 # The settings that shape the network and its observations: a checkpoint of others does not load.
 SHAPE_SETTINGS = ("hidden", "max_devices")
+# The settings that draw and price the training tasks: resumed with others, training's returns and its held-out
+# scores mix tasks of two kinds (a walk resumed 2-device training on 4 devices under other models, and policy.pt
+# recorded the new models beside the first run's score).
+TASK_SETTINGS = ("devices", "min_tables", "max_tables", "memory_headroom", "batch_size")
 
 
 def default_policy_path() -> Path:
@@ -180,22 +191,55 @@ def _check_shapes(weights: PolicyWeights) -> None:
         raise ValueError(f"prior weights of shape {scorer.prior.shape}")
 
 
-def refuse_another_shape(checkpoint_dir: Path, given: Mapping[str, Any], failed: bool = False) -> None:
+def models_label(cost_model: str | None) -> str:
+    """How a policy file names the models it is trained against: shipped:NAME for the shipped file, else the file's
+    absolute path (as given, a relative one named another file from another folder)."""
+    shipped = default_cost_model_path()
+    given = Path(cost_model).resolve() if cost_model else shipped.resolve()
+    return f"shipped:{shipped.name}" if given == shipped.resolve() else str(given)
+
+
+def refuse_other_training(
+    checkpoint_dir: Path,
+    given: Mapping[str, Any],
+    models: str | None = None,
+    pool_tables: int | None = None,
+    failed: bool = False,
+) -> None:
     """Refuse to resume training from `checkpoint_dir` with the settings `given` where the policy file beside it
-    records other `SHAPE_SETTINGS` (the checkpoint's network would not load into theirs), naming them as flags; where
-    the checkpoint `failed` to load, refuse whatever the file says. Read without torch, so a command refuses before
-    Ray starts."""
+    records other `SHAPE_SETTINGS` (the checkpoint's network would not load into theirs) or `TASK_SETTINGS`, other
+    `models` (`models_label`'s; None: not checked, as the outer loop's change each round) or a pool of other
+    `pool_tables`, naming them as flags; where the checkpoint `failed` to load, refuse whatever the file says. Read
+    without torch, so a command refuses before Ray starts."""
     try:
-        recorded = read_policy(checkpoint_dir.parent / "policy.pt")[1].config
+        info = read_policy(checkpoint_dir.parent / "policy.pt")[1]
     except ShardRayError:
-        recorded = {}
-    differ = [name for name in SHAPE_SETTINGS if name in recorded and name in given and recorded[name] != given[name]]
+        info = PolicyInfo()
+    recorded, flags = info.config, flags_of(PolicyConfig)
+
+    def same(a: Any, b: Any) -> bool:  # JSON keeps a tuple as a list
+        return (tuple(a) if isinstance(a, list | tuple) else a) == (tuple(b) if isinstance(b, list | tuple) else b)
+
+    def shown(value: Any) -> str:
+        return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+    differ = [
+        (flags.get(name, name), shown(recorded[name]), shown(given[name]))
+        for name in (*SHAPE_SETTINGS, *TASK_SETTINGS)
+        if name in recorded and name in given and not same(recorded[name], given[name])
+    ]
+    if models is not None and info.cost_model is not None and info.cost_model != models:
+        differ.append(("--cost-model", info.cost_model, models))
+    if pool_tables is not None and info.pool_tables is not None and info.pool_tables != pool_tables:
+        differ.append(("--tables", f"a pool of {info.pool_tables} tables", f"one of {pool_tables}"))
     if not differ and not failed:
         return
-    flags = {name: flags_of(PolicyConfig)[name] for name in SHAPE_SETTINGS}
-    there = " and ".join(f"{flags[name]} {recorded[name]}" for name in differ)
-    here = " and ".join(f"{flags[name]} {given[name]}" for name in differ)
-    found = f"{there} there, {here} here" if differ else "another network shape: " + " or ".join(flags.values())
+    shapes = " or ".join(flags[name] for name in SHAPE_SETTINGS)
+    found = (
+        "; ".join(f"{flag} {there} there, {here} here" for flag, there, here in differ)
+        if differ
+        else f"another network shape: {shapes}"
+    )
     raise ShardRayError(
         f"the checkpoint in {checkpoint_dir} was trained with other settings ({found}): resume it with the settings "
         "it was made with (its policy.pt records them), or train into a new --out"

@@ -24,7 +24,7 @@ from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import OptionScorer, save_policy
-from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo, refuse_another_shape
+from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo, models_label, refuse_other_training
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.threads import one_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
@@ -183,7 +183,7 @@ def restore_checkpoint(algo: Any, checkpoint_dir: Path, config: PolicyConfig | N
             try:
                 algo.restore_from_path(str(candidate))
             except RuntimeError:  # torch's state_dict mismatch: a network of another shape
-                refuse_another_shape(candidate, asdict(config) if config is not None else {}, failed=True)
+                refuse_other_training(candidate, asdict(config) if config is not None else {}, failed=True)
             return True
     return False
 
@@ -238,11 +238,13 @@ def train_policy(
     checkpoint_dir, policy_file = out / "checkpoint", out / "policy.pt"
     models = CostModels.load(cost_model or default_cost_model_path())
     info = PolicyInfo(
-        cost_model=cost_model or f"shipped:{default_cost_model_path().name}",
+        cost_model=models_label(cost_model),
         hardware=models.hardware,
         config=asdict(config),
         pool_tables=len(pool),
     )
+    if checkpoint_dir.is_dir():  # the command refused this before Ray started; a library caller, here
+        refuse_other_training(checkpoint_dir, asdict(config), info.cost_model, len(pool))
     algo = build_algorithm(config, pool, cost_model)
     print(describe_workers(algo), flush=True)
     try:

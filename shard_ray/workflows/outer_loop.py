@@ -178,7 +178,10 @@ def run_outer_loop(
             models.save(models_file)
         set_cost_models(algo, models)
         info = PolicyInfo(
-            cost_model=str(models_file), hardware=models.hardware, config=asdict(policy_config), loop=asdict(loop)
+            cost_model=str(Path(models_file).resolve()),
+            hardware=models.hardware,
+            config=asdict(policy_config),
+            loop=asdict(loop),
         )
         if profiler.hardware != models.hardware:
             print(
