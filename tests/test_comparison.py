@@ -425,7 +425,23 @@ def test_more_devices_than_cores_measure_compute_and_price_the_all_to_alls(
     warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warned) == len(set(warned)), result.stderr  # each once: the models' and the measurement's said alike
     assert all(d["fwd_compute_ms"] > 0 and d["fwd_comm_ms"] > 0 for d in cost["devices"])
-    assert f"`shard-ray plan` now prices these tables with {models_for(hardware_id(threads=1))}" in result.stdout
+    newer = models_for(hardware_id(threads=1))
+    made_with = tmp_path / "earlier.pt"  # recorded absolute: given relative, it named another file from elsewhere
+    assert f"made with, {made_with}; `shard-ray plan` without --cost-model prices these tables with {newer}" in (
+        result.stdout
+    )
+    # the plan's models gone: what was measured is written all the same, priced by `plan`'s, and said so (a walk's
+    # evaluate measured for 40 s, then failed to find them and wrote nothing)
+    made_with.rename(tmp_path / "moved.pt")
+    (tmp_path / "result.json").unlink()
+    again = shard_ray_here(
+        capsys, "evaluate", "--tables", str(table_file), "--plan", "four.json", "--out", "result.json",
+        "--rounds", "1", "--repeats", "2", "--warmup", "1", "--no-mlflow",
+    )  # fmt: skip
+    assert again.returncode == 0 and (tmp_path / "result.json").is_file(), again.stderr
+    assert (
+        f"note: the models this plan was made with, {made_with}, are not there now: priced by {newer}" in again.stdout
+    )
 
 
 def test_the_comparisons_table_keeps_its_columns_under_a_long_joined_name():

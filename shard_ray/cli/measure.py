@@ -293,19 +293,23 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             if report is not None:
                 report.wait_until_imported()  # before measuring: its cores are the gang's
             cost = gang.evaluate_rounds([plan], tables, config, flags.rounds)[0]
+        write_json(flags.out, cost.model_dump(mode="json"))  # what was measured, whatever pricing it meets
         # the models' price for this batch, by the models that priced the plan when it was made, else those `plan`
         # picks for the gang's hardware
-        plan = priced(plan, tables, topology, plan.estimate.cost_model if plan.estimate else None, cost.hardware)
-        write_json(flags.out, cost.model_dump(mode="json"))
+        made_with = plan.estimate.cost_model if plan.estimate else None
+        gone = made_with is not None and not Path(made_with).is_file()
+        plan = priced(plan, tables, topology, None if gone else made_with, cost.hardware)
         print(format_plan_summary(plan, tables, topology, cost))
         print(format_prediction(plan.estimate, cost.cost_ms, cost.priced_parts))
         print(plan.estimate.provenance)
         say_warnings([plan], {plan.algorithm: cost}, set(gang.warnings))
         newer = models_for(cost.hardware, topology.devices_per_host_if_spanning, tables)
-        if plan.estimate and plan.estimate.cost_model and newer.resolve() != Path(plan.estimate.cost_model).resolve():
+        if gone:
+            print(f"note: the models this plan was made with, {made_with}, are not there now: priced by {newer}")
+        elif made_with and newer.resolve() != Path(made_with).resolve():
             print(
-                f"note: the prices above are by the models this plan was made with; `shard-ray plan` now prices these "
-                f"tables with {newer} (calibrated since, or of this hardware), and may place them otherwise"
+                f"note: the prices above are by the models this plan was made with, {made_with}; `shard-ray plan` "
+                f"without --cost-model prices these tables with {newer}, and may place them otherwise"
             )
         if cost.rounds is not None:
             print(f"median of the rounds: {cost.rounds.describe()} (the table above is the median round)")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic_core import to_jsonable_python
@@ -54,8 +55,11 @@ class PlacementContext:
         if self._models is None:
             from shard_ray.costmodel.models import CostModels, models_for
 
-            self.cost_model = self.cost_model or str(models_for(self.hardware, self.devices_per_host, self.tables))
-            self._models = CostModels.load(self.cost_model)
+            path = self.cost_model or str(models_for(self.hardware, self.devices_per_host, self.tables))
+            self._models = CostModels.load(path)
+            # absolute, as the plan records it: relative, as given, it named another file from another folder (a
+            # walk's `evaluate` measured for 40 s, then failed to find the plan's models)
+            self.cost_model = str(Path(path).resolve())
         return self._models
 
     @property
