@@ -280,6 +280,23 @@ def test_a_misspelt_setting_is_named_with_the_one_meant_and_every_setting_listed
     assert err.endswith("unknown setting(s) beam_width; its settings are policy, samples"), err
 
 
+def test_a_policy_path_that_holds_no_policy_is_refused_whatever_reads_it(tmp_path, table_file_path):
+    """`--policy` of a missing file with cost_search, whose search starts from the grid alone on this task, was
+    taken and recorded in the plan without being read (a walk); a folder of training folders is pointed into."""
+    from shard_ray.policy.policy_file import default_policy_path
+
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(table_file_path), "--devices", "2", "--memory-gb", "1", "--out", str(out)]
+    code, err = run([*argv, "--algo", "cost_search", "--policy", str(tmp_path / "nope.pt")])
+    assert_refused_cleanly(code, err, out)
+    assert f"policy file not found: {tmp_path / 'nope.pt'}" in err
+    (tmp_path / "runs" / "pol").mkdir(parents=True)
+    (tmp_path / "runs" / "pol" / "policy.pt").write_bytes(default_policy_path().read_bytes())
+    code, err = run([*argv, "--algo", "dreamshard", "--policy", str(tmp_path / "runs")])
+    assert_refused_cleanly(code, err, out)
+    assert err.endswith(f"the training folders in {tmp_path / 'runs'} hold {tmp_path / 'runs' / 'pol' / 'policy.pt'}")
+
+
 @pytest.fixture(scope="module")
 def table_file_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("tables") / "tables.json"

@@ -768,4 +768,9 @@ def neuroshard(context: PlacementContext) -> Placer:
     takes_constraints=True,
 )
 def cost_search(context: PlacementContext) -> Placer:
+    if context.settings.policy is not None:  # read where the search starts from the grid alone too: a typo in the
+        # path went unnoticed, the plan file naming a policy that was never there (a walk)
+        from shard_ray.policy.policy_file import read_policy
+
+        read_policy(context.settings.policy)
     return search_placer("cost_search", context.settings, context.models, context.constraints)

@@ -155,11 +155,13 @@ def read_policy(path: str | os.PathLike[str]) -> tuple[PolicyWeights, PolicyInfo
         path = path / "policy.pt"
     if not path.is_file():
         beside = path.parent.parent / "policy.pt"  # a training folder's checkpoint/ named for the folder
-        hint = (
-            f"; the training folder's policy file is {beside}"
-            if path.parent.name == "checkpoint" and beside.is_file()
-            else ""
-        )
+        below = sorted(path.parent.glob("*/policy.pt")) if path.parent.is_dir() else []  # a folder of trainings
+        hint = ""
+        if path.parent.name == "checkpoint" and beside.is_file():
+            hint = f"; the training folder's policy file is {beside}"
+        elif below:
+            hint = f"; the training folders in {path.parent} hold {', '.join(map(str, below[:3]))}"
+            hint += f" and {len(below) - 3} more" if len(below) > 3 else ""
         raise ShardRayError(f"policy file not found: {path}{hint}")
     try:
         data = path.read_bytes()
