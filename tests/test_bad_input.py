@@ -297,6 +297,33 @@ def test_a_policy_path_that_holds_no_policy_is_refused_whatever_reads_it(tmp_pat
     assert err.endswith(f"the training folders in {tmp_path / 'runs'} hold {tmp_path / 'runs' / 'pol' / 'policy.pt'}")
 
 
+def test_a_folder_given_as_a_store_or_a_model_file_is_said_to_be_one(tmp_path, table_file_path):
+    """A folder where a store or a model file goes was "not found" to some commands and "not a usable SQLite file"
+    to others, after a local Ray had started (a walk): each says it is a folder, naming the store in it, before Ray."""
+    from shard_ray.costmodel.models import default_cost_model_path
+    from shard_ray.profiling.store import MeasurementStore
+
+    with MeasurementStore(tmp_path / "st" / "measurements.db"):
+        pass
+    store, tables = str(tmp_path / "st"), str(table_file_path)
+    said = f"measurement store {store} is a folder: give the store's file ({tmp_path / 'st' / 'measurements.db'} in it)"
+    for argv in (
+        ["costmodel", "train", "--store", store, "--tables", tables, "--out", str(tmp_path / "m.pt")],
+        ["costmodel", "evaluate", "--store", store, "--cost-model", str(default_cost_model_path())],
+        ["profile", "--tables", tables, "--store", store, "--shards", "1"],
+        ["collect", "--kind", "compute", "--tables", tables, "--store", store, "--samples", "1"],
+    ):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code, err = run(argv)
+        assert code == 2 and err == f"shard-ray: error: {said}", (argv, err)
+        assert "ray:" not in out.getvalue()
+    plan = ["plan", "--tables", tables, "--devices", "2", "--memory-gb", "1", "--algo", "cost_search"]
+    code, err = run([*plan, "--cost-model", store, "--out", str(tmp_path / "p.json")])
+    assert_refused_cleanly(code, err, tmp_path / "p.json")
+    assert f"cost model file {store} is a folder: give the model file (.pt) in it" in err
+
+
 @pytest.fixture(scope="module")
 def table_file_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("tables") / "tables.json"

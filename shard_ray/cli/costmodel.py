@@ -74,12 +74,6 @@ class CalibrateArgs:
     )
 
 
-def existing_store(path: str) -> str:
-    if not Path(path).is_file():
-        raise ShardRayError(f"measurement store not found: {path}")
-    return path
-
-
 def cmd_costmodel_train(args: argparse.Namespace) -> None:
     from shard_ray.configfile import load_tuned
     from shard_ray.workload.tables import load_tables
@@ -87,6 +81,8 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     flags = settings_from(TrainArgs, args)
     train_tables = {t.name for t in load_tables(flags.tables)}
     config = settings_from(TrainConfig, args, tuned=load_tuned(flags.config, "costmodel") if flags.config else None)
+    from shard_ray.profiling.store import existing_store
+
     store_path = existing_store(flags.store)
     # the input checked: what trains (torch) only now
     from shard_ray.costmodel.train import describe_accuracy, train_cost_models
@@ -128,7 +124,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         predicted_and_measured,
         split_compute_measurements,
     )
-    from shard_ray.profiling.store import MeasurementStore
+    from shard_ray.profiling.store import MeasurementStore, existing_store
     from shard_ray.tracking.mlflow_runs import log_costmodel_evaluation
 
     flags = settings_from(EvaluateModelArgs, args)

@@ -212,6 +212,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     timing = settings_from(MeasureArgs, args)
     tables = load_tables(flags.tables)  # before torch loads
     from shard_ray.profiling.actors import ProfilingPool
+    from shard_ray.profiling.procedure import content_digest
     from shard_ray.profiling.sampling import draw_fused_shards
     from shard_ray.profiling.store import MeasurementStore
 
@@ -223,14 +224,20 @@ def cmd_profile(args: argparse.Namespace) -> None:
         seed=flags.seed,
     )
     shards = draw_fused_shards(tables, flags.shards, flags.max_tables, seed=flags.seed, singles=not flags.no_singles)
-    connect(args, min_cpus=flags.actors)
-    with ProfilingPool(flags.actors) as pool, MeasurementStore(flags.store) as store:
-        before = store.count()
-        results = pool.measure(shards, config, store)
+    with MeasurementStore(flags.store) as store:  # a store it cannot use refused before Ray starts
+        connect(args, min_cpus=flags.actors)
+        with ProfilingPool(flags.actors) as pool:
+            before = store.count()
+            results = pool.measure(shards, config, store)
+            hardware = pool.hardware
         added = store.count() - before
         ok = [m for m in results if m.status == "ok"]
+        # a shard drawn twice is measured once: it is not one the store held before (a walk's fresh store held "1")
+        distinct = len({tuple(sorted(content_digest(p.content()) for p in shard)) for shard in shards})
+        twice = f" ({len(shards) - distinct} drawn again)" if distinct < len(shards) else ""
         print(
-            f"{len(shards)} shards on {pool.hardware}: {added} measured now, {len(shards) - added} already in {flags.store}"
+            f"{len(shards)} shards{twice} on {hardware}: {added} measured now, {distinct - added} already in "
+            f"{flags.store}"
         )
         print(f"{len(ok)} ok, {len(results) - len(ok)} infeasible; store holds {store.count()} measurements")
     if ok:
@@ -247,8 +254,8 @@ def cmd_collect(args: argparse.Namespace) -> None:
     flags = settings_from(CollectArgs, args)
     config = settings_from(CollectConfig, args)
     pool = load_tables(flags.tables)
-    connect(args, min_cpus=max(flags.actors, *config.device_counts))
-    with MeasurementStore(flags.store) as store:
+    with MeasurementStore(flags.store) as store:  # a store it cannot use refused before Ray starts
+        connect(args, min_cpus=max(flags.actors, *config.device_counts))
         if flags.kind == "compute":
             with ProfilingPool(flags.actors) as profiler:
                 added = collect_compute(pool, config, profiler, store)

@@ -10,7 +10,6 @@ from pathlib import Path
 from shard_ray.arguments import Parser
 from shard_ray.cli.commands import add_command
 from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, connect, tracking
-from shard_ray.cli.costmodel import existing_store
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.cli.policy import add_policy_flags, policy_inputs
 from shard_ray.configfile import setting
@@ -83,6 +82,8 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     train_tables = {t.name for t in load_tables(flags.tables)}
     sweep = sweep_settings(args, "costmodel")
     settings = settings_from(CostModelSweepConfig, args, seed=sweep.seed)
+    from shard_ray.profiling.store import existing_store
+
     store = existing_store(flags.store)
     from shard_ray.tuning.costmodel_sweep import scored_with, sweep_data, tune_cost_models  # input checked: torch now
 

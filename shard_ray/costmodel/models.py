@@ -527,6 +527,8 @@ class CostModels:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModels:
+        if os.path.isdir(path):
+            raise ShardRayError(f"cost model file {path} is a folder: give the model file (.pt) in it")
         if not os.path.isfile(path):
             raise ShardRayError(f"cost model file not found: {path}")
         try:

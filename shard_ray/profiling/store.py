@@ -101,8 +101,26 @@ def read_record(kind: type[Record], record: str) -> Record:
 STORE_TABLES = {"shard_measurements", "plan_measurements"}
 
 
+def existing_store(path: str | os.PathLike[str]) -> str:
+    """`path` where it is a measurement store's file to read; refused in a line naming what it is otherwise."""
+    refuse_store_folder(path)
+    if not Path(path).is_file():
+        raise ShardRayError(f"measurement store not found: {path}")
+    return str(path)
+
+
+def refuse_store_folder(path: str | os.PathLike[str]) -> None:
+    """Refuse a folder given as the store, naming the store file in it where there is one: read as a file, a folder
+    was 'not found' to one command and 'not a usable SQLite file' to another (a walk)."""
+    if Path(path).is_dir():
+        inside = sorted(p.name for p in Path(path).glob("*.db"))
+        hint = f" ({', '.join(str(Path(path) / name) for name in inside[:3])} in it)" if inside else ""
+        raise ShardRayError(f"measurement store {path} is a folder: give the store's file{hint}")
+
+
 class MeasurementStore:
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        refuse_store_folder(path)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -26,8 +26,7 @@ from shard_ray.costmodel.train import (
     step_compute_ms,
     train_compute_model,
 )
-from shard_ray.errors import ShardRayError
-from shard_ray.profiling.store import MeasurementStore
+from shard_ray.profiling.store import MeasurementStore, existing_store
 from shard_ray.tuning.settings import CostModelSweepConfig
 from shard_ray.tuning.sweep import ScoredWith, SweepConfig, describe_settings, ranked_trials, run_sweep, save_best
 
@@ -85,9 +84,7 @@ def sweep_data(
     """One hardware's shard measurements in the store, in the splits `costmodel train` makes, as the trials train on
     them: the hardware and each split's data. Refused in a line where the store cannot give them (read before Ray
     starts)."""
-    if not Path(store_path).is_file():
-        raise ShardRayError(f"measurement store not found: {store_path}")
-    with MeasurementStore(store_path) as store:
+    with MeasurementStore(existing_store(store_path)) as store:
         hardware, _, splits = compute_splits(store, train_tables, hardware)
     print(
         f"cost-model sweep on {hardware}: "
