@@ -1075,3 +1075,24 @@ def test_the_steps_and_the_finish_keep_room_for_a_later_table_that_needs_most_of
     assert all(p.rows is None and p.columns == (0, p.table.dim) for p in state.placed)
     searched = Simulator(models).plan_cost(place("cost_search", tables, topology), tables, topology.batch_size)
     assert state.cost < searched.cost_ms, (state.cost, searched.cost_ms)
+
+
+def test_a_policy_placing_with_other_models_than_it_was_trained_against_says_so(tmp_path):
+    """A user's policy placed with other models than its own, which a walk's went without a word: said, naming both;
+    with its own (the shipped ones named by path too), and for a file of an earlier release whose relative path
+    names no folder, nothing."""
+    from shard_ray.cli.planning import _other_models_note
+    from shard_ray.plan.plan import PlanEstimate
+
+    def placed_with(path: Path) -> PlanEstimate:
+        return PlanEstimate.model_construct(cost_model=str(path))
+
+    mine = tmp_path / "models.pt"
+    note = _other_models_note(str(mine), placed_with(default_cost_model_path()))
+    assert note == (
+        f"note: the policy was trained against the models {mine} and placed with {default_cost_model_path()}: it is a "
+        "policy for those; `--cost-model` gives them, or `policy train --cost-model` trains one for these"
+    )
+    assert _other_models_note(str(mine), placed_with(mine)) is None
+    assert _other_models_note("shipped:cpu-reference.pt", placed_with(default_cost_model_path())) is None
+    assert _other_models_note("models.pt", placed_with(default_cost_model_path())) is None

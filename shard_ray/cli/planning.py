@@ -16,7 +16,7 @@ from shard_ray.cli.flags import add_settings, flag_name, given, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
 from shard_ray.io import DOCUMENT_SUFFIXES
-from shard_ray.plan.plan import Plan, PlanSettings
+from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import (
     GB,
     MAX_DEVICES,
@@ -461,6 +461,23 @@ def _replicated_note(plan: Plan, tables: list[TableSpec], topology: Topology) ->
     )
 
 
+def _other_models_note(trained_against: str | None, estimate: PlanEstimate | None) -> str | None:
+    """Where a user's policy was trained against other models than those that placed and priced its plan, said so: it
+    is a policy for those models (a walk's policy of its own models placed with the shipped ones, without a word)."""
+    from shard_ray.policy.policy_file import models_label
+
+    if trained_against is None or estimate is None or estimate.cost_model is None:
+        return None
+    if not (trained_against.startswith("shipped:") or Path(trained_against).is_absolute()):
+        return None  # a file of an earlier release, its path relative to a folder it does not name
+    if trained_against == models_label(estimate.cost_model):
+        return None
+    return (
+        f"note: the policy was trained against the models {trained_against} and placed with {estimate.cost_model}: "
+        "it is a policy for those; `--cost-model` gives them, or `policy train --cost-model` trains one for these"
+    )
+
+
 def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs) -> None:
     """The plan's summary with the models' prices and where they come from; their warnings on stderr."""
     from shard_ray.placement import algorithm
@@ -477,9 +494,12 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         from shard_ray.policy.policy_file import default_policy_path, read_policy
 
         given = plan.settings.algorithm.get("policy") if plan.settings else None
-        kept = read_policy(given or default_policy_path())[1].network_kept()
+        info = read_policy(given or default_policy_path())[1]
+        kept = info.network_kept()
         placed = f"placed by the policy {given}" if given else f"placed by the shipped policy {default_policy_path()}"
         print(placed + (f": {kept}" if kept else ""))
+        if given and (note := _other_models_note(info.cost_model, estimate)):
+            print(note)
     warnings = estimate.warnings if estimate else []
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
