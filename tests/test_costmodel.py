@@ -522,6 +522,14 @@ def test_models_lists_the_shipped_and_calibrated_files_and_names_a_damaged_one(t
     assert "cuda:NVIDIA H200; trained by `costmodel train`, not calibrated on a task; no comm model" in out
     assert "not calibrated on a task; held-out error (MAPE): compute_seen" in out
     assert "cpu-broken.pt\n  cannot be read: cannot read cost model file" in out
+    # a file of the user's own, which no folder above holds (`costmodel train --out m.pt`'s: a walk could not see it)
+    mine = tmp_path / "m.pt"
+    mine.write_bytes(default_cost_model_path().read_bytes())
+    assert main(["models", str(mine)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{mine}\n  cpu:AMD EPYC:1thread; trained by `costmodel train`") and "(shipped)" not in out
+    assert main(["models", str(mine), str(tmp_path / "models" / "cpu-broken.pt")]) == 2
+    assert capsys.readouterr().err.startswith("shard-ray: error: cannot read cost model file")
 
 
 def test_model_info_is_typed_and_keeps_what_older_and_newer_files_wrote(tmp_path, shipped):

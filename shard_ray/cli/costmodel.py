@@ -290,14 +290,20 @@ def cmd_models(args: argparse.Namespace) -> None:
 
     home = models_home()
     shipped = [default_cost_model_path(), *sorted(set(PRETRAINED_DIR.glob("*.pt")) - {default_cost_model_path()})]
-    files = shipped + sorted(home.glob("*.pt"))
-    print(
-        f"cost models on this machine: {len(shipped)} shipped, and {len(files) - len(shipped)} calibrated in {home} "
-        "(`plan` picks these tables' own models for its hardware, else the hardware's, else the shipped ones of its "
-        "hardware, else, on another GPU, the H100's, else the reference CPU's)"
-    )
-    for path in files:
-        print(f"\n{path}" + (" (shipped)" if path in shipped else ""))
+    if args.files:  # a user's own, `costmodel train --out FILE`'s, which no folder above holds
+        files = [Path(f) for f in args.files]
+        for path in files:
+            CostModels.load(path)  # a file named that is none refused in a line, before any is described
+    else:
+        files = shipped + sorted(home.glob("*.pt"))
+        print(
+            f"cost models on this machine: {len(shipped)} shipped, and {len(files) - len(shipped)} calibrated in "
+            f"{home} (`plan` picks these tables' own models for its hardware, else the hardware's, else the shipped "
+            "ones of its hardware, else, on another GPU, the H100's, else the reference CPU's; `shard-ray models "
+            "FILE` describes a file of your own)"
+        )
+    for k, path in enumerate(files):
+        print(("\n" if k or not args.files else "") + str(path) + (" (shipped)" if path in shipped else ""))
         try:
             models = CostModels.load(path)
         except ShardRayError as err:
@@ -347,6 +353,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_calibrate)
 
     p = add_command(sub, "models")
+    p.add_argument("files", nargs="*", metavar="FILE", help="model files to describe (default: this machine's)")
     p.set_defaults(run=cmd_models)
 
     q = commands.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
