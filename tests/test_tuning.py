@@ -125,6 +125,12 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
     for key in ("hidden", "depth", "lr", "loss", "feature_scaling"):
         assert trained[key] == best["config"][key]
     assert trained["max_epochs"] == 5
+    # held-out figures of few measurements are said to be indicative, naming them (a walk's comm n=2 went unsaid)
+    printed = capsys.readouterr().out
+    report = json.loads(printed.strip().splitlines()[-1])
+    few = [f"{name} n={m['n']}" for name, m in report.items() if 0 < m["n"] < 10]
+    assert few, report  # this small store leaves some figure with few
+    assert f"note: few held-out measurements judge {', '.join(few)}: those figures are indicative" in printed
 
 
 def test_search_sweep_measures_finalists_and_plan_reads_the_result(ray_session, tmp_path, capsys, pool_file):

@@ -74,6 +74,10 @@ class CalibrateArgs:
     )
 
 
+# Fewer held-out measurements than this judge a model's figures only roughly: said beside them.
+FEW_HELD_OUT = 10
+
+
 def cmd_costmodel_train(args: argparse.Namespace) -> None:
     from shard_ray.configfile import load_tuned
     from shard_ray.workload.tables import load_tables
@@ -93,6 +97,12 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     models.save(flags.out)
     for name, metrics in report.items():
         print(describe_accuracy(name, metrics))
+    few = [f"{name} n={metrics['n']}" for name, metrics in report.items() if 0 < metrics["n"] < FEW_HELD_OUT]
+    if few:  # a walk's 12 plans left n=2 to judge the comm model, and nothing said so
+        print(
+            f"note: few held-out measurements judge {', '.join(few)}: those figures are indicative; `shard-ray collect` "
+            "of more into the store (--samples: shards, or plans per device count) firms them up"
+        )
     fwd, bwd = models.step_overhead_ms
     more = models.type_overhead_ms
     part, per_mb = models.all_reduce_ms
@@ -275,7 +285,7 @@ def held_out_accuracy(report: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"  {describe_accuracy(name + ' ' + tuned, report['fine_tuned'][part])}")
     lines.append(f"kept the {report['chosen']} models: {report['reason']}")
-    if min(shards["held_out"], shards["val"]) < 10:
+    if min(shards["held_out"], shards["val"]) < FEW_HELD_OUT:
         # where these tables made no new shards, more --shards would measure nothing new
         firmer = "a larger --held-out" if report["ran_out"]["shards"] else "more --shards or --budget-minutes"
         lines.append(
