@@ -10,7 +10,7 @@ import pytest
 from console import assert_refused, shard_ray_here
 
 from shard_ray.cli import main
-from shard_ray.costmodel.models import models_for
+from shard_ray.costmodel.models import default_cost_model_path, models_for
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
 from shard_ray.plan.plan import load_plan, save_plan
@@ -307,13 +307,14 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
         ("twice", "given twice"),
         ("copy", "place the tables identically: nothing to compare"),
         ("incumbent_not_given", "--incumbent copy.json is not one of the plan files given to compare"),
+        ("no_models", "cost model file not found: nope.pt"),
     ],
 )
 def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
     tmp_path, monkeypatch, capsys, two_plans, case, message
 ):
     """In this process (the console script's own error path is tests/test_cli.py's): before any Ray starts."""
-    table_file, plan, _ = two_plans
+    table_file, plan, twin = two_plans
     plans = {
         "missing": [str(plan), "missing.json"],
         "other_tables": [str(plan), "other.json"],
@@ -321,6 +322,7 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
         "twice": [str(plan), str(plan)],
         "copy": [str(plan), "copy.json"],
         "incumbent_not_given": [str(plan), "other.json", "--incumbent", "copy.json"],
+        "no_models": [str(plan), str(twin), "--cost-model", "nope.pt"],
     }[case]
     shutil.copy(plan, tmp_path / "copy.json")
     other = load_plan(plan)
@@ -342,12 +344,16 @@ def test_a_second_comparison_in_the_same_folder_says_it_replaced_the_first(
     argv = ("compare", "--tables", str(table_file), "--plans", str(plan), str(twin), "--rounds", "2", "--repeats",
             "1", "--warmup", "0", "--no-mlflow")  # fmt: skip
     said = []
-    for _ in range(2):
-        result = shard_ray_here(capsys, *argv)
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(default_cost_model_path().read_bytes())
+    for extra in ((), ("--cost-model", str(mine))):
+        result = shard_ray_here(capsys, *argv, *extra)
         assert result.returncode == 0, result.stderr
         said.append(next(line for line in result.stdout.splitlines() if line.startswith("wrote comparison.json")))
     assert said[0] == "wrote comparison.json, comparison.md and comparison.png to shard-ray-out/compare"
     assert said[1] == said[0] + " (in place of the comparison there before: --out names a folder of its own)"
+    # every plan priced by the models given, where a walk's trained ones could not be chosen
+    assert f"priced by {mine}" in result.stdout, result.stdout
 
 
 @pytest.mark.slow

@@ -107,6 +107,11 @@ class CompareArgs:
         "one of the plan files: the plan you run now, chosen unless another is separated as faster than it "
         "(default: none; among plans the race cannot tell apart, the lowest median is chosen)",
     )
+    cost_model: str | None = setting(
+        None,
+        "cost model file that prices every plan beside its measurement (default: the models `plan` picks for the "
+        "gang's hardware and these tables)",
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -131,6 +136,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
     incumbent = names[flags.plans.index(flags.incumbent)] if flags.incumbent else None
     plans = [load_plan(p) for p in flags.plans]
     topology = _topology_of_plans(flags, plans, tables, settings_from(TopologyArgs, args))
+    if flags.cost_model is not None:
+        from shard_ray.costmodel.models import CostModels
+
+        CostModels.load(flags.cost_model)  # a file that is none refused before Ray starts
     merged = [name for name, _ in distinct(list(zip(names, plans)))]
     if len(merged) < 2:
         raise ShardRayError(f"{' and '.join(names)} place the tables identically: nothing to compare")
@@ -152,8 +161,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
         with DeviceGang(
             topology.num_devices, devices_per_host=topology.devices_per_host, comm_pricer=price_comm
         ) as gang:
-            # every plan priced by one set of models, those `plan` picks for the gang's hardware and these tables
-            plans = [priced(plan, tables, topology, hardware=gang.hardware) for plan in plans]
+            # every plan priced by one set of models: --cost-model's, else those `plan` picks for the gang's
+            # hardware and these tables
+            plans = [priced(plan, tables, topology, flags.cost_model, gang.hardware) for plan in plans]
             report.wait_until_imported()  # before measuring: its cores are the gang's
             compared = compare_plans(list(zip(names, plans)), tables, topology, gang, config, incumbent=incumbent)
         result = compared.result
