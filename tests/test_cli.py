@@ -1111,3 +1111,21 @@ def _two_device_plan(tmp_path: Path) -> Path:
         {"table": n, "device": i % 2, "columns": [0, d]} for i, (n, d) in enumerate(zip("abcde", (32, 64, 16, 32, 8)))
     ]}))  # fmt: skip
     return plan
+
+
+def test_a_stopped_commands_last_line_starts_a_line_of_its_own_after_an_open_progress_bar():
+    """A Ctrl-C in a loop a progress bar drives leaves the bar open: `shard-ray: interrupted` was written after its
+    carriage return, on the bar's line of a log file (a walk). The bars are closed first."""
+    import io
+
+    from tqdm import tqdm
+
+    from shard_ray.cli import _close_progress_bars
+
+    log = io.StringIO()
+    steps = iter(tqdm(range(10), file=log, mininterval=0))
+    next(steps), next(steps)
+    _close_progress_bars()
+    log.write("shard-ray: interrupted\n")
+    last = log.getvalue().rsplit("\r", 1)[-1]  # the bar's last state, and what came after it
+    assert last.startswith(" 10%|") and last.endswith("\nshard-ray: interrupted\n"), repr(log.getvalue())

@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return PIPE_CLOSED
     except KeyboardInterrupt as err:
         terminated = isinstance(err, Terminated) or sigterm_received()
+        _close_progress_bars()
         print(f"shard-ray: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return TERMINATED if terminated else INTERRUPTED
     except Exception as err:
@@ -120,6 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if here:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
     return 0
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars the stop left open (one a loop drove, not a `with`), so that the line after them
+    starts a line of its own: it was written after the bar's carriage return, on the bar's line (a walk)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 # The statuses of a process a closed pipe stopped (128 + SIGPIPE), as a shell reports `yes | head -1`'s `yes`, and of
