@@ -308,3 +308,21 @@ def test_the_ui_command_is_offered_for_a_local_store_only():
     server = logged.describe("http://127.0.0.1:5000")
     assert "mlflow ui" not in server and "http://127.0.0.1:5000/#/experiments/1/runs" in server
     assert "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db" in logged.describe("sqlite:////tmp/x/mlflow.db")
+
+
+def test_the_ui_links_and_command_take_mlflow_port_where_5000_is_someone_elses(monkeypatch, tmp_path):
+    """On a shared machine port 5000 may be taken: with MLFLOW_PORT (which `mlflow ui` reads too) the printed links
+    and UI command name that port, where they named 5000 whatever the UI ran on (a walk); a port that is not a number
+    is refused before a command's work, at the tracking URI's check."""
+    from shard_ray.errors import ShardRayError
+    from shard_ray.tracking.mlflow_runs import LoggedComparison, check_tracking_uri
+
+    logged = LoggedComparison(experiment_id="1", run_id="abc", plan_runs={"a": "r1"})
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_PORT", "5392")
+    said = logged.describe(store)
+    assert "http://127.0.0.1:5392/#/experiments/1/runs" in said and "--port 5392 --workers 1" in said
+    assert "5000" not in said
+    monkeypatch.setenv("MLFLOW_PORT", "53x2")
+    with pytest.raises(ShardRayError, match=r"MLFLOW_PORT='53x2' is not a port number"):
+        check_tracking_uri(store, "the default store")

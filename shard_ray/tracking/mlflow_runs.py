@@ -70,6 +70,8 @@ def check_tracking_uri(tracking_uri: str, given_as: str) -> None:
     database = sqlite_database(tracking_uri)
     if database is not None and not database.parent.is_dir():
         raise ShardRayError(f"{given_as} {tracking_uri}: folder {database.parent} does not exist; create it first")
+    if not serves_its_ui(tracking_uri):
+        ui_port()  # the UI the links printed at the end name: a bad MLFLOW_PORT refused now, not after the work
     if scheme in ("http", "https"):
         port = parsed.port or (443 if scheme == "https" else 80)
         try:
@@ -110,7 +112,19 @@ PLANS_VIEW_STATE = {
         "tags.`verdict`",
     ],
 }
-UI_ADDRESS = "http://127.0.0.1:5000"  # where `ui_command` serves
+# Where `ui_command` serves: MLflow's own default port, or MLFLOW_PORT, which `mlflow ui` reads too (another user's UI
+# may hold 5000 on a shared machine, and the links printed named it whatever port the UI was started on: a walk).
+DEFAULT_UI_PORT = 5000
+
+
+def ui_port() -> int:
+    """The port of the UI `ui_command` starts: MLFLOW_PORT where set, else MLflow's 5000."""
+    given = os.environ.get("MLFLOW_PORT", "").strip()
+    if not given:
+        return DEFAULT_UI_PORT
+    if not given.isdigit() or not 0 < int(given) < 65536:
+        raise ShardRayError(f"MLFLOW_PORT={given!r} is not a port number: give one from 1 to 65535, or unset it")
+    return int(given)
 
 
 def sqlite_database(tracking_uri: str) -> Path | None:
@@ -193,7 +207,7 @@ def use_experiment(tracking_uri: str, experiment: str) -> str:
 
 def ui_address(tracking_uri: str) -> str:
     """Where the MLflow UI of `tracking_uri` is: a tracking server serves its own; a local store's is `ui_command`'s."""
-    return tracking_uri.rstrip("/") if serves_its_ui(tracking_uri) else UI_ADDRESS
+    return tracking_uri.rstrip("/") if serves_its_ui(tracking_uri) else f"http://127.0.0.1:{ui_port()}"
 
 
 def serves_its_ui(tracking_uri: str) -> bool:
@@ -238,13 +252,13 @@ def plan_estimate(plan: Plan) -> tuple[float | None, float | None]:
 
 
 def ui_command(tracking_uri: str) -> str:
-    """The MLflow UI on `tracking_uri` at `UI_ADDRESS`, with what it needs only: one worker, and none of MLflow's
+    """The MLflow UI on `tracking_uri` at `ui_port`, with what it needs only: one worker, and none of MLflow's
     server-side jobs (15 processes become 2)."""
     installed = Path(sys.prefix) / "bin" / "mlflow"  # the one beside this Python (the project's .venv), from anywhere
     mlflow = installed if installed.is_file() else "mlflow"
     return (
         f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false {mlflow} ui --backend-store-uri {tracking_uri} "
-        "--host 127.0.0.1 --port 5000 --workers 1"
+        f"--host 127.0.0.1 --port {ui_port()} --workers 1"
     )
 
 
