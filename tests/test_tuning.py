@@ -335,3 +335,36 @@ def test_tuned_files_of_the_wrong_kind_or_shape_are_refused(tmp_path, capsys, po
         )
     assert exit.value.code == 2
     assert not (tmp_path / "m.pt").exists() and not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow(seconds=40)
+def test_a_sweep_stopped_by_ctrl_c_says_so_and_how_to_resume_and_writes_no_best(tmp_path, pool_file):
+    """Tune's own Ctrl-C handler saves the sweep and returns as if it had ended: `tune search` then reported "4
+    trials, 0 failed", wrote a best.json of the two that had finished and exited 0 (a walk). Now it says the state is
+    saved and how to resume, ends `interrupted` with status 130, and writes no best.json."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    out = tmp_path / "sweep"
+    argv = [str(Path(sys.executable).parent / "shard-ray"), "tune", "search", "--tables", str(pool_file), "--out",
+            str(out), "--samples", "12", "--tasks", "1", "--min-tables", "20", "--max-tables", "20", "--devices", "2",
+            "--max-evaluations", "30000", "--measure-top", "0", "--no-mlflow"]  # fmt: skip
+    command = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(command.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 180
+    while not any(line.startswith("trial ") for line in printed):  # a trial done: the sweep is under way
+        assert command.poll() is None and time.monotonic() < deadline, "".join(printed)
+        time.sleep(0.1)
+    command.send_signal(signal.SIGINT)
+    err = command.stderr.read()
+    command.wait(timeout=120)
+    reader.join(timeout=10)
+    said = "".join(printed)
+    assert command.returncode == 130 and err.strip().splitlines()[-1] == "shard-ray: interrupted", said + err
+    assert f"the sweep's state is saved in {out / 'tune' / 'search'}: the same command resumes it" in said
+    assert "sweep finished" not in said and not (out / "best.json").exists()
