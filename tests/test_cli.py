@@ -109,6 +109,11 @@ def test_a_plan_used_with_tables_of_its_names_but_other_shapes_is_said_so(tmp_pa
         "factors, precision or access): its placement is taken as it is, for these"
     )
     assert shard_ray_here(capsys, *export, "t1.json").stderr == ""
+    # shapes past the cap the plan was made under are refused, as `compare` refuses them: exported, the ranks would run
+    # out of memory at their start (a walk)
+    Path("t3.json").write_text(json.dumps({"tables": [first["tables"][0] | {"rows": 300_000_000}, GOOD]}))
+    refused = assert_refused(capsys, [*export, "t3.json"], "p.json: plan needs ", Path("e3.json"))
+    assert "over the cap of 1.000 GiB" in refused
     unrecorded = json.loads(Path("p.json").read_text())
     del unrecorded["settings"]["tables_digest"]
     Path("p.json").write_text(json.dumps(unrecorded))

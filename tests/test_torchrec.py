@@ -166,6 +166,21 @@ print(total, float(shard.double().sum()), grown * 1024)
     assert grown < 64 * 1024**2, f"the checksum grew the process by {grown / 1024**2:.0f} MB"
 
 
+def test_the_steps_memory_refusal_names_the_share_of_available_memory_it_allows(tmp_path, capsys):
+    """Weights of 90% of the available memory are refused naming the 80% the step allows them: the refusal named
+    weights below what was available, and read as a contradiction (a walk). Refused before any rank starts."""
+    from shard_ray.interop.torchrec_step import WEIGHTS_SHARE, _available_memory, run
+
+    rows = int(0.9 * _available_memory() / (64 * 4))
+    tables = [TableSpec(name="huge", rows=rows, dim=64, pooling_factor=1.0)]
+    save_tables(tmp_path / "t.json", tables)
+    save_plan(tmp_path / "p.json", Plan.from_assignment([TablePiece.whole(tables[0])], [0], 2, "x"))
+    argv = ["export", "--plan", str(tmp_path / "p.json"), "--tables", str(tmp_path / "t.json"), "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "e.json")]) == 0
+    with pytest.raises(ShardRayError, match=rf"more than {WEIGHTS_SHARE:.0%} of the [\d.]+ GiB this machine has "):
+        run(str(tmp_path / "t.json"), str(tmp_path / "e.json"), batch=8)
+
+
 def test_row_wise_export_is_torchrec_own_layout(tmp_path):
     """TorchRec refuses row-wise on CPU, so its export is checked against TorchRec's own
     calculate_shard_sizes_and_offsets and turned into TorchRec's ShardingPlan objects."""

@@ -91,6 +91,11 @@ def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables
         plan.check(tables)
     except ShardRayError as err:
         raise ShardRayError(f"{plan_path} is not a plan of {tables_path}: {err}") from None
+
+
+def say_other_shapes(plan: Plan, plan_path: object, tables: list[TableSpec], tables_path: object) -> None:
+    """Warn where `plan` was made for tables of these names but other shapes (its `tables_digest`), once the command's
+    refusals are past: a refusal is one line."""
     from shard_ray.workload.tables import task_digest
 
     made_for = plan.settings.tables_digest if plan.settings is not None else None

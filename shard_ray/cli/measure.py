@@ -16,6 +16,7 @@ from shard_ray.cli.common import (
     add_tracking,
     check_plan_of,
     connect,
+    say_other_shapes,
     say_warnings,
     tracking,
 )
@@ -136,6 +137,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     incumbent = names[flags.plans.index(flags.incumbent)] if flags.incumbent else None
     plans = [load_plan(p) for p in flags.plans]
     topology = _topology_of_plans(flags, plans, tables, settings_from(TopologyArgs, args))
+    for path, plan in zip(flags.plans, plans):
+        say_other_shapes(plan, path, tables, flags.tables)
     if flags.cost_model is not None:
         from shard_ray.costmodel.models import CostModels
 
@@ -288,6 +291,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     check_plan_of(plan, flags.plan, tables, flags.tables)
     topology = settings_from(TopologyArgs, args).topology(plan.num_devices, plan.settings)
     plan.check_memory(tables, topology)
+    say_other_shapes(plan, flags.plan, tables, flags.tables)
     config = MeasureConfig.for_topology(
         topology, warmup=timing.warmup, repeats=timing.repeats, max_rows=timing.max_rows
     )

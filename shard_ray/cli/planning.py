@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from shard_ray.cli.commands import add_command
-from shard_ray.cli.common import DEFAULT_STORE, STORE_HELP, add_ray, add_tracking, check_plan_of, connect, tracking
+from shard_ray.cli.common import (
+    DEFAULT_STORE,
+    STORE_HELP,
+    add_ray,
+    add_tracking,
+    check_plan_of,
+    connect,
+    say_other_shapes,
+    tracking,
+)
 from shard_ray.cli.flags import add_settings, flag_name, given, settings_from
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
@@ -711,7 +720,14 @@ def cmd_export(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     plan = load_plan(flags.plan)
     check_plan_of(plan, flags.plan, tables, flags.tables)
+    if plan.settings is not None:  # the cap the plan was made under: over it, the ranks run out of memory at their
+        # start (a walk exported a plan of other shapes that `compare` refused as over its cap)
+        try:
+            plan.check_memory(tables, TopologyArgs().topology(plan.num_devices, plan.settings))
+        except ShardRayError as err:
+            raise ShardRayError(f"{flags.plan}: {err}") from None
     exported = export_plan(plan, tables, module_path=flags.module_path, device_type=flags.device)
+    say_other_shapes(plan, flags.plan, tables, flags.tables)
     save_export(flags.out, exported)
     kinds = Counter(t.sharding_type.replace("_", "-") for t in exported.tables.values())
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))

@@ -110,6 +110,10 @@ def _random_batch(tables: list[TableSpec], batch: int, seed: int) -> Any:
     return KeyedJaggedTensor(keys=[t.name for t in tables], values=values, lengths=lengths)
 
 
+# The share of the machine's available memory the tables' weights may take: the ranks' processes (TorchRec and torch
+# loaded in each) and TorchRec's buffers need the rest. A refusal naming weights below what is available read as a
+# contradiction without it (a walk).
+WEIGHTS_SHARE = 0.8
 # Elements a checksum sums at a time (`_checksum`).
 CHECKSUM_BLOCK = 1 << 22
 
@@ -148,10 +152,11 @@ def run(tables_file: str, plan_file: str, batch: int) -> dict[int, dict[str, Any
     # TorchRec allocates every table in full (no row cap, as the profilers have): refuse what memory cannot hold
     weights = sum(t.rows * t.dim * BYTES_PER_ELEMENT[t.precision] for t in tables)
     available = _available_memory()
-    if available is not None and weights > 0.8 * available:
+    if available is not None and weights > WEIGHTS_SHARE * available:
         raise ShardRayError(
-            f"the tables' weights take {format_gb(weights)} and this machine has {format_gb(available)} available: "
-            "TorchRec allocates them in full; try a table file with fewer rows"
+            f"the tables' weights take {format_gb(weights)}, more than {WEIGHTS_SHARE:.0%} of the "
+            f"{format_gb(available)} this machine has available (the rest its ranks' processes and TorchRec's own "
+            "buffers take): TorchRec allocates them in full; try a table file with fewer rows"
         )
     world = exported.world_size
     print(f"one training step on {world} gloo ranks, the tables' weights ({format_gb(weights)}) allocated in full")

@@ -451,7 +451,8 @@ class DeviceGang:
             self.warnings.append(
                 f"the gang spans {spanned} Ray nodes, but was given no --devices-per-host: the plans are priced as on "
                 "one host, without the links between hosts; plan and measure with the layout (`--devices-per-host L`, "
-                "which `shard-ray hosts up` prints for its hosts)"
+                "which `shard-ray hosts up` prints for its hosts; for `compare`, plan its plan files with it: they "
+                "record it)"
             )
         link_bound = self.take_turns and emulated_link_mbit() is not None and len(set(self.hosts)) > 1
         self.priced_parts = list(PRICED_WHEN_SHARED) if self.take_turns and not link_bound else []
