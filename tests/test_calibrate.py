@@ -289,6 +289,11 @@ def test_a_comm_model_not_fitted_or_refused_is_not_shown_as_a_fine_tuned_one():
     assert "  comm fine-tuned: the starting comm model (not fitted, as said above)" in kept
     fitted = held_out_accuracy(report | {"comm_refused": None})
     assert any(line.startswith("  comm after ") and "MAPE 20.0%" in line for line in fitted)
+    assert not [line for line in fitted if line.startswith("note: on the held-out")]  # no figure worse
+    # kept as a whole, with a held-out figure worse: said, where a walk read "kept the fine-tuned models" alone
+    worse = report["fine_tuned"] | {"device_compute": figures | {"mape": 0.267}}
+    said = held_out_accuracy(report | {"comm_refused": None, "fine_tuned": worse})
+    assert "note: on the held-out measurements the fit is worse in device compute 20.0% -> 26.7%" in said
 
 
 def test_models_fitted_to_shards_measured_with_capped_rows_say_so_where_they_price():

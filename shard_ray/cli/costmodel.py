@@ -285,6 +285,15 @@ def held_out_accuracy(report: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"  {describe_accuracy(name + ' ' + tuned, report['fine_tuned'][part])}")
     lines.append(f"kept the {report['chosen']} models: {report['reason']}")
+    if report["chosen"] == "fine-tuned":  # judged as a whole: a part of it may have got worse (a walk read none)
+        worse = [
+            f"{part.replace('_', ' ')} {before['mape']:.1%} -> {after['mape']:.1%}"
+            for part in ("compute", "device_compute", "comm", "plan")
+            if (before := report["before"][part]).get("n") and (after := report["fine_tuned"][part]).get("n")
+            and after["mape"] > before["mape"]
+        ]  # fmt: skip
+        if worse:
+            lines.append(f"note: on the held-out measurements the fit is worse in {', '.join(worse)}")
     if min(shards["held_out"], shards["val"]) < FEW_HELD_OUT:
         # where these tables made no new shards, more --shards would measure nothing new
         firmer = "a larger --held-out" if report["ran_out"]["shards"] else "more --shards or --budget-minutes"
