@@ -1096,3 +1096,16 @@ def test_a_policy_placing_with_other_models_than_it_was_trained_against_says_so(
     assert _other_models_note(str(mine), placed_with(mine)) is None
     assert _other_models_note("shipped:cpu-reference.pt", placed_with(default_cost_model_path())) is None
     assert _other_models_note("models.pt", placed_with(default_cost_model_path())) is None
+
+
+def test_a_policy_file_of_an_earlier_release_recording_its_models_relative_is_resumed_with_them(tmp_path, monkeypatch):
+    """Policy files recorded --cost-model as given until this release: a resume with the same relative path, from the
+    folder it was trained in, is not refused as other models; with other models, it is."""
+    from shard_ray.policy.policy_file import refuse_other_training
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    save_policy(tmp_path / "run" / "policy.pt", OptionScorer(hidden=8), PolicyInfo(cost_model="m.pt", pool_tables=5))
+    refuse_other_training(tmp_path / "run" / "checkpoint", {}, models_label("m.pt"), 5)
+    with pytest.raises(ShardRayError, match=r"\(--cost-model m.pt there, shipped:cpu-reference.pt here\)"):
+        refuse_other_training(tmp_path / "run" / "checkpoint", {}, models_label(None), 5)

@@ -230,7 +230,11 @@ def refuse_other_training(
         for name in (*SHAPE_SETTINGS, *TASK_SETTINGS)
         if name in recorded and name in given and not same(recorded[name], given[name])
     ]
-    if models is not None and info.cost_model is not None and info.cost_model != models:
+    # a file of an earlier release recorded the path as given: read from here, as the command that wrote it ran
+    recorded_models = info.cost_model
+    if recorded_models is not None and not recorded_models.startswith("shipped:"):
+        recorded_models = models_label(recorded_models)
+    if models is not None and recorded_models is not None and recorded_models != models:
         differ.append(("--cost-model", info.cost_model, models))
     if pool_tables is not None and info.pool_tables is not None and info.pool_tables != pool_tables:
         differ.append(("--tables", f"a pool of {info.pool_tables} tables", f"one of {pool_tables}"))
