@@ -496,7 +496,8 @@ def baseline_candidates(pricer: Pricer, pieces: list[TablePiece], types: tuple[s
 
     if any(p.sharding_type not in types for p in pieces):
         return {}
-    needs = pricer.sizes(pieces).need.tolist()
+    sizes = pricer.sizes(pieces)
+    needs = sizes.need.tolist()
     assigns = {}
     for name, (proxy, _) in PROXIES.items():
         try:
@@ -507,7 +508,7 @@ def baseline_candidates(pricer: Pricer, pieces: list[TablePiece], types: tuple[s
         assigns[name][order] = devices
     if not assigns:
         return {}
-    costs = pricer.device_costs(pricer.encodings(pieces), pricer.sizes(pieces), np.stack(list(assigns.values())))
+    costs = pricer.device_costs(pricer.encodings(pieces), sizes, np.stack(list(assigns.values())))
     return {
         name: Candidate(pieces, assign, float(cost)) for (name, assign), cost in zip(assigns.items(), costs.max(axis=1))
     }
