@@ -95,14 +95,24 @@ def describe_validation_error(
 
 
 def _location(loc: tuple, document: object) -> str:
-    """Where an invalid field is: `table 'C4': rows` where the document's list entry has a name, else `tables.3.rows`."""
-    location = ".".join(str(part) for part in loc) or "(root)"
+    """Where an invalid field is: `table 'C4': rows` where the document's list entry has a name, else `table #4: rows`,
+    counted from 1 as a reader counts the file's entries (pydantic's `tables.3.rows` counts from 0)."""
     named = _named_entry(document, loc)
     if named:
         name, depth = named
-        rest = ".".join(str(part) for part in loc[depth:])
-        location = f"{str(loc[depth - 2]).removesuffix('s')} {name!r}" + (f": {rest}" if rest else "")
-    return location
+        entry = repr(name)
+    else:
+        indices = [depth for depth, part in enumerate(loc, start=1) if isinstance(part, int) and depth >= 2]
+        if not indices:
+            return ".".join(str(part) for part in loc) or "(root)"
+        depth = indices[-1]
+        entry = f"#{loc[depth - 1] + 1}"
+    above, rest = ".".join(str(part) for part in loc[: depth - 2]), ".".join(str(part) for part in loc[depth:])
+    return (
+        (f"{above}: " if above else "")
+        + f"{str(loc[depth - 2]).removesuffix('s')} {entry}"
+        + (f": {rest}" if rest else "")
+    )
 
 
 def _named_entry(document: object, location: tuple) -> tuple[str, int] | None:

@@ -190,7 +190,9 @@ def bring_up(
     hosts_dir().mkdir(parents=True, exist_ok=True)
     try:
         _save(state)  # first, so that a `down` from another shell finds what is being made
-        progress(f"making {hosts} hosts' namespaces and links ({bits / 1e6:g} Mbit/s each way)")
+        progress(
+            f"making the namespaces and links of {hosts} host{'s' if hosts > 1 else ''} ({bits / 1e6:g} Mbit/s each way)"
+        )
         _make_network(state)
         progress(
             f"starting a Ray node in each host ({devices_per_host} device{'s' if devices_per_host > 1 else ''} each)"

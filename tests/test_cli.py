@@ -140,6 +140,8 @@ GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
         (json.dumps({"tables": [GOOD | {"pooling_factor": 0}]}), "pooling_factor"),
         (json.dumps({"tables": [GOOD | {"rows": "lots"}]}), "rows"),
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
+        # an entry with no name is counted from 1, as its reader counts (pydantic's `tables.1.name` counts from 0)
+        (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: Field required"),
         (json.dumps({"tables": [GOOD | {"extra": 1}]}), "extra"),
         (  # every mistake of the file in its one line
             json.dumps({"tables": [GOOD | {"rows": -5}, GOOD | {"name": "t1", "dim": 30}]}),

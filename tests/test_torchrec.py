@@ -381,3 +381,34 @@ def test_the_benchmark_names_the_algorithms_as_good_as_its_best():
     }
     assert as_good("cost_search", summary) == ["dim_greedy"] and as_good("random", summary) == []
     assert as_good(None, summary) == []
+
+
+def test_the_benchmark_says_which_algorithms_no_race_measured_slower():
+    """A race that separated nothing still has a lowest mean cost: the headline names it `best_algorithm`, and names
+    beside it the algorithms no task measured slower than its chosen plan, so that a script does not read the lowest
+    median as a winner (a new user's walk: ten plans within noise, `best_algorithm` one of them, nothing else said)."""
+    from shard_ray.workflows.benchmark import headline, summarise
+
+    def record(cost_ms: float, verdict: str) -> dict:
+        return {"cost_ms": cost_ms, "improvement": 0.0, "over_bound": 0.1, "placement_ms": 1.0, "sim_error": 0.0,
+                "verdict": verdict}  # fmt: skip
+
+    per_task = {
+        "a": {
+            "cost_search": record(1.0, "chosen"),
+            "neuroshard": record(1.1, "tied"),
+            "size_greedy": record(2, "slower"),
+        },
+        "b": {
+            "cost_search": record(1.2, "tied"),
+            "neuroshard": record(1.0, "chosen"),
+            "size_greedy": record(1.3, "tied"),
+        },
+    }
+    report = summarise(per_task, {}, {"size_greedy"})
+    top = headline({**report, "hardware": "cpu", "tasks": 2})
+    assert top["best_algorithm"] == "neuroshard" and top["never_separated_slower"] == ["cost_search", "neuroshard"]
+    per_task["a"]["cost_search"]["verdict"] = "slower"
+    assert headline({**summarise(per_task, {}, {"size_greedy"}), "hardware": "cpu"})["never_separated_slower"] == [
+        "neuroshard"
+    ]

@@ -90,9 +90,14 @@ def test_costmodel_sweep_saves_a_config_costmodel_train_reads(ray_session, tmp_p
         ]
     )
     assert code == 0
-    summary = _last_json(capsys)
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
     best = json.loads((out / "best.json").read_text())
     assert best["kind"] == "costmodel" and best["metric"] == "val_mape" and best["value"] == summary["value"] > 0
+    # the trials' table in percent, as `costmodel train` prints MAPE (it showed 0.1846 under "val MAPE")
+    (header,) = [line for line in printed.splitlines() if line.startswith("trial ") and "val MAPE" in line]
+    rows = printed.splitlines()[printed.splitlines().index(header) + 1 :]
+    assert "val MAPE" in header and rows[0].split()[1] == f"{100 * best['value']:.1f}%", printed
     assert best["trials"] == 3 and (out / "trials.csv").read_text().count("\n") == 4
     runs = _runs(uri, "shard-ray-tune-costmodel")
     assert (

@@ -76,7 +76,9 @@ def cmd_down(args: argparse.Namespace) -> None:
 
     state = load(args.name)
     tear_down(state)
-    print(f"down: {state.name} ({state.hosts} hosts): its Ray nodes stopped, namespaces and links deleted")
+    print(
+        f"down: {state.name} ({state.hosts} host{'s' if state.hosts > 1 else ''}): its Ray nodes stopped, namespaces and links deleted"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> None:

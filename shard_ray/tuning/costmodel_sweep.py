@@ -138,11 +138,13 @@ def tune_cost_models(
         scheduler,
     )
     ranked = ranked_trials(results, METRIC, out_dir)
-    print(f"{'trial':<22} {'val MAPE':>9} {'test MAPE':>10} {'epochs':>7}  settings")
+    # in percent, as `costmodel train` prints it; a trial the scheduler stopped early never reached its test split
+    print(f"{'trial':<22} {'val MAPE':>9} {'test MAPE':>13} {'epochs':>7}  settings")
     for r in ranked[:5]:
         test = r.metrics.get("test_mape")
+        cell = f"{100 * test:.1f}%" if test is not None else "stopped early" if not r.metrics.get("finished") else "—"
         print(
-            f"{r.metrics['trial_id']:<22} {r.metrics[METRIC]:>9.4f} {'' if test is None else f'{test:.4f}':>10} "
+            f"{r.metrics['trial_id']:<22} {100 * r.metrics[METRIC]:>8.1f}% {cell:>13} "
             f"{r.metrics.get('epoch', 0):>7}  " + describe_settings(r.config, SWEPT)
         )
     best = ranked[0]
