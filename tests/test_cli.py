@@ -825,7 +825,9 @@ def test_version_prints_the_installed_release():
     from importlib.metadata import version
 
     done = subprocess.run([SHARD_RAY, "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip() == f"shard-ray {version('shard-ray')}", done
+    # run from this checkout (`make setup` installs it in place): its commit too, as the README names releases by it
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert done.returncode == 0 and done.stdout.startswith(f"shard-ray {version('shard-ray')} (commit {head.strip()}")
     done = subprocess.run([SHARD_RAY, "plan", "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done
 

@@ -53,7 +53,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 class _PrintVersion(argparse.Action):
     """`--version`: the release pip installed, looked up only when asked (a job run from its working folder, by
-    PYTHONPATH, has none: it says so)."""
+    PYTHONPATH, has none: it says so), and, run from a git checkout (`make setup` installs the clone in place), its
+    commit: the README and the docs name measured releases by commit, which the release number alone does not tell
+    apart."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
         from importlib.metadata import PackageNotFoundError, version
@@ -62,8 +64,30 @@ class _PrintVersion(argparse.Action):
             release = version("shard-ray")
         except PackageNotFoundError:
             release = "(not installed: run from its source folder)"
-        print(f"shard-ray {release}")
+        from pathlib import Path
+
+        commit = _checkout_commit(Path(__file__).resolve().parent.parent.parent)
+        print(f"shard-ray {release}" + (f" (commit {commit})" if commit else ""))
         parser.exit()
+
+
+def _checkout_commit(source: os.PathLike[str]) -> str | None:
+    """The short commit of the git checkout at `source`, `+changes` where its tracked files differ from it; None where
+    `source` is no checkout (an installed wheel) or git is not at hand."""
+    import subprocess
+
+    if not os.path.exists(os.path.join(source, ".git")):
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)  # fmt: skip
+        changed = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if changed.returncode == 0 and changed.stdout.strip() else "")
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
