@@ -352,6 +352,9 @@ def test_a_second_comparison_in_the_same_folder_says_it_replaced_the_first(
         said.append(next(line for line in result.stdout.splitlines() if line.startswith("wrote comparison.json")))
     assert said[0] == "wrote comparison.json, comparison.md and comparison.png to shard-ray-out/compare"
     assert said[1] == said[0] + " (in place of the comparison there before: --out names a folder of its own)"
+    # the race's verdict said once, under the table, not also on its last round's line (a new user's walk)
+    rule = json.loads((tmp_path / "shard-ray-out" / "compare" / "comparison.json").read_text())["comparison"]["rule"]
+    assert (result.stdout + result.stderr).count(rule) == 1, result.stdout + result.stderr
     # every plan priced by the models given, where a walk's trained ones could not be chosen
     assert f"priced by {mine}" in result.stdout, result.stdout
 

@@ -355,7 +355,7 @@ def _race_in_rounds(
         log(
             f"round {race.count}: fastest so far by the paired ratios {leader} (its rounds' median "
             f"{median_of(race.rounds[leader]):.2f} ms); "
-            f"{spent:.0f} s" + (f"; {verdict.rule}" if verdict else "")
+            f"{spent:.0f} s" + ("; the race ends here, its verdict under the table" if verdict else "")
         )
         if verdict is not None:
             return verdict, per_plan
