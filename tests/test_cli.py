@@ -142,6 +142,11 @@ GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
         # an entry with no name is counted from 1, as its reader counts (pydantic's `tables.1.name` counts from 0)
         (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: Field required"),
+        # read only where its shards are measured, after Ray starts: `profile` stored them as infeasible, status 0
+        (
+            json.dumps({"tables": [GOOD | {"trace": {"path": "/nonexistent.pt", "table_index": 0}}]}),
+            "table 't0': trace file /nonexistent.pt not found",
+        ),
         (json.dumps({"tables": [GOOD | {"extra": 1}]}), "extra"),
         (  # every mistake of the file in its one line
             json.dumps({"tables": [GOOD | {"rows": -5}, GOOD | {"name": "t1", "dim": 30}]}),
@@ -933,15 +938,16 @@ def test_a_command_exits_without_teardown_yet_stops_its_local_ray_and_writes_eve
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, moment",
-    [("SIGINT", "raylet"), ("SIGTERM", "ray::GangMember")],
-    ids=["ctrl-c-as-ray-starts", "sigterm-while-measuring"],
+    [("SIGINT", "raylet"), ("SIGTERM", "ray::GangMember"), ("SIGINT twice", "ray::GangMember")],
+    ids=["ctrl-c-as-ray-starts", "sigterm-while-measuring", "ctrl-c-twice-while-measuring"],
 )
 def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, table_file, signum, moment):
     """A Ctrl-C that lands inside `ray.init` of the command's local Ray (its raylet just started): the command still
     says `interrupted` in a line with status 130, and the Ray it had started ends with it, where its raylet's agents
     had run on, orphaned, for minutes (`connect_ray` holds the Ctrl-C until the Ray is up, then stops it). A SIGTERM
     (`timeout`, a scheduler) while its gang measures: `terminated`, status 143, likewise, where Ray's own handler,
-    which `ray.init` installs, aborted the command with a crash dump and status 134."""
+    which `ray.init` installs, aborted the command with a crash dump and status 134. A second Ctrl-C as the first
+    one's `interrupted` is said, while the command stops its Ray: the same (a new user's walk had a traceback)."""
     import os
     import signal
     import time
@@ -975,9 +981,17 @@ def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, 
     while not any(moment in seen.split() or f" {moment}" in seen for seen in in_its_session().values()):
         assert command.poll() is None and time.monotonic() < deadline, f"no {moment} started"
         time.sleep(0.05)
-    command.send_signal(getattr(signal, signum))
+    command.send_signal(getattr(signal, signum.split()[0]))
+    said_before = ""
+    if signum == "SIGINT twice":
+        while not said_before.endswith("shard-ray: interrupted\n"):
+            line = command.stderr.readline()
+            assert line, said_before
+            said_before += line
+        command.send_signal(signal.SIGINT)
     out, err = command.communicate(timeout=120)
-    code, said = (130, "interrupted") if signum == "SIGINT" else (143, "terminated")
+    err = said_before + err
+    code, said = (143, "terminated") if signum == "SIGTERM" else (130, "interrupted")
     assert command.returncode == code and err.strip().splitlines()[-1] == f"shard-ray: {said}", out + err
     assert "Traceback" not in err and "SIGTERM received" not in err and not (tmp_path / "r.json").exists()
     deadline = time.monotonic() + 30

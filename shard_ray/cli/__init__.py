@@ -101,7 +101,10 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 _python_showwarning = warnings.showwarning
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
+    """Run the command `argv` (the process's arguments by default); its exit status. `ending`: the process ends with
+    the command (the console script), so a signal that comes once it is stopping is ignored, not raised in the middle
+    of its stop (a second Ctrl-C had a traceback, and cut short the stop of the command's Ray)."""
     quiet_output()
     warnings.showwarning = _one_line_warning
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -125,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _stdout_to_nowhere()  # the reader of the output left (`| head`): the rest is not wanted, and not an error
         return PIPE_CLOSED
     except KeyboardInterrupt as err:
+        if ending and here:
+            _ignore_stopping_signals()
         terminated = isinstance(err, Terminated) or sigterm_received()
         _close_progress_bars()
         print(f"shard-ray: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
@@ -142,9 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     finally:
-        if here:
+        if here and not ending:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
     return 0
+
+
+def _ignore_stopping_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _close_progress_bars() -> None:
@@ -197,14 +207,17 @@ def console() -> NoReturn:
     """The `shard-ray` console script: `main`, then an exit that skips freeing the interpreter's modules.
 
     Freeing torch, fbgemm, Ray and MLflow took 0.5 to 1.4 s of every command's exit (docs/commands.md) and leaves
-    nothing a later process could see. What does leave something still runs, in the interpreter's own order:
+    nothing a later process could see. Signals that would stop the process are ignored from here: it is ending. What does leave something still runs, in the interpreter's own order:
     a local Ray is shut down first (its processes stopped, without the 0.5 s its exit hook waits for late log
     lines), non-daemon threads finish, exit handlers run (temporary folders, MLflow, logging), output is flushed.
     A Ray the command joined is left as a driver that ends is: its head ends the command's job, and the actors the
     job owns, when the connection closes. Disconnecting first frees nothing more, and after the command has called
     an actor it took 0.25-0.29 s, a gRPC thread's poll joined (docs/commands.md).
     """
-    code = main()
+    code = main(ending=True)
+    # The command is done: what is left stops what it started. A Ctrl-C or SIGTERM now (a second one, say, while the
+    # first one's stop runs) would cut that short, with a traceback (a new user's walk), and leave Ray's processes.
+    _ignore_stopping_signals()
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         from shard_ray.runtime import joined_ray

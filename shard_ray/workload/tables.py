@@ -214,11 +214,20 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
     if not isinstance(document, dict) or "tables" not in document:
         raise ShardRayError(f"table file {path}: expected an object with a 'tables' list")
     try:
-        return TableFile.model_validate(document).tables
+        tables = TableFile.model_validate(document).tables
     except ValidationError as err:
         raise ShardRayError(
             describe_validation_error(err, f"table file {path}", document, field_names(TableFile))
         ) from err
+    # a trace is read where the table's shards are measured, after Ray has started (`profile` stored such a table's
+    # shards as infeasible and exited 0): its file is looked for here, where the table file is read
+    for table in tables:
+        if table.trace is not None and not os.path.isfile(table.trace.path):
+            where = "" if os.path.isabs(table.trace.path) else f" (a relative path is read from {os.getcwd()})"
+            raise ShardRayError(
+                f"table file {path}: table {table.name!r}: trace file {table.trace.path} not found{where}"
+            )
+    return tables
 
 
 def save_tables(path: str | os.PathLike[str], tables: list[TableSpec], **metadata: object) -> None:
