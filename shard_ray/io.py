@@ -39,14 +39,18 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
     if not path.is_file():
         raise ShardRayError(f"{what} file not found: {path}")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some Windows editors write, read past
     except (OSError, UnicodeDecodeError) as err:
         raise ShardRayError(f"cannot read {what} file {path}: {err}") from err
     if not text.strip():
         raise ShardRayError(f"{what} file {path} is empty")
     is_yaml = _named_yaml(path)
     try:
-        return yaml.safe_load(text) if is_yaml else json.loads(text)
+        return yaml.load(text, _UniqueKeyLoader) if is_yaml else json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as err:
+        raise ShardRayError(
+            f"{what} file {path}: {err.args[0]!r} is given twice in one entry{err.args[1]}; give it once"
+        ) from None
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         detail = first_line(err)
         mark = getattr(err, "problem_mark", None)  # YAML's own message names the construct, not where it broke
@@ -59,6 +63,35 @@ def read_document(path: str | os.PathLike[str], what: str) -> Any:
             f"{what} file {path} is not valid {'YAML' if is_yaml else 'JSON'} ({detail}); "
             f"{what} files are read as JSON, or as YAML when named .yaml or .yml"
         ) from err
+
+
+class _RepeatedKey(Exception):
+    """A key given twice in one object or mapping: (the key, where), which JSON and YAML readers otherwise take as
+    the last value given, silently (a table's `rows` written twice planned with the second)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    repeated = next((key for key in keys if keys.count(key) > 1), None)
+    if repeated is not None:
+        raise _RepeatedKey(repeated, "")
+    return dict(pairs)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (keys a merge (`<<`) brings may be given again:
+    that is what a merge is for)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _RepeatedKey(key, f" (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _trailing_comma(err: json.JSONDecodeError) -> str:

@@ -130,6 +130,31 @@ def test_algorithms_lists_every_baseline(capsys):
 GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
 
 
+def test_table_files_of_windows_editors_and_yaml_merges_are_read_and_a_key_given_twice_is_refused(tmp_path):
+    """A byte-order mark (some Windows editors write one) is read past, where JSON's reader refused it with advice
+    about Python's codecs; a key given twice in one YAML entry is refused with its line, while a merge (`<<`) may give
+    its keys again, which is what it is for."""
+    from shard_ray.errors import ShardRayError
+    from shard_ray.workload.tables import load_tables
+
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + json.dumps({"tables": [GOOD]}).encode())
+    assert load_tables(marked) == load_tables_from([GOOD])
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {rows: 1000, dim: 64, pooling_factor: 4.0}\ntables:\n  - <<: *b\n    name: t0\n")
+    assert load_tables(merged) == load_tables_from([GOOD])
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("tables:\n  - name: t0\n    rows: 1000\n    dim: 64\n    rows: 9\n")
+    with pytest.raises(ShardRayError, match=r"'rows' is given twice in one entry \(line 5\)"):
+        load_tables(twice)
+
+
+def load_tables_from(entries: list[dict]) -> list:
+    from shard_ray.workload.tables import TableFile
+
+    return TableFile.model_validate({"tables": entries}).tables
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -142,6 +167,11 @@ GOOD = {"name": "t0", "rows": 1000, "dim": 64, "pooling_factor": 4.0}
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
         # an entry with no name is counted from 1, as its reader counts (pydantic's `tables.1.name` counts from 0)
         (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: Field required"),
+        # JSON's reader keeps the last of a key given twice: 5 million rows planned, nothing said
+        (
+            '{"tables": [{"name": "t0", "rows": 1000, "rows": 5000000, "dim": 64}]}',
+            "'rows' is given twice in one entry",
+        ),
         # read only where its shards are measured, after Ray starts: `profile` stored them as infeasible, status 0
         (
             json.dumps({"tables": [GOOD | {"trace": {"path": "/nonexistent.pt", "table_index": 0}}]}),
