@@ -238,6 +238,15 @@ def test_export_for_cpu_ranks_refuses_row_wise_tables_and_writes_nothing(tmp_pat
     (line,) = capsys.readouterr().err.splitlines()
     assert "TorchRec runs row-wise shards on GPUs only, and this plan has them: big" in line and not out.exists()
     assert main(argv) == 0 and json.loads(out.read_text())["tables"]["big"]["sharding_type"] == "row_wise"
+    # named .yaml, written as YAML, as every file the commands write and read (it was JSON under any name)
+    from shard_ray.interop.torchrec import load_export
+
+    written = tmp_path / "exported.yaml"
+    assert main([*argv[:-1], str(written)]) == 0 and not written.read_text().startswith("{")
+    assert load_export(written) == load_export(out)
+    with pytest.raises(SystemExit, match="2"):  # a name of no format it writes: refused as the flag is read
+        main([*argv[:-1], str(tmp_path / "exported.txt")])
+    assert not (tmp_path / "exported.txt").exists() and ".json, .yaml or .yml" in capsys.readouterr().err
     # the constraint the line gives, in a constraints file, plans the tables so that CPU ranks take them
     suggested = line.split("`not_types: [")[1].split("]`")[0].split(", ")
     assert suggested == ["row_wise"]

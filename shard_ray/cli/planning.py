@@ -217,7 +217,10 @@ class PlanArgs:
 class ExportArgs:
     plan: str = setting(None, "plan file to export", required=True)
     tables: str = setting(None, "the table file the plan places (for row counts)", required=True)
-    out: str = setting(None, "file to write (.json)", required=True, new_file=True)
+    out: str = setting(
+        None, "file to write (.json; YAML where named .yaml or .yml)", required=True, new_file=True,
+        suffixes=DOCUMENT_SUFFIXES,
+    )  # fmt: skip
     format: Literal["torchrec"] = setting("torchrec", "export format")
     module_path: str = setting(
         "",

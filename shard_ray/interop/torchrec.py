@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation_error, first_line
-from shard_ray.io import read_document, write_json
+from shard_ray.io import read_document, write_document
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
 from shard_ray.plan.plan import Plan, Shard, TableSharding, laid_out_as
@@ -369,7 +369,7 @@ def _row_blocks_export(
 
 
 def save_export(path: str | Path, exported: ExportedPlan) -> None:
-    write_json(path, exported.model_dump(mode="json"))
+    write_document(path, exported.model_dump(mode="json"))
 
 
 def load_export(path: str | Path) -> ExportedPlan:
