@@ -13,7 +13,7 @@ from shard_ray.cli import main
 from shard_ray.costmodel.models import default_cost_model_path, models_for
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
-from shard_ray.plan.plan import load_plan, save_plan
+from shard_ray.plan.plan import Plan, Shard, load_plan, save_plan
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.workflows.comparison import (
     CompareConfig,
@@ -23,6 +23,7 @@ from shard_ray.workflows.comparison import (
     format_comparison,
     ratio_interval,
 )
+from shard_ray.workload.tables import TableSpec, save_tables
 
 RECORDED_AA = Path(__file__).parent / "data" / "aa_rounds.json"
 
@@ -552,3 +553,19 @@ def test_compare_says_what_the_gang_found_measuring_each_plan(capsys, small_tabl
     assert capsys.readouterr().err.splitlines() == [f"warning: a: {capped}", f"warning: b=c: {capped}"]
     say_warnings([], {"a": costs["a"]}, told=set())  # one plan (evaluate): not named
     assert capsys.readouterr().err.splitlines() == [f"warning: {capped}", "warning: the gang's own"]
+
+
+def test_compare_takes_the_memory_cap_a_later_plan_records(tmp_path, monkeypatch, capsys):
+    """A plan written by hand records no settings: given first, beside one `plan` wrote, `compare` asked for
+    --memory-gb, which the second recorded (a new user's walk). It takes the second's: here its 1 GiB, which the hand
+    plan, both tables on one device, does not keep, refused before any Ray starts."""
+    tables = [TableSpec(name=n, rows=2_500_000, dim=64, pooling_factor=1.0) for n in ("a", "b")]
+    save_tables(tmp_path / "t.json", tables)
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "1", "--algo", "size_greedy"]
+    assert shard_ray_here(capsys, *argv, "--out", "greedy.json").returncode == 0
+    by_hand = Plan(num_devices=2, algorithm="mine", shards=[Shard(table=n, device=0, columns=(0, 64)) for n in "ab"])
+    save_plan(tmp_path / "hand.json", by_hand)
+    argv = ["compare", "--tables", "t.json", "--plans", "hand.json", "greedy.json", "--out", "cmp"]
+    err = assert_refused(capsys, argv, "hand.json: ")
+    assert "over the cap of 1.000 GiB" in err, err

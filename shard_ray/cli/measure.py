@@ -209,7 +209,10 @@ def _topology_of_plans(flags: CompareArgs, plans: list[Plan], tables: list[Table
     hosts = {p.devices_per_host for p in plans}
     if len(hosts) > 1:
         raise ShardRayError(f"the plans are for different hosts (devices per host {sorted(hosts, key=str)})")
-    topology = args.topology(plans[0].num_devices, plans[0].settings)
+    # the settings of the first plan that records any: a plan written by hand records none (the first given was
+    # asked for --memory-gb that the second recorded)
+    recorded = next((plan.settings for plan in plans if plan.settings is not None), None)
+    topology = args.topology(plans[0].num_devices, recorded)
     for path, plan in zip(flags.plans, plans):
         try:
             plan.check_memory(tables, topology)
