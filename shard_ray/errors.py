@@ -7,7 +7,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from pydantic import ValidationError
 
@@ -63,14 +63,14 @@ MOST_FIELDS_NAMED = 3
 
 
 def describe_validation_error(
-    err: ValidationError, what: str, document: object = None, known: Collection[str] = ()
+    err: ValidationError, what: str, document: object = None, known: Callable[[tuple], Collection[str]] | None = None
 ) -> str:
     """One line naming the invalid fields of `what` and why (`MOST_FIELDS_NAMED` at most), so that a file with two
     mistakes is mended in one go; given the `document` validated, an entry of a list that has a name is called by
     it (`table 'C4': rows`, not `tables.3.rows`). A field not allowed beside a required one missing from the same
     entry, whose name is close to it, is named as a misspelling of it (`poolin_factor: not a field (did you mean
-    pooling_factor?)`) in place of the two; any other not allowed, where close to one of the `known` field names
-    (`not_type`: `not_types`)."""
+    pooling_factor?)`) in place of the two; any other not allowed, where close to one of the field names `known`
+    gives for the entry holding it (`not_type`: `not_types`)."""
     errors = err.errors()
     missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
     meant: set[tuple] = set()
@@ -84,8 +84,10 @@ def describe_validation_error(
             if close:
                 meant.add(fields[close[0]])
                 message = f"not a field (did you mean {close[0]}?)"
-            elif close := difflib.get_close_matches(str(loc[-1]), list(known), n=1, cutoff=0.6):
+            elif known and (close := difflib.get_close_matches(str(loc[-1]), list(known(loc[:-1])), n=1, cutoff=0.6)):
                 message = f"not a field (did you mean {close[0]}?)"
+            else:  # pydantic's "Extra inputs are not permitted"
+                message = "not a field" + (f" (the fields here: {', '.join(sorted(known(loc[:-1])))})" if known else "")
         problems.append((loc, message))
     described = [f"{_location(loc, document)}: {message}" for loc, message in problems if loc not in meant]
     described.sort(key=lambda line: "did you mean" not in line)  # a misspelt key first: it hides other errors

@@ -114,28 +114,28 @@ def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected
         return model.model_validate(document)
     except ValidationError as err:
         raise ShardRayError(
-            describe_validation_error(err, f"{what} file {path}", document, field_names(model))
+            describe_validation_error(err, f"{what} file {path}", document, lambda at: fields_at(model, at))
         ) from err
 
 
-def field_names(model: type[BaseModel]) -> set[str]:
-    """The names of `model`'s fields and of the models' nested in them (in lists and mappings too): what a misspelt
-    key of its file is checked against."""
-    names, seen, todo = set(), set(), [model]
-    while todo:
-        current = todo.pop()
-        if current in seen:
+def fields_at(model: type[BaseModel], location: tuple) -> set[str]:
+    """The names of the fields a key at `location` in a file of `model` may have (the fields of the models nested
+    there, in lists and mappings too): what a misspelt key is checked against, at its own level (a plan's top-level
+    `colour` was asked whether it meant a shard's `columns`)."""
+    models = {model}
+    for part in location:
+        fields = {name: info for current in models for name, info in current.model_fields.items()}
+        info = fields.get(part) if isinstance(part, str) else None
+        if info is None:  # a list's index or a mapping's key (a table's name): the same models hold its entries
             continue
-        seen.add(current)
-        for name, info in current.model_fields.items():
-            names.add(info.alias or name)
-            stack = [info.annotation]
-            while stack:
-                kind = stack.pop()
-                if isinstance(kind, type) and issubclass(kind, BaseModel):
-                    todo.append(kind)
-                stack.extend(typing.get_args(kind))
-    return names
+        nested, stack = set(), [info.annotation]
+        while stack:
+            kind = stack.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                nested.add(kind)
+            stack.extend(typing.get_args(kind))
+        models = nested
+    return {info.alias or name for current in models for name, info in current.model_fields.items()}
 
 
 # What a shard-ray `.pt` file's pickle may name, as torch.load(weights_only=True) allows it: the tensors' storages by

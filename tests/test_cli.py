@@ -233,6 +233,27 @@ def test_a_misspelt_key_of_an_optional_field_is_named_first_with_the_field_meant
     tables.write_text(json.dumps({"tables": [bad]}))
     err = assert_refused(capsys, [*argv, "--out", str(out)], "", leftover=out)
     assert f"table file {tables}: table 't0': zipf_exponnt: not a field (did you mean zipf_exponent?); " in err, err
+    constraints.write_text("tables:\n  t0: {types: [row_wise], colour: 1}\n")
+    tables.write_text(json.dumps({"tables": [GOOD]}))
+    # a key is matched against the fields of its own level (a plan's top-level `colum` was asked whether it meant a
+    # shard's `columns`), and one close to none is told the fields it may be
+    plan = tmp_path / "mine.json"
+    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "mine", "colum": 1,
+                                "shards": [{"table": "t0", "device": 0, "columns": [0, 64]}]}))  # fmt: skip
+    err = assert_refused(capsys, ["export", "--plan", str(plan), "--tables", str(tables), "--out", "e.json"], "colum")
+    assert "did you mean" not in err and "colum: not a field (the fields here: " in err, err
+    err = assert_refused(capsys, [*argv, "--constraints", str(constraints), "--out", str(out)], "", leftover=out)
+    assert err.endswith("tables.t0.colour: not a field (the fields here: devices, not_types, types)"), err
+    # a device written as text, read as a number by pydantic in plans and constraints as in table files: refused alike
+    constraints.write_text('tables:\n  t0: {devices: ["0"]}\n')
+    err = assert_refused(capsys, [*argv, "--constraints", str(constraints), "--out", str(out)], "", leftover=out)
+    assert err.endswith('tables.t0.devices: must be a number, got the text "0": unquote it'), err
+    plan.write_text(json.dumps({"num_devices": 2, "algorithm": "mine",
+                                "shards": [{"table": "t0", "device": "0", "columns": [0, 64]}]}))  # fmt: skip
+    err = assert_refused(capsys, ["export", "--plan", str(plan), "--tables", str(tables), "--out", "e.json"], "")
+    assert err.endswith('shard #1: device: must be a number, got the text "0": unquote it'), err
+    constraints.write_text("groups: [[]]\n")  # a group that keeps no table together
+    assert_refused(capsys, [*argv, "--constraints", str(constraints), "--out", str(out)], "an empty one keeps none")
 
 
 def test_a_table_file_that_does_not_parse_is_refused_with_where_it_broke(tmp_path, capsys):

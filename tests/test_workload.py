@@ -78,6 +78,11 @@ def test_bad_tables_are_refused_with_the_field_named(tmp_path, table, message):
     "line, message",
     [
         ("{name: a, rows: 2e6, dim: 32, pooling_factor: 1}", 'rows: must be a number, got the text "2e6": YAML reads'),
+        # the ways to write it are of its own value (they were of 2e6's whatever was written)
+        (
+            "{name: a, rows: 1e3, dim: 32, pooling_factor: 1}",
+            'got the text "1e3": YAML reads such a number as text: write it 1000 or 1.0e+3',
+        ),
         ("{name: on, rows: 20, dim: 32, pooling_factor: 1}", "name: must be text, got true (YAML reads on, off,"),
         ("{name: 123, rows: 20, dim: 32, pooling_factor: 1}", "name: must be text, got 123: quote it"),
     ],
@@ -88,8 +93,8 @@ def test_what_yaml_reads_otherwise_than_written_is_said_so(tmp_path, line, messa
     with pytest.raises(ShardRayError) as refused:
         load_tables(write(tmp_path, f"tables:\n  - {line}\n", "t.yaml"))
     assert message in str(refused.value)
-    written = line.replace("2e6", "2.0e+6").replace("on,", '"on",').replace("123", '"123"')  # as the refusal says
-    assert load_tables(write(tmp_path, f"tables:\n  - {written}\n", "t.yaml"))[0].rows in (20, 2_000_000)
+    written = line.replace("2e6", "2.0e+6").replace("1e3", "1.0e+3").replace("on,", '"on",').replace("123", '"123"')
+    assert load_tables(write(tmp_path, f"tables:\n  - {written}\n", "t.yaml"))[0].rows in (20, 1000, 2_000_000)
 
 
 @pytest.mark.parametrize(

@@ -14,15 +14,16 @@ data-parallel tables live on every device or every device of a host, so they do 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shard_ray.errors import ShardRayError
 from shard_ray.io import read_model
 from shard_ray.plan.piece import SHARDING_TYPES, ShardingType
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, written_as_number
 
 # Types whose shards cover every device (of a host): a table limited to some devices cannot take them.
 _ON_EVERY_DEVICE = ("row_wise", "table_row_wise", "data_parallel")
@@ -35,12 +36,24 @@ class TableConstraint(BaseModel):
     types: list[ShardingType] | None = Field(default=None, min_length=1)
     not_types: list[ShardingType] = []
 
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any) -> Any:
+        return written_as_number(value)
+
 
 class Constraints(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tables: dict[str, TableConstraint] = {}
     groups: list[list[str]] = []
+
+    @field_validator("groups")
+    @classmethod
+    def _no_empty_group(cls, groups: list[list[str]]) -> list[list[str]]:
+        if any(not group for group in groups):
+            raise ValueError("a group names the tables kept together on one device: an empty one keeps none")
+        return groups
 
     def group_of(self, table: str) -> int | None:
         return next((g for g, members in enumerate(self.groups) if table in members), None)

@@ -43,7 +43,7 @@ from shard_ray.io import read_model, write_document
 from shard_ray.plan.cost import MeasuredComparison, PlanCost
 from shard_ray.plan.piece import TablePiece, table_row_wise
 from shard_ray.plan.topology import GB, Optimizer, Topology
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, written_as_number
 
 PLAN_FORMAT_VERSION = 2
 # The types whose pieces are pinned to their device: TorchRec's row blocks (block k on device k of the table's
@@ -137,6 +137,11 @@ class Shard(BaseModel):
     columns: tuple[int, int]
     rows: tuple[int, int] | None = None  # [start, end); None: every row
     replicated: bool = False
+
+    @field_validator("device", "columns", "rows", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any) -> Any:
+        return written_as_number(value)
 
     @field_validator("columns")
     @classmethod

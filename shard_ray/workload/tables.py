@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import field_names, read_document, write_document
+from shard_ray.io import fields_at, read_document, write_document
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,6 +42,27 @@ class TraceRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
     table_index: int = Field(ge=0)
+
+
+def written_as_number(value: Any) -> Any:
+    """`value`, a field of a file that must be a number (or a list of numbers), checked to be written as one: pydantic
+    would read `true` as 1 row and "1000" as 1000, a file's slip planned as a table. Finite before the range checks,
+    which NaN fails with a message about the range. A field validator's (mode="before") body."""
+    if isinstance(value, list | tuple):
+        return [written_as_number(item) for item in value]
+    if isinstance(value, str) and _reads_as_number(value):
+        # YAML reads 2e6 (no point in it, no sign to its exponent) as text, where JSON and Python read a number
+        how = "unquote it"
+        if "e" in value.lower():
+            mantissa, exponent = f"{float(value):e}".split("e")
+            plain = f"{float(value):.0f}" if float(value).is_integer() else repr(float(value))
+            how = f"YAML reads such a number as text: write it {plain} or {float(mantissa)}e{int(exponent):+d}"
+        raise ValueError(f"must be a number, got the text {json.dumps(value)}: {how}")
+    if isinstance(value, bool | str):
+        raise ValueError(f"must be a number, got {json.dumps(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
 
 
 def _reads_as_number(text: str) -> bool:
@@ -90,19 +111,7 @@ class TableSpec(BaseModel):
     @field_validator("rows", "dim", "pooling_factor", "zipf_exponent", mode="before")
     @classmethod
     def _a_finite_number(cls, value: Any) -> Any:
-        # Written as a number: pydantic would read `true` as 1 row and "1000" as 1000, a file's slip planned as a
-        # table. Finite before the range checks, which NaN fails with a message about the range.
-        if isinstance(value, str) and _reads_as_number(value):
-            # YAML reads 2e6 (no point in it, no sign to its exponent) as text, where JSON and Python read a number
-            how = (
-                "YAML reads such a number as text: write it 2000000 or 2.0e+6" if "e" in value.lower() else "unquote it"
-            )
-            raise ValueError(f"must be a number, got the text {json.dumps(value)}: {how}")
-        if isinstance(value, bool | str):
-            raise ValueError(f"must be a number, got {json.dumps(value)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
+        return written_as_number(value)
 
     @field_validator("reuse_histogram")
     @classmethod
@@ -217,7 +226,7 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
         tables = TableFile.model_validate(document).tables
     except ValidationError as err:
         raise ShardRayError(
-            describe_validation_error(err, f"table file {path}", document, field_names(TableFile))
+            describe_validation_error(err, f"table file {path}", document, lambda at: fields_at(TableFile, at))
         ) from err
     # a trace is read where the table's shards are measured, after Ray has started (`profile` stored such a table's
     # shards as infeasible and exited 0): its file is looked for here, where the table file is read
