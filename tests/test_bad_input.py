@@ -413,6 +413,13 @@ def test_tasks_that_fail_leave_nothing_behind(tmp_path):
     message = "the pool of 10 splits into 5 for training and 5 for testing: lower --min-tables to at most 5"
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not out.exists()
+    # a flag's bad value named by the flag, with the value (`dims must be positive multiples of 4` named neither)
+    for flag, value, said in (
+        ("--dims", "30,64", "--dims must be positive multiples of 4, got 30"),
+        ("--test-fraction", "1.5", "--test-fraction must be between 0 and 1 (the share of the pool's tables held"),
+    ):
+        code, err = run(["tasks", "--tables", str(pool), "--out", str(out), flag, value])
+        assert code == 2 and len(err.splitlines()) == 1 and said in err and not out.exists(), err
     out.mkdir()
     (out / "mine.json").write_text("{}")
     code, err = run(["tasks", "--tables", str(pool), "--out", str(out), "--min-tables", "30", "--max-tables", "40"])

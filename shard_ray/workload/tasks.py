@@ -42,12 +42,16 @@ class TaskConfig:
 
     def check(self) -> None:
         if self.num_tasks < 1:
-            raise ShardRayError("num_tasks must be at least 1")
+            raise ShardRayError(f"--num-tasks must be at least 1, got {self.num_tasks}")
         check_table_counts(self.min_tables, self.max_tables)
-        if not self.dims or any(d <= 0 or d % 4 for d in self.dims):
-            raise ShardRayError("dims must be positive multiples of 4")
+        bad = [d for d in self.dims if d <= 0 or d % 4]
+        if not self.dims or bad:
+            raise ShardRayError(f"--dims must be positive multiples of 4, got {', '.join(map(str, bad or ['none']))}")
         if not 0.0 < self.test_fraction < 1.0:
-            raise ShardRayError("test_fraction must be between 0 and 1")
+            raise ShardRayError(
+                f"--test-fraction must be between 0 and 1 (the share of the pool's tables held out for test tasks), "
+                f"got {self.test_fraction:g}"
+            )
 
 
 def split_pool(pool: list[TableSpec], test_fraction: float, seed: int) -> tuple[list[TableSpec], list[TableSpec]]:
