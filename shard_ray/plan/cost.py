@@ -95,8 +95,10 @@ class RoundsSummary(BaseModel):
     def describe(self) -> str:
         if len(self.rounds_ms) == 1:
             return f"{self.median_ms:.2f} ms (one round)"
+        # a round that ran: of an even count the lower middle one, not their mean (read as a wrong median: a walk)
+        lower = " (the lower of the middle two rounds)" if len(self.rounds_ms) % 2 == 0 else ""
         return (
-            f"{self.median_ms:.2f} ms, {self.coverage:.0%} CI [{self.ci_low_ms:.2f}, {self.ci_high_ms:.2f}] "
+            f"{self.median_ms:.2f} ms{lower}, {self.coverage:.0%} CI [{self.ci_low_ms:.2f}, {self.ci_high_ms:.2f}] "
             f"over {len(self.rounds_ms)} rounds"
         )
 
