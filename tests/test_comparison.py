@@ -549,8 +549,12 @@ def test_compare_says_what_the_gang_found_measuring_each_plan(capsys, small_tabl
         "a": PlanCost(devices=devices, warnings=[capped, "the gang's own"]),
         "b=c": PlanCost(devices=devices, warnings=[capped, capped]),
     }
+    # a line found of every plan, said once: a line a plan, alike, made a race's output long (a walk)
     say_warnings([], costs, told={"the gang's own"})
-    assert capsys.readouterr().err.splitlines() == [f"warning: a: {capped}", f"warning: b=c: {capped}"]
+    assert capsys.readouterr().err.splitlines() == [f"warning: every plan: {capped}"]
+    costs["d"] = PlanCost(devices=devices, warnings=["its own"])
+    say_warnings([], costs, told={"the gang's own"})
+    assert capsys.readouterr().err.splitlines() == [f"warning: a, b=c: {capped}", "warning: d: its own"]
     say_warnings([], {"a": costs["a"]}, told=set())  # one plan (evaluate): not named
     assert capsys.readouterr().err.splitlines() == [f"warning: {capped}", "warning: the gang's own"]
 

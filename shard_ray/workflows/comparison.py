@@ -309,12 +309,17 @@ def compare_plans(
 
 def measured_warnings(costs: Mapping[str, PlanCost], said: set[str]) -> list[str]:
     """What the gang found measuring each plan of `costs` (a table's rows capped, which times it optimistically), each
-    once, named by plan where several were measured; those `said` already (the gang's own at its start, the models'
-    warnings on the plans, such as the comm model's pricing) left out."""
+    once, named by the plans it was found of where several were measured (a line a plan, alike, made a race's output
+    long: a walk); those `said` already (the gang's own at its start, the models' warnings on the plans, such as the
+    comm model's pricing) left out."""
+    found: dict[str, list[str]] = {}
+    for name, cost in costs.items():
+        for line in dict.fromkeys(w for w in cost.warnings if w not in said):
+            found.setdefault(line, []).append(name)
+    if len(costs) == 1:
+        return list(found)
     return [
-        f"{name}: {line}" if len(costs) > 1 else line
-        for name, cost in costs.items()
-        for line in dict.fromkeys(w for w in cost.warnings if w not in said)
+        f"{'every plan' if len(names) == len(costs) else ', '.join(names)}: {line}" for line, names in found.items()
     ]
 
 
