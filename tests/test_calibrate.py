@@ -83,6 +83,8 @@ def test_calibrate_saves_models_per_hardware_and_resumes(ray_session, capsys, us
     assert "logged MLflow run" in again.stdout
     mlflow_run = _calibration_run(tmp_path / "mlflow.db")
     assert mlflow_run["tags.kind"] == "calibration" and mlflow_run["params.chosen"] in ("fine-tuned", "starting")
+    # found by its tables as their plans' runs are: the digest `shard-ray models` and the model file's name show
+    assert (mlflow_run["tags.task"], mlflow_run["tags.task_id"]) == ("tables", _task(tmp_path))
     assert mlflow_run["metrics.after_compute_mape"] >= 0 and mlflow_run["metrics.shards_held_out"] >= 1
     assert mlflow_run["metrics.noise_floor_resolvable"] > 0
     known, wanted = map(int, re.search(r"(\d+) of (\d+) shards already measured", again.stdout).groups())

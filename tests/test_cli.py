@@ -677,7 +677,9 @@ def test_address_auto_with_no_cluster_is_one_line_and_status_2(tmp_path, table_f
     if record is not None:
         record = record.format(port=free_port())
         (ray_tmp / "ray_current_cluster").write_text(record)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # Ray reads its record from $RAY_TMPDIR/ray where that is set (a user's, as the docs suggest): the test's is bound
+    # at /tmp/ray, so the command looks there (a walk's RAY_TMPDIR failed this test, the command right)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR")}
     evaluate = [SHARD_RAY, "evaluate", "--tables", str(table_file), "--plan", str(plan), "--memory-gb", "1"]
     evaluate += ["--address", "auto"]
     inside = (

@@ -154,6 +154,11 @@ def test_tasks_with_the_same_name_get_different_task_ids(tmp_path, small_tables)
     assert list(runs["tags.task"]) == ["test_000"] * 3
     a, b, c = runs["tags.task_id"]
     assert a != b and a == c  # the same tables are the same task wherever their file is
+    # and in whatever order: the digest the plans, the model files and `shard-ray models` name (a walk's filter on
+    # that one found none of the task's runs)
+    from shard_ray.workload.tables import task_digest
+
+    assert a == task_digest(small_tables) == task_digest(small_tables[::-1])
 
 
 @pytest.mark.slow

@@ -233,7 +233,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     )
     print("\n".join(held_out_accuracy(report)))
     if tracking_uri is not None:
-        run_id = log_calibration(report, str(out), tracking_uri, experiment)
+        run_id = log_calibration(report, str(out), Path(flags.tables).stem, tables, tracking_uri, experiment)
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     over_hosts = f" with --devices-per-host {hosts}" if hosts else ""
     kept = "" if result.chosen == "fine-tuned" else " (the starting models, unchanged, with this calibration's report)"

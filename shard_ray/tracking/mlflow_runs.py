@@ -23,8 +23,7 @@ from shard_ray.io import shard_ray_home
 from shard_ray.plan.cost import STEP_PARTS, MeasuredComparison, PlanCost
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology
-from shard_ray.profiling.procedure import content_digest
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, task_digest
 
 DEFAULT_EXPERIMENT = "shard-ray"
 POLICY_EXPERIMENT = "shard-ray-policy"  # `policy train` and `policy outer-loop` runs
@@ -235,14 +234,6 @@ def comparison_url(tracking_uri: str, experiment_id: str, run_ids: Sequence[str]
     return f"{ui_address(tracking_uri)}/#/compare-runs?{query}"
 
 
-def task_id(tables: list[TableSpec]) -> str:
-    """A short digest of a task's tables (names and specs, in order): equal exactly when the tasks are.
-
-    Task names repeat (every `tasks` run writes a `test_000`); this tells such tasks apart.
-    """
-    return content_digest([t.model_dump(mode="json") for t in tables])[:12]
-
-
 def plan_estimate(plan: Plan) -> tuple[float | None, float | None]:
     """The plan's simulated cost and its task's lower bound in ms, None where the algorithm gave none.
 
@@ -349,7 +340,7 @@ def _log_plan_run(
     tags = {
         "kind": "plan",
         "task": task,
-        "task_id": task_id(tables),
+        "task_id": task_digest(tables),
         "algorithm": plan.algorithm,
         "devices": str(plan.num_devices),
         "hardware": hardware,
@@ -448,14 +439,21 @@ def log_costmodel_evaluation(
 
 
 def log_calibration(
-    report: dict[str, Any], model_path: str, tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT
+    report: dict[str, Any],
+    model_path: str,
+    task: str,
+    tables: list[TableSpec],
+    tracking_uri: str,
+    experiment: str = DEFAULT_EXPERIMENT,
 ) -> str:
-    """An MLflow run of one calibration: held-out accuracy before and after, what was measured, the models kept."""
+    """An MLflow run of one calibration of `tables` (named `task`): held-out accuracy before and after, what was
+    measured, the models kept; tagged by task as the plans' runs are, so a filter on the tables finds it too."""
     import mlflow
 
     use_experiment(tracking_uri, experiment)
     hardware = report["hardware"]
-    with mlflow.start_run(run_name=f"calibrate/{hardware}", tags={"kind": "calibration", "hardware": hardware}) as run:
+    tags = {"kind": "calibration", "hardware": hardware, "task": task, "task_id": task_digest(tables)}
+    with mlflow.start_run(run_name=f"calibrate/{hardware}", tags=tags) as run:
         mlflow.log_params(
             {
                 "hardware": hardware,
@@ -522,7 +520,7 @@ def log_comparison(
     import mlflow
 
     experiment_id = use_experiment(tracking_uri, experiment)
-    tags = {"kind": kind, "task": task, "task_id": task_id(tables), "hardware": result.hardware}
+    tags = {"kind": kind, "task": task, "task_id": task_digest(tables), "hardware": result.hardware}
     plan_runs = {}
     with mlflow.start_run(run_name=f"{task}/{kind}", tags=tags) as run:
         mlflow.log_params(

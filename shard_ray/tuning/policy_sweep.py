@@ -108,10 +108,10 @@ def scored_with(
 ) -> ScoredWith:
     """What the policy sweep's trials are scored with: training's settings but those drawn, the sweep's, the pool and
     the models pricing the tasks."""
-    from shard_ray.tracking.mlflow_runs import task_id
+    from shard_ray.workload.tables import task_digest
 
     values = {k: v for k, v in asdict(base).items() if k not in POLICY_SWEPT} | asdict(settings)
-    values |= {"tables": task_id(pool), "cost_model": str(cost_model or default_cost_model_path())}
+    values |= {"tables": task_digest(pool), "cost_model": str(cost_model or default_cost_model_path())}
     return ScoredWith.of(
         values, PolicyConfig, PolicySweepConfig, tables="the pool (--tables) of digest", cost_model="--cost-model"
     )

@@ -203,12 +203,12 @@ def choose_measured(ratios: dict[str, list[PlanRatio | None]]) -> str:
 def scored_with(pool: list[TableSpec], settings: SearchSweepConfig, cost_model: str | None) -> ScoredWith:
     """What the search sweep's trials are scored with: the validation tasks' settings, the pool, the models pricing
     them (not the measured step's settings, which score no trial)."""
-    from shard_ray.tracking.mlflow_runs import task_id
+    from shard_ray.workload.tables import task_digest
 
     measured = ("measure_top", "measure_tasks", "repeats")
     values = {k: v for k, v in asdict(settings).items() if k not in measured}
     values["max_evaluations"] = settings.max_evaluations or MAX_EVALUATIONS  # as the trials spend it
-    values |= {"tables": task_id(pool), "cost_model": str(cost_model or default_cost_model_path())}
+    values |= {"tables": task_digest(pool), "cost_model": str(cost_model or default_cost_model_path())}
     return ScoredWith.of(
         values, SearchSweepConfig, SweepConfig, tables="the pool (--tables) of digest", cost_model="--cost-model"
     )
