@@ -331,3 +331,28 @@ def test_the_ui_links_and_command_take_mlflow_port_where_5000_is_someone_elses(m
     monkeypatch.setenv("MLFLOW_PORT", "53x2")
     with pytest.raises(ShardRayError, match=r"MLFLOW_PORT='53x2' is not a port number"):
         check_tracking_uri(store, "the default store")
+
+
+def test_a_plan_several_algorithms_made_alike_is_tagged_by_them_all(tmp_path, small_tables):
+    """A race names a plan that several algorithms placed alike by their names joined with `=`; its MLflow run was
+    tagged by the first alone, so a filter on the others found none of the race's runs (a new user's walk)."""
+    from shard_ray.plan.cost import MeasuredComparison, PlanRatio, RoundsSummary
+    from shard_ray.tracking.mlflow_runs import log_comparison
+
+    topology = Topology(num_devices=2, memory_bytes=GB)
+    plans = {name: place(name, small_tables, topology) for name in ("lookup_greedy", "round_robin")}
+    rounds = RoundsSummary.of([1.0, 1.1, 1.0])
+    result = MeasuredComparison(
+        hardware="cpu:test", chosen="lookup_greedy=random", confidence=0.95, separated=False, steps_per_round=10,
+        candidates={"lookup_greedy=random": rounds, "round_robin": rounds},
+        ratios={"round_robin": PlanRatio(ratio=1.0, low=0.9, high=1.1, separated=False)},
+    )  # fmt: skip
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    costs = {name: _cost(2) for name in plans}
+    log_comparison(result, plans, costs, topology, "mine", small_tables, uri, kind="race")
+    runs = _runs(uri, "shard-ray")
+    plan_runs = runs[runs["tags.kind"] == "plan"]
+    assert sorted(plan_runs["tags.algorithm"]) == sorted(plan_runs["params.algorithm"]) == [
+        "lookup_greedy=random",
+        "round_robin",
+    ]

@@ -356,6 +356,9 @@ def _log_plan_run(
     if judged is not None:
         comparison, name = judged
         tags["verdict"] = comparison.verdict(name)
+        # a plan several algorithms made alike is theirs all, as the comparison names it (`a=b`): tagged by the
+        # first alone, a filter on the others found none of its runs (a walk)
+        tags["algorithm"] = name if plan.algorithm in name.split("=") else plan.algorithm
         ratio = comparison.ratios.get(name)
         metrics.update(
             {"ratio_to_chosen": ratio.ratio, "ratio_low": ratio.low, "ratio_high": ratio.high}
@@ -367,7 +370,7 @@ def _log_plan_run(
         mlflow.log_params(
             {
                 "task": task,
-                "algorithm": plan.algorithm,
+                "algorithm": tags["algorithm"],
                 "num_devices": plan.num_devices,
                 "num_tables": len(tables),
                 "memory_gb": round(topology.memory_gb, 4),
