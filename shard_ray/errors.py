@@ -77,7 +77,7 @@ def describe_validation_error(
     problems = []
     for error in errors:
         loc = tuple(error["loc"])
-        message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+        message = _in_own_words(error)
         if error["type"] == "extra_forbidden" and loc:
             fields = {str(m[-1]): m for m in missing if m[:-1] == loc[:-1] and m not in meant}
             close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1, cutoff=0.6)
@@ -94,6 +94,22 @@ def describe_validation_error(
     more = len(described) - MOST_FIELDS_NAMED
     named = "; ".join(described[:MOST_FIELDS_NAMED]) + (f"; and {more} more" if more > 0 else "")
     return f"{what}: {named}"
+
+
+def _in_own_words(error: dict) -> str:
+    """pydantic's message for one invalid field, in the words of shard-ray's own ("must be more than 0" where pydantic
+    says "Input should be greater than 0"); a validator's own message without pydantic's prefix."""
+    limit = error.get("ctx") or {}
+    words = {
+        "missing": "missing: it is required",
+        "greater_than": f"must be more than {limit.get('gt')}",
+        "greater_than_equal": f"must be at least {limit.get('ge')}",
+        "less_than": f"must be less than {limit.get('lt')}",
+        "less_than_equal": f"must be at most {limit.get('le')}",
+        "too_short": "must not be empty" if limit.get("min_length") == 1 else None,
+        "string_too_short": "must not be empty" if limit.get("min_length") == 1 else None,
+    }.get(error["type"])
+    return words or error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
 
 
 def _location(loc: tuple, document: object) -> str:

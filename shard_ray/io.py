@@ -105,9 +105,21 @@ def _trailing_comma(err: json.JSONDecodeError) -> str:
     return f"; a comma with nothing after it at line {line} column {column}?"
 
 
+def refuse_other_kind(document: Any, what: str, path: str | os.PathLike[str]) -> None:
+    """Refuse, by what it is, a table file given where a plan file is asked for, or a plan file where a table file is:
+    each was refused field by field (`num_devices: Field required; algorithm: ...`), which does not say the slip."""
+    if not isinstance(document, dict):
+        return
+    if what != "table" and isinstance(document.get("tables"), list) and "shards" not in document:
+        raise ShardRayError(f"{path} is a table file (a 'tables' list, no 'shards'), not a {what} file")
+    if what != "plan" and "shards" in document and "num_devices" in document:
+        raise ShardRayError(f"{path} is a plan file ('shards' on 'num_devices'), not a {what} file")
+
+
 def read_model(path: str | os.PathLike[str], what: str, model: type[M], expected: str) -> M:
     """A JSON or YAML file of an object validated as `model`; one-line errors naming the file and the field."""
     document = read_document(path, what)
+    refuse_other_kind(document, what, path)
     if not isinstance(document, dict):
         raise ShardRayError(f"{what} file {path}: expected {expected}")
     try:

@@ -161,12 +161,18 @@ def load_tables_from(entries: list[dict]) -> list:
         ("{not json", "not valid"),
         (json.dumps({"tables": []}), "tables"),
         (json.dumps({"tables": [GOOD | {"dim": 30}]}), "multiple of 4"),
-        (json.dumps({"tables": [GOOD | {"rows": -5}]}), "table 't0': rows: Input should be greater than 0"),
+        (json.dumps({"tables": [GOOD | {"rows": -5}]}), "table 't0': rows: must be more than 0"),
         (json.dumps({"tables": [GOOD | {"pooling_factor": 0}]}), "pooling_factor"),
         (json.dumps({"tables": [GOOD | {"rows": "lots"}]}), "rows"),
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
         # an entry with no name is counted from 1, as its reader counts (pydantic's `tables.1.name` counts from 0)
-        (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: Field required"),
+        (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: missing: it is required"),
+        # in shard-ray's words, not pydantic's ("String should have at least 1 character")
+        (json.dumps({"tables": [GOOD | {"name": ""}]}), "name: must not be empty"),
+        # a key misspelt where the list belongs: the keys found said
+        (json.dumps({"table": [GOOD]}), "expected an object with a 'tables' list (its keys: table)"),
+        # a plan given where the tables belong, said so
+        (json.dumps({"num_devices": 2, "algorithm": "a", "shards": []}), "is a plan file ('shards' on 'num_devices')"),
         # JSON's reader keeps the last of a key given twice: 5 million rows planned, nothing said
         (
             '{"tables": [{"name": "t0", "rows": 1000, "rows": 5000000, "dim": 64}]}',
@@ -180,7 +186,7 @@ def load_tables_from(entries: list[dict]) -> list:
         (json.dumps({"tables": [GOOD | {"extra": 1}]}), "extra"),
         (  # every mistake of the file in its one line
             json.dumps({"tables": [GOOD | {"rows": -5}, GOOD | {"name": "t1", "dim": 30}]}),
-            "table 't0': rows: Input should be greater than 0; table 't1': dim: dim must be a multiple of 4",
+            "table 't0': rows: must be more than 0; table 't1': dim: dim must be a multiple of 4",
         ),
     ],
 )
@@ -211,7 +217,7 @@ def test_a_misspelt_field_is_named_as_one_not_as_the_field_it_left_missing(tmp_p
     out = tmp_path / "plan.json"
     message = f"table file {tables}: table 't0': poolin_factor: not a field (did you mean "
     err = assert_refused(capsys, [*argv, "--out", str(out)], message, leftover=out)
-    assert err.endswith("(did you mean pooling_factor?)") and "Field required" not in err
+    assert err.endswith("(did you mean pooling_factor?)") and "missing" not in err
 
 
 def test_a_misspelt_key_of_an_optional_field_is_named_first_with_the_field_meant(tmp_path, capsys):

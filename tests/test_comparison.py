@@ -309,6 +309,7 @@ def test_compare_a_plan_with_its_twin_finds_them_within_noise(ray_session, capsy
         ("copy", "place the tables identically: nothing to compare"),
         ("incumbent_not_given", "--incumbent copy.json is not one of the plan files given to compare"),
         ("no_models", "cost model file not found: nope.pt"),
+        ("tables_for_a_plan", "is a table file (a 'tables' list, no 'shards'), not a plan file"),
     ],
 )
 def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
@@ -324,6 +325,7 @@ def test_compare_refuses_bad_input_in_one_line_and_writes_nothing(
         "copy": [str(plan), "copy.json"],
         "incumbent_not_given": [str(plan), "other.json", "--incumbent", "copy.json"],
         "no_models": [str(plan), str(twin), "--cost-model", "nope.pt"],
+        "tables_for_a_plan": [str(table_file), str(plan)],  # it was refused field by field, as a plan
     }[case]
     shutil.copy(plan, tmp_path / "copy.json")
     other = load_plan(plan)

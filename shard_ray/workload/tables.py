@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shard_ray.errors import ShardRayError, describe_validation_error
-from shard_ray.io import fields_at, read_document, write_document
+from shard_ray.io import fields_at, read_document, refuse_other_kind, write_document
 
 if TYPE_CHECKING:
     import numpy as np
@@ -220,8 +220,10 @@ def validate_tables(tables: list[TableSpec]) -> list[TableSpec]:
 def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
     """Read and validate a table file (JSON or YAML)."""
     document = read_document(path, "table")
+    refuse_other_kind(document, "table", path)
     if not isinstance(document, dict) or "tables" not in document:
-        raise ShardRayError(f"table file {path}: expected an object with a 'tables' list")
+        found = f" (its keys: {', '.join(map(str, document))})" if isinstance(document, dict) and document else ""
+        raise ShardRayError(f"table file {path}: expected an object with a 'tables' list{found}")
     try:
         tables = TableFile.model_validate(document).tables
     except ValidationError as err:
