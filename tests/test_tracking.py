@@ -352,7 +352,11 @@ def test_a_plan_several_algorithms_made_alike_is_tagged_by_them_all(tmp_path, sm
     log_comparison(result, plans, costs, topology, "mine", small_tables, uri, kind="race")
     runs = _runs(uri, "shard-ray")
     plan_runs = runs[runs["tags.kind"] == "plan"]
-    assert sorted(plan_runs["tags.algorithm"]) == sorted(plan_runs["params.algorithm"]) == [
-        "lookup_greedy=random",
-        "round_robin",
-    ]
+    assert (
+        sorted(plan_runs["tags.algorithm"])
+        == sorted(plan_runs["params.algorithm"])
+        == [
+            "lookup_greedy=random",
+            "round_robin",
+        ]
+    )
