@@ -71,11 +71,11 @@ class _RepeatedKey(Exception):
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    repeated = next((key for key in keys if keys.count(key) > 1), None)
-    if repeated is not None:
-        raise _RepeatedKey(repeated, "")
-    return dict(pairs)
+    document = dict(pairs)
+    if len(document) < len(pairs):  # a plan's `tables` holds thousands of keys: counted once, not key by key
+        seen: set[str] = set()
+        raise _RepeatedKey(next(key for key, _ in pairs if key in seen or seen.add(key)), "")
+    return document
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
