@@ -207,9 +207,10 @@ def console() -> NoReturn:
     """The `shard-ray` console script: `main`, then an exit that skips freeing the interpreter's modules.
 
     Freeing torch, fbgemm, Ray and MLflow took 0.5 to 1.4 s of every command's exit (docs/commands.md) and leaves
-    nothing a later process could see. Signals that would stop the process are ignored from here: it is ending. What does leave something still runs, in the interpreter's own order:
-    a local Ray is shut down first (its processes stopped, without the 0.5 s its exit hook waits for late log
-    lines), non-daemon threads finish, exit handlers run (temporary folders, MLflow, logging), output is flushed.
+    nothing a later process could see. Signals that would stop the process are ignored from here: it is ending.
+    What does leave something still runs, in the interpreter's own order: a local Ray is shut down first (its
+    processes stopped, without the 0.5 s its exit hook waits for late log lines), non-daemon threads finish, exit
+    handlers run (temporary folders, MLflow, logging), output is flushed.
     A Ray the command joined is left as a driver that ends is: its head ends the command's job, and the actors the
     job owns, when the connection closes. Disconnecting first frees nothing more, and after the command has called
     an actor it took 0.25-0.29 s, a gRPC thread's poll joined (docs/commands.md).
