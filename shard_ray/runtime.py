@@ -148,6 +148,8 @@ def _signals_held() -> Iterator[list[int]]:
         yield pressed
         return
     held = [signal.SIGINT] + ([signal.SIGTERM] if signal.getsignal(signal.SIGTERM) is raise_terminated else [])
+    # a Ctrl-C the process ignores (a background job of a script inherits SIGINT ignored) stays ignored
+    held = [signum for signum in held if signal.getsignal(signum) is not signal.SIG_IGN]
     previous = {signum: signal.signal(signum, lambda signum, frame: pressed.append(signum)) for signum in held}
     try:
         yield pressed

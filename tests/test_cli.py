@@ -1017,10 +1017,13 @@ def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, 
         str(_two_device_plan(tmp_path)), "--memory-gb", "1", "--rounds", "500", "--no-mlflow",
         "--out", str(tmp_path / "r.json"),
     ]  # fmt: skip
-    # a session of its own: Ray's processes are in it (their environment is no mark: the agents rewrite theirs)
+    # a session of its own: Ray's processes are in it (their environment is no mark: the agents rewrite theirs). A
+    # Ctrl-C as at a terminal: a suite started as a background job of a script (`make test &`) has SIGINT ignored,
+    # which its processes inherit, and Python then leaves a Ctrl-C ignored (this test failed so in a fresh clone's run)
     command = subprocess.Popen(
-        evaluate, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+        evaluate, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
 
     def in_its_session() -> dict[int, str]:
         """Its session's live processes, each with its name and command line."""
