@@ -84,10 +84,15 @@ def describe_validation_error(
             if close:
                 meant.add(fields[close[0]])
                 message = f"not a field (did you mean {close[0]}?)"
-            elif known and (close := difflib.get_close_matches(str(loc[-1]), list(known(loc[:-1])), n=1, cutoff=0.6)):
-                message = f"not a field (did you mean {close[0]}?)"
-            else:  # pydantic's "Extra inputs are not permitted"
-                message = "not a field" + (f" (the fields here: {', '.join(sorted(known(loc[:-1])))})" if known else "")
+            else:
+                allowed = sorted(known(loc[:-1])) if known else []
+                close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+                # where none is close, the fields allowed, in place of pydantic's "Extra inputs are not permitted"
+                message = (
+                    f"not a field (did you mean {close[0]}?)"
+                    if close
+                    else "not a field" + (f" (the fields here: {', '.join(allowed)})" if allowed else "")
+                )
         problems.append((loc, message))
     described = [f"{_location(loc, document)}: {message}" for loc, message in problems if loc not in meant]
     described.sort(key=lambda line: "did you mean" not in line)  # a misspelt key first: it hides other errors

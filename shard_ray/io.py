@@ -74,7 +74,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     document = dict(pairs)
     if len(document) < len(pairs):  # a plan's `tables` holds thousands of keys: counted once, not key by key
         seen: set[str] = set()
-        raise _RepeatedKey(next(key for key, _ in pairs if key in seen or seen.add(key)), "")
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key, "")
+            seen.add(key)
     return document
 
 
