@@ -40,7 +40,7 @@ PUBLIC_SHAPES = ("experiments/tables/criteo_kaggle.json", "experiments/tables/ml
 
 @dataclass(frozen=True)
 class CalibrationBenchmark:
-    out: str = setting("shard-ray-out/calibration", "folder of the results, the store and the models")
+    out: str = setting("shard-ray-out/calibration", "folder of the results, the store and the models", new_folder=True)
     tasks: int = setting(1, "synthetic test tasks of --min-tables to --max-tables tables", min=0)
     min_tables: int = setting(26, "fewest tables in a synthetic task", min=1)
     max_tables: int = setting(40, "most tables in a synthetic task", min=1)

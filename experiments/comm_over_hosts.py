@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.errors import ShardRayError
 
 BATCH = 1024
@@ -306,7 +307,7 @@ def _by_plan(rows: list[dict]) -> list[list[dict]]:
 
 def main(argv: list[str]) -> int:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", type=a_folder_to_write, required=True)
     parser.add_argument("--rates", default="200mbit,1gbit")
     parser.add_argument("--layouts", default="2x1,3x1,4x1,2x2")
     parser.add_argument("--plans", type=int, default=4)

@@ -34,6 +34,7 @@ from pathlib import Path
 from releases import checkout_of, is_commit
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.io import write_atomic, write_json
 from shard_ray.process_groups import stop_process_group
 
@@ -153,7 +154,12 @@ def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="recorded runs of each release (default %(default)s)")
     parser.add_argument("--previous", help="a commit whose code runs the same commands, alternately")
-    parser.add_argument("--out", default="experiments/results/command_costs")
+    parser.add_argument(
+        "--out",
+        type=a_folder_to_write,
+        default="experiments/results/command_costs",
+        help="folder (default %(default)s)",
+    )
     args = parser.parse_args()
     if args.previous and not is_commit(args.previous):
         parser.error(f"--previous {args.previous}: no such commit in this repository")
@@ -183,6 +189,7 @@ def main() -> None:
     write_json(out / "command_costs.json", {"medians": results, "runs": runs})
     write_atomic(out / "command_costs.md", "\n".join(markdown(results, args.repeats)) + "\n")
     print("\n".join(markdown(results, args.repeats)))
+    print(f"wrote {out / 'command_costs.md'} and {out / 'command_costs.json'}")
 
 
 if __name__ == "__main__":

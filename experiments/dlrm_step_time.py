@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.interop.torchrec import embedding_bag_configs, export_plan, sharding_plan
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
@@ -141,7 +142,7 @@ def main() -> int:
     parser.add_argument("--memory-headroom", type=float, default=1.5)
     parser.add_argument("--algorithm", default="cost_search", help="shard-ray's algorithm (default %(default)s)")
     parser.add_argument("--seed", type=int, default=100)
-    parser.add_argument("--out", default="experiments/results/dlrm_step_time")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/dlrm_step_time")
     args = parser.parse_args()
 
     _, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)

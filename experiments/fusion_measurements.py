@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_file_to_write
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.actors import ProfilingPool
 from shard_ray.profiling.procedure import MeasureConfig
@@ -46,7 +47,7 @@ def fusion_shards(num_shards: int, seed: int) -> list[list[TablePiece]]:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="tests/data/fusion_shards.json")
+    parser.add_argument("--out", type=a_file_to_write, default="tests/data/fusion_shards.json")
     parser.add_argument(
         "--shards", type=int, default=48, help="random fused shards besides the singles and the whole set"
     )

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_file_to_write
 from shard_ray.errors import InfeasibleError
 from shard_ray.interop.torchrec import ExportedPlan, embedding_bag_configs, export_plan, sharding_plan
 from shard_ray.placement import place
@@ -231,7 +232,7 @@ def main() -> int:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", nargs="+", required=True, help="table files")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per plan and way (default 3)")
-    parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--out", type=a_file_to_write, default=None, help="JSON file for the results")
     args = parser.parse_args()
     connect_ray(min_cpus=WORLD)
     results: dict[str, Any] = {}

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.plan.cost import median_of
 from shard_ray.plan.piece import TablePiece
@@ -429,7 +430,9 @@ def report_plans(log: Path, plan_files: list[str]) -> None:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="folder for gpu.db and gpu_log.jsonl (needed unless --report)")
+    parser.add_argument(
+        "--out", type=a_folder_to_write, help="folder for gpu.db and gpu_log.jsonl (needed unless --report)"
+    )
     parser.add_argument("--seconds", type=float, default=360.0, help="stop starting measurements after this long")
     parser.add_argument("--files", nargs="+", default=sorted(glob.glob("experiments/tables/*.json")))
     parser.add_argument("--pool", default="experiments/tables/ranking_model.json", help="tables the random shards vary")

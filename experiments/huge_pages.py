@@ -22,6 +22,7 @@ from itertools import combinations
 from pathlib import Path
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.plan import save_plan
@@ -35,7 +36,7 @@ SETTINGS = {"4 KB pages": "0", "huge pages": "1"}
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="experiments/results/huge_pages")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/huge_pages")
     parser.add_argument("--runs", type=int, default=3, help="evaluate runs per plan and setting")
     args = parser.parse_args()
     tables = load_tables(TABLE_FILE)

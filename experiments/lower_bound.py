@@ -44,6 +44,7 @@ from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
+from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan, load_plan
@@ -65,7 +66,7 @@ BASELINES = ("torchrec", "size_greedy", "dim_greedy", "lookup_greedy", "size_loo
 
 @dataclass(frozen=True)
 class LowerBoundBenchmark:
-    out: str = setting("experiments/results/lower_bound", "folder of the results and the store")
+    out: str = setting("experiments/results/lower_bound", "folder of the results and the store", new_folder=True)
     tables: tuple[str, ...] = setting(PUBLIC_SHAPES, "table files, comma-separated", repeat=True)
     tasks: int = setting(1, "synthetic test tasks of 26 to 40 tables", min=0)
     devices: int = setting(2, "devices of each plan", min=2)
@@ -185,15 +186,25 @@ def main(argv: list[str]) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, LowerBoundBenchmark)
     config = settings_from(LowerBoundBenchmark, parser.parse_args(argv))
+    # the files given are read before anything is measured: a mistyped name is refused in a line, not after a task
+    try:
+        given = {Path(path).stem: load_tables(path) for path in config.tables}
+    except ShardRayError as err:
+        parser.error(f"--tables: {err}")
+    try:
+        for path in config.plans:
+            load_plan(path)
+    except ShardRayError as err:
+        parser.error(f"--plans: {err}")
     out = Path(config.out)
     synthetic = BenchmarkConfig(tasks=config.tasks, min_tables=26, max_tables=40)
-    paths = [*write_synthetic_tasks(synthetic, out / "tasks"), *map(Path, config.tables)]
+    tasks = {path.stem: load_tables(path) for path in write_synthetic_tasks(synthetic, out / "tasks")} | given
     connect_ray(min_cpus=min(config.devices, 2))
     results = {}
     with MeasurementStore(out / "measurements.db") as store, ProfilingPool(2) as pool:
-        for path in paths:
-            print(f"== {path.stem}", flush=True)
-            results[path.stem] = run_task(load_tables(path), config, pool, store)
+        for name, tables in tasks.items():
+            print(f"== {name}", flush=True)
+            results[name] = run_task(tables, config, pool, store)
             write_json(out / "lower_bound.json", results)
     (out / "lower_bound.md").write_text(markdown(results, config.devices))
     print(markdown(results, config.devices))

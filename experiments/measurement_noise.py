@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.io import write_json
 from shard_ray.placement import place
 from shard_ray.plan.cost import RoundsSummary
@@ -201,7 +202,7 @@ def replays(aa_rounds: list, races: int) -> dict:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="experiments/results/measurement_noise")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/measurement_noise")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per plan and pass, as evaluate's default")
     parser.add_argument("--aa-races", type=int, default=3, help="real A/A comparisons (each run twice)")
     parser.add_argument("--replays", type=int, default=400, help="seeded races replayed from recorded rounds")

@@ -38,6 +38,7 @@ from pathlib import Path
 from releases import REPO, checkout_of, file_at, is_commit
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.io import write_atomic, write_json
 
 ALGORITHMS = ("cost_search", "neuroshard", "dreamshard", "size_lookup_greedy", "torchrec")
@@ -139,7 +140,12 @@ def main() -> None:
     parser.add_argument("--devices-per-host", type=int, help="devices on each host (default: one host)")
     parser.add_argument("--previous", help="a commit whose code plans the same sizes, plan by plan in turn")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every plan (default %(default)s)")
-    parser.add_argument("--out", default="experiments/results/planning_scale", help="folder (default %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=a_folder_to_write,
+        default="experiments/results/planning_scale",
+        help="folder (default %(default)s)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # ALGORITHM:TABLESxDEVICES, in the child process
     args = parser.parse_args()
     if args.one:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -132,6 +133,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--out",
+        type=a_folder_to_write,
         default=None,
         help="folder (default experiments/results/policy_against_search, or with --few-tables "
         "experiments/results/policy_against_search_few_tables_START, START the --search-start)",

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -45,7 +46,7 @@ def main() -> None:
     parser.add_argument("--policy", default=str(default_policy_path()))
     parser.add_argument("--samples", type=int, default=16, help="sampled plans for dreamshard best-of-N")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", default="experiments/results/policy_generalisation")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/policy_generalisation")
     args = parser.parse_args()
 
     models = CostModels.load(default_cost_model_path())

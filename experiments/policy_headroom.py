@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -61,7 +62,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="the tasks' draw (default %(default)s)")
     parser.add_argument("--large", action="store_true", help="also the larger cost_search")
     parser.add_argument("--optimal", action="store_true", help="also the best table-wise plan (at most 14 tables)")
-    parser.add_argument("--out", default="experiments/results/policy_headroom", help="folder (default %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=a_folder_to_write,
+        default="experiments/results/policy_headroom",
+        help="folder (default %(default)s)",
+    )
     args = parser.parse_args()
     try:
         fewest, most = map(int, args.tables.split("-"))

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.io import write_atomic, write_json
 from shard_ray.policy.ppo import (
@@ -71,7 +72,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5, help="iterations between held-out evaluations")
     parser.add_argument("--tasks", type=int, default=6, help="held-out tasks per set")
     parser.add_argument("--seed", type=int, default=7, help="the held-out tasks' seed")
-    parser.add_argument("--out", default="experiments/results/policy_learning_curves")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/policy_learning_curves")
     args = parser.parse_args()
     if args.iterations < 1 or args.every < 1 or args.tasks < 1:
         parser.error("--iterations, --every and --tasks must be at least 1")

@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6, help="held-out tasks per device count")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the budget that reaches the quality, timed")
     parser.add_argument("--seed", type=int, default=7, help="the held-out tasks' seed")
-    parser.add_argument("--out", default="experiments/results/policy_start")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/policy_start")
     args = parser.parse_args()
     try:
         device_counts = [int(d) for d in args.devices.split(",")]

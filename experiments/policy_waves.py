@@ -21,6 +21,7 @@ from policy_against_search import AT_SCALE, TABLES_FOR_DEVICES, checked_devices,
 
 import shard_ray.policy.env as env
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.bounds import lower_bound_ms
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.io import write_atomic, write_json
@@ -34,7 +35,9 @@ def main() -> None:
     parser.add_argument("--devices", default="64,512", help=f"device counts of {known} (default %(default)s)")
     parser.add_argument("--tasks", type=int, default=6, help="held-out tasks a device count (default %(default)s)")
     parser.add_argument("--seed", type=int, default=7, help="the held-out tasks' seed (default %(default)s)")
-    parser.add_argument("--out", default="experiments/results/policy_waves", help="folder (default %(default)s)")
+    parser.add_argument(
+        "--out", type=a_folder_to_write, default="experiments/results/policy_waves", help="folder (default %(default)s)"
+    )
     args = parser.parse_args()
     device_counts = checked_devices(parser, args, known)
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_file_to_write
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.costmodel.train import accuracy
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=[str(default_cost_model_path())], help="model files")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per plan (its median is taken)")
-    parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--out", type=a_file_to_write, default=None, help="JSON file for the results")
     args = parser.parse_args()
     connect_ray(min_cpus=args.devices)
     models = {path: CostModels.load(path) for path in args.models}

@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.interop.torchrec import export_plan
 from shard_ray.io import write_atomic, write_json
@@ -105,7 +106,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=60, help="random tasks (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="the tasks' seed (default %(default)s)")
     parser.add_argument("--constraints", action="store_true", help="a random constraints file for each task")
-    parser.add_argument("--out", default="experiments/results/random_tasks", help="folder (default %(default)s)")
+    parser.add_argument(
+        "--out", type=a_folder_to_write, default="experiments/results/random_tasks", help="folder (default %(default)s)"
+    )
     args = parser.parse_args()
     if args.tasks < 1:
         parser.error(f"--tasks must be at least 1, got {args.tasks}")
@@ -154,6 +157,7 @@ def main() -> None:
         *(f"- task {p['task']}, {p['algorithm']}: {p['problem']}" for p in problems),
     ]
     write_atomic(out / "random_tasks.md", "\n".join(lines) + "\n")
+    print(f"wrote {out / 'random_tasks.md'} and {out / 'random_tasks.json'}")
     print(json.dumps({k: v for k, v in report.items() if k != "problems"} | {"problems": len(problems)}))
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from releases import checkout_of, is_commit
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.io import write_atomic, write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +100,9 @@ def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--previous", help="the commit whose plans this checkout's are compared with (required)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated (default %(default)s)")
-    parser.add_argument("--out", default="experiments/results/same_plans", help="folder (default %(default)s)")
+    parser.add_argument(
+        "--out", type=a_folder_to_write, default="experiments/results/same_plans", help="folder (default %(default)s)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the algorithms, in the child process
     args = parser.parse_args()
     if args.child:

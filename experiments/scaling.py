@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from shard_ray.arguments import Parser
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
 from shard_ray.costmodel.simulator import Simulator
 from shard_ray.errors import ShardRayError
@@ -125,7 +126,7 @@ def main() -> None:
     parser.add_argument(
         "--shards", type=int, default=60, help="shards profiled per throughput run (default %(default)s)"
     )
-    parser.add_argument("--out", default="experiments/results/scaling")
+    parser.add_argument("--out", type=a_folder_to_write, default="experiments/results/scaling")
     args = parser.parse_args()
     simulator = Simulator(CostModels.load(default_cost_model_path()))
     by_tables = {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from shard_ray.arguments import Parser
 from shard_ray.cli import main as shard_ray
+from shard_ray.cli.flags import a_folder_to_write
 from shard_ray.io import write_atomic, write_json
 
 METRIC = "simulated_over_bound"
@@ -44,7 +45,9 @@ def main() -> int:
     parser.add_argument("--max-tables", type=int, default=40)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--max-evaluations", type=int, default=300_000)
-    parser.add_argument("--out", default="experiments/results/search_algorithms", help="the report")
+    parser.add_argument(
+        "--out", type=a_folder_to_write, default="experiments/results/search_algorithms", help="the report's folder"
+    )
     parser.add_argument("--work", default="shard-ray-out/search_algorithms", help="the sweeps' folders")
     args = parser.parse_args()
     out = Path(args.out)

@@ -46,5 +46,11 @@ def quiet_output() -> None:
         os.environ.setdefault("TQDM_MININTERVAL", "30")
     if not sys.stdout.isatty():  # read by the driver each time it prints a worker's line
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    # A filter on the logger itself survives Ray's own logging set-up at import and at ray.init.
+    drop_token_auth_notice()
+
+
+def drop_token_auth_notice() -> None:
+    """Drop Ray's notice that a new local instance has token authentication on (also where a script starts its
+    local Ray through `connect_ray` without the CLI's `quiet_output`: the experiments)."""
+    # A filter on the logger itself survives Ray's own logging set-up at import and at ray.init; added once.
     logging.getLogger(_RAY_AUTH_LOGGER).addFilter(_not_the_token_auth_notice)

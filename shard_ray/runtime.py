@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import ray
 
 from shard_ray.errors import ShardRayError, Terminated, raise_terminated
+from shard_ray.quiet import drop_token_auth_notice
 
 # Enough object store for shard specs and results; Ray's default takes 30% of memory.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
@@ -215,6 +216,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
             "that many devices"
         )
     cpus = max(cores, min_cpus)
+    drop_token_auth_notice()
     # Its processes inherit the driver's environment: with the measuring one, the workers Ray starts ahead serve actors.
     global _local_ray
     workers_env = measuring_env()

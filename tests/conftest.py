@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from shard_ray.workload.tables import TableSpec
 
@@ -16,8 +17,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # Removed when the process ends (each pytest-xdist worker has its own): left, every run kept one a process.
 os.environ["SHARD_RAY_HOME"] = tempfile.mkdtemp(prefix="shard-ray-home-")
 atexit.register(shutil.rmtree, os.environ["SHARD_RAY_HOME"], ignore_errors=True)
-# `make test` runs the quick tests three at a time on two cores: torch's threads in each would only wait on one another.
+# `make test` runs the quick tests three at a time on two cores: torch's and numpy's BLAS threads in each would only
+# wait on one another (the tests call the pricing and the searches directly, outside the commands' `one_thread`).
 torch.set_num_threads(1)
+ONE_BLAS_THREAD = threadpool_limits(limits=1, user_api="blas")
 
 
 @pytest.fixture(autouse=True)

@@ -83,6 +83,7 @@ def test_the_random_tasks_benchmark_finds_no_problem_as_documented(tmp_path, con
     report = json.loads((tmp_path / "random_tasks.json").read_text())
     assert report["plans"] == 6 * len(NAMES) and report["problems"] == [], report["problems"]
     assert json.loads(done.stdout.splitlines()[-1])["problems"] == 0
+    assert f"wrote {tmp_path / 'random_tasks.md'} and {tmp_path / 'random_tasks.json'}" in done.stdout.splitlines()
     if constraints:  # the refusal once: the script imports every algorithm before it reads its flags (2 s)
         return
     refused = subprocess.run([*script, "--tasks", "0"], cwd=repo, capture_output=True, text=True, timeout=120)

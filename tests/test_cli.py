@@ -393,6 +393,30 @@ def test_scripts_run_with_python_refuse_a_bad_flag_in_one_line(command):
     assert "did you mean" not in line  # no flag is like "bogus" once the dashes every flag has are set aside
 
 
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("random_tasks", ["--out", "afile"]),
+        ("planning_scale", ["--out", "afile"]),
+        ("policy_against_search", ["--out", "afile"]),
+        ("lower_bound", ["--tables", "missing.json", "--tasks", "1"]),
+    ],
+)
+def test_experiments_refuse_an_out_that_is_a_file_and_a_missing_table_file_in_one_line(tmp_path, script, flags):
+    """A new user's walk: an --out naming a file ended three experiments in a FileExistsError traceback, and
+    `lower_bound.py` read its table files only after starting Ray and measuring its synthetic task. Now each is one
+    line, status 2, before anything is written or started."""
+    (tmp_path / "afile").write_text("mine\n")
+    argv = [sys.executable, str(REPO / "experiments" / f"{script}.py"), *flags]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    (line,) = done.stderr.splitlines()
+    assert done.returncode == 2 and line.startswith("shard-ray: error: "), done.stderr
+    assert (
+        "afile is a file, not a folder" if "afile" in flags else "--tables: table file not found: missing.json"
+    ) in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and (tmp_path / "afile").read_text() == "mine\n"
+
+
 def test_output_piped_to_a_reader_that_left_ends_quietly():
     """`shard-ray models | head -2`: the reader gone before the output ends, the command printed Python's
     BrokenPipeError traceback (from a new user's walk); now nothing on stderr and the status a closed pipe gives."""

@@ -10,8 +10,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "shard_ray"
 # From the bottom up; a module imports from its own package or from a lower layer only.
 LAYERS = (
-    ("errors",),
-    ("arguments", "io", "process_groups", "quiet", "runtime", "threads"),
+    ("errors", "quiet"),
+    ("arguments", "io", "process_groups", "runtime", "threads"),
     ("configfile", "hosts"),
     ("workload",),
     ("plan",),

@@ -184,6 +184,8 @@ def test_a_commands_local_ray_measures_in_the_workers_it_started_ahead(huge_page
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"options": ["num_cpus"], "huge_pages": huge_pages or "1", "started_ahead": True}
+    # a script's local Ray (the experiments') drops Ray's notice of token authentication as the commands do
+    assert "Token authentication is enabled" not in done.stderr
 
 
 def test_sample_ranges_cover_the_batch():

@@ -49,7 +49,7 @@ def _number(kind: type, minimum: float | None, maximum: float | None = None) -> 
     return parse
 
 
-def _a_file_to_write(text: str) -> str:
+def a_file_to_write(text: str) -> str:
     """A file to write: its folder must exist, so that a typo in the path is refused, not created silently, and take
     a file; checked before the command works, so that what it measured is not lost at the end for want of a place."""
     if not text.strip():  # Path("") is ".", a folder
@@ -64,11 +64,11 @@ def _a_file_to_write(text: str) -> str:
 
 
 def _a_file_named(suffixes: Sequence[str]) -> typing.Callable[[str], str]:
-    """`_a_file_to_write` whose name ends in one of `suffixes`: the formats a command writes by the name (a table file
+    """`a_file_to_write` whose name ends in one of `suffixes`: the formats a command writes by the name (a table file
     named .csv had been written as JSON)."""
 
     def parse(text: str) -> str:
-        _a_file_to_write(text)
+        a_file_to_write(text)
         if Path(text).suffix.lower() not in suffixes:
             named = ", ".join(suffixes[:-1]) + f" or {suffixes[-1]}" if len(suffixes) > 1 else suffixes[0]
             raise argparse.ArgumentTypeError(f"{text}: name the file {named}, the formats it is written in")
@@ -78,7 +78,7 @@ def _a_file_named(suffixes: Sequence[str]) -> typing.Callable[[str], str]:
     return parse
 
 
-def _a_folder_to_write(text: str) -> str:
+def a_folder_to_write(text: str) -> str:
     """A folder to write files in, created where missing: not a file, and inside a folder this user may write in."""
     if not text.strip():  # Path("") is ".": the files would be written among the user's own
         raise argparse.ArgumentTypeError("an empty name; give the folder to write in")
@@ -98,8 +98,8 @@ def _check_writable(folder: Path) -> None:
         raise argparse.ArgumentTypeError(f"no file can be made in folder {folder} ({err.strerror or err})") from None
 
 
-_a_file_to_write.__name__ = "file"
-_a_folder_to_write.__name__ = "folder"
+a_file_to_write.__name__ = "file"
+a_folder_to_write.__name__ = "folder"
 
 
 def _listed(item: typing.Callable[[str], Any]) -> typing.Callable[[str], tuple]:
@@ -140,9 +140,9 @@ def _parser_for(annotation: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": _number(annotation, minimum, metadata.get("max"))}
     if metadata.get("new_file"):
         suffixes = metadata.get("suffixes")
-        return {"type": _a_file_named(suffixes) if suffixes else _a_file_to_write}
+        return {"type": _a_file_named(suffixes) if suffixes else a_file_to_write}
     if metadata.get("new_folder"):
-        return {"type": _a_folder_to_write}
+        return {"type": a_folder_to_write}
     if annotation in (str, Path):
         return {"type": annotation}
     raise TypeError(f"no flag parser for {annotation!r}")
