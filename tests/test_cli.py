@@ -1102,7 +1102,11 @@ def _processes_with(tag: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 400 Bad Request\r\n\r\n", None])
+@pytest.mark.parametrize(
+    "answer",
+    # the server that says nothing is waited for (`ANSWER_TIMEOUT_S`, 15 s): not a quick test, it runs in `make test`
+    [b"", b"HTTP/1.1 400 Bad Request\r\n\r\n", pytest.param(None, marks=pytest.mark.slow(seconds=16))],
+)
 def test_an_address_where_something_else_answers_is_refused_in_a_line(tmp_path, table_file, answer):
     """An --address where a server that is not a Ray head listens (one that closes at once, an HTTP/1 server, one
     that says nothing): refused in one line within seconds, where ray.init would retry for minutes."""
