@@ -953,6 +953,25 @@ def test_a_table_no_device_holds_whole_is_offered_every_split():
     assert policy.estimate.predicted.cost_ms <= 1.02 * search.estimate.predicted.cost_ms
 
 
+def test_a_table_cut_in_more_slices_than_the_candidates_is_placed_a_slice_a_device():
+    """A new user's walk: a table of 500M rows x 128 among three small ones on 64 devices of 16 GB needs 32 column
+    slices, where a step scores 16 candidate devices (`CANDIDATES`): pricing its split failed both the policy and
+    `cost_search` (which starts from the policy's plan) with a numpy traceback. Now the split takes as many
+    candidates as it has slices."""
+    tables = [
+        TableSpec(name="big", rows=500_000_000, dim=128, pooling_factor=1.0),
+        TableSpec(name="s1", rows=1000, dim=16, pooling_factor=2.0),
+        TableSpec(name="s2", rows=50_000, dim=32, pooling_factor=5.0),
+        TableSpec(name="s3", rows=200, dim=8, pooling_factor=1.0),
+    ]
+    topology = Topology(num_devices=64, memory_bytes=16 * GB, batch_size=1024)
+    for algorithm in ("dreamshard", "cost_search"):
+        plan = place(algorithm, tables, topology)
+        big = [shard for shard in plan.shards if shard.table == "big"]
+        assert len(big) >= 32 and len({shard.device for shard in big}) == len(big), algorithm
+        plan.check_memory(tables, topology)
+
+
 def test_where_tables_are_few_a_split_is_priced_with_the_later_tables_joining_its_set():
     """`experiments/tables/few_huge.json`'s 5 tables (400M rows down to 3M) on 8 devices: a step's split was priced by
     the plan finished with the later tables whole, a table-wise set of all-to-alls beside the split's own whatever

@@ -152,6 +152,31 @@ def test_a_table_a_group_keeps_whole_past_the_cap_names_the_group():
 
 
 @pytest.mark.parametrize(
+    "rows, dim, types, message",
+    [
+        (1, 4, ["column_wise"], "no sharding type it can take: column_wise (not with a dim of 4, not a multiple of 8)"),
+        (1, 8, ["row_wise"], "no sharding type it can take: row_wise (not with a table of one row)"),
+        (
+            100_000_000,
+            4,
+            ["table_wise", "column_wise"],
+            "; column_wise is not possible with a dim of 4, not a multiple",
+        ),
+    ],
+)
+def test_a_type_the_tables_shape_rules_out_is_refused_for_its_shape_not_its_memory(rows, dim, types, message):
+    """A new user's walk: a table of one row and dim 4 whose constraints allowed it column-wise (or row-wise) alone was
+    refused as needing 1.86e-08 GiB "over the cap of 1 GiB per device". Now the refusal says what rules the type out;
+    where memory is the reason, as for the table of 100M rows, it names the types that are not possible too."""
+    from shard_ray.errors import InfeasibleError
+
+    tables = [TableSpec(name="t0", rows=rows, dim=dim, pooling_factor=1.0)]
+    constraints = Constraints.model_validate({"tables": {"t0": {"types": types}}})
+    with pytest.raises(InfeasibleError, match=re.escape(message)):
+        place("size_greedy", tables, Topology(num_devices=2, memory_bytes=1024**3), constraints=constraints)
+
+
+@pytest.mark.parametrize(
     "document, flags, message",
     [
         ("tables: {nope: {devices: [0]}}", [], "constraints name table 'nope', which is not in the table file"),

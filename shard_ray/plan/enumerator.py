@@ -80,22 +80,31 @@ def table_options(
         "column_wise": lambda: split_piece(whole, column_slices()),
         "data_parallel": lambda: data_parallel(table, d),
     }
-    # Split by rows, a table of one row would be one block: laid out as the table whole, a plan recording it split
-    # by rows was refused as laid out otherwise (TorchRec would give the other devices empty blocks).
-    possible = {
-        "table_wise": True,
-        "row_wise": d > 1 and table.rows > 1,
-        "table_row_wise": topology.num_hosts > 1 and local > 1 and table.rows > 1,
-        "column_wise": table.dim % 8 == 0 and d > 1,
-        "data_parallel": d > 1,
-    }
+    ruled_out = types_ruled_out(table, topology)
     return {
         kind: cut[kind]()
         for kind in PREFERENCE
         if kind in kinds
-        and possible[kind]
+        and kind not in ruled_out
         and largest[kind]().memory_bytes(topology.optimizer) <= topology.memory_bytes
     }
+
+
+def types_ruled_out(table: TableSpec, topology: Topology) -> dict[str, str]:
+    """The sharding types the table's shape or the devices rule out, whatever the memory, each with why."""
+    d, local = topology.num_devices, topology.devices_per_host_or_all
+    why: dict[str, str] = {}
+    if d == 1:
+        why |= dict.fromkeys(("row_wise", "column_wise", "data_parallel"), "one device")
+    # Split by rows, a table of one row would be one block: laid out as the table whole, a plan recording it split
+    # by rows was refused as laid out otherwise (TorchRec would give the other devices empty blocks).
+    if table.rows <= 1:
+        why |= dict.fromkeys(("row_wise", "table_row_wise"), "a table of one row")
+    if topology.num_hosts <= 1 or local <= 1:
+        why.setdefault("table_row_wise", "one host" if topology.num_hosts <= 1 else "one device a host")
+    if table.dim % 8:
+        why.setdefault("column_wise", f"a dim of {table.dim}, not a multiple of 8")
+    return why
 
 
 def pieces_to_place(
@@ -116,6 +125,12 @@ def pieces_to_place(
             continue
         need = TablePiece.whole(table).memory_bytes(topology.optimizer)
         allowed = constraints.allowed_types(table.name) if constraints else SHARDING_TYPES
+        ruled_out = types_ruled_out(table, topology)
+        if all(kind in ruled_out for kind in allowed):  # not memory: none of them can cut this table here
+            raise InfeasibleError(
+                f"constraints leave table {table.name!r} no sharding type it can take: "
+                + "; ".join(f"{kind} (not with {ruled_out[kind]})" for kind in allowed)
+            )
         largest = max(p.memory_bytes(topology.optimizer) for p in row_wise(table, topology.num_devices))
         if "row_wise" in allowed:
             raise InfeasibleError(
@@ -134,6 +149,7 @@ def pieces_to_place(
                 if largest <= topology.memory_bytes
                 else ""
             )
+            + "".join(f"; {kind} is not possible with {ruled_out[kind]}" for kind in allowed if kind in ruled_out)
         )
     total = sum(p.memory_bytes(topology.optimizer) for p in pieces)
     if total > topology.num_devices * topology.memory_bytes:

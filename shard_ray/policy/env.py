@@ -458,17 +458,21 @@ class PlacementState:
             self._candidates = self._choose_candidates(self.action_mask())
         return self._candidates
 
-    def _choose_candidates(self, mask: np.ndarray) -> np.ndarray:
+    def _choose_candidates(self, mask: np.ndarray, at_least: int = 0) -> np.ndarray:
+        """Every device, or on more devices than the candidates, half the most (`max_candidates`, or `at_least` where
+        that is more: a split's slices need a device each) among the devices of `mask`, the least loaded, and half the
+        roomiest."""
+        most = max(self.max_candidates, at_least)
         chosen = np.arange(len(mask))
-        if len(mask) > self.max_candidates:
+        if len(mask) > most:
             chosen = np.flatnonzero(mask)
-        if len(chosen) > self.max_candidates:
-            half = self.max_candidates // 2
+        if len(chosen) > most:
+            half = most // 2
             least_loaded = chosen[np.argsort(self._device_totals()[chosen], kind="stable")[:half]]
             others = np.ones(len(mask), dtype=bool)
             others[least_loaded] = False
             rest = chosen[others[chosen]]
-            roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: self.max_candidates - half]]
+            roomiest = rest[np.argsort(-self.ledger.free[rest], kind="stable")[: most - half]]
             chosen = np.sort(np.concatenate([least_loaded, roomiest]))
         return chosen
 
@@ -892,7 +896,8 @@ class PlacementState:
         self._describe(slices)
         one = self._pieces[slices[0].key]
         mask = self.ledger.room(one.need)
-        devices = self._choose_candidates(mask if mask.sum() >= len(slices) else np.ones_like(mask))
+        # as many candidates as slices at least: a table cut in 32 columns on 64 devices had 16 (a walk's traceback)
+        devices = self._choose_candidates(mask if mask.sum() >= len(slices) else np.ones_like(mask), len(slices))
         rows, _ = self._rows_if([one], devices[None])
         order = np.argsort(np.where(mask[devices], rows.sum(axis=1), np.inf), kind="stable")
         return self._price_split(slices, devices[order[: len(slices)]])
