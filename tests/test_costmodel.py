@@ -98,6 +98,15 @@ def pool() -> list[TableSpec]:
     return generate_pool(PoolConfig(num_tables=60, seed=5))
 
 
+def test_a_reuse_bins_reads_are_said_as_a_user_counts_them():
+    """A new user's walk read "read 2-2 times" for the rows read exactly twice (the bin (1, 2])."""
+    from shard_ray.costmodel.coverage import _describe
+
+    assert "read twice per 65536-sample batch" in _describe("reuse_bin_1", 0.4, 0.0, 0.31)
+    assert "read 3-4 times per" in _describe("reuse_bin_2", 0.4, 0.0, 0.31)
+    assert "read once per" in _describe("reuse_bin_0", 0.4, 0.0, 0.31)
+
+
 def test_features_are_log_scaled_and_describe_every_distribution_by_its_reuse_histogram():
     zipf = TableSpec(name="a", rows=1000, dim=64, pooling_factor=4.0)
     hist = TableSpec(name="b", rows=1000, dim=64, pooling_factor=4.0, reuse_histogram=(1.0,) + (0.0,) * 16)

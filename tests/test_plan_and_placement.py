@@ -338,6 +338,9 @@ def test_tables_larger_than_all_devices_together_are_refused():
     tables = [TableSpec(name=f"t{i}", rows=1_000_000, dim=64, pooling_factor=1.0) for i in range(10)]
     with pytest.raises(ShardRayError, match=r"the tables need 2.42 GiB .* more than the 2 devices' 0.6 GiB together"):
         place("size_greedy", tables, Topology(num_devices=2, memory_bytes=int(0.3 * GB)))
+    # one device: its memory, not "the 1 devices'" (a new user's walk)
+    with pytest.raises(ShardRayError, match=r"the tables need 2.42 GiB .* more than the device's 0.3 GiB$"):
+        place("size_greedy", tables, Topology(num_devices=1, memory_bytes=int(0.3 * GB)))
 
 
 def test_cost_search_chooses_a_sharding_type_per_table():

@@ -735,7 +735,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     kinds = Counter(t.sharding_type.replace("_", "-") for t in exported.tables.values())
     counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
     print(
-        f"wrote {flags.out}: {len(exported.tables)} tables on {exported.world_size} ranks ({counts}) "
+        f"wrote {flags.out}: {len(exported.tables)} table{'s' if len(exported.tables) != 1 else ''} on "
+        f"{exported.world_size} ranks ({counts}) "
         + (f"for module {flags.module_path!r}" if flags.module_path else "for a model that is the collection itself")
     )
     print(

@@ -55,8 +55,15 @@ def _describe(name: str, value: float, low: float, high: float) -> str:
         return "fp16 precision (the models were trained on fp32 tables only)"
     if name.startswith("reuse_bin_"):
         k = int(name.rsplit("_", 1)[1])
+        fewest, most = 2 ** (k - 1) + 1, 2**k  # the bin's reads a row, (2^(k-1), 2^k]
         accesses = (
-            "once" if k == 0 else f"more than {2 ** (k - 1)} times" if k == 16 else f"{2 ** (k - 1) + 1}-{2**k} times"
+            "once"
+            if k == 0
+            else f"more than {2 ** (k - 1)} times"
+            if k == 16
+            else "twice"
+            if fewest == most
+            else f"{fewest}-{most} times"
         )
         return (
             f"{value:.0%} of its accessed rows are read {accesses} per 65536-sample batch "

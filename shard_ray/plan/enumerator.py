@@ -155,6 +155,10 @@ def pieces_to_place(
     if total > topology.num_devices * topology.memory_bytes:
         raise InfeasibleError(
             f"the tables need {format_gb(total)} (weights + {topology.optimizer} state), more than the "
-            f"{topology.num_devices} devices' {format_gb(topology.num_devices * topology.memory_bytes)} together"
+            + (
+                f"{topology.num_devices} devices' {format_gb(topology.num_devices * topology.memory_bytes)} together"
+                if topology.num_devices > 1
+                else f"device's {format_gb(topology.memory_bytes)}"
+            )
         )
     return pieces
