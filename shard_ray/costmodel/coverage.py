@@ -56,15 +56,12 @@ def _describe(name: str, value: float, low: float, high: float) -> str:
     if name.startswith("reuse_bin_"):
         k = int(name.rsplit("_", 1)[1])
         fewest, most = 2 ** (k - 1) + 1, 2**k  # the bin's reads a row, (2^(k-1), 2^k]
-        accesses = (
-            "once"
-            if k == 0
-            else f"more than {2 ** (k - 1)} times"
-            if k == 16
-            else "twice"
-            if fewest == most
-            else f"{fewest}-{most} times"
-        )
+        if k == 0:
+            accesses = "once"
+        elif k == 16:
+            accesses = f"more than {2 ** (k - 1)} times"
+        else:
+            accesses = "twice" if fewest == most else f"{fewest}-{most} times"
         return (
             f"{value:.0%} of its accessed rows are read {accesses} per 65536-sample batch "
             f"(training tables: {low:.0%}-{high:.0%})"
