@@ -1,5 +1,7 @@
 import gc
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,24 @@ def test_placing_leaves_pythons_collector_as_it_found_it(small_tables):
         assert gc.get_freeze_count() > 0.9 * frozen
     finally:
         gc.unfreeze()
+
+
+def test_a_long_placing_without_a_bar_says_it_is_still_placing(capsys):
+    """TorchRec's planner and the policy draw no bar: `place` says every so often that they are still placing (a walk
+    waited minutes on TorchRec's, told nothing); the searches draw their own bar, and `place` says nothing beside it."""
+    from shard_ray.placement.base import said_while_long
+
+    with said_while_long("torchrec: still placing 3 tables on 2 devices", after_s=0.1, every_s=0.1):
+        time.sleep(0.45)
+    lines = capsys.readouterr().err.splitlines()
+    assert 1 <= len(lines) <= 4, lines
+    assert all(re.fullmatch(r"torchrec: still placing 3 tables on 2 devices \(\d+ s so far\)", line) for line in lines)
+    time.sleep(0.3)
+    assert capsys.readouterr().err == ""  # the thread ended with the block
+    with said_while_long("never said", after_s=5):
+        pass
+    assert capsys.readouterr().err == ""
+    assert {a.name for a in algorithms() if a.draws_progress} == {"cost_search", "neuroshard"}
 
 
 def test_greedy_balances_its_proxy():

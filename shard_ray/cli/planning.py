@@ -531,7 +531,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
     if note := _replicated_note(plan, tables, topology):
         print(note)
     placed = f"{len(tables)} table" + ("s" if len(tables) != 1 else "")
-    print(f"placed {placed} in {plan.placement_seconds * 1e3:.2f} ms{search_work(plan)}")
+    took = plan.placement_seconds
+    print(f"placed {placed} in {f'{took:.1f} s' if took >= 10 else f'{took * 1e3:.2f} ms'}{search_work(plan)}")
 
 
 def search_work(plan: Plan) -> str:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, PieceSizes, Pricer, added_up, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
-from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.placement.base import LONG_PLACING_S, PlacementContext, Placer, register
 from shard_ray.placement.budget import PhaseEnd, SearchBudget, Spending
 from shard_ray.placement.options import choose_types
 from shard_ray.plan.constraints import Constraints
@@ -132,8 +132,6 @@ NEUROSHARD = SearchConfig(
     split_dominant=False,
 )
 COST_SEARCH = SearchConfig()
-# Searches still running after this many seconds show a progress bar.
-LONG_SEARCH_S = 10.0
 
 
 def greedy_grid(
@@ -665,7 +663,7 @@ def _slices_apart(
 
 class _Progress:
     """A bar over the budget's evaluations, with the phase and the best simulated cost so far, shown
-    once a search has run `LONG_SEARCH_S` (shorter ones end before a bar would tell anything; the
+    once a search has run `LONG_PLACING_S` (shorter ones end before a bar would tell anything; the
     clock decides only what is shown, never what the search does)."""
 
     def __init__(self, spending: Spending, name: str) -> None:
@@ -674,15 +672,18 @@ class _Progress:
 
     def show(self, phase: str, cost_ms: float) -> None:
         if self.bar is None:
-            if time.perf_counter() - self.spending.began < LONG_SEARCH_S:
+            if time.perf_counter() - self.spending.began < LONG_PLACING_S:
                 return
             total = self.spending.budget.max_evaluations
             of_total = f"/{total:,}" if total else ""
             self.bar = tqdm(
                 total=total, desc=self.name, bar_format="{desc}: {bar} {n:,}" + of_total + " model evaluations{postfix}"
             )
-        self.bar.n = min(self.spending.used(), self.bar.total or float("inf"))
-        self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms", refresh=False)
+        used, total = self.spending.used(), self.bar.total
+        # the bar stops full at the budget; a batch that crosses it runs to its end (`Spending`), said beside it
+        self.bar.n = min(used, total or used)
+        past = f", {used:,} with the batch that reached the budget" if total and used > total else ""
+        self.bar.set_postfix_str(f"{phase}, best {cost_ms:.3f} ms{past}", refresh=False)
         self.bar.update(0)  # redrawn at tqdm's pace (every 30 s into a log file: `quiet_output`), not every call
 
     def close(self) -> None:
@@ -742,6 +743,7 @@ def search_placer(
     "NeuroShard: cost-model greedy grid over dim-sum caps, beam search over column halvings",
     settings=SearchBudget,
     takes_constraints=True,
+    draws_progress=True,
 )
 def neuroshard(context: PlacementContext) -> Placer:
     budget = context.settings
@@ -767,6 +769,7 @@ def neuroshard(context: PlacementContext) -> Placer:
     "the greedy heuristics' plans",
     settings=SearchConfig,
     takes_constraints=True,
+    draws_progress=True,
 )
 def cost_search(context: PlacementContext) -> Placer:
     if context.settings.policy is not None:  # read where the search starts from the grid alone too: a typo in the
