@@ -94,17 +94,23 @@ def check_plan_of(plan: Plan, plan_path: object, tables: list[TableSpec], tables
 
 
 def say_other_shapes(plan: Plan, plan_path: object, tables: list[TableSpec], tables_path: object) -> None:
-    """Warn where `plan` was made for tables of these names but other shapes (its `tables_digest`), once the command's
-    refusals are past: a refusal is one line."""
-    from shard_ray.workload.tables import task_digest
+    """Warn where `plan` was made for tables of these names but other shapes (its `tables_digest`), naming them where
+    it records each table's (`table_digests`), once the command's refusals are past: a refusal is one line."""
+    from shard_ray.workload.tables import table_digests, task_digest
 
-    made_for = plan.settings.tables_digest if plan.settings is not None else None
-    if made_for is not None and made_for != task_digest(tables):
-        print(
-            f"warning: {plan_path} was made for tables of these names but other shapes than {tables_path}'s (rows, "
-            "dims, pooling factors, precision or access): its placement is taken as it is, for these",
-            file=sys.stderr,
-        )
+    settings = plan.settings
+    if settings is None or settings.tables_digest is None or settings.tables_digest == task_digest(tables):
+        return
+    changed = ""
+    if settings.table_digests is not None:  # a plan of an earlier release has none
+        names = [name for name, digest in table_digests(tables).items() if settings.table_digests.get(name) != digest]
+        more = f" and {len(names) - 3:,} more" if len(names) > 3 else ""
+        changed = f": {', '.join(map(repr, names[:3]))}{more}"
+    print(
+        f"warning: {plan_path} was made for tables of these names but other shapes than {tables_path}'s (rows, "
+        f"dims, pooling factors, precision or access){changed}; its placement is taken as it is, for these",
+        file=sys.stderr,
+    )
 
 
 def say_warnings(plans: list[Plan], costs: Mapping[str, PlanCost], told: set[str]) -> None:

@@ -189,6 +189,8 @@ class PlanSettings(BaseModel):
     # the tables' `task_digest`: a plan evaluated on tables of its names but other shapes is said to be (None: a plan
     # of an earlier release, or written by hand)
     tables_digest: str | None = None
+    # each table's digest (`table_digests`), by name: the warning names the tables whose shapes changed
+    table_digests: dict[str, str] | None = None
 
     @classmethod
     def for_topology(cls, topology: Topology, **made_with: Any) -> PlanSettings:

@@ -205,8 +205,18 @@ class TableFile(BaseModel):
 
 def task_digest(tables: list[TableSpec]) -> str:
     """Which tables a plan was made for, or models calibrated on: a digest of their specs, whatever their order."""
-    specs = sorted(json.dumps(t.model_dump(mode="json"), sort_keys=True) for t in tables)
+    specs = sorted(_spec(t) for t in tables)
     return hashlib.sha256(json.dumps(specs).encode()).hexdigest()[:12]
+
+
+def table_digests(tables: list[TableSpec]) -> dict[str, str]:
+    """Each table's own digest of its spec, by name: which of a plan's tables changed shape since (`task_digest` says
+    only that one did)."""
+    return {t.name: hashlib.sha256(_spec(t).encode()).hexdigest()[:8] for t in tables}
+
+
+def _spec(table: TableSpec) -> str:
+    return json.dumps(table.model_dump(mode="json"), sort_keys=True)
 
 
 def validate_tables(tables: list[TableSpec]) -> list[TableSpec]:
