@@ -94,6 +94,7 @@ class EmulatedHosts(BaseModel):
     pids: list[int] = []
     temp_dir: str
     link_rates: list[LinkRate] = []
+    coming_up: int | None = None  # the `hosts up` process bringing it up, until it is up
 
     @property
     def address(self) -> str:
@@ -156,7 +157,8 @@ def check_request(name: str, hosts: int, devices_per_host: int, rate: str) -> fl
     if missing:
         raise ShardRayError(f"{' and '.join(missing)} not found: install iproute2 (Debian: apt-get install iproute2)")
     if state_path(name).exists():
-        raise ShardRayError(f"an emulated cluster named {name} is up; `shard-ray hosts down {name}` takes it down")
+        up = "is coming up" if bringing_up(load(name)) else "is up"
+        raise ShardRayError(f"an emulated cluster named {name} {up}; `shard-ray hosts down {name}` takes it down")
     taken = set(_run(["ip", "netns", "list"]).split())
     if namespace(name, None) in taken or namespace(name, 0) in taken:
         raise ShardRayError(
@@ -186,6 +188,7 @@ def bring_up(
         rate_bits=bits,
         token=secrets.token_hex(16),
         temp_dir=f"/tmp/srh-{name}",
+        coming_up=os.getpid(),
     )
     hosts_dir().mkdir(parents=True, exist_ok=True)
     try:
@@ -202,6 +205,7 @@ def bring_up(
         if hosts > 1:
             progress("measuring the link from host 0 to host 1, twice")
             state.link_rates = [measure_link(state, 0, 1) for _ in range(2)]
+        state.coming_up = None
         _save(state)
     except BaseException:
         tear_down(state)
@@ -219,6 +223,86 @@ def load(name: str) -> EmulatedHosts:
 
 def listed() -> list[EmulatedHosts]:
     return [EmulatedHosts.model_validate_json(p.read_text()) for p in sorted(hosts_dir().glob("*.json"))]
+
+
+def bringing_up(state: EmulatedHosts) -> int | None:
+    """The process id of the `hosts up` still bringing the cluster up, if one is (a `hosts up` killed meanwhile left
+    its id behind: the id is taken only where it is still a `hosts` command's)."""
+    pid = state.coming_up
+    if pid is None or pid == os.getpid():
+        return None
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if b"hosts" in words and b"up" in words else None
+
+
+def commands_on(state: EmulatedHosts) -> list[tuple[int, str]]:
+    """The commands running on the cluster (`hosts run`'s, in its hosts' namespaces), each its process id and command
+    line: the processes in the hosts other than its Ray nodes' (each node leads a session of its own, its workers in
+    it) whose parent is not one of them."""
+    found: dict[int, int] = {}  # pid: parent
+    asking = _this_and_its_ancestors()  # a shell `hosts run` started in the head, say
+    for host in range(state.hosts):
+        listed = subprocess.run(["ip", "netns", "pids", namespace(state.name, host)], capture_output=True, text=True)
+        for pid in map(int, listed.stdout.split()):
+            try:
+                if os.getsid(pid) in state.pids or pid in asking:
+                    continue
+                found[pid] = _parent(pid)
+            except (OSError, ValueError):  # it ended meanwhile
+                continue
+    commands = []
+    for pid in sorted(p for p, parent in found.items() if parent not in found):
+        with contextlib.suppress(OSError):
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+            commands.append((pid, line))
+    return commands
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _this_and_its_ancestors() -> set[int]:
+    chain, pid = set(), os.getpid()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        try:
+            pid = _parent(pid)
+        except (OSError, ValueError):
+            break
+    return chain
+
+
+def check_down(state: EmulatedHosts) -> None:
+    """Refuse to take down a cluster still coming up or with commands running on it: taken down under a command, the
+    command waited a minute on a Ray gone and ended in Ray's own error, what it had measured lost; under a `hosts up`,
+    that failed a minute later pointing at logs gone (a walk)."""
+    if (pid := bringing_up(state)) is not None:
+        raise ShardRayError(
+            f"{state.name} is still coming up (`shard-ray hosts up`, pid {pid}): wait until it is up, or stop that "
+            "command (Ctrl-C there), which removes what it made"
+        )
+    running = commands_on(state)
+    if running:
+        pid, line = running[0]
+        shown = line if len(line) <= 60 else line[:57] + "..."
+        if len(running) == 1:
+            which, stop = (
+                f"1 command still runs on {state.name}: pid {pid} ({shown})",
+                "stop it first (Ctrl-C where it runs",
+            )
+        else:
+            which = (
+                f"{len(running)} commands still run on {state.name}: pid {pid} ({shown}) and {len(running) - 1} more"
+            )
+            stop = "stop them first (Ctrl-C where they run"
+        raise ShardRayError(
+            f"{which}; {stop}, or kill PID): taken down under it, a command waits a minute on a Ray gone and loses "
+            "what it measured"
+        )
 
 
 def tear_down(state: EmulatedHosts) -> None:

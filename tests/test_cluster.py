@@ -256,11 +256,22 @@ def test_commands_of_a_shell_with_the_pages_ray_address_join_the_head_and_leave_
                     f"--out result{i}.json"
                     for i in range(2)
                 ],
+                # two at once: the first takes the kept gang, the second waits for its devices and takes it after
+                # (it asked the keeper once, and failed after 60 s beside the idle gang: a walk)
+                *[
+                    f"shard-ray evaluate --tables {table_file} --plan plan.json --rounds 1 --warmup 1 --repeats 2 "
+                    f"--out both{i}.json 2> both{i}.err & BOTH{i}=$!"
+                    for i in range(2)
+                ],
+                "wait $BOTH0; wait $BOTH1",
             ]
         )
         done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert done.stdout.count(f"ray: joined cluster at 127.0.0.1:{port}") == 2, done.stdout
+        for i in range(2):
+            both = (tmp_path / f"both{i}.err").read_text()
+            assert "gang: took the gang of 2 devices an earlier command left on this Ray" in both, both[-2000:]
+        assert done.stdout.count(f"ray: joined cluster at 127.0.0.1:{port}") == 4, done.stdout
         assert "started a local instance" not in done.stdout
         # the first left its gang on the head, and the second took it rather than start one
         assert done.stderr.count("gang: left on this Ray for the next command for 60 s") == 2, done.stderr

@@ -308,3 +308,61 @@ def test_a_process_group_is_stopped_whole_after_its_leader_has_ended():
     finally:
         if group_alive(group.pid):
             os.killpg(group.pid, 9)
+
+
+def _sleeping_in(ns: str) -> bool:
+    """Whether a `sleep 120` runs in network namespace `ns`."""
+    listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in listed:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00120\x00":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.slow(seconds=30)
+@needs_namespaces
+def test_hosts_down_refuses_a_cluster_coming_up_or_with_a_command_running_on_it(tmp_path):
+    """Taken down under a command, the command waited a minute on a Ray gone and lost what it had measured; under
+    its `hosts up`, that failed a minute later pointing at logs gone (a walk). `down` refuses both, naming the process,
+    and `up` of the same name says the cluster is coming up; once the command ends, `down` takes the cluster down."""
+    name = f"d{os.getpid() % 10**6}"
+    env = _shell_env(tmp_path / "home")
+    up = subprocess.Popen(["bash", "-c", f"shard-ray hosts up --hosts 1 --name {name}"], env=env, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    running = None
+    try:
+        state = tmp_path / "home" / "hosts" / f"{name}.json"
+        deadline = time.monotonic() + 60
+        while not state.exists():
+            assert time.monotonic() < deadline and up.poll() is None, up.stdout.read() if up.poll() is not None else ""
+            time.sleep(0.1)
+        done = _run(f"shard-ray hosts down {name}", env, tmp_path)
+        if up.poll() is None:  # still coming up once down has looked (a 1-host cluster takes seconds)
+            assert done.returncode == 2 and f"{name} is still coming up (`shard-ray hosts up`, pid " in done.stderr
+            again = _run(f"shard-ray hosts up --hosts 1 --name {name}", env, tmp_path)
+            assert again.returncode == 2 and f"named {name} is coming up;" in again.stderr, again.stderr
+        assert up.wait(timeout=240) == 0, up.stdout.read()
+        running = subprocess.Popen(["bash", "-c", f"exec shard-ray hosts run {name} -- sleep 120"], env=env,
+                                   cwd=tmp_path)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not _sleeping_in(f"srh-{name}-0"):  # the command on its way into the host
+            assert time.monotonic() < deadline and running.poll() is None, "the command never ran in host 0"
+            time.sleep(0.2)
+        done = _run(f"shard-ray hosts down {name}", env, tmp_path)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert re.search(rf"1 command still runs on {name}: pid \d+ \(sleep 120\); stop it first", lines[0]), lines[0]
+        assert _namespaces(name)
+    finally:
+        if running is not None:
+            running.terminate()
+            running.wait(timeout=30)
+        if up.poll() is None:
+            up.terminate()
+            up.wait(timeout=120)
+    done = _run(f"shard-ray hosts down {name}", env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not _namespaces(name)

@@ -72,9 +72,10 @@ def split_run_words(words: list[str]) -> tuple[str, list[str]]:
 
 
 def cmd_down(args: argparse.Namespace) -> None:
-    from shard_ray.hosts import load, tear_down
+    from shard_ray.hosts import check_down, load, tear_down
 
     state = load(args.name)
+    check_down(state)
     tear_down(state)
     print(
         f"down: {state.name} ({state.hosts} host{'s' if state.hosts > 1 else ''}): its Ray nodes stopped, namespaces and links deleted"
@@ -82,12 +83,13 @@ def cmd_down(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    from shard_ray.hosts import hosts_dir, listed
+    from shard_ray.hosts import bringing_up, hosts_dir, listed
 
     clusters = listed()
     print(f"{len(clusters)} emulated cluster(s) up (state in {hosts_dir()})")
     for state in clusters:
-        print(f"  {state.describe()}")
+        pid = bringing_up(state)
+        print(f"  {state.describe()}" + (f" (coming up: `shard-ray hosts up`, pid {pid})" if pid is not None else ""))
 
 
 def _progress(line: str) -> None:

@@ -61,6 +61,9 @@ from shard_ray.profiling.store import plan_key
 from shard_ray.runtime import joined_ray
 from shard_ray.workload.tables import TableSpec
 
+# How often a gang waiting for its devices looks for a gang of its shape kept meanwhile (`DeviceGang._reserve`).
+RESERVE_POLL_S = 1.0
+
 
 @ray.remote
 class GangMember:
@@ -337,19 +340,46 @@ class DeviceGang:
             bundles, strategy=strategy, **({"lifetime": "detached", "name": self._group_name} if self._keep_s else {})
         )
         try:
-            try:
-                ray.get(self._group.ready(), timeout=self.reserve_timeout_s)
-            except ray.exceptions.GetTimeoutError as err:
-                available = ray.available_resources()
-                raise ShardRayError(
-                    f"cannot reserve {len(bundles)} bundles of {bundles[0]} ({strategy}) within "
-                    f"{self.reserve_timeout_s:.0f}s; the cluster has {available.get('CPU', 0):.0f} CPUs and "
-                    f"{available.get('GPU', 0):.0f} GPUs free"
-                ) from err
+            if self._reserve(bundles, strategy):
+                return
             self._start_members()
         except BaseException:
             self._stop()
             raise
+
+    def _reserve(self, bundles: list[dict[str, float]], strategy: str) -> bool:
+        """Wait for this gang's placement group; True where a gang of this shape was kept meanwhile and taken instead
+        (the group given up). On a Ray it joined, the devices may be held by another command's gang: asked again every
+        `RESERVE_POLL_S`, the keeper lends the gang that command leaves when it is done, or stops one of another
+        shape, where a command asking once waited out its time beside an idle gang of its own shape (a walk: two
+        `compare`s started 4 s apart on one head)."""
+        ready = self._group.ready()
+        began = time.monotonic()
+        while not ray.wait([ready], timeout=RESERVE_POLL_S)[0]:
+            if joined_ray():
+                if not self._keep_s:
+                    release_kept_gang()
+                else:
+                    waiting = self._group, self._group_name
+                    if self._take_kept(ray.get_runtime_context().get_job_id()):
+                        remove_placement_group(waiting[0])
+                        return True
+                    self._group, self._group_name = waiting
+            if time.monotonic() - began >= self.reserve_timeout_s:
+                available, total = ray.available_resources(), ray.cluster_resources()
+                held = (
+                    ": other work on this Ray holds the rest (another command's gang, Tune's trials, RLlib's workers);"
+                    " run it again once that is done"
+                    if all(total.get(name, 0) >= amount * len(bundles) for name, amount in bundles[0].items())
+                    else ""
+                )
+                raise ShardRayError(
+                    f"cannot reserve {len(bundles)} bundles of {bundles[0]} ({strategy}) within "
+                    f"{self.reserve_timeout_s:.0f} s; the cluster has {available.get('CPU', 0):.0f} of its "
+                    f"{total.get('CPU', 0):.0f} CPUs and {available.get('GPU', 0):.0f} of its {total.get('GPU', 0):.0f} "
+                    f"GPUs free{held}"
+                )
+        return False
 
     def _call_keeper(self, method: str, *args: Any) -> Any:
         """`method(*args)` on the cluster's keeper, started again should it have ended meanwhile (it ends when it
