@@ -431,12 +431,15 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
         for key, value in network.state_dict().items():
             assert torch.equal(value, restored.state_dict()[key]), key
 
-    train_policy(pool, tiny_config(iterations=2), out)  # resumes: one more iteration, not two
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train_policy(pool, tiny_config(iterations=2), out, tracking_uri=store)  # resumes: one more iteration, not two
+    went_on = capsys.readouterr().out
+    assert f"going on in MLflow run {json.loads((out / 'mlflow_run.json').read_text())['run_id']}" in went_on
     resumed = load_policy(policy_file)[1]
     assert resumed.iterations == 2 and resumed.validation["prior"] == record["prior"]  # judged against the same start
     assert resumed.validation["score"] <= record["score"]
     train_policy(pool, tiny_config(iterations=2), out)
-    printed = capsys.readouterr().out
+    printed = went_on + capsys.readouterr().out
     assert "nothing to train: 2 iterations done, --iterations 2 asked for in all" in printed
     # a later iteration's line ends at its time: RLlib's smoothed timers would show mostly the first iteration's split
     assert re.search(r"\nPPO iteration 2/2: mean return .*, \d+\.\d s\n", printed), printed
@@ -486,7 +489,10 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=[POLICY_EXPERIMENT])
-    assert len(runs) == 1 and runs.iloc[0]["tags.kind"] == "policy"
+    # the resumed training went on in the first one's run, not a run of its own holding iteration 2 alone (a walk)
+    assert len(runs) == 1 and runs.iloc[0]["tags.kind"] == "policy" and runs.iloc[0]["status"] == "FINISHED"
+    history = mlflow.MlflowClient().get_metric_history(runs.iloc[0]["run_id"], "policy_episode_return")
+    assert sorted(m.step for m in history) == [1, 2]
 
 
 def test_policy_file_round_trip_and_bad_files(tmp_path):

@@ -10,6 +10,7 @@ placing without Ray. Each iteration is logged to MLflow when a tracking URI is g
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from shard_ray.costmodel.models import CostModels, default_cost_model_path
+from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import OptionScorer, save_policy
@@ -266,7 +268,11 @@ def train_policy(
             if held_out is None:  # the network as it starts: the untrained one's prior, on a new run
                 held_out = HeldOut.starting(policy_network(algo), algo.iteration, tasks, seed, models)
                 print(held_out.describe_start(), flush=True)
-        logger = MlflowIterationLogger(tracking_uri, experiment, "policy/train", info) if tracking_uri else None
+        logger = (
+            MlflowIterationLogger(tracking_uri, experiment, "policy/train", info, out, resumed)
+            if tracking_uri
+            else None
+        )
         try:
             train_iterations(
                 algo,
@@ -445,15 +451,27 @@ class HeldOut:
 
 
 class MlflowIterationLogger:
-    """One MLflow run for a training: its settings, a metric per iteration, the policy file at the end."""
+    """One MLflow run for a training: its settings, a metric per iteration, the policy file at the end. A training
+    resumed in `out` goes on in the run it started (recorded in `out`'s `RUN_FILE`), where that run is still in the
+    store and experiment: resumed as a run of its own, it was a second run holding the later iterations alone, beside
+    the first one stopped (a walk)."""
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, info: PolicyInfo) -> None:
+    def __init__(
+        self, tracking_uri: str, experiment: str, run_name: str, info: PolicyInfo, out: Path, resumed: bool
+    ) -> None:
         import mlflow
 
         self.mlflow, self.tracking_uri = mlflow, tracking_uri
-        use_experiment(tracking_uri, experiment)
+        experiment_id = use_experiment(tracking_uri, experiment)
+        record = out / RUN_FILE
+        earlier = _run_to_go_on(record, tracking_uri, experiment_id) if resumed else None
+        if earlier is not None:
+            self.run = mlflow.start_run(run_id=earlier)
+            print(f"going on in MLflow run {earlier}")
+            return
         self.run = mlflow.start_run(run_name=run_name, tags={"kind": "policy", "hardware": info.hardware})
         mlflow.log_params({"cost_model": info.cost_model, **{k: str(v) for k, v in info.config.items()}})
+        write_json(record, {"tracking_uri": tracking_uri, "run_id": self.run.info.run_id})
 
     def log_iteration(self, iteration: int, result: dict[str, Any]) -> None:
         self.mlflow.log_metric("policy_episode_return", episode_return(result), step=iteration)
@@ -468,3 +486,22 @@ class MlflowIterationLogger:
             self.mlflow.log_artifact(str(policy_file))
         self.mlflow.end_run(status=status)
         print(f"logged MLflow run {self.run.info.run_id} to {self.tracking_uri}")
+
+
+# In a training's folder: the MLflow run it logs to, which a resumed training goes on in.
+RUN_FILE = "mlflow_run.json"
+
+
+def _run_to_go_on(record: Path, tracking_uri: str, experiment_id: str) -> str | None:
+    """The run `record` names, where it is in this store and experiment and not deleted; else None (a new run)."""
+    import mlflow
+
+    try:
+        recorded = json.loads(record.read_text())
+        if recorded["tracking_uri"] != tracking_uri:
+            return None
+        run = mlflow.MlflowClient().get_run(recorded["run_id"])
+    except (OSError, ValueError, KeyError, mlflow.exceptions.MlflowException):
+        return None
+    active = run.info.lifecycle_stage == "active" and run.info.experiment_id == experiment_id
+    return run.info.run_id if active else None

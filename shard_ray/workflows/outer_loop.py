@@ -187,7 +187,11 @@ def run_outer_loop(
             print(
                 f"note: the cost models were trained on {models.hardware}; the loop adapts them to {profiler.hardware}"
             )
-        logger = MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info) if tracking_uri else None
+        logger = (
+            MlflowIterationLogger(tracking_uri, experiment, "policy/outer-loop", info, out, resumed=bool(history))
+            if tracking_uri
+            else None
+        )
         if logger:
             resources.callback(logger.close, policy_file)
         with MeasurementStore(store_path or out / "measurements.db") as store:
