@@ -1,6 +1,7 @@
 """The documentation: the MkDocs site builds without a warning, and README.md stays a short front page whose links hold."""
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -237,3 +238,25 @@ def test_the_gpu_pages_training_step_is_what_its_kept_log_says():
         assert f"| {share} ({quartiles}) |" in page, f"{share} ({quartiles}) is not on docs/gpu.md"
     for ratio in ratios:
         assert ratio in page, f"{ratio} is not on docs/gpu.md"
+
+
+@pytest.mark.slow(seconds=15)
+def test_the_python_pages_code_plans_as_the_plan_command_does_and_hands_torchrec_its_plan(tmp_path):
+    """docs/python.md's code blocks, pasted into one script and run by the environment's Python as a user's training
+    script would: the plan file it writes is the one `shard-ray plan` writes of the same tables (the script's own,
+    written to a table file after it), devices and seed, and the plan reaches TorchRec as a ShardingPlan."""
+    page = "\n".join(code_blocks(REPO / "docs" / "python.md"))
+    tables_after = "from shard_ray.workload.tables import save_tables\nsave_tables('my_model.json', tables)\n"
+    (tmp_path / "page.py").write_text(page + "\n" + tables_after)
+    env = {**os.environ, "SHARD_RAY_HOME": str(tmp_path / "home")}
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "page.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "simulated plan cost: " in done.stdout and "| sharding type |" in done.stdout, done.stdout
+    flags = ["--tables", "my_model.json", "--devices", "4", "--memory-gb", "16", "--algo", "cost_search"]
+    planned = subprocess.run([str(REPO / ".venv" / "bin" / "shard-ray"), "plan", *flags, "--out", "cli.json"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    from_python, from_cli = (json.loads((tmp_path / name).read_text()) for name in ("plan.json", "cli.json"))
+    assert from_python["shards"] == from_cli["shards"] and from_python["tables"] == from_cli["tables"]
+    assert from_python["settings"]["tables_digest"] == from_cli["settings"]["tables_digest"]
