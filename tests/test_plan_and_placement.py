@@ -605,3 +605,64 @@ def test_the_placement_benchmark_times_another_release_beside_this_one_and_remov
         "shard-ray: error: --previous no-such-commit: no such commit in this repository "
         "(see python experiments/planning_scale.py --help)"
     ]
+
+
+def test_planning_from_python_makes_the_plan_the_plan_command_makes(tmp_path, monkeypatch, capsys):
+    """docs/python.md's `plan_tables` is `shard-ray plan` before its measuring: the models `calibrate` saved for this
+    machine, the rate between hosts `plan` takes, a price for a heuristic's plan (from a script, `place` alone took the
+    shipped models, TorchRec's 12.5 GB/s and left heuristics' plans unpriced: a walk). What a script gets wrong is
+    refused in a line: a hardware id naming no device, constraints that are not a `Constraints`; memory in GB times
+    `GB` is whole bytes."""
+    from console import shard_ray_here
+
+    from shard_ray.costmodel.models import PRETRAINED_DIR, hardware_models_path
+    from shard_ray.placement import plan_tables
+    from shard_ray.plan.constraints import Constraints
+    from shard_ray.profiling.hardware import hardware_id
+    from shard_ray.workload.tables import save_tables
+
+    monkeypatch.setenv("SHARD_RAY_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    tables = [TableSpec(name=f"t{i}", rows=200_000 * (i + 1), dim=64, pooling_factor=2.0 + i) for i in range(12)]
+    save_tables("tables.json", tables)
+    # what `calibrate` leaves for this machine: another machine's shipped models stand in for its fit
+    calibrated = hardware_models_path(hardware_id(threads=1))
+    calibrated.parent.mkdir(parents=True)
+    calibrated.write_bytes((PRETRAINED_DIR / "cpu-Intel-R-Xeon-R-Processor-1thread.pt").read_bytes())
+    over_hosts = Topology(num_devices=8, memory_bytes=round(1.5 * GB), devices_per_host=4)
+    flags = ["--devices", "8", "--devices-per-host", "4", "--memory-gb", "1.5"]
+    for algorithm in ("cost_search", "size_greedy"):
+        plan = plan_tables(algorithm, tables, over_hosts, say=print)
+        said = capsys.readouterr().out
+        done = shard_ray_here(capsys, "plan", "--tables", "tables.json", *flags, "--algo", algorithm, "--out", "p.json")
+        assert done.returncode == 0, done.stderr
+        made = load_plan("p.json")
+        assert plan.shards == made.shards and plan.settings == made.settings and plan.estimate == made.estimate
+        assert plan.estimate.cost_model == str(calibrated.resolve())
+        assert said.strip() in done.stdout and said.startswith("between hosts: ")
+        assert plan.topology().inter_host_gbps == plan.settings.inter_host_gbps != over_hosts.inter_host_gbps
+    assert place("size_greedy", tables, over_hosts).estimate is None  # the placing alone, as documented
+    with pytest.raises(ShardRayError, match="hardware id 'h100' names no kind of device"):
+        plan_tables("size_greedy", tables, over_hosts, hardware="h100")
+    with pytest.raises(ShardRayError, match="constraints: give a Constraints .*, not a dict"):
+        plan_tables("cost_search", tables, over_hosts, constraints={"tables": {"t0": {"devices": [1]}}})
+    pinned = plan_tables("cost_search", tables, over_hosts, constraints=Constraints(tables={"t0": {"devices": [1]}}))
+    assert {s.device for s in pinned.shards if s.table == "t0"} == {1}
+    assert Topology(num_devices=2, memory_bytes=1.3 * GB).memory_bytes == round(1.3 * GB)
+    with pytest.raises(ShardRayError, match=r"^tables: duplicate table name 't0'$"):
+        place("size_greedy", [tables[0], tables[0]], over_hosts)
+
+
+def test_exporting_in_process_refuses_a_plan_over_the_cap_it_was_made_under():
+    """`export_plan` from a script refuses, as `shard-ray export` does, a plan whose tables have grown past the cap it
+    was made under: TorchRec's ranks would run out of memory at their start (a walk's export put 48 GiB on a device
+    of 8)."""
+    from shard_ray.errors import InfeasibleError
+    from shard_ray.interop.torchrec import export_plan
+
+    tables = [TableSpec(name=f"t{i}", rows=10_000, dim=32, pooling_factor=1.0) for i in range(4)]
+    plan = place("size_greedy", tables, Topology(num_devices=2, memory_bytes=GB // 100))
+    assert len(export_plan(plan, tables).tables) == 4
+    grown = [tables[0].model_copy(update={"rows": 10_000_000}), *tables[1:]]
+    with pytest.raises(InfeasibleError, match=r"plan needs \d+\.\d+ GiB on device \d, over the cap of 0\.010 GiB"):
+        export_plan(plan, grown)

@@ -23,7 +23,7 @@ from shard_ray.cli.common import (
 )
 from shard_ray.cli.flags import add_settings, flag_name, given, settings_from
 from shard_ray.configfile import setting
-from shard_ray.errors import ShardRayError
+from shard_ray.errors import InfeasibleError, ShardRayError
 from shard_ray.io import DOCUMENT_SUFFIXES
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import (
@@ -240,7 +240,7 @@ def cmd_algorithms(args: argparse.Namespace) -> None:
 def cmd_plan(args: argparse.Namespace) -> None:
     from shard_ray.plan.constraints import load_constraints
     from shard_ray.plan.plan import save_plan
-    from shard_ray.profiling.hardware import check_hardware_id, hardware_id
+    from shard_ray.profiling.hardware import check_hardware_id
     from shard_ray.workload.tables import load_tables
 
     flags = settings_from(PlanArgs, args)
@@ -278,33 +278,22 @@ def cmd_plan(args: argparse.Namespace) -> None:
         from shard_ray.tracking.report_process import ReportProcess
 
     with ReportProcess(tracking_uri, [log_comparison]) if reports else contextlib.nullcontext() as report:
-        hardware = flags.hardware or hardware_id(threads=1)  # as the profiling actors and the gang name it
-        # the searches and the models (torch) once the input is known good: a refusal above answers at once
-        from shard_ray.placement import place
-        from shard_ray.placement.base import PlacementContext, priced, with_fitted_links
+        # the searches and the models once the input is known good: a refusal above answers at once
+        from shard_ray.placement import plan_tables
 
-        context = PlacementContext(
-            cost_model=flags.cost_model,
-            hardware=hardware,
-            devices_per_host=topology.devices_per_host_if_spanning,
-            tables=tables,
-        )
-        topology, rate_between_hosts = with_fitted_links(topology, context)
-        if rate_between_hosts:
-            print(rate_between_hosts)
-        plan = place(
+        plan = plan_tables(
             flags.algo,
             tables,
             topology,
             seed=flags.seed,
             cost_model=flags.cost_model,
-            hardware=hardware,
+            hardware=flags.hardware,
             settings=flags.algorithm_settings(),
             settings_source=flags.search_config,
             constraints=constraints,
+            say=print,
         )
-        if plan.estimate is None:  # placed without the models (a heuristic, TorchRec): priced by them all the same
-            plan = priced(plan, tables, topology, flags.cost_model, hardware)
+        topology = plan.topology()  # with the rate between hosts it was planned with
         _print_placed(plan, tables, topology, flags)
         if flags.explain:
             plan = explained(plan, tables, topology, flags, constraints)
@@ -626,7 +615,6 @@ def _baselines_plans(
 ) -> list[Plan]:
     """Every baseline's plan of the task (under constraints, of the baselines that honour them), each priced by
     the models that priced `plan`; a baseline that finds no plan is said and left out."""
-    from shard_ray.errors import InfeasibleError
     from shard_ray.placement import algorithms, place
     from shard_ray.placement.base import priced
     from shard_ray.profiling.hardware import hardware_id
@@ -724,13 +712,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     tables = load_tables(flags.tables)
     plan = load_plan(flags.plan)
     check_plan_of(plan, flags.plan, tables, flags.tables)
-    if plan.settings is not None:  # the cap the plan was made under: over it, the ranks run out of memory at their
-        # start (a walk exported a plan of other shapes that `compare` refused as over its cap)
-        try:
-            plan.check_memory(tables, TopologyArgs().topology(plan.num_devices, plan.settings))
-        except ShardRayError as err:
-            raise ShardRayError(f"{flags.plan}: {err}") from None
-    exported = export_plan(plan, tables, module_path=flags.module_path, device_type=flags.device)
+    try:  # over the cap it was made under, of other shapes (a walk exported such a plan, which `compare` refused)
+        exported = export_plan(plan, tables, module_path=flags.module_path, device_type=flags.device)
+    except InfeasibleError as err:
+        raise ShardRayError(f"{flags.plan}: {err}") from None
     say_other_shapes(plan, flags.plan, tables, flags.tables)
     save_export(flags.out, exported)
     kinds = Counter(t.sharding_type.replace("_", "-") for t in exported.tables.values())

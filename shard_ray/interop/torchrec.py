@@ -282,9 +282,13 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
     dense on every rank; a row-wise table must be in TorchRec's layout (blocks of ceil(rows / D)
     rows, block k on rank k, as `row_wise` cuts it), because TorchRec's input distribution
     bucketizes ids that way, and goes with TorchRec's empty blocks for ranks past its rows; a
-    table-row-wise table likewise over its host's ranks (blocks of ceil(rows / local world size)).
+    table-row-wise table likewise over its host's ranks (blocks of ceil(rows / local world size)). A plan that puts
+    more on a device than the cap it was made under (of tables grown since, say) is refused: its ranks would run out
+    of memory at their start.
     """
     plan.check(tables)
+    if plan.settings is not None:
+        plan.check_memory(tables, plan.topology())
     by_name = {t.name: t for t in tables}
     shardings = plan.table_shardings(tables)
     exported = {}

@@ -24,6 +24,7 @@ from pydantic_core import to_jsonable_python
 
 from shard_ray.configfile import dataclass_from
 from shard_ray.errors import ShardRayError, did_you_mean
+from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import Topology
 from shard_ray.threads import one_thread
@@ -31,7 +32,6 @@ from shard_ray.workload.tables import TableSpec, table_digests, task_digest, val
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.models import CostModels
-    from shard_ray.plan.constraints import Constraints
 
 
 class Placer(Protocol):
@@ -188,6 +188,11 @@ def place(
     if not info.handles(len(tables)):
         raise ShardRayError(f"{name!r} is for tasks of at most {info.max_tables} tables; this one has {len(tables)}")
     if constraints is not None:
+        if not isinstance(constraints, Constraints):  # a dict from a script, say: an AttributeError deep in the check
+            raise ShardRayError(
+                "constraints: give a Constraints (shard_ray.plan.constraints: Constraints(tables={...}, groups=[...]), "
+                f"or load_constraints(path)), not a {type(constraints).__name__}"
+            )
         if not info.takes_constraints:
             takers = ", ".join(i.name for i in _REGISTRY.values() if i.takes_constraints)
             raise ShardRayError(f"{name!r} does not take a constraints file; algorithms that do: {takers}")
@@ -226,6 +231,53 @@ def place(
             raise ShardRayError(f"{name}'s plan breaks the constraints: {'; '.join(broken)}")
         if context.used_models:
             plan = plan.model_copy(update={"estimate": _estimate(plan, tables, topology, context)})
+    return plan
+
+
+def plan_tables(
+    name: str,
+    tables: list[TableSpec],
+    topology: Topology,
+    *,
+    seed: int = 0,
+    cost_model: str | None = None,
+    hardware: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    settings_source: str | None = None,
+    constraints: Constraints | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Plan:
+    """The plan `shard-ray plan` makes, before any measuring: `place` for the hardware the plan is for (`hardware`,
+    checked; by default this machine's, as the profiling actors and the gang name it), so that the models `calibrate`
+    saved for it price and place; where `topology` spans hosts and gives no rate between them, the rate
+    `with_fitted_links` takes (its line to `say`); a plan placed without the models (a heuristic's, TorchRec's) priced
+    by them all the same (`priced`). `place` alone, called from a script, took the shipped models, TorchRec's default
+    rate between hosts and left heuristics' plans unpriced (a walk). The plan's topology is `plan.topology()`."""
+    from shard_ray.profiling.hardware import check_hardware_id, hardware_id
+
+    if hardware is None:
+        hardware = hardware_id(threads=1)
+    else:
+        check_hardware_id(hardware)
+    context = PlacementContext(
+        cost_model=cost_model, hardware=hardware, devices_per_host=topology.devices_per_host_if_spanning, tables=tables
+    )
+    topology, rate_between_hosts = with_fitted_links(topology, context)
+    if rate_between_hosts and say is not None:
+        say(rate_between_hosts)
+    plan = place(
+        name,
+        tables,
+        topology,
+        seed=seed,
+        cost_model=cost_model,
+        hardware=hardware,
+        settings=settings,
+        settings_source=settings_source,
+        constraints=constraints,
+    )
+    if plan.estimate is None:
+        plan = priced(plan, tables, topology, cost_model, hardware)
     return plan
 
 

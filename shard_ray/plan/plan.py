@@ -192,6 +192,19 @@ class PlanSettings(BaseModel):
     # each table's digest (`table_digests`), by name: the warning names the tables whose shapes changed
     table_digests: dict[str, str] | None = None
 
+    def topology(self, num_devices: int) -> Topology:
+        """The topology of `num_devices` these settings record (`for_topology`'s inverse)."""
+        rates = {"inter_host_gbps": self.inter_host_gbps, "intra_host_gbps": self.intra_host_gbps,
+                 "host_link_gbps": self.host_link_gbps}  # fmt: skip
+        return Topology(
+            num_devices=num_devices,
+            memory_bytes=round(self.memory_gb * GB),
+            batch_size=self.batch_size,
+            optimizer=self.optimizer,
+            devices_per_host=self.devices_per_host,
+            **{name: rate for name, rate in rates.items() if rate is not None},
+        )
+
     @classmethod
     def for_topology(cls, topology: Topology, **made_with: Any) -> PlanSettings:
         """What a plan for `topology` records of it (its rates between hosts only where it has hosts), with
@@ -477,6 +490,12 @@ class Plan(BaseModel):
                     + f", but its shards are laid out {seen.type}"
                     + (f" on host {seen.host}" if seen.host is not None else "")
                 )
+
+    def topology(self) -> Topology:
+        """The topology the plan was made for, as its settings record it."""
+        if self.settings is None:
+            raise ShardRayError("the plan records no settings (a plan written by hand, say): not the devices it is for")
+        return self.settings.topology(self.num_devices)
 
     def device_memory_bytes(self, tables: list[TableSpec], topology: Topology) -> list[int]:
         used = [0] * self.num_devices

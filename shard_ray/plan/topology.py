@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shard_ray.configfile import setting
 from shard_ray.errors import ShardRayError
@@ -49,6 +49,12 @@ class Topology(BaseModel):
     inter_host_gbps: float = Field(default=12.5, gt=0)
     intra_host_gbps: float | None = Field(default=None, gt=0)
     host_link_gbps: float | None = Field(default=None, gt=0)
+
+    @field_validator("memory_bytes", mode="before")
+    @classmethod
+    def _whole_bytes(cls, value: Any) -> Any:
+        """`memory_gb * GB`, as the docs write it: a float of bytes rounded to whole bytes (1.3 * GB was refused)."""
+        return round(value) if isinstance(value, float) and value == value and abs(value) != float("inf") else value
 
     @model_validator(mode="after")
     def _whole_hosts(self) -> Topology:

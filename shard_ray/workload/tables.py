@@ -224,7 +224,8 @@ def validate_tables(tables: list[TableSpec]) -> list[TableSpec]:
     try:
         return TableFile(tables=tables).tables
     except ValidationError as err:
-        raise ShardRayError(describe_validation_error(err, "tables")) from err
+        # the field is named `tables` too: "tables: duplicate table name 'a'", where it read "tables: tables: ..."
+        raise ShardRayError(describe_validation_error(err, "tables").removeprefix("tables: ")) from err
 
 
 def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
