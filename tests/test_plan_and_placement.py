@@ -649,6 +649,8 @@ def test_planning_from_python_makes_the_plan_the_plan_command_makes(tmp_path, mo
     pinned = plan_tables("cost_search", tables, over_hosts, constraints=Constraints(tables={"t0": {"devices": [1]}}))
     assert {s.device for s in pinned.shards if s.table == "t0"} == {1}
     assert Topology(num_devices=2, memory_bytes=1.3 * GB).memory_bytes == round(1.3 * GB)
+    with pytest.raises(ShardRayError, match="seed must be a whole number, 0 or more, got '7'"):
+        plan_tables("random", tables, over_hosts, seed="7")
     with pytest.raises(ShardRayError, match=r"^tables: duplicate table name 't0'$"):
         place("size_greedy", [tables[0], tables[0]], over_hosts)
 

@@ -11,6 +11,7 @@ estimate (predicted per-device costs and the task's lower bound), and `priced` g
 from __future__ import annotations
 
 import gc
+import operator
 import sys
 import threading
 import time
@@ -184,6 +185,8 @@ def place(
     (a constraints file's) are honoured by the algorithms registered as taking them, refused by the rest.
     """
     info = algorithm(name)
+    if not hasattr(seed, "__index__") or operator.index(seed) < 0:  # numpy's own error, from a script's "7"
+        raise ShardRayError(f"seed must be a whole number, 0 or more, got {seed!r}")
     tables = validate_tables(tables)
     if not info.handles(len(tables)):
         raise ShardRayError(f"{name!r} is for tasks of at most {info.max_tables} tables; this one has {len(tables)}")
