@@ -244,8 +244,8 @@ def test_the_gpu_pages_training_step_is_what_its_kept_log_says():
 def test_the_python_pages_code_plans_as_the_plan_command_does_and_hands_torchrec_its_plan(tmp_path):
     """docs/python.md's code blocks, pasted into one script and run by the environment's Python as a user's training
     script would: the plan file it writes is the one `shard-ray plan` writes of the same tables (the script's own,
-    written to a table file after it), devices and seed, and the plan reaches TorchRec as a ShardingPlan."""
-    page = "\n".join(code_blocks(REPO / "docs" / "python.md"))
+    written to a table file after it), devices and seed, and the plan reaches TorchRec as a ShardingPlan and comes back from it."""
+    page = "\n".join(b for b in code_blocks(REPO / "docs" / "python.md") if not b.startswith("shard-ray "))
     tables_after = "from shard_ray.workload.tables import save_tables\nsave_tables('my_model.json', tables)\n"
     (tmp_path / "page.py").write_text(page + "\n" + tables_after)
     env = {**os.environ, "SHARD_RAY_HOME": str(tmp_path / "home")}
@@ -260,3 +260,12 @@ def test_the_python_pages_code_plans_as_the_plan_command_does_and_hands_torchrec
     from_python, from_cli = (json.loads((tmp_path / name).read_text()) for name in ("plan.json", "cli.json"))
     assert from_python["shards"] == from_cli["shards"] and from_python["tables"] == from_cli["tables"]
     assert from_python["settings"]["tables_digest"] == from_cli["settings"]["tables_digest"]
+    # the TorchRec plan read back is the plan it was exported from, its file one `compare` takes (the page's line)
+    current = json.loads((tmp_path / "current.json").read_text())
+    assert current["shards"] == from_python["shards"] and current["algorithm"] == "current"
+    from shard_ray.cli import build_parser
+
+    for line in page_block("python.md", "shard-ray compare").splitlines():  # as `shard-ray` parses them
+        argv = shlex.split(line)[1:]
+        flags = vars(build_parser(argv[0]).parse_args(argv))
+        assert "current.json" in (flags.get("plans") or [flags.get("incumbent")]), line

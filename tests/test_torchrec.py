@@ -421,3 +421,33 @@ def test_the_benchmark_says_which_algorithms_no_race_measured_slower():
     assert headline({**summarise(per_task, {}, {"size_greedy"}), "hardware": "cpu"})["never_separated_slower"] == [
         "neuroshard"
     ]
+
+
+def test_a_torchrec_sharding_plan_comes_back_as_the_plan_it_was_exported_from():
+    """`plan_from_torchrec` reads the ShardingPlan a model trains with today into a shard-ray plan (to compare, race as
+    the incumbent, price): every sharding type over 2 hosts of 4 comes back as it was exported, shard for shard and
+    type for type; what is not such a plan of these tables is refused in a line."""
+    from shard_ray.interop.torchrec import plan_from_torchrec
+    from shard_ray.placement import plan_tables
+    from shard_ray.plan.constraints import Constraints
+
+    tables = [TableSpec(name=f"t{i}", rows=300_000 * (i + 1), dim=64, pooling_factor=2.0 + 3 * i) for i in range(10)]
+    kinds = {"t0": "data_parallel", "t3": "column_wise", "t5": "table_row_wise", "t9": "row_wise"}
+    constraints = Constraints(tables={name: {"types": [kind]} for name, kind in kinds.items()})
+    plan = plan_tables("cost_search", tables, Topology(num_devices=8, memory_bytes=GB, devices_per_host=4),
+                       constraints=constraints)  # fmt: skip
+    assert {name: plan.table_shardings(tables)[name].type for name in kinds} == kinds
+    sharding = sharding_plan(export_plan(plan, tables, module_path="sparse.ebc"))
+    back = plan_from_torchrec(sharding, tables, plan.topology(), module_path="sparse.ebc", name="current")
+    assert sorted(s.model_dump_json() for s in back.shards) == sorted(s.model_dump_json() for s in plan.shards)
+    assert back.tables == plan.tables and back.algorithm == "current"
+    assert back.settings.tables_digest == plan.settings.tables_digest and back.topology() == plan.topology()
+    with pytest.raises(ShardRayError, match=r"no module '' \(its modules: 'sparse.ebc'\): give module_path"):
+        plan_from_torchrec(sharding, tables, plan.topology())
+    with pytest.raises(ShardRayError, match="expected a TorchRec ShardingPlan, got a Plan"):
+        plan_from_torchrec(plan, tables, plan.topology())
+    with pytest.raises(ShardRayError, match="shards tables not among these: 't9'"):
+        plan_from_torchrec(sharding, tables[:9], plan.topology(), module_path="sparse.ebc")
+    with pytest.raises(ShardRayError, match="over the cap of 0.100 GiB"):
+        plan_from_torchrec(sharding, tables, Topology(num_devices=8, memory_bytes=GB // 10, devices_per_host=4),
+                           module_path="sparse.ebc")  # fmt: skip

@@ -33,9 +33,9 @@ from shard_ray.errors import InfeasibleError, ShardRayError, describe_validation
 from shard_ray.io import read_document, write_document
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
-from shard_ray.plan.plan import Plan, Shard, TableSharding, laid_out_as
+from shard_ray.plan.plan import Plan, PlanSettings, Shard, TableSharding, laid_out_as
 from shard_ray.plan.topology import Topology, format_gb
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableSpec, table_digests, task_digest
 
 EXPORT_FORMAT = "shard-ray-torchrec-plan/1"
 
@@ -231,6 +231,37 @@ def _as_plan(module_plan: Any, tables: list[TableSpec], topology: Topology) -> P
                 Shard(table=name, device=meta.placement.rank(), columns=(start, start + width), rows=row_range)
             )
     return Plan(num_devices=topology.num_devices, algorithm="torchrec", shards=shards, tables=recorded)
+
+
+def plan_from_torchrec(
+    sharding: Any, tables: list[TableSpec], topology: Topology, module_path: str = "", name: str = "torchrec_plan"
+) -> Plan:
+    """A TorchRec `ShardingPlan` (the plan a model trains with today: its planner's, or a team's own rules) as a
+    shard-ray plan of `tables` on `topology`, the `EmbeddingBagCollection` at `module_path`; `name` its algorithm, as
+    `compare` names it. Checked as a plan file is (every table placed once, within the devices' memory), its settings
+    recorded as `plan` records them, so that `evaluate`, `compare` and `plan --measure --incumbent` take its file
+    (`save_plan`) beside shard-ray's. The inverse of `sharding_plan(export_plan(...))`."""
+    plans = getattr(sharding, "plan", None)
+    if not isinstance(plans, dict):
+        raise ShardRayError(f"expected a TorchRec ShardingPlan, got a {type(sharding).__name__}")
+    if module_path not in plans:
+        found = ", ".join(repr(m) for m in plans) or "none"
+        raise ShardRayError(f"the ShardingPlan has no module {module_path!r} (its modules: {found}): give module_path")
+    module_plan = plans[module_path]
+    unknown = sorted(set(module_plan) - {t.name for t in tables})
+    if unknown:
+        raise ShardRayError(f"the ShardingPlan shards tables not among these: {', '.join(map(repr, unknown[:5]))}")
+    plan = _as_plan(module_plan, tables, topology).model_copy(
+        update={
+            "algorithm": name,
+            "settings": PlanSettings.for_topology(
+                topology, tables_digest=task_digest(tables), table_digests=table_digests(tables)
+            ),
+        }
+    )
+    plan.check(tables)
+    plan.check_memory(tables, topology)
+    return plan.model_copy(update={"memory_bytes": plan.device_memory_bytes(tables, topology)})
 
 
 class ExportedShard(BaseModel):
