@@ -1,5 +1,6 @@
 """TorchRec for real: its planner as a baseline, and exported plans driving DistributedModelParallel on 2 gloo ranks."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -448,6 +449,17 @@ def test_a_torchrec_sharding_plan_comes_back_as_the_plan_it_was_exported_from():
         plan_from_torchrec(plan, tables, plan.topology())
     with pytest.raises(ShardRayError, match="shards tables not among these: 't9'"):
         plan_from_torchrec(sharding, tables[:9], plan.topology(), module_path="sparse.ebc")
+    # what a team's plan may hold and a shard-ray plan cannot: a type it does not express, rows held off the device
+    for field, value, said in (
+        ("sharding_type", "table_column_wise", "'t1' is sharded table_column_wise, which a shard-ray plan cannot"),
+        ("compute_kernel", "fused_uvm_caching", "'t1' runs TorchRec's fused_uvm_caching kernel, which shard-ray"),
+    ):
+        module = dict(sharding.plan["sparse.ebc"])
+        module["t1"] = dataclasses.replace(module["t1"], **{field: value})
+        with pytest.raises(ShardRayError, match=said):
+            plan_from_torchrec(
+                type(sharding)({"sparse.ebc": module}), tables, plan.topology(), module_path="sparse.ebc"
+            )
     with pytest.raises(ShardRayError, match="over the cap of 0.100 GiB"):
         plan_from_torchrec(sharding, tables, Topology(num_devices=8, memory_bytes=GB // 10, devices_per_host=4),
                            module_path="sparse.ebc")  # fmt: skip

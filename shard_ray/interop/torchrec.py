@@ -213,7 +213,13 @@ def _as_plan(module_plan: Any, tables: list[TableSpec], topology: Topology) -> P
     for name, sharding in module_plan.items():
         if sharding.sharding_type not in TORCHREC_TYPES:
             raise ShardRayError(
-                f"TorchRec chose {sharding.sharding_type} for {name!r}, which a shard-ray plan cannot express"
+                f"table {name!r} is sharded {sharding.sharding_type}, which a shard-ray plan cannot express (it takes "
+                f"{', '.join(TORCHREC_TYPES)})"
+            )
+        if sharding.compute_kernel not in ("fused", "dense"):  # rows in host memory or a cache: not what is measured
+            raise ShardRayError(
+                f"table {name!r} runs TorchRec's {sharding.compute_kernel} kernel, which shard-ray neither measures nor "
+                "prices (it holds every table in device memory, fused or dense): give it the fused kernel to compare"
             )
         if sharding.sharding_type == "data_parallel":
             recorded[name] = _recorded_sharding(sharding.sharding_type, sharding.ranks, topology, len(sharding.ranks))
