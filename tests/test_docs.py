@@ -260,9 +260,16 @@ def test_the_python_pages_code_plans_as_the_plan_command_does_and_hands_torchrec
     from_python, from_cli = (json.loads((tmp_path / name).read_text()) for name in ("plan.json", "cli.json"))
     assert from_python["shards"] == from_cli["shards"] and from_python["tables"] == from_cli["tables"]
     assert from_python["settings"]["tables_digest"] == from_cli["settings"]["tables_digest"]
-    # the TorchRec plan read back is the plan it was exported from, its file one `compare` takes (the page's line)
-    current = json.loads((tmp_path / "current.json").read_text())
-    assert current["shards"] == from_python["shards"] and current["algorithm"] == "current"
+    # TorchRec's planner's plan, through a ShardingPlan and read back, is what `plan --algo torchrec` writes, priced by
+    # the models that priced shard-ray's; its file one the page's commands take
+    torchrec = subprocess.run([str(REPO / ".venv" / "bin" / "shard-ray"), "plan", *flags[:-1], "torchrec", "--out",
+                               "torchrec.json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert torchrec.returncode == 0, torchrec.stderr[-2000:]
+    current, planned = (json.loads((tmp_path / name).read_text()) for name in ("current.json", "torchrec.json"))
+    assert sorted(map(json.dumps, current["shards"])) == sorted(map(json.dumps, planned["shards"]))
+    assert current["algorithm"] == "current" and current["shards"] != from_python["shards"]
+    assert current["estimate"]["predicted"] == planned["estimate"]["predicted"]
+    assert f"priced: current {planned['estimate']['predicted']['cost_ms']:.3f} ms" in done.stdout
     from shard_ray.cli import build_parser
 
     for line in page_block("python.md", "shard-ray compare").splitlines():  # as `shard-ray` parses them

@@ -460,6 +460,12 @@ def test_a_torchrec_sharding_plan_comes_back_as_the_plan_it_was_exported_from():
             plan_from_torchrec(
                 type(sharding)({"sparse.ebc": module}), tables, plan.topology(), module_path="sparse.ebc"
             )
+    # a plan of another world: one table on every rank says how many there are (4 ranks read as 8 devices were taken)
+    halves = {name: p for name, p in sharding.plan["sparse.ebc"].items() if name in ("t0", "t9")}
+    with pytest.raises(ShardRayError, match="over 8 ranks, where the topology has 16 ranks: give the Topology"):
+        plan_from_torchrec(type(sharding)({"": halves}), tables, Topology(num_devices=16, memory_bytes=GB))
+    with pytest.raises(ShardRayError, match="is on rank 7, past the topology's 4 devices"):
+        plan_from_torchrec(sharding, tables, Topology(num_devices=4, memory_bytes=GB), module_path="sparse.ebc")
     with pytest.raises(ShardRayError, match="over the cap of 0.100 GiB"):
         plan_from_torchrec(sharding, tables, Topology(num_devices=8, memory_bytes=GB // 10, devices_per_host=4),
                            module_path="sparse.ebc")  # fmt: skip

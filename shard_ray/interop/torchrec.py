@@ -257,6 +257,20 @@ def plan_from_torchrec(
     unknown = sorted(set(module_plan) - {t.name for t in tables})
     if unknown:
         raise ShardRayError(f"the ShardingPlan shards tables not among these: {', '.join(map(repr, unknown[:5]))}")
+    # A table on every rank (row-wise, data-parallel) or every rank of a host says how many there are: a plan of 4
+    # ranks read as 8 devices was taken, 4 of them empty (a walk).
+    d, per_host = topology.num_devices, topology.devices_per_host_or_all
+    for table, sharding in module_plan.items():
+        ranks = list(sharding.ranks or [])
+        over = {"row_wise": d, "data_parallel": d, "table_row_wise": per_host}.get(sharding.sharding_type)
+        if ranks and max(ranks) >= d:
+            raise ShardRayError(f"table {table!r} is on rank {max(ranks)}, past the topology's {d} devices")
+        if over is not None and len(ranks) != over:
+            ranks_of = "ranks" if sharding.sharding_type != "table_row_wise" else "ranks of a host"
+            raise ShardRayError(
+                f"table {table!r} is {sharding.sharding_type} over {len(ranks)} ranks, where the topology has {over} "
+                f"{ranks_of}: give the Topology the ShardingPlan's world"
+            )
     plan = _as_plan(module_plan, tables, topology).model_copy(
         update={
             "algorithm": name,
