@@ -466,6 +466,12 @@ def test_a_torchrec_sharding_plan_comes_back_as_the_plan_it_was_exported_from():
         plan_from_torchrec(type(sharding)({"": halves}), tables, Topology(num_devices=16, memory_bytes=GB))
     with pytest.raises(ShardRayError, match="is on rank 7, past the topology's 4 devices"):
         plan_from_torchrec(sharding, tables, Topology(num_devices=4, memory_bytes=GB), module_path="sparse.ebc")
+    # what export_plan takes from a script as the command's flags take it
+    with pytest.raises(ShardRayError, match="device_type must be 'cuda' or 'cpu'"):
+        export_plan(plan, tables, device_type="gpu")
+    with pytest.raises(ShardRayError, match="module path 'sparse..ebc' has an empty name between its dots"):
+        export_plan(plan, tables, module_path="sparse..ebc")
+    assert export_plan(plan, tables, module_path="layers.0.ebc").module_path == "layers.0.ebc"  # a Sequential's index
     with pytest.raises(ShardRayError, match="over the cap of 0.100 GiB"):
         plan_from_torchrec(sharding, tables, Topology(num_devices=8, memory_bytes=GB // 10, devices_per_host=4),
                            module_path="sparse.ebc")  # fmt: skip

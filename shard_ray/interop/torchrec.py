@@ -326,7 +326,9 @@ def _recorded_sharding(kind: str, ranks: list[int], topology: Topology, pieces: 
     return TableSharding(type=kind, host=ranks[0] // topology.devices_per_host_or_all)
 
 
-def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", device_type: str = "cuda") -> ExportedPlan:
+def export_plan(
+    plan: Plan, tables: list[TableSpec], module_path: str = "", device_type: Literal["cuda", "cpu"] = "cuda"
+) -> ExportedPlan:
     """A checked shard-ray plan as TorchRec parameter shardings.
 
     Table- and column-wise shards go as they are (column ranges in order); a data-parallel table is
@@ -337,6 +339,12 @@ def export_plan(plan: Plan, tables: list[TableSpec], module_path: str = "", devi
     more on a device than the cap it was made under (of tables grown since, say) is refused: its ranks would run out
     of memory at their start.
     """
+    if device_type not in ("cuda", "cpu"):  # pydantic's ValidationError for ExportedPlan, from a script
+        raise ShardRayError(f"device_type must be 'cuda' or 'cpu' (TorchRec's device types), got {device_type!r}")
+    if module_path and not all(module_path.split(".")):  # torch names no submodule "": "a..b" names none in any model
+        raise ShardRayError(
+            f"module path {module_path!r} has an empty name between its dots (e.g. sparse_arch.embedding_bag_collection)"
+        )
     plan.check(tables)
     if plan.settings is not None:
         plan.check_memory(tables, plan.topology())
