@@ -582,7 +582,7 @@ def measured_best(
     named = [(p.algorithm, p) for p in [plan, *_baselines_plans(plan, tables, topology, flags, constraints)]]
     if incumbent is not None:
         models = plan.estimate.cost_model if plan.estimate else None
-        hardware = flags.hardware or hardware_id(threads=1)  # as `cmd_plan` names it
+        hardware = flags.hardware or hardware_id(threads=1)  # as `plan_tables` names it
         named.append((INCUMBENT, priced(incumbent, tables, topology, models, hardware) if models else incumbent))
     if len(distinct(named)) < 2:
         print("every candidate made the same placement: nothing to compare, the plan is written unmeasured")
@@ -625,7 +625,7 @@ def _baselines_plans(
         print(f"under --constraints, left out of the race (they do not honour constraints): {', '.join(left_out)}")
         racing = [a for a in racing if a.takes_constraints]
     models = plan.estimate.cost_model if plan.estimate else None
-    hardware = flags.hardware or hardware_id(threads=1)  # as `cmd_plan` names it
+    hardware = flags.hardware or hardware_id(threads=1)  # as `plan_tables` names it
     plans = []
     for name in (a.name for a in racing):
         try:

@@ -35,7 +35,7 @@ from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.piece import TablePiece, row_wise, table_row_wise
 from shard_ray.plan.plan import Plan, PlanSettings, Shard, TableSharding, laid_out_as
 from shard_ray.plan.topology import Topology, format_gb
-from shard_ray.workload.tables import TableSpec, table_digests, task_digest
+from shard_ray.workload.tables import TableSpec
 
 EXPORT_FORMAT = "shard-ray-torchrec-plan/1"
 
@@ -274,9 +274,7 @@ def plan_from_torchrec(
     plan = _as_plan(module_plan, tables, topology).model_copy(
         update={
             "algorithm": name,
-            "settings": PlanSettings.for_topology(
-                topology, tables_digest=task_digest(tables), table_digests=table_digests(tables)
-            ),
+            "settings": PlanSettings.for_topology(topology, tables),
         }
     )
     plan.check(tables)

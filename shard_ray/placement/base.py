@@ -29,7 +29,7 @@ from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import Topology
 from shard_ray.threads import one_thread
-from shard_ray.workload.tables import TableSpec, table_digests, task_digest, validate_tables
+from shard_ray.workload.tables import TableSpec, validate_tables
 
 if TYPE_CHECKING:
     from shard_ray.costmodel.models import CostModels
@@ -335,8 +335,7 @@ def _settings(topology: Topology, context: PlacementContext, source: str | None)
         algorithm=to_jsonable_python(asdict(context.settings)) if context.settings is not None else {},
         source=source,
         constraints=constraints.model_dump(mode="json", exclude_defaults=True) if constraints is not None else None,
-        tables_digest=task_digest(context.tables) if context.tables is not None else None,
-        table_digests=table_digests(context.tables) if context.tables is not None else None,
+        tables=context.tables,
     )
 
 

@@ -43,7 +43,7 @@ from shard_ray.io import read_model, write_document
 from shard_ray.plan.cost import MeasuredComparison, PlanCost
 from shard_ray.plan.piece import TablePiece, table_row_wise
 from shard_ray.plan.topology import GB, Optimizer, Topology
-from shard_ray.workload.tables import TableSpec, written_as_number
+from shard_ray.workload.tables import TableSpec, table_digests, task_digest, written_as_number
 
 PLAN_FORMAT_VERSION = 2
 # The types whose pieces are pinned to their device: TorchRec's row blocks (block k on device k of the table's
@@ -206,10 +206,12 @@ class PlanSettings(BaseModel):
         )
 
     @classmethod
-    def for_topology(cls, topology: Topology, **made_with: Any) -> PlanSettings:
-        """What a plan for `topology` records of it (its rates between hosts only where it has hosts), with
-        `made_with`'s fields (seed, the algorithm's settings, ...)."""
+    def for_topology(cls, topology: Topology, tables: list[TableSpec] | None = None, **made_with: Any) -> PlanSettings:
+        """What a plan for `topology` records of it (its rates between hosts only where it has hosts), the digests of
+        the `tables` it places where given, with `made_with`'s fields (seed, the algorithm's settings, ...)."""
         over_hosts = topology.num_hosts > 1
+        if tables is not None:
+            made_with |= {"tables_digest": task_digest(tables), "table_digests": table_digests(tables)}
         return cls(
             memory_gb=topology.memory_gb,
             batch_size=topology.batch_size,
