@@ -387,16 +387,26 @@ def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_pat
     ]
     killed_trials: list[int] = []
 
-    def kill_a_trial_then_wait_for_results() -> bool:
-        if not killed_trials:
-            for process in psutil.process_iter(["pid", "cmdline"]):
-                if "ray::ImplicitFunc" in " ".join(process.info["cmdline"] or []):  # a trial's process
-                    process.kill()
-                    killed_trials.append(process.info["pid"])
-            return False
-        return any(p.stat().st_size for p in out.glob("tune/search/*/result.json"))
+    def trial_processes() -> list[psutil.Process]:
+        """Trials on this worker's cluster (its Ray's processes are this process's children), not another test's."""
+        return [p for p in psutil.Process().children(recursive=True) if "ray::ImplicitFunc" in " ".join(p.cmdline())]
 
-    _run_until(command, joined, kill_a_trial_then_wait_for_results, signal.SIGKILL)
+    def kill_a_trial_then_wait_for_the_next() -> bool:
+        # Tune copies the trials' results into the sweep's folder only as the sweep ends, a tenth of a second
+        # before best.json: waiting for them raced the sweep's end (CI killed it after best.json). The next trial
+        # process (the retry, or the next trial) starts about 1.5 s before the sweep can end.
+        try:
+            running = {p.pid: p for p in trial_processes()}
+        except psutil.NoSuchProcess:  # one ended while read
+            return False
+        if not killed_trials:
+            for pid, process in running.items():
+                process.kill()
+                killed_trials.append(pid)
+            return False
+        return bool(running.keys() - set(killed_trials))
+
+    _run_until(command, joined, kill_a_trial_then_wait_for_the_next, signal.SIGKILL)
     assert killed_trials and not (out / "best.json").exists()
     done = subprocess.run(command, env=joined, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
