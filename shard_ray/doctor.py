@@ -61,9 +61,11 @@ def node_report(microbenchmark: bool = True) -> dict:
 
     from shard_ray.errors import first_line
     from shard_ray.profiling.hardware import machine_id
+    from shard_ray.runtime import at_normal_priority
 
     report: dict = {
         "host": platform.node(),
+        "niceness": at_normal_priority(),  # what a measuring actor here runs at, having raised itself as far as it may
         "python": platform.python_version(),
         "cpus": os.cpu_count() or 1,
         "torch": torch.__version__,
@@ -319,6 +321,19 @@ def node_findings(report: dict) -> list[Finding]:
                 "problem",
                 f"a fused shard does not run: {shard['error'] if shard else 'not tried'}",
                 fbgemm_fix,
+            )
+        )
+    from shard_ray.runtime import WORKER_NICENESS
+
+    if report.get("niceness", WORKER_NICENESS) > WORKER_NICENESS:
+        findings.append(
+            Finding(
+                "priority",
+                "note",
+                f"Ray's workers on this node run at nice {report['niceness']}, and this user may not raise them: any "
+                "busy process on the node takes their cores first, and what they measure beside one is inflated",
+                f"start the node's Ray with RAY_worker_niceness={WORKER_NICENESS} in its environment "
+                f"(RAY_worker_niceness={WORKER_NICENESS} ray start ...), or as a user who may raise priorities",
             )
         )
     if gpus:

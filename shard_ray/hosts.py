@@ -461,6 +461,9 @@ def _start_nodes(state: EmulatedHosts) -> None:
     env = {**os.environ, **_ray_env(state)}
     env.pop("RAY_ADDRESS")  # the head starts a cluster, the others are given its address
     env.pop(EMULATED_LINK_ENV)  # for the commands run on the cluster, not its nodes
+    from shard_ray.runtime import WORKER_NICENESS  # Ray's import, here only: `hosts list` and `down` need none
+
+    env["RAY_worker_niceness"] = str(WORKER_NICENESS)  # as a local Ray's
     Path(state.temp_dir).mkdir(parents=True, exist_ok=True)
     for host in range(state.hosts):
         role = (

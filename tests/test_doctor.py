@@ -133,6 +133,19 @@ def test_verdicts_on_gpu_nodes():
     assert "NCCL" in _problems(_gpu_node(nccl=None))
 
 
+def test_a_node_whose_workers_stay_below_normal_priority_is_noted_with_its_fix():
+    """Ray starts its workers at nice 15; where the measuring actors may not raise themselves (a user without the
+    right), doctor says what that does to measurements and how to start the node instead."""
+
+    def notes(report: dict) -> dict[str, str]:
+        return {f.what: f"{f.detail} | {f.fix}" for f in node_findings(report) if f.level == "note"}
+
+    assert "priority" not in notes(_gpu_node(niceness=0)) and "priority" not in notes(_gpu_node())
+    low = notes(_gpu_node(niceness=15))["priority"]
+    assert "run at nice 15, and this user may not raise them" in low and "RAY_worker_niceness=0 ray start" in low
+    assert _problems(_gpu_node(niceness=15)) == {}  # it measures, less faithfully beside other work
+
+
 def test_the_gpu_install_route_pairs_fbgemm_with_torch_and_its_cuda():
     """Every place that installs the CUDA stack (the AWS launcher file, the KubeRay image recipe, the
     docs' install page) installs the fbgemm-gpu release made for its torch, from the index of the same CUDA build."""

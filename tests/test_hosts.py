@@ -101,6 +101,19 @@ def test_hosts_up_refuses_more_hosts_than_memory_holds_before_making_any(tmp_pat
     assert not _namespaces("toomany") and not (tmp_path / "hosts" / "toomany.json").exists()
 
 
+def _raylet_environments(leaders: set[int]) -> list[list[str]]:
+    """The environment of each raylet in the process groups of `leaders` (each node's `ray start`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "raylet":
+                if os.getpgid(int(proc.name)) in leaders:
+                    found.append((proc / "environ").read_text().split("\0"))
+        except OSError:  # ended since it was listed
+            continue
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.alone
 @needs_namespaces
@@ -127,6 +140,9 @@ def test_emulated_hosts_come_up_carry_a_gang_over_their_links_and_go_down_leavin
             assert abs(spread - 1.1) < 0.02 or ("not steady" in done.stdout) == (spread > 1.1), done.stdout
             assert len(_namespaces(name)) == 4  # 3 hosts and the switch
             state = json.loads((work / "home" / "hosts" / f"{name}.json").read_text())
+            # each node's Ray starts its workers at nice 0 (Ray's default, 15, starved the measuring actors)
+            environments = _raylet_environments(set(state["pids"]))
+            assert len(environments) == 3 and all("RAY_worker_niceness=0" in e for e in environments), environments
             listed = _run("shard-ray hosts list", env, work)
             assert f"{name}: 3 hosts of 1 device, links of 200 Mbit/s each way" in listed.stdout
             plan = page_line("clusters.md", "shard-ray plan --tables experiments/tables/criteo_kaggle.json")

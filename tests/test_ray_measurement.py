@@ -163,14 +163,16 @@ from shard_ray.runtime import connect_ray
 def measuring_process():
     def since_boot(stat):  # the process's start, in seconds since the machine's boot
         return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-    return os.environ.get("THP_MEM_ALLOC_ENABLE"), since_boot(open("/proc/self/stat").read())
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the worker's, as Ray started it
+    return os.environ.get("THP_MEM_ALLOC_ENABLE"), since_boot(open("/proc/self/stat").read()), niceness
 
 connect_ray(None, 2)
 time.sleep(2)  # the workers Ray starts ahead are up
 options = resources_per_device(use_gpus=False)
 asked = float(open("/proc/uptime").read().split()[0])
-huge_pages, started = ray.get(measuring_process.options(**options).remote())
-print(json.dumps({"options": sorted(options), "huge_pages": huge_pages, "started_ahead": started < asked}))
+huge_pages, started, niceness = ray.get(measuring_process.options(**options).remote())
+print(json.dumps({"options": sorted(options), "huge_pages": huge_pages, "started_ahead": started < asked,
+                  "niceness": niceness}))
 """
 
 
@@ -183,9 +185,34 @@ def test_a_commands_local_ray_measures_in_the_workers_it_started_ahead(huge_page
     done = subprocess.run([sys.executable, "-c", LOCAL_RAY_ACTOR], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen == {"options": ["num_cpus"], "huge_pages": huge_pages or "1", "started_ahead": True}
+    # its workers at nice 0, where Ray starts them at 15: beside any busy process they measured little but waiting
+    assert seen == {"options": ["num_cpus"], "huge_pages": huge_pages or "1", "started_ahead": True, "niceness": 0}
     # a script's local Ray (the experiments') drops Ray's notice of token authentication as the commands do
     assert "Token authentication is enabled" not in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering a niceness, and dropping the right to, need root")
+def test_a_measuring_process_below_normal_priority_raises_itself_where_it_may():
+    """A Ray worker of a cluster started otherwise than by shard-ray runs at nice 15: a measuring actor raises itself
+    to 0 where its user may (here root), and measures at 15 where it may not (root without CAP_SYS_NICE, as a user
+    is), without failing."""
+    import ctypes
+
+    raise_it = "from shard_ray.runtime import at_normal_priority; print(at_normal_priority())"
+
+    def niceness_reached(may: bool) -> int:
+        def start() -> None:
+            os.nice(15)
+            if not may:  # prctl(PR_CAPBSET_DROP, CAP_SYS_NICE): the program exec'd next runs without it
+                assert ctypes.CDLL(None, use_errno=True).prctl(24, 23, 0, 0, 0) == 0
+
+        done = subprocess.run([sys.executable, "-c", raise_it], preexec_fn=start, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    assert niceness_reached(may=True) == 0
+    assert niceness_reached(may=False) == 15
 
 
 def test_sample_ranges_cover_the_batch():

@@ -23,11 +23,18 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
-from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
+from shard_ray.profiling.hardware import (
+    cores_for,
+    free_cores,
+    hardware_id,
+    machine_id,
+    measurement_device,
+    pin_to,
+)
 from shard_ray.profiling.keeper import release_kept_gang
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.runtime import measuring_runtime_env
+from shard_ray.runtime import at_normal_priority, measuring_runtime_env
 
 MAX_RESTARTS = 8
 MAX_TASK_RETRIES = 3
@@ -43,6 +50,7 @@ class ProfilingActor:
 
         from shard_ray.profiling.fused_shard import HostBuffers, memory_budget
 
+        at_normal_priority()
         torch.set_num_threads(threads)
         self._hardware = hardware_id(threads)
         self._budget = memory_budget(measurement_device(), 1)

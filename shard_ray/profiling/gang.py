@@ -46,7 +46,14 @@ from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, Plan
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool, cluster_has_gpus, resources_per_device
-from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
+from shard_ray.profiling.hardware import (
+    cores_for,
+    free_cores,
+    hardware_id,
+    machine_id,
+    measurement_device,
+    pin_to,
+)
 from shard_ray.profiling.keeper import (
     KEEP_ENV,
     KEEPER_NAMESPACE,
@@ -58,7 +65,7 @@ from shard_ray.profiling.keeper import (
 )
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, step_estimate
 from shard_ray.profiling.store import plan_key
-from shard_ray.runtime import joined_ray
+from shard_ray.runtime import at_normal_priority, joined_ray
 from shard_ray.workload.tables import TableSpec
 
 # How often a gang waiting for its devices looks for a gang of its shape kept meanwhile (`DeviceGang._reserve`).
@@ -75,6 +82,7 @@ class GangMember:
 
         from shard_ray.profiling.fused_shard import HostBuffers, memory_budget
 
+        at_normal_priority()
         torch.set_num_threads(threads)
         self.rank = rank
         self.world_size = world_size
