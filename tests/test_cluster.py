@@ -145,6 +145,7 @@ class _Head:
                 page_line("clusters.md", "source .venv/bin/activate"),
                 page_line("clusters.md", "ray get-auth-token --generate"),
                 page_line("clusters.md", "export RAY_AUTH_MODE="),
+                page_line("clusters.md", "export RAY_worker_niceness="),
                 start,
                 page_line("clusters.md", "RAY_HEAD=$!"),
                 f"echo $RAY_HEAD > {self.pid_file}",
@@ -461,6 +462,9 @@ def test_launcher_files_validate_against_rays_schema():
             prepare_config(copy.deepcopy(config))
         )  # and with the launcher's defaults filled in, as `ray up` does
         assert any("shard-ray" in c or "pip install" in c for c in config["setup_commands"])
+        # every node's workers at normal priority (Ray's default nice 15 starved the measuring actors)
+        starts = config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+        assert all("RAY_worker_niceness=0" in c for c in starts if "ray start" in c)
     cloud = yaml.safe_load((REPO / "cluster" / "gpu-cloud.yaml").read_text())
     workers = cloud["available_node_types"]["gpu_worker"]
     assert workers["resources"]["GPU"] == 8
@@ -478,3 +482,5 @@ def test_kuberay_rayjob_manifest_parses():
     assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
     workers = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     assert workers["resources"]["limits"]["nvidia.com/gpu"] == 8
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert all({"name": "RAY_worker_niceness", "value": "0"} in c["env"] for c in (head, workers))
