@@ -23,14 +23,7 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
 from shard_ray.plan.piece import TablePiece
-from shard_ray.profiling.hardware import (
-    cores_for,
-    free_cores,
-    hardware_id,
-    machine_id,
-    measurement_device,
-    pin_to,
-)
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.keeper import release_kept_gang
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore

@@ -46,14 +46,7 @@ from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, Plan
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
 from shard_ray.profiling.actors import ProfilingPool, cluster_has_gpus, resources_per_device
-from shard_ray.profiling.hardware import (
-    cores_for,
-    free_cores,
-    hardware_id,
-    machine_id,
-    measurement_device,
-    pin_to,
-)
+from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.keeper import (
     KEEP_ENV,
     KEEPER_NAMESPACE,
