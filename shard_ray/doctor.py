@@ -54,9 +54,11 @@ def cuda_tag(cuda_version: str) -> str:
     return f"cu{major}{minor}"
 
 
-def node_report(microbenchmark: bool = True) -> dict:
-    """What this process's node offers: run it on the node (a Ray task pinned there) or here. `microbenchmark`: time
-    the microbenchmark's shards too (`time_microbenchmark`), where the machine's have not been timed."""
+def node_report(microbenchmark: bool = True, in_ray_worker: bool = False) -> dict:
+    """What this process's node offers: run it on the node (a Ray task pinned there, `in_ray_worker`) or here.
+    `microbenchmark`: time the microbenchmark's shards too (`time_microbenchmark`), where the machine's have not been
+    timed. In a Ray worker, also the niceness a measuring actor there runs at, having raised itself as far as it may
+    (`at_normal_priority`); here, the command's own is the user's to choose."""
     import torch
 
     from shard_ray.errors import first_line
@@ -65,7 +67,7 @@ def node_report(microbenchmark: bool = True) -> dict:
 
     report: dict = {
         "host": platform.node(),
-        "niceness": at_normal_priority(),  # what a measuring actor here runs at, having raised itself as far as it may
+        "niceness": at_normal_priority() if in_ray_worker else None,
         "python": platform.python_version(),
         "cpus": os.cpu_count() or 1,
         "torch": torch.__version__,
@@ -325,7 +327,7 @@ def node_findings(report: dict) -> list[Finding]:
         )
     from shard_ray.runtime import WORKER_NICENESS
 
-    if report.get("niceness", WORKER_NICENESS) > WORKER_NICENESS:
+    if (report.get("niceness") or WORKER_NICENESS) > WORKER_NICENESS:
         findings.append(
             Finding(
                 "priority",
@@ -495,7 +497,7 @@ def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[t
             refs.append(remote.options(scheduling_strategy=strategy, **options).remote(*args))
         return ray.get(refs, timeout=600)
 
-    reports = on_each(node_report, nodes, False)
+    reports = on_each(node_report, nodes, False, True)
     first_of_machine: dict[str, int] = {}
     for i, report in enumerate(reports):
         if report["machine"] not in (timed_machines or set()) and "error" not in report["fused_shard"]:
