@@ -54,20 +54,21 @@ def cuda_tag(cuda_version: str) -> str:
     return f"cu{major}{minor}"
 
 
-def node_report(microbenchmark: bool = True, in_ray_worker: bool = False) -> dict:
-    """What this process's node offers: run it on the node (a Ray task pinned there, `in_ray_worker`) or here.
-    `microbenchmark`: time the microbenchmark's shards too (`time_microbenchmark`), where the machine's have not been
-    timed. In a Ray worker, also the niceness a measuring actor there runs at, having raised itself as far as it may
-    (`at_normal_priority`); here, the command's own is the user's to choose."""
+def node_report(microbenchmark: bool = True, command_niceness: int | None = None) -> dict:
+    """What this process's node offers: run it on the node (a Ray task pinned there) or here. `microbenchmark`: time
+    the microbenchmark's shards too (`time_microbenchmark`), where the machine's have not been timed. On a node, given
+    the command's `command_niceness`, also the niceness a measuring actor there runs at, having raised itself to the
+    command's as far as it may (`at_niceness`)."""
     import torch
 
     from shard_ray.errors import first_line
     from shard_ray.profiling.hardware import machine_id
-    from shard_ray.runtime import at_normal_priority
+    from shard_ray.runtime import at_niceness
 
     report: dict = {
         "host": platform.node(),
-        "niceness": at_normal_priority() if in_ray_worker else None,
+        "niceness": None if command_niceness is None else at_niceness(command_niceness),
+        "command_niceness": command_niceness,
         "python": platform.python_version(),
         "cpus": os.cpu_count() or 1,
         "torch": torch.__version__,
@@ -327,13 +328,14 @@ def node_findings(report: dict) -> list[Finding]:
         )
     from shard_ray.runtime import WORKER_NICENESS
 
-    if (report.get("niceness") or WORKER_NICENESS) > WORKER_NICENESS:
+    if report.get("niceness") is not None and report["niceness"] > report.get("command_niceness", WORKER_NICENESS):
         findings.append(
             Finding(
                 "priority",
                 "note",
-                f"Ray's workers on this node run at nice {report['niceness']}, and this user may not raise them: any "
-                "busy process on the node takes their cores first, and what they measure beside one is inflated",
+                f"Ray's workers on this node run at nice {report['niceness']}, below the command's "
+                f"{report.get('command_niceness', WORKER_NICENESS)}, and this user may not raise them: any busy "
+                "process on the node takes their cores first, and what they measure beside one is inflated",
                 f"start the node's Ray with RAY_worker_niceness={WORKER_NICENESS} in its environment "
                 f"(RAY_worker_niceness={WORKER_NICENESS} ray start ...), or as a user who may raise priorities",
             )
@@ -484,6 +486,7 @@ def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[t
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from shard_ray.profiling.keeper import release_kept_gang
+    from shard_ray.runtime import niceness
 
     release_kept_gang()  # its GPUs, and its cores and memory beside the microbenchmark
     nodes = [n for n in ray.nodes() if n["Alive"]]
@@ -497,7 +500,7 @@ def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[t
             refs.append(remote.options(scheduling_strategy=strategy, **options).remote(*args))
         return ray.get(refs, timeout=600)
 
-    reports = on_each(node_report, nodes, False, True)
+    reports = on_each(node_report, nodes, False, niceness())
     first_of_machine: dict[str, int] = {}
     for i, report in enumerate(reports):
         if report["machine"] not in (timed_machines or set()) and "error" not in report["fused_shard"]:

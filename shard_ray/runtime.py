@@ -18,7 +18,7 @@ from shard_ray.quiet import drop_token_auth_notice
 # Enough object store for shard specs and results; Ray's default takes 30% of memory.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 # The niceness of the Ray workers shard-ray starts (a command's local Ray, the emulated hosts' nodes) and that its
-# measuring actors raise themselves to (`at_normal_priority`): every other process's, where Ray starts its workers at
+# measuring actors raise themselves to, or to their command's (`at_niceness`): every other process's, where Ray starts its workers at
 # 15. Beside two busy processes on 2 cores a `compare` took 219 s at 15 against 24 s at 0, its steps measured at 49 ms
 # against 3.7 (4.3 idle; docs/measurement.md). Ray runs its jobs' drivers at 0 too.
 WORKER_NICENESS = 0
@@ -60,15 +60,20 @@ def measuring_runtime_env() -> dict[str, dict[str, str]]:
     return {"runtime_env": {"env_vars": measuring_env()}}
 
 
-def at_normal_priority() -> int:
-    """Raise this process to `WORKER_NICENESS` where it runs below it (a Ray worker on a node started otherwise
-    than by shard-ray), as far as the user's rights allow; the niceness it runs at then."""
-    if not hasattr(os, "getpriority"):
-        return WORKER_NICENESS
-    if os.getpriority(os.PRIO_PROCESS, 0) > WORKER_NICENESS:
+def niceness() -> int:
+    """This process's niceness (0 where the platform has none): a command's, which the measuring actors it starts
+    take (`at_niceness`)."""
+    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else WORKER_NICENESS
+
+
+def at_niceness(wanted: int) -> int:
+    """Raise this process to the niceness `wanted` (the command's that started it) where it runs below it, as far as
+    the user's rights allow; the niceness it runs at then. A Ray worker of a node started otherwise than by shard-ray
+    runs 15 nicer than its node's `ray start`; a command niced by its user keeps its actors as nice as it is."""
+    if niceness() > wanted:
         with contextlib.suppress(PermissionError):  # lowering niceness needs CAP_SYS_NICE or RLIMIT_NICE
-            os.setpriority(os.PRIO_PROCESS, 0, WORKER_NICENESS)
-    return os.getpriority(os.PRIO_PROCESS, 0)
+            os.setpriority(os.PRIO_PROCESS, 0, wanted)
+    return niceness()
 
 
 def joined_ray() -> bool:

@@ -140,11 +140,14 @@ def test_a_node_whose_workers_stay_below_normal_priority_is_noted_with_its_fix()
     def notes(report: dict) -> dict[str, str]:
         return {f.what: f"{f.detail} | {f.fix}" for f in node_findings(report) if f.level == "note"}
 
-    # a report of this machine (the command's own process, not a Ray worker) has none, nor an earlier release's
-    assert not any("priority" in notes(_gpu_node(**n)) for n in ({"niceness": 0}, {"niceness": None}, {}))
-    low = notes(_gpu_node(niceness=15))["priority"]
-    assert "run at nice 15, and this user may not raise them" in low and "RAY_worker_niceness=0 ray start" in low
-    assert _problems(_gpu_node(niceness=15)) == {}  # it measures, less faithfully beside other work
+    # a report of this machine (the command's own process, not a Ray worker) has none, nor an earlier release's;
+    # workers as nice as a command its user niced are as asked
+    reports = ({"niceness": 0}, {"niceness": None}, {}, {"niceness": 10, "command_niceness": 10})
+    assert not any("priority" in notes(_gpu_node(**r)) for r in reports)
+    low = notes(_gpu_node(niceness=15, command_niceness=0))["priority"]
+    assert "run at nice 15, below the command's 0, and this user may not raise them" in low
+    assert "RAY_worker_niceness=0 ray start" in low
+    assert _problems(_gpu_node(niceness=15, command_niceness=0)) == {}  # it measures, less faithfully beside others
 
 
 def test_the_gpu_install_route_pairs_fbgemm_with_torch_and_its_cuda():

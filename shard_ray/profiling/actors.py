@@ -27,7 +27,7 @@ from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, mac
 from shard_ray.profiling.keeper import release_kept_gang
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.runtime import at_normal_priority, measuring_runtime_env
+from shard_ray.runtime import at_niceness, measuring_runtime_env, niceness
 
 MAX_RESTARTS = 8
 MAX_TASK_RETRIES = 3
@@ -38,12 +38,12 @@ class ProfilingActor:
     """A device measuring fused shards, in a process of its own: torch and fbgemm are imported there, not in the
     command that starts the pool."""
 
-    def __init__(self, threads: int = 1) -> None:
+    def __init__(self, threads: int = 1, command_niceness: int = 0) -> None:
         import torch
 
         from shard_ray.profiling.fused_shard import HostBuffers, memory_budget
 
-        at_normal_priority()
+        at_niceness(command_niceness)
         torch.set_num_threads(threads)
         self._hardware = hardware_id(threads)
         self._budget = memory_budget(measurement_device(), 1)
@@ -144,7 +144,7 @@ class ProfilingPool:
             )
         # Spread over the nodes: on a cluster, every node's devices profile.
         options = {**resources_per_device(self.use_gpus), "scheduling_strategy": "SPREAD"}
-        self.actors = [ProfilingActor.options(**options).remote(threads) for _ in range(num_actors)]
+        self.actors = [ProfilingActor.options(**options).remote(threads, niceness()) for _ in range(num_actors)]
         try:
             hardware = set(ray.get([a.hardware.remote() for a in self.actors]))
             if len(hardware) != 1:

@@ -58,7 +58,7 @@ from shard_ray.profiling.keeper import (
 )
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, step_estimate
 from shard_ray.profiling.store import plan_key
-from shard_ray.runtime import at_normal_priority, joined_ray
+from shard_ray.runtime import at_niceness, joined_ray, niceness
 from shard_ray.workload.tables import TableSpec
 
 # How often a gang waiting for its devices looks for a gang of its shape kept meanwhile (`DeviceGang._reserve`).
@@ -70,12 +70,12 @@ class GangMember:
     """A device of the gang, in a process of its own: torch, fbgemm and the step's code (`plan_step`) are imported
     there, not in the command that starts the gang (a second of its start: docs/commands.md)."""
 
-    def __init__(self, rank: int, world_size: int, threads: int = 1) -> None:
+    def __init__(self, rank: int, world_size: int, threads: int = 1, command_niceness: int = 0) -> None:
         import torch
 
         from shard_ray.profiling.fused_shard import HostBuffers, memory_budget
 
-        at_normal_priority()
+        at_niceness(command_niceness)
         torch.set_num_threads(threads)
         self.rank = rank
         self.world_size = world_size
@@ -453,7 +453,7 @@ class DeviceGang:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=rank // per_bundle
                 ),
-            ).remote(rank, self.num_devices, self.threads)
+            ).remote(rank, self.num_devices, self.threads, niceness())
             for rank in range(self.num_devices)
         ]
         hosts = ray.get([m.host.remote() for m in self.members])
