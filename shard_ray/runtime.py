@@ -17,12 +17,12 @@ from shard_ray.quiet import drop_token_auth_notice
 
 # Enough object store for shard specs and results; Ray's default takes 30% of memory.
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
-# The niceness of the Ray workers shard-ray starts (a command's local Ray, the emulated hosts' nodes) and that its
-# measuring actors raise themselves to, or to their command's (`at_niceness`): every other process's, where Ray starts its workers at
-# 15. Beside two busy processes on 2 cores a `compare` took 219 s at 15 against 24 s at 0, its steps measured at 49 ms
-# against 3.7 (4.3 idle; docs/measurement.md). Ray runs its jobs' drivers at 0 too.
+# The niceness Ray adds to the workers of the nodes shard-ray starts (a command's local Ray, the emulated hosts'
+# nodes): none, where Ray adds 15, so that the measuring actors, Tune's trials and RLlib's runners ran below every
+# other process. Beside two busy processes on 2 cores a `compare` took 219 s at 15 against 24 s at 0, its steps
+# measured at 49 ms against 3.7 (4.3 idle; docs/measurement.md). Ray runs its jobs' drivers at 0 too. On nodes started
+# otherwise the measuring actors raise themselves to their command's niceness (`at_niceness`).
 WORKER_NICENESS = 0
-# A local Ray's: its workers at `WORKER_NICENESS`, the measuring actors, Tune's trials and RLlib's runners among them.
 LOCAL_RAY_CONFIG = {"worker_niceness": WORKER_NICENESS}
 # CPU devices a local instance may put on one core: a few share a core faithfully enough for
 # tests and demos (the gang takes turns); hundreds would stall the machine.
