@@ -328,14 +328,15 @@ def node_findings(report: dict) -> list[Finding]:
         )
     from shard_ray.runtime import WORKER_NICENESS
 
-    if report.get("niceness") is not None and report["niceness"] > report.get("command_niceness", WORKER_NICENESS):
+    reached, wanted = report.get("niceness"), report.get("command_niceness") or WORKER_NICENESS
+    if reached is not None and reached > wanted:
         findings.append(
             Finding(
                 "priority",
                 "note",
-                f"Ray's workers on this node run at nice {report['niceness']}, below the command's "
-                f"{report.get('command_niceness', WORKER_NICENESS)}, and this user may not raise them: any busy "
-                "process on the node takes their cores first, and what they measure beside one is inflated",
+                f"Ray's workers on this node run at nice {reached}, below the command's {wanted}, and this user may "
+                "not raise them: any busy process on the node takes their cores first, and what they measure beside "
+                "one is inflated",
                 f"start the node's Ray with RAY_worker_niceness={WORKER_NICENESS} in its environment "
                 f"(RAY_worker_niceness={WORKER_NICENESS} ray start ...), or as a user who may raise priorities",
             )
