@@ -15,6 +15,7 @@ from shard_ray.cli import main
 from shard_ray.errors import ShardRayError
 from shard_ray.placement import place
 from shard_ray.plan import GB, Plan, Shard, Topology, save_plan
+from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.actors import ProfilingPool, resources_per_device
 from shard_ray.profiling.fused_shard import sample_ranges
 from shard_ray.profiling.gang import DeviceGang
@@ -61,6 +62,23 @@ def test_profiling_pool_measures_in_parallel_and_skips_known_shards(ray_session,
             assert again == results
     finally:
         pool.shutdown()
+
+
+@pytest.mark.slow
+def test_a_profiling_pool_measures_the_largest_shards_first(ray_session, tmp_path, small_tables):
+    """An actor's kept buffers take their size from its first shard and serve the rest: given smallest first, the
+    shards are measured largest first (one actor: the store's order is the order measured), where in the given order
+    the buffers grew shard after shard, each growth a fresh allocation (docs/measurement.md)."""
+    a, b, c, d, e = (TablePiece.whole(t) for t in small_tables)
+
+    def stored_bytes(shard: list[TablePiece]) -> int:
+        return sum(piece.memory_bytes(CONFIG.optimizer) for piece in shard)
+
+    shards = sorted([[c], [a, e], [b], [d], [b, d]], key=stored_bytes)
+    with ProfilingPool(num_actors=1) as pool, MeasurementStore(tmp_path / "m.db") as store:
+        pool.measure(shards, CONFIG, store, progress=False)
+        measured = [m.tables for m in store.fused_shard_measurements()]
+    assert measured == shards[::-1]
 
 
 @pytest.mark.slow

@@ -69,7 +69,7 @@ def collect_compute(
     for b, batch_size in enumerate(config.batch_sizes):
         measure = MeasureConfig(batch_size=batch_size, warmup=config.warmup, repeats=config.repeats, seed=config.seed)
         group = microbenchmark_shards() + shards[b :: len(config.batch_sizes)]
-        print(f"batch {batch_size}: {len(group)} shards, the microbenchmark's first")
+        print(f"batch {batch_size}: {len(group)} shards, the microbenchmark's and drawn ones, the largest first")
         profiler.measure(group, measure, store)
     return store.count() - before
 

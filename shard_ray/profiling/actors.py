@@ -211,11 +211,18 @@ class ProfilingPool:
         keys = [fused_shard_key(pieces, config, self.hardware) for pieces in shards]
         known = store.known_keys(keys)
         todo = [i for i, key in enumerate(keys) if key not in known]
-        # Identical shards are measured once.
+        # Identical shards are measured once, the largest first: each actor's kept buffers (`HostBuffers`) then grow
+        # once, to its first shard, where in the given order they grew shard after shard, each growth a fresh
+        # allocation of gigabytes. Within this call only: a caller measuring in batches keeps its order across them
+        # (docs/measurement.md, "Largest shards first within a batch, not across the list").
         first_of_key: dict[str, int] = {}
         for i in todo:
             first_of_key.setdefault(keys[i], i)
-        queue = deque(first_of_key.values())
+
+        def stored_bytes(index: int) -> int:
+            return sum(piece.memory_bytes(config.optimizer) for piece in shards[index])
+
+        queue = deque(sorted(first_of_key.values(), key=stored_bytes, reverse=True))
         bar = tqdm(total=len(queue), desc="profiling shards", unit="shard", disable=not progress)
         in_flight: dict[ray.ObjectRef, tuple[ProfilingActor, int]] = {}
         idle = list(actors)
