@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from shard_ray.profiling.actors import ProfilingPool
@@ -350,8 +351,6 @@ def test_policy_training_killed_resumes_from_its_checkpoint(joined, tmp_path):
 def test_sweep_survives_a_killed_trial_and_resumes_after_sigkill(joined, tmp_path):
     """A trial's process killed mid-run is retried (FailureConfig); the sweep killed outright resumes (Tuner.restore)."""
     import json
-
-    import psutil
 
     from shard_ray.workload.synthetic import PoolConfig, generate_pool
     from shard_ray.workload.tables import save_tables
