@@ -12,7 +12,6 @@ from shard_ray.profiling.fused_shard import (
     HostBuffers,
     measure_fused_shard,
     memory_budget,
-    reserve_host_buffers,
     shard_rows_cap,
     time_fused_shard,
     warmed_up,
@@ -377,28 +376,3 @@ def test_a_measuring_process_keeps_its_tables_from_shard_to_shard():
     assert first.status == "ok" and held == 2 * 20_000 * (32 + 1) * 4
     narrow = measure_fused_shard(wide[:1], SMALL.model_copy(update={"seed": 1}), "", budget=2**30, host_buffers=buffers)
     assert narrow.status == "ok" and buffers.held_bytes() == held  # the first shard's buffers, reused
-
-
-def test_kept_buffers_reserved_for_the_shards_to_come_serve_each_without_growing(small_tables):
-    """`calibrate` measures its shards in batches and had its actors' buffers grow batch after batch, each growth a
-    fresh allocation (docs/measurement.md): reserved at once for the shards to come, each precision's weights and
-    state at the most any shard asks, every shard is built in them as they are; where that most does not fit the
-    budget, nothing is reserved and the shards grow the buffers as they come."""
-    shards = [[TablePiece.whole(t)] for t in small_tables] + [[TablePiece.whole(t) for t in small_tables[1:4]]]
-    buffers = HostBuffers()
-    reserve_host_buffers(buffers, shards, SMALL, budget=2**30)
-    widest = [TablePiece.whole(t) for t in small_tables[1:4]]  # b, c (fp16) and d: the most of every buffer
-    fp32 = [p for p in widest if p.table.precision == "fp32"]
-    rows, weights = sum(p.row_count for p in fp32), sum(p.row_count * p.width for p in fp32)
-    (fp16,) = [p for p in widest if p.table.precision == "fp16"]
-    expected = (weights + rows) * 4 + fp16.row_count * fp16.width * 2 + fp16.row_count * 4
-    assert buffers.held_bytes() == expected
-    for shard in shards:
-        FusedShard(shard, SMALL, budget=2**30, host_buffers=buffers)
-        assert buffers.held_bytes() == expected
-    # the fp32 tables' shard and the fp16 table's each fit a budget their buffers together do not
-    apart = [fp32, [fp16]]
-    tight = HostBuffers()
-    reserve_host_buffers(tight, apart, SMALL, budget=expected - 1)
-    assert tight.held_bytes() == 0
-    assert all(shard_rows_cap(shard, SMALL, expected - 1) is None for shard in apart)

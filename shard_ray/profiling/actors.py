@@ -80,12 +80,6 @@ class ProfilingActor:
 
         return measure_fused_shard(pieces, config, self._hardware, self._budget, self._host_buffers)
 
-    def reserve(self, shards: list[list[TablePiece]], config: MeasureConfig) -> None:
-        """Grow the kept buffers at once to what the largest of `shards` ask (`reserve_host_buffers`)."""
-        from shard_ray.profiling.fused_shard import reserve_host_buffers
-
-        reserve_host_buffers(self._host_buffers, shards, config, self._budget)
-
 
 def capped_warning(capped: int, measured: int) -> str:
     return (
@@ -265,13 +259,6 @@ class ProfilingPool:
         if capped and say_capped:
             print(f"warning: {capped_warning(capped, len(first_of_key))}", file=sys.stderr)
         return [store.get_fused_shard(key) for key in keys]  # type: ignore[misc]
-
-    def reserve(self, shards: Sequence[list[TablePiece]], config: MeasureConfig) -> None:
-        """Grow every measuring actor's kept buffers at once to what the largest of `shards` ask, for a caller that
-        measures them over several calls (`calibrate`, in batches, checking its time budget between them): `measure`
-        hands out each call's largest first, and across calls the buffers grew batch after batch."""
-        actors, _ = self._measuring_actors()
-        ray.get([actor.reserve.remote(list(shards), config) for actor in actors])
 
     def _measuring_actors(self) -> tuple[list[Any], dict[Any, str]]:
         """The actors that measure (the pool's own, or its gang's members) and each one's machine."""

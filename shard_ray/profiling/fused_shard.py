@@ -174,45 +174,6 @@ class HostBuffers:
             taken[name] = buffer[:numel].zero_() if zeroed else buffer[:numel]
         return taken
 
-    def reserve(self, shards_requests: list[dict[str, tuple[int, torch.dtype, bool]]], budget: int) -> None:
-        """Grow the buffers at once to the most each of `shards_requests` (`take_shard`'s, a shard's each) asks, where
-        that fits in `budget` bytes, for a caller measuring the shards in batches: shard by shard they grew batch
-        after batch, each growth a fresh allocation of gigabytes (docs/measurement.md, "Largest shards first within a
-        batch, not across the list")."""
-        most: dict[str, tuple[int, torch.dtype, bool]] = {}
-        for requests in shards_requests:
-            for name, (numel, dtype, _) in requests.items():
-                most[name] = (max(numel, most.get(name, (0,))[0]), dtype, False)
-        if sum(numel * dtype.itemsize for numel, dtype, _ in most.values()) <= budget:
-            self.take_shard(most, budget)
-
-
-def host_requests(
-    pieces: Sequence[TablePiece], config: MeasureConfig, cap: int | None
-) -> dict[str, tuple[int, torch.dtype, bool]]:
-    """What a CPU shard of `pieces`, its tables' rows capped at `cap` (`shard_rows_cap`), takes of `HostBuffers`:
-    each weight precision's sharded tables and, with row-wise Adagrad, their state (a value a row, zeroed)."""
-    requests = {}
-    for precision in ("fp32", "fp16"):
-        members = [p for p in pieces if not p.replicated and p.table.precision == precision]
-        if members:
-            rows = [p.allocated_rows(cap) for p in members]
-            dtype = torch.float16 if precision == "fp16" else torch.float32
-            requests[f"{precision} weights"] = (sum(r * p.width for r, p in zip(rows, members)), dtype, False)
-            if config.optimizer == "rowwise_adagrad":
-                requests[f"{precision} state"] = (sum(rows), torch.float32, True)
-    return requests
-
-
-def reserve_host_buffers(
-    host_buffers: HostBuffers, shards: Sequence[Sequence[TablePiece]], config: MeasureConfig, budget: int
-) -> None:
-    """Grow a CPU measuring process's kept buffers at once to the most any of `shards` (the shards it may measure
-    next) asks of each, where that fits in `budget` (`HostBuffers.reserve`); on a GPU, nothing."""
-    if measurement_device().type == "cuda":
-        return
-    host_buffers.reserve([host_requests(p, config, shard_rows_cap(p, config, budget)) for p in shards], budget)
-
 
 class FusedShard:
     """The embedding kernels of one device, with its batches prepared.
@@ -271,7 +232,15 @@ class FusedShard:
                 kernels[precision] = (members, specs)
         buffers: dict[str, torch.Tensor] = {}
         if host_buffers is not None and not on_gpu:
-            buffers = host_buffers.take_shard(host_requests(pieces, config, self.cap), budget)
+            requests = {}
+            for precision, (_, specs) in kernels.items():
+                rows = sum(rows for rows, *_ in specs)
+                weights = sum(rows * width for rows, width, *_ in specs)
+                dtype = torch.float16 if precision == "fp16" else torch.float32
+                requests[f"{precision} weights"] = (weights, dtype, False)
+                if config.optimizer == "rowwise_adagrad":
+                    requests[f"{precision} state"] = (rows, torch.float32, True)
+            buffers = host_buffers.take_shard(requests, budget)
         for precision in ("fp32", "fp16"):
             if precision in kernels:
                 members, specs = kernels[precision]

@@ -103,13 +103,6 @@ class GangMember:
 
         return measure_fused_shard(pieces, config, self.hardware, self.budget, self.host_buffers)
 
-    def reserve(self, shards: list[list[TablePiece]], config: MeasureConfig) -> None:
-        """Grow the kept buffers at once to what the largest of `shards` ask (`reserve_host_buffers`), as a profiling
-        actor does."""
-        from shard_ray.profiling.fused_shard import reserve_host_buffers
-
-        reserve_host_buffers(self.host_buffers, shards, config, self.budget)
-
     def share_memory(self, sharing: int) -> int:
         """Measure as one of `sharing` members sharing its machine's memory (or its GPU's): this member's
         `memory_budget`, kept for `measure` and returned for the plans' steps, which size every rank's shard."""

@@ -550,11 +550,9 @@ def _measure_shards(
         + draw_fused_shards(tables, config.shards, max(2, most_tables), seed=config.seed, singles=False)
     )
     with devices.pool(config.actors) as pool:
-        wanted_keys = [fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted]
-        known = store.known_keys(wanted_keys)
+        known = store.known_keys([fused_shard_key(pieces, measure, pool.hardware) for pieces in wanted])
         rest = "measuring the rest" if len(known) < len(wanted) else "none left to measure"
         log(f"{len(known)} of {len(wanted)} shards already measured in {store.path}; {rest}")
-        pool.reserve([pieces for pieces, key in zip(wanted, wanted_keys) if key not in known], measure)
         capped = measured = 0
         ran_out = False
         for more in range(MORE_BATCHES + 1):
