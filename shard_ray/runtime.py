@@ -63,7 +63,7 @@ def measuring_runtime_env() -> dict[str, dict[str, str]]:
 def niceness() -> int:
     """This process's niceness (0 where the platform has none): a command's, which the measuring actors it starts
     take (`at_niceness`)."""
-    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else WORKER_NICENESS
+    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
 
 
 def at_niceness(wanted: int) -> int:
