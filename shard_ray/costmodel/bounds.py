@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from shard_ray.costmodel.features import spans_features
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.costmodel.pricing import (
     Pricer,
@@ -194,34 +195,39 @@ def least_encodings(models: CostModels, tables: list[TableSpec], topology: Topol
     slices) are encoded once and counted.
     """
     d = topology.num_devices
-    pieces, weights, option_of, table_of = [], [], [], []
+    per_host = topology.devices_per_host_or_all
+    # each piece as (table, rows, columns, replicas), described without building it (`spans_features`)
+    spans, weights, option_of, table_of = [], [], [], []
     for t, table in enumerate(tables):
-        options = [[(TablePiece.whole(table), 1)]]
+        options = [[((table, table.rows, table.dim, 1), 1)]]
         for ways in (2, 4):
             if table.dim % (4 * ways) == 0:
-                options.append([(TablePiece(table=table, columns=(0, table.dim // ways)), ways)])
+                options.append([((table, table.rows, table.dim // ways, 1), ways)])
         if d > 1:
             options.append(_row_blocks(table, d))
-            options.append([(replica(table, d, 0), d)])
-        if topology.num_hosts > 1 and topology.devices_per_host_or_all > 1:
-            options.append(_row_blocks(table, topology.devices_per_host_or_all))
+            options.append([((table, table.rows, table.dim, d), d)])  # a data-parallel replica on each device
+        if topology.num_hosts > 1 and per_host > 1:
+            options.append(_row_blocks(table, per_host))
         for option in options:
-            for piece, weight in option:
-                pieces.append(piece)
+            for span, weight in option:
+                spans.append(span)
                 weights.append(float(weight))
                 option_of.append(len(table_of))
             table_of.append(t)
-    encodings = models.encode_tables(pieces, topology.batch_size) * np.asarray(weights, dtype=np.float32)[:, None]
+    replicated = np.array([float(span[3] > 1) for span in spans], dtype=np.float32)
+    features = spans_features(spans, models.rows_cap)
+    encodings = models.encode_features(features, replicated, topology.batch_size)
+    encodings = encodings * np.asarray(weights, dtype=np.float32)[:, None]
     sums = added_up(encodings, np.asarray(option_of), len(table_of))
     least = np.full((len(tables), sums.shape[1]), np.inf, dtype=np.float32)
     np.minimum.at(least, np.asarray(table_of), sums)
     return least
 
 
-def _row_blocks(table: TableSpec, ways: int) -> list[tuple[TablePiece, int]]:
-    """The table's row blocks over `ways` devices, as (piece, how many alike): all full but the last."""
+def _row_blocks(table: TableSpec, ways: int) -> list[tuple[tuple[TableSpec, int, int, int], int]]:
+    """The table's row blocks over `ways` devices (`row_block` rows, all full but the last), as ((table, rows,
+    columns, replicas), how many alike)."""
     block = row_block(table, ways)
     blocks = -(-table.rows // block)
-    last = TablePiece(table=table, columns=(0, table.dim), rows=((blocks - 1) * block, table.rows))
-    full = last.model_copy(update={"rows": (0, block)})
-    return [(full, blocks - 1), (last, 1)] if blocks > 1 else [(last, 1)]
+    last = (table, table.rows - (blocks - 1) * block, table.dim, 1)
+    return [((table, block, table.dim, 1), blocks - 1), (last, 1)] if blocks > 1 else [(last, 1)]

@@ -72,6 +72,20 @@ def pieces_features(pieces: list[TablePiece], rows_cap: int | None = None) -> np
     return np.array([_feature_values(p.table, *_behaving(p), rows_cap) for p in pieces], dtype=np.float32)
 
 
+def replica_flags(pieces: list[TablePiece]) -> np.ndarray:
+    """[n] float32, 1 for each of `pieces` that is a data-parallel replica: what the compute model reads beside their
+    features."""
+    return np.array([float(p.replicated) for p in pieces], dtype=np.float32)
+
+
+def spans_features(spans: list[tuple[TableSpec, int, int, int]], rows_cap: int | None = None) -> np.ndarray:
+    """`pieces_features` of pieces given as (table, rows, columns, replicas), without building them: the lower bound
+    describes seven or so of every table's (`least_encodings`; 5,136 tables in 0.33 s with pieces built)."""
+    if not spans:
+        return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
+    return np.array([_feature_values(s[0], *_behaving_of(*s), rows_cap) for s in spans], dtype=np.float32)
+
+
 def batch_context(batch_size: int) -> float:
     return math.log2(batch_size)
 
@@ -105,15 +119,18 @@ def _behaving(piece: TablePiece) -> tuple[int, int, float, tuple[float, ...]]:
     """The rows, width, pooling factor and reuse histogram of the table `behaves_as` describes the piece by, without
     building it, as pricing thousands of pieces would (12,012 pieces of 2,002 tables described in 0.072 s, 0.104 s
     building a table for each)."""
-    table = piece.table
-    rows = piece.row_count
-    share = rows / table.rows / piece.replicas
-    if share == 1 and piece.width == table.dim:
+    return _behaving_of(piece.table, piece.row_count, piece.width, piece.replicas)
+
+
+def _behaving_of(table: TableSpec, rows: int, width: int, replicas: int) -> tuple[int, int, float, tuple[float, ...]]:
+    """`_behaving` of a piece of `table` of `rows` rows and `width` columns, one of `replicas` replicas."""
+    share = rows / table.rows / replicas
+    if share == 1 and width == table.dim:
         return table.rows, table.dim, table.pooling_factor, reuse_histogram_of(table)
-    pooling_factor = lookups_per_sample(piece)
+    pooling_factor = table.pooling_factor * share  # `lookups_per_sample`
     if rows != table.rows or table.reuse_histogram is not None:
-        return rows, piece.width, pooling_factor, reuse_histogram_of(table)
-    return rows, piece.width, pooling_factor, zipf_reuse_histogram(rows, table.effective_zipf_exponent, pooling_factor)
+        return rows, width, pooling_factor, reuse_histogram_of(table)
+    return rows, width, pooling_factor, zipf_reuse_histogram(rows, table.effective_zipf_exponent, pooling_factor)
 
 
 def padded_shards(
@@ -128,5 +145,5 @@ def padded_shards(
     for i, (shard, cap) in enumerate(zip(shards, rows_caps, strict=True)):
         features[i, : len(shard)] = pieces_features(shard, cap)
         mask[i, : len(shard)] = 1.0
-        replicas[i, : len(shard)] = [float(p.replicated) for p in shard]
+        replicas[i, : len(shard)] = replica_flags(shard)
     return features, mask, replicas

@@ -55,6 +55,7 @@ from shard_ray.costmodel.features import (
     batch_context,
     padded_shards,
     pieces_features,
+    replica_flags,
 )
 from shard_ray.costmodel.info import ModelInfo
 from shard_ray.costmodel.links import LinkProfile, link_profile
@@ -447,12 +448,12 @@ class CostModels:
         return [t.name for t, at_bound in zip(tables, flags.tolist()) if at_bound]
 
     def encode_tables(self, pieces: list[TablePiece], batch_size: int) -> np.ndarray:
-        return self.encode_features(pieces_features(pieces, self.rows_cap), pieces, batch_size)
+        return self.encode_features(pieces_features(pieces, self.rows_cap), replica_flags(pieces), batch_size)
 
-    def encode_features(self, features: np.ndarray, pieces: list[TablePiece], batch_size: int) -> np.ndarray:
-        """`encode_tables` of pieces whose `pieces_features` are at hand."""
-        replicas = np.array([float(p.replicated) for p in pieces], dtype=np.float32)
-        return self.compute.encode(features, batch_context(batch_size), replicas)
+    def encode_features(self, features: np.ndarray, replicated: np.ndarray, batch_size: int) -> np.ndarray:
+        """`encode_tables` of pieces whose `pieces_features` are at hand, and which of them are data-parallel replicas
+        (`replica_flags`)."""
+        return self.compute.encode(features, batch_context(batch_size), replicated)
 
     def compute_from_sums(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Predicted (fwd, bwd) ms [B, 2] of devices in a step given by their shards' summed rows: the fused kernels

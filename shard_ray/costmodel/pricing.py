@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shard_ray.costmodel.features import NUM_TABLE_FEATURES, lookups_per_sample, pieces_features
+from shard_ray.costmodel.features import NUM_TABLE_FEATURES, lookups_per_sample, pieces_features, replica_flags
 from shard_ray.costmodel.links import LinkProfile
 from shard_ray.costmodel.models import CostModels, comm_feature_rows
 from shard_ray.plan.cost import DeviceCost, PlanCost
@@ -76,7 +76,7 @@ class Pricer:
         missing = [p for p in pieces if p.key not in self._encodings]
         if missing:
             features = pieces_features(missing, self.models.rows_cap)
-            encoded = self.models.encode_features(features, missing, self.topology.batch_size)
+            encoded = self.models.encode_features(features, replica_flags(missing), self.topology.batch_size)
             for p, e, f in zip(missing, encoded, features):
                 self._encodings[p.key] = e
                 self._features[p.key] = f
