@@ -62,8 +62,8 @@ def node_report(microbenchmark: bool = True, command_niceness: int | None = None
     import torch
 
     from shard_ray.errors import first_line
+    from shard_ray.niceness import at_niceness
     from shard_ray.profiling.hardware import machine_id
-    from shard_ray.runtime import at_niceness
 
     report: dict = {
         "host": platform.node(),
@@ -486,8 +486,8 @@ def cluster_reports(timed_machines: set[str] | None = None) -> tuple[str, list[t
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from shard_ray.niceness import niceness
     from shard_ray.profiling.keeper import release_kept_gang
-    from shard_ray.runtime import niceness
 
     release_kept_gang()  # its GPUs, and its cores and memory beside the microbenchmark
     nodes = [n for n in ray.nodes() if n["Alive"]]

@@ -21,7 +21,7 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 # nodes): none, where Ray adds 15, so that the measuring actors, Tune's trials and RLlib's runners ran below every
 # other process. Beside two busy processes on 2 cores a `compare` took 219 s at 15 against 24 s at 0, its steps
 # measured at 49 ms against 3.7 (4.3 idle; docs/measurement.md). Ray runs its jobs' drivers at 0 too. On nodes started
-# otherwise the measuring actors raise themselves to their command's niceness (`at_niceness`).
+# otherwise the measuring actors raise themselves to their command's niceness (`shard_ray.niceness.at_niceness`).
 WORKER_NICENESS = 0
 LOCAL_RAY_CONFIG = {"worker_niceness": WORKER_NICENESS}
 # CPU devices a local instance may put on one core: a few share a core faithfully enough for
@@ -58,22 +58,6 @@ def measuring_runtime_env() -> dict[str, dict[str, str]]:
     if _local_ray is not None and ray.is_initialized() and _local_ray == (_node_id(), measuring_env()):
         return {}
     return {"runtime_env": {"env_vars": measuring_env()}}
-
-
-def niceness() -> int:
-    """This process's niceness (0 where the platform has none): a command's, which the measuring actors it starts
-    take (`at_niceness`)."""
-    return os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
-
-
-def at_niceness(wanted: int) -> int:
-    """Raise this process to the niceness `wanted` (the command's that started it) where it runs below it, as far as
-    the user's rights allow; the niceness it runs at then. A Ray worker of a node started otherwise than by shard-ray
-    runs 15 nicer than its node's `ray start`; a command niced by its user keeps its actors as nice as it is."""
-    if niceness() > wanted:
-        with contextlib.suppress(PermissionError):  # lowering niceness needs CAP_SYS_NICE or RLIMIT_NICE
-            os.setpriority(os.PRIO_PROCESS, 0, wanted)
-    return niceness()
 
 
 def joined_ray() -> bool:

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "shard_ray"
 # From the bottom up; a module imports from its own package or from a lower layer only.
 LAYERS = (
     ("errors", "quiet"),
-    ("arguments", "io", "process_groups", "runtime", "threads"),
+    ("arguments", "io", "niceness", "process_groups", "runtime", "threads"),
     ("configfile", "hosts"),
     ("workload",),
     ("plan",),

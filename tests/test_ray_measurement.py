@@ -225,7 +225,7 @@ def test_a_measuring_process_below_its_commands_priority_raises_itself_where_it_
             if not may:  # prctl(PR_CAPBSET_DROP, CAP_SYS_NICE): the program exec'd next runs without it
                 assert ctypes.CDLL(None, use_errno=True).prctl(24, 23, 0, 0, 0) == 0
 
-        raise_it = f"from shard_ray.runtime import at_niceness; print(at_niceness({command}))"
+        raise_it = f"from shard_ray.niceness import at_niceness; print(at_niceness({command}))"
         done = subprocess.run([sys.executable, "-c", raise_it], preexec_fn=start, capture_output=True, text=True,
                               timeout=120)  # fmt: skip
         assert done.returncode == 0, done.stderr

@@ -22,12 +22,13 @@ import ray
 from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError
+from shard_ray.niceness import at_niceness, niceness
 from shard_ray.plan.piece import TablePiece
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.keeper import release_kept_gang
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, fused_shard_key
 from shard_ray.profiling.store import MeasurementStore
-from shard_ray.runtime import at_niceness, measuring_runtime_env, niceness
+from shard_ray.runtime import measuring_runtime_env
 
 MAX_RESTARTS = 8
 MAX_TASK_RETRIES = 3

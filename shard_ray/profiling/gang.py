@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from shard_ray.errors import ShardRayError, first_line
 from shard_ray.hosts import emulated_link_mbit
+from shard_ray.niceness import at_niceness, niceness
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
@@ -58,7 +59,7 @@ from shard_ray.profiling.keeper import (
 )
 from shard_ray.profiling.procedure import FusedShardMeasurement, MeasureConfig, step_estimate
 from shard_ray.profiling.store import plan_key
-from shard_ray.runtime import at_niceness, joined_ray, niceness
+from shard_ray.runtime import joined_ray
 from shard_ray.workload.tables import TableSpec
 
 # How often a gang waiting for its devices looks for a gang of its shape kept meanwhile (`DeviceGang._reserve`).
