@@ -12,6 +12,7 @@ from console import assert_refused, shard_ray_here
 
 from shard_ray.cli import main
 from shard_ray.plan.plan import load_plan
+from shard_ray.profiling.store import MeasurementStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -618,6 +619,8 @@ def test_old_flag_names_still_work_with_a_note(tmp_path):
         ["policy", "train", "--tables", "missing.json", "--out", "p"],
         ["policy", "outer-loop", "--tables", "missing.json", "--out", "p"],
         ["tune", "costmodel", "--tables", "missing.json", "--out", "s"],
+        ["tune", "costmodel", "--tables", "t.json", "--store", "empty.db", "--no-mlflow", "--out", "s"],
+        ["costmodel", "train", "--tables", "t.json", "--store", "empty.db", "--out", "m.pt"],
         ["tune", "search", "--tables", "missing.json", "--out", "s"],
         ["tune", "policy", "--tables", "missing.json", "--out", "s"],
         ["bench", "--tables", "missing.json"],
@@ -650,6 +653,8 @@ def test_help_and_bad_commands_answer_without_loading_torch_or_ray(argv, tmp_pat
     )
     tables = [{"name": f"t{i}", "rows": 100, "dim": 8, "pooling_factor": 1.0} for i in range(4)]
     (tmp_path / "t.json").write_text(json.dumps({"tables": tables}))
+    with MeasurementStore(tmp_path / "empty.db"):
+        pass  # a store of no measurements: nothing to train on, refused before torch loads
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
     if argv[0] in ("generate", "tasks"):
@@ -878,8 +883,6 @@ def test_bench_into_a_folder_of_other_settings_names_them_before_a_local_ray_sta
 def test_tune_costmodel_on_a_store_without_the_measurements_is_refused_before_a_local_ray_starts(tmp_path, table_file):
     """Found by a new user's walkthrough: a store lacking the hardware asked for was refused after a local Ray had
     started (7-10 s for nothing)."""
-    from shard_ray.profiling.store import MeasurementStore
-
     with MeasurementStore(tmp_path / "measurements.db"):
         pass  # a store of no measurements
     flags = ["--store", str(tmp_path / "measurements.db"), "--tables", str(table_file), "--no-mlflow"]

@@ -85,12 +85,13 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     flags = settings_from(TrainArgs, args)
     train_tables = {t.name for t in load_tables(flags.tables)}
     config = settings_from(TrainConfig, args, tuned=load_tuned(flags.config, "costmodel") if flags.config else None)
-    from shard_ray.profiling.store import existing_store
+    from shard_ray.profiling.store import MeasurementStore, existing_store
 
     store_path = existing_store(flags.store)
+    with MeasurementStore(store_path) as store:
+        store.main_hardware(flags.hardware)  # a store of none of its measurements refused before torch loads
     # the input checked: what trains (torch) only now
     from shard_ray.costmodel.train import describe_accuracy, train_cost_models
-    from shard_ray.profiling.store import MeasurementStore
 
     with MeasurementStore(store_path) as store:
         models, report = train_cost_models(store, train_tables, config, flags.hardware)
@@ -129,7 +130,6 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
         evaluate_input_dist,
         evaluate_mixed_comm,
         evaluate_replica_comm,
-        main_hardware,
         newest_procedure,
         predicted_and_measured,
         split_compute_measurements,
@@ -143,7 +143,7 @@ def cmd_costmodel_evaluate(args: argparse.Namespace) -> None:
     with MeasurementStore(existing_store(flags.store)) as store:
         measured_on = store.summary()
         hardware = flags.hardware or (models.hardware if models.hardware in measured_on else None)
-        hardware = main_hardware(store, hardware)
+        hardware = store.main_hardware(hardware)
         splits = split_compute_measurements(
             newest_procedure(store.fused_shard_measurements(hardware)), set(models.info.train_tables)
         )

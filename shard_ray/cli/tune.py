@@ -82,9 +82,11 @@ def cmd_tune_costmodel(args: argparse.Namespace) -> None:
     train_tables = {t.name for t in load_tables(flags.tables)}
     sweep = sweep_settings(args, "costmodel")
     settings = settings_from(CostModelSweepConfig, args, seed=sweep.seed)
-    from shard_ray.profiling.store import existing_store
+    from shard_ray.profiling.store import MeasurementStore, existing_store
 
     store = existing_store(flags.store)
+    with MeasurementStore(store) as measured:
+        measured.main_hardware(flags.hardware)  # a store of none of its measurements refused before torch loads
     from shard_ray.tuning.costmodel_sweep import scored_with, sweep_data, tune_cost_models  # input checked: torch now
 
     hardware, data = sweep_data(store, train_tables, flags.hardware)  # the store's refusals before Ray starts

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TypeVar
@@ -515,19 +514,6 @@ def evaluate_comm(models: CostModels, plans: list[PlanMeasurement]) -> dict[str,
 # ---------------------------------------------------------------- the whole job
 
 
-def main_hardware(store: MeasurementStore, hardware: str | None) -> str:
-    counts = Counter(m.hardware for m in store.fused_shard_measurements() if m.status == "ok")
-    if not counts:
-        raise ShardRayError("the store has no successful shard measurements to train on")
-    if hardware is not None:
-        if hardware not in counts:
-            raise ShardRayError(
-                f"the store has no shard measurements on {hardware!r}; it has some of {', '.join(sorted(counts))}"
-            )
-        return hardware
-    return counts.most_common(1)[0][0]
-
-
 class OlderMeasurementsWarning(ShardRayWarning):
     """Measurements taken by an earlier procedure were left out of training."""
 
@@ -558,7 +544,7 @@ def compute_splits(
 ) -> tuple[str, int | None, dict[str, list[FusedShardMeasurement]]]:
     """One hardware's shard measurements of the newest procedure in their splits, with that hardware and their row
     cap."""
-    hardware = main_hardware(store, hardware)
+    hardware = store.main_hardware(hardware)
     measurements = newest_procedure(store.fused_shard_measurements(hardware))
     caps = {m.modelled_rows_cap for m in measurements}
     if len(caps) > 1:

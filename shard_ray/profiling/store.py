@@ -227,3 +227,18 @@ class MeasurementStore:
         ):
             out.setdefault(hardware, {})[status] = n
         return out
+
+    def main_hardware(self, hardware: str | None = None) -> str:
+        """The hardware whose successful shard measurements the cost models train on: `hardware`, checked, or the one
+        with the most (the first by name of a tie). Refused in a line where there are none, before a command imports
+        torch."""
+        counts = {name: by_status["ok"] for name, by_status in self.summary().items() if by_status.get("ok")}
+        if not counts:
+            raise ShardRayError("the store has no successful shard measurements to train on")
+        if hardware is not None:
+            if hardware not in counts:
+                raise ShardRayError(
+                    f"the store has no shard measurements on {hardware!r}; it has some of {', '.join(sorted(counts))}"
+                )
+            return hardware
+        return min(counts, key=lambda name: (-counts[name], name))
