@@ -405,12 +405,14 @@ def test_scripts_run_with_python_refuse_a_bad_flag_in_one_line(command):
         ("planning_scale", ["--out", "afile"]),
         ("policy_against_search", ["--out", "afile"]),
         ("lower_bound", ["--tables", "missing.json", "--tasks", "1"]),
+        ("calibration", ["--tables", "missing.json"]),
     ],
 )
 def test_experiments_refuse_an_out_that_is_a_file_and_a_missing_table_file_in_one_line(tmp_path, script, flags):
     """A new user's walk: an --out naming a file ended three experiments in a FileExistsError traceback, and
-    `lower_bound.py` read its table files only after starting Ray and measuring its synthetic task. Now each is one
-    line, status 2, before anything is written or started."""
+    `lower_bound.py` read its table files only after starting Ray and measuring its synthetic task (`calibration.py`
+    only after calibrating its synthetic task, 6 minutes). Now each is one line, status 2, before anything is written
+    or started."""
     (tmp_path / "afile").write_text("mine\n")
     argv = [sys.executable, str(REPO / "experiments" / f"{script}.py"), *flags]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -1028,15 +1030,22 @@ def test_a_command_exits_without_teardown_yet_stops_its_local_ray_and_writes_eve
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, moment",
-    [("SIGINT", "raylet"), ("SIGTERM", "ray::GangMember"), ("SIGINT twice", "ray::GangMember")],
-    ids=["ctrl-c-as-ray-starts", "sigterm-while-measuring", "ctrl-c-twice-while-measuring"],
+    [
+        ("SIGINT", "raylet"),
+        ("SIGTERM", "ray::GangMember"),
+        ("SIGTERM to the group", "ray::GangMember"),
+        ("SIGINT twice", "ray::GangMember"),
+    ],
+    ids=["ctrl-c-as-ray-starts", "sigterm-while-measuring", "timeout-while-measuring", "ctrl-c-twice-while-measuring"],
 )
 def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, table_file, signum, moment):
     """A Ctrl-C that lands inside `ray.init` of the command's local Ray (its raylet just started): the command still
     says `interrupted` in a line with status 130, and the Ray it had started ends with it, where its raylet's agents
     had run on, orphaned, for minutes (`connect_ray` holds the Ctrl-C until the Ray is up, then stops it). A SIGTERM
     (`timeout`, a scheduler) while its gang measures: `terminated`, status 143, likewise, where Ray's own handler,
-    which `ray.init` installs, aborted the command with a crash dump and status 134. A second Ctrl-C as the first
+    which `ray.init` installs, aborted the command with a crash dump and status 134. A SIGTERM to the command's whole
+    process group, as `timeout` sends it (Ray's processes stopping with the command): the same, where the command
+    waited on its raylet gone, spinning a core, until Ray aborted it a minute later. A second Ctrl-C as the first
     one's `interrupted` is said, while the command stops its Ray: the same (a new user's walk had a traceback)."""
     import os
     import signal
@@ -1074,7 +1083,10 @@ def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, 
     while not any(moment in seen.split() or f" {moment}" in seen for seen in in_its_session().values()):
         assert command.poll() is None and time.monotonic() < deadline, f"no {moment} started"
         time.sleep(0.05)
-    command.send_signal(getattr(signal, signum.split()[0]))
+    if signum == "SIGTERM to the group":
+        os.killpg(command.pid, signal.SIGTERM)  # its session's one group: the command and Ray's processes
+    else:
+        command.send_signal(getattr(signal, signum.split()[0]))
     said_before = ""
     if signum == "SIGINT twice":
         while not said_before.endswith("shard-ray: interrupted\n"):
@@ -1082,9 +1094,9 @@ def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, 
             assert line, said_before
             said_before += line
         command.send_signal(signal.SIGINT)
-    out, err = command.communicate(timeout=120)
+    out, err = command.communicate(timeout=60)
     err = said_before + err
-    code, said = (143, "terminated") if signum == "SIGTERM" else (130, "interrupted")
+    code, said = (143, "terminated") if signum.startswith("SIGTERM") else (130, "interrupted")
     assert command.returncode == code and err.strip().splitlines()[-1] == f"shard-ray: {said}", out + err
     assert "Traceback" not in err and "SIGTERM received" not in err and not (tmp_path / "r.json").exists()
     deadline = time.monotonic() + 30

@@ -40,7 +40,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from shard_ray.errors import ShardRayError, first_line
+from shard_ray.errors import ShardRayError, first_line, sigterm_received
 from shard_ray.hosts import emulated_link_mbit
 from shard_ray.niceness import at_niceness, niceness
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
@@ -320,7 +320,7 @@ class DeviceGang:
         if kind is None:
             self.shutdown()
         else:
-            self._stop()
+            self._stop(stopping=issubclass(kind, KeyboardInterrupt))
 
     def _start(self) -> None:
         """Reserve the devices, start the members and join them; on any failure nothing is left running. Where a
@@ -345,8 +345,8 @@ class DeviceGang:
             if self._reserve(bundles, strategy):
                 return
             self._start_members()
-        except BaseException:
-            self._stop()
+        except BaseException as err:
+            self._stop(stopping=isinstance(err, KeyboardInterrupt))
             raise
 
     def _reserve(self, bundles: list[dict[str, float]], strategy: str) -> bool:
@@ -543,7 +543,12 @@ class DeviceGang:
             pin_to(set(self._driver_cores))
             self._driver_cores = None
 
-    def _stop(self) -> None:
+    def _stop(self, stopping: bool = False) -> None:
+        """Stop the members and free their devices. `stopping`: the command is (a Ctrl-C, a SIGTERM), and a local Ray
+        of its own goes with it, placement groups and all: its group is left to it. A SIGTERM to the command's whole
+        process group (`timeout` sends one, as a scheduler stopping a job may) stops Ray's processes too, and the
+        group's removal then waited on a raylet gone: a command killed by `timeout` spun a core for minutes, until Ray
+        aborted it."""
         self._unpin_driver()
         for member in self.members:
             ray.kill(member)
@@ -553,7 +558,8 @@ class DeviceGang:
         self.members = []
         self._settled = False
         if self._group is not None:
-            remove_placement_group(self._group)
+            if joined_ray() or not (stopping or sigterm_received()):
+                remove_placement_group(self._group)
             self._group = None
 
     def _oversubscription(self, hosts: list[dict]) -> list[str]:
