@@ -27,6 +27,7 @@ from shard_ray.arguments import Parser
 from shard_ray.cli.flags import add_settings, settings_from
 from shard_ray.configfile import setting
 from shard_ray.costmodel.models import default_cost_model_path
+from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, memory_cap_with_headroom
@@ -140,6 +141,13 @@ def main(argv: list[str]) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, CalibrationBenchmark)
     config = settings_from(CalibrationBenchmark, parser.parse_args(argv))
+    # the files given are read before the synthetic tasks are written and calibrated (minutes): a mistyped name is
+    # refused in a line, not after them
+    for path in config.tables:
+        try:
+            load_tables(path)
+        except ShardRayError as err:
+            parser.error(f"--tables: {err}")
     out = Path(config.out)
     synthetic = BenchmarkConfig(tasks=config.tasks, min_tables=config.min_tables, max_tables=config.max_tables)
     tasks = [(path.stem, path) for path in write_synthetic_tasks(synthetic, out / "tasks")]
