@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import ray
 
@@ -166,6 +167,18 @@ def _signals_held() -> Iterator[list[int]]:
             signal.signal(signum, handler)
 
 
+def _init_ray(**options: Any) -> None:
+    """`ray.init(**options)`, a SIGTERM that comes while it runs raised as `Terminated` once what it started is
+    stopped. For its length `ray.init` puts in SIGTERM handlers of its own (the driver's ends the process with status
+    15; a starting local Ray's stops its processes, then ends it with status 1), over the one `_signals_held` put in:
+    a command stopped so as its Ray started (by `timeout`, say) ended with that status and not a word."""
+    try:
+        ray.init(**options)
+    except SystemExit:  # raised by those handlers: ray.init exits in no other way
+        ray.shutdown()
+        raise_terminated(signal.SIGTERM, None)
+
+
 def _stop_if_signalled(pressed: list[int]) -> None:
     """After `_signals_held`: where a signal came, leave Ray and stop as it asked."""
     if pressed:
@@ -191,7 +204,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
         _check_reachable(resolved, address)
         try:
             with _signals_held() as pressed:
-                ray.init(address=resolved, logging_level=logging.WARNING)
+                _init_ray(address=resolved, logging_level=logging.WARNING)
         except (ConnectionError, ValueError) as err:  # an address Ray does not answer, or cannot read
             raise ShardRayError(
                 f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "
@@ -232,7 +245,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     try:
         with _signals_held() as pressed:
             # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
-            ray.init(
+            _init_ray(
                 address="local",
                 num_cpus=cpus,
                 include_dashboard=False,

@@ -1032,16 +1032,25 @@ def test_a_command_exits_without_teardown_yet_stops_its_local_ray_and_writes_eve
     "signum, moment",
     [
         ("SIGINT", "raylet"),
+        ("SIGTERM", "raylet"),
         ("SIGTERM", "ray::GangMember"),
         ("SIGTERM to the group", "ray::GangMember"),
         ("SIGINT twice", "ray::GangMember"),
     ],
-    ids=["ctrl-c-as-ray-starts", "sigterm-while-measuring", "timeout-while-measuring", "ctrl-c-twice-while-measuring"],
+    ids=[
+        "ctrl-c-as-ray-starts",
+        "sigterm-as-ray-starts",
+        "sigterm-while-measuring",
+        "timeout-while-measuring",
+        "ctrl-c-twice-while-measuring",
+    ],
 )
 def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, table_file, signum, moment):
     """A Ctrl-C that lands inside `ray.init` of the command's local Ray (its raylet just started): the command still
     says `interrupted` in a line with status 130, and the Ray it had started ends with it, where its raylet's agents
     had run on, orphaned, for minutes (`connect_ray` holds the Ctrl-C until the Ray is up, then stops it). A SIGTERM
+    there: the same, with `terminated` and status 143, where the handler `ray.init` puts in for its length ended the
+    command with status 15, not a word, and those agents left running. A SIGTERM
     (`timeout`, a scheduler) while its gang measures: `terminated`, status 143, likewise, where Ray's own handler,
     which `ray.init` installs, aborted the command with a crash dump and status 134. A SIGTERM to the command's whole
     process group, as `timeout` sends it (Ray's processes stopping with the command): the same, where the command

@@ -320,7 +320,7 @@ class DeviceGang:
         if kind is None:
             self.shutdown()
         else:
-            self._stop(stopping=issubclass(kind, KeyboardInterrupt))
+            self._stop()
 
     def _start(self) -> None:
         """Reserve the devices, start the members and join them; on any failure nothing is left running. Where a
@@ -345,8 +345,8 @@ class DeviceGang:
             if self._reserve(bundles, strategy):
                 return
             self._start_members()
-        except BaseException as err:
-            self._stop(stopping=isinstance(err, KeyboardInterrupt))
+        except BaseException:
+            self._stop()
             raise
 
     def _reserve(self, bundles: list[dict[str, float]], strategy: str) -> bool:
@@ -543,12 +543,12 @@ class DeviceGang:
             pin_to(set(self._driver_cores))
             self._driver_cores = None
 
-    def _stop(self, stopping: bool = False) -> None:
-        """Stop the members and free their devices. `stopping`: the command is (a Ctrl-C, a SIGTERM), and a local Ray
-        of its own goes with it, placement groups and all: its group is left to it. A SIGTERM to the command's whole
-        process group (`timeout` sends one, as a scheduler stopping a job may) stops Ray's processes too, and the
-        group's removal then waited on a raylet gone: a command killed by `timeout` spun a core for minutes, until Ray
-        aborted it."""
+    def _stop(self) -> None:
+        """Stop the members and free their devices. Where the command has had a SIGTERM, a local Ray of its own goes
+        with it, placement groups and all, and its group is left to it: a SIGTERM to the command's whole process group
+        (`timeout` sends one, as a scheduler stopping a job may) stops Ray's processes too, and the group's removal
+        then waited on a raylet gone, a command killed by `timeout` spinning a core until Ray aborted it a minute
+        later. (A Ctrl-C leaves Ray's processes running: they block SIGINT.)"""
         self._unpin_driver()
         for member in self.members:
             ray.kill(member)
@@ -558,7 +558,7 @@ class DeviceGang:
         self.members = []
         self._settled = False
         if self._group is not None:
-            if joined_ray() or not (stopping or sigterm_received()):
+            if joined_ray() or not sigterm_received():
                 remove_placement_group(self._group)
             self._group = None
 
