@@ -178,11 +178,11 @@ class PricesCheck:
             if figure is None:
                 continue
             if PRICES_HOLD[0] <= figure <= PRICES_HOLD[1]:
-                said.append(f"{name} within")
+                said.append(f"{name} within the range")  # "within" alone read as a line cut short (a walk)
             else:
                 way = "slower" if figure > 1 else "faster"
                 said.append(f"{name} {'high' if figure > 1 else 'low'} (priced {way} than {them} {run} here)")
-        return "; ".join(sorted(said, key=lambda part: part.endswith("within")))
+        return "; ".join(sorted(said, key=lambda part: part.endswith("within the range")))
 
     def describe(self) -> str:
         """The check in words."""

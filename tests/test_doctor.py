@@ -233,7 +233,7 @@ def test_the_prices_check_finds_the_models_off_where_only_rows_that_miss_the_cac
     assert (
         off.level == "note"
         and "at 1.60x: off by more than a quarter (outside 0.75-1.33x), the cold-rows shard high (priced slower than "
-        "it runs here); the microbenchmark's median within"
+        "it runs here); the microbenchmark's median within the range"
         in off.detail
     )
     assert off.fix.startswith("shard-ray calibrate") and "--for-hardware" in off.fix  # the models doctor checks
