@@ -1103,7 +1103,7 @@ def test_a_stopped_command_says_so_and_leaves_none_of_its_ray_running(tmp_path, 
             assert line, said_before
             said_before += line
         command.send_signal(signal.SIGINT)
-    out, err = command.communicate(timeout=60)
+    out, err = command.communicate(timeout=120)
     err = said_before + err
     code, said = (143, "terminated") if signum.startswith("SIGTERM") else (130, "interrupted")
     assert command.returncode == code and err.strip().splitlines()[-1] == f"shard-ray: {said}", out + err

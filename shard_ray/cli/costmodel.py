@@ -87,13 +87,11 @@ def cmd_costmodel_train(args: argparse.Namespace) -> None:
     config = settings_from(TrainConfig, args, tuned=load_tuned(flags.config, "costmodel") if flags.config else None)
     from shard_ray.profiling.store import MeasurementStore, existing_store
 
-    store_path = existing_store(flags.store)
-    with MeasurementStore(store_path) as store:
+    with MeasurementStore(existing_store(flags.store)) as store:
         store.main_hardware(flags.hardware)  # a store of none of its measurements refused before torch loads
-    # the input checked: what trains (torch) only now
-    from shard_ray.costmodel.train import describe_accuracy, train_cost_models
+        # the input checked: what trains (torch) only now
+        from shard_ray.costmodel.train import describe_accuracy, train_cost_models
 
-    with MeasurementStore(store_path) as store:
         models, report = train_cost_models(store, train_tables, config, flags.hardware)
     models.save(flags.out)
     for name, metrics in report.items():

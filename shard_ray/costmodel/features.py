@@ -111,8 +111,12 @@ def lookups_per_sample(piece: TablePiece) -> float:
     """The piece's lookups a sample, the pooling factor of the table `behaves_as` describes it by: its rows' share of
     the table's, and a replica's of the batch (without describing it, which the all-to-all's input width, priced
     for every piece, does not need)."""
-    table = piece.table
-    return table.pooling_factor * (piece.row_count / table.rows / piece.replicas)
+    return _lookups_of(piece.table, piece.row_count, piece.replicas)
+
+
+def _lookups_of(table: TableSpec, rows: int, replicas: int) -> float:
+    """`lookups_per_sample` of a piece of `table` of `rows` rows, one of `replicas` replicas."""
+    return table.pooling_factor * (rows / table.rows / replicas)
 
 
 def _behaving(piece: TablePiece) -> tuple[int, int, float, tuple[float, ...]]:
@@ -127,7 +131,7 @@ def _behaving_of(table: TableSpec, rows: int, width: int, replicas: int) -> tupl
     share = rows / table.rows / replicas
     if share == 1 and width == table.dim:
         return table.rows, table.dim, table.pooling_factor, reuse_histogram_of(table)
-    pooling_factor = table.pooling_factor * share  # `lookups_per_sample`
+    pooling_factor = _lookups_of(table, rows, replicas)
     if rows != table.rows or table.reuse_histogram is not None:
         return rows, width, pooling_factor, reuse_histogram_of(table)
     return rows, width, pooling_factor, zipf_reuse_histogram(rows, table.effective_zipf_exponent, pooling_factor)
