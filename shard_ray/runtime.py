@@ -149,9 +149,11 @@ def _signals_held() -> Iterator[list[int]]:
     """Hold a Ctrl-C (SIGINT), and a SIGTERM where a command stops on it (`raise_terminated`), that comes while the
     block runs, and say after it which came. Interrupted inside `ray.init`, a local Ray half started left its raylet's
     dashboard and runtime-env agents running, orphaned and deaf to SIGTERM, for minutes; held, the Ray is started, then
-    stopped whole (a few seconds later). The handlers before are put back after it: `ray.init` installs a SIGTERM
-    handler of its own in the driver, which aborts the process with a crash dump. Off the main thread, where Python
-    takes no signals, the block runs as it is."""
+    stopped whole (a few seconds later). For the block, Ray puts in no SIGTERM handler of its own where one is held:
+    `ray.init` puts one in for its length (ending the command with status 15, not a word, those agents left running)
+    and a starting local Ray another. The handlers before are put back after it: `ray.init` leaves a handler of its
+    own in the driver, which aborts the process with a crash dump. Off the main thread, where Python takes no
+    signals, the block runs as it is."""
     pressed: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield pressed
@@ -160,23 +162,27 @@ def _signals_held() -> Iterator[list[int]]:
     # a Ctrl-C the process ignores (a background job of a script inherits SIGINT ignored) stays ignored
     held = [signum for signum in held if signal.getsignal(signum) is not signal.SIG_IGN]
     previous = {signum: signal.signal(signum, lambda signum, frame: pressed.append(signum)) for signum in held}
+    utils = ray._private.utils
+    installing = utils.set_sigterm_handler  # how Ray puts in each of its SIGTERM handlers
+    if signal.SIGTERM in held:
+        utils.set_sigterm_handler = lambda handler: None
     try:
         yield pressed
     finally:
+        utils.set_sigterm_handler = installing
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _init_ray(**options: Any) -> None:
-    """`ray.init(**options)`, a SIGTERM that comes while it runs raised as `Terminated` once what it started is
-    stopped. For its length `ray.init` puts in SIGTERM handlers of its own (the driver's ends the process with status
-    15; a starting local Ray's stops its processes, then ends it with status 1), over the one `_signals_held` put in:
-    a command stopped so as its Ray started (by `timeout`, say) ended with that status and not a word."""
+def _init_ray(pressed: list[int], **options: Any) -> None:
+    """`ray.init(**options)` inside `_signals_held`; where it fails after a held signal came, its error is left to
+    `_stop_if_signalled`: a SIGTERM to the command's whole process group (`timeout`) stops Ray's starting processes
+    too, and `ray.init` then gave up on them, 15-40 s later, with a traceback."""
     try:
         ray.init(**options)
-    except SystemExit:  # raised by those handlers: ray.init exits in no other way
-        ray.shutdown()
-        raise_terminated(signal.SIGTERM, None)
+    except Exception:
+        if not pressed:
+            raise
 
 
 def _stop_if_signalled(pressed: list[int]) -> None:
@@ -204,7 +210,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
         _check_reachable(resolved, address)
         try:
             with _signals_held() as pressed:
-                _init_ray(address=resolved, logging_level=logging.WARNING)
+                _init_ray(pressed, address=resolved, logging_level=logging.WARNING)
         except (ConnectionError, ValueError) as err:  # an address Ray does not answer, or cannot read
             raise ShardRayError(
                 f"no Ray cluster at {address} ({str(err).splitlines()[0]}); start one (`ray start --head`) or give "
@@ -246,6 +252,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
         with _signals_held() as pressed:
             # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
             _init_ray(
+                pressed,
                 address="local",
                 num_cpus=cpus,
                 include_dashboard=False,
