@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from shard_ray import neighbours
 from shard_ray.errors import ShardRayError, Terminated, raise_terminated
 from shard_ray.quiet import drop_token_auth_notice
 
@@ -265,5 +266,6 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
             del os.environ[name]
     _stop_if_signalled(pressed)
     _local_ray = (_node_id(), workers_env)
+    neighbours.arrive()
     # Ray's logical CPUs, a device each: more than the cores where the gang has more devices than the machine cores
     return f"ray: started a local instance with {cpus} CPUs" + (f" (logical, on {cores} cores)" if cpus > cores else "")

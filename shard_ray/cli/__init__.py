@@ -21,7 +21,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from shard_ray.arguments import Parser
 from shard_ray.cli.commands import COMMANDS, FOUND_ELSEWHERE
@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
     here = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.signal(signal.SIGTERM, raise_terminated) if here else None
     sigterm_received(forget=True)
+    stdout = sys.stdout
+    if any(getattr(args, dest, None) is not None for dest, _ in getattr(args, "files_written", ())):
+        sys.stdout = _OutputMayGoUnread(stdout)
     try:
         refuse_writing_over_inputs(args)
         run(args)
@@ -147,9 +150,43 @@ def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
         )
         return 1
     finally:
+        sys.stdout = stdout
+        neighbours = sys.modules.get("shard_ray.neighbours")  # loaded where the command started a local Ray
+        if neighbours is not None:
+            neighbours.leave()
         if here and not ending:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if on_sigterm is None else on_sigterm)
     return 0
+
+
+class _OutputMayGoUnread:
+    """Standard output of a command given a file to write: where its reader leaves (`plan --out p.json | head -2`),
+    the command goes on, its output to nowhere, and writes the file. Stopped at the closed pipe, as a command without
+    one is (`PIPE_CLOSED`), `plan` left no p.json and `compare` ended after its first round (a new user's walk)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._unread()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._unread()
+
+    def _unread(self) -> None:
+        if not _reader_left():  # another pipe or socket broke: an error of its own
+            raise
+        _stdout_to_nowhere()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
 
 def _ignore_stopping_signals() -> None:
