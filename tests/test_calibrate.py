@@ -291,6 +291,8 @@ def test_a_comm_model_not_fitted_or_refused_is_not_shown_as_a_fine_tuned_one():
     lines = held_out_accuracy(report)
     assert "  comm after: the starting comm model (its fit refused, as said above)" in lines
     assert not [line for line in lines if line.startswith("  comm after ")] and "  compute after" in "\n".join(lines)
+    # kept "the fine-tuned models" after the refusal read as the refused fit kept (a walk)
+    assert "kept the fine-tuned models (with the starting comm model): better on validation" in lines
     kept = held_out_accuracy(report | {"comm_refused": None, "comm_kept": "too few plans", "chosen": "starting"})
     assert "  comm fine-tuned: the starting comm model (not fitted, as said above)" in kept
     fitted = held_out_accuracy(report | {"comm_refused": None})
@@ -495,12 +497,14 @@ def test_a_fine_tuned_comm_model_that_ranks_all_to_alls_backwards_is_refused():
     assert kept.comm is start.comm and kept.compute is start.compute
     assert kept.info.device_counts == start.info.device_counts  # the gang sizes it measured are the starting ones'
     assert why.startswith("refused the fine-tuned comm model") and "held-out plans worse than chance (Spearman -" in why
+    assert "the starting comm model takes its place in the fine-tuned models, judged below" in why
     assert "too" not in why  # the starting one ranks them right
     # a starting model that ranks them backwards too is kept all the same, and said to (a walk: "Spearman -0.886"
     # then stood in the printed figures without a word)
     backwards_start = dataclasses.replace(start, comm=CommModel.of_network(backwards), info=start.info.model_copy())
     _, why = refuse_comm_worse_than_chance(backwards_start, tuned, {"held-out": plans})
-    assert "which ranks them worse than chance too (Spearman -" in why
+    assert "The starting one ranks those plans worse than chance too (Spearman -" in why
+    assert "over the same devices): neither orders" in why  # the held-out plans, whose figures are printed after
     right = dataclasses.replace(start, comm=CommModel.of_network(start.comm.network()), info=start.info.model_copy())
     assert refuse_comm_worse_than_chance(start, right, {"held-out": plans, "validation and held-out": plans}) == (
         right,

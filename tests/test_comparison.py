@@ -12,7 +12,7 @@ from console import assert_refused, shard_ray_here
 from shard_ray.cli import main
 from shard_ray.costmodel.models import default_cost_model_path, models_for
 from shard_ray.errors import ShardRayError
-from shard_ray.plan.cost import MeasuredComparison, RoundsSummary
+from shard_ray.plan.cost import MeasuredComparison, RoundsSummary, median_of
 from shard_ray.plan.plan import Plan, Shard, load_plan, save_plan
 from shard_ray.profiling.hardware import hardware_id
 from shard_ray.workflows.comparison import (
@@ -154,17 +154,25 @@ def test_a_tie_keeps_the_incumbent_even_where_another_plan_has_the_lower_median(
     """Equal plans: the incumbent is kept in every race but those (at most the procedure's alpha) that separate
     another as faster; without an incumbent, the same rounds go to the lowest median, most often another plan."""
     names = ["incumbent", "searched", "heuristic"]
-    replaced, lower_median = 0, 0
+    replaced, lower_median, said_lower = 0, 0, 0
     for seed in range(40):
-        _, verdict = replayed_race(names, [1.0, 1.0, 1.0], seed, incumbent="incumbent")
+        state, verdict = replayed_race(names, [1.0, 1.0, 1.0], seed, incumbent="incumbent")
         if verdict.chosen != "incumbent":
             assert verdict.ratios["incumbent"].low > 1
             replaced += 1
         else:
             assert "(incumbent), which is kept" in verdict.rule or verdict.separated
             assert not any(r.separated and r.ratio < 1 for r in verdict.ratios.values())
+            # a plan of a lower median listed above the kept incumbent is said to be within noise of it (a walk)
+            lower = [n for n in names if median_of(state.rounds[n]) < median_of(state.rounds["incumbent"])]
+            for name in lower:
+                assert f"{name}'s {median_of(state.rounds[name]):.2f} ms" in verdict.rule, verdict.rule
+            if lower:
+                said_lower += 1
+                assert verdict.rule.endswith(f"against its {median_of(state.rounds['incumbent']):.2f} "
+                                             f"{'is' if len(lower) == 1 else 'are'} within noise")  # fmt: skip
         lower_median += replayed_race(names, [1.0, 1.0, 1.0], seed)[1].chosen != "incumbent"
-    assert replaced <= 2 and lower_median >= 20
+    assert replaced <= 2 and lower_median >= 20 and said_lower >= 20
 
 
 def test_a_plan_replaces_the_incumbent_only_when_separated_as_faster_than_it():

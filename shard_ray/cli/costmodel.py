@@ -282,7 +282,10 @@ def held_out_accuracy(report: dict[str, Any]) -> list[str]:
             lines.append(f"  comm {tuned}: the starting comm model ({why}, as said above)")
         else:
             lines.append(f"  {describe_accuracy(name + ' ' + tuned, report['fine_tuned'][part])}")
-    lines.append(f"kept the {report['chosen']} models: {report['reason']}")
+    # a refused comm fit leaves the starting comm model in the fine-tuned ones (a walk read "kept the fine-tuned models"
+    # after the refusal as the refused fit kept)
+    comm = " (with the starting comm model)" if report["comm_refused"] and report["chosen"] == "fine-tuned" else ""
+    lines.append(f"kept the {report['chosen']} models{comm}: {report['reason']}")
     if report["chosen"] == "fine-tuned":  # judged as a whole: a part of it may have got worse (a walk read none)
         worse = [
             f"{part.replace('_', ' ')} {before['mape']:.1%} -> {after['mape']:.1%}"

@@ -221,6 +221,15 @@ class Race:
                 f"no plan is separated as faster than the incumbent ({incumbent}), which is kept: "
                 "a plan replaces it only when measured faster"
             )
+            # listed above it in the table, such a plan read as a better one passed over without a reason (a walk)
+            kept_ms = median_of(self.rounds[incumbent])
+            lower = [name for name in self.names if median_of(self.rounds[name]) < kept_ms]
+            if lower:
+                medians = ", ".join(f"{name}'s {median_of(self.rounds[name]):.2f} ms" for name in lower[:3])
+                rule += (
+                    f"; the lower median{'s' if len(lower) > 1 else ''} of {medians}{' and more' if len(lower) > 3 else ''}"
+                    f" against its {kept_ms:.2f} {'is' if len(lower) == 1 else 'are'} within noise"
+                )
             return Verdict(incumbent, False, against, level, rule)
         chosen = self.fastest(faster)
         rule = (
