@@ -7,6 +7,7 @@ and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Callable, Collection, Iterable
 
 from pydantic import ValidationError
@@ -113,8 +114,20 @@ def _in_own_words(error: dict) -> str:
         "less_than_equal": f"must be at most {limit.get('le')}",
         "too_short": "must not be empty" if limit.get("min_length") == 1 else None,
         "string_too_short": "must not be empty" if limit.get("min_length") == 1 else None,
+        "literal_error": f"must be {limit.get('expected')}, got {_shown(error.get('input'))}",
+        "enum": f"must be {limit.get('expected')}, got {_shown(error.get('input'))}",
+        "int_from_float": f"must be a whole number, got {_shown(error.get('input'))}",
+        "int_parsing_size": f"{_shown(error.get('input'))} is too large a number",
     }.get(error["type"])
     return words or error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+
+
+def _shown(value: object) -> str:
+    """A value as the file writes it: JSON's spelling where it has one (`"int8"`, `10.5`, `1e+30`)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _location(loc: tuple, document: object) -> str:

@@ -169,6 +169,10 @@ def load_tables_from(entries: list[dict]) -> list:
         (json.dumps({"tables": [GOOD | {"rows": -5}]}), "table 't0': rows: must be more than 0"),
         (json.dumps({"tables": [GOOD | {"pooling_factor": 0}]}), "pooling_factor"),
         (json.dumps({"tables": [GOOD | {"rows": "lots"}]}), "rows"),
+        # in shard-ray's words, not pydantic's ("Input should be 'fp32' or 'fp16'", "Unable to parse input string ...")
+        (json.dumps({"tables": [GOOD | {"precision": "int8"}]}), "precision: must be 'fp32' or 'fp16', got \"int8\""),
+        (json.dumps({"tables": [GOOD | {"rows": 10.5}]}), "table 't0': rows: must be a whole number, got 10.5"),
+        (json.dumps({"tables": [GOOD | {"rows": 1e30}]}), "table 't0': rows: 1e+30 is too large a number"),
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
         # an entry with no name is counted from 1, as its reader counts (pydantic's `tables.1.name` counts from 0)
         (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: missing: it is required"),
@@ -829,8 +833,11 @@ def test_plans_of_adam_are_refused_cpu_devices_before_a_local_ray_starts(tmp_pat
         (["--algo", "random", "--incumbent", "x.json"], "--incumbent is the plan --measure races against"),
         (["--algo", "neuroshard", "--set", "max_evaluations=0"], "max_evaluations must be at least 1"),
         (["--algo", "cost_search", "--set", "time_budget_s=3"], "use max_evaluations"),
-        (["--algo", "cost_search", "--set", "start=policies"], "start: Input should be 'auto', 'greedy' or 'policy'"),
-        (["--algo", "cost_search", "--set", "start=1"], "start: Input should be 'auto', 'greedy' or 'policy'"),
+        (
+            ["--algo", "cost_search", "--set", "start=policies"],
+            "start: must be 'auto', 'greedy' or 'policy', got \"policies\"",
+        ),
+        (["--algo", "cost_search", "--set", "start=1"], "start: must be 'auto', 'greedy' or 'policy', got 1"),
         (["--algo", "cost_search", "--set", "start=greedy", "--policy", "runs/policy"], "leave --policy out"),
         (["--algo", "dreamshard", "--samples", "8", "--set", "samples=2"], "--samples 8 and --set samples=2 disagree"),
         (["--algo", "cost_search", "--samples", "4"], "--samples draws plans from dreamshard's policy; 'cost_search'"),
