@@ -86,7 +86,8 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
     assert report["noise_floor"]["rounds"] == 8 and report["after"]["compute"]["mape"] is not None
     # the fine-tuned models' held-out figures, named "after" only where they were kept
     tuned = "after" if report["chosen"] == "fine-tuned" else "fine-tuned"
-    assert f"  plan {tuned} " in calibrated.stdout and f"kept the {report['chosen']} models: " in calibrated.stdout
+    comm = " (with the starting comm model)" if report["comm_refused"] and report["chosen"] == "fine-tuned" else ""
+    assert f"  plan {tuned} " in calibrated.stdout and f"kept the {report['chosen']} models{comm}: " in calibrated.stdout
 
     measured = result("shard-ray plan --tables my_model.json --devices 2 --memory-gb 4 --algo cost_search --measure")
     assert "measured/predicted" in measured.stdout
