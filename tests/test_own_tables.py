@@ -87,7 +87,9 @@ def _check(ran: dict[str, subprocess.CompletedProcess], home: Path, folder: Path
     # the fine-tuned models' held-out figures, named "after" only where they were kept
     tuned = "after" if report["chosen"] == "fine-tuned" else "fine-tuned"
     comm = " (with the starting comm model)" if report["comm_refused"] and report["chosen"] == "fine-tuned" else ""
-    assert f"  plan {tuned} " in calibrated.stdout and f"kept the {report['chosen']} models{comm}: " in calibrated.stdout
+    assert (
+        f"  plan {tuned} " in calibrated.stdout and f"kept the {report['chosen']} models{comm}: " in calibrated.stdout
+    )
 
     measured = result("shard-ray plan --tables my_model.json --devices 2 --memory-gb 4 --algo cost_search --measure")
     assert "measured/predicted" in measured.stdout
