@@ -204,6 +204,8 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     not: refused before it starts. Returns a one-line description of what it connected to.
     """
     if ray.is_initialized():
+        if _local_ray is not None:  # a local Ray an earlier command of this process started (an experiment's)
+            neighbours.arrive()
         return "ray: already initialised"
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
