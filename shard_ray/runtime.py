@@ -203,6 +203,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     of several `hosts` needs a Ray node for each (`gang_bundles`), which a local Ray, one node, is
     not: refused before it starts. Returns a one-line description of what it connected to.
     """
+    global _local_ray
     if ray.is_initialized():
         if _local_ray is not None:  # a local Ray an earlier command of this process started (an experiment's)
             neighbours.arrive()
@@ -247,7 +248,6 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     cpus = max(cores, min_cpus)
     drop_token_auth_notice()
     # Its processes inherit the driver's environment: with the measuring one, the workers Ray starts ahead serve actors.
-    global _local_ray
     workers_env = measuring_env()
     added = {name: value for name, value in workers_env.items() if name not in os.environ}
     os.environ.update(added)
