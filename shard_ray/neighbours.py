@@ -20,8 +20,10 @@ import shlex
 import sys
 from pathlib import Path
 
-# This process's entry while its command runs (the file, kept open and locked), and its name.
+# This process's entry while its command runs (the file, kept open and locked), and its name; the commands running
+# when it was made.
 _entry: tuple[int, Path] | None = None
+_found: list[str] = []
 
 
 def _folder() -> Path:
@@ -63,8 +65,9 @@ def _describe(commands: list[str]) -> str:
 
 
 ADVICE = (
-    "run them one after the other, or start one head (`ray start --head`) and give each its --address, so that they "
-    "take turns on its devices"
+    "run them one after the other, or start one head on this machine as docs/clusters.md's 'On a new cluster' says "
+    "(`ray start --head --port 6379` with RAY_AUTH_MODE=token and RAY_worker_niceness=0) and give each "
+    "`--address 127.0.0.1:6379`, so that they take turns on its devices"
 )
 
 
@@ -73,14 +76,15 @@ def _warn(commands: list[str], started: bool) -> None:
     other = "another shard-ray command" if one else f"{len(commands)} other shard-ray commands"
     ran = ("started" if started else "is running" if one else "are running") + " on this machine"
     while_ = " while this one ran" if started else ""
+    # said to commands that measure nothing too (`policy train`): what is slowed is whatever of theirs measures
     effect = (
-        "what this command measured was slowed where they shared"
+        "they shared its cores, and what any measured was slowed"
         if started
-        else "what each measures is slowed while they share"
+        else "they share its cores, and what any measures is slowed"
     )
     print(
         f"warning: {other} {ran}{while_}, with a Ray of {'its' if one else 'their'} own ({_describe(commands)}): "
-        f"{effect} its cores; {ADVICE}",
+        f"{effect}; {ADVICE}",
         file=sys.stderr,
     )
 
@@ -102,6 +106,7 @@ def arrive() -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, line.encode())
         _entry = (fd, path)
+        _found[:] = others.values()
         for other in others:
             with open(other.with_suffix(".beside"), "a", encoding="utf-8") as beside:
                 beside.write(line + "\n")
@@ -111,18 +116,40 @@ def arrive() -> None:
         _warn(list(others.values()), started=False)
 
 
+def _came() -> list[str]:
+    """The commands that started while this one ran, so far."""
+    if _entry is None:
+        return []
+    with contextlib.suppress(OSError):
+        return _entry[1].with_suffix(".beside").read_text(encoding="utf-8").splitlines()
+    return []
+
+
+def measured_beside() -> list[str]:
+    """For a measurement's record (its warnings): a line naming the commands with local Rays of their own that have run
+    beside this one so far, where any has; none where this process entered no command (`arrive`)."""
+    commands = list(dict.fromkeys(_found + _came()))
+    if not commands:
+        return []
+    one = len(commands) == 1
+    return [
+        f"measured while {'another shard-ray command' if one else f'{len(commands)} other shard-ray commands'} ran on "
+        f"this machine with a Ray of {'its' if one else 'their'} own ({_describe(commands)}), sharing its cores: "
+        "slower than alone"
+    ]
+
+
 def leave() -> None:
     """Take this process's command out of the running ones, warning of those that started while it ran."""
     global _entry
     if _entry is None:
         return
+    came = _came()
     fd, path = _entry
     _entry = None
-    beside = path.with_suffix(".beside")
-    came = []
+    _found.clear()
     with contextlib.suppress(OSError):
-        came = beside.read_text(encoding="utf-8").splitlines()
-        beside.unlink()
+        path.with_suffix(".beside").unlink()
     with contextlib.suppress(OSError):
         path.unlink()
     os.close(fd)

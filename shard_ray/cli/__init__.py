@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
     on_sigterm = signal.signal(signal.SIGTERM, raise_terminated) if here else None
     sigterm_received(forget=True)
     stdout = sys.stdout
-    if any(getattr(args, dest, None) is not None for dest, _ in getattr(args, "files_written", ())):
+    if not getattr(args, "output_is_the_work", False):  # it leaves files, models, runs or a cluster: see them made
         sys.stdout = _OutputMayGoUnread(stdout)
     try:
         refuse_writing_over_inputs(args)
@@ -160,9 +160,11 @@ def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
 
 
 class _OutputMayGoUnread:
-    """Standard output of a command given a file to write: where its reader leaves (`plan --out p.json | head -2`),
-    the command goes on, its output to nowhere, and writes the file. Stopped at the closed pipe, as a command without
-    one is (`PIPE_CLOSED`), `plan` left no p.json and `compare` ended after its first round (a new user's walk)."""
+    """Standard output of a command whose work is more than what it prints (files, models, MLflow runs, a cluster):
+    where its reader leaves (`plan --out p.json | head -2`), the command goes on, its output to nowhere, and finishes
+    that work. Stopped at the closed pipe, as a command whose output is its work is (`PIPE_CLOSED`: `models`,
+    `algorithms`, `doctor`, `costmodel evaluate`, `hosts list`), `plan` left no p.json, `compare` ended after its first
+    round and `calibrate` kept no models (new users' walks)."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream

@@ -374,9 +374,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = add_command(sub, "models")
     p.add_argument("files", nargs="*", metavar="FILE", help="model files to describe (default: this machine's)")
-    p.set_defaults(run=cmd_models)
+    p.set_defaults(run=cmd_models, output_is_the_work=True)
 
     q = commands.add_parser("evaluate", help="held-out accuracy of cost models; the last line is JSON")
     add_settings(q, EvaluateModelArgs)
     add_tracking(q)
-    q.set_defaults(run=cmd_costmodel_evaluate)
+    q.set_defaults(run=cmd_costmodel_evaluate, output_is_the_work=True)

@@ -111,4 +111,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "doctor")
     add_settings(p, DoctorArgs)
     add_ray(p)
-    p.set_defaults(run=cmd_doctor)
+    p.set_defaults(run=cmd_doctor, output_is_the_work=True)

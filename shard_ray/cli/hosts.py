@@ -111,4 +111,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q.add_argument("name", nargs="?", default=DEFAULT_NAME, help=f"the cluster (default {DEFAULT_NAME})")
     q.set_defaults(run=cmd_down)
     q = commands.add_parser("list", help="the emulated clusters up on this machine")
-    q.set_defaults(run=cmd_list)
+    q.set_defaults(run=cmd_list, output_is_the_work=True)

@@ -733,7 +733,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "algorithms")
-    p.set_defaults(run=cmd_algorithms)
+    p.set_defaults(run=cmd_algorithms, output_is_the_work=True)
 
     p = add_command(sub, "plan")
     add_settings(p, PlanArgs)

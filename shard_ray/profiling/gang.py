@@ -40,6 +40,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
+from shard_ray import neighbours
 from shard_ray.errors import ShardRayError, first_line, sigterm_received
 from shard_ray.hosts import emulated_link_mbit
 from shard_ray.niceness import at_niceness, niceness
@@ -690,7 +691,7 @@ class DeviceGang:
                 for r in results
             ]
             capped = sorted((r["rows_cap"], r["device"]) for r in results if r["rows_cap"] is not None)
-        priced_by, warnings = None, list(self.warnings)
+        priced_by, warnings = None, list(self.warnings) + neighbours.measured_beside()
         if capped:
             warnings.append(
                 f"device{'s' if len(capped) > 1 else ''} {', '.join(str(d) for _, d in capped)} measured with at most "

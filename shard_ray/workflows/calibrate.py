@@ -458,9 +458,10 @@ def refuse_comm_worse_than_chance(
     )
     kept = evaluate_comm(start, judged_on[name])["spearman"]
     if kept is not None and kept < 0:  # kept all the same: it was not fitted here, and there is no third
+        held = evaluate_comm(start, judged_on["held-out"])["spearman"] if name != "held-out" else None
         reason += (
             f". The starting one ranks those plans worse than chance too (Spearman {kept:.2f} over the same devices"
-            + ("" if name == "held-out" else "; the held-out plans' alone are below")
+            + ("" if held is None else f"; {held:.2f} over the held-out plans' alone, the figure printed below")
             + "): neither orders these plans' all-to-alls, so prices of them (and races that price them: more devices "
             "than cores) rest on no measured order"
         )

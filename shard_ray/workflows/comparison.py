@@ -225,18 +225,28 @@ class Race:
             kept_ms = median_of(self.rounds[incumbent])
             lower = [name for name in self.names if median_of(self.rounds[name]) < kept_ms]
             if lower:
-                medians = ", ".join(f"{name}'s {median_of(self.rounds[name]):.2f} ms" for name in lower[:3])
-                rule += (
-                    f"; the lower median{'s' if len(lower) > 1 else ''} of {medians}{' and more' if len(lower) > 3 else ''}"
-                    f" against its {kept_ms:.2f} {'is' if len(lower) == 1 else 'are'} within noise"
-                )
+                verb = "is" if len(lower) == 1 else "are"
+                rule += f"; {self._medians(lower)}, lower than its {kept_ms:.2f}, {verb} within noise"
             return Verdict(incumbent, False, against, level, rule)
         chosen = self.fastest(faster)
         rule = (
             f"no plan is separated from every other; {len(faster)} separated as faster than the incumbent "
             f"({incumbent}), and of these {chosen} is the fastest by the paired ratios and is chosen"
         )
+        chosen_ms = median_of(self.rounds[chosen])
+        lower = [name for name in self.names if median_of(self.rounds[name]) < chosen_ms]
+        not_faster = [name for name in lower if name not in faster]
+        if not_faster:  # listed above the chosen plan in the table (a walk's demo): why it was not chosen
+            verb = "is" if len(not_faster) == 1 else "are"
+            rule += f"; {self._medians(not_faster)}, lower, {verb} not separated as faster than the incumbent"
+        if len(lower) > len(not_faster):
+            rule += f"; {self._medians([n for n in lower if n in faster])}, lower, the paired ratios put after it"
         return Verdict(chosen, False, self._ratios(chosen, level), level, rule)
+
+    def _medians(self, names: list[str]) -> str:
+        """`names`' median rounds, as a rule's line names them: the first three, and how many more."""
+        shown = ", ".join(f"{name}'s median {median_of(self.rounds[name]):.2f} ms" for name in names[:3])
+        return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
     def _ratios(self, chosen: str, level: float) -> dict[str, PlanRatio]:
         return {

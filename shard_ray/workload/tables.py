@@ -94,7 +94,7 @@ class TableSpec(BaseModel):
     @classmethod
     def _dim_multiple_of_4(cls, dim: int) -> int:
         if dim % 4:
-            raise ValueError(f"dim must be a multiple of 4 (fbgemm's requirement), got {dim}")
+            raise ValueError(f"must be a multiple of 4 (fbgemm's requirement), got {dim}")
         return dim
 
     @field_validator("name", mode="before")
