@@ -14,13 +14,16 @@ the untrained network (the prior), the shipped policy, its best of 16 samples, `
 with `--large`, a larger `cost_search` (beam 6 by 5, 6 branches, 3,000 local-search steps, 5,000,000 evaluations);
 with `--optimal` (tasks of at most 14 tables), the best table-wise plan under the models (`optimal`, branch and bound;
 a task where its node budget ran out is counted in the last column): what foresight can win over the greedy steps
-where no table is split.
+where no table is split; with `--rollouts`, one step of policy improvement on the prior (`improved_by_rollouts`: each
+step the option after which the prior finishes the cheapest plan): what a policy trained to improve on its prior
+reaches in one step of improvement (docs/results.md).
 Each plan priced by the shipped models over the task's lower bound; the mean over tasks. Writes `policy_headroom.md`
 and `policy_headroom.json` to `--out`; the last printed line is JSON.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
@@ -39,11 +42,59 @@ from shard_ray.errors import InfeasibleError
 from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.placement.exact import MAX_TABLES
+from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
+from shard_ray.policy.decode import best_option
+from shard_ray.policy.env import PlacementState
 from shard_ray.policy.network import OptionScorer, save_policy
-from shard_ray.policy.policy_file import PolicyInfo
+from shard_ray.policy.policy_file import PRIOR_FEATURES, PRIOR_INIT, PolicyInfo
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
+from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
+
+# The prior's rollouts: what one step of policy improvement on the prior reaches (`--rollouts`).
+
+
+def prior_choice(state: PlacementState) -> int:
+    """The option of the current step the prior scores highest: the plan's cost raised least, then the devices' total
+    (the untrained network's scores, less its learnt part)."""
+    observation = state.observation()
+    scores = -observation["options"][:, PRIOR_FEATURES] @ np.array(PRIOR_INIT)
+    return best_option(np.where(observation["action_mask"] > 0, scores, -np.inf))
+
+
+def _copy(state: PlacementState) -> PlacementState:
+    """A copy of `state` to play on, sharing its models and their pricer (read only)."""
+    return copy.deepcopy(state, {id(state.models): state.models, id(state.pricer): state.pricer})
+
+
+def prior_finish(state: PlacementState) -> float:
+    """The predicted cost of the plan the prior finishes from `state` (left as it is); inf where the prior gets stuck."""
+    ahead = _copy(state)
+    while not ahead.done:
+        if ahead.stuck():
+            return math.inf
+        ahead.take(prior_choice(ahead))
+    return ahead.cost
+
+
+def improved_by_rollouts(tables: list[TableSpec], topology: Topology, models: CostModels) -> Plan:
+    """The plan of one step of policy improvement on the prior (rollouts): each step the option after which the prior
+    finishes the cheapest plan (`prior_finish`), the prior's own where it ties: no worse than the prior's plan."""
+    state = PlacementState(tables, topology, models)
+    while not state.done:
+        if state.stuck():
+            raise InfeasibleError(f"the prior's rollouts found no room for {state.piece.describe()}")
+        own = prior_choice(state)
+        finished = {}
+        for slot in np.flatnonzero(state.option_mask()).tolist():
+            ahead = _copy(state)
+            ahead.take(slot)
+            finished[slot] = prior_finish(ahead)
+        best = min(finished.values())
+        state.take(own if finished[own] <= best else min(finished, key=finished.__getitem__))
+    return state.plan("rollouts")
+
 
 LARGE = {"beam_width": 6, "beam_depth": 5, "branching": 6, "local_search_steps": 3000, "max_evaluations": 5_000_000}
 
@@ -62,6 +113,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="the tasks' draw (default %(default)s)")
     parser.add_argument("--large", action="store_true", help="also the larger cost_search")
     parser.add_argument("--optimal", action="store_true", help="also the best table-wise plan (at most 14 tables)")
+    parser.add_argument("--rollouts", action="store_true", help="also the prior improved by its rollouts")
     parser.add_argument(
         "--out",
         type=a_folder_to_write,
@@ -100,6 +152,7 @@ def main() -> None:
         ("cost_search", "cost_search", {}),
     ] + ([("the larger search", "cost_search", LARGE)] if args.large else [])
     entries += [("best table-wise", "optimal", {})] if args.optimal else []
+    entries += [("the prior's rollouts", improved_by_rollouts, {})] if args.rollouts else []
     results: dict[str, dict[str, list[float | None]]] = {}
     floored: dict[str, int] = {}  # tasks a cap whose cap `memory_cap_with_headroom` raised to its floor
     unproven: dict[str, int] = {}  # tasks a cap where branch and bound ran out of nodes
@@ -115,7 +168,11 @@ def main() -> None:
             bound = lower_bound_ms(models, tables, topology)
             for label, algorithm, settings in entries:
                 try:
-                    plan = place(algorithm, tables, topology, settings=settings)
+                    plan = (
+                        algorithm(tables, topology, models)
+                        if callable(algorithm)
+                        else place(algorithm, tables, topology, settings=settings)
+                    )
                     unproven[str(cap)] += algorithm == "optimal" and not (plan.search and plan.search.proven_optimal)
                     ratio = simulator.plan_cost(plan, tables, topology.batch_size).cost_ms / bound
                 except InfeasibleError:
