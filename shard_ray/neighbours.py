@@ -102,9 +102,12 @@ def arrive() -> None:
         others = _others(folder)
         path = folder / f"{os.getpid()}.cmd"
         path.with_suffix(".beside").unlink(missing_ok=True)  # an earlier process's of this id
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # locked and written under another name first: an entry found unlocked is a stopped command's, removed
+        making = path.with_suffix(".new")
+        fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, line.encode())
+        os.rename(making, path)
         _entry = (fd, path)
         _found[:] = others.values()
         for other in others:
