@@ -20,15 +20,12 @@ import shlex
 import sys
 from pathlib import Path
 
+from shard_ray.io import shard_ray_home
+
 # This process's entry while its command runs (the file, kept open and locked), and its name; the commands running
 # when it was made.
 _entry: tuple[int, Path] | None = None
 _found: list[str] = []
-
-
-def _folder() -> Path:
-    home = os.environ.get("SHARD_RAY_HOME") or Path.home() / ".shard-ray"
-    return Path(home) / "running"
 
 
 def _others(folder: Path) -> dict[Path, str]:
@@ -95,7 +92,7 @@ def arrive() -> None:
     global _entry
     if _entry is not None:
         return
-    folder = _folder()
+    folder = shard_ray_home() / "running"
     line = shlex.join(["shard-ray", *sys.argv[1:]])
     try:
         folder.mkdir(parents=True, exist_ok=True)

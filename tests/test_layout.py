@@ -10,8 +10,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "shard_ray"
 # From the bottom up; a module imports from its own package or from a lower layer only.
 LAYERS = (
-    ("errors", "quiet", "neighbours"),
-    ("arguments", "io", "niceness", "process_groups", "runtime", "threads"),
+    ("errors", "quiet"),
+    ("arguments", "io", "niceness", "process_groups", "threads"),
+    ("neighbours",),
+    ("runtime",),
     ("configfile", "hosts"),
     ("workload",),
     ("plan",),
