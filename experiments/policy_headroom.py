@@ -28,6 +28,7 @@ import json
 import math
 import statistics
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +45,10 @@ from shard_ray.placement import place
 from shard_ray.placement.exact import MAX_TABLES
 from shard_ray.plan.plan import Plan
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.policy.decode import best_option
+from shard_ray.policy.decode import best_option, play_on
 from shard_ray.policy.env import PlacementState
 from shard_ray.policy.network import OptionScorer, save_policy
-from shard_ray.policy.policy_file import PRIOR_FEATURES, PRIOR_INIT, PolicyInfo
+from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec
 from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
@@ -55,42 +56,33 @@ from shard_ray.workload.tasks import TaskConfig, draw_task, split_pool
 # The prior's rollouts: what one step of policy improvement on the prior reaches (`--rollouts`).
 
 
-def prior_choice(state: PlacementState) -> int:
-    """The option of the current step the prior scores highest: the plan's cost raised least, then the devices' total
-    (the untrained network's scores, less its learnt part)."""
-    observation = state.observation()
-    scores = -observation["options"][:, PRIOR_FEATURES] @ np.array(PRIOR_INIT)
-    return best_option(np.where(observation["action_mask"] > 0, scores, -np.inf))
-
-
 def _copy(state: PlacementState) -> PlacementState:
     """A copy of `state` to play on, sharing its models and their pricer (read only)."""
     return copy.deepcopy(state, {id(state.models): state.models, id(state.pricer): state.pricer})
 
 
-def prior_finish(state: PlacementState) -> float:
-    """The predicted cost of the plan the prior finishes from `state` (left as it is); inf where the prior gets stuck."""
-    ahead = _copy(state)
-    while not ahead.done:
-        if ahead.stuck():
-            return math.inf
-        ahead.take(prior_choice(ahead))
-    return ahead.cost
+def prior_finish(prior: DecodingScorer, state: PlacementState) -> float:
+    """The predicted cost of the plan the prior finishes from `state` (left as it is), as greedy decoding plays it;
+    inf where it gets stuck."""
+    ahead = play_on(prior, _copy(state))
+    return ahead.cost if ahead.done else math.inf
 
 
-def improved_by_rollouts(tables: list[TableSpec], topology: Topology, models: CostModels) -> Plan:
+def improved_by_rollouts(
+    prior: DecodingScorer, tables: list[TableSpec], topology: Topology, models: CostModels
+) -> Plan:
     """The plan of one step of policy improvement on the prior (rollouts): each step the option after which the prior
     finishes the cheapest plan (`prior_finish`), the prior's own where it ties: no worse than the prior's plan."""
     state = PlacementState(tables, topology, models)
     while not state.done:
         if state.stuck():
             raise InfeasibleError(f"the prior's rollouts found no room for {state.piece.describe()}")
-        own = prior_choice(state)
+        own = best_option(prior.logits(state.observation()))
         finished = {}
         for slot in np.flatnonzero(state.option_mask()).tolist():
             ahead = _copy(state)
             ahead.take(slot)
-            finished[slot] = prior_finish(ahead)
+            finished[slot] = prior_finish(prior, ahead)
         best = min(finished.values())
         state.take(own if finished[own] <= best else min(finished, key=finished.__getitem__))
     return state.plan("rollouts")
@@ -144,7 +136,8 @@ def main() -> None:
     folder = tempfile.TemporaryDirectory(prefix="untrained-policy-")  # removed when the script ends
     untrained = Path(folder.name) / "untrained.pt"
     torch.manual_seed(0)
-    save_policy(untrained, OptionScorer(), PolicyInfo(iterations=0))
+    network = OptionScorer()
+    save_policy(untrained, network, PolicyInfo(iterations=0))
     entries = [
         ("prior", "dreamshard", {"policy": str(untrained)}),
         ("shipped policy", "dreamshard", {}),
@@ -152,7 +145,8 @@ def main() -> None:
         ("cost_search", "cost_search", {}),
     ] + ([("the larger search", "cost_search", LARGE)] if args.large else [])
     entries += [("best table-wise", "optimal", {})] if args.optimal else []
-    entries += [("the prior's rollouts", improved_by_rollouts, {})] if args.rollouts else []
+    rollouts = partial(improved_by_rollouts, DecodingScorer.of_network(network))
+    entries += [("the prior's rollouts", rollouts, {})] if args.rollouts else []
     results: dict[str, dict[str, list[float | None]]] = {}
     floored: dict[str, int] = {}  # tasks a cap whose cap `memory_cap_with_headroom` raised to its floor
     unproven: dict[str, int] = {}  # tasks a cap where branch and bound ran out of nodes

@@ -44,7 +44,13 @@ def roll_out(
     """One episode: the best option each step (`best_option`), or sampled ones with `generator`; it ends where the next
     piece fits nowhere (`PlacementState.stuck`), its state then not `done`. `lower_bound`: the task's, where the caller
     has it."""
-    state = PlacementState(tables, topology, models, lower_bound=lower_bound)
+    return play_on(scorer, PlacementState(tables, topology, models, lower_bound=lower_bound), generator)
+
+
+def play_on(
+    scorer: DecodingScorer, state: PlacementState, generator: np.random.Generator | None = None
+) -> PlacementState:
+    """`state` played to its end as `roll_out` plays a new one (from a partial plan: an experiment's rollouts)."""
 
     def choose(logits: np.ndarray) -> np.ndarray:
         """Each row's option [K] of `logits` [K, R]: the best, or drawn from their softmax (the Gumbel-max draw: the
