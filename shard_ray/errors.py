@@ -106,6 +106,7 @@ def _in_own_words(error: dict) -> str:
     """pydantic's message for one invalid field, in the words of shard-ray's own ("must be more than 0" where pydantic
     says "Input should be greater than 0"); a validator's own message without pydantic's prefix."""
     limit = error.get("ctx") or {}
+    choice = f"must be {limit.get('expected')}, got {_shown(error.get('input'))}"  # pydantic's literal and enum
     words = {
         "missing": "missing: it is required",
         "greater_than": f"must be more than {limit.get('gt')}",
@@ -114,8 +115,8 @@ def _in_own_words(error: dict) -> str:
         "less_than_equal": f"must be at most {limit.get('le')}",
         "too_short": "must not be empty" if limit.get("min_length") == 1 else None,
         "string_too_short": "must not be empty" if limit.get("min_length") == 1 else None,
-        "literal_error": f"must be {limit.get('expected')}, got {_shown(error.get('input'))}",
-        "enum": f"must be {limit.get('expected')}, got {_shown(error.get('input'))}",
+        "literal_error": choice,
+        "enum": choice,
         "int_from_float": f"must be a whole number, got {_shown(error.get('input'))}",
         "int_parsing_size": f"{_shown(error.get('input'))} is too large a number",
     }.get(error["type"])

@@ -222,10 +222,10 @@ class Race:
                 "a plan replaces it only when measured faster"
             )
             # listed above it in the table, such a plan read as a better one passed over without a reason (a walk)
-            kept_ms = median_of(self.rounds[incumbent])
-            lower = [name for name in self.names if median_of(self.rounds[name]) < kept_ms]
+            lower = self._lower_medians(incumbent)
             if lower:
                 verb = "is" if len(lower) == 1 else "are"
+                kept_ms = median_of(self.rounds[incumbent])
                 rule += f"; {self._medians(lower)}, lower than its {kept_ms:.2f}, {verb} within noise"
             return Verdict(incumbent, False, against, level, rule)
         chosen = self.fastest(faster)
@@ -233,8 +233,7 @@ class Race:
             f"no plan is separated from every other; {len(faster)} separated as faster than the incumbent "
             f"({incumbent}), and of these {chosen} is the fastest by the paired ratios and is chosen"
         )
-        chosen_ms = median_of(self.rounds[chosen])
-        lower = [name for name in self.names if median_of(self.rounds[name]) < chosen_ms]
+        lower = self._lower_medians(chosen)
         not_faster = [name for name in lower if name not in faster]
         if not_faster:  # listed above the chosen plan in the table (a walk's demo): why it was not chosen
             verb = "is" if len(not_faster) == 1 else "are"
@@ -242,6 +241,11 @@ class Race:
         if len(lower) > len(not_faster):
             rule += f"; {self._medians([n for n in lower if n in faster])}, lower, the paired ratios put after it"
         return Verdict(chosen, False, self._ratios(chosen, level), level, rule)
+
+    def _lower_medians(self, name: str) -> list[str]:
+        """The plans whose median round is lower than plan `name`'s: listed above it in the table."""
+        own = median_of(self.rounds[name])
+        return [other for other in self.names if median_of(self.rounds[other]) < own]
 
     def _medians(self, names: list[str]) -> str:
         """`names`' median rounds, as a rule's line names them: the first three, and how many more."""
