@@ -25,7 +25,11 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 1024**2
 # measured at 49 ms against 3.7 (4.3 idle; docs/measurement.md). Ray runs its jobs' drivers at 0 too. On nodes started
 # otherwise the measuring actors raise themselves to their command's niceness (`shard_ray.niceness.at_niceness`).
 WORKER_NICENESS = 0
-LOCAL_RAY_CONFIG = {"worker_niceness": WORKER_NICENESS}
+# The most a process of the local Ray (the command's driver included) waits at its exit to send its tasks' events to
+# the GCS, for Ray's dashboard and state API: Ray's default is 5 s, which a command whose whole process group got a
+# SIGTERM (`timeout`, a scheduler) waited out in full, its GCS stopped already (docs/failure-and-recovery.md).
+TASK_EVENTS_FLUSH_MS = 500
+LOCAL_RAY_CONFIG = {"worker_niceness": WORKER_NICENESS, "task_events_shutdown_flush_timeout_ms": TASK_EVENTS_FLUSH_MS}
 # CPU devices a local instance may put on one core: a few share a core faithfully enough for
 # tests and demos (the gang takes turns); hundreds would stall the machine.
 LOCAL_DEVICES_PER_CORE = 4
