@@ -72,6 +72,19 @@ def joined_ray() -> bool:
     return ray.is_initialized() and _joined_gcs == ray.get_runtime_context().gcs_address
 
 
+def stop_local_ray() -> None:
+    """Stop the local Ray this process started (`ray.shutdown`; a Ray it joined is only left), its autoscaler's monitor
+    killed first. Ray stops its
+    processes one after the other, the GCS before that monitor, which then spent the second Ray gives it failing to
+    tell the drivers of its end over the stopped GCS: a second of every command's exit, for a monitor that has nothing
+    to scale on one machine (docs/commands.md)."""
+    node = ray._private.worker._global_node
+    for info in node.all_processes.get(ray._private.ray_constants.PROCESS_TYPE_MONITOR, []) if node else []:
+        if info.process.poll() is None:
+            info.process.kill()
+    ray.shutdown()
+
+
 def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
@@ -193,7 +206,7 @@ def _init_ray(pressed: list[int], **options: Any) -> None:
 def _stop_if_signalled(pressed: list[int]) -> None:
     """After `_signals_held`: where a signal came, leave Ray and stop as it asked."""
     if pressed:
-        ray.shutdown()
+        stop_local_ray()
         raise Terminated if signal.SIGTERM in pressed else KeyboardInterrupt
 
 

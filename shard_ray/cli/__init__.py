@@ -260,12 +260,12 @@ def console() -> NoReturn:
     _ignore_stopping_signals()
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        from shard_ray.runtime import joined_ray
+        from shard_ray.runtime import joined_ray, stop_local_ray
 
         if joined_ray():
             atexit.unregister(ray.shutdown)
         else:
-            ray.shutdown()
+            stop_local_ray()
     threading._shutdown()  # what the interpreter calls at exit: threads' exit hooks, then joins non-daemon threads
     atexit._run_exitfuncs()
     try:

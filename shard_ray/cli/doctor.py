@@ -82,7 +82,7 @@ def _cluster_findings(
 
     from shard_ray.doctor import Finding, cluster_reports, noise_finding, task_pid
     from shard_ray.errors import ShardRayError
-    from shard_ray.runtime import connect_ray
+    from shard_ray.runtime import connect_ray, stop_local_ray
 
     try:
         connected = connect_ray(address)
@@ -104,7 +104,7 @@ def _cluster_findings(
             found = Finding("Ray", "ok", connected.removeprefix("ray: "))
         return summary, nodes, [found, noise_finding()]
     finally:
-        ray.shutdown()
+        stop_local_ray()
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
