@@ -985,6 +985,36 @@ def test_a_search_cut_by_its_budget_plans_alike_beside_a_busy_process(tmp_path):
     assert first == second
 
 
+def test_optimal_cut_by_its_budget_writes_the_best_plan_it_found_and_says_it_is_not_proven(capsys, tmp_path):
+    """Branch and bound is exponential in the tables: a walk's 12 tables on 8 devices ran for 10 minutes with no way
+    to stop it but a Ctrl-C. Its budget counts model evaluations, as the searches' do: `--set max_evaluations=N`
+    ends it at the same plan on any machine, written, with a warning that it is the best found, not proven optimal;
+    a small task is proven within the default budget."""
+    tables = [
+        {"name": f"t{i}", "rows": 5_000 * (i + 1), "dim": 16 * (1 + i % 3), "pooling_factor": 1.0 + i % 4}
+        for i in range(12)
+    ]
+    (tmp_path / "t.json").write_text(json.dumps({"tables": tables}))
+    plans = []
+    for name in ("a", "b"):
+        done = shard_ray_here(
+            capsys, "plan", "--tables", str(tmp_path / "t.json"), "--devices", "4", "--memory-gb", "1",
+            "--algo", "optimal", "--set", "max_evaluations=20000", "--out", str(tmp_path / f"{name}.json"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "warning: the budget of 20,000 model evaluations ended the search" in done.stderr
+        assert "the plan is the best found, not proven optimal" in done.stderr
+        plans.append(load_plan(tmp_path / f"{name}.json"))
+    assert plans[0].search.proven_optimal is False and plans[0].shards == plans[1].shards
+    (tmp_path / "few.json").write_text(json.dumps({"tables": tables[:5]}))
+    done = shard_ray_here(
+        capsys, "plan", "--tables", str(tmp_path / "few.json"), "--devices", "2", "--memory-gb", "1",
+        "--algo", "optimal", "--out", str(tmp_path / "few_plan.json"),
+    )  # fmt: skip
+    assert done.returncode == 0 and "not proven" not in done.stderr, done.stderr
+    assert load_plan(tmp_path / "few_plan.json").search.proven_optimal
+
+
 @pytest.mark.slow
 def test_neuroshard_cut_by_a_small_budget_or_time_limit_writes_its_plan(capsys, tmp_path):
     """NeuroShard runs as published with no budget; a budget or time limit a user sets ends it with a

@@ -684,8 +684,8 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     tables = pool[:6]
     topology = Topology(num_devices=3, memory_bytes=GB)
     pricer = Pricer(shipped, topology)
-    candidate, proven = branch_and_bound(pricer, tables)
-    assert proven
+    candidate, spending = branch_and_bound(pricer, tables)
+    assert spending.cut_short() is None
     enc = pricer.encodings(table_wise(tables))
     sizes = pricer.sizes(table_wise(tables))
     brute = min(
@@ -873,13 +873,13 @@ def test_no_plan_the_searches_make_is_priced_below_the_bound_when_fusion_costs(c
         assert Simulator(models).plan_cost(plan, tables, topology.batch_size).cost_ms >= bound - 1e-6, name
     small = tables[:6]
     pricer = Pricer(models, topology)
-    candidate, proven = branch_and_bound(pricer, small)
+    candidate, spending = branch_and_bound(pricer, small)
     enc, sizes = pricer.encodings(table_wise(small)), pricer.sizes(table_wise(small))
     brute = min(
         float(pricer.device_costs(enc, sizes, np.array(assign)).max())
         for assign in itertools.product(range(devices), repeat=len(small))
     )
-    assert proven and candidate.cost == pytest.approx(brute, rel=1e-5)
+    assert spending.cut_short() is None and candidate.cost == pytest.approx(brute, rel=1e-5)
     assert lower_bound_ms(models, small, topology, column_wise=False) <= brute + 1e-6
     assert lower_bound_ms(models, small, topology, column_wise=True) <= brute + 1e-6
 

@@ -191,7 +191,7 @@ def test_a_long_placing_without_a_bar_says_it_is_still_placing(capsys):
     with said_while_long("never said", after_s=5):
         pass
     assert capsys.readouterr().err == ""
-    assert {a.name for a in algorithms() if a.draws_progress} == {"cost_search", "neuroshard"}
+    assert {a.name for a in algorithms() if a.draws_progress} == {"cost_search", "neuroshard", "optimal"}
 
 
 def test_greedy_balances_its_proxy():

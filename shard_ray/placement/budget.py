@@ -75,9 +75,14 @@ class Spending:
                 "machine reaches less within it, so the plan may differ between runs (`--set time_limit_s=...` "
                 "gives more, or leave it unset: the evaluation budget gives the same plan on any machine)"
             )
+        ended = f"the budget of {self.budget.max_evaluations:,} model evaluations ended the search before it finished"
+        unused = self.budget.max_evaluations - self.used()
+        if unused <= 0:
+            return f"{ended} (`--set max_evaluations=...` gives it more)"
+        # each phase stops at its share: the phase that reached it ended the search with the total not spent (a walk
+        # read "the budget ended it" beside "229,896 of its budget of 300,000" as a contradiction)
         return (
-            f"the budget of {self.budget.max_evaluations:,} model evaluations ended the search before it "
-            "finished: a phase of the search used up its share of the budget, though the total may not be spent "
+            f"{ended}: a phase of it used up its share, {unused:,} evaluations left unused "
             "(`--set max_evaluations=...` gives every phase more)"
         )
 

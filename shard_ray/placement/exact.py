@@ -5,15 +5,22 @@ slowest device's predicted compute already reaches the best complete plan (compu
 as tables are added), and devices still empty are interchangeable, so a table tries only the
 first of them. The greedy grid's plan is the first incumbent. Knowing the optimum of small
 tasks tells how far every other algorithm is from the best possible plan under the models.
+
+The search is exponential in the tables: its budget counts model evaluations, as the other searches' do, so that
+a task too large to prove stops at the same plan on any machine, the best found, and says it is not proven. The
+default is about a minute on one core (docs/commands.md); `--set max_evaluations=...` gives more.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
 from shard_ray.placement.base import PlacementContext, Placer, register
-from shard_ray.placement.search import NEUROSHARD, greedy_grid
+from shard_ray.placement.budget import SearchBudget, Spending
+from shard_ray.placement.search import NEUROSHARD, SearchProgress, greedy_grid
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.plan import Plan, SearchReport
@@ -21,11 +28,22 @@ from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 MAX_TABLES = 14
-NODE_BUDGET = 2_000_000
 
 
-def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int = NODE_BUDGET) -> tuple[Candidate, bool]:
-    """The best table-wise plan by simulated cost, and whether it is proven optimal (budget not hit)."""
+@dataclass(frozen=True)
+class ExactBudget(SearchBudget):
+    """The search's budget, by default 50 million model evaluations: about a minute on one core of the 2-core AMD
+    EPYC at 8 devices, where the 2 million nodes it was given before would take about 21 minutes, at 1,550 a second (a
+    walk stopped one after 10)."""
+
+    max_evaluations: int | None = 50_000_000
+
+
+def branch_and_bound(
+    pricer: Pricer, tables: list[TableSpec], budget: SearchBudget = ExactBudget()
+) -> tuple[Candidate, Spending]:
+    """The best table-wise plan by simulated cost found within `budget`, and the budget's spending: the plan is the
+    proven optimum where nothing cut the search short (`spending.cut_short()` is None)."""
     topology = pricer.topology
     d = topology.num_devices
     pieces = pieces_to_place(tables, topology)
@@ -41,13 +59,13 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     compute = np.zeros(d)
     ledger = MemoryLedger(topology)
     assign = np.zeros(len(pieces), dtype=np.int64)
-    nodes = 0
+    spending = Spending(pricer, budget)
+    end, progress = spending.until(1.0), SearchProgress(spending, "optimal")
 
     def visit(k: int) -> None:
-        nonlocal nodes
-        nodes += 1
-        if nodes > node_budget:
+        if end.reached():
             return
+        progress.show("branch and bound", best["cost"])
         if restricted:  # devices holding pieces with fixed devices are not interchangeable
             devices = [x for x in range(d) if sizes.allowed[k, x] and ledger.free[x] >= need[k]]
         else:
@@ -86,8 +104,11 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
             compute[x] = old
             ledger.give(x, need[k])
 
-    visit(0)
-    return Candidate(pieces, best["assign"], best["cost"]), nodes <= node_budget
+    try:
+        visit(0)
+    finally:
+        progress.close()
+    return Candidate(pieces, best["assign"], best["cost"]), spending
 
 
 @register(
@@ -95,13 +116,20 @@ def branch_and_bound(pricer: Pricer, tables: list[TableSpec], node_budget: int =
     "exact",
     f"branch and bound: the best table-wise plan under the cost models (up to {MAX_TABLES} tables; a table no device "
     "holds whole is cut row-wise first); algorithms that split tables may price lower",
+    settings=ExactBudget,
     max_tables=MAX_TABLES,
+    draws_progress=True,
 )
 def optimal(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
-        candidate, proven = branch_and_bound(Pricer(context.models, topology), tables)
-        return candidate.plan(topology.num_devices, "optimal").model_copy(
-            update={"search": SearchReport(proven_optimal=proven)}
+        pricer = Pricer(context.models, topology)
+        candidate, spending = branch_and_bound(pricer, tables, context.settings)
+        cut_short = spending.cut_short()
+        report = SearchReport(
+            evaluations=pricer.evaluations,
+            cut_short=cut_short and f"{cut_short}; the plan is the best found, not proven optimal",
+            proven_optimal=cut_short is None,
         )
+        return candidate.plan(topology.num_devices, "optimal").model_copy(update={"search": report})
 
     return placer

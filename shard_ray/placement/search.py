@@ -426,7 +426,7 @@ def beam_search(
             started_from += "; the policy's placement got stuck (a table fitted no device), so the grid's alone"
     starts.sort(key=lambda c: c.cost)
     split_packing = dominant_split_packing(pricer, pieces, splittable, config, constraints, start_until)
-    progress = _Progress(spending, name)
+    progress = SearchProgress(spending, name)
     progress.show("start", starts[0].cost)
     beam, everything, seen = starts, list(starts), {_signature(c.pieces) for c in starts}
     for _ in range(config.beam_depth):
@@ -661,7 +661,7 @@ def _slices_apart(
     return assign
 
 
-class _Progress:
+class SearchProgress:
     """A bar over the budget's evaluations, with the phase and the best simulated cost so far, shown
     once a search has run `LONG_PLACING_S` (shorter ones end before a bar would tell anything; the
     clock decides only what is shown, never what the search does)."""
