@@ -567,7 +567,7 @@ def test_compare_says_what_the_gang_found_measuring_each_plan(capsys, small_tabl
     from shard_ray.plan.cost import DeviceCost, PlanCost
 
     devices = [DeviceCost(device=0, fwd_compute_ms=1, fwd_comm_ms=0, bwd_comm_ms=0, bwd_compute_ms=1)]
-    capped = "devices 1, 0 measured with at most 2,784,860 rows allocated per table"
+    capped = "devices 0-1 measured with at most 2,784,860 rows allocated per table"
     costs = {
         "a": PlanCost(devices=devices, warnings=[capped, "the gang's own"]),
         "b=c": PlanCost(devices=devices, warnings=[capped, capped]),

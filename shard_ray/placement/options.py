@@ -23,6 +23,7 @@ from shard_ray.plan.enumerator import table_options
 from shard_ray.plan.memory import MemoryLedger
 from shard_ray.plan.piece import SHARDING_TYPES, TablePiece, replica, table_row_wise, table_wise
 from shard_ray.plan.plan import Plan, TableChoice
+from shard_ray.plan.summary import device_ranges
 from shard_ray.workload.tables import TableSpec
 
 # A table goes table-row-wise on the host, of this many least loaded, that prices the plan lowest.
@@ -177,7 +178,7 @@ def format_explanation(cost_ms: float, choices: list[TableChoice], constrained: 
         f"{'table':<24} {'type':<14} {'devices':<16} {'best other':<14} {'plan ms':>9} {'vs chosen':>10}",
     ]
     for choice in choices:
-        devices = _ranges(choice.devices)
+        devices = device_ranges(choice.devices)
         best = choice.next_best
         if best is not None:
             tail = f"{best[0]:<14} {best[1]:>9.3f} {best[1] / cost_ms - 1:>+10.1%}"
@@ -187,15 +188,3 @@ def format_explanation(cost_ms: float, choices: list[TableChoice], constrained: 
             tail = "(no other type allowed)" if constrained else "(no other type it can take)"
         lines.append(f"{choice.table:<24} {choice.sharding_type:<14} {devices:<16} {tail}")
     return "\n".join(lines)
-
-
-def _ranges(devices: list[int]) -> str:
-    """[0, 1, 2, 5] as '0-2,5'."""
-    parts, start = [], None
-    for i, d in enumerate(devices):
-        if start is None:
-            start = d
-        if i + 1 == len(devices) or devices[i + 1] != d + 1:
-            parts.append(f"{start}" if start == d else f"{start}-{d}")
-            start = None
-    return ",".join(parts)

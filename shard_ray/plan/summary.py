@@ -153,3 +153,15 @@ def format_prediction(estimate: PlanEstimate, measured_ms: float, priced_parts: 
         named = ", ".join(PART_COLUMNS[part] for part in priced_parts)
         line += f" ({named} priced by the comm model on both sides: the ratio does not judge their prices)"
     return line
+
+
+def device_ranges(devices: list[int]) -> str:
+    """Sorted devices [0, 1, 2, 5] as '0-2,5'."""
+    parts, start = [], None
+    for i, d in enumerate(devices):
+        if start is None:
+            start = d
+        if i + 1 == len(devices) or devices[i + 1] != d + 1:
+            parts.append(f"{start}" if start == d else f"{start}-{d}")
+            start = None
+    return ",".join(parts)

@@ -47,6 +47,7 @@ from shard_ray.niceness import at_niceness, niceness
 from shard_ray.plan.cost import PRICED_WHEN_SHARED, STEP_PARTS, DeviceCost, PlanCost, median_round
 from shard_ray.plan.piece import TablePiece
 from shard_ray.plan.plan import Plan
+from shard_ray.plan.summary import device_ranges
 from shard_ray.profiling.actors import ProfilingPool, cluster_has_gpus, resources_per_device
 from shard_ray.profiling.hardware import cores_for, free_cores, hardware_id, machine_id, measurement_device, pin_to
 from shard_ray.profiling.keeper import (
@@ -693,10 +694,12 @@ class DeviceGang:
             capped = sorted((r["rows_cap"], r["device"]) for r in results if r["rows_cap"] is not None)
         priced_by, warnings = None, list(self.warnings) + neighbours.measured_beside()
         if capped:
+            least, most = capped[0][0], capped[-1][0]
             warnings.append(
-                f"device{'s' if len(capped) > 1 else ''} {', '.join(str(d) for _, d in capped)} measured with at most "
-                f"{capped[0][0]:,} rows allocated per table (a measuring process's share of memory holds no more): "
-                "their largest tables' lookups were folded into those rows, which times them optimistically"
+                f"device{'s' if len(capped) > 1 else ''} {device_ranges(sorted(d for _, d in capped))} measured with "
+                f"at most {least:,}{'' if least == most else f' to {most:,}'} rows allocated per table (a measuring "
+                "process's share of memory holds no more): their largest tables' lookups were folded into those rows, "
+                "which times them optimistically"
             )
         if self.priced_parts:
             priced_by, devices, extrapolated = self._priced_comm(plan, tables, config.batch_size, devices)
