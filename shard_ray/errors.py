@@ -132,12 +132,12 @@ def _shown(value: object) -> str:
 
 
 def _location(loc: tuple, document: object) -> str:
-    """Where an invalid field is: `table 'C4': rows` where the document's list entry has a name, else `table #4: rows`,
+    """Where an invalid field is: `table 'C4': rows` where the document's list entry has a name (`table 'a' (#3)` where
+    another has it too), else `table #4: rows`,
     counted from 1 as a reader counts the file's entries (pydantic's `tables.3.rows` counts from 0)."""
     named = _named_entry(document, loc)
     if named:
-        name, depth = named
-        entry = repr(name)
+        entry, depth = named
     else:
         indices = [depth for depth, part in enumerate(loc, start=1) if isinstance(part, int) and depth >= 2]
         if not indices:
@@ -153,9 +153,12 @@ def _location(loc: tuple, document: object) -> str:
 
 
 def _named_entry(document: object, location: tuple) -> tuple[str, int] | None:
-    """The name of the innermost named list entry on `location` in `document`, and how deep it lies."""
+    """How the innermost named list entry on `location` in `document` is called, and how deep it lies: its name, and
+    where another entry of its list has that name too, its place (`'a' (#3)`: a walk could not tell which of two
+    tables named `a` an error was about)."""
     found = None
     for depth, part in enumerate(location, start=1):
+        entries = document
         try:
             document = document[part]  # type: ignore[index]
         except (KeyError, IndexError, TypeError):
@@ -166,7 +169,9 @@ def _named_entry(document: object, location: tuple) -> tuple[str, int] | None:
             and isinstance(document, dict)
             and isinstance(document.get("name"), str)
         ):
-            found = (document["name"], depth)
+            name = document["name"]
+            alike = sum(isinstance(e, dict) and e.get("name") == name for e in entries)  # type: ignore[union-attr]
+            found = (repr(name) + (f" (#{part + 1})" if alike > 1 else ""), depth)
     return found
 
 

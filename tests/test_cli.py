@@ -174,6 +174,8 @@ def load_tables_from(entries: list[dict]) -> list:
         (json.dumps({"tables": [GOOD | {"rows": 10.5}]}), "table 't0': rows: must be a whole number, got 10.5"),
         (json.dumps({"tables": [GOOD | {"rows": 1e30}]}), "table 't0': rows: 1e+30 is too large a number"),
         (json.dumps({"tables": [GOOD, GOOD]}), "duplicate table name"),
+        # an entry whose name another has too is called by its place as well (a walk could not tell which was meant)
+        (json.dumps({"tables": [GOOD, GOOD | {"dim": 30}]}), "table 't0' (#2): dim: must be a multiple of 4"),
         # an entry with no name is counted from 1, as its reader counts (pydantic's `tables.1.name` counts from 0)
         (json.dumps({"tables": [GOOD, {"rows": 5, "dim": 8}]}), "table #2: name: missing: it is required"),
         # in shard-ray's words, not pydantic's ("String should have at least 1 character")
