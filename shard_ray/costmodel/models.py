@@ -145,7 +145,12 @@ def describe_models(
     calibrated = models.info.calibrated
     if calibrated is None:
         shipped = "the shipped models " if Path(path).parent == PRETRAINED_DIR else ""
-        return f"priced by {shipped}{path} (models of {models.hardware}, not calibrated on a task)", None
+        # a plan for GPUs made on a laptop is priced as for its CPU unless told otherwise (a walk read the CPU's
+        # prices of a 64-GPU plan): the flag that prices it for a GPU, said where the CPU's shipped models price it
+        for_gpus = (
+            "; for GPUs: --hardware 'cuda:NAME', docs/gpu.md" if shipped and models.hardware.startswith("cpu:") else ""
+        )
+        return f"priced by {shipped}{path} (models of {models.hardware}, not calibrated on a task{for_gpus})", None
     names = calibrated.tables
     when = f" on {calibrated.at}" if calibrated.at else ""
     if calibrated.fitted(task_digest(tables)):
