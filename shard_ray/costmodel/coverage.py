@@ -63,7 +63,8 @@ def _describe(name: str, value: float, low: float, high: float) -> str:
         else:
             accesses = "twice" if fewest == most else f"{fewest}-{most} times"
         return (
-            f"{value:.0%} of its accessed rows are read {accesses} per 65536-sample batch "
+            f"{value:.0%} of its accessed rows are read {accesses} per 65536-sample batch, the reuse histograms' "
+            "reference, whatever the plan's batch "
             f"(training tables: {low:.0%}-{high:.0%})"
         )
     base = 2.0 if name.startswith("log2_") else 10.0
