@@ -506,6 +506,8 @@ def test_calibrate_refuses_tables_its_memory_cap_cannot_hold_before_ray(tmp_path
         # an empty name was "--out:  is a folder" (Path("") is "."), and a folder to write in the current folder (a walk)
         ("plan", ["--devices", "2", "--memory-gb", "4", "--out", ""], "--out: an empty name; give the file to write"),
         ("compare", ["--plans", "plan.json", "plan.json", "--out", " "], "--out: an empty name; give the folder"),
+        # a share above 1 was taken: a walk's calibration held out 24 of 29 shards and replaced a better one's models
+        ("calibrate", ["--devices", "2", "--held-out", "1.5", "--no-mlflow"], "--held-out: must be at most 0.8, got"),
     ],
 )
 def test_outputs_and_sizes_that_cannot_be_are_refused_before_the_command_works(

@@ -343,28 +343,28 @@ def test_models_fitted_to_shards_measured_with_capped_rows_say_so_where_they_pri
             assert warning.startswith("the models were fitted to shards of big (20,000,000 rows) measured with only")
 
 
-def test_a_calibration_keeping_its_starting_models_leaves_an_earlier_fit_to_these_tables_in_place(tmp_path):
+def test_an_earlier_fit_to_these_tables_is_found_to_keep_or_to_say_it_is_replaced(tmp_path):
     """Found by a new user's walk: `calibrate --devices 4` after a fitted `calibrate --devices 2` kept the shipped
-    models it started from and wrote them over the 2-device fit (one file a hardware and table set), without a word."""
-    from shard_ray.cli.costmodel import earlier_fit_kept
+    models it started from and wrote them over the 2-device fit (one file a hardware and table set), without a word;
+    `calibrate` keeps such a fit where it keeps its starting models. Where it fits new ones it replaces it, and a
+    second walk's better first calibration was replaced without a word: it says so, with the earlier one's time."""
+    from shard_ray.cli.costmodel import earlier_fit_at
     from shard_ray.costmodel.info import Calibrated
     from shard_ray.costmodel.models import CostModels
     from shard_ray.workload.tables import task_digest
 
     tables = [TableSpec(name=n, rows=1000, dim=16, pooling_factor=2) for n in ("a", "b")]
     out = tmp_path / "models.pt"
-    assert earlier_fit_kept(out, tables, "starting") is None  # nothing there yet
+    assert earlier_fit_at(out, tables) is None  # nothing there yet
     models = CostModels.load(default_cost_model_path())
     record = dict(hardware="cpu:x", tables=["a", "b"], task=task_digest(tables), reason="r", at="2026-12-06 09:00 UTC")
     models.info.calibrated = Calibrated(**record, chosen="fine-tuned")
     models.save(out)
-    kept = earlier_fit_kept(out, tables, "starting")
-    assert kept is not None and kept.startswith(f"kept {out} as it was: models an earlier calibration fitted")
-    assert earlier_fit_kept(out, tables, "fine-tuned") is None  # a new fit replaces it
-    assert earlier_fit_kept(out, tables[:1], "starting") is None  # fitted to other tables
+    assert earlier_fit_at(out, tables) == "2026-12-06 09:00 UTC"
+    assert earlier_fit_at(out, tables[:1]) is None  # fitted to other tables
     models.info.calibrated = Calibrated(**record, chosen="starting")  # an earlier calibration that fitted nothing
     models.save(out)
-    assert earlier_fit_kept(out, tables, "starting") is None
+    assert earlier_fit_at(out, tables) is None
 
 
 def test_few_distinct_plans_still_hold_out_enough_to_judge_from_the_fit_split():

@@ -216,8 +216,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         result = calibrate(tables, topology, start, start_path, config, store)
     report = result.report
     out = Path(flags.out) if flags.out else hardware_models_path(report["hardware"], hosts, tables)
-    earlier = None if flags.out else earlier_fit_kept(out, tables, result.chosen)
-    if earlier is None:
+    earlier = None if flags.out else earlier_fit_at(out, tables)
+    keep_earlier = earlier is not None and result.chosen != "fine-tuned"
+    if not keep_earlier:
         result.models.save(out)
     if flags.for_hardware:
         hardware_wide = hardware_models_path(report["hardware"], hosts)
@@ -235,33 +236,36 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         print(f"logged MLflow run {run_id} to {tracking_uri}")
     over_hosts = f" with --devices-per-host {hosts}" if hosts else ""
     kept = "" if result.chosen == "fine-tuned" else " (the starting models, unchanged, with this calibration's report)"
-    if earlier is not None:
-        print(earlier)
-    else:
+    if keep_earlier:  # written, the unchanged models would replace the fit (one at 4 devices replaced one at 2 so)
         print(
-            f"wrote {out}{kept}; `shard-ray plan` picks it for these tables on {report['hardware']}{over_hosts}"
-            + ("" if not flags.out else " when given --cost-model")
+            f"kept {out} as it was: models an earlier calibration fitted to these tables ({earlier}), "
+            "which this one, keeping the models it started from, would have replaced; `--cost-model` starts a "
+            "calibration from them"
+        )
+    else:  # said, not silent (a walk's second calibration replaced a better first one without a word)
+        replacing = (
+            f", replacing the models an earlier calibration fitted to these tables ({earlier})" if earlier else ""
+        )
+        print(
+            f"wrote {out}{kept}{replacing}; `shard-ray plan` picks it for these tables on {report['hardware']}"
+            f"{over_hosts}" + ("" if not flags.out else " when given --cost-model")
         )
     print(json.dumps(report))
 
 
-def earlier_fit_kept(out: Path, tables: list[TableSpec], chosen: str) -> str | None:
-    """Why `calibrate` keeps the file `out` as it is, where it holds models an earlier calibration fitted to these
-    tables and this one kept the models it started from (the hardware's, not those): written, the unchanged models
-    would replace the fit (a calibration at 4 devices replaced one at 2 that way); None where it writes `out`."""
+def earlier_fit_at(out: Path, tables: list[TableSpec]) -> str | None:
+    """When an earlier calibration fitted the models in `out` to these tables ("before" where it recorded no time),
+    which `calibrate` keeps where it keeps the models it started from (the hardware's, not those) and says it
+    replaces otherwise; None where `out` holds no such fit."""
     from shard_ray.costmodel.models import CostModels
     from shard_ray.workload.tables import task_digest
 
-    if chosen == "fine-tuned" or not out.is_file():
+    if not out.is_file():
         return None
     earlier = CostModels.load(out).info.calibrated
     if earlier is None or not earlier.fitted(task_digest(tables)):
         return None
-    return (
-        f"kept {out} as it was: models an earlier calibration fitted to these tables ({earlier.at or 'before'}), "
-        "which this one, keeping the models it started from, would have replaced; `--cost-model` starts a "
-        "calibration from them"
-    )
+    return earlier.at or "before"
 
 
 def held_out_accuracy(report: dict[str, Any]) -> list[str]:
