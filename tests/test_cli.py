@@ -1014,6 +1014,7 @@ def test_optimal_cut_by_its_budget_writes_the_best_plan_it_found_and_says_it_is_
         "--algo", "optimal", "--out", str(tmp_path / "few_plan.json"),
     )  # fmt: skip
     assert done.returncode == 0 and "not proven" not in done.stderr, done.stderr
+    assert "proven the best table-wise plan under these models" in done.stdout
     assert load_plan(tmp_path / "few_plan.json").search.proven_optimal
 
 

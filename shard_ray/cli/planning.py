@@ -517,6 +517,8 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         print(plan.search.sampled)
     if plan.search is not None and plan.search.kept_baseline:
         print(plan.search.kept_baseline)
+    if plan.search is not None and plan.search.proven_optimal:  # said, as a cut one says it is not (a walk)
+        print("proven the best table-wise plan under these models (a plan splitting tables may price lower)")
     if note := _replicated_note(plan, tables, topology):
         print(note)
     placed = f"{len(tables)} table" + ("s" if len(tables) != 1 else "")

@@ -388,7 +388,8 @@ def never_slower(summary: dict[str, dict]) -> list[str]:
 
 def _with_alike(name: str | None, summary: dict[str, dict]) -> str:
     alike = as_good(name, summary)
-    return f"{name} (as good: {', '.join(alike)})" if alike else str(name)
+    # the algorithms of the same mean, not "as good" heuristics: a walk read the searches named there as heuristics
+    return f"{name} ({', '.join(alike)}: the same mean cost)" if alike else str(name)
 
 
 def headline(report: dict[str, Any]) -> dict[str, Any]:
