@@ -9,13 +9,13 @@ mean). Each table counts at the least its sharding types can encode it as (`leas
 and every term is monotone, so this holds for every plan. In a table-wise plan the slowest device
 also carries at least the costliest single piece. Input all-to-alls are left out: they only add.
 
-Communication: the slowest device's all-to-alls cost at least the cheapest the comm model
-predicts for any device of any plan of the task (the minimum over a grid of the device's own
-width and the widest device's width), up to the grid's resolution (`least_all_to_all_ms`); models without one (a
-GPU's shipped models) are priced by the links alone, and so is the bound: the least any device receives. Over
-hosts, at least the least the model predicts beyond the links' price on one host, plus the links'
-fixed time and latency per peer. Data-parallel replicas take their columns off the all-to-all and
-pay the gradients' all-reduce instead: the bound is the least over how wide the replicated tables
+Communication: the slowest device's all-to-alls cost at least the cheapest any device of any plan
+of the task is priced on one host as plans are (`Pricer.one_host_comm`: the comm model, never below
+the links' price, past the gangs it measured the links' price scaled; the links alone without one),
+the minimum over a grid of the device's own width and the widest device's width, up to the grid's
+resolution (`least_all_to_all_ms`). Over hosts, at least the least it prices beyond the links'
+price on one host, plus the links' fixed time and latency per peer. Data-parallel replicas take
+their columns off the all-to-all and pay the gradients' all-reduce instead: the bound is the least over how wide the replicated tables
 are, in steps, of the all-to-all of the rest and the all-reduce of the tables cheapest to
 replicate (`least_all_reduce_ms`); a plan replicating every table pays no all-to-all. And the
 bound is never below the bytes every plan sends between hosts (`across_hosts_ms`), which the
@@ -25,11 +25,12 @@ slowest device's step holds whatever its compute.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from shard_ray.costmodel.features import spans_features
-from shard_ray.costmodel.models import CostModels, comm_feature_rows
+from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import (
     Pricer,
     added_up,
@@ -46,7 +47,22 @@ from shard_ray.plan.topology import Topology
 from shard_ray.workload.tables import TableSpec
 
 
-def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topology, column_wise: bool = True) -> float:
+class LowerBound(NamedTuple):
+    """A task's lower bound on the simulated cost of its plans (`ms`), in its parts: the least compute and the least
+    collectives the slowest device carries, and the least the links between hosts take it."""
+
+    compute: float
+    comm: float
+    across_hosts: float = 0.0
+
+    @property
+    def ms(self) -> float:
+        return max(self.compute + self.comm, self.across_hosts)
+
+
+def lower_bound(
+    models: CostModels, tables: list[TableSpec], topology: Topology, column_wise: bool = True
+) -> LowerBound:
     """The bound over every plan the searches can make (`column_wise`: any sharding type per table), or
     over table-wise placements of `pieces_to_place`'s pieces (the RL environment's plans)."""
     d = topology.num_devices
@@ -59,13 +75,18 @@ def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topolo
         single = models.compute_from_sums(encodings, np.ones(len(pieces), dtype=np.float32)).sum(axis=1)
         compute = max(models.least_compute(encodings.sum(axis=0), d), float(single.max()))
     if d == 1:
-        return compute
+        return LowerBound(compute, 0.0)
     total = float(sum(t.dim for t in tables))
     pricer = Pricer(models, topology)
     comm = float(least_all_to_all_ms(pricer, np.array([total]))[0])
     if column_wise:  # replicas' columns leave the all-to-all; they pay an all-reduce instead
         comm = least_with_replicas_ms(pricer, tables, comm)
-    return max(compute + comm, across_hosts_ms(models, tables, topology))
+    return LowerBound(compute, comm, across_hosts_ms(models, tables, topology))
+
+
+def lower_bound_ms(models: CostModels, tables: list[TableSpec], topology: Topology, column_wise: bool = True) -> float:
+    """`lower_bound`'s ms."""
+    return lower_bound(models, tables, topology, column_wise).ms
 
 
 # At most this many steps of the tables' width that data-parallel replicas take off the all-to-all
@@ -111,25 +132,20 @@ def least_all_to_all_ms(pricer: Pricer, kept: np.ndarray) -> np.ndarray:
         widest.append(widest_grid[feasible])
         totals.append(np.full(len(own[-1]), width))
     own_rows, widest_rows, total_rows = np.concatenate(own), np.concatenate(widest), np.concatenate(totals)
-    if models.comm is None:
-        # priced by the links alone (`Pricer.collectives`' floor), what any device receives on one host: a GPU's
-        # shipped models have no comm model, and with none counted an MLPerf plan of 1.30 ms was bounded at 0.05
-        learned = pricer.link_rows(own_rows, total_rows, d, one_host=True)
-    else:
-        learned = models.comm_ms(comm_feature_rows(own_rows, total_rows, widest_rows, topology.batch_size, d))
+    # As plans are priced on one host (`Pricer.one_host_comm`): never below the links' price, and past the gangs the
+    # comm model measured, the links' price scaled by what it learned there. Its bare prediction extrapolates to
+    # nearly nothing: `cost_search`'s MLPerf plan on 8 devices, priced 21.2 ms, 12.5-13.7 of it every device's
+    # all-to-alls, was bounded at 4.03 ms, all-to-alls at 0.006. A GPU's shipped models, without one, at the links.
+    learned = pricer.one_host_comm(own_rows, total_rows, widest_rows, d)
     hosts = analytic_devices_per_host(models, topology.devices_per_host)
     if hosts is None or hosts >= d:
         least = np.minimum.reduceat(learned.sum(axis=1), starts)
     else:
         # Over hosts a device pays what the model learned beyond the links' price on one host, then the links'
         # price over the hosts (`over_hosts`), whose fixed time and latency per peer every device pays, forward and
-        # backward. Past the gangs the model measured, the price keeps nothing of it beyond the links
-        # (`one_host_comm`).
-        measured = models.info.device_counts
-        least = np.zeros(len(kept))
-        if measured and d <= max(measured):
-            one_host = pricer.link_rows(own_rows, total_rows, d, one_host=True)
-            least = np.minimum.reduceat(np.maximum(learned - one_host, 0.0).sum(axis=1), starts)
+        # backward.
+        one_host = pricer.link_rows(own_rows, total_rows, d, one_host=True)
+        least = np.minimum.reduceat(np.maximum(learned - one_host, 0.0).sum(axis=1), starts)
         least = least + 2 * (pricer.links.collective_ms + pricer.links.message_ms * (d - 1))
     return np.where(kept > 0, least, 0.0)
 

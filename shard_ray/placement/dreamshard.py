@@ -38,5 +38,5 @@ def dreamshard(context: PlacementContext) -> Placer:
     config: DreamShardConfig = context.settings
     weights, _ = read_policy(config.policy or default_policy_path())
     return policy_placer(
-        DecodingScorer(weights.state), context.models, config.samples, context.seed, context.lower_bound_ms
+        DecodingScorer(weights.state), context.models, config.samples, context.seed, context.lower_bound
     )

@@ -13,7 +13,8 @@ from functools import partial
 
 import numpy as np
 
-from shard_ray.costmodel.bounds import lower_bound_ms
+from shard_ray.costmodel.bounds import LowerBound
+from shard_ray.costmodel.bounds import lower_bound as task_lower_bound
 from shard_ray.costmodel.models import CostModels
 from shard_ray.errors import InfeasibleError
 from shard_ray.plan.plan import Plan, SearchReport
@@ -39,7 +40,7 @@ def roll_out(
     topology: Topology,
     models: CostModels,
     generator: np.random.Generator | None = None,
-    lower_bound: float | None = None,
+    lower_bound: LowerBound | None = None,
 ) -> PlacementState:
     """One episode: the best option each step (`best_option`), or sampled ones with `generator`; it ends where the next
     piece fits nowhere (`PlacementState.stuck`), its state then not `done`. `lower_bound`: the task's, where the caller
@@ -77,14 +78,14 @@ def policy_placer(
     models: CostModels,
     samples: int,
     seed: int,
-    lower_bound: Callable[[list[TableSpec], Topology], float] | None = None,
+    lower_bound: Callable[[list[TableSpec], Topology], LowerBound] | None = None,
 ) -> Callable[[list[TableSpec], Topology], Plan]:
-    """Greedy decoding and `samples` sampled plans, the best kept; `lower_bound` gives a task's (`lower_bound_ms`
-    under `models`), computed once for all of them: by default, here."""
+    """Greedy decoding and `samples` sampled plans, the best kept; `lower_bound` gives a task's (`lower_bound` under
+    `models`), computed once for all of them: by default, here."""
 
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         generator = np.random.default_rng(seed)
-        bound = (lower_bound or partial(lower_bound_ms, models))(tables, topology)
+        bound = (lower_bound or partial(task_lower_bound, models))(tables, topology)
         finished = [roll_out(scorer, tables, topology, models, lower_bound=bound)]
         finished += [roll_out(scorer, tables, topology, models, generator, bound) for _ in range(samples)]
         tries = 1 + samples
