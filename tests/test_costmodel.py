@@ -698,6 +698,39 @@ def test_branch_and_bound_matches_brute_force(shipped, pool):
     assert plan.search.proven_optimal and plan.estimate.predicted.cost_ms == pytest.approx(brute, rel=1e-4)
 
 
+@pytest.mark.parametrize("hosts", [None, 2])
+@pytest.mark.parametrize("huge", [True, False])
+def test_branch_and_bound_tries_devices_alike_once_and_still_finds_the_optimum(shipped, pool, hosts, huge):
+    """Devices alike to the prices (on one host, holding pieces alike, with the same room) are tried once for a table.
+    The optimum is still the brute force's: with a table no device holds whole, its row blocks pinned one a device,
+    and over hosts, where empty devices of different hosts are not alike."""
+    tables = pool[:5]
+    if huge:
+        tables = [TableSpec(name="huge", rows=6_000_000, dim=64, pooling_factor=1.0), *pool[:4]]
+    topology = Topology(num_devices=4, memory_bytes=GB, devices_per_host=hosts)
+    pricer = Pricer(shipped, topology)
+    candidate, spending = branch_and_bound(pricer, tables)
+    assert spending.cut_short() is None
+    pieces = candidate.pieces
+    fixed = [k for k, p in enumerate(pieces) if p.devices]
+    assert len(fixed) == (4 if huge else 0)  # the table no device holds whole, in row blocks pinned to the devices
+    free = [k for k in range(len(pieces)) if k not in fixed]
+    plans = np.zeros((4 ** len(free), len(pieces)), dtype=np.int64)
+    plans[:, fixed] = [pieces[k].devices[0] for k in fixed]
+    plans[:, free] = list(itertools.product(range(4), repeat=len(free)))
+    priced = pricer.device_costs(pricer.encodings(pieces), pricer.sizes(pieces), plans).max(axis=1)
+    assert candidate.cost == pytest.approx(float(priced.min()), rel=1e-5)
+
+
+def test_optimal_proves_a_table_no_device_holds_whole_among_few_on_many_devices_in_few_evaluations(pool):
+    """A walk's 5 tables, one of 300 million rows, ran 184 s on 64 devices without a proof (5 s on 16): its row
+    blocks, pinned one a device, made every device unlike the others to the search, which then tried each."""
+    tables = [TableSpec(name="huge", rows=20_000_000, dim=64, pooling_factor=1.0), *pool[:4]]
+    topology = Topology(num_devices=16, memory_bytes=GB)
+    plan = place("optimal", tables, topology, settings={"max_evaluations": 200_000})
+    assert plan.search.proven_optimal, plan.search
+
+
 def test_optimal_refuses_large_tasks(pool):
     with pytest.raises(ShardRayError, match="at most 14 tables"):
         place("optimal", pool[:20], Topology(num_devices=2, memory_bytes=GB))

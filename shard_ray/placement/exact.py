@@ -2,8 +2,9 @@
 
 Tables go in order of predicted single-table cost, largest first; a branch is cut when its
 slowest device's predicted compute already reaches the best complete plan (compute only grows
-as tables are added), and devices still empty are interchangeable, so a table tries only the
-first of them. The greedy grid's plan is the first incumbent. Knowing the optimum of small
+as tables are added), and devices alike are interchangeable, so a table tries only the first of
+them: devices on one host holding pieces alike (none, or the same table's row blocks, say) with
+the same room and the same later pieces allowed. The greedy grid's plan is the first incumbent. Knowing the optimum of small
 tasks tells how far every other algorithm is from the best possible plan under the models.
 
 The search is exponential in the tables: its budget counts model evaluations, as the other searches' do, so that
@@ -51,7 +52,21 @@ def branch_and_bound(
     pieces = [pieces[i] for i in order]
     enc = pricer.encodings(pieces)
     sizes = pricer.sizes(pieces)
-    need, restricted = sizes.need, bool(sizes.restricted.any())
+    need = sizes.need
+    # pieces alike to the prices: one id for those of one encoding, widths, memory and set of collectives
+    alike: dict[tuple, int] = {}
+    kind_of = [
+        alike.setdefault((enc[i].tobytes(), *(float(a[i]) for a in (sizes.widths, sizes.inputs, sizes.host_sums)),
+                          int(need[i]), int(sizes.kinds[i])), len(alike))
+        for i in range(len(pieces))
+    ]  # fmt: skip
+    held: list[tuple[int, ...]] = [()] * d  # the kinds of piece each device holds, sorted
+    host = [x // topology.devices_per_host_or_all for x in range(d)]
+    # for each piece, the pieces from it on that each device may take (all of them, for most tasks: no need to ask)
+    if sizes.allowed.all():
+        allowed_from = [[b""] * d] * len(pieces)
+    else:
+        allowed_from = [[sizes.allowed[k:, x].tobytes() for x in range(d)] for k in range(len(pieces))]
     incumbent = greedy_grid(pricer, pieces, NEUROSHARD.scales)
     best = {"cost": incumbent.cost, "assign": incumbent.assign.copy()}
     sums = np.zeros((d, enc.shape[1]), dtype=np.float32)
@@ -66,12 +81,13 @@ def branch_and_bound(
         if end.reached():
             return
         progress.show("branch and bound", best["cost"])
-        if restricted:  # devices holding pieces with fixed devices are not interchangeable
-            devices = [x for x in range(d) if sizes.allowed[k, x] and ledger.free[x] >= need[k]]
-        else:
-            used = counts > 0
-            first_empty = [int(np.argmin(used))] if not bool(used.all()) else []
-            devices = [x for x in range(d) if (used[x] or x in first_empty) and ledger.free[x] >= need[k]]
+        devices, seen, free, allowed = [], set(), ledger.free.tolist(), allowed_from[k]
+        for x in range(d):
+            if free[x] >= need[k] and sizes.allowed[k, x]:
+                state = (host[x], held[x], free[x], allowed[x])
+                if state not in seen:
+                    seen.add(state)
+                    devices.append(x)
         if not devices:
             return
         idx = np.array(devices)
@@ -97,8 +113,11 @@ def branch_and_bound(
             counts[x] += 1
             compute[x] = new
             ledger.take(x, need[k])
+            before = held[x]
+            held[x] = tuple(sorted((*before, kind_of[k])))
             assign[k] = x
             visit(k + 1)
+            held[x] = before
             sums[x] -= enc[k]
             counts[x] -= 1
             compute[x] = old
