@@ -414,6 +414,12 @@ def test_plan_measure_keeps_an_incumbent_no_plan_is_measured_faster_than(
         assert measured.ratios[measured.incumbent].low > 1, result.stdout
         said = f"separated as faster than the incumbent ({measured.incumbent})", "is separated from every other plan"
         assert any(words in result.stdout for words in said), result.stdout
+    # the plan written has its table printed where it is not the placed one's (a walk read cost_search's as it)
+    written_said = f"the plan written, {written.algorithm}'s plan"
+    another = "cost_search" not in measured.chosen.split("=")
+    assert (written_said in result.stdout) == another, result.stdout
+    if another:
+        assert f"plan '{written.algorithm}' on 2 devices" in result.stdout.split(written_said)[1], result.stdout
     # measured with the others, and priced by the models that priced them
     assert measured.incumbent in measured.predicted_ms and len(measured.candidates) >= 3
     # an incumbent of other devices is refused before anything is measured

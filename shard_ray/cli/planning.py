@@ -297,7 +297,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         _print_placed(plan, tables, topology, flags)
         if flags.explain:
             plan = explained(plan, tables, topology, flags, constraints)
-        raced = None
+        raced, placed = None, plan
         if flags.measure:
             from shard_ray.costmodel.simulator import price_comm
             from shard_ray.profiling.gang import DeviceActors
@@ -312,6 +312,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
                 plan, raced = measured_best(plan, tables, topology, flags, race, constraints, devices, incumbent)
                 if refine_config.refine:
                     plan = refined_and_confirmed(plan, tables, topology, flags, race, refine_config, devices)
+        if plan.shards != placed.shards:  # the table above is the placed plan's, not this one's (a walk)
+            _print_written(plan, tables, topology)
         save_plan(flags.out, plan)
         print(f"wrote {flags.out}: {_whose(plan)}{_why_written(plan.measured)}")
         if note := _rows_on_cpu_note(plan, tables):
@@ -477,6 +479,17 @@ def _other_models_note(trained_against: str | None, estimate: PlanEstimate | Non
         f"note: the policy was trained against the models {trained_against} and placed with {estimate.cost_model}: "
         "it is a policy for those; `--cost-model` gives them, or `policy train --cost-model` trains one for these"
     )
+
+
+def _print_written(plan: Plan, tables: list[TableSpec], topology: Topology) -> None:
+    """The summary of the plan `plan --measure` writes where another algorithm's plan won the race: the one printed
+    before it is the placed plan's."""
+    from shard_ray.plan.summary import format_plan_summary
+
+    estimate = plan.estimate
+    predicted, lower_bound = (estimate.predicted, estimate.lower_bound_ms) if estimate else (None, None)
+    print(f"the plan written, {_whose(plan)}:")
+    print(format_plan_summary(plan, tables, topology, predicted, "simulated", lower_bound))
 
 
 def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags: PlanArgs) -> None:
