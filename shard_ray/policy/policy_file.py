@@ -132,7 +132,7 @@ class PolicyInfo(BaseModel):
 
     def network_kept(self) -> str:
         """Which network the file holds, as training's held-out check chose it (empty where the file says nothing)."""
-        done = f"{self.iterations} PPO iterations" if self.iterations else ""
+        done = f"{self.iterations} PPO iteration{'s' if self.iterations != 1 else ''}" if self.iterations else ""
         record = self.validation
         if not record or "iteration" not in record:
             return done
