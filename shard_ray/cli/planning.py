@@ -514,14 +514,16 @@ def _print_placed(plan: Plan, tables: list[TableSpec], topology: Topology, flags
         print(placed + (f": {kept}" if kept else ""))
         if given and (note := _other_models_note(info.cost_model, estimate)):
             print(note)
+    # the search's own warning first, which a flag answers: after the models' warnings, which every plan of these
+    # tables repeats, a walk missed it
+    if plan.search is not None and plan.search.cut_short:
+        print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     warnings = estimate.warnings if estimate else []
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     advice = _calibration_advice(plan, tables, flags) if warnings else None
     if advice:
         print(f"warning: the models' prices above are extrapolated: {advice}", file=sys.stderr)
-    if plan.search is not None and plan.search.cut_short:
-        print(f"warning: {plan.search.cut_short}", file=sys.stderr)
     if flags.search_config:  # the file records it too (`settings.source`)
         print(f"{flags.algo} searched with the settings in {flags.search_config} (a `tune search` sweep's best)")
     if plan.search is not None and plan.search.started_from and "start=" in plan.search.started_from:
