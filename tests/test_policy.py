@@ -495,6 +495,24 @@ def test_ppo_iteration_checkpoint_resume_and_policy_file(ray_session, tmp_path, 
     assert sorted(m.step for m in history) == [1, 2]
 
 
+def test_resuming_a_training_done_already_says_so_before_ray_starts(tmp_path, pool, capsys):
+    """`policy train` on an --out whose policy file records the iterations asked for says there is nothing to train,
+    and starts no Ray to find it out (a walk's command did)."""
+    import ray
+
+    save_tables(tmp_path / "pool.json", pool)
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    save_policy(tmp_path / "run" / "policy.pt", OptionScorer(), PolicyInfo(iterations=2))
+    started = ray.is_initialized()
+    done = shard_ray_here(
+        capsys, "policy", "train", "--tables", str(tmp_path / "pool.json"), "--out", str(tmp_path / "run"),
+        "--iterations", "2", "--no-mlflow",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "nothing to train: 2 iterations done, --iterations 2 asked for in all" in done.stdout
+    assert "ray:" not in done.stdout and ray.is_initialized() == started
+
+
 def test_policy_file_round_trip_and_bad_files(tmp_path):
     network = OptionScorer(hidden=8)
     save_policy(tmp_path / "p.pt", network, PolicyInfo(iterations=3))

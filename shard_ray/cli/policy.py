@@ -87,6 +87,17 @@ def policy_inputs(
 
 def cmd_policy_train(args: argparse.Namespace) -> None:
     flags, config, pool = policy_inputs(args)
+    from shard_ray.policy.policy_file import nothing_to_train, read_policy
+
+    policy_file = Path(flags.out) / "policy.pt"
+    # the policy file is written with every checkpoint, after it: where it records the iterations asked for, so does
+    # the checkpoint, and resuming would train nothing (a walk's command started Ray to say so)
+    resuming = (Path(flags.out) / "checkpoint").is_dir() and policy_file.is_file()
+    done = read_policy(policy_file)[1].iterations if resuming else None
+    if done is not None and done >= config.iterations:
+        print(nothing_to_train(done, config.iterations))
+        print(f"policy: {policy_file} (place with: shard-ray plan --algo dreamshard --policy {policy_file} ...)")
+        return
     from shard_ray.policy.ppo import train_policy
 
     tracking_uri, experiment = tracking(args)

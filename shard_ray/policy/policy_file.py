@@ -201,6 +201,13 @@ def models_label(cost_model: str | None) -> str:
     return f"shipped:{shipped.name}" if given == shipped.resolve() else str(given)
 
 
+def nothing_to_train(done: int, asked: int) -> str:
+    """What resuming a training of `done` iterations says where `asked` are no more."""
+    return (
+        f"nothing to train: {done} iterations done, --iterations {asked} asked for in all; give more to train further"
+    )
+
+
 def refuse_other_training(
     checkpoint_dir: Path,
     given: Mapping[str, Any],

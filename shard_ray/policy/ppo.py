@@ -26,7 +26,13 @@ from shard_ray.io import write_json
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
 from shard_ray.policy.env import EnvConfig, PlacementEnv
 from shard_ray.policy.network import OptionScorer, save_policy
-from shard_ray.policy.policy_file import DecodingScorer, PolicyInfo, models_label, refuse_other_training
+from shard_ray.policy.policy_file import (
+    DecodingScorer,
+    PolicyInfo,
+    models_label,
+    nothing_to_train,
+    refuse_other_training,
+)
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.threads import one_thread
 from shard_ray.tracking.mlflow_runs import POLICY_EXPERIMENT, use_experiment
@@ -255,10 +261,7 @@ def train_policy(
             print(f"resuming from {checkpoint_dir} after iteration {algo.iteration}")
             resume_tasks(algo)
             if algo.iteration >= config.iterations:  # no held-out check and no MLflow run of no iterations
-                print(
-                    f"nothing to train: {algo.iteration} iterations done, --iterations {config.iterations} asked for "
-                    "in all; give more to train further"
-                )
+                print(nothing_to_train(algo.iteration, config.iterations))
                 return policy_file
         held_out = None
         if config.validation_tasks:
