@@ -482,8 +482,8 @@ def _other_models_note(trained_against: str | None, estimate: PlanEstimate | Non
 
 
 def _print_written(plan: Plan, tables: list[TableSpec], topology: Topology) -> None:
-    """The summary of the plan `plan --measure` writes where another algorithm's plan won the race: the one printed
-    before it is the placed plan's."""
+    """The summary of the plan `plan --measure` writes where the race chose another than the placed one (the
+    incumbent, or another algorithm's): the one printed before it is the placed plan's."""
     from shard_ray.plan.summary import format_plan_summary
 
     estimate = plan.estimate

@@ -4,8 +4,9 @@ Tables go in order of predicted single-table cost, largest first; a branch is cu
 slowest device's predicted compute already reaches the best complete plan (compute only grows
 as tables are added), and devices alike are interchangeable, so a table tries only the first of
 them: devices on one host holding pieces alike (none, or the same table's row blocks, say) with
-the same room and the same later pieces allowed. The greedy grid's plan is the first incumbent. Knowing the optimum of small
-tasks tells how far every other algorithm is from the best possible plan under the models.
+the same room and the same later pieces allowed. The greedy grid's plan is the first incumbent.
+Knowing the optimum of small tasks tells how far every other algorithm is from the best possible
+plan under the models.
 
 The search is exponential in the tables: its budget counts model evaluations, as the other searches' do, so that
 a task too large to prove stops at the same plan on any machine, the best found, and says it is not proven. The

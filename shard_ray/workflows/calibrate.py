@@ -794,7 +794,8 @@ def choose_models(
     """ "fine-tuned" or "starting", and why: the fine-tuned models are kept only when they are more
     accurate on the validation shards and plans and price the held-out plans no worse, in error (within
     PLAN_MAPE_TOLERANCE) and in ranking (but for two neighbours trading places, `one_swap`; a calibration that made
-    the plan ranking worse was kept before, with no word). The held-out plans take part in this choice, so their after figures are not independent of it."""
+    the plan ranking worse was kept before, with no word). The held-out plans take part in this choice, so their
+    after figures are not independent of it."""
     if not tuned_val < start_val:
         return (
             "starting",
