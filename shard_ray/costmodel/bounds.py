@@ -15,11 +15,11 @@ the links' price, past the gangs it measured the links' price scaled; the links 
 the minimum over a grid of the device's own width and the widest device's width, up to the grid's
 resolution (`least_all_to_all_ms`). Over hosts, at least the least it prices beyond the links'
 price on one host, plus the links' fixed time and latency per peer. Data-parallel replicas take
-their columns off the all-to-all and pay the gradients' all-reduce instead: the bound is the least over how wide the replicated tables
-are, in steps, of the all-to-all of the rest and the all-reduce of the tables cheapest to
-replicate (`least_all_reduce_ms`); a plan replicating every table pays no all-to-all. And the
-bound is never below the bytes every plan sends between hosts (`across_hosts_ms`), which the
-slowest device's step holds whatever its compute.
+their columns off the all-to-all and pay the gradients' all-reduce instead: the bound is the least
+over how wide the replicated tables are, in steps, of the all-to-all of the rest and the all-reduce
+of the tables cheapest to replicate (`least_all_reduce_ms`); a plan replicating every table pays
+no all-to-all. And the bound is never below the bytes every plan sends between hosts
+(`across_hosts_ms`), which the slowest device's step holds whatever its compute.
 """
 
 from __future__ import annotations

@@ -369,7 +369,6 @@ class PlacementState:
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
         self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
         self.bound = task_lower_bound(models, tables, topology) if lower_bound is None else lower_bound
-        self.lower_bound = self.bound.ms
         self.task_width = float(sum(t.dim for t in tables))
         self.sums = np.zeros((d, described[0].encoding.shape[0]), dtype=np.float32)
         self.counts = np.zeros(d, dtype=np.float32)
@@ -560,6 +559,11 @@ class PlacementState:
         rows = ("row_wise", "table_row_wise") if self.of_kind[_ROW_KINDS].any() else ()
         columns = ("column_wise",) if self.few_tables and self.of_kind[_COLUMN_KIND] else ()
         return columns + rows
+
+    @property
+    def lower_bound(self) -> float:
+        """The task's lower bound, ms: what observations and rewards are divided by."""
+        return self.bound.ms
 
     @property
     def dominance(self) -> float:
