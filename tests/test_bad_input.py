@@ -568,13 +568,14 @@ def test_settings_of_a_flag_not_given_are_refused(tmp_path, table_file_path, fla
 
 def test_a_policy_stuck_at_every_plan_says_what_it_tried(tmp_path):
     """Greedy decoding and every plan sampled to rescue it left a piece no device holds: the line says so, not an
-    unexplained count of tries with `--samples 0`."""
-    tables = [{"name": "big", "rows": 50_000_000, "dim": 128, "pooling_factor": 1.0}]
-    tables += [{"name": "wide", "rows": 8_000_000, "dim": 256, "pooling_factor": 1.0}]
-    tables += [{"name": "pooled", "rows": 1_000_000, "dim": 32, "pooling_factor": 20.0}]
+    unexplained count of tries with `--samples 0`. (Four tables on 2 devices with about 2% to spare, which
+    `cost_search` places; the task this test first had, the policy places since its finish knows when it overfills.)"""
+    shapes = [("small", 1_000_000, 32, 1.0), ("mid", 5_000_000, 64, 5.0), ("long", 10_000_000, 64, 1.0)]
+    shapes += [("pooled", 10_000_000, 64, 20.0)]
+    tables = [{"name": n, "rows": r, "dim": d, "pooling_factor": p} for n, r, d, p in shapes]
     (tmp_path / "t.json").write_text(json.dumps({"tables": tables}))
-    code, err = run(["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "16", "--algo", "dreamshard",
+    code, err = run(["plan", "--tables", "t.json", "--devices", "2", "--memory-gb", "3.27", "--algo", "dreamshard",
                      "--out", "p.json"])  # fmt: skip
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "greedy decoding and 32 sampled plans (32 drawn because every plan before got stuck)" in err, err
-    assert "16 GiB per device" in err and not (tmp_path / "p.json").exists()
+    assert "3.27 GiB per device" in err and not (tmp_path / "p.json").exists()
