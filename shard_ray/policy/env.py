@@ -718,7 +718,7 @@ class PlacementState:
     ) -> tuple[float, bool]:
         """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put
         whole, in turn, on the device with room whose pieces' costs alone add up to the least, a table with room
-        nowhere row-wise, and the later tables whose costs alone reach `dominates` split (`_finishing_slices`, by rows
+        nowhere by rows (`_blocks_with_room`), and the later tables whose costs alone reach `dominates` split (`_finishing_slices`, by rows
         where `by_rows` allows): a column slice a device, on the least loaded with room, or a row-wise block on each
         device: how a split's price shows past its own step (its sets of collectives every device pays, whatever comes
         next); and whether it overfilled a device (put a table where neither it nor the column slices its step would
@@ -1224,7 +1224,7 @@ class PlacementState:
             moved = finished - whole_finished
             with_split, raised_split = with_table[k] + moved, raised[k] + moved
         else:
-            best = int(np.argmin(np.where(np.isfinite(finished), finished, np.inf)))
+            best = int(np.argmin(finished))
             moved = finished - finished[best]
             with_split, raised_split = own_with[best] + moved, own_raised[best] + moved
         known = np.isfinite(finished)
