@@ -903,6 +903,11 @@ class PlacementState:
             self._later_slices[(piece.key, by_rows)] = (slices, singles)
         return self._later_slices[(piece.key, by_rows)]
 
+    def _least_loaded_host(self, loads: list[float]) -> int:
+        """The host whose devices' `loads` add up to the least (the first of a tie)."""
+        per_host = self.topology.devices_per_host_or_all
+        return int(np.argmin(np.add.reduceat(loads, np.arange(0, self.topology.num_devices, per_host))))
+
     def _blocks_with_room(self, piece: TablePiece, loads: list[float], free: list[int]) -> list[TablePiece]:
         """The row blocks `_finish` gives a later piece that fits no device whole (its table's, one a device), of the
         first way whose blocks all find room in `free`: over hosts table-row-wise on the host whose devices' `loads`
@@ -912,8 +917,7 @@ class PlacementState:
         ways = []
         if self.topology.num_hosts > 1:
             per_host = self.topology.devices_per_host_or_all
-            host = int(np.argmin(np.add.reduceat(loads, np.arange(0, self.topology.num_devices, per_host))))
-            ways.append(table_row_wise(piece.table, per_host, host))
+            ways.append(table_row_wise(piece.table, per_host, self._least_loaded_host(loads)))
         ways.append(row_wise(piece.table, self.topology.num_devices))
         for blocks in ways:
             self._describe(blocks)
@@ -951,7 +955,7 @@ class PlacementState:
         if not _whole_table(piece):
             return [], []
         per_host = self.topology.devices_per_host_or_all
-        host = int(np.argmin(np.add.reduceat(loads, np.arange(0, self.topology.num_devices, per_host))))
+        host = self._least_loaded_host(loads)
         key = (piece.key, "joining", host)
         if key not in self._later_slices:
             blocks = table_row_wise(piece.table, per_host, host)
