@@ -718,11 +718,11 @@ class PlacementState:
     ) -> tuple[float, bool]:
         """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put
         whole, in turn, on the device with room whose pieces' costs alone add up to the least, a table with room
-        nowhere by rows (`_blocks_with_room`), and the later tables whose costs alone reach `dominates` split (`_finishing_slices`, by rows
-        where `by_rows` allows): a column slice a device, on the least loaded with room, or a row-wise block on each
-        device: how a split's price shows past its own step (its sets of collectives every device pays, whatever comes
-        next); and whether it overfilled a device (put a table where neither it nor the column slices its step would
-        be offered find room).
+        nowhere by rows (`_blocks_with_room`), and the later tables whose costs alone reach `dominates` split
+        (`_finishing_slices`, by rows where `by_rows` allows): a column slice a device, on the least loaded with room,
+        or a row-wise block on each device: how a split's price shows past its own step (its sets of collectives every
+        device pays, whatever comes next); and whether it overfilled a device (put a table where neither it nor the
+        column slices its step would be offered find room).
 
         Where at least as many pieces are still to come as there are devices, the plan so finished costs what the
         models price its mean device at, or any device holding a piece that dominates the task, if more; not its
@@ -824,8 +824,8 @@ class PlacementState:
             # whether a later piece finds room depends on choices this greedy finish does not make (steps mask them).
             # Where not even the column slices its step is offered find room, the steps would find no option for it:
             # the finish is overfilled, and priced so below.
-            blocks = self._blocks_with_room(piece, loads, free)
-            if not blocks:
+            placed = self._blocks_with_room(piece, heap, loads, free)
+            if placed is None:
                 overfilled = overfilled or not self._column_slices_fit(piece, free)
                 device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
                 loads[device] += single
@@ -836,11 +836,10 @@ class PlacementState:
                 add_row(row)
                 add_at(device)
                 continue
-            placed = [(self._pieces[b.key], b.devices[0]) for b in blocks]
-            for described_block, device in placed:
-                free[device] -= described_block.need
-                loads[device] += single / len(blocks)
-            add_besides(placed, [single / len(blocks)] * len(blocks))
+            for block, device in placed:
+                free[device] -= block.need
+                loads[device] += single / len(placed)
+            add_besides(placed, [single / len(placed)] * len(placed))
             heap = _heap_of(loads)
             if room is not None:
                 room.recount(free)
@@ -908,12 +907,15 @@ class PlacementState:
         per_host = self.topology.devices_per_host_or_all
         return int(np.argmin(np.add.reduceat(loads, np.arange(0, self.topology.num_devices, per_host))))
 
-    def _blocks_with_room(self, piece: TablePiece, loads: list[float], free: list[int]) -> list[TablePiece]:
-        """The row blocks `_finish` gives a later piece that fits no device whole (its table's, one a device), of the
-        first way whose blocks all find room in `free`: over hosts table-row-wise on the host whose devices' `loads`
-        add up to the least, then row-wise; none where neither fits or the piece is a block already."""
+    def _blocks_with_room(
+        self, piece: TablePiece, heap: list[tuple[float, int]], loads: list[float], free: list[int]
+    ) -> list[tuple[_Piece, int]] | None:
+        """Where `_finish` puts a later piece that fits no device whole: its table's row blocks, one a device
+        (`_slices_with_room`), of the first way whose blocks all find room in `free`: over hosts table-row-wise on the
+        host whose devices' `loads` add up to the least, then row-wise; None where neither fits or the piece is a
+        block already."""
         if piece.rows is not None:
-            return []
+            return None
         ways = []
         if self.topology.num_hosts > 1:
             per_host = self.topology.devices_per_host_or_all
@@ -921,9 +923,10 @@ class PlacementState:
         ways.append(row_wise(piece.table, self.topology.num_devices))
         for blocks in ways:
             self._describe(blocks)
-            if all(free[b.devices[0]] >= self._pieces[b.key].need for b in blocks):
-                return blocks
-        return []
+            placed = _slices_with_room(heap, loads, free, blocks, [self._pieces[b.key] for b in blocks])
+            if placed is not None:
+                return placed
+        return None
 
     def _column_slices_fit(self, piece: TablePiece, free: list[int]) -> bool:
         """Whether the column slices a step would offer `piece` (`table_options`), a whole table, find devices with room
