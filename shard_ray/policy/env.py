@@ -28,9 +28,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import deque
 from dataclasses import asdict, dataclass, field
-from itertools import islice
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -65,8 +63,6 @@ SPLIT_TABLES = 16
 # Table-row-wise is offered on this many hosts, the least loaded (their slowest device the fastest).
 SPLIT_HOSTS = 4
 MAX_SPLIT_OPTIONS = 3 + SPLIT_HOSTS
-# `_finish` places runs of at least this many later pieces at once (`_least_loaded_run`), one by one below it.
-SHORT_RUN = 16
 # The sets of collectives a table may join by splitting by rows where one already runs (`_splits_offered`).
 _ROW_KINDS = [COLLECTIVE_TYPES.index(kind) for kind in ("row_wise", "table_row_wise")]
 # The column-wise set, which a task of few tables a device lets any table join (`_splits_offered`).
@@ -235,39 +231,6 @@ def _least_loaded_with_room(
     return found
 
 
-def _least_loaded_run(
-    loads: np.ndarray, free: np.ndarray, singles: np.ndarray, needs: np.ndarray, room: _Room | None
-) -> np.ndarray:
-    """The devices the pieces of `singles` and `needs` go to, in turn, each on the device of least load (then lowest
-    index), as `_finish` puts a piece that may go anywhere below the threshold it splits at: for as long as that device
-    has room for the piece and `room` allows it (`_Room.allows`). `loads`, `free` and the room's counts are updated
-    in place. Where the least loaded devices are each handed the next piece, one a device in order of load,
-    the devices reached so are known without placing the pieces one by one: thousands of small pieces, in runs of
-    hundreds, at numpy's speed, the same sums added in the same order."""
-    index = np.arange(len(loads))
-    placed, done = [], 0
-    while done < len(singles):
-        order = np.lexsort((index, loads))[: len(singles) - done]
-        before = loads[order]
-        after = before + singles[done : done + len(order)]
-        taking = needs[done : done + len(order)]
-        room_on = free[order]
-        allowed, changes = room.allowed_in_turn(room_on, taking) if room is not None else (True, None)
-        # the k-th least loaded device takes the k-th piece while it stays below every device that took one before
-        ok = np.concatenate([[True], before[1:] < np.minimum.accumulate(after)[:-1]]) & (room_on >= taking) & allowed
-        run = len(order) if ok.all() else int(ok.argmin())
-        if run == 0:
-            break
-        reached = order[:run]
-        loads[reached] = after[:run]
-        free[reached] -= taking[:run]
-        if changes is not None:
-            room.took(changes[:run])
-        placed.append(reached)
-        done += run
-    return np.concatenate(placed) if placed else np.zeros(0, dtype=np.int64)
-
-
 def _keeps_room(free: np.ndarray, need: int, later: list[int]) -> np.ndarray:
     """[D] bools: whether a piece of `need` on each device leaves room for pieces of `later` needs (largest first,
     each more than half a device, so no two on one): the k-th largest still has k devices with that much free."""
@@ -308,21 +271,6 @@ class _Room:
     def take(self, free: int, need: int) -> None:
         """A device of `free` took `need`."""
         self.counts = [count - (free >= n > free - need) for n, count in zip(self.needs, self.counts)]
-
-    def allowed_in_turn(self, free: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For pieces of `need` each taken in turn by a device of `free` (a device each): whether the room allows each
-        (`allows`, with the counts the pieces before it leave) and which counts each changes [pieces, needs] (`take`)."""
-        if not self.keeping:
-            return np.ones(len(free), dtype=bool), np.zeros((len(free), 0), dtype=bool)
-        kept = np.array(self.needs)
-        changes = (free[:, None] >= kept) & (free[:, None] - need[:, None] < kept)
-        counts = np.array(self.counts) - (np.cumsum(changes, axis=0) - changes)
-        return ~(changes & (counts <= np.arange(1, len(kept) + 1))).any(axis=1), changes
-
-    def took(self, changes: np.ndarray) -> None:
-        """Pieces took memory, changing the counts as `changes` (of `allowed_in_turn`) says."""
-        if changes.size:
-            self.counts = (np.array(self.counts) - changes.sum(axis=0)).tolist()
 
     def reached(self, need: int, free: list[int]) -> None:
         """The piece of `need` is placing: the room kept for it goes."""
@@ -421,12 +369,6 @@ class PlacementState:
         self._find_crowding()
         self._queue_pieces: _Pieces | None = None  # `queue_described` as arrays, for the finished plans (`_finish`)
         self._queue_needs: tuple[list[int], list[bool]] = ([], [])  # and their needs and `anywhere`, as Python lists
-        # and as arrays their costs alone, needs and whether each may go anywhere and is not crowding (`_finish`)
-        self._queue_runs: tuple[np.ndarray, np.ndarray, np.ndarray] = (
-            np.zeros(0),
-            np.zeros(0, np.int64),
-            np.zeros(0, bool),
-        )
         self.bound = task_lower_bound(models, tables, topology) if lower_bound is None else lower_bound
         self.task_width = float(sum(t.dim for t in tables))
         self.sums = np.zeros((d, described[0].encoding.shape[0]), dtype=np.float32)
@@ -804,10 +746,7 @@ class PlacementState:
         if self._queue_pieces is None:
             self._queue_pieces = _Pieces.of(self.queue_described)
             self._queue_needs = ([p.need for p in self.queue_described], [p.anywhere for p in self.queue_described])
-            plain = np.array(self._queue_needs[1], dtype=bool)
-            plain[self._crowding] = False
-            self._queue_runs = (np.array(self.queue_singles), np.array(self._queue_needs[0], dtype=np.int64), plain)
-        heap: list[tuple[float, int]] = []  # (load, device), built where a piece first goes one by one (`_heap_of`)
+        heap = _heap_of(loads)
         crowding = set(self._crowding[bisect.bisect_right(self._crowding, self.position) :])
         room = _Room(free, self._crowding_needs(self.position)) if crowding else None
         replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
@@ -821,36 +760,12 @@ class PlacementState:
                 besides_singles.append(single)
 
         needs, anywhere = self._queue_needs
-        singles_of, needs_of, plain = self._queue_runs
-        # Runs of pieces that may go anywhere, below the threshold and not among those the room is kept for, go to the
-        # least loaded devices at once (`_least_loaded_run`) where the run may be long; the piece that stops one goes
-        # one by one, below, and where runs stay short (memory tight) the next is tried some rows on.
-        stops = np.flatnonzero(~(plain[later:] & (singles_of[later:] < dominates))) + later
-        run_from = later
-        steps = zip(range(later, queued), self.queue_singles[later:], needs[later:], anywhere[later:])
-        for row, single, need, free_to_go in steps:
-            if row >= run_from:
-                k = int(np.searchsorted(stops, row))
-                end = int(stops[k]) if k < len(stops) else queued
-                if end - row >= SHORT_RUN:
-                    loads_now, free_now = np.array(loads), np.array(free, dtype=np.int64)
-                    devices = _least_loaded_run(loads_now, free_now, singles_of[row:end], needs_of[row:end], room)
-                    run = len(devices)
-                    run_from = row + run + (1 if run >= SHORT_RUN or row + run == end else SHORT_RUN)
-                    if run:
-                        loads, free = loads_now.tolist(), free_now.tolist()
-                        heap = []  # built again where a piece goes one by one: most runs end the queue
-                        rows.extend(range(row, row + run))
-                        at.extend(devices.tolist())
-                        deque(islice(steps, run - 1), maxlen=0)  # the run's rows after this one
-                        continue
-                else:
-                    run_from = end + 1
+        for row, single, need, free_to_go in zip(
+            range(later, queued), self.queue_singles[later:], needs[later:], anywhere[later:]
+        ):
             if room is not None and row in crowding:
                 room.reached(need, free)
                 room = room if room.needs else None
-            if not heap:
-                heap = _heap_of(loads)
             # the common case, as `_least_loaded_with_room` would find it: the least loaded device has room
             load, device = heap[0]
             crossing = room is not None and room.crosses(free[device], need)
