@@ -964,6 +964,19 @@ def test_over_hosts_few_tables_join_the_table_row_wise_set_where_every_table_joi
     assert plan.estimate.predicted.cost_ms <= 1.01 * searched.estimate.predicted.cost_ms
 
 
+def test_over_hosts_few_tables_join_a_row_wise_set_row_wise():
+    """Few huge tables on 8 hosts of 8 devices of 8 GiB, the first (pooling factor 60) row-wise: each later table's
+    options were finished with the tables after it joining the row set table-row-wise, a set of their own beside the
+    row-wise one, so the second table went table-row-wise and the policy priced 7.04 ms, 1.06x `cost_search`'s plan,
+    every table row-wise. Where only a row-wise set runs, the later tables join it row-wise."""
+    tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "few_huge.json")
+    topology = Topology(num_devices=64, memory_bytes=8 * GB, devices_per_host=8)
+    policy = place("dreamshard", tables, topology)
+    search = place("cost_search", tables, topology, settings={"start": "greedy"})  # the grid's, not the policy's
+    assert {t.type for t in policy.tables.values()} == {"row_wise"}, policy.tables
+    assert policy.estimate.predicted.cost_ms <= 1.001 * search.estimate.predicted.cost_ms
+
+
 def test_on_few_tables_a_device_a_small_table_may_join_the_column_wise_set():
     """6 tables on 16 devices, three dominating the task and split by columns: the three small ones, kept whole,
     made a table-wise set of all-to-alls beside the column-wise one, and the policy priced 1.34x `cost_search`'s plan,

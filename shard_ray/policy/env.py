@@ -788,7 +788,7 @@ class PlacementState:
             if single < dominates:
                 slices, singles = [], []
             elif joining:
-                slices, singles = self._joining_slices(piece, single, loads)
+                slices, singles = self._joining_slices(piece, single, loads, self._only_row_wise_runs(besides))
             else:
                 slices, singles = self._finishing_slices(piece, single, by_rows)
             taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
@@ -928,6 +928,11 @@ class PlacementState:
                 return placed
         return None
 
+    def _only_row_wise_runs(self, besides: list[_Piece]) -> bool:
+        """Whether a row-wise set of collectives runs and no table-row-wise one, in the plan so far with `besides`."""
+        kinds = {int(k) for k in np.flatnonzero(self.of_kind)} | {p.kind for p in besides}
+        return _ROW_KINDS[0] in kinds and _ROW_KINDS[1] not in kinds
+
     def _column_slices_fit(self, piece: TablePiece, free: list[int]) -> bool:
         """Whether the column slices a step would offer `piece` (`table_options`), a whole table, find devices with room
         for them, one a device, in `free`."""
@@ -946,22 +951,28 @@ class PlacementState:
         return bool(self.of_kind[_ROW_KINDS].any()) or any(p.kind in _ROW_KINDS for p in start.besides)
 
     def _joining_slices(
-        self, piece: TablePiece, single: float, loads: list[float]
+        self, piece: TablePiece, single: float, loads: list[float], row_wise_only: bool = False
     ) -> tuple[list[TablePiece], list[float]]:
         """How `_finish` splits a later table to join the row set every device pays for already over hosts
-        (`_joins_rows`): table-row-wise on the host whose devices' loads add up to the least; with each block's cost
-        alone. Priced so where there are no more tables than devices, the tables a step keeps whole beside a row set
-        are priced as the steps after it may take them: on MLPerf DLRM-DCNv2's tables over 8 hosts of 8 devices each
-        table's table-row-wise option finished at the price of keeping it whole, the later tables whole, and the
-        policy kept most whole, priced 6.55 ms, where every table table-row-wise prices 4.60 (docs/results.md). On one
-        host, the later tables row-wise changed no plan measured and added a third to the placing time."""
+        (`_joins_rows`): table-row-wise on the host whose devices' loads add up to the least, or row-wise where that set
+        is row-wise and no table-row-wise one runs (`row_wise_only`); with each block's cost alone. Priced so where
+        there are no more tables than devices, the tables a step keeps whole beside a row set are priced as the steps
+        after it may take them: on MLPerf DLRM-DCNv2's tables over 8 hosts of 8 devices each table's table-row-wise
+        option finished at the price of keeping it whole, the later tables whole, and the policy kept most whole,
+        priced 6.55 ms, where every table table-row-wise prices 4.60 (docs/results.md). Joining a row-wise set
+        table-row-wise adds a set of its own: on few huge tables over 8 hosts of 8 devices of 8 GiB the row-wise
+        options finished at 7.90 ms so, where every table row-wise prices 6.62. On one host, the later tables row-wise
+        changed no plan measured and added a third to the placing time."""
         if not _whole_table(piece):
             return [], []
         per_host = self.topology.devices_per_host_or_all
-        host = self._least_loaded_host(loads)
+        host = -1 if row_wise_only else self._least_loaded_host(loads)
         key = (piece.key, "joining", host)
         if key not in self._later_slices:
-            blocks = table_row_wise(piece.table, per_host, host)
+            if row_wise_only:
+                blocks = row_wise(piece.table, self.topology.num_devices)
+            else:
+                blocks = table_row_wise(piece.table, per_host, host)
             self._describe(blocks)
             self._later_slices[key] = (blocks, (np.full(len(blocks), single / len(blocks))).tolist())
         return self._later_slices[key]
