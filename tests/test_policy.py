@@ -968,7 +968,7 @@ def test_over_hosts_few_tables_join_a_row_wise_set_row_wise():
     """Few huge tables on 8 hosts of 8 devices of 8 GiB, the first (pooling factor 60) row-wise: each later table's
     options were finished with the tables after it joining the row set table-row-wise, a set of their own beside the
     row-wise one, so the second table went table-row-wise and the policy priced 7.04 ms, 1.06x `cost_search`'s plan,
-    every table row-wise. Where only a row-wise set runs, the later tables join it row-wise."""
+    every table row-wise. Where only a row-wise set runs, the finish prices the later tables joining it row-wise too."""
     tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "few_huge.json")
     topology = Topology(num_devices=64, memory_bytes=8 * GB, devices_per_host=8)
     policy = place("dreamshard", tables, topology)

@@ -641,7 +641,9 @@ class PlacementState:
         # may make it.
         ways = [price(0.0, by_rows=False)] if self.few_tables else []
         if self.few_tables and self.topology.num_hosts > 1 and self._joins_rows(start):
-            ways.append(self._finish(start, 0.0, by_rows=False, joining=True))
+            ways.append(self._finish(start, 0.0, by_rows=False, joining="table_row_wise"))
+            if self._only_row_wise_runs(start.besides):
+                ways.append(self._finish(start, 0.0, by_rows=False, joining="row_wise"))
         if dominant < self.dominance:
             ways.append(self._finish(start, math.inf, by_rows=False))
         else:
@@ -714,7 +716,7 @@ class PlacementState:
         return any(self._goes_by_rows(self.queue[later + k], self.queue_singles[later + k]) for k in above)
 
     def _finish(
-        self, start: _FinishStart, dominates: float, by_rows: bool, joining: bool = False
+        self, start: _FinishStart, dominates: float, by_rows: bool, joining: str | None = None
     ) -> tuple[float, bool]:
         """The predicted cost of the plan begun at `start` (`_finish_start`) and the queue's later pieces each put
         whole, in turn, on the device with room whose pieces' costs alone add up to the least, a table with room
@@ -788,7 +790,7 @@ class PlacementState:
             if single < dominates:
                 slices, singles = [], []
             elif joining:
-                slices, singles = self._joining_slices(piece, single, loads, self._only_row_wise_runs(besides))
+                slices, singles = self._joining_slices(piece, single, loads, joining)
             else:
                 slices, singles = self._finishing_slices(piece, single, by_rows)
             taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
@@ -929,7 +931,7 @@ class PlacementState:
         return None
 
     def _only_row_wise_runs(self, besides: list[_Piece]) -> bool:
-        """Whether a row-wise set of collectives runs and no table-row-wise one, in the plan so far with `besides`."""
+        """Whether a row-wise set of collectives runs and no table-row-wise one once `besides` are placed."""
         kinds = {int(k) for k in np.flatnonzero(self.of_kind)} | {p.kind for p in besides}
         return _ROW_KINDS[0] in kinds and _ROW_KINDS[1] not in kinds
 
@@ -951,25 +953,27 @@ class PlacementState:
         return bool(self.of_kind[_ROW_KINDS].any()) or any(p.kind in _ROW_KINDS for p in start.besides)
 
     def _joining_slices(
-        self, piece: TablePiece, single: float, loads: list[float], row_wise_only: bool = False
+        self, piece: TablePiece, single: float, loads: list[float], by: str
     ) -> tuple[list[TablePiece], list[float]]:
         """How `_finish` splits a later table to join the row set every device pays for already over hosts
-        (`_joins_rows`): table-row-wise on the host whose devices' loads add up to the least, or row-wise where that set
-        is row-wise and no table-row-wise one runs (`row_wise_only`); with each block's cost alone. Priced so where
-        there are no more tables than devices, the tables a step keeps whole beside a row set are priced as the steps
-        after it may take them: on MLPerf DLRM-DCNv2's tables over 8 hosts of 8 devices each table's table-row-wise
-        option finished at the price of keeping it whole, the later tables whole, and the policy kept most whole,
-        priced 6.55 ms, where every table table-row-wise prices 4.60 (docs/results.md). Joining a row-wise set
-        table-row-wise adds a set of its own: on few huge tables over 8 hosts of 8 devices of 8 GiB the row-wise
-        options finished at 7.90 ms so, where every table row-wise prices 6.62. On one host, the later tables row-wise
+        (`_joins_rows`), `by` table-row-wise on the host whose devices' loads add up to the least, or row-wise; with
+        each block's cost alone. Priced so where there are no more tables than devices, the tables a step keeps whole
+        beside a row set are priced as the steps after it may take them: on MLPerf DLRM-DCNv2's tables over 8 hosts of 8
+        devices each table's table-row-wise option finished at the price of keeping it whole, the later tables whole,
+        and the policy kept most whole, priced 6.55 ms, where every table table-row-wise prices 4.60
+        (docs/results.md). Joining a row-wise set
+        table-row-wise adds a set of its own, and `finish` prices both where only a row-wise set runs: on few huge
+        tables over 8 hosts of 8 devices of 8 GiB the row-wise options finished at 7.90 ms table-row-wise, where every
+        table row-wise prices 6.62; on a few-tables task of the generator's pool over hosts of 8, every later table
+        row-wise over 64 devices finished at 12.96 ms, table-row-wise at 8.49. On one host, the later tables row-wise
         changed no plan measured and added a third to the placing time."""
         if not _whole_table(piece):
             return [], []
         per_host = self.topology.devices_per_host_or_all
-        host = -1 if row_wise_only else self._least_loaded_host(loads)
+        host = -1 if by == "row_wise" else self._least_loaded_host(loads)
         key = (piece.key, "joining", host)
         if key not in self._later_slices:
-            if row_wise_only:
+            if by == "row_wise":
                 blocks = row_wise(piece.table, self.topology.num_devices)
             else:
                 blocks = table_row_wise(piece.table, per_host, host)
