@@ -964,17 +964,17 @@ def test_over_hosts_few_tables_join_the_table_row_wise_set_where_every_table_joi
     assert plan.estimate.predicted.cost_ms <= 1.01 * searched.estimate.predicted.cost_ms
 
 
-def test_over_hosts_few_tables_join_a_row_wise_set_row_wise():
+def test_over_hosts_few_huge_tables_are_finished_as_their_steps_may_split_them():
     """Few huge tables on 8 hosts of 8 devices of 8 GiB, the first (pooling factor 60) row-wise: each later table's
     options were finished with the tables after it joining the row set table-row-wise, a set of their own beside the
-    row-wise one, so the second table went table-row-wise and the policy priced 7.04 ms, 1.06x `cost_search`'s plan,
-    every table row-wise. Where only a row-wise set runs, the finish prices the later tables joining it row-wise too."""
+    row-wise one, and a table no device holds whole by rows, where its steps are offered column slices that fit: the
+    policy priced 7.04 ms, 1.06x `cost_search`'s plan (every table row-wise, 6.62). The finish now prices the later
+    tables joining a row-wise set row-wise too, and such a table in those column slices too, the lower kept."""
     tables = load_tables(Path(__file__).parents[1] / "experiments" / "tables" / "few_huge.json")
     topology = Topology(num_devices=64, memory_bytes=8 * GB, devices_per_host=8)
     policy = place("dreamshard", tables, topology)
     search = place("cost_search", tables, topology, settings={"start": "greedy"})  # the grid's, not the policy's
-    assert {t.type for t in policy.tables.values()} == {"row_wise"}, policy.tables
-    assert policy.estimate.predicted.cost_ms <= 1.001 * search.estimate.predicted.cost_ms
+    assert policy.estimate.predicted.cost_ms <= 0.9 * search.estimate.predicted.cost_ms, policy.tables
 
 
 def test_on_few_tables_a_device_a_small_table_may_join_the_column_wise_set():
@@ -1069,9 +1069,10 @@ def test_the_policy_splits_a_table_in_quarters_where_halves_still_dominate(model
     path = tmp_path / "untrained.pt"
     save_policy(path, OptionScorer(), PolicyInfo(iterations=0))
     placed = place("dreamshard", tables, topology, settings={"policy": str(path)})
-    dims = {t.name: t.dim for t in tables}
-    quartered = [s for s in placed.shards if s.columns[1] - s.columns[0] == dims[s.table] // 4]
-    assert len(quartered) == 4 and len({s.table for s in quartered}) == 1 and len({s.device for s in quartered}) == 4
+    pooled = max(tables, key=lambda t: t.pooling_factor)
+    quartered = [s for s in placed.shards if s.table == pooled.name]
+    assert {s.columns[1] - s.columns[0] for s in quartered} == {pooled.dim // 4}
+    assert len(quartered) == 4 and len({s.device for s in quartered}) == 4
     simulator = Simulator(models)
     searched = place("cost_search", tables, topology)
     placed_ms = simulator.plan_cost(placed, tables, topology.batch_size).cost_ms
