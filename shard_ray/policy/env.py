@@ -647,7 +647,7 @@ class PlacementState:
         # Where there are no more tables than devices, every later table may join a column-wise set (`_sets_to_join`):
         # finished with them all split, a step's choice that starts or joins that set is priced as the steps after it
         # may make it.
-        ways = price(0.0, by_rows=False) if self.few_tables else []
+        ways = list(price(0.0, by_rows=False)) if self.few_tables else []
         if self.few_tables and self.topology.num_hosts > 1 and self._joins_rows(start):
             ways += finished(0.0, by_rows=False, joining="table_row_wise")
             if self._only_row_wise_runs(start.besides):
@@ -776,6 +776,15 @@ class PlacementState:
                 besides.append(described)
                 besides_singles.append(single)
 
+        def put_slices(taken: list[tuple[_Piece, int]], singles: list[float]) -> None:
+            for (sliced, device), alone in zip(taken, singles):
+                loads[device] += alone
+                free[device] -= sliced.need
+                heapq.heappush(heap, (loads[device], device))
+            add_besides(taken, singles)
+            if room is not None:
+                room.recount(free)
+
         needs, anywhere = self._queue_needs
         for row, single, need, free_to_go in zip(
             range(later, queued), self.queue_singles[later:], needs[later:], anywhere[later:]
@@ -810,13 +819,7 @@ class PlacementState:
                 slices, singles = self._finishing_slices(piece, single, by_rows)
             taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
             if taken is not None:
-                for (sliced, device), alone in zip(taken, singles):
-                    loads[device] += alone
-                    free[device] -= sliced.need
-                    heapq.heappush(heap, (loads[device], device))
-                add_besides(taken, singles)
-                if room is not None:
-                    room.recount(free)
+                put_slices(taken, singles)
                 continue
             if slices:  # a slice found no room: the devices taken off the heap go back, the table whole
                 heap = _heap_of(loads)
@@ -847,13 +850,7 @@ class PlacementState:
             columns, alone = self._fitting_columns(piece) if columns_first and _whole_table(piece) else ([], [])
             taken = _slices_with_room(heap, loads, free, columns, [self._pieces[c.key] for c in columns])
             if taken is not None:
-                for (sliced, device), cost in zip(taken, alone):
-                    loads[device] += cost
-                    free[device] -= sliced.need
-                    heapq.heappush(heap, (loads[device], device))
-                add_besides(taken, alone)
-                if room is not None:
-                    room.recount(free)
+                put_slices(taken, alone)
                 continue
             if columns:  # the devices taken off the heap go back
                 heap = _heap_of(loads)
