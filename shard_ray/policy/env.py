@@ -767,7 +767,7 @@ class PlacementState:
         room = _Room(free, self._crowding_needs(self.position)) if crowding else None
         replace, add_row, add_at = heapq.heapreplace, rows.append, at.append  # the loop's calls, looked up once
         overfilled = False  # whether a table went where it has no room
-        no_room = False  # whether a table found room nowhere whole
+        no_room = False  # whether a whole table found room nowhere
 
         def add_besides(placed: list[tuple[_Piece, int]], singles: list[float]) -> None:
             for (described, device), single in zip(placed, singles):
@@ -846,7 +846,7 @@ class PlacementState:
             # the finish is overfilled, and priced so below. With `columns_first`, such a table goes in those column
             # slices where they find room (`finish` prices both: by rows alone, MLPerf DLRM-DCNv2's 40M-row tables on
             # 8 devices of 16 GiB finished every option of the first at 21-24 ms, where column quarters lead to 17.3).
-            no_room = True
+            no_room = no_room or _whole_table(piece)  # a piece of a table has no column slices to try
             columns, alone = self._fitting_columns(piece) if columns_first and _whole_table(piece) else ([], [])
             taken = _slices_with_room(heap, loads, free, columns, [self._pieces[c.key] for c in columns])
             if taken is not None:
