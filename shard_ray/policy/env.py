@@ -994,12 +994,11 @@ class PlacementState:
         beside a row set are priced as the steps after it may take them: on MLPerf DLRM-DCNv2's tables over 8 hosts of 8
         devices each table's table-row-wise option finished at the price of keeping it whole, the later tables whole,
         and the policy kept most whole, priced 6.55 ms, where every table table-row-wise prices 4.60
-        (docs/results.md). Joining a row-wise set
-        table-row-wise adds a set of its own, and `finish` prices both where only a row-wise set runs: on few huge
-        tables over 8 hosts of 8 devices of 8 GiB the row-wise options finished at 7.90 ms table-row-wise, where every
-        table row-wise prices 6.62; on a few-tables task of the generator's pool over hosts of 8, every later table
-        row-wise over 64 devices finished at 12.96 ms, table-row-wise at 8.49. On one host, the later tables row-wise
-        changed no plan measured and added a third to the placing time."""
+        (docs/results.md). Joining a row-wise set table-row-wise adds a set of its own, and `finish` prices both where
+        only a row-wise set runs: on few huge tables over 8 hosts of 8 devices of 8 GiB the row-wise options finished
+        at 7.90 ms table-row-wise, where every table row-wise prices 6.62; on a few-tables task of the generator's
+        pool over hosts of 8, every later table row-wise over 64 devices finished at 12.96 ms, table-row-wise at 8.49.
+        On one host, the later tables row-wise changed no plan measured and added a third to the placing time."""
         if not _whole_table(piece):
             return [], []
         per_host = self.topology.devices_per_host_or_all
