@@ -495,3 +495,27 @@ def test_cost_search_over_hosts_replicates_small_tables_where_that_keeps_bytes_o
     simulator = Simulator(CostModels.load(default_cost_model_path()))
     priced = {name: simulator.plan_cost(plans[name], tables, 1024).cost_ms for name in ("default", "without")}
     assert priced["default"] < 0.97 * priced["without"], priced
+
+
+def test_row_blocks_on_two_hosts_are_priced_alike_and_go_only_to_their_own_hosts_devices():
+    """The pricer encodes and sizes a piece once for wherever it may go (`TablePiece.priced_key`): a table's
+    table-row-wise blocks on host 1 mirror those on host 0 in every price, while each may go only to its own device."""
+    import numpy as np
+
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.costmodel.pricing import Pricer
+    from shard_ray.plan.piece import table_row_wise
+    from shard_ray.plan.topology import GB
+
+    table = TableSpec(name="big", rows=1_000_003, dim=64, pooling_factor=20.0)
+    topology = Topology(num_devices=8, memory_bytes=GB, devices_per_host=4)
+    pricer = Pricer(CostModels.load(default_cost_model_path()), topology)
+    on_0, on_1 = table_row_wise(table, 4, 0), table_row_wise(table, 4, 1)
+    sizes_1 = pricer.sizes(on_1)  # host 1's first, so that host 0's are the ones found sized
+    sizes_0 = pricer.sizes(on_0)
+    assert (sizes_0.need == sizes_1.need).all() and (sizes_0.host_sums == sizes_1.host_sums).all()
+    assert (sizes_0.allowed == np.eye(8, dtype=bool)[:4]).all() and (sizes_1.allowed == np.eye(8, dtype=bool)[4:]).all()
+    assert (pricer.encodings(on_0) == pricer.encodings(on_1)).all()
+    on_host_0 = pricer.plan_parts(on_0, np.arange(4)).totals()
+    on_host_1 = pricer.plan_parts(on_1, np.arange(4, 8)).totals()
+    assert (on_host_0[:4] == on_host_1[4:]).all() and (on_host_0[4:] == on_host_1[:4]).all()

@@ -59,9 +59,12 @@ class Pricer:
                     "source": f"{self.links.source}; inside a host {topology.intra_host_gbps:g} GB/s, the topology's",
                 }
             )
+        # by `TablePiece.priced_key`: a table's row blocks on one host or another are encoded and sized once (few tables
+        # over hosts of 4, each priced table-row-wise on 4 hosts: a seventh of the policy's placing was describing them)
         self._encodings: dict[tuple, np.ndarray] = {}
         self._features: dict[tuple, np.ndarray] = {}  # the pieces' `pieces_features`, made for their encodings
-        self._sizes: dict[tuple, tuple] = {}
+        self._priced_sizes: dict[tuple, tuple] = {}  # `PieceSizes`' fields (`allowed`, which `devices` sets, aside)
+        self._sizes: dict[tuple, tuple] = {}  # by `TablePiece.key`, `allowed` in
         # On one host, no link shared with other hosts, a device's links' price is the floor `one_host_comm` keeps
         # already: `comm_rows` and `output_and_input_rows` need not price the links again (the policy's every step).
         self._links_are_floor = topology.num_hosts == 1 and topology.host_link_gbps is None
@@ -73,30 +76,34 @@ class Pricer:
         """[N, F] the pieces' encodings (`CostModels.encode_tables`), each piece's computed once; [0, F] for none."""
         if not pieces:
             return self.models.encode_tables([], self.topology.batch_size)
-        missing = [p for p in pieces if p.key not in self._encodings]
+        missing = list({p.priced_key: p for p in pieces if p.priced_key not in self._encodings}.values())
         if missing:
             features = pieces_features(missing, self.models.rows_cap)
             encoded = self.models.encode_features(features, replica_flags(missing), self.topology.batch_size)
             for p, e, f in zip(missing, encoded, features):
-                self._encodings[p.key] = e
-                self._features[p.key] = f
-        return np.stack([self._encodings[p.key] for p in pieces])
+                self._encodings[p.priced_key] = e
+                self._features[p.priced_key] = f
+        return np.stack([self._encodings[p.priced_key] for p in pieces])
 
     def features(self, pieces: list[TablePiece]) -> np.ndarray:
         """[N, F] the pieces' `pieces_features`, each piece's made once, with its encoding (`encodings`)."""
         if not pieces:
             return np.zeros((0, NUM_TABLE_FEATURES), dtype=np.float32)
         self.encodings(pieces)
-        return np.stack([self._features[p.key] for p in pieces])
+        return np.stack([self._features[p.priced_key] for p in pieces])
 
     def sizes(self, pieces: list[TablePiece]) -> PieceSizes:
         """`piece_sizes` of the pieces, each piece's computed once."""
         missing = list({p.key: p for p in pieces if p.key not in self._sizes}.values())
-        if missing:
-            computed = piece_sizes(missing, self.topology, self.models.rows_cap)
+        unsized = list({p.priced_key: p for p in missing if p.priced_key not in self._priced_sizes}.values())
+        if unsized:
+            computed = piece_sizes(unsized, self.topology, self.models.rows_cap)
             columns = [getattr(computed, f.name) for f in fields(PieceSizes)]
-            for k, p in enumerate(missing):
-                self._sizes[p.key] = tuple(column[k] for column in columns)
+            for k, p in enumerate(unsized):
+                self._priced_sizes[p.priced_key] = tuple(column[k] for column in columns)
+        for p, allowed in zip(missing, _allowed_devices(missing, self.topology.num_devices)):
+            priced = self._priced_sizes[p.priced_key]
+            self._sizes[p.key] = (*priced[:_ALLOWED], allowed, *priced[_ALLOWED + 1 :])
         rows = [self._sizes[p.key] for p in pieces]
         columns = zip(*rows) if rows else ([] for _ in fields(PieceSizes))
         return PieceSizes(*(np.array(column) for column in columns))
@@ -670,6 +677,9 @@ class PieceSizes:
     def restricted(self) -> np.ndarray:
         """Pieces whose device is (partly) decided already: placed first, never moved alone."""
         return (~self.allowed).any(axis=1) | (self.group >= 0)
+
+
+_ALLOWED = [f.name for f in fields(PieceSizes)].index("allowed")
 
 
 def piece_sizes(pieces: list[TablePiece], topology: Topology, rows_cap: int | None = None) -> PieceSizes:

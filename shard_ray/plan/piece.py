@@ -95,9 +95,16 @@ class TablePiece(BaseModel):
             self.within_host,
         )
 
+    @cached_property
+    def priced_key(self) -> tuple:
+        """`key` without `devices`, which is not part of a piece's cost: pieces alike but for where they may go (a
+        table's row blocks on one host or another) are encoded and sized once (`Pricer`)."""
+        return self.key[:4] + self.key[5:]
+
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TablePiece:
         copied = super().model_copy(update=update, deep=deep)
         copied.__dict__.pop("key", None)
+        copied.__dict__.pop("priced_key", None)
         return copied
 
     def describe(self) -> str:
