@@ -69,25 +69,32 @@ def test_plans_tasks_of_few_rows_and_few_tables_validly(name, task):
     export_plan(plan, tables)
 
 
-@pytest.mark.parametrize("constraints", [[], ["--constraints"]])
-def test_the_random_tasks_benchmark_finds_no_problem_as_documented(tmp_path, constraints):
+BIGGER = ["--max-tables", "300", "--max-devices", "128", "--algorithms", "dreamshard,cost_search"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--constraints"], BIGGER], ids=["plain", "constraints", "bigger"])
+def test_the_random_tasks_benchmark_finds_no_problem_as_documented(tmp_path, flags):
     """`experiments/random_tasks.py` as docs/results.md runs it, on a few tasks: every plan valid, within memory and
     its constraints, exported (the tasks above are three it found problems in); a bad count refused in a line."""
     repo = Path(__file__).resolve().parent.parent
     script = [sys.executable, "experiments/random_tasks.py"]
     done = subprocess.run(
-        [*script, "--tasks", "6", "--seed", "4", *constraints, "--out", str(tmp_path)],
+        [*script, "--tasks", "6", "--seed", "4", *flags, "--out", str(tmp_path)],
         cwd=repo, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "random_tasks.json").read_text())
-    assert report["plans"] == 6 * len(NAMES) and report["problems"] == [], report["problems"]
+    names = report["algorithms"]
+    assert names == (["dreamshard", "cost_search"] if flags == BIGGER else NAMES)
+    assert report["plans"] == 6 * len(names) and report["problems"] == [], report["problems"]
+    assert report["infeasible"] < report["plans"]  # plans were made and checked, not every task refused
     assert json.loads(done.stdout.splitlines()[-1])["problems"] == 0
     assert f"wrote {tmp_path / 'random_tasks.md'} and {tmp_path / 'random_tasks.json'}" in done.stdout.splitlines()
-    if constraints:  # the refusal once: the script imports every algorithm before it reads its flags (2 s)
+    if flags != BIGGER:  # the refusals once: the script imports every algorithm before it reads its flags (2 s)
         return
-    refused = subprocess.run([*script, "--tasks", "0"], cwd=repo, capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and "--tasks" in refused.stderr
+    for bad, named in ((["--tasks", "0"], "--tasks"), (["--algorithms", "dreamshard,greedy"], "greedy")):
+        refused = subprocess.run([*script, *bad], cwd=repo, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and named in refused.stderr
 
 
 @pytest.mark.parametrize("name", NAMES)
