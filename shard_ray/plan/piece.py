@@ -85,21 +85,15 @@ class TablePiece(BaseModel):
     def key(self) -> tuple:
         """What tells this piece apart from the other pieces of a plan. Kept once computed: the searches look pieces
         up by it millions of times (`model_copy` drops it, as the copy's fields may differ)."""
-        return (
-            self.table.name,
-            self.columns,
-            self.rows if self.rows is not None else (0, self.table.rows),
-            self.replicas,
-            self.devices,
-            self.group,
-            self.within_host,
-        )
+        name, columns, rows, replicas, group, within_host = self.priced_key
+        return (name, columns, rows, replicas, self.devices, group, within_host)
 
     @cached_property
     def priced_key(self) -> tuple:
         """`key` without `devices`, which is not part of a piece's cost: pieces alike but for where they may go (a
         table's row blocks on one host or another) are encoded and sized once (`Pricer`)."""
-        return self.key[:4] + self.key[5:]
+        rows = self.rows if self.rows is not None else (0, self.table.rows)
+        return (self.table.name, self.columns, rows, self.replicas, self.group, self.within_host)
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TablePiece:
         copied = super().model_copy(update=update, deep=deep)
