@@ -59,8 +59,8 @@ class Pricer:
                     "source": f"{self.links.source}; inside a host {topology.intra_host_gbps:g} GB/s, the topology's",
                 }
             )
-        # by `TablePiece.priced_key`: a table's row blocks on one host or another are encoded and sized once (few tables
-        # over hosts of 4, each priced table-row-wise on 4 hosts: a seventh of the policy's placing was describing them)
+        # by `TablePiece.priced_key`: a table's row blocks on one host or another are encoded and sized once (the policy
+        # prices a table table-row-wise on up to four hosts at every offer, docs/policy.md)
         self._encodings: dict[tuple, np.ndarray] = {}
         self._features: dict[tuple, np.ndarray] = {}  # the pieces' `pieces_features`, made for their encodings
         self._priced_sizes: dict[tuple, tuple] = {}  # `PieceSizes`' fields (`allowed`, which `devices` sets, aside)
