@@ -8,10 +8,11 @@
 A task is 1 to 7 tables (`--max-tables`) of 1 to 400 million rows, 4 to 256 columns, 0.01 to 100 lookups a sample,
 some fp16 or Zipf-drawn, on 1 to 16 devices (`--max-devices`: up to 128), over hosts of 2 or 4 (past 16 devices, 8 too)
 or on one, with 10 MB to 80 GiB a device (with more than 7 tables, at least 1.05 to 3 times an even share of the
-tables' memory, up to 192 GiB) and batches of 64 to 65,536; with `--constraints`, each table may be pinned to devices, limited to sharding types or kept off some, and two
-may form a group. Every registered algorithm (or those `--algorithms` names) places it (those that take no constraints file skip the constrained
-tasks); the plan must be valid (`Plan.check`), within memory, keep its constraints and export to TorchRec (a grid, which
-the export does not write, aside). A task no plan fits (`InfeasibleError`) is fine, and counted; any other error is a problem,
+tables' memory, up to 192 GiB) and batches of 64 to 65,536; with `--constraints`, each table may be pinned to devices,
+limited to sharding types or kept off some, and two may form a group. Every registered algorithm (or those
+`--algorithms` names) places it (those that take no constraints file skip the constrained tasks); the plan must be
+valid (`Plan.check`), within memory, keep its constraints and export to TorchRec (a grid, which the export does not
+write, aside). A task no plan fits (`InfeasibleError`) is fine, and counted; any other error is a problem,
 printed with its task. Writes `random_tasks.md` and `random_tasks.json` to `--out`; the last printed line is JSON.
 """
 
@@ -136,10 +137,11 @@ def main() -> None:
         parser.error(f"--max-tables must be at least 1, got {args.max_tables}")
     names = [info.name for info in algorithms()]
     if args.algorithms is not None:
-        unknown = [name for name in args.algorithms.split(",") if name not in names]
+        chosen = args.algorithms.split(",")
+        unknown = [name for name in chosen if name not in names]
         if unknown:
             parser.error(f"--algorithms: no algorithm named {', '.join(unknown)} (there are {', '.join(names)})")
-        names = args.algorithms.split(",")
+        names = chosen
     rng = random.Random(args.seed)
     problems: list[dict] = []
     placed = infeasible = 0
