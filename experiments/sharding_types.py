@@ -182,11 +182,14 @@ def markdown(results: dict[str, Any], config: ShardingTypesBenchmark) -> str:
 def main(argv: list[str]) -> int:
     import ray
 
+    from shard_ray.runtime import dashboard_agent_on_any_port
+
     parser = Parser(description=__doc__.split("\n\n")[0])
     add_settings(parser, ShardingTypesBenchmark)
     config = settings_from(ShardingTypesBenchmark, parser.parse_args(argv))
     out = Path(config.out)
-    ray.init(address="local", num_cpus=config.devices, include_dashboard=False, log_to_driver=False)
+    with dashboard_agent_on_any_port():
+        ray.init(address="local", num_cpus=config.devices, include_dashboard=False, log_to_driver=False)
     memory = {"criteo_100m": config.criteo_memory_gb, "mlperf_dcnv2": config.mlperf_memory_gb}
     results = {}
     for name, tables in tasks().items():

@@ -192,6 +192,30 @@ def _signals_held() -> Iterator[list[int]]:
             signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def dashboard_agent_on_any_port() -> Iterator[None]:
+    """While a local Ray starts (`ray.init(address="local")`), its dashboard agent listens on a port the kernel picks,
+    where Ray gives it 52365 whatever runs on the machine and `ray.init` has no argument for it (`ray start` has
+    `--dashboard-agent-listen-port`). With another Ray on the machine holding 52365 (a head, an earlier command's, a
+    notebook's), the agent retried it for 3.3 s before giving its HTTP service up, and the raylet waited for it: a
+    local Ray took 6.5 s to start instead of 2.5 (docs/commands.md). The agent serves what it serves on the port it
+    gets (Ray keeps the port where the cluster's head finds it)."""
+    from ray._private import parameter
+
+    made = parameter.RayParams
+
+    class AgentOnAnyPort(made):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = AgentOnAnyPort
+    try:
+        yield
+    finally:
+        parameter.RayParams = made
+
+
 def _init_ray(pressed: list[int], **options: Any) -> None:
     """`ray.init(**options)` inside `_signals_held`; where it fails after a held signal came, its error is left to
     `_stop_if_signalled`: a SIGTERM to the command's whole process group (`timeout`) stops Ray's starting processes
@@ -269,7 +293,7 @@ def connect_ray(address: str | None = None, min_cpus: int = 1, hosts: int = 1) -
     added = {name: value for name, value in workers_env.items() if name not in os.environ}
     os.environ.update(added)
     try:
-        with _signals_held() as pressed:
+        with _signals_held() as pressed, dashboard_agent_on_any_port():
             # "local": a new instance even when a `ray start` cluster on this machine (live or stale) would be joined
             _init_ray(
                 pressed,

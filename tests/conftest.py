@@ -58,16 +58,18 @@ def ray_session():
         # of the tests after would wait forever for the CPUs it lacks
         ray.shutdown()
     if not ray.is_initialized():
-        from shard_ray.runtime import LOCAL_RAY_CONFIG  # its workers at the priority a command's local Ray gives them
+        # its workers at the priority a command's local Ray gives them, its agent on a port of its own as there
+        from shard_ray.runtime import LOCAL_RAY_CONFIG, dashboard_agent_on_any_port
 
-        ray.init(
-            address="local",
-            num_cpus=4,
-            include_dashboard=False,
-            object_store_memory=200 * 1024**2,
-            log_to_driver=False,
-            _system_config=LOCAL_RAY_CONFIG,
-        )
+        with dashboard_agent_on_any_port():
+            ray.init(
+                address="local",
+                num_cpus=4,
+                include_dashboard=False,
+                object_store_memory=200 * 1024**2,
+                log_to_driver=False,
+                _system_config=LOCAL_RAY_CONFIG,
+            )
     return ray
 
 

@@ -117,7 +117,12 @@ def joined() -> Iterator[dict[str, str]]:
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 4, "include_dashboard": False, "object_store_memory": 256 * 1024**2},
+        head_node_args={
+            "num_cpus": 4,
+            "include_dashboard": False,
+            "object_store_memory": 256 * 1024**2,
+            "dashboard_agent_listen_port": 0,  # not Ray's fixed 52365, which a Ray beside it holds (3.3 s of retries)
+        },
     )
     try:
         yield {**os.environ, "RAY_ADDRESS": cluster.address}

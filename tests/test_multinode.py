@@ -30,8 +30,13 @@ NODE_CPUS = 2
 SLOW = MeasureConfig(batch_size=4096, warmup=2, repeats=30)
 
 
+# Each node's dashboard agent on a port of its own: on one machine every node after the first found Ray's fixed 52365
+# taken and retried it for 3.3 s (`shard_ray.runtime.dashboard_agent_on_any_port`).
+ANY_AGENT_PORT = {"dashboard_agent_listen_port": 0}
+
+
 def _add_worker(cluster):
-    return cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=80 * 1024**2)
+    return cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=80 * 1024**2, **ANY_AGENT_PORT)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +54,7 @@ def cluster():
             "include_dashboard": False,
             # A lost node is declared dead after 3 missed half-second health checks (Ray's default: 5 of 3 s).
             "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+            **ANY_AGENT_PORT,
         },
     )
     try:

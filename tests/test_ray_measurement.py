@@ -1,7 +1,9 @@
 """End to end on Ray: profiling actors, the measurement store, and a 2-device gang with real all-to-all."""
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -210,6 +212,39 @@ def test_a_commands_local_ray_measures_in_the_workers_it_started_ahead(huge_page
     assert seen == {"options": ["num_cpus"], "huge_pages": huge_pages or "1", "started_ahead": True, "niceness": niced}
     # a script's local Ray (the experiments') drops Ray's notice of token authentication as the commands do
     assert "Token authentication is enabled" not in done.stderr
+
+
+# A command's own local Ray beside another Ray on the machine, which holds Ray's fixed dashboard agent port.
+LOCAL_RAY_AGENT = """
+import json
+from pathlib import Path
+import ray
+from shard_ray.runtime import connect_ray
+
+connect_ray(None, 2)
+logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+print(json.dumps({"port": ray.nodes()[0]["DashboardAgentListenPort"],
+                  "retried": (logs / "dashboard_agent.log").read_text().count("Failed to bind")}))
+"""
+
+
+@pytest.mark.slow
+def test_a_commands_local_ray_beside_another_ray_starts_its_agent_on_a_free_port():
+    """Ray's dashboard agent listens on 52365 unless told otherwise, and `ray.init` cannot tell it: beside another Ray
+    (a head, another command's, the suite's own) a command's local Ray retried that port for 3.3 s before starting
+    without it, 6.5 s in all against 2.5. The port held here as another Ray's agent holds it, the command's agent
+    takes a free one, at once."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with contextlib.suppress(OSError):  # already held by a Ray beside this test: the same case
+            held.bind(("", 52365))
+            held.listen()
+        done = subprocess.run([sys.executable, "-c", LOCAL_RAY_AGENT], env=env, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["port"] > 0 and seen["port"] != 52365 and seen["retried"] == 0, seen
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="lowering a niceness, and dropping the right to, need root")
