@@ -134,6 +134,7 @@ class _FinishStart(NamedTuple):
     besides: list[_Piece]
     besides_singles: list[float]
     at: list[int]
+    pieces: _Pieces  # `besides` as arrays
 
 
 class _Piece(NamedTuple):
@@ -179,11 +180,26 @@ class _Pieces(NamedTuple):
             self.host_sums[index],
         )  # fmt: skip
 
-    def followed_by(self, other: _Pieces) -> _Pieces:
-        return _Pieces(
-            np.concatenate([self.encodings, other.encodings]),
-            *(np.concatenate([a, b]) for a, b in zip(self[1:], other[1:])),
-        )
+    @staticmethod
+    def joined(parts: list[_Pieces]) -> _Pieces:
+        """The rows of `parts`, one after the other."""
+        return _Pieces(*(np.concatenate(column) for column in zip(*parts)))
+
+
+class _Slices(NamedTuple):
+    """A later table's slices as `_finish` puts them (`PlacementState._finishing_slices`, `_joining_slices`,
+    `_fitting_columns`): the pieces, each one's cost alone, described, and as arrays (None where there are none), made
+    once: a finish puts the same slices thousands of times (100 tables on 128 devices in hosts of 8: every later
+    table in 8 or 128 blocks, in each of some 2,000 finishes)."""
+
+    pieces: list[TablePiece]
+    singles: list[float]
+    described: list[_Piece]
+    rows: _Pieces | None
+    at: list[int] | None  # each piece's device, where they are pinned (row blocks)
+
+
+NO_SLICES = _Slices([], [], [], None, None)
 
 
 @dataclass
@@ -300,16 +316,15 @@ def _distinct_least_loaded(
 
 
 def _slices_with_room(
-    heap: list[tuple[float, int]], loads: list[float], free: list[int], slices: list[TablePiece], pieces: list[_Piece]
+    heap: list[tuple[float, int]], loads: list[float], free: list[int], pieces: list[_Piece], at: list[int] | None
 ) -> list[tuple[_Piece, int]] | None:
-    """Where `_finish` puts a later table's `slices` (`pieces` as described): row-wise blocks each on its own device,
-    column slices on the least loaded devices, one a device (`_distinct_least_loaded`); None where one finds no room
-    (or there are none)."""
-    if not slices:
+    """Where `_finish` puts a later table's slices (`pieces`, described): row-wise blocks each on its own device of
+    `at`, column slices on the least loaded devices, one a device (`_distinct_least_loaded`); None where one finds no
+    room (or there are none)."""
+    if not pieces:
         return None
-    if slices[0].devices:
-        taken = [(described, piece.devices[0]) for described, piece in zip(pieces, slices)]
-        return taken if all(free[device] >= described.need for described, device in taken) else None
+    if at is not None:
+        return list(zip(pieces, at)) if all(free[k] >= p.need for p, k in zip(pieces, at)) else None
     return _distinct_least_loaded(heap, loads, free, pieces)
 
 
@@ -358,9 +373,9 @@ class PlacementState:
         self.position = 0  # the current piece's place in the queue
         self.singles_left = float(singles.sum())  # the predicted single costs of the queue from the current piece on
         self.singles_total = self.singles_left
-        # `_finishing_slices`' by piece and whether by rows
-        self._later_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}
-        self._fitting_slices: dict[tuple, tuple[list[TablePiece], list[float]]] = {}  # `_fitting_columns`, by piece
+        # `_finishing_slices`' by piece and whether by rows, `_joining_slices`' by piece and host
+        self._later_slices: dict[tuple, _Slices] = {}
+        self._fitting_slices: dict[tuple, _Slices] = {}  # `_fitting_columns`, by piece
         # the devices holding a piece that dominates the task (`dominance`): no finished plan costs less than they do
         self._dominant_on: set[int] = set()
         self._ways: tuple[int, list[_LaterSplit]] | None = None  # `_later_splits`' at a position
@@ -688,13 +703,14 @@ class PlacementState:
         """What every way of finishing the plan with `pieces` on `devices` starts from (`_FinishStart`)."""
         loads, free = self._device_totals().tolist(), self.ledger.free.tolist()
         besides = [self._pieces[p.key] for p in pieces]
-        alone = self.models.compute_from_sums(np.stack([p.encoding for p in besides]), np.ones(len(besides)))
+        rows = _Pieces.of(besides)
+        alone = self.models.compute_from_sums(rows.encodings, np.ones(len(besides)))
         besides_singles = alone.sum(axis=1).tolist()
         at = [int(a) for a in devices]
         for described, device, single in zip(besides, at, besides_singles):
             free[device] -= described.need
             loads[device] += single
-        return _FinishStart(loads, free, besides, besides_singles, at)
+        return _FinishStart(loads, free, besides, besides_singles, at, rows)
 
     def _split_threshold(self, way: _LaterSplit, start: _FinishStart) -> float | None:
         """The cost alone from which `way` splits a later table in the finish from `start`: the lower bound's share
@@ -754,10 +770,10 @@ class PlacementState:
         # Python numbers, not numpy's: the loop below does a few scalar operations for each of the task's pieces.
         loads, free = list(start.loads), list(start.free)
         # What the plan adds, in order: rows of the queue's pieces (`_queue_pieces`) and, past them, of `besides` (the
-        # pieces placed, then any later table split), each on its device in `at`.
+        # pieces placed, then any later table split: their arrays part by part), each on its device in `at`.
         queued = len(self.queue)
-        besides, besides_singles, at = list(start.besides), list(start.besides_singles), list(start.at)
-        rows = list(range(queued, queued + len(besides)))
+        besides, besides_singles, at = [start.pieces], list(start.besides_singles), list(start.at)
+        rows = list(range(queued, queued + len(besides_singles)))
         later = self.position + 1
         if self._queue_pieces is None:
             self._queue_pieces = _Pieces.of(self.queue_described)
@@ -769,19 +785,19 @@ class PlacementState:
         overfilled = False  # whether a table went where it has no room
         no_room = False  # whether a whole table found room nowhere
 
-        def add_besides(placed: list[tuple[_Piece, int]], singles: list[float]) -> None:
-            for (described, device), single in zip(placed, singles):
-                add_row(queued + len(besides))
-                add_at(device)
-                besides.append(described)
-                besides_singles.append(single)
+        def add_besides(placed: list[tuple[_Piece, int]], singles: list[float], pieces: _Pieces) -> None:
+            # `pieces`: the rows of `placed`'s pieces, in its order
+            rows.extend(range(queued + len(besides_singles), queued + len(besides_singles) + len(placed)))
+            at.extend(device for _, device in placed)
+            besides.append(pieces)
+            besides_singles.extend(singles)
 
-        def put_slices(taken: list[tuple[_Piece, int]], singles: list[float]) -> None:
-            for (sliced, device), alone in zip(taken, singles):
+        def put_slices(taken: list[tuple[_Piece, int]], slices: _Slices) -> None:
+            for (sliced, device), alone in zip(taken, slices.singles):
                 loads[device] += alone
                 free[device] -= sliced.need
                 heapq.heappush(heap, (loads[device], device))
-            add_besides(taken, singles)
+            add_besides(taken, slices.singles, slices.rows)
             if room is not None:
                 room.recount(free)
 
@@ -812,16 +828,16 @@ class PlacementState:
                 continue
             piece, described = self.queue[row], self.queue_described[row]
             if single < dominates:
-                slices, singles = [], []
+                slices = NO_SLICES
             elif joining:
-                slices, singles = self._joining_slices(piece, single, loads, joining)
+                slices = self._joining_slices(piece, single, loads, joining)
             else:
-                slices, singles = self._finishing_slices(piece, single, by_rows)
-            taken = _slices_with_room(heap, loads, free, slices, [self._pieces[s.key] for s in slices])
+                slices = self._finishing_slices(piece, single, by_rows)
+            taken = _slices_with_room(heap, loads, free, slices.described, slices.at)
             if taken is not None:
-                put_slices(taken, singles)
+                put_slices(taken, slices)
                 continue
-            if slices:  # a slice found no room: the devices taken off the heap go back, the table whole
+            if slices.pieces:  # a slice found no room: the devices taken off the heap go back, the table whole
                 heap = _heap_of(loads)
             device = _least_loaded_with_room(heap, loads, free, described, room)
             if device is None and room is not None and room.keeping:  # no device leaves the room: it is given up
@@ -847,12 +863,12 @@ class PlacementState:
             # slices where they find room (`finish` prices both: by rows alone, MLPerf DLRM-DCNv2's 40M-row tables on
             # 8 devices of 16 GiB finished every option of the first at 21-24 ms, where column quarters lead to 17.3).
             no_room = no_room or _whole_table(piece)  # a piece of a table has no column slices to try
-            columns, alone = self._fitting_columns(piece) if columns_first and _whole_table(piece) else ([], [])
-            taken = _slices_with_room(heap, loads, free, columns, [self._pieces[c.key] for c in columns])
+            columns = self._fitting_columns(piece) if columns_first and _whole_table(piece) else NO_SLICES
+            taken = _slices_with_room(heap, loads, free, columns.described, columns.at)
             if taken is not None:
-                put_slices(taken, alone)
+                put_slices(taken, columns)
                 continue
-            if columns:  # the devices taken off the heap go back
+            if columns.pieces:  # the devices taken off the heap go back
                 heap = _heap_of(loads)
             placed = self._blocks_with_room(piece, heap, loads, free)
             if placed is None:
@@ -869,11 +885,11 @@ class PlacementState:
             for block, device in placed:
                 free[device] -= block.need
                 loads[device] += single / len(placed)
-            add_besides(placed, [single / len(placed)] * len(placed))
+            add_besides(placed, [single / len(placed)] * len(placed), _Pieces.of([block for block, _ in placed]))
             heap = _heap_of(loads)
             if room is not None:
                 room.recount(free)
-        added = self._queue_pieces.followed_by(_Pieces.of(besides)).rows(np.array(rows, dtype=np.int64))
+        added = _Pieces.joined([self._queue_pieces, *besides]).rows(np.array(rows, dtype=np.int64))
         devices_at = np.array(at, dtype=np.int64)
         sums = self.sums.copy()
         np.add.at(sums, devices_at, added.encodings)
@@ -910,27 +926,30 @@ class PlacementState:
                 rates[k] = max(rise[0] - (float(np.median(rise[1:])) if d > 1 else 0.0), 0.0) / step
         return per_width, per_input
 
-    def _finishing_slices(
-        self, piece: TablePiece, single: float, by_rows: bool
-    ) -> tuple[list[TablePiece], list[float]]:
+    def _finishing_slices(self, piece: TablePiece, single: float, by_rows: bool) -> _Slices:
         """How `_finish` splits a later piece that dominates the task (offered the splits when its step comes,
         `_splits_offered`), and each slice's predicted cost alone: a whole table in column quarters on 4 devices or
         more, else halves, described; with `by_rows`, where a column slice costs most of the table alone
         (`costs_its_lookups`), in row-wise blocks, one a device; none for a piece of a table or where its columns do
         not split so."""
         if not _whole_table(piece):
-            return [], []
+            return NO_SLICES
         if (piece.key, by_rows) not in self._later_slices:
             d = self.topology.num_devices
             slices = (split_piece(piece, 4) if d >= 4 else None) or split_piece(piece, 2) or []
-            self._describe(slices)
             singles = single_costs(self.pricer, slices).tolist() if slices else []
             if by_rows and costs_its_lookups(singles, single):
                 slices = row_wise(piece.table, d)
-                self._describe(slices)
                 singles = single_costs(self.pricer, slices).tolist()
-            self._later_slices[(piece.key, by_rows)] = (slices, singles)
+            self._later_slices[(piece.key, by_rows)] = self._slices(slices, singles)
         return self._later_slices[(piece.key, by_rows)]
+
+    def _slices(self, pieces: list[TablePiece], singles: list[float]) -> _Slices:
+        """`pieces` with their costs alone `singles`, described (`_Slices`)."""
+        self._describe(pieces)
+        described = [self._pieces[p.key] for p in pieces]
+        at = [p.devices[0] for p in pieces] if pieces and pieces[0].devices else None
+        return _Slices(pieces, singles, described, _Pieces.of(described) if described else None, at)
 
     def _least_loaded_host(self, loads: list[float]) -> int:
         """The host whose devices' `loads` add up to the least (the first of a tie)."""
@@ -953,7 +972,8 @@ class PlacementState:
         ways.append(row_wise(piece.table, self.topology.num_devices))
         for blocks in ways:
             self._describe(blocks)
-            placed = _slices_with_room(heap, loads, free, blocks, [self._pieces[b.key] for b in blocks])
+            described = [self._pieces[b.key] for b in blocks]
+            placed = _slices_with_room(heap, loads, free, described, [b.devices[0] for b in blocks])
             if placed is not None:
                 return placed
         return None
@@ -963,13 +983,13 @@ class PlacementState:
         kinds = {int(k) for k in np.flatnonzero(self.of_kind)} | {p.kind for p in besides}
         return _ROW_KINDS[0] in kinds and _ROW_KINDS[1] not in kinds
 
-    def _fitting_columns(self, piece: TablePiece) -> tuple[list[TablePiece], list[float]]:
+    def _fitting_columns(self, piece: TablePiece) -> _Slices:
         """The column slices a step would offer `piece`, a whole table (`table_options`: the fewest that fit a device),
-        described, and each one's cost alone; none where its columns do not split so."""
+        with each one's cost alone; none where its columns do not split so."""
         if piece.key not in self._fitting_slices:
             slices = table_options(piece.table, self.topology, allowed=("column_wise",)).get("column_wise", [])
-            self._describe(slices)
-            self._fitting_slices[piece.key] = (slices, single_costs(self.pricer, slices).tolist() if slices else [])
+            singles = single_costs(self.pricer, slices).tolist() if slices else []
+            self._fitting_slices[piece.key] = self._slices(slices, singles)
         return self._fitting_slices[piece.key]
 
     def _column_slices_fit(self, piece: TablePiece, free: list[int]) -> bool:
@@ -977,7 +997,7 @@ class PlacementState:
         room for them, one a device, in `free`."""
         if not _whole_table(piece):
             return False
-        needs = sorted((self._pieces[s.key].need for s in self._fitting_columns(piece)[0]), reverse=True)
+        needs = sorted((s.need for s in self._fitting_columns(piece).described), reverse=True)
         roomiest = sorted(free, reverse=True)[: len(needs)]
         return bool(needs) and len(roomiest) == len(needs) and all(f >= n for f, n in zip(roomiest, needs))
 
@@ -985,9 +1005,7 @@ class PlacementState:
         """Whether a row-wise or table-row-wise set runs once the option `start` begins from is taken."""
         return bool(self.of_kind[_ROW_KINDS].any()) or any(p.kind in _ROW_KINDS for p in start.besides)
 
-    def _joining_slices(
-        self, piece: TablePiece, single: float, loads: list[float], by: str
-    ) -> tuple[list[TablePiece], list[float]]:
+    def _joining_slices(self, piece: TablePiece, single: float, loads: list[float], by: str) -> _Slices:
         """How `_finish` splits a later table to join the row set every device pays for already over hosts
         (`_joins_rows`), `by` table-row-wise on the host whose devices' loads add up to the least, or row-wise; with
         each block's cost alone. Priced so where there are no more tables than devices, the tables a step keeps whole
@@ -1000,22 +1018,46 @@ class PlacementState:
         pool over hosts of 8, every later table row-wise over 64 devices finished at 12.96 ms, table-row-wise at 8.49.
         On one host, the later tables row-wise changed no plan measured and added a third to the placing time."""
         if not _whole_table(piece):
-            return [], []
-        per_host = self.topology.devices_per_host_or_all
+            return NO_SLICES
         host = -1 if by == "row_wise" else self._least_loaded_host(loads)
         key = (piece.key, "joining", host)
         if key not in self._later_slices:
+            first = (piece.key, "joining", 0)  # table-row-wise on another host: the first host's blocks, moved
+            if host > 0 and first in self._later_slices:
+                self._later_slices[key] = self._moved_to_host(self._later_slices[first], host)
+                return self._later_slices[key]
             if by == "row_wise":
                 blocks = row_wise(piece.table, self.topology.num_devices)
             else:
-                blocks = table_row_wise(piece.table, per_host, host)
-            self._describe(blocks)
-            self._later_slices[key] = (blocks, (np.full(len(blocks), single / len(blocks))).tolist())
+                blocks = table_row_wise(piece.table, self.topology.devices_per_host_or_all, 0)
+            self._later_slices[first if host >= 0 else key] = self._slices(
+                blocks, (np.full(len(blocks), single / len(blocks))).tolist()
+            )
+            if host > 0:
+                self._later_slices[key] = self._moved_to_host(self._later_slices[first], host)
         return self._later_slices[key]
+
+    def _moved_to_host(self, first: _Slices, host: int) -> _Slices:
+        """`first`, a table's table-row-wise blocks on the first host, on `host`'s devices instead: described as
+        `_describe` would (only where a piece may go changes), without pricing them again. A finish joins each later
+        table to the set on whichever host is least loaded, and over 16 hosts describing each table's blocks there
+        anew took a tenth of the placing time."""
+        shift = host * self.topology.devices_per_host_or_all
+        pieces, described = [], []
+        for block, alike in zip(first.pieces, first.described):
+            device = block.devices[0] + shift
+            moved = block.model_copy(update={"devices": (device,)})
+            if moved.key not in self._pieces:
+                allowed = np.zeros(self.topology.num_devices, dtype=bool)
+                allowed[device] = True
+                self._pieces[moved.key] = alike._replace(allowed=allowed, anywhere=bool(allowed.all()))
+            pieces.append(moved)
+            described.append(self._pieces[moved.key])
+        return _Slices(pieces, first.singles, described, first.rows, [p.devices[0] for p in pieces])
 
     def _goes_by_rows(self, piece: TablePiece, single: float) -> bool:
         """Whether `_finishing_slices` splits `piece` by rows where the way allows it."""
-        slices, _ = self._finishing_slices(piece, single, by_rows=True)
+        slices = self._finishing_slices(piece, single, by_rows=True).pieces
         return bool(slices) and bool(slices[0].devices)
 
     def _loads_with(self, added: _Pieces, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
