@@ -197,9 +197,9 @@ def dashboard_agent_on_any_port() -> Iterator[None]:
     """While a local Ray starts (`ray.init(address="local")`), its dashboard agent listens on a port the kernel picks,
     where Ray gives it 52365 whatever runs on the machine and `ray.init` has no argument for it (`ray start` has
     `--dashboard-agent-listen-port`). With another Ray on the machine holding 52365 (a head, an earlier command's, a
-    notebook's), the agent retried it for 3.3 s before giving its HTTP service up, and the raylet waited for it: a
-    local Ray took 6.5 s to start instead of 2.5 (docs/commands.md). The agent serves what it serves on the port it
-    gets (Ray keeps the port where the cluster's head finds it)."""
+    notebook's), the agent retried it for seconds before giving its HTTP service up, and the raylet waited for it
+    (docs/commands.md). The agent serves what it serves on the port it gets (Ray keeps the port where the cluster's
+    head finds it)."""
     from ray._private import parameter
 
     made = parameter.RayParams

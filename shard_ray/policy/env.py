@@ -189,8 +189,7 @@ class _Pieces(NamedTuple):
 class _Slices(NamedTuple):
     """A later table's slices as `_finish` puts them (`PlacementState._finishing_slices`, `_joining_slices`,
     `_fitting_columns`): the pieces, each one's cost alone, described, and as arrays (None where there are none), made
-    once: a finish puts the same slices thousands of times (100 tables on 128 devices in hosts of 8: every later
-    table in 8 or 128 blocks, in each of some 2,000 finishes)."""
+    once: the finishes put the same slices over and over (with few tables a device, every later table in each)."""
 
     pieces: list[TablePiece]
     singles: list[float]
@@ -1019,29 +1018,30 @@ class PlacementState:
         On one host, the later tables row-wise changed no plan measured and added a third to the placing time."""
         if not _whole_table(piece):
             return NO_SLICES
-        host = -1 if by == "row_wise" else self._least_loaded_host(loads)
+        return self._joining_blocks(piece, single, -1 if by == "row_wise" else self._least_loaded_host(loads))
+
+    def _joining_blocks(self, piece: TablePiece, single: float, host: int) -> _Slices:
+        """`_joining_slices`' blocks of `piece`, row-wise (`host` -1) or table-row-wise on `host`, made once: on a host
+        past the first, the first host's blocks moved to its devices (`_moved_to_host`)."""
         key = (piece.key, "joining", host)
         if key not in self._later_slices:
-            first = (piece.key, "joining", 0)  # table-row-wise on another host: the first host's blocks, moved
-            if host > 0 and first in self._later_slices:
-                self._later_slices[key] = self._moved_to_host(self._later_slices[first], host)
-                return self._later_slices[key]
-            if by == "row_wise":
-                blocks = row_wise(piece.table, self.topology.num_devices)
-            else:
-                blocks = table_row_wise(piece.table, self.topology.devices_per_host_or_all, 0)
-            self._later_slices[first if host >= 0 else key] = self._slices(
-                blocks, (np.full(len(blocks), single / len(blocks))).tolist()
-            )
             if host > 0:
-                self._later_slices[key] = self._moved_to_host(self._later_slices[first], host)
+                self._later_slices[key] = self._moved_to_host(self._joining_blocks(piece, single, 0), host)
+            else:
+                per_host = self.topology.devices_per_host_or_all
+                blocks = (
+                    row_wise(piece.table, self.topology.num_devices)
+                    if host < 0
+                    else table_row_wise(piece.table, per_host, 0)
+                )
+                self._later_slices[key] = self._slices(blocks, np.full(len(blocks), single / len(blocks)).tolist())
         return self._later_slices[key]
 
     def _moved_to_host(self, first: _Slices, host: int) -> _Slices:
-        """`first`, a table's table-row-wise blocks on the first host, on `host`'s devices instead: described as
-        `_describe` would (only where a piece may go changes), without pricing them again. A finish joins each later
-        table to the set on whichever host is least loaded, and over 16 hosts describing each table's blocks there
-        anew took a tenth of the placing time."""
+        """`first`, a table's table-row-wise blocks on the first host, on `host`'s devices instead, described as
+        `_describe` would (only where a piece may go changes) without pricing them again: a finish joins each later
+        table to the set on whichever host is least loaded, and describing the blocks anew on every host was a large
+        share of placing few tables over many hosts (docs/policy.md)."""
         shift = host * self.topology.devices_per_host_or_all
         pieces, described = [], []
         for block, alike in zip(first.pieces, first.described):
