@@ -519,3 +519,31 @@ def test_row_blocks_on_two_hosts_are_priced_alike_and_go_only_to_their_own_hosts
     on_host_0 = pricer.plan_parts(on_0, np.arange(4)).totals()
     on_host_1 = pricer.plan_parts(on_1, np.arange(4, 8)).totals()
     assert (on_host_0[:4] == on_host_1[4:]).all() and (on_host_0[4:] == on_host_1[:4]).all()
+
+
+def test_a_finish_moves_a_tables_row_blocks_to_another_host_as_if_described_there():
+    """The policy's finish joins a later table to the table-row-wise set on whichever host is least loaded, moving the
+    first host's blocks there (`PlacementState._moved_to_host`) where it described each host's anew: the moved blocks
+    are the pieces `table_row_wise` makes on that host, each described as `_describe` describes them there."""
+    import numpy as np
+
+    from shard_ray.costmodel.models import CostModels, default_cost_model_path
+    from shard_ray.plan.piece import table_row_wise
+    from shard_ray.plan.topology import GB
+    from shard_ray.policy.env import PlacementState
+
+    tables = [TableSpec(name=f"t{k}", rows=50_000 * (k + 1), dim=32, pooling_factor=2.0 + k) for k in range(6)]
+    topology = Topology(num_devices=12, memory_bytes=GB, devices_per_host=4)
+    models = CostModels.load(default_cost_model_path())
+    state = PlacementState(tables, topology, models)
+    single = 1.5
+    moved = state._joining_blocks(state.queue[1], single, 2)
+    again = PlacementState(tables, topology, models)  # described on host 2 from the start
+    made = table_row_wise(state.queue[1].table, 4, 2)
+    again._describe(made)
+    assert [p.key for p in moved.pieces] == [p.key for p in made] and moved.at == [8, 9, 10, 11]
+    for piece, described in zip(made, moved.described):
+        expected = again._pieces[piece.key]
+        for name in expected._fields:
+            assert np.array_equal(getattr(described, name), getattr(expected, name)), name
+    assert moved.singles == [single / 4] * 4 and moved.rows is state._joining_blocks(state.queue[1], single, 0).rows
