@@ -869,8 +869,8 @@ class PlacementState:
                 continue
             if columns.pieces:  # the devices taken off the heap go back
                 heap = _heap_of(loads)
-            placed = self._blocks_with_room(piece, heap, loads, free)
-            if placed is None:
+            found = self._blocks_with_room(piece, single, heap, loads, free)
+            if found is None:
                 overfilled = overfilled or not self._column_slices_fit(piece, free)
                 device = int(np.argmax(np.where(described.allowed, free, np.iinfo(np.int64).min)))
                 loads[device] += single
@@ -881,10 +881,11 @@ class PlacementState:
                 add_row(row)
                 add_at(device)
                 continue
-            for block, device in placed:
+            placed, blocks = found
+            for (block, device), alone in zip(placed, blocks.singles):
                 free[device] -= block.need
-                loads[device] += single / len(placed)
-            add_besides(placed, [single / len(placed)] * len(placed), _Pieces.of([block for block, _ in placed]))
+                loads[device] += alone
+            add_besides(placed, blocks.singles, blocks.rows)
             heap = _heap_of(loads)
             if room is not None:
                 room.recount(free)
@@ -956,25 +957,20 @@ class PlacementState:
         return int(np.argmin(np.add.reduceat(loads, np.arange(0, self.topology.num_devices, per_host))))
 
     def _blocks_with_room(
-        self, piece: TablePiece, heap: list[tuple[float, int]], loads: list[float], free: list[int]
-    ) -> list[tuple[_Piece, int]] | None:
-        """Where `_finish` puts a later piece that fits no device whole: its table's row blocks, one a device
-        (`_slices_with_room`), of the first way whose blocks all find room in `free`: over hosts table-row-wise on the
-        host whose devices' `loads` add up to the least, then row-wise; None where neither fits or the piece is a
-        block already."""
+        self, piece: TablePiece, single: float, heap: list[tuple[float, int]], loads: list[float], free: list[int]
+    ) -> tuple[list[tuple[_Piece, int]], _Slices] | None:
+        """Where `_finish` puts a later piece that fits no device whole (its cost alone `single`): its table's row
+        blocks, one a device (`_slices_with_room`), of the first way whose blocks all find room in `free`: over hosts
+        table-row-wise on the host whose devices' `loads` add up to the least, then row-wise (`_joining_blocks`); with
+        the blocks; None where neither fits or the piece is a block already."""
         if piece.rows is not None:
             return None
-        ways = []
-        if self.topology.num_hosts > 1:
-            per_host = self.topology.devices_per_host_or_all
-            ways.append(table_row_wise(piece.table, per_host, self._least_loaded_host(loads)))
-        ways.append(row_wise(piece.table, self.topology.num_devices))
-        for blocks in ways:
-            self._describe(blocks)
-            described = [self._pieces[b.key] for b in blocks]
-            placed = _slices_with_room(heap, loads, free, described, [b.devices[0] for b in blocks])
+        hosts = [self._least_loaded_host(loads)] if self.topology.num_hosts > 1 else []
+        for host in [*hosts, -1]:
+            blocks = self._joining_blocks(piece, single, host)
+            placed = _slices_with_room(heap, loads, free, blocks.described, blocks.at)
             if placed is not None:
-                return placed
+                return placed, blocks
         return None
 
     def _only_row_wise_runs(self, besides: list[_Piece]) -> bool:
@@ -1021,8 +1017,9 @@ class PlacementState:
         return self._joining_blocks(piece, single, -1 if by == "row_wise" else self._least_loaded_host(loads))
 
     def _joining_blocks(self, piece: TablePiece, single: float, host: int) -> _Slices:
-        """`_joining_slices`' blocks of `piece`, row-wise (`host` -1) or table-row-wise on `host`, made once: on a host
-        past the first, the first host's blocks moved to its devices (`_moved_to_host`)."""
+        """The row blocks of `piece`'s table that `_joining_slices` and `_blocks_with_room` put, row-wise (`host` -1) or
+        table-row-wise on `host`, made once, each costing a share of `single`: on a host past the first, the first
+        host's blocks moved to its devices (`_moved_to_host`)."""
         key = (piece.key, "joining", host)
         if key not in self._later_slices:
             if host > 0:
