@@ -31,7 +31,6 @@ from shard_ray.errors import ShardRayError
 from shard_ray.io import write_json
 from shard_ray.plan.plan import load_plan
 from shard_ray.plan.topology import GB, memory_cap_with_headroom
-from shard_ray.workflows.benchmark import benchmark_tasks
 from shard_ray.workflows.settings import BenchmarkConfig
 from shard_ray.workload.tables import load_tables, save_tables
 
@@ -130,6 +129,9 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
 
 def write_synthetic_tasks(synthetic: BenchmarkConfig, folder: Path) -> list[Path]:
     """The benchmark's synthetic test tasks as table files in `folder`, as a user would hand them over."""
+    # imported here: it loads torch (1.5 s), which a bad flag of this script or of lower_bound.py need not wait for
+    from shard_ray.workflows.benchmark import benchmark_tasks
+
     paths = []
     for name, tables in benchmark_tasks(synthetic) if synthetic.tasks else []:
         save_tables(folder / f"{name}.json", tables)

@@ -42,9 +42,7 @@ from shard_ray.io import write_atomic, write_json
 from shard_ray.placement import place
 from shard_ray.placement.search import STARTS, SearchConfig
 from shard_ray.plan.topology import Topology, memory_cap_with_headroom
-from shard_ray.policy.network import load_policy
 from shard_ray.policy.policy_file import default_policy_path
-from shard_ray.policy.ppo import validation_tasks
 from shard_ray.policy.settings import PolicyConfig
 from shard_ray.workload.synthetic import PoolConfig, generate_pool
 from shard_ray.workload.tables import TableSpec, load_tables
@@ -94,6 +92,8 @@ def tasks_on(
         return [(tables, Topology(num_devices=devices, memory_bytes=memory))]
     low, high = TABLES_FOR_DEVICES[devices]
     _, test_pool = split_pool(generate_pool(PoolConfig(seed=0)), 0.5, 0)
+    from shard_ray.policy.ppo import validation_tasks  # loads torch: imported once the flags are checked
+
     return validation_tasks(test_pool, PolicyConfig(min_tables=low, max_tables=high, devices=(devices,)), count, seed)
 
 
@@ -141,6 +141,9 @@ def main() -> None:
     args = parser.parse_args()
     device_counts = checked_devices(parser, args, known)
     policy = args.policy or str(default_policy_path())
+    # the policy's modules load torch (1.2 s): imported once the flags are checked
+    from shard_ray.policy.network import load_policy
+
     try:
         load_policy(policy)  # a missing or damaged file is refused before any planning
     except ShardRayError as err:
