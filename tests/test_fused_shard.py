@@ -10,6 +10,7 @@ from shard_ray.profiling.fused_shard import (
     MAX_WARMUP_STEPS,
     FusedShard,
     HostBuffers,
+    KeptBatches,
     measure_fused_shard,
     memory_budget,
     shard_rows_cap,
@@ -26,7 +27,7 @@ from shard_ray.profiling.procedure import (
 )
 from shard_ray.profiling.sampling import draw_fused_shards
 from shard_ray.profiling.store import MeasurementStore, read_record
-from shard_ray.workload.tables import TableSpec
+from shard_ray.workload.tables import TableBatch, TableSpec
 
 SMALL = MeasureConfig(batch_size=64, warmup=1, repeats=3)
 
@@ -376,3 +377,44 @@ def test_a_measuring_process_keeps_its_tables_from_shard_to_shard():
     assert first.status == "ok" and held == 2 * 20_000 * (32 + 1) * 4
     narrow = measure_fused_shard(wide[:1], SMALL.model_copy(update={"seed": 1}), "", budget=2**30, host_buffers=buffers)
     assert narrow.status == "ok" and buffers.held_bytes() == held  # the first shard's buffers, reused
+
+
+def test_a_measuring_process_draws_each_batch_once_and_keeps_them_within_their_bound(small_tables, monkeypatch):
+    """A plan's step draws every table's batches for the lookups it sends and its own tables' again, every plan of a
+    round on the same seed: a process draws each (table, seed, batch) once and builds the next shard of the same
+    tables, or of their column slices, from the batches it kept, the same lookups; another seed draws anew. The kept
+    batches stay within their bytes, the least recently asked for dropped first."""
+    import shard_ray.profiling.fused_shard as fused
+
+    drawn = []
+    draw = fused.generate_table_batch
+    monkeypatch.setattr(fused, "generate_table_batch", lambda *args: drawn.append(args[0].name) or draw(*args))
+    monkeypatch.setattr(fused, "KEPT_BATCHES", KeptBatches(most_bytes=2**30))
+    config = SMALL.model_copy(update={"seed": 12345})  # batches no other test of this process kept
+    pieces = [TablePiece.whole(t) for t in small_tables]
+    first = FusedShard(pieces, config, torch.device("cpu"))
+    assert sorted(drawn) == sorted(t.name for t in small_tables for _ in range(config.num_batches))
+    slices = [TablePiece(table=t, columns=(0, t.dim // 2)) for t in small_tables]
+    again = FusedShard(slices, config, torch.device("cpu"))
+    assert len(drawn) == len(small_tables) * config.num_batches  # nothing drawn again
+    assert all(
+        torch.equal(x, y) for b in range(config.num_batches) for x, y in zip(first.batches[b][0], again.batches[b][0])
+    )
+    FusedShard(pieces, config.model_copy(update={"seed": 12346}), torch.device("cpu"))
+    assert len(drawn) == 2 * len(small_tables) * config.num_batches
+
+    def batch_of(size: int) -> TableBatch:
+        return TableBatch(indices=np.zeros(size, np.int64), lengths=np.zeros(0, np.int64))
+
+    kept = KeptBatches(most_bytes=3 * 800)
+    for key in "abc":
+        kept.batch((key, 1), lambda: batch_of(100))  # 800 bytes each: all three kept
+    kept.batch(("a", 1), lambda: pytest.fail("a kept batch drawn again"))  # a asked for again: b is the oldest now
+    kept.batch(("d", 1), lambda: batch_of(100))
+    assert kept.held_bytes() == 3 * 800
+    kept.batch(("a", 1), lambda: pytest.fail("a dropped before b"))
+    redrawn = []
+    kept.batch(("b", 1), lambda: redrawn.append("b") or batch_of(100))
+    assert redrawn == ["b"] and kept.held_bytes() == 3 * 800
+    kept.batch(("huge", 1), lambda: batch_of(1000))  # more than the bound alone: given, not kept
+    assert kept.held_bytes() == 3 * 800

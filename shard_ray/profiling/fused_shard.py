@@ -8,10 +8,11 @@ actors time it alone; the device gang runs it inside the full step with the all-
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -74,12 +75,53 @@ def sample_ranges(batch_size: int, num_devices: int) -> list[tuple[int, int]]:
     return [(end - size, end) for size, end in zip(sizes, ends)]
 
 
+class KeptBatches:
+    """The tables' batches a measuring process drew last, up to `most_bytes`, the least recently asked for dropped
+    first. A process draws the same batches over and over: a plan's step draws every table's for the lookups it sends
+    and its own tables' again for its kernels, every plan of a round on the same seed, every shard of a calibration
+    too (docs/measurement.md, "Batches drawn once a process"). A batch kept is the same arrays as one drawn again; its
+    callers do not write into them."""
+
+    def __init__(self, most_bytes: int) -> None:
+        self.most_bytes = most_bytes
+        self._batches: collections.OrderedDict[tuple[str, int], TableBatch] = collections.OrderedDict()
+        self._bytes = 0
+
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def batch(self, key: tuple[str, int], draw: Callable[[], TableBatch]) -> TableBatch:
+        """The batch of `key`, kept, or drawn by `draw` and kept where it fits."""
+        kept = self._batches.get(key)
+        if kept is not None:
+            self._batches.move_to_end(key)
+            return kept
+        drawn = draw()
+        size = drawn.indices.nbytes + drawn.lengths.nbytes
+        if size <= self.most_bytes:
+            self._batches[key] = drawn
+            self._bytes += size
+            while self._bytes > self.most_bytes:
+                _, old = self._batches.popitem(last=False)
+                self._bytes -= old.indices.nbytes + old.lengths.nbytes
+        return drawn
+
+
+# A round of MLPerf DLRM-DCNv2's 26 tables is 22.5 MiB of batches (12 a table at batch 1,024), Criteo Kaggle's 4.9
+KEPT_BATCHES = KeptBatches(most_bytes=64 * 2**20)
+
+
 def table_batch(table: TableSpec, config: MeasureConfig, batch: int) -> TableBatch:
-    """Batch number `batch` of the table's global lookups; every piece of a table sees the same ones."""
+    """Batch number `batch` of the table's global lookups; every piece of a table sees the same ones (kept in
+    `KEPT_BATCHES` for the next piece, shard or plan that asks)."""
     # Seeded by the table's content, less its name and dim, so column slices see the same lookups.
     spec = table.model_dump(mode="json", exclude={"name", "dim"})
-    rng = np.random.default_rng(int(content_digest([spec, config.seed, batch])[:15], 16))
-    return generate_table_batch(table, config.batch_size, rng)
+    digest = content_digest([spec, config.seed, batch])
+
+    def draw() -> TableBatch:
+        return generate_table_batch(table, config.batch_size, np.random.default_rng(int(digest[:15], 16)))
+
+    return KEPT_BATCHES.batch((digest, config.batch_size), draw)
 
 
 def piece_lookups(piece: TablePiece, batch: TableBatch, samples: tuple[int, int], cap: int | None) -> TableBatch:
