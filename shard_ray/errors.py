@@ -53,6 +53,11 @@ class InfeasibleError(ShardRayError):
     """
 
 
+class UnplaceableError(InfeasibleError):
+    """No algorithm places the tables, however it splits them: they need more memory than the devices hold together,
+    a table split every way its constraints allow leaves a piece over a device's, or they allow it no way."""
+
+
 def first_line(err: BaseException) -> str:
     """An exception's first message line, or its type's name when it has no message."""
     lines = str(err).strip().splitlines()

@@ -104,8 +104,25 @@ def test_refuses_a_task_that_cannot_fit_with_infeasible_error(name, task):
     # a cap below the largest table: no table-wise plan fits, and a column split of it would
     # still need at least its per-row optimizer state twice over
     cramped = Topology(num_devices=2, memory_bytes=largest // 8, batch_size=512)
-    with pytest.raises(InfeasibleError):
+    with pytest.raises(InfeasibleError) as refused:
         place(name, tables, cramped)
+    # nor would any other algorithm place it: none is named (neuroshard's refusal sent a walk to cost_search's)
+    assert "cost_search also" not in str(refused.value)
+
+
+def test_a_refusal_names_the_search_that_may_place_the_tables_only_where_one_may():
+    """Three tables of 0.73 GiB on 2 devices of 1.1 GiB: placed whole, the third fits nowhere, and the algorithms that
+    place tables whole say that `cost_search`, which splits them by rows, may place them; it does. On devices of 0.5
+    GiB no algorithm may: none is named (neuroshard's refusal sent a walk to `cost_search`, refused the same)."""
+    tables = [TableSpec(name=name, rows=3_000_000, dim=64, pooling_factor=1.0) for name in "abc"]
+    fits_split = Topology(num_devices=2, memory_bytes=int(1.1 * 2**30), batch_size=1024)
+    for name in ("optimal", "neuroshard", "size_greedy"):
+        with pytest.raises(InfeasibleError, match="cost_search also splits others by rows to fit them together"):
+            place(name, tables, fits_split)
+    place("cost_search", tables, fits_split).check_memory(tables, fits_split)
+    for name in ("optimal", "neuroshard", "size_greedy"):
+        with pytest.raises(InfeasibleError, match="more than the 2 devices' 1 GiB together$"):
+            place(name, tables, fits_split.model_copy(update={"memory_bytes": 2**29}))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -181,7 +181,10 @@ def load_tables_from(entries: list[dict]) -> list:
         # in shard-ray's words, not pydantic's ("String should have at least 1 character")
         (json.dumps({"tables": [GOOD | {"name": ""}]}), "name: must not be empty"),
         # a key misspelt where the list belongs: the keys found said
-        (json.dumps({"table": [GOOD]}), "expected an object with a 'tables' list (its keys: table)"),
+        (
+            json.dumps({"table": [GOOD]}),
+            "expected an object with a 'tables' list (its keys: table; did you mean tables?)",
+        ),
         # a plan given where the tables belong, said so
         (json.dumps({"num_devices": 2, "algorithm": "a", "shards": []}), "is a plan file ('shards' on 'num_devices')"),
         # JSON's reader keeps the last of a key given twice: 5 million rows planned, nothing said

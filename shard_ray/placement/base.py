@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from shard_ray.configfile import dataclass_from
-from shard_ray.errors import ShardRayError, did_you_mean
+from shard_ray.errors import InfeasibleError, ShardRayError, UnplaceableError, did_you_mean
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.plan import Plan, PlanEstimate, PlanSettings
 from shard_ray.plan.topology import Topology
@@ -137,6 +137,17 @@ STILL_PLACING_EVERY_S = 30.0
 
 # Families in the order listings show them: baselines first, TorchRec's planner last.
 FAMILIES = ("heuristic", "search", "exact", "rl", "planner")
+
+
+def with_splitting_hint(err: InfeasibleError, why: str) -> InfeasibleError:
+    """`err` and what may place the tables, after `why` the algorithm did not: cost_search, which splits any table by
+    rows to fit them together; `err` alone where they need more than the devices hold together, which no algorithm
+    places (a walk was sent from neuroshard to cost_search, refused the same)."""
+    if isinstance(err, UnplaceableError):
+        return err
+    return InfeasibleError(
+        f"{err}; {why}: cost_search also splits others by rows to fit them together, and may place them"
+    )
 
 
 def algorithms() -> list[AlgorithmInfo]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shard_ray.costmodel.pricing import Candidate, Pricer, single_costs
-from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.errors import InfeasibleError
+from shard_ray.placement.base import PlacementContext, Placer, register, with_splitting_hint
 from shard_ray.placement.budget import SearchBudget, Spending
 from shard_ray.placement.search import NEUROSHARD, SearchProgress, greedy_grid
 from shard_ray.plan.enumerator import pieces_to_place
@@ -143,7 +144,10 @@ def branch_and_bound(
 def optimal(context: PlacementContext) -> Placer:
     def placer(tables: list[TableSpec], topology: Topology) -> Plan:
         pricer = Pricer(context.models, topology)
-        candidate, spending = branch_and_bound(pricer, tables, context.settings)
+        try:
+            candidate, spending = branch_and_bound(pricer, tables, context.settings)
+        except InfeasibleError as err:
+            raise with_splitting_hint(err, "optimal splits by rows only the tables no device holds whole") from None
         cut_short = spending.cut_short()
         report = SearchReport(
             evaluations=pricer.evaluations,

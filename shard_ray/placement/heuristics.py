@@ -15,7 +15,7 @@ import numpy as np
 
 from shard_ray.costmodel.features import behaves_as
 from shard_ray.errors import InfeasibleError
-from shard_ray.placement.base import PlacementContext, Placer, register
+from shard_ray.placement.base import PlacementContext, Placer, register, with_splitting_hint
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.enumerator import pieces_to_place
 from shard_ray.plan.memory import MemoryLedger
@@ -115,7 +115,7 @@ def _room(ledger: MemoryLedger, piece: TablePiece) -> list[int]:
     try:
         return ledger.devices_with_room(piece)
     except InfeasibleError as err:
-        raise InfeasibleError(f"{err}; cost_search also splits tables row-wise to fit them together") from None
+        raise with_splitting_hint(err, "the heuristics split no table a device holds whole") from None
 
 
 for _name, (_proxy, _what) in PROXIES.items():

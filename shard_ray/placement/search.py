@@ -30,7 +30,7 @@ from tqdm import tqdm
 from shard_ray.costmodel.models import CostModels
 from shard_ray.costmodel.pricing import CANDIDATE_DEVICES, Candidate, PieceSizes, Pricer, added_up, single_costs
 from shard_ray.errors import InfeasibleError, ShardRayError
-from shard_ray.placement.base import LONG_PLACING_S, PlacementContext, Placer, register
+from shard_ray.placement.base import LONG_PLACING_S, PlacementContext, Placer, register, with_splitting_hint
 from shard_ray.placement.budget import PhaseEnd, SearchBudget, Spending
 from shard_ray.placement.options import choose_types
 from shard_ray.plan.constraints import Constraints
@@ -754,10 +754,8 @@ def neuroshard(context: PlacementContext) -> Placer:
         try:
             return search(tables, topology)
         except InfeasibleError as err:  # where a table fits only in row blocks, the other searches place it
-            raise InfeasibleError(
-                f"{err}; neuroshard, as published, splits by rows only the tables no device holds whole: "
-                "cost_search also splits others by rows to fit them together, and may place them"
-            ) from None
+            why = "neuroshard, as published, splits by rows only the tables no device holds whole"
+            raise with_splitting_hint(err, why) from None
 
     return placer
 

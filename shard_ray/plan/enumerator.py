@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shard_ray.errors import InfeasibleError
+from shard_ray.errors import UnplaceableError
 from shard_ray.plan.constraints import Constraints
 from shard_ray.plan.piece import (
     SHARDING_TYPES,
@@ -127,20 +127,20 @@ def pieces_to_place(
         allowed = constraints.allowed_types(table.name) if constraints else SHARDING_TYPES
         ruled_out = types_ruled_out(table, topology)
         if all(kind in ruled_out for kind in allowed):  # not memory: none of them can cut this table here
-            raise InfeasibleError(
+            raise UnplaceableError(
                 f"constraints leave table {table.name!r} no sharding type it can take: "
                 + "; ".join(f"{kind} (not with {ruled_out[kind]})" for kind in allowed)
             )
         largest = max(p.memory_bytes(topology.optimizer) for p in row_wise(table, topology.num_devices))
         if "row_wise" in allowed:
-            raise InfeasibleError(
+            raise UnplaceableError(
                 f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state): even cut "
                 f"row-wise over all {topology.num_devices} devices a piece needs {format_gb(largest)}, over the "
                 f"cap of {format_gb(topology.memory_bytes)} per device"
             )
         group = constraints.group_of(table.name) if constraints else None
         why = "its constraints allow" if group is None else "its group in the constraints allows (a group goes whole)"
-        raise InfeasibleError(
+        raise UnplaceableError(
             f"table {table.name!r} needs {format_gb(need)} (weights + {topology.optimizer} state) and the "
             f"sharding types {why} ({', '.join(allowed)}) leave a piece over the cap of "
             f"{format_gb(topology.memory_bytes)} per device"
@@ -153,7 +153,7 @@ def pieces_to_place(
         )
     total = sum(p.memory_bytes(topology.optimizer) for p in pieces)
     if total > topology.num_devices * topology.memory_bytes:
-        raise InfeasibleError(
+        raise UnplaceableError(
             f"the tables need {format_gb(total)} (weights + {topology.optimizer} state), more than the "
             + (
                 f"{topology.num_devices} devices' {format_gb(topology.num_devices * topology.memory_bytes)} together"

@@ -243,9 +243,13 @@ class Race:
         return Verdict(chosen, False, self._ratios(chosen, level), level, rule)
 
     def _lower_medians(self, name: str) -> list[str]:
-        """The plans whose median round is lower than plan `name`'s: listed above it in the table."""
+        """The plans whose median round is lower than plan `name`'s, lowest first, as the table lists them above it (in
+        the order of the plans given, a walk read the line as unordered)."""
         own = median_of(self.rounds[name])
-        return [other for other in self.names if median_of(self.rounds[other]) < own]
+        return sorted(
+            (other for other in self.names if median_of(self.rounds[other]) < own),
+            key=lambda other: median_of(self.rounds[other]),
+        )
 
     def _medians(self, names: list[str]) -> str:
         """`names`' median rounds, as a rule's line names them: the first three, and how many more."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shard_ray.errors import ShardRayError, describe_validation_error
+from shard_ray.errors import ShardRayError, describe_validation_error, did_you_mean
 from shard_ray.io import fields_at, read_document, refuse_other_kind, write_document
 
 if TYPE_CHECKING:
@@ -233,7 +233,9 @@ def load_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
     document = read_document(path, "table")
     refuse_other_kind(document, "table", path)
     if not isinstance(document, dict) or "tables" not in document:
-        found = f" (its keys: {', '.join(map(str, document))})" if isinstance(document, dict) and document else ""
+        keys = [str(key) for key in document] if isinstance(document, dict) else []
+        misspelt = next((hint for hint in (did_you_mean(key, ["tables"]) for key in keys) if hint), "")
+        found = f" (its keys: {', '.join(keys)}{misspelt})" if keys else ""
         raise ShardRayError(f"table file {path}: expected an object with a 'tables' list{found}")
     try:
         tables = TableFile.model_validate(document).tables
