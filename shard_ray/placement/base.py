@@ -141,8 +141,8 @@ FAMILIES = ("heuristic", "search", "exact", "rl", "planner")
 
 def with_splitting_hint(err: InfeasibleError, why: str) -> InfeasibleError:
     """`err` and what may place the tables, after `why` the algorithm did not: cost_search, which splits any table by
-    rows to fit them together; `err` alone where they need more than the devices hold together, which no algorithm
-    places (a walk was sent from neuroshard to cost_search, refused the same)."""
+    rows to fit them together; `err` alone where no algorithm places them (`UnplaceableError`: a walk was sent from
+    neuroshard to cost_search, which refused the same tables)."""
     if isinstance(err, UnplaceableError):
         return err
     return InfeasibleError(
