@@ -905,8 +905,8 @@ def test_plan_says_where_cost_search_started_and_why(capsys, table_file, tmp_pat
     expected = {
         ("8",): "the greedy grid's plan and the DreamShard policy's (start=auto: no more tables than devices)",
         ("2",): "the greedy grid's plan (start=auto: more tables than devices, each held whole by one)",
-        ("8", "--constraints", str(constraints)): "the greedy grid's plan (start=auto: the policy takes no "
-        "constraints file)",
+        ("8", "--constraints", str(constraints)): "the greedy grid's plan (start=auto: a constraints file is given, "
+        "which the DreamShard policy cannot follow)",
     }
     out = tmp_path / "plan.json"
     for (devices, *more), started in expected.items():

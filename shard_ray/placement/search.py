@@ -559,7 +559,8 @@ def start_of_search(
     if config.start != "auto":
         return (True, f"{both} (start=policy)") if config.start == "policy" else (False, grid)
     if constraints is not None:
-        return False, f"{grid} (start=auto: the policy takes no constraints file)"
+        # said as why the policy was left out: "the policy takes no constraints file" puzzled a walk that asked for none
+        return False, f"{grid} (start=auto: a constraints file is given, which the DreamShard policy cannot follow)"
     if topology.num_devices == 1:
         return False, f"{grid} (start=auto: one device)"
     if len(tables) <= topology.num_devices:
