@@ -36,9 +36,8 @@ def _user_shell(home: Path, folder: Path, command: str) -> subprocess.CompletedP
 
 # The page's commands that read no file the chain calibrate -> plan --measure -> compare -> export writes, and whose
 # checks hold whichever models price their plans (the calibrated ones on the page, the shipped ones apart): the page
-# runs as two tests, each in a folder and home of its own (both write the table files), side by side in a pytest-xdist
-# pass. One test ran all of it, 122 s alone on the 2-core Intel Xeon and 184 s
-# beside the other tests (docs/install.md).
+# runs as two tests, each in a folder and home of its own (each writing the table file it reads), side by side in a
+# pytest-xdist pass, where one test of all of it was the suite's longest (docs/install.md).
 APART = (
     "shard-ray doctor ",
     "cat > cpu_ranks.yaml",
